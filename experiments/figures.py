@@ -1,0 +1,70 @@
+"""Regenerate every figure from ``results/*/summary.csv`` (``make figures``).
+
+Plotting reads only ``results/``; it never re-runs an experiment. One PNG per study in
+``paper/figures/``: for each metric that has a baseline, the subject's value next to the
+baseline's value (log scale, ratio annotated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def load_summaries(results_root: Path) -> dict[str, pd.DataFrame]:
+    """Every ``<study>/summary.csv`` under results_root, keyed by study name."""
+    out = {}
+    for path in sorted(results_root.glob("*/summary.csv")):
+        out[path.parent.name] = pd.read_csv(path)
+    return out
+
+
+def plot_study(name: str, df: pd.DataFrame, out_dir: Path) -> Path | None:
+    comp = df[df["baseline"].notna() & df["baseline_value"].notna() & (df["baseline_value"] > 0) & (df["value"] > 0)]
+    if comp.empty:
+        return None
+    labels = [f"{m}\n{s}" for m, s in zip(comp["metric"], comp["subject"])]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(comp)), 4.2))
+    xs = range(len(comp))
+    w = 0.38
+    ax.bar([x - w / 2 for x in xs], comp["value"], w, label="QuillCache")
+    ax.bar([x + w / 2 for x in xs], comp["baseline_value"], w, label="baseline (same run)")
+    for x, (v, r, u) in enumerate(zip(comp["value"], comp["ratio"], comp["unit"])):
+        if isinstance(r, float) and math.isfinite(r):
+            ax.annotate(f"{r:.3g}×", (x - w / 2, v), ha="center", va="bottom", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("value (unit per metric, see summary.csv)")
+    ax.set_title(name)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results-root", default="results")
+    ap.add_argument("--out", default="paper/figures")
+    args = ap.parse_args(argv)
+    studies = load_summaries(Path(args.results_root))
+    if not studies:
+        raise SystemExit(f"no results/*/summary.csv under {args.results_root!r}; run `make experiments` first")
+    for name, df in studies.items():
+        path = plot_study(name, df, Path(args.out))
+        print(f"{name}: {path if path else 'no baseline comparisons to plot'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from quillcache.cli import main
+
+sys.exit(main())
