@@ -1,0 +1,203 @@
+"""The ``IndexBackend`` seam: block → every replica's location, over an ordered byte-key store.
+
+A backend implements five raw primitives over byte keys (``_raw_write``, ``_raw_get``,
+``_raw_scan``, ``_raw_flush``, ``_raw_close``); this class builds the residency operations on top
+with the key layout of :mod:`quillcache.index.keys`, so every backend stores exactly the same
+records and answers exactly the same way.
+
+Invariants:
+- For every replica there is exactly one primary and one secondary record, written in the same
+  ``_raw_write`` batch (a backend applies a batch atomically with respect to ``flush``/crash).
+- ``locate`` returns, per requested hash, every replica in key order (node, tier, identity).
+- After ``flush()`` returns, every earlier ``put``/``remove`` survives a crash (each backend states
+  the mechanism); after ``close()`` the backend refuses further calls.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from quillcache.index import keys as K
+from quillcache.types import CacheTier
+
+
+class IndexClosedError(RuntimeError):
+    """The backend was closed."""
+
+
+class NotAnIndexError(ValueError):
+    """A path that does not hold an index of the requested kind (or holds a damaged one)."""
+
+
+class IndexBackend(abc.ABC):
+    """Residency index over an ordered key-value store of byte keys."""
+
+    kind: str = "abstract"
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._closed = False
+        self._node_no: dict[str, int] = {}
+        self._node_name: dict[int, str] = {}
+        self.logical_bytes_written = 0
+
+    # ---- raw primitives (backend-specific) ---------------------------------------------------
+    @abc.abstractmethod
+    def _raw_write(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
+        """Apply puts then deletes as one batch."""
+
+    @abc.abstractmethod
+    def _raw_get(self, key: bytes) -> bytes | None:
+        """Value of one key, or None."""
+
+    @abc.abstractmethod
+    def _raw_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with ``prefix``, in ascending key order."""
+
+    def _raw_scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        """Batched scans; backends override this when they can do better than a loop."""
+        return [self._raw_scan(p) for p in prefixes]
+
+    @abc.abstractmethod
+    def _raw_flush(self) -> None:
+        """Make every applied batch durable."""
+
+    @abc.abstractmethod
+    def _raw_close(self) -> None:
+        """Release resources (flushing first)."""
+
+    # ---- node-name interning -----------------------------------------------------------------
+    def _load_node_table(self) -> None:
+        for key, value in self._raw_scan(K.NODE_NAME):
+            if len(value) != 4:
+                raise NotAnIndexError(f"{self.path}: node table entry {key!r} has a {len(value)}-byte value")
+            no = int.from_bytes(value, "big")
+            name = K.node_name_from_key(key)
+            self._node_no[name] = no
+            self._node_name[no] = name
+
+    def _intern(self, node: str, pending: list[tuple[bytes, bytes]]) -> int:
+        no = self._node_no.get(node)
+        if no is None:
+            nk = K.node_name_key(node)
+            no = len(self._node_no) + 1
+            if no > K.U32_MAX:
+                raise K.IndexKeyError("more than 2^32-1 distinct node names")
+            self._node_no[node] = no
+            self._node_name[no] = node
+            pending.append((nk, no.to_bytes(4, "big")))
+        return no
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IndexClosedError(f"{self.kind} index at {self.path} is closed")
+
+    # ---- the seam ----------------------------------------------------------------------------
+    def put(self, entries: Iterable[K.ResidencyEntry]) -> int:
+        """Insert or replace replicas; returns how many entries were written."""
+        self._check_open()
+        puts: list[tuple[bytes, bytes]] = []
+        known = len(self._node_no)
+        n = 0
+        try:
+            for e in entries:
+                if not isinstance(e, K.ResidencyEntry):
+                    raise TypeError(f"put() takes ResidencyEntry objects, got {type(e).__name__}")
+                h = K.check_block_hash(e.block_hash)
+                ident = K.check_identity(e.identity)
+                tier = K.check_tier(e.tier)
+                value = K.pack_value(e.segment_id, e.offset_bytes, e.size_bytes)
+                no = self._intern(e.node, puts)
+                puts.append((K.primary_key(h, no, tier, ident), value))
+                puts.append((K.secondary_key(h, no, tier, ident), b""))
+                n += 1
+            if puts:
+                self._raw_write(puts, ())
+        except BaseException:
+            # Nothing of a refused batch is applied: forget node names interned by it.
+            for no in range(known + 1, len(self._node_no) + 1):
+                del self._node_no[self._node_name.pop(no)]
+            raise
+        self.logical_bytes_written += sum(len(k) + len(v) for k, v in puts)
+        return n
+
+    def remove(self, replica_keys: Iterable[K.ReplicaKey | K.ResidencyEntry]) -> int:
+        """Delete replicas (absent ones are ignored); returns how many keys were given."""
+        self._check_open()
+        deletes: list[bytes] = []
+        for rk in replica_keys:
+            h = K.check_block_hash(rk.block_hash)
+            ident = K.check_identity(rk.identity)
+            tier = K.check_tier(rk.tier)
+            no = self._node_no.get(rk.node)
+            if no is None:
+                continue
+            deletes.append(K.primary_key(h, no, tier, ident))
+            deletes.append(K.secondary_key(h, no, tier, ident))
+        if deletes:
+            self.logical_bytes_written += sum(len(k) for k in deletes)
+            self._raw_write((), deletes)
+        return len(deletes) // 2
+
+    def _entry(self, key: bytes, value: bytes) -> K.ResidencyEntry:
+        h, no, tier, ident = K.unpack_primary(key)
+        seg, off, size = K.unpack_value(value)
+        return K.ResidencyEntry(h, self._node_name[no], CacheTier(tier), ident, seg, off, size)
+
+    def locate(self, block_hashes: Iterable[int]) -> list[list[K.ResidencyEntry]]:
+        """Every replica of each block, one list per requested hash (empty if none), in one call."""
+        self._check_open()
+        prefixes = [K.block_prefix(h) for h in block_hashes]
+        return [[self._entry(k, v) for k, v in rows] for rows in self._raw_scan_many(prefixes)]
+
+    def scan_prefix(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Raw ordered scan of every record whose key starts with ``prefix``."""
+        self._check_open()
+        if not isinstance(prefix, (bytes, bytearray)):
+            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        if len(prefix) > K.KEY_BYTES:
+            raise K.IndexKeyError(f"prefix of {len(prefix)} bytes is longer than a key ({K.KEY_BYTES})")
+        return self._raw_scan(bytes(prefix))
+
+    def entries_on_node(self, node: str) -> list[K.ResidencyEntry]:
+        """Every replica held by ``node`` (a prefix scan of the secondary family)."""
+        self._check_open()
+        no = self._node_no.get(node)
+        if no is None:
+            return []
+        out = []
+        for key, _ in self._raw_scan(K.node_prefix(no)):
+            h, _, tier, ident = K.unpack_secondary(key)
+            value = self._raw_get(K.primary_key(h, no, tier, ident))
+            assert value is not None, "secondary record without its primary"
+            seg, off, size = K.unpack_value(value)
+            out.append(K.ResidencyEntry(h, node, CacheTier(tier), ident, seg, off, size))
+        return out
+
+    def remove_node(self, node: str) -> int:
+        """Drop every replica on ``node`` (node failure); returns how many were removed."""
+        entries = self.entries_on_node(node)
+        self.remove(e.key for e in entries)
+        return len(entries)
+
+    def flush(self) -> None:
+        """Make every earlier put/remove durable."""
+        self._check_open()
+        self._raw_flush()
+
+    def close(self) -> None:
+        """Flush and release; idempotent."""
+        if not self._closed:
+            self._raw_close()
+            self._closed = True
+
+    def __enter__(self) -> "IndexBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def nodes(self) -> list[str]:
+        return sorted(self._node_no)
