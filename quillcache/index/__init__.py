@@ -1,7 +1,7 @@
 """Residency index: where does each block live?
 
 ``open_index(kind, path=None, **options)`` opens a backend registered by name in
-``INDEX_BACKENDS``: ``flat`` (dict baseline), ``rocksdb`` (LSM via rocksdict) and, once built,
+``INDEX_BACKENDS``: ``flat`` (dict baseline), ``sorted`` (SortedDict baseline), ``rocksdb`` (LSM via rocksdict) and, once built,
 ``art`` (persistent adaptive radix tree). All share the seam of :class:`IndexBackend` and the key
 layout of :mod:`quillcache.index.keys`.
 """
@@ -18,6 +18,7 @@ from quillcache.index.keys import IndexKeyError, ReplicaKey, ResidencyEntry
 INDEX_BACKENDS: dict[str, str] = {
     "flat": "quillcache.index.flat:FlatIndex",
     "rocksdb": "quillcache.index.rocksdb:RocksDbIndex",
+    "sorted": "quillcache.index.sorted_map:SortedIndex",
 }
 
 

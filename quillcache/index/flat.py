@@ -29,7 +29,7 @@ class FlatIndex(IndexBackend):
 
     def __init__(self, path: str | Path | None = None) -> None:
         super().__init__(path)
-        self._map: dict[bytes, bytes] = {}
+        self._map: dict[bytes, bytes] = self._new_map()
         self._by_block: dict[bytes, set[bytes]] = {}
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -39,6 +39,10 @@ class FlatIndex(IndexBackend):
             elif any(self.path.iterdir()):
                 raise NotAnIndexError(f"{self.path} is not empty and holds no {SNAPSHOT}: not a flat index")
         self._load_node_table()
+
+    @staticmethod
+    def _new_map() -> dict[bytes, bytes]:
+        return {}
 
     def _load(self, snap: Path) -> None:
         try:
