@@ -50,8 +50,9 @@ class RocksDbIndex(IndexBackend):
         assert p is not None
         if p.exists() and any(p.iterdir()) and not (p / "CURRENT").exists():
             raise NotAnIndexError(f"{p} is not empty and holds no RocksDB database (no CURRENT file)")
+        self._opts = _options(create)
         try:
-            self._db = rd.Rdict(str(p), options=_options(create))
+            self._db = rd.Rdict(str(p), options=self._opts)
         except Exception as exc:
             raise NotAnIndexError(f"{p}: cannot open as a RocksDB index ({exc})") from None
         self._prefix_ro = rd.ReadOptions()
@@ -110,6 +111,15 @@ class RocksDbIndex(IndexBackend):
     def statistics(self) -> str:
         """RocksDB's own statistics dump (bytes written, compaction bytes, ...)."""
         return self._db.property_value("rocksdb.stats") or ""
+
+    def ticker_counts(self) -> dict[str, int]:
+        """RocksDB statistics tickers (``name COUNT : n`` lines of ``Options.get_statistics()``)."""
+        out: dict[str, int] = {}
+        for line in (self._opts.get_statistics() or "").splitlines():
+            parts = line.split()
+            if len(parts) == 4 and parts[1] == "COUNT" and parts[2] == ":":
+                out[parts[0]] = int(parts[3])
+        return out
 
     def property_int(self, name: str) -> int | None:
         return self._db.property_int_value(name)

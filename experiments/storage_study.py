@@ -1,0 +1,317 @@
+"""Storage study: which index fits residency — ART vs RocksDB vs flat map vs SortedDict.
+
+For each entry count (100k and 1M live replicas by default) the residency churn of the Mooncake
+conversation trace (``experiments.storage_workload``) is generated once, then every backend runs
+in its OWN subprocess (clean RSS and ``/proc/self/io`` accounting) and measures, in one run:
+
+- build: the churn applied batch by batch (one batch per request), then ``flush()``; ops/s;
+- write amplification: bytes the OS wrote for this process (``/proc/self/io`` write_bytes,
+  build + flush) / logical bytes (key + value bytes the index was asked to write); the bytes
+  written by ``close()`` (checkpoints) are reported separately and in a total; for RocksDB also
+  from its own statistics (WAL + flush + compaction bytes);
+- point ``locate`` of one live block hash from Python: p50/p99 over many calls;
+- prefix scan (``scan_prefix``) of ``b"B" + k`` leading hash bytes, k chosen so a scan returns
+  ~1–50 entries: p50/p99 (the flat map's is O(N), so it is sampled less);
+- recovery: ``close()`` time, then reopen → first correct ``locate`` answer;
+- resident memory growth (RSS after build − RSS before open).
+
+Writes ``results/storage/summary.csv`` (ratios against RocksDB, and the flat map's scan against
+ART's), ``results/storage/cells.csv`` (every raw number) and, via ``make figures``, a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from quillcache.index import INDEX_BACKENDS, open_index
+from quillcache.results import SummaryRow, write_raw, write_summary
+
+STUDY = "storage"
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _io_write_bytes() -> int:
+    with open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no write_bytes line")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE_BYTES
+
+
+def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
+    a = np.asarray(samples_ns, dtype=np.float64)
+    return float(np.percentile(a, 50)), float(np.percentile(a, 99))
+
+
+def _rocksdb_stat_bytes(ix) -> dict[str, int]:
+    stats = ix.ticker_counts() if hasattr(ix, "ticker_counts") else {}
+    return {k: stats.get(k, 0) for k in ("rocksdb.wal.bytes", "rocksdb.flush.write.bytes", "rocksdb.compact.write.bytes")}
+
+
+def run_cell(kind: str, workload_path: str, db_dir: str, num_point: int, num_scan: int, seed: int) -> dict:
+    """Measure one backend on one workload; runs in a fresh process."""
+    with open(workload_path, "rb") as fh:
+        w = pickle.load(fh)
+    rng = random.Random(seed)
+    live = list(w.live.values())
+    hashes = sorted({e.block_hash for e in live})
+    expect: dict[int, list] = {}
+    for e in live:
+        expect.setdefault(e.block_hash, []).append(e)
+    n_live = len(live)
+    hash_bytes = max(1, round(math.log(max(2, n_live) / 16, 256)))
+
+    rss0 = _rss_bytes()
+    io0 = _io_write_bytes()
+    t0 = time.perf_counter()
+    ix = open_index(kind, db_dir)
+    for b in w.batches:
+        if b.puts:
+            ix.put(b.puts)
+        if b.removes:
+            ix.remove(b.removes)
+    ix.flush()
+    build_s = time.perf_counter() - t0
+    io_build = _io_write_bytes() - io0
+    rss_growth = _rss_bytes() - rss0
+    logical = ix.logical_bytes_written
+    rocks = _rocksdb_stat_bytes(ix) if kind == "rocksdb" else {}
+
+    # correctness spot check before timing
+    for h in rng.sample(hashes, min(200, len(hashes))):
+        got = ix.locate([h])[0]
+        assert sorted(got, key=lambda e: (e.node, e.tier, e.identity)) == sorted(
+            expect[h], key=lambda e: (e.node, e.tier, e.identity)
+        ), f"{kind}: wrong locate answer for {h:#x}"
+
+    point = []
+    for h in rng.choices(hashes, k=num_point):
+        t = time.perf_counter_ns()
+        ix.locate([h])
+        point.append(time.perf_counter_ns() - t)
+    scan, scan_sizes = [], []
+    n_scan = num_scan if kind != "flat" else min(num_scan, 20)
+    for h in rng.choices(hashes, k=n_scan):
+        prefix = b"B" + h.to_bytes(8, "big")[:hash_bytes]
+        t = time.perf_counter_ns()
+        rows = ix.scan_prefix(prefix)
+        scan.append(time.perf_counter_ns() - t)
+        scan_sizes.append(len(rows))
+    batch_hashes = rng.choices(hashes, k=min(10_000, len(hashes)))
+    t = time.perf_counter_ns()
+    ix.locate(batch_hashes)
+    batch_locate_ns = (time.perf_counter_ns() - t) / len(batch_hashes)
+
+    io1 = _io_write_bytes()
+    t = time.perf_counter()
+    ix.close()
+    close_s = time.perf_counter() - t
+    io_close = _io_write_bytes() - io1
+
+    probe = hashes[len(hashes) // 2]
+    t = time.perf_counter()
+    ix2 = open_index(kind, db_dir)
+    got = ix2.locate([probe])[0]
+    recovery_s = time.perf_counter() - t
+    assert len(got) == len(expect[probe]), f"{kind}: wrong answer after reopen"
+    ix2.close()
+
+    p50, p99 = _percentiles(point)
+    s50, s99 = _percentiles(scan)
+    ops = w.num_puts + w.num_removes
+    return {
+        "kind": kind,
+        "entries": n_live,
+        "ops": ops,
+        "build_s": build_s,
+        "insert_ops_per_s": ops / build_s,
+        "logical_bytes": logical,
+        "io_build_bytes": io_build,
+        "io_close_bytes": io_close,
+        "wa_build": io_build / logical,
+        "wa_total": (io_build + io_close) / logical,
+        "rocksdb_stat_bytes": sum(rocks.values()) if rocks else float("nan"),
+        "rocksdb_stats": rocks,
+        "point_p50_ns": p50,
+        "point_p99_ns": p99,
+        "point_n": len(point),
+        "scan_p50_ns": s50,
+        "scan_p99_ns": s99,
+        "scan_n": len(scan),
+        "scan_mean_rows": float(np.mean(scan_sizes)),
+        "scan_prefix_hash_bytes": hash_bytes,
+        "batch_locate_ns_per_hash": batch_locate_ns,
+        "close_s": close_s,
+        "recovery_s": recovery_s,
+        "rss_growth_bytes": rss_growth,
+    }
+
+
+def _summary(cells: list[dict]) -> list[SummaryRow]:
+    rows: list[SummaryRow] = []
+    by = {(c["entries_target"], c["kind"]): c for c in cells}
+    metrics = [
+        ("point_locate_p50", "point_p50_ns", "ns", "rocksdb"),
+        ("point_locate_p99", "point_p99_ns", "ns", "rocksdb"),
+        ("prefix_scan_p50", "scan_p50_ns", "ns", "rocksdb"),
+        ("prefix_scan_p99", "scan_p99_ns", "ns", "rocksdb"),
+        ("insert_rate", "insert_ops_per_s", "ops/s", "rocksdb"),
+        ("write_amplification_build", "wa_build", "x", "rocksdb"),
+        ("write_amplification_total", "wa_total", "x", "rocksdb"),
+        ("recovery_reopen_to_first_answer", "recovery_s", "s", "rocksdb"),
+        ("close", "close_s", "s", "rocksdb"),
+        ("rss_growth", "rss_growth_bytes", "bytes", "rocksdb"),
+        ("batch_locate", "batch_locate_ns_per_hash", "ns/hash", "rocksdb"),
+    ]
+    for (target, kind), c in sorted(by.items()):
+        base = by.get((target, "rocksdb"))
+        for metric, field, unit, base_kind in metrics:
+            bv = base[field] if base is not None and kind != base_kind else math.nan
+            notes = f"entries={c['entries']} ops={c['ops']}"
+            if field.startswith("scan"):
+                notes += f" mean_rows={c['scan_mean_rows']:.1f} prefix=B+{c['scan_prefix_hash_bytes']}B n={c['scan_n']}"
+            if field.startswith("point"):
+                notes += f" n={c['point_n']}"
+            rows.append(
+                SummaryRow(
+                    metric=f"{metric}@{target}",
+                    subject=kind,
+                    value=c[field],
+                    unit=unit,
+                    baseline=base_kind if not math.isnan(bv) else "",
+                    baseline_value=bv,
+                    n=c["point_n"] if field.startswith("point") else (c["scan_n"] if field.startswith("scan") else 1),
+                    notes=notes,
+                )
+            )
+        if kind == "rocksdb":
+            rows.append(
+                SummaryRow(
+                    metric=f"write_amplification_rocksdb_stats@{target}",
+                    subject="rocksdb",
+                    value=c["rocksdb_stat_bytes"] / c["logical_bytes"],
+                    unit="x",
+                    notes="(WAL + flush + compaction bytes from RocksDB statistics) / logical bytes: "
+                    + json.dumps(c["rocksdb_stats"]),
+                )
+            )
+        art = by.get((target, "art"))
+        if kind == "flat" and art is not None:
+            rows.append(
+                SummaryRow(
+                    metric=f"prefix_scan_p50@{target}",
+                    subject="flat",
+                    value=c["scan_p50_ns"],
+                    unit="ns",
+                    baseline="art",
+                    baseline_value=art["scan_p50_ns"],
+                    n=c["scan_n"],
+                    notes="O(N) flat-map scan vs ART",
+                )
+            )
+        sd = by.get((target, "sorted"))
+        if kind == "art" and sd is not None:
+            rows.append(
+                SummaryRow(
+                    metric=f"prefix_scan_p50@{target}",
+                    subject="art",
+                    value=c["scan_p50_ns"],
+                    unit="ns",
+                    baseline="sorted",
+                    baseline_value=sd["scan_p50_ns"],
+                    n=c["scan_n"],
+                    notes="ART vs SortedDict.irange",
+                )
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", default=None, help="Mooncake-format trace (default ../shared/traces/conversation_trace.jsonl)")
+    ap.add_argument("--entries", default="100000,1000000", help="comma-separated live-entry targets")
+    ap.add_argument("--backends", default=",".join(sorted(INDEX_BACKENDS)))
+    ap.add_argument("--point-samples", type=int, default=20000)
+    ap.add_argument("--scan-samples", type=int, default=5000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results-root", default=None)
+    ap.add_argument("--workdir", default=None, help="where the indexes are built (default: a temp dir)")
+    ap.add_argument("--quick", action="store_true", help="10k entries, few samples (smoke test)")
+    ap.add_argument("--cell", nargs=3, metavar=("KIND", "WORKLOAD", "DBDIR"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.cell:
+        kind, wpath, dbdir = args.cell
+        print(json.dumps(run_cell(kind, wpath, dbdir, args.point_samples, args.scan_samples, args.seed)))
+        return
+
+    from experiments.storage_workload import residency_churn
+    from quillcache.traces import load_trace
+
+    targets = [int(x) for x in args.entries.split(",") if x.strip()]
+    if args.quick:
+        targets, args.point_samples, args.scan_samples = [10_000], 500, 200
+    kinds = [k.strip() for k in args.backends.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in INDEX_BACKENDS]
+    if unknown:
+        raise SystemExit(f"unknown backends {unknown}; registered: {sorted(INDEX_BACKENDS)}")
+    trace = load_trace(args.trace)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="qc-storage-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cells = []
+    try:
+        for target in targets:
+            t = time.perf_counter()
+            w = residency_churn(trace, target, seed=args.seed)
+            wpath = work / f"workload-{target}.pkl"
+            with open(wpath, "wb") as fh:
+                pickle.dump(w, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            print(f"[storage] {target}: {len(w.live)} live, {w.num_puts} puts, {w.num_removes} removes "
+                  f"({time.perf_counter() - t:.1f} s to generate)", flush=True)
+            del w
+            for kind in kinds:
+                dbdir = work / f"{kind}-{target}"
+                shutil.rmtree(dbdir, ignore_errors=True)
+                cmd = [sys.executable, "-m", "experiments.storage_study", "--cell", kind, str(wpath), str(dbdir),
+                       "--point-samples", str(args.point_samples), "--scan-samples", str(args.scan_samples),
+                       "--seed", str(args.seed)]
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode != 0:
+                    raise SystemExit(f"[storage] cell {kind}@{target} failed:\n{out.stderr[-4000:]}")
+                cell = json.loads(out.stdout.strip().splitlines()[-1])
+                cell["entries_target"] = target
+                cells.append(cell)
+                print(f"[storage] {kind:8s}@{target}: point p50 {cell['point_p50_ns'] / 1e3:.2f} µs, "
+                      f"scan p50 {cell['scan_p50_ns'] / 1e3:.2f} µs ({cell['scan_mean_rows']:.1f} rows), "
+                      f"insert {cell['insert_ops_per_s'] / 1e3:.0f} k ops/s, WA {cell['wa_build']:.2f}/{cell['wa_total']:.2f}, "
+                      f"recovery {cell['recovery_s'] * 1e3:.1f} ms, RSS +{cell['rss_growth_bytes'] / 2**20:.0f} MiB", flush=True)
+                shutil.rmtree(dbdir, ignore_errors=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    fields = [k for k in cells[0] if k != "rocksdb_stats"]
+    write_raw(STUDY, "cells.csv", fields, [[c[k] for k in fields] for c in cells], root=args.results_root)
+    path = write_summary(STUDY, _summary(cells), root=args.results_root)
+    print(f"[storage] wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

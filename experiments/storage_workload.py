@@ -1,0 +1,124 @@
+"""Residency churn from a Mooncake trace: the operation stream the storage study replays.
+
+Blocks are placed on ``num_nodes`` nodes by prefix affinity (first block id), each request is
+issued by one of ``num_tenants`` tenants (so the same block hash lives under several identities,
+as it does with content-only hashes), and every node keeps a DRAM tier and an SSD tier with LRU
+order: a miss puts the block into DRAM, DRAM overflow demotes to SSD (remove + put), SSD overflow
+removes, an SSD hit promotes back to DRAM. The trace is replayed in passes, each with a fresh
+tenant assignment, until at least ``target_entries`` replicas are live and at least ``churn_factor`` times
+that many puts were issued. Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from quillcache.index.keys import ReplicaKey, ResidencyEntry
+from quillcache.traces import TraceRequest
+from quillcache.types import CacheTier, Identity
+
+_MASK64 = (1 << 64) - 1
+
+
+def block_hash_of(block_id: int) -> int:
+    """A stand-in 64-bit chained block hash for a trace id (splitmix64 finaliser; ids are prefix-chained)."""
+    z = (block_id + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+@dataclass
+class ChurnBatch:
+    """One request's residency changes, applied as one batch: puts then removes."""
+
+    puts: list[ResidencyEntry] = field(default_factory=list)
+    removes: list[ReplicaKey] = field(default_factory=list)
+
+
+@dataclass
+class ChurnWorkload:
+    batches: list[ChurnBatch]
+    live: dict[ReplicaKey, ResidencyEntry]
+    num_puts: int
+    num_removes: int
+
+
+def residency_churn(
+    trace: list[TraceRequest],
+    target_entries: int,
+    *,
+    num_nodes: int = 8,
+    num_tenants: int = 16,
+    dram_share: float = 0.25,
+    churn_factor: float = 1.5,
+    block_bytes: int = 512 * 128 * 1024,
+    seed: int = 0,
+) -> ChurnWorkload:
+    rng = random.Random(seed)
+    per_node = max(2, int(1.15 * target_entries) // num_nodes)  # headroom: nodes fill unevenly
+    dram_cap = max(1, int(per_node * dram_share))
+    ssd_cap = max(1, per_node - dram_cap)
+    identities = [Identity(model="llama-3-8b", tokenizer="llama3", tenant=f"tenant-{t}").digest() for t in range(num_tenants)]
+    nodes = [f"node-{i}" for i in range(num_nodes)]
+    dram = [OrderedDict() for _ in nodes]  # (hash, ident) -> offset
+    ssd = [OrderedDict() for _ in nodes]
+    live: dict[ReplicaKey, ResidencyEntry] = {}
+    batches: list[ChurnBatch] = []
+    next_off = [0] * num_nodes
+    num_puts = num_removes = 0
+
+    def place(b: ChurnBatch, n: int, h: int, ident: bytes, tier: CacheTier) -> None:
+        nonlocal num_puts
+        off = next_off[n]
+        next_off[n] += block_bytes
+        e = ResidencyEntry(h, nodes[n], tier, ident, int(tier), off, block_bytes)
+        b.puts.append(e)
+        live[e.key] = e
+        num_puts += 1
+
+    def drop(b: ChurnBatch, n: int, h: int, ident: bytes, tier: CacheTier) -> None:
+        nonlocal num_removes
+        k = ReplicaKey(h, nodes[n], tier, ident)
+        b.removes.append(k)
+        del live[k]
+        num_removes += 1
+
+    passes = 0
+    while len(live) < target_entries or num_puts < churn_factor * target_entries:
+        passes += 1
+        if passes > 200:
+            break
+        tenant_of = [rng.randrange(num_tenants) for _ in range(len(trace))]
+        for ri, req in enumerate(trace):
+            if not req.hash_ids:
+                continue
+            ident = identities[tenant_of[ri]]
+            n = block_hash_of(req.hash_ids[min(1, len(req.hash_ids) - 1)]) % num_nodes
+            b = ChurnBatch()
+            for bid in req.hash_ids:
+                h = block_hash_of(bid)
+                k = (h, ident)
+                if k in dram[n]:
+                    dram[n].move_to_end(k)
+                    continue
+                if k in ssd[n]:  # promote
+                    del ssd[n][k]
+                    drop(b, n, h, ident, CacheTier.SSD)
+                dram[n][k] = True
+                place(b, n, h, ident, CacheTier.DRAM)
+                if len(dram[n]) > dram_cap:  # demote the LRU block
+                    (vh, vi), _ = dram[n].popitem(last=False)
+                    drop(b, n, vh, vi, CacheTier.DRAM)
+                    ssd[n][(vh, vi)] = True
+                    place(b, n, vh, vi, CacheTier.SSD)
+                    if len(ssd[n]) > ssd_cap:
+                        (sh, si), _ = ssd[n].popitem(last=False)
+                        drop(b, n, sh, si, CacheTier.SSD)
+            if b.puts or b.removes:
+                batches.append(b)
+            if len(live) >= target_entries and num_puts >= churn_factor * target_entries:
+                break
+    return ChurnWorkload(batches, live, num_puts, num_removes)
