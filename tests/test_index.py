@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -95,6 +96,13 @@ class IndexMachine(RuleBasedStateMachine):
         want = self.ref.locate(hs)
         for kind, ix in self.ixs.items():
             assert ix.locate(hs) == want, kind
+            arr = ix.locate_arrays(np.array(hs, dtype=np.uint64))
+            assert [arr.count(j) for j in range(len(hs))] == [len(w) for w in want], kind
+            flat = [e for w in want for e in w]
+            assert [int(h) for h in arr.keys["block_hash"]] == [e.block_hash for e in flat], kind
+            assert [ix.node_name(n) for n in arr.keys["node_no"]] == [e.node for e in flat], kind
+            assert [bytes(i) for i in arr.keys["identity"]] == [e.identity for e in flat], kind
+            assert [int(v) for v in arr.values["offset_bytes"]] == [e.offset_bytes for e in flat], kind
 
     @rule(node=nodes)
     def on_node(self, node):

@@ -17,10 +17,38 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from quillcache.index import keys as K
 from quillcache.types import CacheTier
+
+
+# Big-endian views of the fixed-length primary key and value (see keys.py), for zero-copy decoding.
+PRIMARY_KEY_DTYPE = np.dtype(
+    [("family", "u1"), ("block_hash", ">u8"), ("node_no", ">u4"), ("tier", "u1"), ("identity", "V16")]
+)
+VALUE_DTYPE = np.dtype([("segment_id", ">u4"), ("offset_bytes", ">u8"), ("size_bytes", ">u4")])
+assert PRIMARY_KEY_DTYPE.itemsize == K.KEY_BYTES and VALUE_DTYPE.itemsize == K.VALUE_BYTES
+
+
+@dataclass(frozen=True)
+class LocateResult:
+    """Every replica of each requested block, as columns (CSR): block ``j``'s replicas are rows
+    ``offsets[j]:offsets[j+1]``, in key order. ``node_no`` is the index's interned node number
+    (``IndexBackend.node_name(no)`` gives the name)."""
+
+    offsets: np.ndarray  # int64, len = number of requested hashes + 1
+    keys: np.ndarray  # PRIMARY_KEY_DTYPE records
+    values: np.ndarray  # VALUE_DTYPE records
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def count(self, j: int) -> int:
+        return int(self.offsets[j + 1] - self.offsets[j])
 
 
 class IndexClosedError(RuntimeError):
@@ -151,6 +179,42 @@ class IndexBackend(abc.ABC):
         self._check_open()
         prefixes = [K.block_prefix(h) for h in block_hashes]
         return [[self._entry(k, v) for k, v in rows] for rows in self._raw_scan_many(prefixes)]
+
+    def _raw_scan_many_packed(self, prefixes: Sequence[bytes]) -> tuple[bytes, bytes, np.ndarray]:
+        """Concatenated keys, concatenated values and per-prefix counts of a batched scan of
+        fixed-length primary records; backends override this when they can skip Python objects."""
+        rows = self._raw_scan_many(prefixes)
+        counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        return b"".join(k for r in rows for k, _ in r), b"".join(v for r in rows for _, v in r), counts
+
+    def locate_arrays(self, block_hashes: Iterable[int] | np.ndarray) -> LocateResult:
+        """``locate`` without building Python objects: the hot path of the control plane."""
+        self._check_open()
+        if isinstance(block_hashes, np.ndarray):
+            if block_hashes.ndim != 1 or block_hashes.dtype.kind not in "ui":
+                raise TypeError(f"block_hashes must be a 1-D integer array, got {block_hashes.dtype} {block_hashes.shape}")
+            if block_hashes.dtype.kind == "i" and (block_hashes < 0).any():
+                raise K.IndexKeyError("block hashes must be non-negative")
+            prefixes_arr = np.empty((len(block_hashes), K.BLOCK_PREFIX_BYTES), dtype=np.uint8)
+            prefixes_arr[:, 0] = K.PRIMARY[0]
+            prefixes_arr[:, 1:] = block_hashes.astype(">u8").view(np.uint8).reshape(-1, 8)
+            prefixes = [bytes(r) for r in prefixes_arr] if not self._packed_prefix_arrays else prefixes_arr
+        else:
+            prefixes = [K.block_prefix(h) for h in block_hashes]
+        keys, values, counts = self._raw_scan_many_packed(prefixes)
+        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return LocateResult(
+            offsets,
+            np.frombuffer(keys, dtype=PRIMARY_KEY_DTYPE),
+            np.frombuffer(values, dtype=VALUE_DTYPE),
+        )
+
+    # Backends whose packed scan takes an (n, 9) uint8 array of prefixes set this.
+    _packed_prefix_arrays = False
+
+    def node_name(self, node_no: int) -> str:
+        return self._node_name[int(node_no)]
 
     def scan_prefix(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """Raw ordered scan of every record whose key starts with ``prefix``."""
