@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -145,6 +146,8 @@ class IndexMachine(RuleBasedStateMachine):
 
 
 TestIndexMachine = IndexMachine.TestCase
+# Each example opens real RocksDB instances; bound the work so the file stays well under a minute.
+TestIndexMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 
 
 @pytest.fixture(params=PERSISTENT_KINDS)
