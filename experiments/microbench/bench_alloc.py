@@ -1,0 +1,168 @@
+"""Offset allocator: compiled ``OffsetAllocator`` vs the plain-Python ``PyOffsetAllocator``.
+
+Same run, same parameters, same seeds, interleaved repetitions (REFERENCE §6 gives the C++
+OffsetAllocator at 80-88 ns per random free+alloc pair and 15-17 ns per burst allocation).
+Both allocators take identical decisions, so each repetition does the same work on both.
+
+Measurements (all medians over repetitions, p10/p90 in notes):
+- ``churn_pair_ns``: steady state. Fill ``LIVE`` random allocations, run ``warmup_pairs``
+  untimed free+allocate pairs (the same on both), then time ``churn(pairs, ...)`` (the loop runs
+  inside the allocator: SplitMix64 picks a live allocation to free and a size to allocate; the
+  reference times fewer pairs, the figure is per pair). Acceptance: <= 200 ns/pair and >= 50x
+  the reference (``churn_speedup``: the median of the per-repetition ratios).
+- ``allocate_call_ns`` / ``free_call_ns``: one Python call each, timed one by one with
+  ``time.perf_counter_ns`` around the call (timer overhead included, nothing subtracted), in the
+  same steady state; median and p99 of every call of a repetition, then the median over
+  repetitions. GC stays enabled (it is part of a real caller's cost). Acceptance: median <= 1 us.
+- ``burst_alloc_ns`` / ``burst_free_ns``: ``allocate_batch`` of ``LIVE`` sizes into an empty
+  allocator, then ``free_batch`` of all of them, per item.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from quillcache.alloc import OffsetAllocator, PyOffsetAllocator
+from quillcache.results import SummaryRow, spread, write_raw, write_summary
+
+NAME = "microbench_alloc"
+ALIGNMENT = 4096  # page-aligned KV blocks
+MIN_SIZE = 4 << 10  # 4 KiB .. 2 MiB: one per-layer page up to a Llama-3-8B 16-token block
+MAX_SIZE = 2 << 20
+CAPACITY = 128 << 30  # 2**25 units; LIVE blocks of ~1 MiB fill ~40%
+LIVE = 50_000
+MAX_ALLOCS = 2 * LIVE + 1024  # regions <= live + 1, so churn can never run out of nodes
+RNG_SEED = 20240611
+
+FULL = dict(reps=9, fast_pairs=2_000_000, ref_pairs=50_000, warmup_pairs=100_000, fast_calls=50_000, ref_calls=5_000)
+QUICK = dict(reps=3, fast_pairs=100_000, ref_pairs=3_000, warmup_pairs=2_000, fast_calls=5_000, ref_calls=1_000)
+
+FAST, REF = "cython OffsetAllocator", "python PyOffsetAllocator"
+
+
+def _filled(cls, sizes: np.ndarray, warmup_pairs: int, seed: int):
+    a = cls(CAPACITY, MAX_ALLOCS, alignment=ALIGNMENT)
+    a.allocate_batch(sizes)
+    a.churn(warmup_pairs, MIN_SIZE, MAX_SIZE, seed)
+    return a
+
+
+def _call_latencies(a, n_calls: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """Alternately free one random live allocation and allocate a random size, timing each call."""
+    live = [x.handle for x in a.live_allocations()]
+    picks = rng.integers(0, len(live), n_calls).tolist()
+    sizes = rng.integers(MIN_SIZE, MAX_SIZE, n_calls, endpoint=True).tolist()
+    free_ns, alloc_ns = [], []
+    pc = time.perf_counter_ns
+    free, allocate = a.free, a.allocate
+    for j, size in zip(picks, sizes):
+        h = live[j]
+        t0 = pc()
+        free(h)
+        t1 = pc()
+        x = allocate(size)
+        t2 = pc()
+        live[j] = x.handle
+        free_ns.append(t1 - t0)
+        alloc_ns.append(t2 - t1)
+    return free_ns, alloc_ns
+
+
+def _p(samples: list[int], q: float) -> float:
+    return float(np.percentile(np.asarray(samples), q))
+
+
+def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
+    cfg = QUICK if quick else FULL
+    raw: list[tuple] = []  # (metric, subject, rep, value, unit)
+    for rep in range(cfg["reps"]):
+        rng = np.random.default_rng(RNG_SEED + rep)
+        sizes = rng.integers(MIN_SIZE, MAX_SIZE, LIVE, endpoint=True)
+        seed = RNG_SEED * 1000 + rep
+        per_pair = {}
+        for cls, subject, pairs in ((OffsetAllocator, FAST, cfg["fast_pairs"]), (PyOffsetAllocator, REF, cfg["ref_pairs"])):
+            # burst: allocate_batch into an empty allocator, then free_batch of everything
+            a = cls(CAPACITY, MAX_ALLOCS, alignment=ALIGNMENT)
+            t0 = time.perf_counter_ns()
+            _, handles = a.allocate_batch(sizes)
+            t1 = time.perf_counter_ns()
+            a.free_batch(handles)
+            t2 = time.perf_counter_ns()
+            raw.append(("burst_alloc_ns", subject, rep, (t1 - t0) / LIVE, "ns/alloc"))
+            raw.append(("burst_free_ns", subject, rep, (t2 - t1) / LIVE, "ns/free"))
+            # steady state: churn inside the allocator
+            a = _filled(cls, sizes, cfg["warmup_pairs"], seed)
+            per_pair[subject] = a.churn(pairs, MIN_SIZE, MAX_SIZE, seed + 1) / pairs
+            raw.append(("churn_pair_ns", subject, rep, per_pair[subject], "ns/pair"))
+            rep_live = a.storage_report()
+            assert rep_live.num_live_allocations == LIVE, rep_live
+            # single calls from Python, same steady state
+            n_calls = cfg["fast_calls"] if cls is OffsetAllocator else cfg["ref_calls"]
+            free_ns, alloc_ns = _call_latencies(a, n_calls, np.random.default_rng(seed + 2))
+            for metric, samples in (("allocate_call_ns", alloc_ns), ("free_call_ns", free_ns)):
+                raw.append((metric + "_median", subject, rep, _p(samples, 50), "ns/call"))
+                raw.append((metric + "_p99", subject, rep, _p(samples, 99), "ns/call"))
+        raw.append(("churn_speedup", "cython/python same rep", rep, per_pair[REF] / per_pair[FAST], "x"))
+
+    write_raw(NAME, "raw.csv", ["metric", "subject", "rep", "value", "unit"], raw, root=results_root)
+    rows = _summarise(raw, cfg)
+    write_summary(NAME, rows, root=results_root)
+    _print_table(rows)
+    return rows
+
+
+ACCEPT = {"churn_pair_ns": ("<=", 200.0), "churn_speedup": (">=", 50.0),
+          "allocate_call_ns_median": ("<=", 1000.0), "free_call_ns_median": ("<=", 1000.0)}
+
+
+def _summarise(raw: list[tuple], cfg: dict) -> list[SummaryRow]:
+    rows = []
+    metrics = list(dict.fromkeys(r[0] for r in raw))
+    mode = f"LIVE={LIVE}, sizes {MIN_SIZE}..{MAX_SIZE} B, alignment {ALIGNMENT}, reps={cfg['reps']}"
+    for metric in metrics:
+        subjects = list(dict.fromkeys(r[1] for r in raw if r[0] == metric))
+        stats = {s: spread([r[3] for r in raw if r[0] == metric and r[1] == s]) for s in subjects}
+        unit = next(r[4] for r in raw if r[0] == metric)
+        for s in subjects:
+            if s == REF and FAST in subjects:
+                continue  # the reference appears as the baseline of the compiled row
+            st = stats[s]
+            note = f"p10={st['p10']:.4g} p90={st['p90']:.4g} min={st['min']:.4g} max={st['max']:.4g}; {mode}"
+            if metric in ACCEPT:
+                op, bound = ACCEPT[metric]
+                ok = st["median"] <= bound if op == "<=" else st["median"] >= bound
+                note += f"; acceptance {op} {bound:g}: {'PASS' if ok else 'FAIL'}"
+            base = stats.get(REF) if s == FAST else None
+            if base is not None:
+                note += f"; baseline p10={base['p10']:.4g} p90={base['p90']:.4g}; speedup {base['median'] / st['median']:.1f}x"
+            rows.append(SummaryRow(metric=metric, subject=s, value=st["median"], unit=unit,
+                                   baseline=REF if base is not None else "",
+                                   baseline_value=base["median"] if base is not None else float("nan"),
+                                   n=cfg["reps"], notes=note))
+    return rows
+
+
+def _print_table(rows: list[SummaryRow]) -> None:
+    print(f"{'metric':<26} {'subject':<24} {'median':>10} {'unit':<9} {'baseline':>10} {'speedup':>8}  p10..p90 / acceptance")
+    for r in rows:
+        base = f"{r.baseline_value:10.1f}" if r.baseline else f"{'':>10}"
+        speed = f"{r.baseline_value / r.value:7.1f}x" if r.baseline else f"{'':>8}"
+        p = r.notes.split(";")
+        extra = p[0] + ("".join(f";{x}" for x in p if "acceptance" in x))
+        subj = r.subject if len(r.subject) <= 24 else r.subject[:24]
+        print(f"{r.metric:<26} {subj:<24} {r.value:10.1f} {r.unit:<9} {base} {speed}  {extra}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small, fast configuration (< 20 s)")
+    ap.add_argument("--results-root", default=None, help="results directory (default: results/)")
+    args = ap.parse_args(argv)
+    run(quick=args.quick, results_root=args.results_root)
+
+
+if __name__ == "__main__":
+    main()
