@@ -16,6 +16,7 @@ from quillcache.index.keys import IndexKeyError, ReplicaKey, ResidencyEntry
 
 # name -> "module:Class"; imported lazily so a missing optional dependency only hurts its backend.
 INDEX_BACKENDS: dict[str, str] = {
+    "art": "quillcache.index.art_index:ArtIndex",
     "flat": "quillcache.index.flat:FlatIndex",
     "rocksdb": "quillcache.index.rocksdb:RocksDbIndex",
     "sorted": "quillcache.index.sorted_map:SortedIndex",

@@ -1,0 +1,357 @@
+"""Persistent ART backend: two adaptive radix trees, a crc32c write-ahead log and checkpoints.
+
+Structure. Primary records (``B`` keys, 16-byte values) live in one :class:`ArtTree`, secondary
+records (``N`` keys, no value) in a second one, and the tiny node-name table (``M`` keys) in a
+dict. Every ``put``/``remove`` batch is one WAL record (:mod:`quillcache.wal`) and is then applied
+to the trees in memory.
+
+Durability contract. A batch is acknowledged once ``flush()`` returned (the WAL was fsynced).
+A checkpoint writes both arenas, as they are, into ``art.ckpt`` (temp file, fsync, rename, fsync
+directory) together with the LSN it covers, then starts a fresh WAL (new epoch) at the next LSN.
+The checkpoint is renamed into place BEFORE the WAL is replaced, so at every instant the pair on
+disk (checkpoint at LSN c, WAL holding LSNs ≤ c or continuing at c+1) describes every
+acknowledged batch.
+
+Recovery (``open``): read and verify the checkpoint header (crc32c), ``mmap`` the file
+copy-on-write, verify each arena's crc32c and attach the trees in O(1) — no rebuild, no walk —
+then replay the WAL records past the checkpoint LSN. A torn WAL tail (a crash during an
+unacknowledged append) is dropped; damage that is not a torn tail (a valid record after a bad
+one, a bad checkpoint crc, a gap in LSNs) is refused with :class:`IndexCorruptionError` naming the
+file and offset, and no file is modified.
+
+Write cost. Each record is written to the WAL once; checkpoints rewrite the arenas, so they are
+taken at ``close()`` and, while running, only when the WAL has grown past
+``checkpoint_wal_ratio`` × the arena bytes (and ``checkpoint_min_wal_bytes``): the amortised
+checkpoint cost is at most 1/ratio of the WAL bytes. A crash between checkpoints costs replay
+time, never data.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+import crc32c as _crc
+import msgpack
+import numpy as np
+
+from quillcache.art import ArtTree
+from quillcache.index import keys as K
+from quillcache.index.base import IndexBackend, NotAnIndexError
+from quillcache.wal import WalCorruptionError, WalWriter, scan
+
+CHECKPOINT = "art.ckpt"
+WAL = "art.wal"
+_CKPT_MAGIC = b"QCARTCK1"
+_PAGE = 4096
+_BATCH_COUNTS = struct.Struct("<II")
+
+
+class IndexCorruptionError(NotAnIndexError):
+    """The on-disk state is damaged in a way recovery must not guess about."""
+
+
+def _round_up(n: int, to: int = _PAGE) -> int:
+    return (n + to - 1) // to * to
+
+
+def encode_batch(puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> bytes:
+    """WAL payload of one batch: counts, then ``klen vlen key value`` puts, then ``klen key`` deletes."""
+    parts = [_BATCH_COUNTS.pack(len(puts), len(deletes))]
+    for k, v in puts:
+        parts.append(bytes((len(k), len(v))))
+        parts.append(k)
+        parts.append(v)
+    for k in deletes:
+        parts.append(bytes((len(k),)))
+        parts.append(k)
+    return b"".join(parts)
+
+
+def decode_batch(payload: bytes) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    n_put, n_del = _BATCH_COUNTS.unpack_from(payload, 0)
+    pos, puts, dels = _BATCH_COUNTS.size, [], []
+    for _ in range(n_put):
+        kl, vl = payload[pos], payload[pos + 1]
+        pos += 2
+        puts.append((payload[pos : pos + kl], payload[pos + kl : pos + kl + vl]))
+        pos += kl + vl
+    for _ in range(n_del):
+        kl = payload[pos]
+        dels.append(payload[pos + 1 : pos + 1 + kl])
+        pos += 1 + kl
+    if pos != len(payload):
+        raise ValueError(f"batch payload has {len(payload) - pos} trailing bytes")
+    return puts, dels
+
+
+class ArtIndex(IndexBackend):
+    kind = "art"
+    _packed_prefix_arrays = True
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        checkpoint_wal_ratio: float = 4.0,
+        checkpoint_min_wal_bytes: int = 64 << 20,
+        wal_recovery: str = "point_in_time",
+        verify_checkpoint: bool = True,
+        initial_arena_bytes: int = 1 << 20,
+    ) -> None:
+        super().__init__(path)
+        if not checkpoint_wal_ratio > 0:
+            raise ValueError(f"checkpoint_wal_ratio must be > 0, got {checkpoint_wal_ratio}")
+        self.checkpoint_wal_ratio = checkpoint_wal_ratio
+        self.checkpoint_min_wal_bytes = checkpoint_min_wal_bytes
+        self._mm: mmap.mmap | None = None
+        self._names: dict[bytes, bytes] = {}
+        self._wal: WalWriter | None = None
+        self._ckpt_lsn = 0
+        self._initial = initial_arena_bytes
+        self.checkpoint_bytes_written = 0
+        self.replayed_records = 0
+        self._primary = ArtTree(K.VALUE_BYTES, initial_arena_bytes=initial_arena_bytes)
+        self._secondary = ArtTree(0, initial_arena_bytes=initial_arena_bytes)
+        if self.path is not None:
+            self._open_dir(wal_recovery, verify_checkpoint)
+        self._load_node_table()
+
+    # ---- opening and recovery ----------------------------------------------------------------
+    def _open_dir(self, wal_recovery: str, verify: bool) -> None:
+        d = self.path
+        assert d is not None
+        if d.exists() and not d.is_dir():
+            raise NotAnIndexError(f"{d} is not a directory")
+        d.mkdir(parents=True, exist_ok=True)
+        ckpt, wal = d / CHECKPOINT, d / WAL
+        if not ckpt.exists() and not wal.exists():
+            stray = [p.name for p in d.iterdir() if not p.name.endswith(".tmp")]
+            if stray:
+                raise NotAnIndexError(f"{d} holds {stray[:3]} but no {CHECKPOINT} or {WAL}: not an ART index")
+            self._wal = WalWriter.create(wal, base_lsn=1)
+            return
+        if ckpt.exists():
+            self._load_checkpoint(ckpt, verify)
+        if not wal.exists():
+            self._wal = WalWriter.create(wal, base_lsn=self._ckpt_lsn + 1)
+            return
+        try:
+            report, records = scan(wal, mode=wal_recovery)
+        except WalCorruptionError as exc:
+            raise IndexCorruptionError(str(exc)) from None
+        if report.header.base_lsn > self._ckpt_lsn + 1:
+            raise IndexCorruptionError(
+                f"{wal} starts at lsn {report.header.base_lsn} but the checkpoint covers only up to "
+                f"{self._ckpt_lsn}: batches are missing"
+            )
+        for lsn, payload in records:
+            if lsn <= self._ckpt_lsn:
+                continue
+            try:
+                puts, dels = decode_batch(payload)
+            except (ValueError, IndexError, struct.error) as exc:
+                raise IndexCorruptionError(f"{wal}: record lsn {lsn} passes its crc but does not decode ({exc})") from None
+            self._apply(puts, dels)
+            self.replayed_records += 1
+        self.recovery_report = report
+        if report.last_lsn < self._ckpt_lsn:
+            self._wal = WalWriter.create(wal, base_lsn=self._ckpt_lsn + 1)
+        else:
+            self._wal = WalWriter.reopen(wal, report)
+
+    def _load_checkpoint(self, ckpt: Path, verify: bool) -> None:
+        try:
+            fh = open(ckpt, "rb")
+        except OSError as exc:
+            raise NotAnIndexError(f"{ckpt}: cannot open ({exc})") from None
+        with fh:
+            head = fh.read(16)
+            if len(head) < 16 or head[:8] != _CKPT_MAGIC:
+                raise IndexCorruptionError(f"{ckpt}: not an ART checkpoint (bad magic)")
+            meta_len, meta_crc = struct.unpack_from("<II", head, 8)
+            size = os.fstat(fh.fileno()).st_size
+            if 16 + meta_len > size:
+                raise IndexCorruptionError(f"{ckpt}: header claims {meta_len} meta bytes, file has {size}")
+            raw = fh.read(meta_len)
+            if _crc.crc32c(raw) != meta_crc:
+                raise IndexCorruptionError(f"{ckpt}: checkpoint header checksum mismatch")
+            try:
+                meta = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+                self._ckpt_lsn = int(meta["lsn"])
+                trees = [meta["primary"], meta["secondary"]]
+                names = {bytes(k): bytes(v) for k, v in meta["names"]}
+            except Exception as exc:
+                raise IndexCorruptionError(f"{ckpt}: checkpoint header does not decode ({exc})") from None
+            for t in trees:
+                if t["offset"] % _PAGE or t["offset"] + t["len"] > size:
+                    raise IndexCorruptionError(f"{ckpt}: arena [{t['offset']}, +{t['len']}) lies outside the file")
+            self._mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+        view = memoryview(self._mm)
+        built = []
+        for name, t in zip(("primary", "secondary"), trees):
+            region = view[t["offset"] : t["offset"] + t["len"]]
+            if verify and _crc.crc32c(region) != t["crc"]:
+                raise IndexCorruptionError(f"{ckpt}: {name} arena checksum mismatch")
+            try:
+                built.append(ArtTree.attach(region, t["root"], t["meta"]))
+            except (ValueError, TypeError) as exc:
+                raise IndexCorruptionError(f"{ckpt}: {name} arena does not attach ({exc})") from None
+        self._primary, self._secondary = built
+        self._names = names
+
+    # ---- applying batches --------------------------------------------------------------------
+    def _apply(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
+        prim_k, prim_v, sec_k = [], [], []
+        for k, v in puts:
+            fam = k[:1]
+            if fam == K.PRIMARY:
+                prim_k.append(k)
+                prim_v.append(v)
+            elif fam == K.SECONDARY:
+                sec_k.append(k)
+            elif fam == K.NODE_NAME:
+                self._names[k] = v
+            else:
+                raise K.IndexKeyError(f"key family {fam!r} is not part of the residency layout")
+        if prim_k:
+            keys = np.frombuffer(b"".join(prim_k), dtype=np.uint8).reshape(len(prim_k), K.KEY_BYTES)
+            vals = np.frombuffer(b"".join(prim_v), dtype=np.uint8).reshape(len(prim_v), K.VALUE_BYTES)
+            self._primary.insert_batch(keys, vals)
+        if sec_k:
+            keys = np.frombuffer(b"".join(sec_k), dtype=np.uint8).reshape(len(sec_k), K.KEY_BYTES)
+            self._secondary.insert_batch(keys, np.empty((len(sec_k), 0), dtype=np.uint8))
+        for k in deletes:
+            fam = k[:1]
+            if fam == K.PRIMARY:
+                self._primary.remove(k)
+            elif fam == K.SECONDARY:
+                self._secondary.remove(k)
+            elif fam == K.NODE_NAME:
+                self._names.pop(k, None)
+
+    def _raw_write(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
+        for k, v in puts:
+            if len(k) != K.KEY_BYTES and k[:1] != K.NODE_NAME:
+                raise K.IndexKeyError(f"key of {len(k)} bytes does not fit the layout")
+        if self._wal is not None:
+            self._wal.append(encode_batch(puts, deletes))
+        self._apply(puts, deletes)
+
+    # ---- reads -------------------------------------------------------------------------------
+    def _tree_for(self, fam: bytes) -> ArtTree | None:
+        return self._primary if fam == K.PRIMARY else self._secondary if fam == K.SECONDARY else None
+
+    def _raw_get(self, key: bytes) -> bytes | None:
+        if key[:1] == K.NODE_NAME:
+            return self._names.get(key)
+        tree = self._tree_for(key[:1])
+        return tree.get(key) if tree is not None else None
+
+    def _names_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return sorted((k, v) for k, v in self._names.items() if k.startswith(prefix))
+
+    def _raw_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        if not prefix:
+            return self._primary.scan_prefix(b"") + self._names_scan(b"") + self._secondary.scan_prefix(b"")
+        if prefix[:1] == K.NODE_NAME:
+            return self._names_scan(prefix)
+        tree = self._tree_for(prefix[:1])
+        return tree.scan_prefix(prefix) if tree is not None else []
+
+    def _prefix_matrix(self, prefixes) -> np.ndarray:
+        if isinstance(prefixes, np.ndarray):
+            return np.ascontiguousarray(prefixes, dtype=np.uint8)
+        return np.frombuffer(b"".join(prefixes), dtype=np.uint8).reshape(len(prefixes), K.BLOCK_PREFIX_BYTES)
+
+    def _raw_scan_many_packed(self, prefixes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keys, values, offsets = self._primary.scan_prefix_batch(self._prefix_matrix(prefixes), K.KEY_BYTES)
+        return keys, values, np.diff(offsets)
+
+    def _raw_scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        if not all(len(p) == K.BLOCK_PREFIX_BYTES and p[:1] == K.PRIMARY for p in prefixes):
+            return [self._raw_scan(p) for p in prefixes]
+        if not prefixes:
+            return []
+        keys, values, offsets = self._primary.scan_prefix_batch(self._prefix_matrix(prefixes), K.KEY_BYTES)
+        kb, vb = keys.tobytes(), values.tobytes()
+        kl, vl = K.KEY_BYTES, K.VALUE_BYTES
+        return [
+            [(kb[r * kl : (r + 1) * kl], vb[r * vl : (r + 1) * vl]) for r in range(offsets[j], offsets[j + 1])]
+            for j in range(len(prefixes))
+        ]
+
+    # ---- durability --------------------------------------------------------------------------
+    @property
+    def arena_bytes(self) -> int:
+        return self._primary.arena_used_bytes + self._secondary.arena_used_bytes
+
+    def _raw_flush(self) -> None:
+        if self._wal is None:
+            return
+        self._wal.sync()
+        threshold = max(self.checkpoint_min_wal_bytes, self.checkpoint_wal_ratio * self.arena_bytes)
+        if self._wal.size_bytes >= threshold:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Write both arenas and the LSN they cover, then start a fresh WAL (see module docstring)."""
+        self._check_open()
+        if self._wal is None:
+            return
+        lsn = self._wal.sync()
+        d = self.path
+        assert d is not None
+        trees = []
+        offset = _PAGE
+        for tree in (self._primary, self._secondary):
+            with tree.arena_view() as v:
+                trees.append({"offset": 0, "len": v.nbytes, "crc": _crc.crc32c(v),
+                              "root": tree.root_offset, "meta": tree.export_meta()})
+        meta_probe = {"lsn": lsn, "primary": trees[0], "secondary": trees[1], "names": sorted(self._names.items())}
+        head_len = 16 + len(msgpack.packb(meta_probe, use_bin_type=True)) + 64
+        offset = _round_up(head_len)
+        for t in trees:
+            t["offset"] = offset
+            offset = _round_up(offset + t["len"])
+        raw = msgpack.packb(meta_probe, use_bin_type=True)
+        tmp = d / (CHECKPOINT + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(_CKPT_MAGIC + struct.pack("<II", len(raw), _crc.crc32c(raw)) + raw)
+            for tree, t in zip((self._primary, self._secondary), trees):
+                fh.seek(t["offset"])
+                with tree.arena_view() as v:
+                    fh.write(v)
+            fh.truncate(offset)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, d / CHECKPOINT)
+        dfd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self.checkpoint_bytes_written += offset
+        self._ckpt_lsn = lsn
+        self._wal.close()
+        self._wal = WalWriter.create(d / WAL, base_lsn=lsn + 1)
+
+    def _raw_close(self) -> None:
+        if self._wal is not None:
+            if self._wal.next_lsn - 1 > self._ckpt_lsn:
+                self.checkpoint()
+            self._wal.close()
+            self._wal = None
+        self._primary = self._secondary = None  # type: ignore[assignment]
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping is released with it
+            self._mm = None
+
+    def __len__(self) -> int:
+        return len(self._primary)

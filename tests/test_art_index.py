@@ -1,0 +1,223 @@
+"""Persistent ART index: crash recovery yields exactly the acknowledged batches; damage is refused."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quillcache.index import open_index
+from quillcache.index.art_index import CHECKPOINT, WAL, IndexCorruptionError
+from quillcache.index.keys import ResidencyEntry
+from quillcache.types import CacheTier
+
+
+def entry(h: int, node: str = "n0", tier: CacheTier = CacheTier.DRAM, off: int = 0) -> ResidencyEntry:
+    return ResidencyEntry(h, node, tier, h.to_bytes(16, "little"), 1, off, 4096)
+
+
+def snapshot(ix) -> list:
+    return ix.scan_prefix(b"")
+
+
+def test_crash_after_flush_keeps_exactly_the_flushed_state(tmp_path):
+    rng = random.Random(1)
+    ix = open_index("art", tmp_path / "a")
+    acked = None
+    for step in range(300):
+        h = rng.randrange(2000)
+        if rng.random() < 0.7:
+            ix.put([entry(h, f"n{rng.randrange(3)}", CacheTier(rng.randrange(3)), rng.randrange(10**6))])
+        else:
+            ix.remove([entry(h, f"n{rng.randrange(3)}", CacheTier(rng.randrange(3)))])
+        if step % 37 == 0:
+            ix.flush()
+            acked = snapshot(ix)
+    # crash: abandon the object (unflushed batches are still in the user-space group buffer)
+    del ix
+    ix = open_index("art", tmp_path / "a")
+    assert snapshot(ix) == acked
+    ix.close()
+
+
+@given(cut=st.integers(0, 100_000), seed=st.integers(0, 2**31), mode=st.sampled_from(["cut", "flip", "garbage"]))
+@settings(max_examples=40, deadline=None)
+def test_damage_after_the_durable_point_yields_exactly_the_acknowledged(tmp_path_factory, cut, seed, mode):
+    d = tmp_path_factory.mktemp("art") / "ix"
+    ix = open_index("art", d)
+    ix.put([entry(h) for h in range(50)])
+    ix.flush()
+    ix.checkpoint()  # checkpoint + fresh WAL
+    ix.put([entry(h, "n1") for h in range(50, 80)])
+    ix.remove([entry(3)])
+    ix.flush()
+    acked = snapshot(ix)
+    durable = (d / WAL).stat().st_size
+    ix._wal.group_bytes = 1  # make later appends reach the file (unsynced)
+    for j in range(5):
+        ix.put([entry(1000 + j * 10 + i, "n2") for i in range(10)])
+    del ix
+    data = bytearray((d / WAL).read_bytes())
+    tail = len(data) - durable
+    rng = random.Random(seed)
+    if mode == "cut":
+        data = data[: durable + cut % (tail + 1)]
+    elif mode == "flip":
+        data[durable + cut % tail] ^= 1 + rng.randrange(255)
+    else:
+        data = data[:durable] + rng.randbytes(cut % 500)
+    (d / WAL).write_bytes(bytes(data))
+    ix = open_index("art", d)
+    got = snapshot(ix)
+    # every acknowledged record is there, and anything more is whole unacknowledged batches, in order
+    extra = [kv for kv in got if kv not in acked]
+    assert [kv for kv in got if kv in acked] == acked
+    extra_primary = [k for k, _ in extra if k[:1] == b"B"]
+    assert len(extra_primary) % 10 == 0  # whole batches of 10 entries only
+    if mode == "garbage" or (mode == "cut" and cut % (tail + 1) == 0):
+        assert got == acked
+    ix.close()
+
+
+def _built(tmp_path):
+    d = tmp_path / "ix"
+    ix = open_index("art", d)
+    ix.put([entry(h, f"n{h % 4}") for h in range(500)])
+    ix.close()
+    return d
+
+
+@pytest.mark.parametrize(
+    "where, match",
+    [
+        (10, "checksum|claims"),  # inside the header
+        (20, "checksum"),  # inside the header's metadata
+        (4096 + 100, "arena checksum mismatch"),  # inside the first arena
+        ("truncate", "outside the file|checksum"),
+        ("magic", "not an ART checkpoint"),
+    ],
+)
+def test_corrupted_checkpoint_is_refused_and_left_untouched(tmp_path, where, match):
+    d = _built(tmp_path)
+    ck = d / CHECKPOINT
+    data = bytearray(ck.read_bytes())
+    if where == "truncate":
+        data = data[: len(data) // 2]
+    elif where == "magic":
+        data[:8] = b"NOTACKPT"
+    else:
+        data[where] ^= 0x55
+    ck.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    with pytest.raises(IndexCorruptionError, match=match):
+        open_index("art", d)
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def test_damaged_acknowledged_wal_record_is_refused(tmp_path):
+    d = tmp_path / "ix"
+    ix = open_index("art", d)
+    for i in range(5):
+        ix.put([entry(i)])
+        ix.flush()
+    del ix  # crash: no checkpoint, everything lives in the WAL
+    data = bytearray((d / WAL).read_bytes())
+    data[40] ^= 0xFF  # first record, acknowledged by the later ones
+    (d / WAL).write_bytes(bytes(data))
+    with pytest.raises(IndexCorruptionError, match="acknowledged"):
+        open_index("art", d)
+
+
+def test_crash_between_checkpoint_rename_and_wal_swap(tmp_path):
+    d = tmp_path / "ix"
+    ix = open_index("art", d)
+    ix.put([entry(h) for h in range(100)])
+    ix.flush()
+    old_wal = (d / WAL).read_bytes()
+    ix.checkpoint()
+    want = snapshot(ix)
+    del ix
+    (d / WAL).write_bytes(old_wal)  # the new checkpoint is in place, the old WAL not yet replaced
+    ix = open_index("art", d)
+    assert snapshot(ix) == want
+    ix.put([entry(7777)])
+    ix.flush()
+    del ix
+    ix = open_index("art", d)
+    assert len(ix.locate([7777])[0]) == 1 and len(snapshot(ix)) == len(want) + 2
+    ix.close()
+
+
+def test_running_checkpoints_and_reopen(tmp_path):
+    d = tmp_path / "ix"
+    ix = open_index("art", d, checkpoint_min_wal_bytes=4096, checkpoint_wal_ratio=0.01)
+    for i in range(40):
+        ix.put([entry(i * 100 + j, f"n{j % 3}") for j in range(20)])
+        ix.remove([entry(i * 100)])
+        ix.flush()
+    assert ix.checkpoint_bytes_written > 0
+    want = snapshot(ix)
+    del ix
+    ix = open_index("art", d)
+    assert snapshot(ix) == want
+    assert ix.entries_on_node("n1") == [e for e in ix.entries_on_node("n1")]
+    ix.close()
+
+
+def test_not_an_index(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "data.bin").write_bytes(b"hello")
+    with pytest.raises(ValueError, match="not an ART index"):
+        open_index("art", tmp_path / "x")
+    (tmp_path / "f").write_text("file")
+    with pytest.raises(ValueError, match="not a directory"):
+        open_index("art", tmp_path / "f")
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from quillcache.index import open_index
+    from quillcache.index.keys import ResidencyEntry
+    from quillcache.types import CacheTier
+    ix = open_index("art", sys.argv[1], checkpoint_min_wal_bytes=1 << 16, checkpoint_wal_ratio=0.5)
+    start = int(sys.argv[2])
+    for b in range(start, start + 100000):
+        ix.put([ResidencyEntry(b * 8 + i, "n0", CacheTier.DRAM, bytes(16), 0, b, 1) for i in range(8)])
+        ix.flush()
+        print(b, flush=True)
+    """
+)
+
+
+def test_sigkill_at_random_moments_loses_no_acknowledged_batch(tmp_path):
+    d = tmp_path / "ix"
+    rng = random.Random(7)
+    acked_upto = -1
+    for round_ in range(4):
+        p = subprocess.Popen([sys.executable, "-c", CHILD, str(d), str(acked_upto + 1)], stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 0.4 + rng.random() * 0.6
+        last = acked_upto
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            last = int(line)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        acked_upto = last
+        ix = open_index("art", d)
+        hashes = [b * 8 for b in range(acked_upto + 1)]
+        found = ix.locate_arrays(hashes)
+        assert all(found.count(j) == 1 for j in range(len(hashes))), f"round {round_}: lost an acknowledged batch"
+        ix.close()
+    assert acked_upto > 0

@@ -1,0 +1,133 @@
+"""The write-ahead log: round trip, torn tails, mid-log damage, modes, epochs, fsync failure."""
+
+import os
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quillcache import wal as W
+
+
+def _write(path, payloads, sync_every=None):
+    w = W.WalWriter.create(path, base_lsn=1, group_bytes=1)
+    for i, p in enumerate(payloads, 1):
+        w.append(p)
+        if sync_every and i % sync_every == 0:
+            w.sync()
+    return w
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "log"
+    w = _write(path, [b"a", b"", b"c" * 1000])
+    w.close()
+    report, recs = W.scan(path)
+    assert recs == [(1, b"a"), (2, b""), (3, b"c" * 1000)]
+    assert report.dropped_bytes == 0 and report.last_lsn == 3
+    w2 = W.WalWriter.reopen(path, report)
+    assert w2.append(b"d") == 4
+    w2.close()
+    assert [r for _, r in W.scan(path)[1]] == [b"a", b"", b"c" * 1000, b"d"]
+
+
+@given(cut=st.integers(min_value=0, max_value=10_000), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_any_truncation_or_garbage_after_the_durable_point_keeps_exactly_the_acknowledged(tmp_path_factory, cut, seed):
+    path = tmp_path_factory.mktemp("w") / "log"
+    w = _write(path, [bytes([i]) * 40 for i in range(10)])
+    w.sync()
+    durable = w.durable_bytes
+    for i in range(10, 20):  # unacknowledged appends, written (group_bytes=1) but never synced
+        w.append(bytes([i]) * 40)
+    w._write_buffer()
+    data = bytearray(path.read_bytes())
+    rng = random.Random(seed)
+    tail_len = len(data) - durable
+    mode = seed % 3
+    if mode == 0:  # torn: cut anywhere after the durable point
+        data = data[: durable + cut % (tail_len + 1)]
+    elif mode == 1:  # garble one unsynced byte
+        i = durable + cut % tail_len
+        data[i] ^= 1 + rng.randrange(255)
+    else:  # replace the unsynced tail with garbage
+        data = data[:durable] + rng.randbytes(cut % 300)
+    path.write_bytes(bytes(data))
+    report, recs = W.scan(path)
+    acked = [(i + 1, bytes([i]) * 40) for i in range(10)]
+    assert recs[:10] == acked
+    # anything recovered past the durable point is an intact prefix of what was appended
+    assert recs[10:] == [(i + 1, bytes([i]) * 40) for i in range(10, 10 + len(recs) - 10)]
+    if mode == 0 and cut % (tail_len + 1) < tail_len or mode == 1:
+        assert len(recs) < 20  # a cut or garbled record is never returned
+    if mode == 0:
+        assert report.valid_bytes <= len(data)
+
+
+def test_damage_to_an_acknowledged_record_is_refused(tmp_path):
+    path = tmp_path / "log"
+    w = _write(path, [b"x" * 50 for _ in range(6)], sync_every=1)
+    w.close()
+    data = bytearray(path.read_bytes())
+    data[W.HEADER_BYTES + 5] ^= 0xFF  # inside record 1's header/payload; later records say it was acked
+    path.write_bytes(bytes(data))
+    with pytest.raises(W.WalCorruptionError, match="acknowledged"):
+        W.scan(path)
+    report, recs = W.scan(path, mode="truncate")
+    assert recs == [] and "dropped" in report.dropped_reason
+
+
+def test_strict_refuses_any_valid_record_after_a_bad_one(tmp_path):
+    path = tmp_path / "log"
+    w = _write(path, [b"y" * 50 for _ in range(4)])  # nothing synced: all unacknowledged
+    w._write_buffer()
+    data = bytearray(path.read_bytes())
+    data[W.HEADER_BYTES + W.RECORD_HEADER_BYTES + 3] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert W.scan(path)[1] == []  # point-in-time: unacknowledged, dropped
+    with pytest.raises(W.WalCorruptionError, match="valid record"):
+        W.scan(path, mode="strict")
+
+
+def test_records_of_another_epoch_never_validate(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write(a, [b"old"] * 3).close()
+    _write(b, [b"new"]).close()
+    # splice a's records after b's header: same LSNs, other epoch
+    spliced = b.read_bytes()[: W.HEADER_BYTES] + a.read_bytes()[W.HEADER_BYTES :]
+    b.write_bytes(spliced)
+    report, recs = W.scan(b)
+    assert recs == []
+
+
+def test_header_damage_and_bad_mode(tmp_path):
+    path = tmp_path / "log"
+    _write(path, [b"z"]).close()
+    data = bytearray(path.read_bytes())
+    data[10] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(W.WalCorruptionError, match="header checksum"):
+        W.scan(path)
+    path.write_bytes(b"garbage" * 10)
+    with pytest.raises(W.WalCorruptionError, match="not a QuillCache WAL"):
+        W.scan(path)
+    with pytest.raises(ValueError, match="recovery mode"):
+        W.scan(path, mode="yolo")
+
+
+def test_fsync_failure_turns_the_log_read_only(tmp_path, monkeypatch):
+    w = _write(tmp_path / "log", [b"a"])
+
+    def boom(fd):
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(os, "fdatasync", boom)
+    with pytest.raises(W.WalFailedError, match="not retrying"):
+        w.sync()
+    monkeypatch.undo()
+    with pytest.raises(W.WalFailedError):
+        w.append(b"b")
+    with pytest.raises(W.WalFailedError):
+        w.sync()
+    w.close()
