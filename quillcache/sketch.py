@@ -1,0 +1,345 @@
+"""Count-min sketch of block-hash frequencies: conservative update, TinyLFU aging, merge, top-k.
+
+``CountMinSketch`` is the public face of the Cython core ``quillcache._fast._sketch``; the
+algorithm (hashing included) is specified by ``quillcache.sketch_reference``, which the tests
+hold the core to, counter for counter.
+
+Geometry: ``width = ceil(e/eps)``, ``depth = ceil(ln(1/delta))`` (eps=0.001, delta=0.01 gives
+2719 x 5 = 54 KiB of uint32 counters, which stays in L2).
+
+Invariants:
+- Without aging, ``estimate(x) >= true count of x`` always (both update modes, after ``merge``),
+  and ``estimate(x) <= true + eps * total`` with probability ``>= 1 - delta`` per key.
+  Conservative update never estimates above the standard update on the same stream.
+- Counters are uint32 and saturate at ``2**32 - 1`` (never wrap); ``total`` saturates at 2**64 - 1.
+- With ``aging_window = W``, after every W counted additions (weighted by count) all counters,
+  ``total`` and the stored heavy-hitter estimates are halved; ``halve()`` does it on demand.
+- ``heavy_hitters()`` returns at most ``top_k`` ``(key, estimate)`` pairs, estimate descending
+  (ties: smaller key first), from candidates re-ranked on every addition.
+- Inputs are validated before the core sees them: keys are 1-D C-contiguous ``uint64`` arrays or
+  Python/NumPy integers in [0, 2**64); anything else raises TypeError/ValueError naming the value.
+- Not thread-safe: a mutating call made while another thread is inside one raises RuntimeError
+  (the core releases the GIL during batch loops but never races on its own state).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from quillcache._fast._sketch import SketchCore
+from quillcache.sketch_reference import (
+    COUNTER_MAX,
+    MASK64,
+    MAX_COUNTERS,
+    MAX_DEPTH,
+    MAX_TOP_K,
+    MAX_WIDTH,
+    dimensions_for,
+)
+
+__all__ = ["CountMinSketch", "SketchConfig"]
+
+_MAGIC = b"QCCMS\x00v1"
+# magic, eps, delta, width, depth, seed, conservative, top_k, aging_window(0=off), since_aging, total, n_heavy
+_HEADER = struct.Struct("<8sddIIQ?3xIQQQI")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_probability(name: str, value: object) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in (0, 1), got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and 0.0 < v < 1.0):
+        raise ValueError(f"{name}={value!r} is outside the open interval (0, 1)")
+    return v
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}={v} is outside [{lo}, {hi}]")
+    return v
+
+
+@dataclass(frozen=True, kw_only=True)
+class SketchConfig:
+    """Accuracy targets and options of a sketch; ``width``/``depth`` are derived from eps/delta."""
+
+    eps: float
+    delta: float
+    conservative: bool = True
+    seed: int = 0
+    aging_window: int | None = None
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eps", _check_probability("eps", self.eps))
+        object.__setattr__(self, "delta", _check_probability("delta", self.delta))
+        if not isinstance(self.conservative, (bool, np.bool_)):
+            raise TypeError(f"conservative must be bool, got {type(self.conservative).__name__}")
+        object.__setattr__(self, "conservative", bool(self.conservative))
+        object.__setattr__(self, "seed", _check_int("seed", self.seed, 0, MASK64))
+        if self.aging_window is not None:
+            object.__setattr__(self, "aging_window", _check_int("aging_window", self.aging_window, 1, MASK64))
+        object.__setattr__(self, "top_k", _check_int("top_k", self.top_k, 0, MAX_TOP_K))
+        width, depth = dimensions_for(self.eps, self.delta)
+        if width > MAX_WIDTH:
+            raise ValueError(f"eps={self.eps!r} gives width {width} > {MAX_WIDTH} counters per row")
+        if depth > MAX_DEPTH:
+            raise ValueError(f"delta={self.delta!r} gives depth {depth} > {MAX_DEPTH} rows")
+        if width * depth > MAX_COUNTERS:
+            raise ValueError(
+                f"eps={self.eps!r}, delta={self.delta!r} give {width}x{depth} = {width * depth} counters "
+                f"> {MAX_COUNTERS} ({MAX_COUNTERS * 4 // 2**20} MiB)"
+            )
+
+    @property
+    def width(self) -> int:
+        return dimensions_for(self.eps, self.delta)[0]
+
+    @property
+    def depth(self) -> int:
+        return dimensions_for(self.eps, self.delta)[1]
+
+
+def _as_keys(keys: object) -> np.ndarray:
+    """A 1-D C-contiguous native uint64 array, or a one-element array for a single integer key."""
+    if _is_int(keys):
+        k = int(keys)
+        if not 0 <= k <= MASK64:
+            raise ValueError(f"key {k} is outside the uint64 range [0, 2**64)")
+        return np.array([k], dtype=np.uint64)
+    if not isinstance(keys, np.ndarray):
+        raise TypeError(f"keys must be a numpy uint64 array or an int, got {type(keys).__name__}")
+    if keys.dtype != np.dtype(np.uint64):
+        raise TypeError(f"keys must have dtype uint64 (native byte order), got dtype {keys.dtype.str} ({keys.dtype})")
+    if keys.ndim != 1:
+        raise ValueError(f"keys must be 1-D, got shape {keys.shape}")
+    if not keys.flags.c_contiguous:
+        raise ValueError(f"keys must be C-contiguous, got strides {keys.strides}; pass np.ascontiguousarray(keys)")
+    return keys
+
+
+def _as_counts(counts: object, n: int) -> np.ndarray | None:
+    """None (every key counts once) or a 1-D C-contiguous uint32 array of length ``n``."""
+    if counts is None:
+        return None
+    if _is_int(counts):
+        c = _check_int("count", counts, 0, COUNTER_MAX)
+        return None if c == 1 else np.full(n, c, dtype=np.uint32)
+    if not isinstance(counts, np.ndarray):
+        raise TypeError(f"counts must be None, an int or an integer numpy array, got {type(counts).__name__}")
+    if counts.dtype.kind not in "iu":
+        raise TypeError(f"counts must have an integer dtype, got dtype {counts.dtype}")
+    if counts.ndim != 1:
+        raise ValueError(f"counts must be 1-D, got shape {counts.shape}")
+    if counts.shape[0] != n:
+        raise ValueError(f"{n} keys but {counts.shape[0]} counts")
+    if not counts.flags.c_contiguous:
+        raise ValueError(f"counts must be C-contiguous, got strides {counts.strides}")
+    if n:
+        lo, hi = counts.min(), counts.max()
+        if lo < 0:
+            i = int(np.argmin(counts))
+            raise ValueError(f"counts[{i}]={int(counts[i])} is negative")
+        if hi > COUNTER_MAX:
+            i = int(np.argmax(counts))
+            raise ValueError(f"counts[{i}]={int(counts[i])} exceeds {COUNTER_MAX}")
+    return counts.astype(np.uint32, copy=False)
+
+
+def _as_key(key: object) -> int:
+    if not _is_int(key):
+        raise TypeError(f"key must be an int in [0, 2**64), got {type(key).__name__} {key!r}")
+    k = int(key)
+    if not 0 <= k <= MASK64:
+        raise ValueError(f"key {k} is outside the uint64 range [0, 2**64)")
+    return k
+
+
+class CountMinSketch:
+    """Count-min sketch over uint64 block hashes (see the module docstring for invariants)."""
+
+    __slots__ = ("_config", "_core")
+
+    def __init__(
+        self,
+        eps: float,
+        delta: float,
+        *,
+        conservative: bool = True,
+        seed: int = 0,
+        aging_window: int | None = None,
+        top_k: int = 0,
+    ) -> None:
+        self._config = SketchConfig(
+            eps=eps, delta=delta, conservative=conservative, seed=seed, aging_window=aging_window, top_k=top_k
+        )
+        cfg = self._config
+        self._core = SketchCore(cfg.width, cfg.depth, cfg.conservative, cfg.seed, cfg.aging_window or 0, cfg.top_k)
+
+    @classmethod
+    def from_config(cls, config: SketchConfig) -> "CountMinSketch":
+        if not isinstance(config, SketchConfig):
+            raise TypeError(f"config must be SketchConfig, got {type(config).__name__}")
+        return cls(
+            config.eps,
+            config.delta,
+            conservative=config.conservative,
+            seed=config.seed,
+            aging_window=config.aging_window,
+            top_k=config.top_k,
+        )
+
+    # ---- properties ----------------------------------------------------------------------
+    @property
+    def config(self) -> SketchConfig:
+        return self._config
+
+    @property
+    def width(self) -> int:
+        return self._core.width
+
+    @property
+    def depth(self) -> int:
+        return self._core.depth
+
+    @property
+    def total(self) -> int:
+        """N: the counted stream length (sum of counts), halved by aging."""
+        return self._core.total
+
+    @property
+    def additions_since_aging(self) -> int:
+        """The aging clock: counted additions since the last automatic halving."""
+        return self._core.since_aging
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by counters and heavy-hitter structures."""
+        return self._core.nbytes
+
+    def __repr__(self) -> str:
+        c = self._config
+        return (
+            f"CountMinSketch(eps={c.eps}, delta={c.delta}, width={self.width}, depth={self.depth}, "
+            f"conservative={c.conservative}, aging_window={c.aging_window}, top_k={c.top_k}, total={self.total})"
+        )
+
+    # ---- updates -------------------------------------------------------------------------
+    def add(self, keys: np.ndarray | int, counts: np.ndarray | int | None = None) -> None:
+        """Count each key once, or ``counts[i]`` times (a scalar count applies to every key)."""
+        arr = _as_keys(keys)
+        self._core.add(arr, _as_counts(counts, arr.shape[0]))
+
+    def add_one(self, key: int, count: int = 1) -> None:
+        self._core.add_one(_as_key(key), _check_int("count", count, 0, COUNTER_MAX))
+
+    def halve(self) -> None:
+        """Halve every counter, ``total`` and the stored heavy-hitter estimates (aging clock untouched)."""
+        self._core.halve()
+
+    def clear(self) -> None:
+        self._core.clear()
+
+    def merge(self, other: "CountMinSketch") -> None:
+        """Add ``other``'s counters into this sketch (saturating) and re-rank heavy-hitter candidates."""
+        if not isinstance(other, CountMinSketch):
+            raise TypeError(f"can only merge a CountMinSketch, got {type(other).__name__}")
+        for name in ("width", "depth", "seed", "conservative"):
+            mine = getattr(self._config, name)
+            theirs = getattr(other._config, name)
+            if mine != theirs:
+                raise ValueError(f"cannot merge sketches with different {name}: {mine!r} != {theirs!r}")
+        self._core.merge(other._core)
+
+    # ---- queries -------------------------------------------------------------------------
+    def estimate(self, keys: np.ndarray | int) -> np.ndarray:
+        """uint32 estimates for ``keys`` (never below the true counts without aging)."""
+        return self._core.estimate(_as_keys(keys))
+
+    def estimate_one(self, key: int) -> int:
+        return self._core.estimate_one(_as_key(key))
+
+    def heavy_hitters(self) -> list[tuple[int, int]]:
+        """Up to ``top_k`` ``(key, estimate)`` pairs, estimate descending, ties by key."""
+        keys = self._core.heavy_keys()
+        est = self._core.estimate(keys)
+        out = list(zip((int(k) for k in keys), (int(e) for e in est)))
+        out.sort(key=lambda kv: (-kv[1], kv[0]))
+        return out
+
+    def counters(self) -> np.ndarray:
+        """A copy of the counters, shape (depth, width), uint32."""
+        return self._core.table.copy()
+
+    # ---- serialization -------------------------------------------------------------------
+    def __reduce__(self):
+        return (CountMinSketch.from_bytes, (self.to_bytes(),))
+
+    def to_bytes(self) -> bytes:
+        """Little-endian snapshot: header, counters, heavy-hitter heap (restored exactly)."""
+        c = self._config
+        hk = self._core.heavy_keys()
+        he = self._core.heavy_stored()
+        header = _HEADER.pack(
+            _MAGIC,
+            c.eps,
+            c.delta,
+            self.width,
+            self.depth,
+            c.seed,
+            c.conservative,
+            c.top_k,
+            c.aging_window or 0,
+            self._core.since_aging,
+            self._core.total,
+            hk.shape[0],
+        )
+        return b"".join(
+            [header, self._core.table.astype("<u4").tobytes(), hk.astype("<u8").tobytes(), he.astype("<u4").tobytes()]
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> "CountMinSketch":
+        """Rebuild a sketch from ``to_bytes``; malformed input raises ValueError, never crashes."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be bytes-like, got {type(data).__name__}")
+        buf = bytes(data)
+        if len(buf) < _HEADER.size:
+            raise ValueError(f"sketch snapshot is {len(buf)} bytes; the header alone is {_HEADER.size}")
+        magic, eps, delta, width, depth, seed, cons, top_k, aging, since, total, n_heavy = _HEADER.unpack_from(buf)
+        if magic != _MAGIC:
+            raise ValueError(f"not a sketch snapshot: magic {magic!r} != {_MAGIC!r}")
+        cfg = SketchConfig(
+            eps=eps, delta=delta, conservative=cons, seed=seed, aging_window=aging or None, top_k=top_k
+        )  # validates before anything is allocated
+        if (cfg.width, cfg.depth) != (width, depth):
+            raise ValueError(f"snapshot says {width}x{depth} but eps={eps}, delta={delta} give {cfg.width}x{cfg.depth}")
+        n_counters = width * depth
+        expected = _HEADER.size + 4 * n_counters + 12 * n_heavy
+        if len(buf) != expected:
+            raise ValueError(f"sketch snapshot is {len(buf)} bytes; expected {expected}")
+        if n_heavy > top_k:
+            raise ValueError(f"snapshot holds {n_heavy} heavy hitters but top_k={top_k}")
+        if (aging and since >= aging) or (not aging and since):
+            raise ValueError(f"snapshot aging clock {since} is inconsistent with aging_window={aging or None}")
+        sk = cls.from_config(cfg)
+        off = _HEADER.size
+        counters = np.frombuffer(buf, dtype="<u4", count=n_counters, offset=off).astype(np.uint32)
+        off += 4 * n_counters
+        hk = np.frombuffer(buf, dtype="<u8", count=n_heavy, offset=off).astype(np.uint64)
+        off += 8 * n_heavy
+        he = np.frombuffer(buf, dtype="<u4", count=n_heavy, offset=off).astype(np.uint32)
+        sk._core.load_state(counters, total, since, hk, he)
+        return sk
