@@ -9,7 +9,9 @@ in its OWN subprocess (clean RSS and ``/proc/self/io`` accounting) and measures,
   build + flush) / logical bytes (key + value bytes the index was asked to write); the bytes
   written by ``close()`` (checkpoints) are reported separately and in a total; for RocksDB also
   from its own statistics (WAL + flush + compaction bytes);
-- point ``locate`` of one live block hash from Python: p50/p99 over many calls;
+- point lookup of one live block hash from Python: ``locate_raw`` (every replica's record,
+  the index's own cost) p50/p99 over many calls, and ``locate`` (decoded entry objects) p50;
+- batched ``locate_arrays`` over 10k hashes (columnar result), ns per hash;
 - prefix scan (``scan_prefix``) of ``b"B" + k`` leading hash bytes, k chosen so a scan returns
   ~1–50 entries: p50/p99 (the flat map's is O(N), so it is sampled less);
 - recovery: ``close()`` time, then reopen → first correct ``locate`` answer;
@@ -102,11 +104,15 @@ def run_cell(kind: str, workload_path: str, db_dir: str, num_point: int, num_sca
             expect[h], key=lambda e: (e.node, e.tier, e.identity)
         ), f"{kind}: wrong locate answer for {h:#x}"
 
-    point = []
+    point, point_obj = [], []
     for h in rng.choices(hashes, k=num_point):
         t = time.perf_counter_ns()
-        ix.locate([h])
+        ix.locate_raw(h)
         point.append(time.perf_counter_ns() - t)
+    for h in rng.choices(hashes, k=max(1, num_point // 4)):
+        t = time.perf_counter_ns()
+        ix.locate([h])
+        point_obj.append(time.perf_counter_ns() - t)
     scan, scan_sizes = [], []
     n_scan = num_scan if kind != "flat" else min(num_scan, 20)
     for h in rng.choices(hashes, k=n_scan):
@@ -135,6 +141,7 @@ def run_cell(kind: str, workload_path: str, db_dir: str, num_point: int, num_sca
     ix2.close()
 
     p50, p99 = _percentiles(point)
+    o50, o99 = _percentiles(point_obj)
     s50, s99 = _percentiles(scan)
     ops = w.num_puts + w.num_removes
     return {
@@ -153,6 +160,8 @@ def run_cell(kind: str, workload_path: str, db_dir: str, num_point: int, num_sca
         "point_p50_ns": p50,
         "point_p99_ns": p99,
         "point_n": len(point),
+        "locate_obj_p50_ns": o50,
+        "locate_obj_p99_ns": o99,
         "scan_p50_ns": s50,
         "scan_p99_ns": s99,
         "scan_n": len(scan),
@@ -171,6 +180,7 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
     metrics = [
         ("point_locate_p50", "point_p50_ns", "ns", "rocksdb"),
         ("point_locate_p99", "point_p99_ns", "ns", "rocksdb"),
+        ("locate_objects_p50", "locate_obj_p50_ns", "ns", "rocksdb"),
         ("prefix_scan_p50", "scan_p50_ns", "ns", "rocksdb"),
         ("prefix_scan_p99", "scan_p99_ns", "ns", "rocksdb"),
         ("insert_rate", "insert_ops_per_s", "ops/s", "rocksdb"),

@@ -97,6 +97,8 @@ class IndexMachine(RuleBasedStateMachine):
         want = self.ref.locate(hs)
         for kind, ix in self.ixs.items():
             assert ix.locate(hs) == want, kind
+            for h, w in zip(hs, want):
+                assert [ix._entry(k, v) for k, v in ix.locate_raw(h)] == w, kind
             arr = ix.locate_arrays(np.array(hs, dtype=np.uint64))
             assert [arr.count(j) for j in range(len(hs))] == [len(w) for w in want], kind
             flat = [e for w in want for e in w]

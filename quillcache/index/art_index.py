@@ -272,10 +272,8 @@ class ArtIndex(IndexBackend):
         return keys, values, np.diff(offsets)
 
     def _raw_scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
-        if not all(len(p) == K.BLOCK_PREFIX_BYTES and p[:1] == K.PRIMARY for p in prefixes):
-            return [self._raw_scan(p) for p in prefixes]
-        if not prefixes:
-            return []
+        if len(prefixes) < 8 or not all(len(p) == K.BLOCK_PREFIX_BYTES and p[:1] == K.PRIMARY for p in prefixes):
+            return [self._raw_scan(p) for p in prefixes]  # a few scans: the single-scan path is cheaper
         keys, values, offsets = self._primary.scan_prefix_batch(self._prefix_matrix(prefixes), K.KEY_BYTES)
         kb, vb = keys.tobytes(), values.tobytes()
         kl, vl = K.KEY_BYTES, K.VALUE_BYTES

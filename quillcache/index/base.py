@@ -174,6 +174,12 @@ class IndexBackend(abc.ABC):
         seg, off, size = K.unpack_value(value)
         return K.ResidencyEntry(h, self._node_name[no], CacheTier(tier), ident, seg, off, size)
 
+    def locate_raw(self, block_hash: int) -> list[tuple[bytes, bytes]]:
+        """The primary records (key, value) of every replica of one block: the index's own
+        point-lookup cost, without building entry objects (decode with ``keys.unpack_*``)."""
+        self._check_open()
+        return self._raw_scan_many([K.block_prefix(block_hash)])[0]
+
     def locate(self, block_hashes: Iterable[int]) -> list[list[K.ResidencyEntry]]:
         """Every replica of each block, one list per requested hash (empty if none), in one call."""
         self._check_open()
