@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Callable
 
-_FAST_MODULES = ("quillcache._fast._alloc", "quillcache._fast._sketch", "quillcache._fast.xxh3")
+_FAST_MODULES = ("quillcache._fast._alloc", "quillcache._fast._sketch", "quillcache._fast._art", "quillcache._fast.xxh3")
 
 
 def _info_configure(p: argparse.ArgumentParser) -> None:
