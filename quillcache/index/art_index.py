@@ -242,6 +242,12 @@ class ArtIndex(IndexBackend):
         self._apply(puts, deletes)
 
     # ---- reads -------------------------------------------------------------------------------
+    def locate_raw(self, block_hash: int) -> list[tuple[bytes, bytes]]:
+        # The point-lookup hot path: one validated scan of the 9-byte block prefix.
+        if self._closed:
+            self._check_open()
+        return self._primary.scan_prefix(K.block_prefix(block_hash))
+
     def _tree_for(self, fam: bytes) -> ArtTree | None:
         return self._primary if fam == K.PRIMARY else self._secondary if fam == K.SECONDARY else None
 

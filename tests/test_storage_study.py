@@ -1,0 +1,22 @@
+"""The storage study runs end to end on a small workload and writes a well-formed summary."""
+
+import csv
+
+import pytest
+
+from quillcache.traces import default_trace_path
+
+
+@pytest.mark.skipif(not default_trace_path().exists(), reason="shared Mooncake trace not present")
+def test_storage_study_quick(tmp_path):
+    from experiments import storage_study
+
+    storage_study.main(["--quick", "--results-root", str(tmp_path), "--workdir", str(tmp_path / "work")])
+    with open(tmp_path / "storage" / "summary.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    subjects = {r["subject"] for r in rows}
+    assert {"art", "rocksdb", "flat", "sorted"} <= subjects
+    by = {(r["metric"], r["subject"], r["baseline"]): r for r in rows}
+    flat_vs_art = by[("prefix_scan_p50@10000", "flat", "art")]
+    assert float(flat_vs_art["ratio"]) > 1  # O(N) scan is slower than the tree at any size
+    assert (tmp_path / "storage" / "cells.csv").exists()
