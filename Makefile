@@ -10,7 +10,7 @@ PYX    := $(wildcard quillcache/_fast/*.pyx quillcache/_fast/*.pxd)
 
 export PYTHONFAULTHANDLER := 1
 
-.PHONY: install test bench experiments figures paper clean
+.PHONY: install test bench storage experiments figures paper clean
 
 install: $(STAMP)
 
@@ -26,7 +26,11 @@ test: install
 bench: install
 	$(PY) -m experiments.microbench.run_all
 
-experiments: bench
+storage: install
+	$(PY) -m experiments.storage_study
+
+experiments: bench storage
+	$(MAKE) paper
 
 figures: install
 	$(PY) -m experiments.figures

@@ -27,28 +27,33 @@ def load_summaries(results_root: Path) -> dict[str, pd.DataFrame]:
 
 
 def plot_study(name: str, df: pd.DataFrame, out_dir: Path) -> Path | None:
+    """One panel per unit; in each, every subject's value beside its same-run baseline (log scale)."""
     comp = df[df["baseline"].notna() & df["baseline_value"].notna() & (df["baseline_value"] > 0) & (df["value"] > 0)]
     if comp.empty:
         return None
-    labels = [f"{m}\n{s}" for m, s in zip(comp["metric"], comp["subject"])]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(comp)), 4.2))
-    xs = range(len(comp))
+    units = list(dict.fromkeys(comp["unit"]))
+    fig, axes = plt.subplots(len(units), 1, figsize=(max(7, 0.9 * comp.groupby("unit").size().max() + 3), 3.2 * len(units)),
+                             squeeze=False)
     w = 0.38
-    ax.bar([x - w / 2 for x in xs], comp["value"], w, label="QuillCache")
-    ax.bar([x + w / 2 for x in xs], comp["baseline_value"], w, label="baseline (same run)")
-    for x, (v, r, u) in enumerate(zip(comp["value"], comp["ratio"], comp["unit"])):
-        if isinstance(r, float) and math.isfinite(r):
-            ax.annotate(f"{r:.3g}×", (x - w / 2, v), ha="center", va="bottom", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("value (unit per metric, see summary.csv)")
-    ax.set_title(name)
-    ax.legend(fontsize=8)
+    for ax, unit in zip(axes[:, 0], units):
+        part = comp[comp["unit"] == unit]
+        xs = list(range(len(part)))
+        ax.bar([x - w / 2 for x in xs], part["value"], w, label="subject")
+        ax.bar([x + w / 2 for x in xs], part["baseline_value"], w, label="baseline (same run)")
+        for x, (v, r) in enumerate(zip(part["value"], part["ratio"])):
+            if isinstance(r, float) and math.isfinite(r):
+                ax.annotate(f"{r:.3g}×", (x - w / 2, v), ha="center", va="bottom", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{m}\n{s} vs {b}" for m, s, b in zip(part["metric"], part["subject"], part["baseline"])],
+                           fontsize=6, rotation=30, ha="right")
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=7)
+    axes[0, 0].set_title(f"{name} (ratio = subject / baseline)")
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 

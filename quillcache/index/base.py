@@ -51,6 +51,10 @@ class LocateResult:
         return int(self.offsets[j + 1] - self.offsets[j])
 
 
+_TIERS = tuple(CacheTier)  # tier byte -> enum member without Enum.__call__ (hot path)
+assert all(int(t) == i for i, t in enumerate(_TIERS))
+
+
 class IndexClosedError(RuntimeError):
     """The backend was closed."""
 
@@ -172,7 +176,7 @@ class IndexBackend(abc.ABC):
     def _entry(self, key: bytes, value: bytes) -> K.ResidencyEntry:
         h, no, tier, ident = K.unpack_primary(key)
         seg, off, size = K.unpack_value(value)
-        return K.ResidencyEntry(h, self._node_name[no], CacheTier(tier), ident, seg, off, size)
+        return K.ResidencyEntry(h, self._node_name[no], _TIERS[tier], ident, seg, off, size)
 
     def locate_raw(self, block_hash: int) -> list[tuple[bytes, bytes]]:
         """The primary records (key, value) of every replica of one block: the index's own
@@ -243,7 +247,7 @@ class IndexBackend(abc.ABC):
             value = self._raw_get(K.primary_key(h, no, tier, ident))
             assert value is not None, "secondary record without its primary"
             seg, off, size = K.unpack_value(value)
-            out.append(K.ResidencyEntry(h, node, CacheTier(tier), ident, seg, off, size))
+            out.append(K.ResidencyEntry(h, node, _TIERS[tier], ident, seg, off, size))
         return out
 
     def remove_node(self, node: str) -> int:
