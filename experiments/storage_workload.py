@@ -32,7 +32,8 @@ def block_hash_of(block_id: int) -> int:
 
 @dataclass
 class ChurnBatch:
-    """One request's residency changes, applied as one batch: puts then removes."""
+    """Residency changes applied as one batch: puts, then removes. A request is one batch unless it
+    touches a key twice in opposite directions; then it is split so the order is kept."""
 
     puts: list[ResidencyEntry] = field(default_factory=list)
     removes: list[ReplicaKey] = field(default_factory=list)
@@ -70,19 +71,37 @@ def residency_churn(
     next_off = [0] * num_nodes
     num_puts = num_removes = 0
 
-    def place(b: ChurnBatch, n: int, h: int, ident: bytes, tier: CacheTier) -> None:
+    # A batch is applied as "puts, then removes", so an op that touches a key the open batch
+    # already touched in the other direction closes the batch first (order is preserved).
+    touched_put: set[ReplicaKey] = set()
+    touched_rm: set[ReplicaKey] = set()
+
+    def current() -> ChurnBatch:
+        return batches[-1]
+
+    def split_if(conflict: bool) -> None:
+        if conflict:
+            batches.append(ChurnBatch())
+            touched_put.clear()
+            touched_rm.clear()
+
+    def place(n: int, h: int, ident: bytes, tier: CacheTier) -> None:
         nonlocal num_puts
         off = next_off[n]
         next_off[n] += block_bytes
         e = ResidencyEntry(h, nodes[n], tier, ident, int(tier), off, block_bytes)
-        b.puts.append(e)
+        split_if(e.key in touched_rm)
+        current().puts.append(e)
+        touched_put.add(e.key)
         live[e.key] = e
         num_puts += 1
 
-    def drop(b: ChurnBatch, n: int, h: int, ident: bytes, tier: CacheTier) -> None:
+    def drop(n: int, h: int, ident: bytes, tier: CacheTier) -> None:
         nonlocal num_removes
         k = ReplicaKey(h, nodes[n], tier, ident)
-        b.removes.append(k)
+        split_if(k in touched_put)
+        current().removes.append(k)
+        touched_rm.add(k)
         del live[k]
         num_removes += 1
 
@@ -97,7 +116,9 @@ def residency_churn(
                 continue
             ident = identities[tenant_of[ri]]
             n = block_hash_of(req.hash_ids[min(1, len(req.hash_ids) - 1)]) % num_nodes
-            b = ChurnBatch()
+            batches.append(ChurnBatch())
+            touched_put.clear()
+            touched_rm.clear()
             for bid in req.hash_ids:
                 h = block_hash_of(bid)
                 k = (h, ident)
@@ -106,19 +127,18 @@ def residency_churn(
                     continue
                 if k in ssd[n]:  # promote
                     del ssd[n][k]
-                    drop(b, n, h, ident, CacheTier.SSD)
+                    drop(n, h, ident, CacheTier.SSD)
                 dram[n][k] = True
-                place(b, n, h, ident, CacheTier.DRAM)
+                place(n, h, ident, CacheTier.DRAM)
                 if len(dram[n]) > dram_cap:  # demote the LRU block
                     (vh, vi), _ = dram[n].popitem(last=False)
-                    drop(b, n, vh, vi, CacheTier.DRAM)
+                    drop(n, vh, vi, CacheTier.DRAM)
                     ssd[n][(vh, vi)] = True
-                    place(b, n, vh, vi, CacheTier.SSD)
+                    place(n, vh, vi, CacheTier.SSD)
                     if len(ssd[n]) > ssd_cap:
                         (sh, si), _ = ssd[n].popitem(last=False)
-                        drop(b, n, sh, si, CacheTier.SSD)
-            if b.puts or b.removes:
-                batches.append(b)
+                        drop(n, sh, si, CacheTier.SSD)
             if len(live) >= target_entries and num_puts >= churn_factor * target_entries:
                 break
+    batches = [b for b in batches if b.puts or b.removes]
     return ChurnWorkload(batches, live, num_puts, num_removes)
