@@ -240,34 +240,22 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
                     + json.dumps(c["rocksdb_stats"]),
                 )
             )
-        art = by.get((target, "art"))
-        if kind == "flat" and art is not None:
-            rows.append(
-                SummaryRow(
-                    metric=f"prefix_scan_p50@{target}",
-                    subject="flat",
-                    value=c["scan_p50_ns"],
-                    unit="ns",
-                    baseline="art",
-                    baseline_value=art["scan_p50_ns"],
-                    n=c["scan_n"],
-                    notes="O(N) flat-map scan vs ART",
+        for subject, base_kind, note in (("flat", "art", "O(N) flat-map scan vs ART"),
+                                         ("art", "sorted", "ART vs SortedDict.irange")):
+            other = by.get((target, base_kind))
+            if kind == subject and other is not None:
+                rows.append(
+                    SummaryRow(
+                        metric=f"prefix_scan_p50@{target}",
+                        subject=subject,
+                        value=c["scan_p50_ns"],
+                        unit="ns",
+                        baseline=base_kind,
+                        baseline_value=other["scan_p50_ns"],
+                        n=c["scan_n"],
+                        notes=note,
+                    )
                 )
-            )
-        sd = by.get((target, "sorted"))
-        if kind == "art" and sd is not None:
-            rows.append(
-                SummaryRow(
-                    metric=f"prefix_scan_p50@{target}",
-                    subject="art",
-                    value=c["scan_p50_ns"],
-                    unit="ns",
-                    baseline="sorted",
-                    baseline_value=sd["scan_p50_ns"],
-                    n=c["scan_n"],
-                    notes="ART vs SortedDict.irange",
-                )
-            )
     return rows
 
 

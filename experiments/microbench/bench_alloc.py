@@ -20,11 +20,11 @@ Measurements (all medians over repetitions, p10/p90 in notes):
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
+from experiments.microbench import bench_main
 from quillcache.alloc import OffsetAllocator, PyOffsetAllocator
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
 
@@ -157,11 +157,7 @@ def _print_table(rows: list[SummaryRow]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small, fast configuration (< 20 s)")
-    ap.add_argument("--results-root", default=None, help="results directory (default: results/)")
-    args = ap.parse_args(argv)
-    run(quick=args.quick, results_root=args.results_root)
+    bench_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

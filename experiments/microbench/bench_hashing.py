@@ -19,7 +19,6 @@ Subjects (metric ``blocks_per_s``, higher is better; ``ratio`` = speed-up over t
 
 from __future__ import annotations
 
-import argparse
 import gc
 import struct
 import time
@@ -29,6 +28,7 @@ import numpy as np
 import xxhash
 from numba import njit, prange
 
+from experiments.microbench import bench_main
 from quillcache import hashing
 from quillcache._fast import xxh3 as _k
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
@@ -191,11 +191,7 @@ def _print_table(rows: list[SummaryRow]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--quick", action="store_true", help="small configuration (< 20 s)")
-    ap.add_argument("--results-root", default=None, help="results directory (default: results/)")
-    args = ap.parse_args(argv)
-    run(quick=args.quick, results_root=args.results_root)
+    bench_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ of the measuring thread is recorded in the raw CSV because this machine is share
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import time
@@ -25,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from experiments.microbench import bench_main
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
 from quillcache.sketch import CountMinSketch
 
@@ -275,11 +275,7 @@ def _print_table(rows: list[SummaryRow]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small, fast configuration (smoke test)")
-    ap.add_argument("--results-root", default=None, help="results directory (default: results/)")
-    args = ap.parse_args(argv)
-    run(quick=args.quick, results_root=args.results_root)
+    bench_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":
