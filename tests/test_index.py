@@ -58,7 +58,7 @@ class Reference:
             self.d.pop(ReplicaKey(k.block_hash, k.node, k.tier, k.identity), None)
 
     def _order(self, e):
-        return (e.block_hash, self.node_order[e.node], int(e.tier), e.identity)
+        return (e.block_hash, self.node_order[e.node], e.identity, int(e.tier))
 
     def locate(self, hs):
         return [sorted((e for e in self.d.values() if e.block_hash == h), key=self._order) for h in hs]

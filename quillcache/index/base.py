@@ -28,7 +28,7 @@ from quillcache.types import CacheTier
 
 # Big-endian views of the fixed-length primary key and value (see keys.py), for zero-copy decoding.
 PRIMARY_KEY_DTYPE = np.dtype(
-    [("family", "u1"), ("block_hash", ">u8"), ("node_no", ">u4"), ("tier", "u1"), ("identity", "V16")]
+    [("family", "u1"), ("block_hash", ">u8"), ("node_no", ">u4"), ("identity", "V16"), ("tier", "u1")]
 )
 VALUE_DTYPE = np.dtype([("segment_id", ">u4"), ("offset_bytes", ">u8"), ("size_bytes", ">u4")])
 assert PRIMARY_KEY_DTYPE.itemsize == K.KEY_BYTES and VALUE_DTYPE.itemsize == K.VALUE_BYTES

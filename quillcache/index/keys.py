@@ -2,11 +2,11 @@
 
 Every replica of a block is two records:
 
-- primary, by block: ``b"B" | block_hash u64 BE | node u32 BE | tier u8 | identity 16 B`` (30 bytes)
+- primary, by block: ``b"B" | block_hash u64 BE | node u32 BE | identity 16 B | tier u8`` (30 bytes)
   → value ``segment u32 BE | offset u64 BE | size u32 BE`` (16 bytes). ``locate(h)`` is a prefix
   scan over the 9-byte prefix ``b"B" | h``, which returns every replica (every node, tier and
   identity) of that block in one ordered walk.
-- secondary, by node: ``b"N" | node u32 BE | block_hash u64 BE | tier u8 | identity 16 B`` (30 bytes)
+- secondary, by node: ``b"N" | node u32 BE | block_hash u64 BE | identity 16 B | tier u8`` (30 bytes)
   → empty value. "Everything on node N" (node failure cleanup) is a prefix scan over ``b"N" | n``.
 
 Node names are interned to u32 numbers through a third family, ``b"M" | utf-8 name | 0x00`` → u32 BE,
@@ -14,7 +14,10 @@ kept in the same store, so the mapping is as durable as the records that use it.
 
 Invariants: within a family all keys have the same length, and families differ in their first byte,
 so no key is a proper prefix of another (what the ART needs). Big-endian integers make byte order
-equal numeric order, so scans come back sorted by (block hash, node, tier, identity).
+equal numeric order, so scans come back sorted by (block hash, node, identity, tier). The tier
+comes last because a block of one identity on one node normally sits in exactly one tier (the
+data plane moves it between tiers), so the tier byte rarely branches and the tree stays a level
+shallower than with the tier before the identity (measured in the storage study).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ MAX_NODE_NAME_BYTES = 200
 U64_MAX = (1 << 64) - 1
 U32_MAX = (1 << 32) - 1
 
-_PRIMARY = struct.Struct(">cQIB16s")
-_SECONDARY = struct.Struct(">cIQB16s")
+_PRIMARY = struct.Struct(">cQI16sB")
+_SECONDARY = struct.Struct(">cIQ16sB")
 _VALUE = struct.Struct(">IQI")
 assert _PRIMARY.size == _SECONDARY.size == KEY_BYTES and _VALUE.size == VALUE_BYTES
 
@@ -117,11 +120,11 @@ def node_name_from_key(key: bytes) -> str:
 
 
 def primary_key(block_hash: int, node_no: int, tier: int, identity: bytes) -> bytes:
-    return _PRIMARY.pack(PRIMARY, block_hash, node_no, tier, identity)
+    return _PRIMARY.pack(PRIMARY, block_hash, node_no, identity, tier)
 
 
 def secondary_key(block_hash: int, node_no: int, tier: int, identity: bytes) -> bytes:
-    return _SECONDARY.pack(SECONDARY, node_no, block_hash, tier, identity)
+    return _SECONDARY.pack(SECONDARY, node_no, block_hash, identity, tier)
 
 
 def block_prefix(block_hash: int) -> bytes:
@@ -145,7 +148,7 @@ def unpack_primary(key: bytes) -> tuple[int, int, int, bytes]:
     """``(block_hash, node_no, tier, identity)`` of a primary key."""
     if len(key) != KEY_BYTES or key[:1] != PRIMARY:
         raise IndexKeyError(f"not a primary residency key: {key[:12]!r}... ({len(key)} bytes)")
-    _, h, n, t, ident = _PRIMARY.unpack(key)
+    _, h, n, ident, t = _PRIMARY.unpack(key)
     return h, n, t, ident
 
 
@@ -153,7 +156,7 @@ def unpack_secondary(key: bytes) -> tuple[int, int, int, bytes]:
     """``(block_hash, node_no, tier, identity)`` of a secondary key."""
     if len(key) != KEY_BYTES or key[:1] != SECONDARY:
         raise IndexKeyError(f"not a secondary residency key: {key[:12]!r}... ({len(key)} bytes)")
-    _, n, h, t, ident = _SECONDARY.unpack(key)
+    _, n, h, ident, t = _SECONDARY.unpack(key)
     return h, n, t, ident
 
 
