@@ -28,6 +28,24 @@ Arena (``ArtTree`` only)
 - An attached read-only buffer is copied into owned memory on the first mutation; an attached
   writable buffer is mutated in place until it must grow, then copied. While an ``arena_view()``
   is alive the arena cannot move: a mutation that needs to grow or copy raises BufferError.
+
+Lazy checksums (``attach(..., chunk_crcs=table, chunk_bytes=cb)``, RocksDB-style block checks)
+- ``table`` holds one CRC-32C (Castagnoli, as ``crc32c.crc32c``) per ``cb``-byte chunk of the used
+  arena (``ArtTree.chunk_crcs(cb)`` computes it). Attach then reads NO arena byte: it keeps the
+  table and an all-clear "verified" bitmap; attach stays O(1) in the arena size.
+- Before any operation uses an arena object (the header, before the first operation; a node's
+  header and body; a leaf; a free block the allocator pops) every chunk the object overlaps is
+  verified: checksummed once on first use, never again (so later writes of our own do not trip it).
+  Bytes allocated beyond the attached used size need no check; the table stays valid when the arena
+  is copied or grown (same offsets); ``remove_prefix(b"")`` discards the arena and the table.
+- A mismatch makes the tree permanently corrupt: that operation and every later one raise
+  ``ValueError("corrupt arena: chunk N (bytes A..B) checksum mismatch")`` (A..B inclusive), and the
+  failing operation changes nothing (a mutation verifies what it will read, and the free blocks it
+  will pop, before its first write). ``verify_all_chunks()`` checks the rest eagerly; an export
+  (``arena_view()``, ``chunk_crcs()``) verifies everything first, so it never passes on bad bytes.
+- Cost once verified: one compare and a bit test per dereference; none at all (a single compare)
+  once every chunk is verified, or without a table. ``stats()`` reports ``chunks_total`` and
+  ``chunks_verified`` (0 and 0 without a table).
 """
 
 from __future__ import annotations
@@ -42,10 +60,14 @@ import numpy as np
 
 from quillcache._fast import _art
 
-__all__ = ["ArtTree", "ArtReference", "MAX_KEY_BYTES", "MAX_VALUE_BYTES"]
+__all__ = ["ArtTree", "ArtReference", "MAX_KEY_BYTES", "MAX_VALUE_BYTES", "DEFAULT_CHUNK_BYTES"]
 
 MAX_KEY_BYTES = 255
 MAX_VALUE_BYTES = 255
+# Lazy-checksum chunk sizes (powers of two): an object (<= 2080 bytes) spans at most two chunks.
+DEFAULT_CHUNK_BYTES = 65536
+MIN_CHUNK_BYTES = 4096
+MAX_CHUNK_BYTES = 16 << 20
 # Entries fetched per cursor step of ``items()``.
 _ITEMS_CHUNK = 256
 _META_COUNTS = (
@@ -124,6 +146,30 @@ def _iter_chunks(scan_from: Any, start: bytes | None) -> Iterator[tuple[bytes, b
         chunk = scan_from(last, True, _ITEMS_CHUNK)
 
 
+def _check_chunk_bytes(chunk_bytes: object) -> int:
+    """A chunk size: an int that is a power of two in 4 KiB..16 MiB."""
+    v = _as_int("chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+    if v & (v - 1):
+        raise ValueError(f"chunk_bytes must be a power of two in {MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES}, got {v}")
+    return v
+
+
+def _check_chunk_table(table: object, used_bytes: int, chunk_bytes: int) -> None:
+    """A chunk checksum table: 1-D contiguous uint32 with one entry per chunk of used_bytes."""
+    if not isinstance(table, np.ndarray):
+        raise TypeError(f"chunk_crcs must be a numpy.ndarray of uint32, got {type(table).__name__}")
+    if table.dtype != np.uint32:
+        raise ValueError(f"chunk_crcs must have dtype uint32 (native byte order), got {table.dtype}")
+    if table.ndim != 1:
+        raise ValueError(f"chunk_crcs must be 1-D, got {table.ndim}-D shape {table.shape}")
+    if not table.flags.c_contiguous:
+        raise ValueError(f"chunk_crcs must be contiguous (use np.ascontiguousarray), got strides {table.strides}")
+    need = -(-used_bytes // chunk_bytes)
+    if table.shape[0] != need:
+        raise ValueError(f"chunk_crcs has {table.shape[0]} entries but arena_used_bytes {used_bytes} "
+                         f"in chunks of {chunk_bytes} bytes needs {need}")
+
+
 def _check_start(start: object) -> None:
     if start is not None and (type(start) is not bytes or len(start) > MAX_KEY_BYTES):
         _bad_bytes("start", start, 0)
@@ -144,6 +190,8 @@ class ArtTree(_art.ArtCore):
     - ``count_prefix(prefix: bytes) -> int``, ``remove_prefix(prefix: bytes) -> int``.
     - ``stats()``, ``export_meta()``, ``verify()`` -> ``dict[str, int]``; ``arena_used_bytes``,
       ``root_offset``, ``value_size`` properties.
+    - ``chunk_crcs(chunk_bytes: int = 65536) -> np.ndarray`` (uint32 per chunk of the used arena),
+      ``verify_all_chunks() -> int`` (chunks checksummed now); see "Lazy checksums" above.
     """
 
     __slots__ = ()
@@ -190,10 +238,29 @@ class ArtTree(_art.ArtCore):
         cannot move, so a mutation that needs to grow raises BufferError: release it first."""
         return memoryview(self)
 
+    def chunk_crcs(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+        """uint32[ceil(arena_used_bytes / chunk_bytes)]: CRC-32C of each chunk of the used arena
+        (the last one may be short), the table ``attach(..., chunk_crcs=)`` verifies against.
+        A lazily attached tree verifies all its chunks first (ValueError if one fails)."""
+        _check_chunk_bytes(chunk_bytes)
+        return super().chunk_crcs(chunk_bytes)
+
+    def verify_all_chunks(self) -> int:
+        """Checksum every chunk not verified yet; returns how many it checked (0 without a table).
+        Raises the corrupt-arena ValueError on a mismatch."""
+        return super().verify_all_chunks()
+
     @classmethod
-    def attach(cls, buffer: Any, root_offset: int, meta: Mapping[str, int]) -> ArtTree:
-        """Re-create a tree over existing arena bytes in O(1) (no walk, no rebuild)."""
+    def attach(cls, buffer: Any, root_offset: int, meta: Mapping[str, int], *,
+               chunk_crcs: np.ndarray | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> ArtTree:
+        """Re-create a tree over existing arena bytes in O(1) (no walk, no rebuild).
+
+        Without ``chunk_crcs`` the arena header and root are checked now; with it (uint32, one
+        CRC-32C per ``chunk_bytes`` chunk of ``meta["arena_used_bytes"]``) no arena byte is read
+        here, and each chunk is verified when an operation first uses it (module docstring).
+        """
         root = _as_int("root_offset", root_offset, 0, 2**64 - 1)
+        _check_chunk_bytes(chunk_bytes)
         if not isinstance(meta, Mapping):
             raise TypeError(f"meta must be a mapping of str to int, got {type(meta).__name__}")
         clean: dict[str, int] = {}
@@ -220,8 +287,10 @@ class ArtTree(_art.ArtCore):
             if view.nbytes < clean["arena_used_bytes"]:
                 raise ValueError(f"buffer of {view.nbytes} bytes is smaller than arena_used_bytes "
                                  f"{clean['arena_used_bytes']}")
+        if chunk_crcs is not None:
+            _check_chunk_table(chunk_crcs, clean["arena_used_bytes"], chunk_bytes)
         tree = cls.__new__(cls)  # the core's __cinit__ leaves a valid empty tree
-        tree._attach(buffer, root, clean)
+        tree._attach(buffer, root, clean, chunk_crcs, chunk_bytes)
         return tree
 
     def __repr__(self) -> str:

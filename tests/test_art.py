@@ -1,8 +1,9 @@
 """ArtTree (Cython, arena) against ArtReference (dict + sorted list): same operations, same answers.
 
 The stateful test drives both with inserts/replaces, removes, gets, prefix scans/counts/removals,
-ordered iteration from random start keys, batch calls and export -> bytes -> attach round trips,
-and checks after every step that they agree and that ``verify()`` (full structural walk) passes.
+ordered iteration from random start keys, batch calls and export -> bytes -> attach round trips
+(with and without a lazily verified chunk checksum table), and checks after every step that they
+agree and that ``verify()`` (full structural walk) passes.
 Keys come from fixed-length families over a tiny alphabet (lots of shared prefixes, compressed
 paths longer than the 16 stored prefix bytes) plus wide fan-out batches, so nodes grow and
 shrink through Node4/16/48/256.
@@ -11,8 +12,11 @@ shrink through Node4/16/48/256.
 from __future__ import annotations
 
 import gc
+import math
 import mmap
+import re
 
+import crc32c
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
@@ -69,6 +73,7 @@ class ArtMachine(RuleBasedStateMachine):
         self.tree: ArtTree
         self.ref: ArtReference
         self.keepalive: list[object] = []
+        self.lazy_fresh = False  # just attached with a checksum table: nothing verified yet
 
     @initialize(value_size=st.sampled_from([0, 1, 6]), arena=st.sampled_from([64, 200, 4096]))
     def start(self, value_size: int, arena: int) -> None:
@@ -188,8 +193,11 @@ class ArtMachine(RuleBasedStateMachine):
         self.same("scan_prefix_batch", prefixes, None)
         self.same("scan_prefix_batch", prefixes, key_len)
 
-    @rule(mode=st.sampled_from(["bytes", "bytearray_slack", "arena_view", "misaligned", "mmap_copy"]))
-    def export_and_attach(self, mode: str) -> None:
+    @rule(mode=st.sampled_from(["bytes", "bytearray_slack", "arena_view", "misaligned", "mmap_copy"]),
+          chunk_bytes=st.one_of(st.none(), st.sampled_from([4096, 8192, 65536])))
+    def export_and_attach(self, mode: str, chunk_bytes: int | None) -> None:
+        """Round trip through bytes; with chunk_bytes, through the lazily verified path (the next
+        rule then runs on a tree whose chunks are verified only as it touches them)."""
         meta = self.tree.export_meta()
         root = self.tree.root_offset
         with self.tree.arena_view() as view:
@@ -209,10 +217,17 @@ class ArtMachine(RuleBasedStateMachine):
             m = mmap.mmap(-1, len(raw))
             m.write(raw)
             buf = m
-        new = ArtTree.attach(buf, root, meta)
+        if chunk_bytes is None:
+            new = ArtTree.attach(buf, root, meta)
+            with new.arena_view() as view:
+                assert bytes(view) == raw
+        else:
+            crcs = self.tree.chunk_crcs(chunk_bytes)
+            new = ArtTree.attach(buf, root, meta, chunk_crcs=crcs, chunk_bytes=chunk_bytes)
+            s = new.stats()
+            assert (s["chunks_total"], s["chunks_verified"]) == (len(crcs), 0)
+            self.lazy_fresh = True
         assert new.export_meta() == meta and new.root_offset == root and len(new) == len(self.ref)
-        with new.arena_view() as view:
-            assert bytes(view) == raw
         self.tree = new
 
     @invariant()
@@ -220,8 +235,15 @@ class ArtMachine(RuleBasedStateMachine):
         if not hasattr(self, "tree"):
             return
         assert len(self.tree) == len(self.ref)
+        s = self.tree.stats()
+        assert 0 <= s["chunks_verified"] <= s["chunks_total"]
+        if self.lazy_fresh:  # let the next rule meet unverified chunks; check fully after it
+            self.lazy_fresh = False
+            return
         stats = self.tree.verify()
         assert stats["leaves"] == len(self.ref)
+        # verify() dereferences every object and free block, so every chunk is now verified
+        assert stats["chunks_verified"] == stats["chunks_total"]
         for name in ("node48", "node256"):
             if stats[name]:
                 event(f"tree has a {name}")
@@ -685,3 +707,358 @@ def test_private_core_validates_too() -> None:
     core.insert(b"a", b"")
     with pytest.raises(RuntimeError, match="fresh"):
         core._attach(b"QUILLART" + bytes(56), 0, {})
+
+
+# -- lazy per-chunk checksums -------------------------------------------------------------------
+
+
+@settings(deadline=None)
+@given(length=st.one_of(st.integers(0, 64), st.integers(0, 3 * 8192 + 3 * 256 + 64), st.integers(49000, 70000)),
+       align=st.integers(0, 7), seed=st.integers(0, 2**32 - 1))
+def test_crc32c_equals_the_crc32c_package(length: int, align: int, seed: int) -> None:
+    raw = np.random.default_rng(seed).integers(0, 256, size=length + 8, dtype=np.uint8).tobytes()
+    data = memoryview(raw)[align: align + length]
+    want = crc32c.crc32c(data)
+    assert _art._crc32c(data) == want
+    assert _art._crc32c(data, "portable") == want
+    if _art.CRC32C_HW:
+        assert _art._crc32c(data, "sse42") == want
+
+
+def test_crc32c_impl_choice_is_validated() -> None:
+    assert _art._crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    with pytest.raises(ValueError, match="impl must be"):
+        _art._crc32c(b"x", "fast")
+    with pytest.raises(TypeError):
+        _art._crc32c("not a buffer")
+
+
+def _lazy(raw: object, tree_meta: dict, root: int, crcs: np.ndarray, chunk_bytes: int = 4096) -> ArtTree:
+    return ArtTree.attach(raw, root, tree_meta, chunk_crcs=crcs, chunk_bytes=chunk_bytes)
+
+
+def _export(tree: ArtTree) -> tuple[bytes, dict, int]:
+    with tree.arena_view() as view:
+        return bytes(view), tree.export_meta(), tree.root_offset
+
+
+def _big_tree(n: int = 6000, value_size: int = 3, seed: int = 3) -> tuple[ArtTree, ArtReference]:
+    """A few hundred KiB of arena (many 4 KiB chunks) with free-list blocks of several sizes."""
+    rng = np.random.default_rng(seed)
+    tree, ref = ArtTree(value_size, initial_arena_bytes=4096), ArtReference(value_size)
+    keys = rng.integers(0, 6, size=(n, 10), dtype=np.uint8)
+    keys[: n // 3, 1:4] = 5  # six shared prefixes fanning out at byte 4: Node48/Node256
+    keys[: n // 3, 4] = rng.integers(0, 256, size=n // 3)
+    keys[n // 3: n // 3 + n // 12, 1:4] = 4  # ... and six more with ~30 children: Node48
+    keys[n // 3: n // 3 + n // 12, 4] = rng.integers(0, 30, size=n // 12)
+    keys = np.unique(keys, axis=0)[rng.permutation(len(np.unique(keys, axis=0)))]
+    values = rng.integers(0, 256, size=(len(keys), value_size), dtype=np.uint8)
+    tree.insert_batch(keys, values)
+    ref.insert_batch(keys, values)
+    for k in list(ref._data)[::7]:
+        tree.remove(k)
+        ref.remove(k)
+    return tree, ref
+
+
+def test_chunk_crcs_is_crc32c_of_each_chunk() -> None:
+    tree, _ = _sample_tree(300)
+    raw, _, _ = _export(tree)
+    for cb in (4096, 8192, 1 << 24):
+        crcs = tree.chunk_crcs(cb)
+        assert crcs.dtype == np.uint32 and crcs.shape == (-(-len(raw) // cb),)
+        assert crcs.tolist() == [crc32c.crc32c(raw[i: i + cb]) for i in range(0, len(raw), cb)]
+    with pytest.raises(ValueError, match="power of two"):
+        tree.chunk_crcs(5000)
+
+
+def test_lazy_attach_round_trip_verifies_as_it_goes(tmp_path) -> None:
+    tree, ref = _big_tree()
+    raw, meta, root = _export(tree)
+    crcs = tree.chunk_crcs(4096)
+    total = len(crcs)
+    assert total > 40
+    path = tmp_path / "arena.bin"
+    path.write_bytes(raw)
+    with open(path, "rb") as fh:  # the checkpoint shape: a copy-on-write file mapping
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    lazy = _lazy(mm, meta, root, crcs)
+    assert lazy.stats()["chunks_total"] == total and lazy.stats()["chunks_verified"] == 0
+    assert not lazy._chunk_bitmap().any()
+    key = next(k for k in ref._data if k[1] < 4)  # outside the wide fan-outs
+    assert lazy.get(key) == ref.get(key)
+    touched = lazy._chunk_bitmap()
+    assert touched[0] and 1 < touched.sum() < 12  # header chunk + the path to one leaf
+    assert lazy.stats()["chunks_verified"] == touched.sum()
+    assert lazy.get(key) == ref.get(key) and (lazy._chunk_bitmap() == touched).all()  # never re-checked
+    assert lazy.scan_prefix(key[:5]) == ref.scan_prefix(key[:5])
+    assert lazy.count_prefix(key[:4]) == ref.count_prefix(key[:4])
+    assert lazy.stats()["chunks_verified"] < total
+    keys = np.frombuffer(b"".join(list(ref._data)[:10]), dtype=np.uint8).reshape(10, 10).copy()
+    assert all(np.array_equal(x, y) for x, y in zip(lazy.get_batch(keys), ref.get_batch(keys)))
+    # mutations work and are applied in place in the private mapping; verified bits survive
+    rng = np.random.default_rng(9)
+    for k in rng.choice(sorted(ref._data), size=3, replace=False).tolist():
+        assert lazy.remove(k) == ref.remove(k)
+    new = np.unique(rng.integers(6, 9, size=(50, 10), dtype=np.uint8), axis=0)
+    vals = np.zeros((len(new), 3), dtype=np.uint8)
+    assert lazy.insert_batch(new, vals) == ref.insert_batch(new, vals)
+    assert lazy.remove_prefix(key[:3]) == ref.remove_prefix(key[:3])  # frees a whole subtree
+    before = lazy.stats()["chunks_verified"]
+    assert 0 < before < total
+    assert lazy.verify_all_chunks() == total - before
+    assert lazy.stats()["chunks_verified"] == total and lazy.verify_all_chunks() == 0
+    assert list(lazy.items(key[:1])) == list(ref.items(key[:1]))
+    # grow far beyond the mapping: the arena moves to owned memory, same offsets, same table
+    for i in range(3000):
+        k = bytes([9, i % 256, i // 256]) + bytes(7)
+        lazy.insert(k, b"xyz")
+        ref.insert(k, b"xyz")
+    assert lazy.owns_arena and list(lazy.items()) == list(ref.items())
+    lazy.verify()
+    assert lazy.stats()["chunks_total"] == total
+
+
+def test_lazy_tree_copied_on_first_write_keeps_the_table() -> None:
+    tree, ref = _big_tree(2000)
+    raw, meta, root = _export(tree)
+    lazy = _lazy(raw, meta, root, tree.chunk_crcs(8192), 8192)  # read-only bytes
+    key = sorted(ref._data)[len(ref) // 2]
+    assert lazy.insert(key, b"new") is False and ref.insert(key, b"new") is False
+    assert lazy.owns_arena and 0 < lazy.stats()["chunks_verified"] < lazy.stats()["chunks_total"]
+    assert list(lazy.items()) == list(ref.items())
+    lazy.verify()
+    # the exported copy of a lazy tree is verified first and re-attaches with a fresh table
+    again = _lazy(lazy.arena_view(), lazy.export_meta(), lazy.root_offset, lazy.chunk_crcs(4096))
+    assert list(again.items()) == list(ref.items())
+
+
+def test_remove_all_discards_the_table() -> None:
+    tree, ref = _big_tree(1500)
+    raw, meta, root = _export(tree)
+    lazy = _lazy(bytearray(raw), meta, root, tree.chunk_crcs(4096))
+    assert lazy.remove_prefix(b"") == len(ref)
+    assert lazy.stats()["chunks_total"] == 0 and lazy.verify_all_chunks() == 0
+    for k in list(ref._data)[:200]:  # new objects reuse the old bytes: nothing to verify
+        lazy.insert(k, b"abc")
+    assert len(lazy) == 200
+    lazy.verify()
+
+
+def test_attach_without_table_is_unchanged() -> None:
+    tree, ref = _sample_tree(200)
+    raw, meta, root = _export(tree)
+    plain = ArtTree.attach(raw, root, meta)
+    s = plain.stats()
+    assert (s["chunks_total"], s["chunks_verified"]) == (0, 0) and plain.verify_all_chunks() == 0
+    assert list(plain.items()) == list(ref.items())
+    assert ArtTree(4).stats()["chunks_total"] == 0
+    # without a table a damaged value byte is simply returned: the table is what catches it
+    key = next(iter(ref._data))
+    leaf_value = raw.index(key + ref._data[key]) + len(key)
+    damaged = bytearray(raw)
+    damaged[leaf_value] ^= 0xFF
+    assert ArtTree.attach(bytes(damaged), root, meta).get(key) != ref.get(key)
+    lazy = _lazy(bytes(damaged), meta, root, tree.chunk_crcs(4096))
+    with pytest.raises(ValueError, match=r"corrupt arena: chunk 0 \(bytes 0\.\.4095\) checksum mismatch"):
+        lazy.get(key)
+
+
+def test_bad_chunk_tables_are_refused() -> None:
+    tree, _ = _sample_tree(300)
+    raw, meta, root = _export(tree)
+    crcs = tree.chunk_crcs(4096)
+    n = len(crcs)
+
+    def err(exc, match, table=crcs, cb=4096):
+        with pytest.raises(exc, match=match):
+            ArtTree.attach(raw, root, meta, chunk_crcs=table, chunk_bytes=cb)
+
+    err(ValueError, f"chunk_crcs has {n + 1} entries but arena_used_bytes {len(raw)} in chunks of 4096 bytes needs {n}",
+        np.append(crcs, np.uint32(0)))
+    err(ValueError, f"has {n - 1} entries", crcs[:-1])
+    err(ValueError, "needs 1", crcs, 1 << 20)
+    err(ValueError, "dtype uint32 .*got int64", crcs.astype(np.int64))
+    err(ValueError, "dtype uint32 .*got uint64", crcs.astype(np.uint64))
+    err(ValueError, "dtype uint32 .*got >u4", crcs.astype(">u4"))
+    err(ValueError, "must be 1-D", crcs.reshape(1, n))
+    err(ValueError, "contiguous", np.repeat(crcs, 2)[::2])
+    err(TypeError, "numpy.ndarray of uint32, got list", crcs.tolist())
+    err(ValueError, "chunk_bytes must be a power of two in 4096..16777216, got 5000", cb=5000)
+    err(ValueError, "chunk_bytes must be in 4096..16777216, got 2048", cb=2048)
+    err(ValueError, "got 33554432", cb=1 << 25)
+    err(TypeError, "chunk_bytes must be an int, got bool", cb=True)
+    err(TypeError, "chunk_bytes must be an int, got str", cb="4096")
+    # the compiled core checks what memory safety depends on by itself
+    core = _art.ArtCore(4)
+    with pytest.raises(ValueError, match="needs"):
+        core._attach(raw, root, dict(meta), crcs[:-1], 4096)
+    with pytest.raises(ValueError, match="power of two"):
+        _art.ArtCore(4)._attach(raw, root, dict(meta), crcs, 4097)
+    with pytest.raises(ValueError):
+        _art.ArtCore(4)._attach(raw, root, dict(meta), crcs.astype(np.int64), 4096)
+    ok = _art.ArtCore(4)._attach(raw, root, dict(meta), crcs, 4096)
+    assert ok.stats()["chunks_total"] == n
+
+
+def test_lazy_header_is_checked_before_the_first_operation() -> None:
+    tree, ref = _sample_tree(100)
+    raw, meta, root = _export(tree)
+    bad = bytearray(raw)
+    bad[0:8] = b"NOTANART"
+    table = np.array([crc32c.crc32c(bytes(bad[i: i + 4096])) for i in range(0, len(bad), 4096)], dtype=np.uint32)
+    lazy = _lazy(bytes(bad), meta, root, table)  # the checksums match: only the header check can tell
+    for call in (lambda: lazy.get(next(iter(ref._data))), lambda: lazy.count_prefix(b""), lazy.verify_all_chunks):
+        with pytest.raises(ValueError, match="corrupt arena: the header .* arena magic"):
+            call()
+    with pytest.raises(ValueError, match="value_size 2 does not match the arena header's 4"):
+        _lazy(raw, {**meta, "value_size": 2}, root, tree.chunk_crcs(4096)).get(b"x")
+    # the root is only range-checked at attach (its bytes are read when first used)
+    with pytest.raises(ValueError, match="root_offset"):
+        _lazy(raw, meta, len(raw) + 8, tree.chunk_crcs(4096))
+    with pytest.raises(ValueError, match="root_offset"):
+        _lazy(raw, meta, 12, tree.chunk_crcs(4096))
+
+
+# One tree for the corruption property: ~40 chunks of 4 KiB, free lists of every leaf/node size.
+_LAZY_TREE, _LAZY_REF = _big_tree(4000, value_size=3, seed=8)
+_LAZY_RAW, _LAZY_META, _LAZY_ROOT = _export(_LAZY_TREE)
+_LAZY_CRCS = _LAZY_TREE.chunk_crcs(4096)
+_LAZY_KEYS = sorted(_LAZY_REF._data)
+_SPREAD = 1_000_003  # a prime: p -> p * _SPREAD % len is a bijection that spreads Hypothesis's small draws
+assert math.gcd(_SPREAD, len(_LAZY_RAW)) == 1
+_LAZY_OPS = ["get", "get_absent", "contains", "insert", "replace", "remove", "remove_absent", "scan",
+             "count", "remove_prefix", "items", "get_batch", "insert_batch", "scan_batch", "verify",
+             "arena_view", "chunk_crcs"]
+
+
+def _run_op(tree: ArtTree, op: str, key: bytes, other: bytes, limit: int | None) -> object:
+    keys = np.frombuffer(key + other, dtype=np.uint8).reshape(2, 10).copy()
+    if op in ("get", "get_absent"):
+        return tree.get(key if op == "get" else other)
+    if op == "contains":
+        return key in tree
+    if op == "insert":
+        return tree.insert(other, b"new")
+    if op == "replace":
+        return tree.insert(key, b"rep")
+    if op in ("remove", "remove_absent"):
+        return tree.remove(key if op == "remove" else other)
+    if op == "scan":
+        return tree.scan_prefix(key[: len(key) // 2], limit)
+    if op == "count":
+        return tree.count_prefix(key[:2])
+    if op == "remove_prefix":
+        return tree.remove_prefix(key[:4])
+    if op == "items":
+        return list(tree.items(key))[:50]
+    if op == "get_batch":
+        return tree.get_batch(keys)
+    if op == "insert_batch":
+        return tree.insert_batch(keys, np.zeros((2, 3), dtype=np.uint8))
+    if op == "scan_batch":
+        return tree.scan_prefix_batch(np.ascontiguousarray(keys[:, :3]))
+    if op == "verify":
+        return tree.verify()
+    if op == "arena_view":
+        with tree.arena_view() as view:
+            return bytes(view)
+    return tree.chunk_crcs(4096)
+
+
+@settings(deadline=None)
+@given(pos=st.integers(0, len(_LAZY_RAW) - 1), xor=st.integers(1, 255),
+       ops=st.lists(st.sampled_from(_LAZY_OPS), min_size=1, max_size=4),
+       key=st.sampled_from(_LAZY_KEYS), other=st.binary(min_size=10, max_size=10).map(lambda b: b"\x07" + b[1:]),
+       limit=st.one_of(st.none(), st.integers(0, 3)))
+def test_flipped_byte_is_caught_by_the_first_operation_that_touches_its_chunk(pos, xor, ops, key, other, limit) -> None:
+    """Same operations on a clean and a one-byte-damaged lazily attached copy: until an operation
+    touches the damaged chunk (as seen on the clean copy) both agree; that operation raises the
+    checksum error and changes nothing; every later operation raises too."""
+    pos = pos * _SPREAD % len(_LAZY_RAW)
+    bad_chunk = pos // 4096
+    event(f"damaged chunk {'0 (header)' if bad_chunk == 0 else 'after 0'}")
+    message = (f"corrupt arena: chunk {bad_chunk} (bytes {bad_chunk * 4096}.."
+               f"{min(bad_chunk * 4096 + 4096, len(_LAZY_RAW)) - 1}) checksum mismatch")
+    clean = _lazy(_LAZY_RAW, _LAZY_META, _LAZY_ROOT, _LAZY_CRCS)
+    buf = bytearray(_LAZY_RAW) + bytearray(1 << 16)  # writable with slack: mutated in place
+    buf[pos] ^= xor
+    bad = _lazy(buf, _LAZY_META, _LAZY_ROOT, _LAZY_CRCS)  # O(1): reads nothing, so it succeeds
+    caught = False
+    for op in ops:
+        if caught:
+            with pytest.raises(ValueError, match=re.escape(message)):
+                _run_op(bad, op, key, other, limit)
+            continue
+        want = outcome(_run_op, clean, op, key, other, limit)
+        touched = bool(clean._chunk_bitmap()[bad_chunk]) or op in ("arena_view", "chunk_crcs")
+        snapshot, meta = bytes(buf), bad.export_meta()
+        got = outcome(_run_op, bad, op, key, other, limit)
+        event(f"{op}: {'touches the damaged chunk' if touched else 'does not touch it'}")
+        if touched:  # (a batch names its failing row first)
+            assert got[:2] == ("err", ValueError) and got[2].endswith(message), (op, got)
+            assert bytes(buf) == snapshot and bad.export_meta() == meta  # nothing was modified
+            caught = True
+        else:
+            assert got == want, (op, got, want)
+            assert not bad._chunk_bitmap()[bad_chunk]
+    if not caught:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            bad.verify_all_chunks()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bad.get(key)
+    assert len(bad) >= 0 and bad.stats()["chunks_total"] == len(_LAZY_CRCS)
+
+
+def _mutations() -> list[tuple[str, bytes, bytes]]:
+    """(kind, argument, a key the operation's read-only descent also reaches)."""
+    rng = np.random.default_rng(4)
+    keys = _LAZY_KEYS
+    out = []
+    for k in keys:  # every removal (the few that shrink or merge are the interesting ones)
+        out.append(("remove", k, k))
+    for i in rng.choice(len(keys), size=60, replace=False).tolist():  # splits and node growth
+        k = bytearray(keys[i])
+        k[int(rng.integers(3, 10))] ^= 0x80
+        out.append(("insert", bytes(k), bytes(k)))
+    for i in rng.choice(len(keys), size=30, replace=False).tolist():  # whole-subtree removals
+        out.append(("remove_prefix", keys[i][: int(rng.integers(2, 5))], keys[i]))
+    return out
+
+
+def _apply(tree: ArtTree, kind: str, arg: bytes) -> object:
+    if kind == "remove":
+        return tree.remove(arg)
+    if kind == "insert":
+        return tree.insert(arg, b"new")
+    return tree.remove_prefix(arg)
+
+
+def test_mutation_fails_before_its_first_write() -> None:
+    """Chunks a mutation needs beyond its descent (free blocks it pops, the child a Node4 merges
+    into, the subtree remove_prefix frees) are verified before anything is written: damage in
+    any of them fails the operation with the arena bytes and counters exactly as they were."""
+    kinds_hit: dict[str, int] = {}
+    for kind, arg, probe_key in _mutations():
+        if kinds_hit.get(kind, 0) >= 40:
+            continue
+        seen = _lazy(_LAZY_RAW, _LAZY_META, _LAZY_ROOT, _LAZY_CRCS)
+        seen.get(probe_key)
+        descent = seen._chunk_bitmap()
+        done = _lazy(_LAZY_RAW, _LAZY_META, _LAZY_ROOT, _LAZY_CRCS)
+        try:
+            _apply(done, kind, arg)
+        except ValueError:
+            continue  # e.g. a prefix conflict
+        extra = np.flatnonzero(done._chunk_bitmap() & ~descent)
+        for chunk in extra.tolist():
+            buf = bytearray(_LAZY_RAW) + bytearray(1 << 16)
+            buf[chunk * 4096 + 4091 if chunk * 4096 + 4091 < len(_LAZY_RAW) else len(_LAZY_RAW) - 1] ^= 0x10
+            bad = _lazy(buf, _LAZY_META, _LAZY_ROOT, _LAZY_CRCS)
+            bad.get(probe_key)  # the descent is verified and clean
+            snapshot, meta = bytes(buf), bad.export_meta()
+            with pytest.raises(ValueError, match=f"corrupt arena: chunk {chunk} "):
+                _apply(bad, kind, arg)
+            assert bytes(buf) == snapshot and bad.export_meta() == meta, (kind, arg, chunk)
+            kinds_hit[kind] = kinds_hit.get(kind, 0) + 1
+    assert set(kinds_hit) == {"remove", "insert", "remove_prefix"}, kinds_hit

@@ -15,6 +15,16 @@
 #   Node256 2072: header | u64 children[256]
 #   leaf    1 + key_len + value_size rounded up to 8: u8 key_len | key | value
 #   free block: u64 next free offset of the same size class (0 ends the list)
+#
+# Lazy chunk verification (``ArtTree.attach(..., chunk_crcs=...)``): the attached used bytes
+# [0, table_end) are cut into chunks of 2**chunk_shift bytes (>= 4096, so an object, at most 2080
+# bytes, overlaps at most two chunks), each with an expected CRC-32C.  Before ANY byte of an object
+# starting below ``lazy_end`` is read or written (node header and body, leaf, free block popped by
+# the allocator), ``need_chunks`` checks the chunks it overlaps in the ``chunk_bits`` bitmap; a
+# clear bit sends it to ``verify_chunks`` (in _art.pyx), which checksums the chunk and sets the bit,
+# or marks the arena corrupt for good (GATE_CORRUPT, err = E_CHECKSUM).  ``lazy_end`` is 0 when
+# there is no table or every chunk is verified, so the check is then one compare.  Hints
+# (prefetching) never verify: they stop at an unverified chunk (``node_peek``).
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from libc.string cimport memcpy, memmove, memset, memcmp
@@ -65,6 +75,11 @@ cdef enum:
     E_NOMEM = 2
     E_PREFIX = 3
     E_OOM = 4                 # malloc failed (E_NOMEM is the arena outrunning its reservation)
+    E_CHECKSUM = 5            # a chunk failed its CRC-32C (Arena.bad_chunk); the arena is corrupt for good
+    GATE_HEADER = 1           # Arena.gate: the header is still to be verified and checked
+    GATE_CORRUPT = 2          # Arena.gate: a checksum (or the lazily checked header) failed
+    MIN_CHUNK_SHIFT = 12      # chunk_bytes 4 KiB ..
+    MAX_CHUNK_SHIFT = 24      # .. 16 MiB
 
 ctypedef struct Hdr:
     uint8_t type
@@ -106,37 +121,94 @@ ctypedef struct Arena:
     uint32_t value_size
     int err                   # E_* of the last failed operation
     uint32_t conflict_len     # for E_PREFIX: length of the existing, conflicting key
+    # lazy chunk verification; all zero/NULL when the tree was not attached with a table
+    uint64_t lazy_end         # objects starting below this offset need verified chunks (0: none do)
+    uint64_t table_end        # the attached used size: chunks tile [0, table_end)
+    uint64_t* chunk_bits      # verified bitmap; the padding bits from num_chunks on are set
+    uint32_t* chunk_crc       # expected CRC-32C per chunk
+    uint64_t num_chunks
+    uint64_t chunks_verified
+    uint64_t bad_chunk        # the chunk that failed (when gate & GATE_CORRUPT and err was E_CHECKSUM)
+    uint32_t chunk_shift
+    int gate                  # GATE_* bits; every Python-facing operation checks it first
+
+
+cdef int verify_chunks(Arena* a, uint64_t off, uint64_t end) noexcept nogil  # slow path, _art.pyx
+
+
+cdef inline bint chunk_bit(const Arena* a, uint64_t c) noexcept nogil:
+    return (a.chunk_bits[c >> 6] >> (c & 63)) & 1
+
+
+cdef inline int need_chunks(Arena* a, uint64_t off, uint64_t end, bint hint) noexcept nogil:
+    """0 if bytes [off, end) (0 < end - off <= 2080, end <= used) may be used now; else checksum
+    their unverified chunks (-1 and err = E_CHECKSUM on a mismatch), or, for a ``hint``, -1 at once.
+    """
+    cdef uint64_t c0, c1
+    if off >= a.lazy_end:      # no table, all verified, or allocated after attach
+        return 0
+    c0 = off >> a.chunk_shift
+    c1 = (end - 1) >> a.chunk_shift  # <= c0 + 1 <= num_chunks: a padding bit at worst
+    if chunk_bit(a, c0) and (c1 == c0 or chunk_bit(a, c1)):
+        return 0
+    if hint:
+        return -1
+    return verify_chunks(a, off, end)
 
 
 cdef inline uint32_t leaf_bytes(const Arena* a, uint32_t key_len) noexcept nogil:
     return (1 + key_len + a.value_size + 7) & ~(<uint32_t>7)
 
 
-cdef inline Hdr* node_at(Arena* a, uint64_t off) noexcept nogil:
-    """The inner node at untagged offset ``off``, or NULL (err = E_CORRUPT) if it is not one."""
+cdef inline Hdr* node_check(Arena* a, uint64_t off, bint hint) noexcept nogil:
+    """The inner node at untagged offset ``off``, or NULL (err set) if it is not one or (lazy
+    verification) its chunks fail their checksum -- or, for a ``hint``, are not verified yet."""
     cdef Hdr* h
     cdef uint8_t t
     if (off & 7) != 0 or off < ARENA_HEADER_BYTES or off >= a.used or a.used - off < sizeof(Hdr):
         a.err = E_CORRUPT
+        return NULL
+    if need_chunks(a, off, off + sizeof(Hdr), hint) < 0:
+        if hint:
+            a.err = E_CORRUPT
         return NULL
     h = <Hdr*>(a.base + off)
     t = h.type
     if t < NODE4 or t > NODE256 or a.used - off < QART_NODE_SIZE[t] or h.num_children > QART_NODE_CAP[t]:
         a.err = E_CORRUPT
         return NULL
+    if need_chunks(a, off, off + QART_NODE_SIZE[t], hint) < 0:
+        if hint:
+            a.err = E_CORRUPT
+        return NULL
     return h
 
 
+cdef inline Hdr* node_at(Arena* a, uint64_t off) noexcept nogil:
+    """The inner node at untagged offset ``off``, or NULL (err = E_CORRUPT / E_CHECKSUM)."""
+    return node_check(a, off, False)
+
+
+cdef inline Hdr* node_peek(Arena* a, uint64_t off) noexcept nogil:
+    """``node_at`` for cache-warming hints: NULL (never a checksum) at an unverified chunk."""
+    return node_check(a, off, True)
+
+
 cdef inline uint8_t* leaf_at(Arena* a, uint64_t tagged) noexcept nogil:
-    """The leaf named by tagged offset ``tagged`` (bit 0 set), or NULL (err = E_CORRUPT)."""
+    """The leaf named by tagged offset ``tagged`` (bit 0 set), or NULL (err = E_CORRUPT /
+    E_CHECKSUM); its key and value bytes [off, off + 1 + key_len + value_size) are verified."""
     cdef uint64_t off = tagged ^ 1
     cdef uint8_t* p
     if (off & 7) != 0 or off < ARENA_HEADER_BYTES or off >= a.used:
         a.err = E_CORRUPT
         return NULL
+    if need_chunks(a, off, off + 1, False) < 0:
+        return NULL
     p = a.base + off
     if p[0] == 0 or a.used - off < <uint64_t>(1 + p[0] + a.value_size):
         a.err = E_CORRUPT
+        return NULL
+    if need_chunks(a, off, off + 1 + p[0] + a.value_size, False) < 0:
         return NULL
     return p
 
@@ -152,6 +224,8 @@ cdef inline uint64_t arena_alloc(Arena* a, uint32_t size) noexcept nogil:
         if (head & 7) != 0 or head < ARENA_HEADER_BYTES or head >= a.used or a.used - head < size:
             a.err = E_CORRUPT
             return 0
+        if need_chunks(a, head, head + size, False) < 0:  # the whole block is about to be written
+            return 0
         a.free_heads[size >> 3] = (<uint64_t*>(a.base + head))[0]
         a.free_bytes -= size
         a.free_blocks -= 1
@@ -162,6 +236,33 @@ cdef inline uint64_t arena_alloc(Arena* a, uint32_t size) noexcept nogil:
     off = a.used
     a.used += size
     return off
+
+
+cdef inline int verify_free_block(Arena* a, uint64_t head, uint32_t size) noexcept nogil:
+    """Verify the chunks of free block ``head`` (if it is in range; a bad one fails later)."""
+    if head == 0 or (head & 7) != 0 or head < ARENA_HEADER_BYTES or head >= a.used or a.used - head < size:
+        return 0
+    return need_chunks(a, head, head + size, False)
+
+
+cdef inline int prepare_pops(Arena* a, uint32_t size1, uint32_t size2) noexcept nogil:
+    """Before a mutation writes anything: verify the free blocks its allocations of ``size1`` and
+    then ``size2`` bytes (0 = none) will pop, so a checksum failure cannot strike half-way."""
+    cdef uint64_t head
+    if a.lazy_end == 0:
+        return 0
+    head = a.free_heads[size1 >> 3] if size1 else 0
+    if verify_free_block(a, head, size1) < 0:
+        return -1
+    if size2 == 0:
+        return 0
+    if size2 == size1:  # the second pop takes the next block of the same list
+        if head == 0 or (head & 7) != 0 or head < ARENA_HEADER_BYTES or head >= a.used or a.used - head < size1:
+            return 0
+        head = (<uint64_t*>(a.base + head))[0]
+    else:
+        head = a.free_heads[size2 >> 3]
+    return verify_free_block(a, head, size2)
 
 
 cdef inline void arena_free(Arena* a, uint64_t off, uint32_t size) noexcept nogil:
@@ -274,7 +375,8 @@ cdef inline int add_child(Arena* a, uint64_t* ref, uint8_t b, uint64_t child) no
     cdef uint8_t t
     cdef Hdr* g
     if h == NULL:
-        a.err = E_CORRUPT
+        if a.err == E_OK:
+            a.err = E_CORRUPT
         return -1
     n = h.num_children
     t = h.type
@@ -426,7 +528,8 @@ cdef inline int remove_child(Arena* a, uint64_t* ref, uint8_t b, uint64_t* slot)
     cdef Hdr* c
     cdef Node48* n48
     if h == NULL:
-        a.err = E_CORRUPT
+        if a.err == E_OK:
+            a.err = E_CORRUPT
         return -1
     t = h.type
     n = h.num_children
@@ -441,6 +544,14 @@ cdef inline int remove_child(Arena* a, uint64_t* ref, uint8_t b, uint64_t* slot)
         if i < 0 or i >= n:
             a.err = E_CORRUPT
             return -1
+        # Everything read after the first write is verified first (lazy checksums): the block a
+        # shrink pops, or the inner child a Node4 left with one child merges into.
+        if t == NODE16 and n - 1 == 3 and prepare_pops(a, QART_NODE_SIZE[NODE4], 0) < 0:
+            return -1
+        if t == NODE4 and n == 2:
+            child = children[1 - i]
+            if child != 0 and (child & 1) == 0 and node_at(a, child) == NULL:
+                return -1
         memmove(keys + i, keys + i + 1, n - 1 - i)
         memmove(children + i, children + i + 1, (n - 1 - i) * sizeof(uint64_t))
         n -= 1
@@ -464,12 +575,16 @@ cdef inline int remove_child(Arena* a, uint64_t* ref, uint8_t b, uint64_t* slot)
         if n48.index[b] == 0 or n48.index[b] > 48 or n == 0:
             a.err = E_CORRUPT
             return -1
+        if n - 1 == 12 and prepare_pops(a, QART_NODE_SIZE[NODE16], 0) < 0:
+            return -1
         n48.children[n48.index[b] - 1] = 0
         n48.index[b] = 0
         h.num_children = <uint16_t>(n - 1)
         return shrink_node(a, ref, h, t, n - 1) if n - 1 == 12 else 0
     if (<Node256*>h).children[b] == 0 or n == 0:
         a.err = E_CORRUPT
+        return -1
+    if n - 1 == 37 and prepare_pops(a, QART_NODE_SIZE[NODE48], 0) < 0:
         return -1
     (<Node256*>h).children[b] = 0
     h.num_children = <uint16_t>(n - 1)

@@ -24,6 +24,16 @@ Invariants
   walk is bounded by depth (< 260 levels) and by a visit budget of ``used / 8`` objects.  A
   damaged arena therefore gives ``ValueError("corrupt arena ...")`` (or wrong answers), never an
   access outside the arena allocation and never an endless loop.  ``verify()`` is the O(n) check.
+- Lazy checksums (attach with a chunk CRC-32C table): no arena byte is read at attach; every
+  dereference (node_at / leaf_at / a popped free block / the header before the first operation)
+  first verifies the chunks its object overlaps (``need_chunks`` in _art.pxd: one compare and a
+  bit test once verified).  A mismatch sets ``Arena.gate``: that operation and all later ones
+  raise ValueError("corrupt arena: chunk N (bytes A..B) checksum mismatch").  A failing
+  operation changes nothing: mutations verify whatever they read after their first write (the
+  free blocks they will pop, a merge child, a subtree ``remove_prefix`` frees) beforehand.
+  Cache-warming hints never verify; they stop at an unverified chunk.  CRC-32C is computed in C:
+  SSE4.2 ``crc32`` (3 interleaved streams) in a function compiled for that target only and
+  picked at run time, else a portable slicing-by-8 loop.
 - Python-facing methods hold the GIL throughout (no ``nogil`` sections), so calls from several
   threads are serialised.  While results are being turned into Python objects (which can run gc
   callbacks and finalizers) the tree is marked busy and mutations raise RuntimeError.
@@ -128,6 +138,153 @@ cdef extern from *:
     int qart_push(qart_offbuf* b, uint64_t v) noexcept nogil
 
 
+cdef extern from *:
+    """
+    /* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, initial value and final xor ~0: the
+       function of the crc32c package). qart_crc32c(crc, p, n) continues a CRC: start from 0, and
+       qart_crc32c(qart_crc32c(0, a), b) is the CRC of a || b.
+       Two implementations, chosen at run time: SSE4.2's crc32 instruction (only the function that
+       uses it is compiled for SSE4.2, so the module runs on any x86-64), three independent streams
+       combined with "append N zero bytes" operator tables; and a portable slicing-by-8 loop. */
+    #include <stdint.h>
+    #include <stddef.h>
+    #include <string.h>
+    #define QART_CRC_POLY 0x82F63B78u
+    static uint32_t qart_crc_tab[8][256];   /* slicing-by-8: tab[k][b] = byte b then k zero bytes */
+    static int qart_crc_hw_ok = 0;
+
+    static uint32_t qart_crc32c_sw(uint32_t crc, const uint8_t *p, size_t n) {
+        uint32_t c = ~crc, lo, hi;
+        while (n && ((uintptr_t)p & 7)) { c = qart_crc_tab[0][(c ^ *p++) & 0xff] ^ (c >> 8); n--; }
+        while (n >= 8) {
+            lo = ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24) ^ c;
+            hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+            c = qart_crc_tab[7][lo & 0xff] ^ qart_crc_tab[6][(lo >> 8) & 0xff]
+              ^ qart_crc_tab[5][(lo >> 16) & 0xff] ^ qart_crc_tab[4][lo >> 24]
+              ^ qart_crc_tab[3][hi & 0xff] ^ qart_crc_tab[2][(hi >> 8) & 0xff]
+              ^ qart_crc_tab[1][(hi >> 16) & 0xff] ^ qart_crc_tab[0][hi >> 24];
+            p += 8;
+            n -= 8;
+        }
+        while (n) { c = qart_crc_tab[0][(c ^ *p++) & 0xff] ^ (c >> 8); n--; }
+        return ~c;
+    }
+
+    #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    #include <nmmintrin.h>
+    #define QART_CRC_HW 1
+    #define QART_CRC_LONG 8192   /* bytes per stream in a long 3-stream block (power of two) */
+    #define QART_CRC_SHORT 256   /* ... in a short one */
+    static uint32_t qart_crc_long[4][256];   /* operator: append QART_CRC_LONG zero bytes */
+    static uint32_t qart_crc_short[4][256];
+
+    static inline uint32_t qart_crc_shift(uint32_t z[4][256], uint32_t c) {
+        return z[0][c & 0xff] ^ z[1][(c >> 8) & 0xff] ^ z[2][(c >> 16) & 0xff] ^ z[3][c >> 24];
+    }
+
+    __attribute__((target("sse4.2")))
+    static uint32_t qart_crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
+        uint64_t c0 = (uint32_t)~crc, c1, c2, w0, w1, w2;
+        const uint8_t *end;
+        while (n && ((uintptr_t)p & 7)) { c0 = _mm_crc32_u8((uint32_t)c0, *p++); n--; }
+        /* The instruction has a latency of ~3 cycles and a throughput of 1: three independent
+           streams over consecutive blocks keep it busy; the register state of a stream that
+           started at 0 is combined as crc(A || B) = shift_|B|(crc(A)) ^ crc0(B) (linearity). */
+        while (n >= 3 * QART_CRC_LONG) {
+            c1 = 0; c2 = 0; end = p + QART_CRC_LONG;
+            do {
+                memcpy(&w0, p, 8); memcpy(&w1, p + QART_CRC_LONG, 8); memcpy(&w2, p + 2 * QART_CRC_LONG, 8);
+                c0 = _mm_crc32_u64(c0, w0); c1 = _mm_crc32_u64(c1, w1); c2 = _mm_crc32_u64(c2, w2);
+                p += 8;
+            } while (p < end);
+            c0 = qart_crc_shift(qart_crc_long, (uint32_t)c0) ^ (uint32_t)c1;
+            c0 = qart_crc_shift(qart_crc_long, (uint32_t)c0) ^ (uint32_t)c2;
+            p += 2 * QART_CRC_LONG;
+            n -= 3 * QART_CRC_LONG;
+        }
+        while (n >= 3 * QART_CRC_SHORT) {
+            c1 = 0; c2 = 0; end = p + QART_CRC_SHORT;
+            do {
+                memcpy(&w0, p, 8); memcpy(&w1, p + QART_CRC_SHORT, 8); memcpy(&w2, p + 2 * QART_CRC_SHORT, 8);
+                c0 = _mm_crc32_u64(c0, w0); c1 = _mm_crc32_u64(c1, w1); c2 = _mm_crc32_u64(c2, w2);
+                p += 8;
+            } while (p < end);
+            c0 = qart_crc_shift(qart_crc_short, (uint32_t)c0) ^ (uint32_t)c1;
+            c0 = qart_crc_shift(qart_crc_short, (uint32_t)c0) ^ (uint32_t)c2;
+            p += 2 * QART_CRC_SHORT;
+            n -= 3 * QART_CRC_SHORT;
+        }
+        while (n >= 8) { memcpy(&w0, p, 8); c0 = _mm_crc32_u64(c0, w0); p += 8; n -= 8; }
+        while (n) { c0 = _mm_crc32_u8((uint32_t)c0, *p++); n--; }
+        return ~(uint32_t)c0;
+    }
+    #else
+    #define QART_CRC_HW 0
+    #endif
+
+    /* GF(2) 32x32 matrices as 32 column words (column k = image of bit k). */
+    static uint32_t qart_gf2_times(const uint32_t *mat, uint32_t vec) {
+        uint32_t sum = 0;
+        while (vec) { if (vec & 1) sum ^= *mat; vec >>= 1; mat++; }
+        return sum;
+    }
+    static void qart_crc_zeros(uint32_t z[4][256], size_t len_bytes) {
+        /* Operator "feed len_bytes (a power of two) zero bytes" on the raw CRC register, as four
+           byte-indexed tables: start from one zero bit and square 3 + log2(len_bytes) times. */
+        uint32_t op[32], sq[32];
+        size_t bits = len_bytes * 8;
+        int k, b;
+        op[0] = QART_CRC_POLY;
+        for (k = 1; k < 32; k++) op[k] = 1u << (k - 1);
+        while (bits > 1) {
+            for (k = 0; k < 32; k++) sq[k] = qart_gf2_times(op, op[k]);
+            memcpy(op, sq, sizeof(op));
+            bits >>= 1;
+        }
+        for (b = 0; b < 256; b++)
+            for (k = 0; k < 4; k++) z[k][b] = qart_gf2_times(op, (uint32_t)b << (8 * k));
+    }
+
+    static void qart_crc_init(void) {
+        uint32_t c;
+        int b, k;
+        for (b = 0; b < 256; b++) {
+            c = (uint32_t)b;
+            for (k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ QART_CRC_POLY : c >> 1;
+            qart_crc_tab[0][b] = c;
+        }
+        for (b = 0; b < 256; b++)
+            for (k = 1; k < 8; k++)
+                qart_crc_tab[k][b] = (qart_crc_tab[k - 1][b] >> 8) ^ qart_crc_tab[0][qart_crc_tab[k - 1][b] & 0xff];
+    #if QART_CRC_HW
+        qart_crc_zeros(qart_crc_long, QART_CRC_LONG);
+        qart_crc_zeros(qart_crc_short, QART_CRC_SHORT);
+        __builtin_cpu_init();
+        qart_crc_hw_ok = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    #endif
+    }
+
+    /* impl: 0 = best available, 1 = SSE4.2 (caller checked qart_crc_hw_ok), 2 = portable. */
+    static uint32_t qart_crc32c_impl(uint32_t crc, const uint8_t *p, size_t n, int impl) {
+    #if QART_CRC_HW
+        if (impl != 2 && qart_crc_hw_ok) return qart_crc32c_hw(crc, p, n);
+    #endif
+        return qart_crc32c_sw(crc, p, n);
+    }
+    static uint32_t qart_crc32c(uint32_t crc, const uint8_t *p, size_t n) {
+        return qart_crc32c_impl(crc, p, n, 0);
+    }
+    """
+    int qart_crc_hw_ok
+    void qart_crc_init() noexcept nogil
+    uint32_t qart_crc32c(uint32_t crc, const uint8_t* p, size_t n) noexcept nogil
+    uint32_t qart_crc32c_impl(uint32_t crc, const uint8_t* p, size_t n, int impl) noexcept nogil
+
+
+qart_crc_init()
+CRC32C_HW = bool(qart_crc_hw_ok)   # True when the SSE4.2 path is in use
+
+
 ctypedef struct Iter:
     int sp
     uint64_t pending          # subtree (tagged) to emit before resuming the stack
@@ -148,6 +305,44 @@ ctypedef struct PrefixHit:
 # ---------------------------------------------------------------------------------------------
 # tree algorithms (no Python objects; report failures through a.err)
 # ---------------------------------------------------------------------------------------------
+
+cdef int check_chunk(Arena* a, uint64_t c) noexcept nogil:
+    """Checksum chunk ``c`` (< num_chunks, bit clear): set its bit, or mark the arena corrupt."""
+    cdef uint64_t lo = c << a.chunk_shift
+    cdef uint64_t hi = lo + (<uint64_t>1 << a.chunk_shift)
+    if hi > a.table_end:
+        hi = a.table_end
+    if qart_crc32c(0, a.base + lo, hi - lo) != a.chunk_crc[c]:
+        a.gate |= GATE_CORRUPT
+        a.bad_chunk = c
+        a.err = E_CHECKSUM
+        return -1
+    a.chunk_bits[c >> 6] |= <uint64_t>1 << (c & 63)
+    a.chunks_verified += 1
+    if a.chunks_verified == a.num_chunks:
+        a.lazy_end = 0  # everything verified: from now on the per-dereference check is one compare
+    return 0
+
+
+cdef int verify_chunks(Arena* a, uint64_t off, uint64_t end) noexcept nogil:
+    """Slow path of ``need_chunks``: checksum each unverified chunk that [off, end) overlaps
+    (clipped to the table).  0, or -1 with err = E_CHECKSUM (the arena is then corrupt for good)."""
+    cdef uint64_t c, c1
+    if a.gate & GATE_CORRUPT:
+        a.err = E_CHECKSUM
+        return -1
+    if a.num_chunks == 0 or off >= a.table_end or end <= off:
+        return 0
+    c = off >> a.chunk_shift
+    c1 = (end - 1) >> a.chunk_shift
+    if c1 >= a.num_chunks:
+        c1 = a.num_chunks - 1
+    while c <= c1:
+        if not chunk_bit(a, c) and check_chunk(a, c) < 0:
+            return -1
+        c += 1
+    return 0
+
 
 cdef inline int key_cmp(const uint8_t* x, uint32_t xl, const uint8_t* y, uint32_t yl) noexcept nogil:
     cdef int r = memcmp(x, y, xl if xl < yl else yl)
@@ -191,9 +386,11 @@ cdef int split_leaf_or_prefix(Arena* a, uint64_t* ref, const uint8_t* prefix, ui
                               uint8_t old_byte, uint64_t old_child, uint8_t new_byte,
                               const uint8_t* key, uint32_t kl, const uint8_t* val) noexcept nogil:
     """``*ref`` becomes a Node4 with ``prefix`` and children old_child / a new leaf for key."""
-    cdef uint64_t leaf = new_leaf(a, key, kl, val)
-    cdef uint64_t nn
+    cdef uint64_t leaf, nn
     cdef Node4* n4
+    if prepare_pops(a, leaf_bytes(a, kl), QART_NODE_SIZE[NODE4]) < 0:
+        return -1
+    leaf = new_leaf(a, key, kl, val)
     if leaf == 0:
         return -1
     nn = new_node(a, NODE4)
@@ -215,6 +412,14 @@ cdef int split_leaf_or_prefix(Arena* a, uint64_t* ref, const uint8_t* prefix, ui
         n4.children[1] = old_child
     ref[0] = nn
     return 1
+
+
+cdef inline uint32_t grown_bytes(Hdr* h) noexcept nogil:
+    """Size of the node that adding one child to validated node ``h`` allocates (0: none)."""
+    cdef uint8_t t = h.type
+    if t < NODE256 and h.num_children >= QART_NODE_CAP[t]:
+        return QART_NODE_SIZE[t + 1]
+    return 0
 
 
 cdef int conflict(Arena* a, uint64_t n) noexcept nogil:
@@ -304,6 +509,8 @@ cdef int art_insert(Arena* a, const uint8_t* key, uint32_t kl, const uint8_t* va
         slot = find_child(a, h, key[d])
         if slot == NULL or slot[0] == 0:
             if a.err:
+                return -1
+            if prepare_pops(a, leaf_bytes(a, kl), grown_bytes(h)) < 0:
                 return -1
             leaf = new_leaf(a, key, kl, val)
             if leaf == 0 or add_child(a, ref, key[d], leaf) < 0:
@@ -515,9 +722,10 @@ cdef void warm_paths(Arena* a, const uint8_t* rows, Py_ssize_t stride, uint32_t 
     """Cache-warming hint: walk up to WARM_GROUP descents in lock-step, prefetching each lane's
     next node, so their memory misses overlap instead of queueing one descent after another.
 
-    Purely a hint: it changes nothing and clears any error it meets (the real operation that
-    follows re-walks the now-cached path with full checks). In prefix mode it also prefetches the
-    children of each prefix's subtree root, where the scan will start.
+    Purely a hint: it changes nothing, clears any error it meets and stops at a chunk not yet
+    verified (the real operation that follows re-walks the now-cached path with full checks). In
+    prefix mode it also prefetches the children of each prefix's subtree root, where the scan
+    will start.
     """
     cdef uint64_t cur[WARM_GROUP]
     cdef uint32_t dep[WARM_GROUP]
@@ -539,7 +747,7 @@ cdef void warm_paths(Arena* a, const uint8_t* rows, Py_ssize_t stride, uint32_t 
             if n == 0 or (n & 1):
                 cur[i] = 0
                 continue
-            h = node_at(a, n)
+            h = node_peek(a, n)
             if h == NULL:
                 cur[i] = 0
                 continue
@@ -573,7 +781,7 @@ cdef enum:
 cdef void prefetch_subtree(Arena* a, uint64_t root) noexcept nogil:
     """Cache-warming hint: breadth-first over the first PREFETCH_NODES inner nodes of a subtree,
     prefetching every child, so a scan's leaf misses overlap level by level instead of one
-    node at a time. Changes nothing; clears any error it meets."""
+    node at a time. Changes nothing; clears any error it meets; stops at an unverified chunk."""
     cdef uint64_t q[PREFETCH_NODES]
     cdef int head = 0, tail = 1, pos
     cdef int saved = a.err
@@ -581,7 +789,7 @@ cdef void prefetch_subtree(Arena* a, uint64_t root) noexcept nogil:
     cdef Hdr* h
     q[0] = root
     while head < tail:
-        h = node_at(a, q[head])
+        h = node_peek(a, q[head])
         head += 1
         if h == NULL:
             break
@@ -626,6 +834,20 @@ cdef int64_t collect_prefix(Arena* a, const uint8_t* pre, uint32_t plen, int64_t
             return -1
         k += 1
     return k
+
+
+cdef int touch_subtree(Arena* a, uint64_t root) noexcept nogil:
+    """Dereference every node and leaf under inner node ``root`` (verifying their chunks) without
+    changing anything; 0, or -1 (a.err) on corruption or a checksum mismatch."""
+    cdef Iter it
+    cdef uint64_t c
+    iter_init(a, &it, root)
+    while True:
+        c = iter_next(a, &it)
+        if c == 0:
+            return -1 if a.err else 0
+        if leaf_at(a, c) == NULL:
+            return -1
 
 
 cdef int64_t free_subtree(Arena* a, uint64_t root) noexcept nogil:
@@ -700,6 +922,62 @@ cdef void write_header(uint8_t* base, uint32_t value_size) noexcept nogil:
 cdef char* FORMAT_B = "B"
 
 
+cdef object _header_problem(const uint8_t* base, uint64_t nbytes, uint32_t value_size):
+    """Why the 64-byte arena header at ``base`` is not this module's for ``value_size``, or None."""
+    cdef uint32_t vs
+    if nbytes < ARENA_HEADER_BYTES:
+        return f"buffer of {nbytes} bytes is smaller than the {ARENA_HEADER_BYTES}-byte arena header"
+    if memcmp(base, b"QUILLART", 8) != 0:
+        return "buffer does not start with the arena magic b'QUILLART'"
+    if (<uint32_t*>(base + 12))[0] != 0x01020304:
+        return "arena byte order does not match this machine"
+    if (<uint32_t*>(base + 8))[0] != FORMAT_VERSION or (<uint32_t*>(base + 20))[0] != MAX_PREFIX:
+        return f"unsupported arena format version {(<uint32_t*>(base + 8))[0]}"
+    vs = (<uint32_t*>(base + 16))[0]
+    if vs != value_size:
+        return f"meta value_size {value_size} does not match the arena header's {vs}"
+    return None
+
+
+cdef uint32_t _chunk_shift(object chunk_bytes) except 0:
+    """log2 of ``chunk_bytes``: an int that is a power of two in 4 KiB..16 MiB."""
+    cdef object v
+    if isinstance(chunk_bytes, bool):
+        raise TypeError("chunk_bytes must be an int, got bool")
+    try:
+        v = operator.index(chunk_bytes)
+    except TypeError:
+        raise TypeError(f"chunk_bytes must be an int, got {type(chunk_bytes).__name__}") from None
+    if not (1 << MIN_CHUNK_SHIFT) <= v <= (1 << MAX_CHUNK_SHIFT) or v & (v - 1):
+        raise ValueError(f"chunk_bytes must be a power of two in {1 << MIN_CHUNK_SHIFT}.."
+                         f"{1 << MAX_CHUNK_SHIFT}, got {v}")
+    return <uint32_t>(v.bit_length() - 1)
+
+
+def _crc32c(buffer, impl="auto"):
+    """CRC-32C of a buffer's bytes (as ``crc32c.crc32c``). ``impl``: "auto" (what the arena uses),
+    "sse42" (ValueError where the CPU lacks it) or "portable" (slicing-by-8). For tests."""
+    cdef Py_buffer view
+    cdef int which
+    cdef uint32_t r
+    if impl == "auto":
+        which = 0
+    elif impl == "sse42":
+        if not qart_crc_hw_ok:
+            raise ValueError("impl 'sse42': this CPU (or build) has no SSE4.2 CRC-32C instruction")
+        which = 1
+    elif impl == "portable":
+        which = 2
+    else:
+        raise ValueError(f"impl must be 'auto', 'sse42' or 'portable', got {impl!r}")
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    try:
+        r = qart_crc32c_impl(0, <const uint8_t*>view.buf, <size_t>view.len, which)
+    finally:
+        PyBuffer_Release(&view)
+    return r
+
+
 cdef str _corrupt_msg():
     return ("corrupt arena: an offset or node field is out of range "
             "(was this tree attached to damaged bytes?)")
@@ -769,6 +1047,9 @@ cdef class ArtCore:
     cdef Py_buffer view
     cdef int exports      # live arena_view() exports; the arena must not move while > 0
     cdef int busy         # > 0 while results are being built from raw offsets
+    # No Python-object fields: they would make the type GC-tracked, and Cython's generated tp_clear
+    # would then drop view.obj without releasing the buffer (the exporter dies with exports > 0).
+    cdef bint header_bad  # a lazily checked header passed its checksum but was refused
 
     def __cinit__(self, *args, **kwargs):
         # Always a valid (empty, key-only) tree, even if __init__ is never run (cls.__new__).
@@ -817,6 +1098,97 @@ cdef class ArtCore:
             self.has_view = False
         self.a.base = NULL
         self.owned = False
+        self._drop_chunks()
+
+    cdef void _drop_chunks(self) noexcept:
+        """Forget the chunk checksum table (the arena it described is gone or was reset)."""
+        free(self.a.chunk_bits)
+        free(self.a.chunk_crc)
+        self.a.chunk_bits = NULL
+        self.a.chunk_crc = NULL
+        self.a.lazy_end = 0
+        self.a.table_end = 0
+        self.a.num_chunks = 0
+        self.a.chunks_verified = 0
+        self.a.bad_chunk = 0
+        self.a.chunk_shift = 0
+        self.a.gate = 0
+        self.header_bad = False
+
+    # -- lazy chunk verification ---------------------------------------------------------
+
+    cdef str _checksum_msg(self):
+        cdef uint64_t c = self.a.bad_chunk
+        cdef uint64_t lo = c << self.a.chunk_shift
+        cdef uint64_t hi = lo + (<uint64_t>1 << self.a.chunk_shift)
+        if self.header_bad:
+            return ("corrupt arena: the header passes its checksum but is refused ("
+                    f"{_header_problem(self.a.base, self.a.used, self.a.value_size)})")
+        if hi > self.a.table_end:
+            hi = self.a.table_end
+        return f"corrupt arena: chunk {c} (bytes {lo}..{hi - 1}) checksum mismatch"
+
+    cdef int _gate_slow(self) except -1:
+        """Run when ``a.gate`` is set: refuse a corrupt arena; verify and check a lazily attached
+        header before the first operation uses the arena."""
+        if self.a.gate & GATE_CORRUPT:
+            self.a.err = E_OK
+            raise ValueError(self._checksum_msg())
+        if self.a.gate & GATE_HEADER:
+            if need_chunks(&self.a, 0, ARENA_HEADER_BYTES, False) < 0:
+                self.a.err = E_OK
+                raise ValueError(self._checksum_msg())
+            if _header_problem(self.a.base, self.a.used, self.a.value_size) is not None:
+                self.a.gate |= GATE_CORRUPT
+                self.header_bad = True
+                raise ValueError(self._checksum_msg())
+            self.a.gate &= ~GATE_HEADER
+        return 0
+
+    cdef int _verify_pending(self) except -1:
+        """Verify every chunk not verified yet; returns how many were checksummed."""
+        cdef uint64_t c, before
+        if self.a.gate:
+            self._gate_slow()
+        before = self.a.chunks_verified
+        if self.a.lazy_end:
+            for c in range(self.a.num_chunks):
+                if not chunk_bit(&self.a, c) and check_chunk(&self.a, c) < 0:
+                    self.a.err = E_OK
+                    raise ValueError(self._checksum_msg())
+        return <int>(self.a.chunks_verified - before)
+
+    def verify_all_chunks(self):
+        """Checksum every chunk not verified yet (ValueError on a mismatch); returns how many."""
+        return self._verify_pending()
+
+    def chunk_crcs(self, chunk_bytes=65536):
+        """CRC-32C of each ``chunk_bytes`` chunk of the used arena (the last may be short), as
+        uint32[ceil(used / chunk_bytes)]: the table ``attach(..., chunk_crcs=)`` checks against.
+
+        A lazily attached arena is fully verified first, so a table is never computed over
+        bytes that failed (or never passed) their checksum.
+        """
+        cdef uint32_t shift = _chunk_shift(chunk_bytes)
+        cdef uint64_t n, i, lo, hi, cb = <uint64_t>1 << shift
+        self._verify_pending()
+        n = (self.a.used + cb - 1) >> shift
+        out = np.empty(n, dtype=np.uint32)
+        cdef uint32_t[::1] o = out
+        for i in range(n):
+            lo = i << shift
+            hi = lo + cb if lo + cb < self.a.used else self.a.used
+            o[i] = qart_crc32c(0, self.a.base + lo, hi - lo)
+        return out
+
+    def _chunk_bitmap(self):
+        """Verified flag per chunk (bool[chunks_total]); for tests."""
+        out = np.zeros(self.a.num_chunks, dtype=np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef uint64_t c
+        for c in range(self.a.num_chunks):
+            o[c] = chunk_bit(&self.a, c)
+        return out
 
     # -- arena management ----------------------------------------------------------------
 
@@ -860,6 +1232,8 @@ cdef class ArtCore:
     cdef int _fail(self, Py_ssize_t key_len) except -1:
         cdef int e = self.a.err
         self.a.err = E_OK
+        if e == E_CHECKSUM or self.a.gate & GATE_CORRUPT:
+            raise ValueError(self._checksum_msg())
         if e == E_PREFIX:
             raise ValueError(
                 f"key of length {key_len} conflicts with an existing key of length "
@@ -904,8 +1278,7 @@ cdef class ArtCore:
             for i in range(start, buf.n):
                 lf = leaf_at(&self.a, buf.data[i])
                 if lf == NULL:
-                    self.a.err = E_OK
-                    raise ValueError(_corrupt_msg())
+                    self._fail(0)
                 k = PyBytes_FromStringAndSize(<char*>lf + 1, lf[0])
                 v = PyBytes_FromStringAndSize(<char*>lf + 1 + lf[0], self.a.value_size)
                 pair = PyTuple_New(2)
@@ -926,6 +1299,8 @@ cdef class ArtCore:
         cdef Py_ssize_t kl = self._key_len(key, "key", 1)
         cdef int r
         self._check_value(value)
+        if self.a.gate:
+            self._gate_slow()
         self._reserve(leaf_bytes(&self.a, <uint32_t>kl) + INSERT_SLACK_BYTES)
         r = art_insert(&self.a, <const uint8_t*>PyBytes_AS_STRING(key), <uint32_t>kl,
                        <const uint8_t*>PyBytes_AS_STRING(value))
@@ -937,6 +1312,8 @@ cdef class ArtCore:
         """The value stored under key, or None."""
         cdef Py_ssize_t kl = self._key_len(key, "key", 1)
         cdef uint64_t leaf
+        if self.a.gate:
+            self._gate_slow()
         leaf = art_lookup(&self.a, <const uint8_t*>PyBytes_AS_STRING(key), <uint32_t>kl)
         if leaf == 0:
             if self.a.err:
@@ -947,6 +1324,8 @@ cdef class ArtCore:
     def __contains__(self, key):
         cdef Py_ssize_t kl = self._key_len(key, "key", 1)
         cdef uint64_t leaf
+        if self.a.gate:
+            self._gate_slow()
         leaf = art_lookup(&self.a, <const uint8_t*>PyBytes_AS_STRING(key), <uint32_t>kl)
         if leaf == 0 and self.a.err:
             self._fail(kl)
@@ -956,6 +1335,8 @@ cdef class ArtCore:
         """Remove key; True if it was present."""
         cdef Py_ssize_t kl = self._key_len(key, "key", 1)
         cdef int r
+        if self.a.gate:
+            self._gate_slow()
         self._reserve(INSERT_SLACK_BYTES)
         r = art_remove(&self.a, <const uint8_t*>PyBytes_AS_STRING(key), <uint32_t>kl)
         if r < 0:
@@ -973,6 +1354,8 @@ cdef class ArtCore:
         cdef int64_t lim = -1 if limit is None else _check_limit(limit)
         cdef qart_offbuf buf
         cdef int64_t k
+        if self.a.gate:
+            self._gate_slow()
         qart_buf_init(&buf)
         try:
             k = collect_prefix(&self.a, <const uint8_t*>PyBytes_AS_STRING(prefix), <uint32_t>plen,
@@ -987,6 +1370,8 @@ cdef class ArtCore:
         """Number of keys that start with prefix."""
         cdef Py_ssize_t plen = self._key_len(prefix, "prefix", 0)
         cdef int64_t k
+        if self.a.gate:
+            self._gate_slow()
         if plen == 0:
             return self.a.num_leaves
         k = collect_prefix(&self.a, <const uint8_t*>PyBytes_AS_STRING(prefix), <uint32_t>plen,
@@ -1003,6 +1388,8 @@ cdef class ArtCore:
         cdef uint64_t ml, n
         cdef uint8_t* lf
         cdef int64_t k
+        if self.a.gate:
+            self._gate_slow()
         self._reserve(INSERT_SLACK_BYTES)
         if plen == 0:
             n = self.a.num_leaves
@@ -1018,6 +1405,10 @@ cdef class ArtCore:
             self._fail(plen)
         if lf[0] < plen or memcmp(lf + 1, p, plen) != 0:
             return 0
+        # Lazy checksums: verify the whole doomed subtree before unlinking or freeing any of it,
+        # so a mismatch leaves the tree untouched.
+        if self.a.lazy_end and (hit.target & 1) == 0 and touch_subtree(&self.a, hit.target) < 0:
+            self._fail(plen)
         if hit.parent == NULL:
             self.a.root = 0
         elif remove_child(&self.a, hit.parent_ref, hit.byte, hit.ref) < 0:
@@ -1029,6 +1420,7 @@ cdef class ArtCore:
 
     cdef void _reset(self) noexcept:
         cdef int i
+        self._drop_chunks()  # every old byte is discarded; new objects need no verification
         self.a.used = ARENA_HEADER_BYTES
         self.a.root = 0
         self.a.num_leaves = 0
@@ -1047,6 +1439,8 @@ cdef class ArtCore:
         cdef Py_ssize_t slen = 0 if start is None else PyBytes_GET_SIZE(start)
         if slen > 255:
             raise ValueError(f"start key length must be in 0..255 bytes, got {slen}")
+        if self.a.gate:
+            self._gate_slow()
         if start is None or slen == 0:
             iter_init(&self.a, &it, self.a.root)
         elif iter_seek(&self.a, &it, <const uint8_t*>PyBytes_AS_STRING(start), <uint32_t>slen,
@@ -1083,6 +1477,8 @@ cdef class ArtCore:
             raise ValueError(f"values must have shape ({n}, {vs}), got ({values.shape[0]}, {values.shape[1]})")
         if n == 0:
             return 0
+        if self.a.gate:
+            self._gate_slow()
         need = leaf_bytes(&self.a, <uint32_t>kl) + INSERT_SLACK_BYTES
         for g in range(0, n, WARM_GROUP):
             warm_paths(&self.a, &keys[g, 0], kl, <uint32_t>kl, min(WARM_GROUP, n - g), False)
@@ -1108,6 +1504,8 @@ cdef class ArtCore:
         values = np.zeros((n, vs), dtype=np.uint8)
         if n == 0:
             return found, values
+        if self.a.gate:
+            self._gate_slow()
         cdef uint8_t[::1] f = found.view(np.uint8)
         cdef uint8_t[:, ::1] v = values
         for g in range(0, n, WARM_GROUP):
@@ -1140,6 +1538,8 @@ cdef class ArtCore:
             raise ValueError(f"prefix length must be in 0..255 bytes, got {plen}")
         if key_len > 255:
             raise ValueError(f"key_len must be in 1..255, got {key_len}")
+        if self.a.gate:
+            self._gate_slow()
         offsets = np.zeros(n + 1, dtype=np.int64)
         cdef int64_t[::1] o = offsets
         qart_buf_init(&buf)
@@ -1203,6 +1603,8 @@ cdef class ArtCore:
         cdef Py_ssize_t* shape_strides
         if flags & PyBUF_WRITABLE:
             raise BufferError("the arena view is read-only")
+        if self.a.gate or self.a.lazy_end:
+            self._verify_pending()  # an export hands out every byte: all must be verified
         shape_strides = <Py_ssize_t*>malloc(2 * sizeof(Py_ssize_t))
         if shape_strides == NULL:
             raise MemoryError()
@@ -1258,19 +1660,32 @@ cdef class ArtCore:
             "arena_capacity_bytes": self.a.capacity,
             "free_list_bytes": self.a.free_bytes,
             "free_list_blocks": self.a.free_blocks,
+            "chunks_total": self.a.num_chunks,
+            "chunks_verified": self.a.chunks_verified,
         }
 
-    def _attach(self, buffer, uint64_t root, dict meta):
-        """Replace this (fresh) tree's arena by ``buffer``; O(1) checks, no tree walk."""
+    def _attach(self, buffer, uint64_t root, dict meta, chunk_crcs=None, chunk_bytes=65536):
+        """Replace this (fresh) tree's arena by ``buffer``; O(1) checks, no tree walk.
+
+        With ``chunk_crcs`` (uint32, one CRC-32C per ``chunk_bytes`` chunk of the used bytes) the
+        arena bytes are not read at all here: the header and the root are checked, and every
+        chunk checksummed, when an operation first uses them.
+        """
         cdef Py_buffer view
         cdef bint writable = True
+        cdef bint lazy = chunk_crcs is not None
         cdef uint8_t* base
-        cdef uint64_t used, size, head
-        cdef uint32_t vs
-        cdef int c
+        cdef uint64_t used, size, head, c, nwords, nchunks = 0, r
+        cdef uint32_t vs, shift = 0
+        cdef const uint32_t[::1] crcs
+        cdef uint64_t* bits = NULL
+        cdef uint32_t* table = NULL
         cdef Arena probe
         if self.a.num_leaves or self.a.used != ARENA_HEADER_BYTES or self.exports:
             raise RuntimeError("_attach must be called on a fresh, empty ArtCore")
+        if lazy:
+            shift = _chunk_shift(chunk_bytes)
+            crcs = chunk_crcs
         try:
             PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
         except (BufferError, TypeError):
@@ -1278,21 +1693,24 @@ cdef class ArtCore:
             PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
         try:
             base = <uint8_t*>view.buf
+            if not 0 <= meta["value_size"] <= 255:
+                raise ValueError(f"meta value_size must be in 0..255, got {meta['value_size']}")
+            vs = meta["value_size"]
             if view.len < ARENA_HEADER_BYTES:
                 raise ValueError(f"buffer of {view.len} bytes is smaller than the {ARENA_HEADER_BYTES}-byte arena header")
-            if memcmp(base, b"QUILLART", 8) != 0:
-                raise ValueError("buffer does not start with the arena magic b'QUILLART'")
-            if (<uint32_t*>(base + 12))[0] != 0x01020304:
-                raise ValueError("arena byte order does not match this machine")
-            if (<uint32_t*>(base + 8))[0] != FORMAT_VERSION or (<uint32_t*>(base + 20))[0] != MAX_PREFIX:
-                raise ValueError(f"unsupported arena format version {(<uint32_t*>(base + 8))[0]}")
-            vs = (<uint32_t*>(base + 16))[0]
-            if vs > 255 or meta["value_size"] != vs:
-                raise ValueError(f"meta value_size {meta['value_size']} does not match the arena header's {vs}")
+            if not lazy:  # (lazily: before the first operation, once its chunk is verified)
+                problem = _header_problem(base, <uint64_t>view.len, vs)
+                if problem is not None:
+                    raise ValueError(problem)
             used = meta["arena_used_bytes"]
             if used < ARENA_HEADER_BYTES or used % 8 or used > <uint64_t>view.len:
                 raise ValueError(f"arena_used_bytes {used} must be a multiple of 8 in "
                                  f"{ARENA_HEADER_BYTES}..{view.len} (the buffer size)")
+            if lazy:
+                nchunks = (used + (<uint64_t>1 << shift) - 1) >> shift
+                if <uint64_t>crcs.shape[0] != nchunks:
+                    raise ValueError(f"chunk_crcs has {crcs.shape[0]} entries but arena_used_bytes {used} "
+                                     f"in chunks of {1 << shift} bytes needs {nchunks}")
             memset(&probe, 0, sizeof(Arena))
             probe.base = base
             probe.used = used
@@ -1308,7 +1726,13 @@ cdef class ArtCore:
             if (root == 0) != (probe.num_leaves == 0):
                 raise ValueError(f"root_offset {root} is inconsistent with num_leaves {probe.num_leaves}")
             if root != 0:
-                if (root & 1 and leaf_at(&probe, root) == NULL) or ((root & 1) == 0 and node_at(&probe, root) == NULL):
+                r = root & ~(<uint64_t>1)
+                if lazy:  # offsets only: the root's bytes are checked when first used
+                    bad_root = r % 8 or r < ARENA_HEADER_BYTES or r >= used
+                else:
+                    bad_root = ((root & 1 and leaf_at(&probe, root) == NULL)
+                                or ((root & 1) == 0 and node_at(&probe, root) == NULL))
+                if bad_root:
                     raise ValueError(f"root_offset {root} does not name a node or leaf inside the "
                                      f"{used} used arena bytes")
             min_bytes = (meta["num_leaves"] * 8 + meta["num_node4"] * 64 + meta["num_node16"] * 168
@@ -1329,7 +1753,29 @@ cdef class ArtCore:
                 if head % 8 or head < ARENA_HEADER_BYTES or head >= used or used - head < size:
                     raise ValueError(f"meta {name}: free-list head {head} lies outside the {used} used arena bytes")
                 probe.free_heads[size >> 3] = head
+            if lazy:
+                # Bitmap with one spare word: bits num_chunks.. are set, so an object straddling
+                # the end of the table (at most one chunk further) tests a valid, set bit.
+                nwords = (nchunks >> 6) + 2
+                bits = <uint64_t*>malloc(nwords * sizeof(uint64_t))
+                table = <uint32_t*>malloc(nchunks * sizeof(uint32_t))
+                if bits == NULL or table == NULL:
+                    raise MemoryError(f"cannot allocate the table of {nchunks} chunk checksums")
+                memset(bits, 0, nwords * sizeof(uint64_t))
+                for c in range(nchunks, nwords * 64):
+                    bits[c >> 6] |= <uint64_t>1 << (c & 63)
+                for c in range(nchunks):
+                    table[c] = crcs[c]
+                probe.chunk_bits = bits
+                probe.chunk_crc = table
+                probe.num_chunks = nchunks
+                probe.chunk_shift = shift
+                probe.table_end = used
+                probe.lazy_end = used
+                probe.gate = GATE_HEADER
         except BaseException:
+            free(bits)
+            free(table)
             PyBuffer_Release(&view)
             raise
         self._drop_storage()
@@ -1341,7 +1787,8 @@ cdef class ArtCore:
         self.owned = False
         self.writable = writable
         if (<uintptr_t>base) % 8:
-            # Misaligned buffer: copy now so every node access stays aligned.
+            # Misaligned buffer: copy now so every node access stays aligned (offsets, and so
+            # the chunk table, are unchanged).
             self.writable = False
             self._relocate(0)
         return self
@@ -1369,9 +1816,13 @@ cdef class ArtCore:
         cdef uint64_t* children
         memset(counts, 0, sizeof(counts))
         a.err = E_OK
+        if a.gate:
+            self._gate_slow()
 
         def bad(msg):
             a.err = E_OK
+            if a.gate & GATE_CORRUPT:  # a chunk failed its checksum on the way
+                raise ValueError(self._checksum_msg())
             raise ValueError(f"ART invariant violated: {msg}")
 
         c = a.root
@@ -1482,6 +1933,8 @@ cdef class ArtCore:
             while head:
                 if budget == 0 or head % 8 or head < ARENA_HEADER_BYTES or head >= a.used or a.used - head < <uint64_t>i * 8:
                     bad(f"free list of {i * 8}-byte blocks is malformed at {head}")
+                if need_chunks(a, head, head + <uint64_t>i * 8, False) < 0:
+                    bad(f"free block at {head}")
                 budget -= 1
                 fb += <uint64_t>i * 8
                 fblocks += 1

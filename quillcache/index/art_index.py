@@ -13,8 +13,12 @@ disk (checkpoint at LSN c, WAL holding LSNs ≤ c or continuing at c+1) describe
 acknowledged batch.
 
 Recovery (``open``): read and verify the checkpoint header (crc32c), ``mmap`` the file
-copy-on-write, verify each arena's crc32c and attach the trees in O(1) — no rebuild, no walk —
-then replay the WAL records past the checkpoint LSN. A torn WAL tail (a crash during an
+copy-on-write and attach the trees in O(1) — no rebuild, no walk, no read of the arenas — then
+replay the WAL records past the checkpoint LSN. The checkpoint stores a CRC-32C per chunk
+of each arena (16 KiB chunks); with ``verify_checkpoint="lazy"`` (default) the tree verifies a chunk the first
+time any operation touches it (RocksDB-style per-block checks), so a damaged chunk raises
+:class:`IndexCorruptionError` before any answer is built from it; ``"eager"`` verifies every chunk
+at open. A torn WAL tail (a crash during an
 unacknowledged append) is dropped; damage that is not a torn tail (a valid record after a bad
 one, a bad checkpoint crc, a gap in LSNs) is refused with :class:`IndexCorruptionError` naming the
 file and offset, and no file is modified.
@@ -28,6 +32,7 @@ time, never data.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -47,11 +52,28 @@ CHECKPOINT = "art.ckpt"
 WAL = "art.wal"
 _CKPT_MAGIC = b"QCARTCK1"
 _PAGE = 4096
+CHUNK_BYTES = 16 << 10
 _BATCH_COUNTS = struct.Struct("<II")
 
 
 class IndexCorruptionError(NotAnIndexError):
     """The on-disk state is damaged in a way recovery must not guess about."""
+
+
+def _corruption_guard(fn):
+    """Turn the tree's ``ValueError("corrupt arena ...")`` (a chunk failed its checksum when first
+    touched, or a structural check failed) into :class:`IndexCorruptionError` naming the index."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except ValueError as exc:
+            if "corrupt arena" in str(exc):
+                raise IndexCorruptionError(f"{self.path}: {exc}") from None
+            raise
+
+    return wrapper
 
 
 def _round_up(n: int, to: int = _PAGE) -> int:
@@ -99,10 +121,12 @@ class ArtIndex(IndexBackend):
         checkpoint_wal_ratio: float = 4.0,
         checkpoint_min_wal_bytes: int = 64 << 20,
         wal_recovery: str = "point_in_time",
-        verify_checkpoint: bool = True,
+        verify_checkpoint: str = "lazy",
         initial_arena_bytes: int = 1 << 20,
     ) -> None:
         super().__init__(path)
+        if verify_checkpoint not in ("lazy", "eager"):
+            raise ValueError(f"verify_checkpoint must be 'lazy' or 'eager', got {verify_checkpoint!r}")
         if not checkpoint_wal_ratio > 0:
             raise ValueError(f"checkpoint_wal_ratio must be > 0, got {checkpoint_wal_ratio}")
         self.checkpoint_wal_ratio = checkpoint_wal_ratio
@@ -121,7 +145,7 @@ class ArtIndex(IndexBackend):
         self._load_node_table()
 
     # ---- opening and recovery ----------------------------------------------------------------
-    def _open_dir(self, wal_recovery: str, verify: bool) -> None:
+    def _open_dir(self, wal_recovery: str, verify: str) -> None:
         d = self.path
         assert d is not None
         if d.exists() and not d.is_dir():
@@ -163,7 +187,7 @@ class ArtIndex(IndexBackend):
         else:
             self._wal = WalWriter.reopen(wal, report)
 
-    def _load_checkpoint(self, ckpt: Path, verify: bool) -> None:
+    def _load_checkpoint(self, ckpt: Path, verify: str) -> None:
         try:
             fh = open(ckpt, "rb")
         except OSError as exc:
@@ -194,16 +218,19 @@ class ArtIndex(IndexBackend):
         built = []
         for name, t in zip(("primary", "secondary"), trees):
             region = view[t["offset"] : t["offset"] + t["len"]]
-            if verify and _crc.crc32c(region) != t["crc"]:
-                raise IndexCorruptionError(f"{ckpt}: {name} arena checksum mismatch")
             try:
-                built.append(ArtTree.attach(region, t["root"], t["meta"]))
-            except (ValueError, TypeError) as exc:
-                raise IndexCorruptionError(f"{ckpt}: {name} arena does not attach ({exc})") from None
+                crcs = np.frombuffer(t["chunk_crcs"], dtype="<u4")
+                tree = ArtTree.attach(region, t["root"], t["meta"], chunk_crcs=crcs, chunk_bytes=t["chunk_bytes"])
+                if verify == "eager":
+                    tree.verify_all_chunks()
+            except (ValueError, TypeError, KeyError) as exc:
+                raise IndexCorruptionError(f"{ckpt}: {name} arena: {exc}") from None
+            built.append(tree)
         self._primary, self._secondary = built
         self._names = names
 
     # ---- applying batches --------------------------------------------------------------------
+    @_corruption_guard
     def _apply(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
         prim_k, prim_v, sec_k = [], [], []
         for k, v in puts:
@@ -246,11 +273,17 @@ class ArtIndex(IndexBackend):
         # The point-lookup hot path: one validated scan of the 9-byte block prefix.
         if self._closed:
             self._check_open()
-        return self._primary.scan_prefix(K.block_prefix(block_hash))
+        try:
+            return self._primary.scan_prefix(K.block_prefix(block_hash))
+        except ValueError as exc:
+            if "corrupt arena" in str(exc):
+                raise IndexCorruptionError(f"{self.path}: {exc}") from None
+            raise
 
     def _tree_for(self, fam: bytes) -> ArtTree | None:
         return self._primary if fam == K.PRIMARY else self._secondary if fam == K.SECONDARY else None
 
+    @_corruption_guard
     def _raw_get(self, key: bytes) -> bytes | None:
         if key[:1] == K.NODE_NAME:
             return self._names.get(key)
@@ -260,6 +293,7 @@ class ArtIndex(IndexBackend):
     def _names_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         return sorted((k, v) for k, v in self._names.items() if k.startswith(prefix))
 
+    @_corruption_guard
     def _raw_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         if not prefix:
             return self._primary.scan_prefix(b"") + self._names_scan(b"") + self._secondary.scan_prefix(b"")
@@ -273,10 +307,12 @@ class ArtIndex(IndexBackend):
             return np.ascontiguousarray(prefixes, dtype=np.uint8)
         return np.frombuffer(b"".join(prefixes), dtype=np.uint8).reshape(len(prefixes), K.BLOCK_PREFIX_BYTES)
 
+    @_corruption_guard
     def _raw_scan_many_packed(self, prefixes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         keys, values, offsets = self._primary.scan_prefix_batch(self._prefix_matrix(prefixes), K.KEY_BYTES)
         return keys, values, np.diff(offsets)
 
+    @_corruption_guard
     def _raw_scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
         if len(prefixes) < 8 or not all(len(p) == K.BLOCK_PREFIX_BYTES and p[:1] == K.PRIMARY for p in prefixes):
             return [self._raw_scan(p) for p in prefixes]  # a few scans: the single-scan path is cheaper
@@ -307,14 +343,21 @@ class ArtIndex(IndexBackend):
         if self._wal is None:
             return
         lsn = self._wal.sync()
+        for tree in (self._primary, self._secondary):
+            # never bless unverified bytes: every chunk passes its old checksum before new ones are taken
+            try:
+                tree.verify_all_chunks()
+            except ValueError as exc:
+                raise IndexCorruptionError(f"{self.path}: refusing to checkpoint: {exc}") from None
         d = self.path
         assert d is not None
         trees = []
         offset = _PAGE
         for tree in (self._primary, self._secondary):
-            with tree.arena_view() as v:
-                trees.append({"offset": 0, "len": v.nbytes, "crc": _crc.crc32c(v),
-                              "root": tree.root_offset, "meta": tree.export_meta()})
+            crcs = tree.chunk_crcs(CHUNK_BYTES)
+            trees.append({"offset": 0, "len": tree.arena_used_bytes, "chunk_bytes": CHUNK_BYTES,
+                          "chunk_crcs": crcs.astype("<u4").tobytes(), "root": tree.root_offset,
+                          "meta": tree.export_meta()})
         meta_probe = {"lsn": lsn, "primary": trees[0], "secondary": trees[1], "names": sorted(self._names.items())}
         head_len = 16 + len(msgpack.packb(meta_probe, use_bin_type=True)) + 64
         offset = _round_up(head_len)
