@@ -273,8 +273,12 @@ class ArtIndex(IndexBackend):
         # The point-lookup hot path: one validated scan of the 9-byte block prefix.
         if self._closed:
             self._check_open()
+        if type(block_hash) is int and 0 <= block_hash <= K.U64_MAX:
+            prefix = K.PRIMARY + block_hash.to_bytes(8, "big")
+        else:
+            prefix = K.block_prefix(block_hash)  # validates (numpy ints, range) and names the value
         try:
-            return self._primary.scan_prefix(K.block_prefix(block_hash))
+            return self._primary.scan_prefix(prefix)
         except ValueError as exc:
             if "corrupt arena" in str(exc):
                 raise IndexCorruptionError(f"{self.path}: {exc}") from None
