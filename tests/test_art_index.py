@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import signal
 import struct
 import subprocess

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 from sortedcontainers import SortedDict
 
-from quillcache.index import keys as K
 from quillcache.index.flat import FlatIndex
 
 
