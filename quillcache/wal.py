@@ -294,7 +294,3 @@ class WalWriter:
             self._fh.close()
             self._fh = None
 
-
-def iter_payloads(records: list[tuple[int, bytes]], after_lsn: int) -> Iterator[tuple[int, bytes]]:
-    """Records with lsn > after_lsn, in order."""
-    return ((lsn, p) for lsn, p in records if lsn > after_lsn)

@@ -356,7 +356,6 @@ class ArtIndex(IndexBackend):
         d = self.path
         assert d is not None
         trees = []
-        offset = _PAGE
         for tree in (self._primary, self._secondary):
             crcs = tree.chunk_crcs(CHUNK_BYTES)
             trees.append({"offset": 0, "len": tree.arena_used_bytes, "chunk_bytes": CHUNK_BYTES,
