@@ -369,6 +369,12 @@ class ArtReference:
             hi = min(hi, lo + lim)
         return [(k, self._data[k]) for k in self._keys[lo:hi]]
 
+    def scan_u64_prefix(self, head: int, number: int) -> list[tuple[bytes, bytes]]:
+        """``scan_prefix(bytes([head]) + number.to_bytes(8, "big"))``; OverflowError out of range."""
+        if not (0 <= head <= 0xFF and 0 <= number <= 0xFFFFFFFFFFFFFFFF):
+            raise OverflowError(f"head={head} or number={number} out of range for u8/u64")
+        return self.scan_prefix(bytes([head]) + number.to_bytes(8, "big"))
+
     def count_prefix(self, prefix: bytes) -> int:
         lo, hi = self._prefix_range(prefix)
         return hi - lo

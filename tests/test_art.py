@@ -140,6 +140,13 @@ class ArtMachine(RuleBasedStateMachine):
         self.same("count_prefix", prefix)
 
     @rule(data=st.data())
+    def scan_u64(self, data: st.DataObject) -> None:
+        # The index's point-lookup path: a 1-byte head + a big-endian u64, built in C.
+        key = self.existing(data) if len(self.ref) and data.draw(st.booleans()) else data.draw(family_keys())
+        key = (key + bytes(9))[:9]
+        self.same("scan_u64_prefix", key[0], int.from_bytes(key[1:9], "big"))
+
+    @rule(data=st.data())
     def remove_prefix(self, data: st.DataObject) -> None:
         prefix = self.some_prefix(data)
         if prefix == b"" and data.draw(st.integers(0, 9)):

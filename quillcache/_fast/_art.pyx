@@ -1366,6 +1366,28 @@ cdef class ArtCore:
         finally:
             qart_buf_free(&buf)
 
+    def scan_u64_prefix(self, uint8_t head, uint64_t number):
+        """``scan_prefix(bytes([head]) + number.to_bytes(8, "big"))`` without building the 9-byte
+        prefix in Python: the residency index's point-lookup path. Out-of-range arguments raise
+        OverflowError (callers validate and name the value)."""
+        cdef uint8_t p[9]
+        cdef int i
+        cdef qart_offbuf buf
+        cdef int64_t k
+        if self.a.gate:
+            self._gate_slow()
+        p[0] = head
+        for i in range(8):
+            p[8 - i] = <uint8_t>(number >> (8 * i))
+        qart_buf_init(&buf)
+        try:
+            k = collect_prefix(&self.a, p, 9, -1, &buf, False)
+            if k < 0:
+                self._fail(9)
+            return self._build_items(&buf, 0)
+        finally:
+            qart_buf_free(&buf)
+
     def count_prefix(self, prefix):
         """Number of keys that start with prefix."""
         cdef Py_ssize_t plen = self._key_len(prefix, "prefix", 0)

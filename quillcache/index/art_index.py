@@ -54,6 +54,7 @@ _CKPT_MAGIC = b"QCARTCK1"
 _PAGE = 4096
 CHUNK_BYTES = 16 << 10
 _BATCH_COUNTS = struct.Struct("<II")
+_PRIMARY_BYTE = K.PRIMARY[0]
 
 
 class IndexCorruptionError(NotAnIndexError):
@@ -140,6 +141,7 @@ class ArtIndex(IndexBackend):
         self.replayed_records = 0
         self._primary = ArtTree(K.VALUE_BYTES, initial_arena_bytes=initial_arena_bytes)
         self._secondary = ArtTree(0, initial_arena_bytes=initial_arena_bytes)
+        self._scan_block = self._primary.scan_u64_prefix
         if self.path is not None:
             self._open_dir(wal_recovery, verify_checkpoint)
         self._load_node_table()
@@ -227,6 +229,7 @@ class ArtIndex(IndexBackend):
                 raise IndexCorruptionError(f"{ckpt}: {name} arena: {exc}") from None
             built.append(tree)
         self._primary, self._secondary = built
+        self._scan_block = self._primary.scan_u64_prefix
         self._names = names
 
     # ---- applying batches --------------------------------------------------------------------
@@ -270,13 +273,19 @@ class ArtIndex(IndexBackend):
 
     # ---- reads -------------------------------------------------------------------------------
     def locate_raw(self, block_hash: int) -> list[tuple[bytes, bytes]]:
-        # The point-lookup hot path: one validated scan of the 9-byte block prefix.
-        if self._closed:
-            self._check_open()
-        if type(block_hash) is int and 0 <= block_hash <= K.U64_MAX:
-            prefix = K.PRIMARY + block_hash.to_bytes(8, "big")
-        else:
-            prefix = K.block_prefix(block_hash)  # validates (numpy ints, range) and names the value
+        # The point-lookup hot path: one scan of the 9-byte block prefix, built in C. A Python
+        # int that overflows u64 and every other type fall through to the validating path.
+        if type(block_hash) is int and not self._closed:
+            try:
+                return self._scan_block(_PRIMARY_BYTE, block_hash)
+            except OverflowError:
+                pass
+            except ValueError as exc:
+                if "corrupt arena" in str(exc):
+                    raise IndexCorruptionError(f"{self.path}: {exc}") from None
+                raise
+        self._check_open()
+        prefix = K.block_prefix(block_hash)  # validates (numpy ints, range) and names the value
         try:
             return self._primary.scan_prefix(prefix)
         except ValueError as exc:
@@ -395,7 +404,7 @@ class ArtIndex(IndexBackend):
                 self.checkpoint()
             self._wal.close()
             self._wal = None
-        self._primary = self._secondary = None  # type: ignore[assignment]
+        self._primary = self._secondary = self._scan_block = None  # type: ignore[assignment]
         if self._mm is not None:
             try:
                 self._mm.close()
