@@ -12,9 +12,29 @@ from quillcache.store.errors import (
     StoreFullError,
     TierUnhealthyError,
 )
+from quillcache.store.crashfs import CrashFs
+from quillcache.store.dataplane import DataPlaneStats, StoreDataPlane
+from quillcache.store.dram import DramStoreConfig, LocalKvStore, Location
+from quillcache.store.fs import FileSystem, RealFs
 from quillcache.store.keys import StoreKey
+from quillcache.store.reconcile import ReconcileReport, reconcile_index
+from quillcache.store.ssd import SsdTier
+from quillcache.store.ssd_format import SsdRecoveryReport, SsdTuning
 
 __all__ = [
+    "CrashFs",
+    "DataPlaneStats",
+    "DramStoreConfig",
+    "LocalKvStore",
+    "Location",
+    "StoreDataPlane",
+    "FileSystem",
+    "RealFs",
+    "ReconcileReport",
+    "SsdRecoveryReport",
+    "SsdTier",
+    "SsdTuning",
+    "reconcile_index",
     "BlockExistsError",
     "BlockInUseError",
     "BlockNotFoundError",

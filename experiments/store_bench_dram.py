@@ -1,0 +1,176 @@
+"""DRAM tier put+get throughput vs plain memcpy, same run (issue 4, item 5b).
+
+Subjects, per block size (64 KiB, 2 MiB, 32 MiB; REFERENCE §2), each moving the same number of
+bytes from the same pre-touched, random source blocks:
+
+- ``memcpy`` (baseline): numpy slice assignment of each block into a pre-touched destination
+  buffer the size of the store, at consecutive offsets (wrapping).
+- ``LocalKvStore``: fill the store (``put``: one memcpy into the segment plus the allocator and
+  the key map), read every block back with ``get`` (zero-copy read-only view), then ``delete``
+  all (untimed), until the byte budget is moved. ``put+get`` rate = bytes / (put time + get time).
+  Acceptance: 2 MiB ``put+get`` >= 0.5x memcpy.
+- Also reported: ``get_into`` (copy out into a pre-touched buffer: the consumer's memcpy, so
+  ``put+get_into`` is two copies against the baseline's one) and the same store with
+  ``checksum=True`` (crc32c at put, ``get(verify=True)``).
+
+Rates are GB/s (10^9 bytes) of block payload; each subject's cell is timed as a whole loop with
+``time.perf_counter``; subjects are interleaved within each repetition; medians over ``reps``
+(>= 5 in full mode) with p10/p90 in the notes. Writes ``results/store_dram/summary.csv`` and
+``raw.csv``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from experiments.microbench import bench_main
+from quillcache.results import SummaryRow, spread, write_raw, write_summary
+from quillcache.store.dram import LocalKvStore
+from quillcache.store.keys import StoreKey
+
+NAME = "store_dram"
+GB = 1e9
+SIZES = (64 << 10, 2 << 20, 32 << 20)
+FULL = dict(reps=7, store_bytes=256 << 20, cell_bytes=1 << 30, source_bytes=64 << 20)
+QUICK = dict(reps=3, store_bytes=64 << 20, cell_bytes=64 << 20, source_bytes=32 << 20)
+BASELINE = "numpy memcpy into a pre-touched buffer"
+SEED = 20240611
+
+
+def _label(size: int) -> str:
+    return f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
+
+
+def _sources(size: int, source_bytes: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Random, touched source blocks (at least 2, so no block is copied from itself twice in a row)."""
+    n = max(2, source_bytes // size)
+    return [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+
+
+def _memcpy_cell(dst: np.ndarray, srcs: list[np.ndarray], n_blocks: int) -> float:
+    size = srcs[0].nbytes
+    slots = dst.nbytes // size
+    pc = time.perf_counter
+    t0 = pc()
+    for i in range(n_blocks):
+        off = (i % slots) * size
+        dst[off:off + size] = srcs[i % len(srcs)]
+    return pc() - t0
+
+
+def _store_cell(store: LocalKvStore, keys: list[StoreKey], srcs: list[np.ndarray], n_blocks: int,
+                out: np.ndarray, verify: bool) -> tuple[float, float, float]:
+    """(put seconds, get seconds, get_into seconds) for ``n_blocks`` blocks in store-sized rounds."""
+    per_round = len(keys)
+    put, get, get_into, delete = store.put, store.get, store.get_into, store.delete
+    pc = time.perf_counter
+    t_put = t_get = t_into = 0.0
+    done = 0
+    while done < n_blocks:
+        m = min(per_round, n_blocks - done)
+        ks = keys[:m]
+        t0 = pc()
+        for i, k in enumerate(ks):
+            put(k, srcs[(done + i) % len(srcs)])
+        t1 = pc()
+        for k in ks:
+            get(k, verify=verify)
+        t2 = pc()
+        for k in ks:
+            get_into(k, out)
+        t3 = pc()
+        for k in ks:
+            delete(k)
+        t_put += t1 - t0
+        t_get += t2 - t1
+        t_into += t3 - t2
+        done += m
+    return t_put, t_get, t_into
+
+
+def _check_round_trip(store: LocalKvStore, srcs: list[np.ndarray]) -> None:
+    """The benchmark measures a store that really stores: verify once per configuration."""
+    k = StoreKey(0, b"\x00" * 16)
+    store.put(k, srcs[1])
+    assert bytes(store.get(k)) == srcs[1].tobytes()
+    store.delete(k)
+
+
+def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
+    cfg = QUICK if quick else FULL
+    rng = np.random.default_rng(SEED)
+    raw: list[tuple] = []  # (size_bytes, subject, rep, seconds, bytes)
+    rows: list[SummaryRow] = []
+    store_bytes = cfg["store_bytes"]
+    dst = np.empty(store_bytes, dtype=np.uint8)
+    dst[::4096] = 0  # pre-touched, like the store's segments
+    plain = LocalKvStore(store_bytes, segment_bytes=store_bytes, alignment_bytes=4096)
+    checked = LocalKvStore(store_bytes, segment_bytes=store_bytes, alignment_bytes=4096, checksum=True)
+    table = []
+    for size in SIZES:
+        srcs = _sources(size, cfg["source_bytes"], rng)
+        out = np.empty(size, dtype=np.uint8)
+        out[::4096] = 0
+        n_blocks = max(1, cfg["cell_bytes"] // size)
+        keys = [StoreKey(i + 1, b"\x01" * 16) for i in range(store_bytes // size)]
+        moved = n_blocks * size
+        _check_round_trip(plain, srcs)
+        _check_round_trip(checked, srcs)
+        # warm-up (untimed): first use of every page and code path
+        _memcpy_cell(dst, srcs, min(n_blocks, len(keys)))
+        _store_cell(plain, keys, srcs, min(n_blocks, len(keys)), out, False)
+        per = {s: [] for s in ("memcpy", "put", "get", "get_into", "put+get", "put+get_into",
+                               "crc_put", "crc_get", "crc_put+get")}
+        for rep in range(cfg["reps"]):
+            t_copy = _memcpy_cell(dst, srcs, n_blocks)
+            t_put, t_get, t_into = _store_cell(plain, keys, srcs, n_blocks, out, False)
+            c_put, c_get, _ = _store_cell(checked, keys, srcs, n_blocks, out, True)
+            cells = {"memcpy": t_copy, "put": t_put, "get": t_get, "get_into": t_into, "put+get": t_put + t_get,
+                     "put+get_into": t_put + t_into, "crc_put": c_put, "crc_get": c_get, "crc_put+get": c_put + c_get}
+            for subject, seconds in cells.items():
+                per[subject].append(moved / seconds / GB)
+                raw.append((size, subject, rep, f"{seconds:.6f}", moved))
+        base = spread(per["memcpy"])
+        label = _label(size)
+        descr = {
+            "memcpy": (BASELINE, ""),
+            "put": ("LocalKvStore.put (one memcpy into the segment)", ""),
+            "get": ("LocalKvStore.get (zero-copy read-only view)", ""),
+            "get_into": ("LocalKvStore.get_into (copy out)", ""),
+            "put+get": ("LocalKvStore put + zero-copy get", "acceptance: >= 0.5x memcpy at 2 MiB"),
+            "put+get_into": ("LocalKvStore put + get_into", "two copies vs the baseline's one"),
+            "crc_put": ("LocalKvStore(checksum=True).put (memcpy + crc32c)", ""),
+            "crc_get": ("LocalKvStore(checksum=True).get(verify=True) (crc32c)", ""),
+            "crc_put+get": ("LocalKvStore(checksum=True) put + verified get", ""),
+        }
+        for subject, samples in per.items():
+            sp = spread(samples)
+            what, extra = descr[subject]
+            notes = (f"median of {len(samples)} reps; p10 {sp['p10']:.2f}, p90 {sp['p90']:.2f} GB/s; "
+                     f"{n_blocks} blocks = {moved / GB:.2f} GB per rep; {what}" + (f"; {extra}" if extra else ""))
+            if subject == "memcpy":
+                rows.append(SummaryRow(metric=f"memcpy_GBps_{label}", subject=BASELINE, value=sp["median"],
+                                       unit="GB/s", n=len(samples), notes=notes))
+            else:
+                rows.append(SummaryRow(metric=f"{subject}_GBps_{label}", subject=f"LocalKvStore {subject}",
+                                       value=sp["median"], unit="GB/s", baseline=BASELINE,
+                                       baseline_value=base["median"], n=len(samples), notes=notes))
+            table.append((label, subject, sp["median"], sp["p10"], sp["p90"], sp["median"] / base["median"]))
+    plain.close()
+    checked.close()
+    write_summary(NAME, rows, results_root)
+    write_raw(NAME, "raw.csv", ("block_bytes", "subject", "rep", "seconds", "bytes"), raw, results_root)
+    print(f"{'block':>7} {'subject':<14} {'GB/s':>7} {'p10':>7} {'p90':>7} {'x memcpy':>9}")
+    for label, subject, med, p10, p90, ratio in table:
+        print(f"{label:>7} {subject:<14} {med:7.2f} {p10:7.2f} {p90:7.2f} {ratio:9.2f}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    bench_main(run, __doc__, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""SSD tier sustained put throughput vs raw file baselines at equal durability (issue 4, item 5a).
+
+Every subject writes the same number of blocks of the same size into a fresh directory on the
+local disk (``tempfile.mkdtemp()``), with the durability of an acknowledged SsdTier put: when a
+block (or batch) is counted, its bytes AND its name are durable.
+
+- ``raw_fsync_each``: per block, create a file, write, fsync it, fsync the directory.
+- ``raw_batched``: per batch of ``BATCH`` blocks, create and write the files, fsync each, fsync
+  the directory once (the textbook batched atomic-publish baseline).
+- ``tier_slab_put`` / ``tier_files_put``: ``SsdTier.put`` per block, each layout.
+- ``tier_slab_put_many`` / ``tier_files_put_many``: ``SsdTier.put_many`` of ``BATCH`` blocks.
+
+Rates are MB/s (10^6 bytes) of block payload over the whole timed loop, which includes
+everything the subject does (crc32c, slab creation with fallocate, log records, renames).
+Subjects are interleaved within each repetition; medians over ``reps`` with p10/p90 in notes.
+Ratios: ``put_many`` vs ``raw_batched`` (acceptance: slab layout >= 0.7x), ``put`` vs
+``raw_fsync_each``. Writes ``results/store_ssd/summary.csv`` and ``raw.csv``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+from experiments.microbench import bench_main
+from quillcache.results import SummaryRow, spread, write_raw, write_summary
+from quillcache.store.keys import StoreKey
+from quillcache.store.ssd import SsdTier
+
+NAME = "store_ssd"
+BATCH = 16
+MB = 1e6
+# per block size: bytes written per cell for batched subjects / for per-block-fsync subjects
+FULL = dict(reps=5, sizes=(64 << 10, 2 << 20), batched_bytes=256 << 20, single_bytes=64 << 20)
+QUICK = dict(reps=2, sizes=(64 << 10, 2 << 20), batched_bytes=8 << 20, single_bytes=4 << 20)
+SLAB_BYTES = 64 << 20
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _raw_fsync_each(d: str, n: int, data: bytes) -> None:
+    for i in range(n):
+        fd = os.open(f"{d}/b{i:08d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(d)
+
+
+def _raw_batched(d: str, n: int, data: bytes) -> None:
+    for start in range(0, n, BATCH):
+        fds = []
+        for i in range(start, min(n, start + BATCH)):
+            fd = os.open(f"{d}/b{i:08d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, data)
+            fds.append(fd)
+        for fd in fds:
+            os.fsync(fd)
+            os.close(fd)
+        _fsync_dir(d)
+
+
+def _key(i: int) -> StoreKey:
+    return StoreKey(i, b"\x11" * 16)
+
+
+def _tier(d: str, layout: str, n: int, size: int) -> SsdTier:
+    cap = (n + BATCH) * (size + 8192) + 2 * SLAB_BYTES
+    return SsdTier(f"{d}/tier", capacity_bytes=cap, layout=layout, slab_bytes=SLAB_BYTES)
+
+
+def _tier_put(d: str, n: int, data: bytes, layout: str) -> None:
+    t = _tier(d, layout, n, len(data))
+    for i in range(n):
+        t.put(_key(i), data)
+    t.close()
+
+
+def _tier_put_many(d: str, n: int, data: bytes, layout: str) -> None:
+    t = _tier(d, layout, n, len(data))
+    view = memoryview(data)
+    for start in range(0, n, BATCH):
+        t.put_many([(_key(i), view) for i in range(start, min(n, start + BATCH))])
+    t.close()
+
+
+SUBJECTS = {
+    "raw_fsync_each": (lambda d, n, data: _raw_fsync_each(d, n, data), "single"),
+    "tier_slab_put": (lambda d, n, data: _tier_put(d, n, data, "slab"), "single"),
+    "tier_files_put": (lambda d, n, data: _tier_put(d, n, data, "files"), "single"),
+    "raw_batched": (lambda d, n, data: _raw_batched(d, n, data), "batched"),
+    "tier_slab_put_many": (lambda d, n, data: _tier_put_many(d, n, data, "slab"), "batched"),
+    "tier_files_put_many": (lambda d, n, data: _tier_put_many(d, n, data, "files"), "batched"),
+}
+BASELINE = {"tier_slab_put": "raw_fsync_each", "tier_files_put": "raw_fsync_each",
+            "tier_slab_put_many": "raw_batched", "tier_files_put_many": "raw_batched"}
+
+
+def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
+    cfg = QUICK if quick else FULL
+    raw: list[tuple] = []  # (block_bytes, subject, rep, MB/s, blocks, seconds)
+    for rep in range(cfg["reps"]):
+        for size in cfg["sizes"]:
+            data = os.urandom(size)
+            order = list(SUBJECTS)
+            if rep % 2:
+                order.reverse()  # interleave, alternating order against drift
+            for subject in order:
+                fn, kind = SUBJECTS[subject]
+                n = max(BATCH, cfg[f"{kind}_bytes"] // size)
+                d = tempfile.mkdtemp(prefix="qc-ssd-bench-")
+                try:
+                    t0 = time.perf_counter()
+                    fn(d, n, data)
+                    dt = time.perf_counter() - t0
+                finally:
+                    shutil.rmtree(d, ignore_errors=True)
+                raw.append((size, subject, rep, n * size / dt / MB, n, dt))
+    write_raw(NAME, "raw.csv", ["block_bytes", "subject", "rep", "put_MBps", "blocks", "seconds"], raw, root=results_root)
+    rows = _summarise(raw, cfg)
+    write_summary(NAME, rows, root=results_root)
+    _print_table(rows)
+    return rows
+
+
+def _summarise(raw: list[tuple], cfg: dict) -> list[SummaryRow]:
+    rows = []
+    for size in cfg["sizes"]:
+        stats = {s: spread([r[3] for r in raw if r[0] == size and r[1] == s]) for s in SUBJECTS}
+        blocks = {s: next(r[4] for r in raw if r[0] == size and r[1] == s) for s in SUBJECTS}
+        for s in SUBJECTS:
+            st = stats[s]
+            base = BASELINE.get(s)
+            note = (f"p10={st['p10']:.4g} p90={st['p90']:.4g} min={st['min']:.4g} max={st['max']:.4g}; "
+                    f"{blocks[s]} blocks of {size} B per rep ({blocks[s] * size >> 20} MiB), batch={BATCH}")
+            if base is not None:
+                b = stats[base]
+                note += f"; baseline p10={b['p10']:.4g} p90={b['p90']:.4g}"
+                if s == "tier_slab_put_many":
+                    ok = st["median"] >= 0.7 * b["median"]
+                    note += f"; acceptance >= 0.7x raw_batched: {'PASS' if ok else 'FAIL'}"
+            rows.append(SummaryRow(metric=f"put_throughput_{size >> 10}KiB", subject=s, value=st["median"],
+                                   unit="MB/s", baseline=base or "",
+                                   baseline_value=stats[base]["median"] if base else float("nan"),
+                                   n=cfg["reps"], notes=note))
+    return rows
+
+
+def _print_table(rows: list[SummaryRow]) -> None:
+    print(f"{'metric':<26} {'subject':<22} {'MB/s':>9} {'baseline':<16} {'base MB/s':>9} {'ratio':>6}  spread")
+    for r in rows:
+        ratio = f"{r.ratio:.2f}" if r.baseline else ""
+        base = f"{r.baseline_value:.1f}" if r.baseline else ""
+        print(f"{r.metric:<26} {r.subject:<22} {r.value:>9.1f} {r.baseline:<16} {base:>9} {ratio:>6}  "
+              f"{r.notes.split(';')[0]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    bench_main(run, __doc__, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,442 @@
+"""The tiered data plane of one node: GPU accounting, DRAM bytes, SSD bytes, one residency view.
+
+``StoreDataPlane`` owns a ``LocalKvStore`` (DRAM) and optionally an ``SsdTier``; it decides
+placement, promotion, demotion and eviction, and reports every residency change to the
+residency index (``ResidencyEntry``/``ReplicaKey`` with this node, the tier and the real
+``(segment_id, offset_bytes, size_bytes)``).
+
+Residency model (invariants, checked after every step by tests/test_dataplane.py):
+- Bytes are exclusive between DRAM and SSD: a stored block's bytes are in exactly one of them.
+  Promotion (SSD → DRAM) and demotion (DRAM → SSD) move the real bytes.
+- GPU is accounting only: the set of blocks an engine on this node holds in GPU memory (capacity
+  in blocks, no bytes here). A block may be GPU-held with or without bytes in DRAM/SSD.
+- For every block and tier it is in, the index holds exactly one entry for this node with the
+  tier's real location (GPU entries: segment 0, offset 0, the block's size), and nothing else for
+  this node.
+- Each tier has its own instance of the eviction policy (``policy`` by name, from
+  ``quillcache.policies``), which tracks exactly that tier's blocks.
+- A leased or pinned block (``quillcache.store.leases``) is never evicted, deleted or demoted;
+  soft-pinned blocks are evicted only after every other evictable one.
+
+Eviction under pressure: a DRAM placement that does not fit evicts DRAM victims (policy order,
+skipping blocks in use); each victim is demoted to SSD if the SSD tier admits and can hold it
+(evicting SSD victims for room), else dropped from the node. A GPU hold beyond capacity drops
+the GPU policy's victim. Before evicting anything, the victims are planned: if evicting every
+block that may be evicted would still not free enough bytes, ``StoreFullError`` is raised and
+nothing changed. (If the bytes suffice but the free space stays fragmented, more victims are
+taken; if none remain, the error comes after the planned demotions, which keep every block's
+contents.)
+
+Reads: ``get`` returns a zero-copy read-only view for a DRAM hit (valid until the block leaves
+DRAM: take a lease to keep it, ``get(key, lease_ttl_s=...)``), and the bytes for an SSD hit,
+which is promoted to DRAM if that is possible without failing the read.
+
+Opening is recovery: DRAM is empty after a restart, so every GPU/DRAM entry of this node is
+removed from the index; the SSD tier recovered itself when it was opened, and the index is
+reconciled against it with ``quillcache.store.reconcile.reconcile_index``. Pins and leases do not
+survive a restart.
+
+Restart: ``close()``, reopen the ``SsdTier`` on the same directory, and construct a new
+``StoreDataPlane`` with a fresh ``LocalKvStore`` and the same index.
+
+The placement/eviction machinery lives in ``quillcache.store.dataplane_placement``
+(``TierPlacement``, this class's base); pins and leases in ``quillcache.store.leases``.
+Not re-entrant from callbacks; public methods take one lock, so threads may share an instance.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Self
+
+from quillcache.index import IndexBackend, ResidencyEntry
+from quillcache.policies import EvictionPolicy, make_policy
+from quillcache.store.dataplane_placement import (
+    DRAM,
+    GPU,
+    SSD,
+    DataPlaneStats,
+    EvictCallback,
+    TierPlacement,
+)
+from quillcache.store.dram import LocalKvStore, as_byte_view
+from quillcache.store.errors import (
+    BlockExistsError,
+    BlockInUseError,
+    BlockNotFoundError,
+    BlockTooLargeError,
+    CorruptBlockError,
+    StoreClosedError,
+    StoreFullError,
+)
+from quillcache.store.keys import StoreKey
+from quillcache.store.leases import HoldTable, check_ttl
+from quillcache.store.reconcile import reconcile_index
+from quillcache.store.ssd import SsdTier
+from quillcache.types import CacheTier
+
+__all__ = ["DataPlaneStats", "StoreDataPlane"]
+
+def _check_key(key: object) -> StoreKey:
+    if not isinstance(key, StoreKey):
+        raise TypeError(f"key must be a StoreKey, got {type(key).__name__} {key!r:.80}")
+    return key
+
+
+def _check_tier(tier: object) -> CacheTier:
+    if isinstance(tier, bool) or not isinstance(tier, int):
+        raise TypeError(f"tier must be a CacheTier, got {type(tier).__name__} {tier!r}")
+    try:
+        t = CacheTier(tier)
+    except ValueError:
+        raise ValueError(f"tier={tier!r} is not a CacheTier") from None
+    if t not in (GPU, DRAM, SSD):
+        raise ValueError(f"tier={t.name} is not a tier of this node (GPU, DRAM or SSD)")
+    return t
+
+
+class StoreDataPlane(TierPlacement):
+    """GPU/DRAM/SSD residency of one node (see the module docstring for the contract)."""
+
+    def __init__(self, node: str, *, dram: LocalKvStore, ssd: SsdTier | None = None, gpu_capacity_blocks: int = 0,
+                 index: IndexBackend | None = None, policy: str = "lru", policy_options: dict | None = None,
+                 clock: Callable[[], float] = time.monotonic, soft_pin_ttl_s: float = 1800.0,
+                 verify_dram_reads: bool = False, on_evict: EvictCallback | None = None) -> None:
+        if not isinstance(node, str) or not node:
+            raise ValueError(f"node must be a non-empty str, got {node!r}")
+        if not isinstance(dram, LocalKvStore):
+            raise TypeError(f"dram must be a LocalKvStore, got {type(dram).__name__}")
+        if dram.closed or len(dram):
+            raise ValueError(f"dram must be a fresh, open LocalKvStore (DRAM does not survive a restart); got {dram!r}")
+        if ssd is not None and not isinstance(ssd, SsdTier):
+            raise TypeError(f"ssd must be an SsdTier or None, got {type(ssd).__name__}")
+        if isinstance(gpu_capacity_blocks, bool) or not isinstance(gpu_capacity_blocks, int):
+            raise TypeError(f"gpu_capacity_blocks must be an int, got {type(gpu_capacity_blocks).__name__}")
+        if gpu_capacity_blocks < 0:
+            raise ValueError(f"gpu_capacity_blocks={gpu_capacity_blocks} must be >= 0")
+        if index is not None and not isinstance(index, IndexBackend):
+            raise TypeError(f"index must be an IndexBackend or None, got {type(index).__name__}")
+        if on_evict is not None and not callable(on_evict):
+            raise TypeError(f"on_evict must be callable or None, got {type(on_evict).__name__}")
+        if verify_dram_reads and not dram.config.checksum:
+            raise ValueError("verify_dram_reads=True needs a LocalKvStore created with checksum=True")
+        options = dict(policy_options or {})
+        self._policies: dict[CacheTier, EvictionPolicy] = {t: make_policy(policy, **options) for t in (GPU, DRAM, SSD)}
+        self.node = node
+        self.policy_name = policy
+        self._dram = dram
+        self._ssd = ssd
+        self._gpu: dict[StoreKey, int] = {}  # GPU-held key -> size_bytes
+        self.gpu_capacity_blocks = gpu_capacity_blocks
+        self._index = index
+        self._holds = HoldTable(clock, soft_pin_ttl_s=soft_pin_ttl_s)
+        self._verify = bool(verify_dram_reads)
+        self._on_evict = on_evict
+        self._protected: set[StoreKey] = set()  # keys an operation in progress is moving
+        self._stats = DataPlaneStats()
+        self._lock = threading.RLock()
+        self._closed = False
+        self._open()
+
+    # ------------------------------------------------------------------ opening = recovery
+    def _open(self) -> None:
+        if self._index is not None:
+            gone = (GPU, DRAM) if self._ssd is not None else (GPU, DRAM, SSD)
+            stale = [e.key for e in self._index.entries_on_node(self.node) if e.tier in gone]
+            self._index.remove(stale)
+        if self._ssd is not None:
+            live = self._ssd.locations()
+            for key, (_, _, size) in live.items():
+                self._policies[SSD].insert(key, size)
+            if self._index is not None:
+                reconcile_index(self._index, self.node, SSD, live)
+
+    def residency(self) -> list[ResidencyEntry]:
+        """What the index should hold for this node, computed from the tiers themselves."""
+        with self._lock:
+            out = [self._entry(k, GPU) for k in self._gpu]
+            out += [self._entry(k, DRAM) for k in self._dram]
+            if self._ssd is not None:
+                out += [self._entry(k, SSD) for k in self._ssd.keys()]  # noqa: SIM118 (SsdTier is not iterable)
+            return out
+
+    # ------------------------------------------------------------------ queries
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"data plane of node {self.node!r} is closed")
+
+    def tiers_of(self, key: StoreKey) -> frozenset[CacheTier]:
+        """Every tier holding the block (empty if none)."""
+        _check_key(key)
+        with self._lock:
+            self._check_open()
+            return frozenset(t for t, held in ((GPU, key in self._gpu), (DRAM, key in self._dram),
+                                               (SSD, self._ssd is not None and key in self._ssd)) if held)
+
+    def tier_of(self, key: StoreKey) -> CacheTier:
+        """The fastest tier holding the block; BlockNotFoundError if none does."""
+        tiers = self.tiers_of(key)
+        if not tiers:
+            raise BlockNotFoundError(f"block {key.hex()} is not on node {self.node!r}")
+        return min(tiers)
+
+    def keys(self) -> Iterator[StoreKey]:
+        """Every block on the node (any tier), each once."""
+        with self._lock:
+            seen = dict.fromkeys(self._gpu)
+            seen.update(dict.fromkeys(self._dram.keys()))
+            if self._ssd is not None:
+                seen.update(dict.fromkeys(self._ssd.keys()))
+            return iter(list(seen))
+
+    def __iter__(self) -> Iterator[StoreKey]:
+        return self.keys()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.keys())
+
+    def stats(self) -> DataPlaneStats:
+        with self._lock:
+            return DataPlaneStats(**self._stats.as_dict())
+
+    def policy(self, tier: CacheTier) -> EvictionPolicy:
+        """The eviction policy instance of one tier (read it, do not drive it)."""
+        return self._policies[_check_tier(tier)]
+
+    @property
+    def dram(self) -> LocalKvStore:
+        return self._dram
+
+    @property
+    def ssd(self) -> SsdTier | None:
+        return self._ssd
+
+    # ------------------------------------------------------------------ pins and leases
+    def pin(self, key: StoreKey, hard: bool = True) -> None:
+        """Pin a block on this node: hard pins count up, a soft pin lasts ``soft_pin_ttl_s``."""
+        with self._lock:
+            self._require(key)
+            self._holds.pin(key, hard=bool(hard))
+
+    def unpin(self, key: StoreKey, hard: bool = True) -> None:
+        with self._lock:
+            self._require(key)
+            self._holds.unpin(key, hard=bool(hard))
+
+    def lease(self, key: StoreKey, ttl_s: float) -> float:
+        """Read lease: ``lease_end = max(old, now + ttl_s)``; returns lease_end."""
+        with self._lock:
+            self._require(key)
+            return self._holds.lease(key, ttl_s)
+
+    def in_use_reason(self, key: StoreKey) -> str | None:
+        with self._lock:
+            return self._holds.in_use_reason(_check_key(key))
+
+    def _require(self, key: object) -> StoreKey:
+        self._check_open()
+        key = _check_key(key)
+        if key not in self:
+            raise BlockNotFoundError(f"block {key.hex()} is not on node {self.node!r}")
+        return key
+
+    def _refuse_if_in_use(self, key: StoreKey, action: str) -> None:
+        why = self._holds.in_use_reason(key)
+        if why is not None:
+            raise BlockInUseError(f"cannot {action} block {key.hex()} on node {self.node!r}: it is {why}")
+
+    # ------------------------------------------------------------------ public operations
+    def put(self, key: StoreKey, data: object, *, tier: CacheTier = DRAM) -> CacheTier | None:
+        """Store a block in ``tier``; returns where it went, or None if the policies refused it.
+
+        DRAM (default) or SSD store the bytes; a DRAM admission refusal falls through to SSD.
+        GPU records that the engine holds the block (``data`` is its bytes or just its size as an
+        int; only the size is kept). Errors: TypeError/ValueError, BlockExistsError (the bytes
+        are already on this node, or the GPU already holds it), BlockTooLargeError,
+        StoreFullError (nothing changed)."""
+        key = _check_key(key)
+        tier = _check_tier(tier)
+        with self._lock:
+            self._check_open()
+            if tier == GPU:
+                if isinstance(data, int) and not isinstance(data, bool):
+                    if data <= 0:
+                        raise ValueError(f"GPU block size {data} must be positive")
+                    size = data
+                else:
+                    size = as_byte_view(data).nbytes
+                placed = self._gpu_hold(key, size)
+                self._stats.puts_gpu += placed is not None
+                return placed
+            view = as_byte_view(data)
+            size = view.nbytes
+            where = self._byte_tier(key)
+            if where is not None:
+                raise BlockExistsError(f"block {key.hex()} is already stored in {where.name} on node {self.node!r}")
+            if tier == SSD and self._ssd is None:
+                raise ValueError(f"node {self.node!r} has no SSD tier")
+            if size > self._dram.max_block_bytes and tier == DRAM:
+                raise BlockTooLargeError(f"block {key.hex()} is {size} bytes; DRAM on node {self.node!r} holds "
+                                         f"blocks of at most {self._dram.max_block_bytes} bytes")
+            if tier == DRAM and not self._policies[DRAM].admit(key, size):
+                tier = SSD
+                if self._ssd is None:
+                    self._stats.admission_refusals += 1
+                    return None
+            if tier == SSD and not self._policies[SSD].admit(key, size):
+                self._stats.admission_refusals += 1
+                return None
+            self._protected.add(key)
+            try:
+                if tier == DRAM:
+                    self._place_dram(key, view, required=True)
+                else:
+                    self._place_ssd(key, view, required=True)
+            finally:
+                self._protected.discard(key)
+            self._policies[tier].insert(key, size)
+            self._report_put(key, tier)
+            if tier == DRAM:
+                self._stats.puts_dram += 1
+                self._stats.bytes_put_dram += size
+            else:
+                self._stats.puts_ssd += 1
+                self._stats.bytes_put_ssd += size
+            return tier
+
+    def get(self, key: StoreKey, *, lease_ttl_s: float | None = None) -> memoryview | bytes:
+        """The block's bytes: a zero-copy read-only view on a DRAM hit, ``bytes`` on an SSD hit
+        (promoted to DRAM when room can be made). ``lease_ttl_s`` grants a read lease first.
+        BlockNotFoundError if no bytes are on this node (GPU-only blocks included)."""
+        key = _check_key(key)
+        if lease_ttl_s is not None:
+            check_ttl(lease_ttl_s, "lease_ttl_s")
+        with self._lock:
+            self._check_open()
+            st = self._stats
+            if key in self._dram:
+                try:
+                    view = self._dram.get(key, verify=self._verify)
+                except CorruptBlockError:
+                    self._drop_corrupt(key, DRAM)
+                    raise
+                if lease_ttl_s is not None:
+                    self._holds.lease(key, lease_ttl_s)
+                self._policies[DRAM].touch(key)
+                st.dram_hits += 1
+                st.bytes_read_dram += view.nbytes
+                return view
+            st.dram_misses += 1
+            if self._ssd is None or key not in self._ssd:
+                if self._ssd is not None:
+                    st.ssd_misses += 1
+                where = " (held only in GPU by the engine: no bytes on this node)" if key in self._gpu else ""
+                raise BlockNotFoundError(f"block {key.hex()} is not stored on node {self.node!r}{where}")
+            if lease_ttl_s is not None:
+                self._holds.lease(key, lease_ttl_s)
+            st.ssd_hits += 1
+            data = self._promote_from_ssd(key, required=False)
+            st.bytes_read_ssd += len(data)
+            return data
+
+    def promote(self, key: StoreKey) -> CacheTier:
+        """Move a block up one tier: SSD bytes → DRAM, or DRAM → GPU hold. Returns the new tier.
+        ValueError if it is already as high as it can go; StoreFullError (nothing changed) if
+        no room can be made."""
+        with self._lock:
+            key = self._require(key)
+            where = self._byte_tier(key)
+            if where == SSD:
+                self._promote_from_ssd(key, required=True)
+                return DRAM
+            if where == DRAM and key not in self._gpu and self.gpu_capacity_blocks:
+                if self._gpu_hold(key, self._dram.size_of(key)) is None:
+                    raise StoreFullError(f"the GPU policy of node {self.node!r} refused to admit block {key.hex()}")
+                self._stats.promotions_dram_to_gpu += 1
+                return GPU
+            raise ValueError(f"block {key.hex()} on node {self.node!r} is already in its highest tier "
+                             f"({', '.join(t.name for t in sorted(self.tiers_of(key)))})")
+
+    def demote(self, key: StoreKey) -> CacheTier | None:
+        """Move a block down one tier: a GPU hold is released (the bytes stay where they are),
+        DRAM bytes move to SSD. Returns the block's tier afterwards (None if a GPU-only block
+        left the node). BlockInUseError if pinned or leased; ValueError if it is in the lowest
+        tier; StoreFullError (nothing changed) if SSD has no room."""
+        with self._lock:
+            key = self._require(key)
+            self._refuse_if_in_use(key, "demote")
+            if key in self._gpu:
+                self._policies[GPU].remove(key)
+                self._report_remove(key, GPU)
+                del self._gpu[key]
+                self._stats.gpu_releases += 1
+                self._forget_if_gone(key)
+                return self._byte_tier(key)
+            if key in self._dram and self._ssd is not None:
+                size = self._dram.size_of(key)
+                self._protected.add(key)
+                try:
+                    self._place_ssd(key, self._dram.get(key), required=True)
+                finally:
+                    self._protected.discard(key)
+                self._policies[DRAM].remove(key)
+                self._policies[SSD].insert(key, size)
+                self._report_put(key, SSD)
+                self._report_remove(key, DRAM)
+                self._dram.delete(key)
+                self._stats.demotions_dram_to_ssd += 1
+                self._stats.bytes_dram_to_ssd += size
+                return SSD
+            raise ValueError(f"block {key.hex()} on node {self.node!r} is already in its lowest tier "
+                             f"({self.tier_of(key).name})")
+
+    def delete(self, key: StoreKey) -> None:
+        """Remove the block from every tier of this node. BlockInUseError if pinned or leased."""
+        with self._lock:
+            key = self._require(key)
+            self._refuse_if_in_use(key, "delete")
+            if key in self._gpu:
+                self._policies[GPU].remove(key)
+                self._report_remove(key, GPU)
+                del self._gpu[key]
+            if key in self._dram:
+                self._policies[DRAM].remove(key)
+                self._report_remove(key, DRAM)
+                self._dram.delete(key)
+            if self._ssd is not None and key in self._ssd:
+                self._policies[SSD].remove(key)
+                self._report_remove(key, SSD)
+                self._ssd.delete(key)
+            self._holds.forget(key)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close the SSD tier (committing what is pending) and release DRAM; the index stays
+        open (it is shared) but gets a flush. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._ssd is not None:
+                    self._ssd.close()
+            finally:
+                self._dram.close()
+                if self._index is not None:
+                    self._index.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"StoreDataPlane({self.node!r}, gpu={len(self._gpu)}/{self.gpu_capacity_blocks} blocks, "
+                f"dram={self._dram!r}, ssd={self._ssd!r}, policy={self.policy_name!r})")

@@ -1,0 +1,219 @@
+"""The small file-system interface every SSD-tier I/O goes through, and ``RealFs`` (os calls).
+
+The SSD tier never calls ``os`` directly: it talks to a :class:`FileSystem`, so the same code runs
+on the real disk (:class:`RealFs`, the default) and on the crash simulator
+(:class:`quillcache.store.crashfs.CrashFs`), which buffers unsynced writes and directory changes
+and can drop or garble them at a simulated power loss.
+
+Contract (what the tier may rely on, and what it must not):
+- Handles are opaque ints returned by :meth:`FileSystem.open`; every call on a closed handle raises
+  ``OSError(EBADF)``.
+- ``pwrite``/``fallocate``/``truncate`` are *not* durable until ``fsync``/``fdatasync`` of that
+  file returned; a newly created, renamed, linked or unlinked name is not durable until
+  ``fsync_dir`` of its directory returned (POSIX; ext4/xfs happen to be kinder, the simulator is not).
+- ``rename(src, dst)`` atomically replaces ``dst``; ``link(src, dst)`` never clobbers
+  (``FileExistsError``).
+- Errors are ``OSError`` with an ``errno`` (``ENOSPC`` for a full disk, ``EIO`` for a failed
+  fsync); the tier maps them to typed store errors. An fsync error is never retried.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import stat as _stat
+from dataclasses import dataclass
+
+# open modes
+READ = "r"  # existing file, read only
+READ_WRITE = "rw"  # existing file, read and write
+CREATE_EXCL = "x"  # new file (fails if it exists), read and write
+MODES = (READ, READ_WRITE, CREATE_EXCL)
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """What the tier needs from ``stat``: size and whether it is a regular file."""
+
+    size_bytes: int
+    is_file: bool
+
+
+class FileSystem(abc.ABC):
+    """File operations of the SSD tier (paths are ``str``; handles are ints)."""
+
+    @abc.abstractmethod
+    def open(self, path: str, mode: str) -> int:
+        """Open ``path`` in one of :data:`MODES`; returns a handle."""
+
+    @abc.abstractmethod
+    def close(self, fd: int) -> None: ...
+
+    @abc.abstractmethod
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+        """Write all of ``data`` at ``offset`` (short writes are retried inside); returns its length."""
+
+    @abc.abstractmethod
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        """Up to ``size`` bytes from ``offset`` (fewer at end of file)."""
+
+    def preadinto(self, fd: int, out: memoryview, offset: int) -> int:
+        """Read into ``out`` (a writable byte view); returns the bytes read."""
+        data = self.pread(fd, len(out), offset)
+        out[: len(data)] = data
+        return len(data)
+
+    @abc.abstractmethod
+    def fsync(self, fd: int) -> None: ...
+
+    @abc.abstractmethod
+    def fdatasync(self, fd: int) -> None: ...
+
+    @abc.abstractmethod
+    def truncate(self, fd: int, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def fallocate(self, fd: int, offset: int, length: int) -> None:
+        """Reserve ``[offset, offset+length)`` (extends the file with zeros); ENOSPC if the disk is full."""
+
+    @abc.abstractmethod
+    def fsize(self, fd: int) -> int: ...
+
+    @abc.abstractmethod
+    def rename(self, src: str, dst: str) -> None: ...
+
+    @abc.abstractmethod
+    def link(self, src: str, dst: str) -> None: ...
+
+    @abc.abstractmethod
+    def unlink(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]: ...
+
+    @abc.abstractmethod
+    def mkdir(self, path: str) -> None:
+        """Create one directory (``FileExistsError`` if it exists)."""
+
+    @abc.abstractmethod
+    def fsync_dir(self, path: str) -> None:
+        """Make the directory's entries (creates, renames, unlinks) durable."""
+
+    @abc.abstractmethod
+    def stat(self, path: str) -> FileStat:
+        """``FileNotFoundError`` if absent."""
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return not self.stat(path).is_file
+        except FileNotFoundError:
+            return False
+
+    def read_file(self, path: str) -> bytes:
+        """The whole content of a file."""
+        fd = self.open(path, READ)
+        try:
+            return self.pread(fd, self.fsize(fd), 0)
+        finally:
+            self.close(fd)
+
+
+class RealFs(FileSystem):
+    """The real disk through ``os`` calls."""
+
+    _FLAGS = {READ: os.O_RDONLY, READ_WRITE: os.O_RDWR, CREATE_EXCL: os.O_RDWR | os.O_CREAT | os.O_EXCL}
+
+    def open(self, path: str, mode: str) -> int:
+        flags = self._FLAGS.get(mode)
+        if flags is None:
+            raise ValueError(f"open mode must be one of {MODES}, got {mode!r}")
+        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        done = 0
+        while done < total:
+            n = os.pwrite(fd, view[done:], offset + done)
+            if n <= 0:  # pragma: no cover - the kernel reports errors as exceptions
+                raise OSError(f"pwrite returned {n}")
+            done += n
+        return total
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        out = os.pread(fd, size, offset)
+        if len(out) < size:  # a short read in the middle of a file: keep reading
+            parts = [out]
+            got = len(out)
+            while got < size:
+                more = os.pread(fd, size - got, offset + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            out = b"".join(parts)
+        return out
+
+    def preadinto(self, fd: int, out: memoryview, offset: int) -> int:
+        view = memoryview(out).cast("B")
+        got = 0
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
+        return got
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fallocate(self, fd: int, offset: int, length: int) -> None:
+        os.posix_fallocate(fd, offset, length)
+
+    def fsize(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def link(self, src: str, dst: str) -> None:
+        os.link(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def stat(self, path: str) -> FileStat:
+        st = os.stat(path)
+        return FileStat(st.st_size, _stat.S_ISREG(st.st_mode))
+
+
+__all__ = ["CREATE_EXCL", "FileStat", "FileSystem", "MODES", "READ", "READ_WRITE", "RealFs"]

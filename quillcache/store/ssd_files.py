@@ -1,0 +1,194 @@
+"""The SSD tier's file-per-block layout: one self-describing object file per block.
+
+An object file ``o-XXXXXXXX.qco`` (XXXXXXXX = the object number, the block's ``segment_id``) is a
+64-byte header ``magic | key 24 B | size u64 | crc32c(key || payload) u32 | object no u32 |
+header crc32c u32`` followed by the payload. Publication is the textbook atomic publish
+(REFERENCE §7): write ``o-XXXXXXXX.tmp``, fdatasync it, rename it to its final name, fsync the
+directory; a group commit fdatasyncs every temp file of the batch, renames them all, unlinks the
+deleted blocks' files and fsyncs the directory once. The directory is this layout's log: a final
+name exists only for a fully synced object, so recovery = list the directory, check every
+header and payload crc32c, sweep temp files.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c as _crc
+
+from quillcache.store.errors import StoreFullError
+from quillcache.store.fs import FileSystem
+from quillcache.store.keys import StoreKey
+from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc
+
+_MAGIC = b"QCOBJ\x00\x01\x00"
+_HEAD = struct.Struct("<8s24sQII")  # magic, key, size, crc, object no; header crc follows
+HEADER_BYTES = 64
+_MAX_OBJECT_NO = (1 << 32) - 1
+
+
+def _final(no: int) -> str:
+    return f"o-{no:08x}.qco"
+
+
+def _tmp(no: int) -> str:
+    return f"o-{no:08x}.tmp"
+
+
+def encode_header(key_bytes: bytes, size: int, crc: int, no: int) -> bytes:
+    body = _HEAD.pack(_MAGIC, key_bytes, size, crc, no)
+    head = body + struct.pack("<I", _crc.crc32c(body))
+    return head + bytes(HEADER_BYTES - len(head))
+
+
+def decode_header(raw: bytes) -> tuple[bytes, int, int, int] | None:
+    if len(raw) < HEADER_BYTES:
+        return None
+    body = raw[: _HEAD.size]
+    if raw[_HEAD.size + 4 : HEADER_BYTES] != bytes(HEADER_BYTES - _HEAD.size - 4):
+        return None  # the padding is zero: a flip anywhere in the header is detected
+    if struct.unpack_from("<I", raw, _HEAD.size)[0] != _crc.crc32c(body):
+        return None
+    magic, kb, size, crc, no = _HEAD.unpack(body)
+    if magic != _MAGIC:
+        return None
+    return kb, size, crc, no
+
+
+class FilesLayout:
+    """One file per block. Called by SsdTier with its lock held; raises OSError / StoreFullError."""
+
+    name = "files"
+
+    def __init__(self, fs: FileSystem, directory: str, capacity_bytes: int, tuning: SsdTuning, slab_bytes: int) -> None:
+        self.fs, self.dir, self.capacity_bytes, self.tuning = fs, directory, capacity_bytes, tuning
+        self.max_block_bytes = min(tuning.max_block_bytes or capacity_bytes, capacity_bytes)
+        self.next_no = 1
+        self._allocated = 0
+
+    def _p(self, name: str) -> str:
+        return f"{self.dir}/{name}"
+
+    @staticmethod
+    def footprint_bytes(size_bytes: int) -> int:
+        return -(-(size_bytes + HEADER_BYTES) // PAGE_BYTES) * PAGE_BYTES
+
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self._allocated
+
+    # ---------------------------------------------------------------- recovery
+    def recover(self, files: dict[str, list[tuple[int, str]]], rep: dict) -> dict[StoreKey, BlockRecord]:
+        fs = self.fs
+        for no, name in files.get("object_tmp", []):
+            fs.unlink(self._p(name))
+            rep["swept"].append(name)
+            self.next_no = max(self.next_no, no + 1)
+        live: dict[StoreKey, BlockRecord] = {}
+        doomed: list[str] = []
+        for no, name in sorted(files.get("object", [])):
+            self.next_no = max(self.next_no, no + 1)
+            path = self._p(name)
+            fd = fs.open(path, "r")
+            try:
+                head = decode_header(fs.pread(fd, HEADER_BYTES, 0))
+                if head is None or head[3] != no:
+                    rep["dropped"].append((name, "object header damaged"))
+                    doomed.append(name)
+                    continue
+                kb, size, crc, _ = head
+                if fs.fsize(fd) != HEADER_BYTES + size:
+                    rep["dropped"].append((name, f"object file is {fs.fsize(fd)} B, header says {HEADER_BYTES + size}"))
+                    doomed.append(name)
+                    continue
+                if self.tuning.verify_on_open and block_crc(kb, fs.pread(fd, size, HEADER_BYTES)) != crc:
+                    rep["dropped"].append((name, "crc32c mismatch"))
+                    doomed.append(name)
+                    continue
+            finally:
+                fs.close(fd)
+            key = StoreKey.from_bytes(kb)
+            old = live.get(key)
+            if old is not None:  # a delete + re-put whose unlink was lost: the newer copy wins
+                doomed.append(_final(old.segment_id))
+            live[key] = BlockRecord(no, HEADER_BYTES, size, crc, durable=True)
+        for name in doomed:
+            fs.unlink(self._p(name))
+        if doomed:
+            fs.fsync_dir(self.dir)
+        self._allocated = sum(self.footprint_bytes(r.size_bytes) for r in live.values())
+        return live
+
+    # ---------------------------------------------------------------- running
+    def stage(self, key: StoreKey, data: memoryview, crc: int) -> BlockRecord:
+        size = len(data)
+        need = self.footprint_bytes(size)
+        if need > self.free_bytes():
+            raise StoreFullError(f"SSD tier {self.dir}: no room for a {size} B block {key.hex()} "
+                                 f"(capacity {self.capacity_bytes} B, {self.free_bytes()} B free)")
+        if self.next_no > _MAX_OBJECT_NO:
+            raise StoreFullError(f"SSD tier {self.dir}: object numbers exhausted")
+        no = self.next_no
+        self.next_no += 1
+        fs = self.fs
+        path = self._p(_tmp(no))
+        fd = fs.open(path, "x")
+        try:
+            fs.pwrite(fd, encode_header(key.to_bytes(), size, crc, no), 0)
+            fs.pwrite(fd, data, HEADER_BYTES)
+        except BaseException:
+            fs.close(fd)
+            fs.unlink(path)
+            raise
+        self._allocated += need
+        return BlockRecord(no, HEADER_BYTES, size, crc, fd=fd)
+
+    def commit(self, puts: list[tuple[StoreKey, BlockRecord]], deletes: list[tuple[StoreKey, BlockRecord]]) -> None:
+        fs = self.fs
+        for _, r in puts:
+            fs.fdatasync(r.fd)
+        for _, r in puts:
+            fs.close(r.fd)
+            r.fd = -1
+            fs.rename(self._p(_tmp(r.segment_id)), self._p(_final(r.segment_id)))
+        for _, r in deletes:
+            try:
+                fs.unlink(self._p(_final(r.segment_id)))
+            except FileNotFoundError:
+                pass
+        fs.fsync_dir(self.dir)
+
+    def after_commit(self, live: dict[StoreKey, BlockRecord]) -> None:
+        pass
+
+    def release(self, recs) -> None:
+        for r in recs:
+            self._allocated -= self.footprint_bytes(r.size_bytes)
+
+    def abort(self, recs) -> None:
+        """Drop staged (never published) objects: close and unlink their temp files."""
+        for r in recs:
+            if r.fd >= 0:
+                try:
+                    self.fs.close(r.fd)
+                except OSError:
+                    pass
+                r.fd = -1
+            for name in (_tmp(r.segment_id), _final(r.segment_id)):  # renamed already if the dir fsync failed
+                try:
+                    self.fs.unlink(self._p(name))
+                except OSError:
+                    pass
+            self._allocated -= self.footprint_bytes(r.size_bytes)
+
+    def read_into(self, rec: BlockRecord, out: memoryview) -> int:
+        name = _final(rec.segment_id) if rec.fd < 0 else _tmp(rec.segment_id)
+        if rec.fd >= 0:
+            return self.fs.preadinto(rec.fd, out[: rec.size_bytes], HEADER_BYTES)
+        fd = self.fs.open(self._p(name), "r")
+        try:
+            return self.fs.preadinto(fd, out[: rec.size_bytes], HEADER_BYTES)
+        finally:
+            self.fs.close(fd)
+
+    def close(self) -> None:
+        pass

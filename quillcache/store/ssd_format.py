@@ -1,0 +1,156 @@
+"""What the SSD tier's two layouts share: tuning, the per-block record, the recovery report, the
+directory's file names and its metadata file.
+
+Every name the tier creates matches :func:`owned_kind`; any other name in the directory is
+*foreign*: reported, never opened for writing, never deleted. The metadata file
+``quillcache-ssd.meta`` (magic, layout, slab geometry, crc32c) is written once, atomically, when
+the directory is initialised; a non-empty directory without it is refused (ForeignFileError).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+
+import crc32c as _crc
+
+from quillcache.store.errors import ForeignFileError
+from quillcache.store.fs import FileSystem
+from quillcache.store.keys import StoreKey
+
+LAYOUTS = ("slab", "files")
+DEFAULT_LAYOUT = "slab"  # chosen by measurement: see quillcache.store.ssd and results/store_ssd
+META = "quillcache-ssd.meta"
+_META_MAGIC = b"QCSSDT01"
+PAGE_BYTES = 4096
+
+_OWNED = {
+    "meta": re.compile(r"^quillcache-ssd\.meta(\.tmp)?$"),
+    "log": re.compile(r"^log-(\d{8})\.qcl$"),
+    "log_tmp": re.compile(r"^log-(\d{8})\.qcl\.tmp$"),
+    "slab": re.compile(r"^slab-(\d{5})\.qcs$"),
+    "slab_tmp": re.compile(r"^slab-(\d{5})\.qcs\.tmp$"),
+    "object": re.compile(r"^o-([0-9a-f]{8})\.qco$"),
+    "object_tmp": re.compile(r"^o-([0-9a-f]{8})\.tmp$"),
+}
+
+
+def owned_kind(name: str) -> tuple[str, int] | None:
+    """``(kind, number)`` of a file name the tier owns, or None for a foreign name."""
+    for kind, rx in _OWNED.items():
+        m = rx.match(name)
+        if m:
+            if kind == "meta":
+                return kind, 0
+            return kind, int(m.group(1), 16 if kind.startswith("object") else 10)
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SsdTuning:
+    """Knobs of the SSD tier (all have defaults; pass them as keyword arguments to SsdTier)."""
+
+    layout: str | None = None  # None: the directory's layout, or DEFAULT_LAYOUT for a new one
+    slab_bytes: int = 256 << 20  # slab layout: size of one slab file (fallocated when created)
+    max_block_bytes: int | None = None  # default: slab_bytes (slab) / capacity (files)
+    group_commit_blocks: int = 64  # put_async: commit automatically once this many are pending...
+    group_commit_bytes: int = 32 << 20  # ...or this many bytes
+    log_rotate_bytes: int = 64 << 20  # start a new log generation past this size (and 4x the snapshot)
+    verify_on_open: bool = True  # read every object and check its crc32c during recovery
+
+    def __post_init__(self) -> None:
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"layout={self.layout!r} must be one of {LAYOUTS}")
+        for name in ("slab_bytes", "group_commit_blocks", "group_commit_bytes", "log_rotate_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        if self.slab_bytes % PAGE_BYTES:
+            raise ValueError(f"slab_bytes={self.slab_bytes} must be a multiple of {PAGE_BYTES}")
+        mb = self.max_block_bytes
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
+            raise ValueError(f"max_block_bytes={mb!r} must be a positive int or None")
+
+
+@dataclass(slots=True)
+class BlockRecord:
+    """Where one stored block lives. ``segment_id`` is the slab number (slab layout) or the object
+    file number (files layout); ``crc`` is crc32c(key bytes || payload)."""
+
+    segment_id: int
+    offset_bytes: int
+    size_bytes: int
+    crc: int
+    handle: int = -1  # allocator handle (slab layout)
+    durable: bool = False
+    lsn: int = 0  # log LSN of the put (slab layout; orders overlapping records at recovery)
+    fd: int = -1  # open temp file while staged (files layout)
+
+
+def block_crc(key_bytes: bytes, data) -> int:
+    return _crc.crc32c(data, _crc.crc32c(key_bytes))
+
+
+@dataclass(frozen=True)
+class SsdRecoveryReport:
+    """What opening (= recovering) the tier found and did."""
+
+    directory: str
+    layout: str
+    created: bool  # the directory was initialised by this open
+    blocks_kept: int
+    bytes_kept: int
+    dropped: tuple[tuple[str, str], ...] = field(default=())  # (block key hex or file, why)
+    swept_temp_files: tuple[str, ...] = field(default=())
+    foreign_files: tuple[str, ...] = field(default=())
+    log_records: int = 0
+    log_damaged_lsns: tuple[tuple[int, int], ...] = field(default=())
+    log_tail: str = ""  # why log replay stopped before the end of the file ("" = clean)
+    log_rotated: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return not (self.dropped or self.swept_temp_files or self.log_damaged_lsns or self.log_tail)
+
+
+_META_HEAD = struct.Struct("<8sI")  # magic, json length; crc32c u32 follows the json
+
+
+def encode_meta(layout: str, slab_bytes: int) -> bytes:
+    body = json.dumps({"layout": layout, "slab_bytes": slab_bytes, "page_bytes": PAGE_BYTES}).encode()
+    raw = _META_HEAD.pack(_META_MAGIC, len(body)) + body
+    return raw + struct.pack("<I", _crc.crc32c(raw))
+
+
+def decode_meta(raw: bytes, path: str) -> dict:
+    if len(raw) < _META_HEAD.size + 4 or raw[:8] != _META_MAGIC:
+        raise ForeignFileError(f"{path}: not a QuillCache SSD tier metadata file")
+    _, n = _META_HEAD.unpack_from(raw, 0)
+    end = _META_HEAD.size + n
+    if len(raw) != end + 4 or struct.unpack_from("<I", raw, end)[0] != _crc.crc32c(raw[:end]):
+        raise ForeignFileError(f"{path}: SSD tier metadata file is damaged (crc32c mismatch)")
+    meta = json.loads(raw[_META_HEAD.size : end])
+    if meta.get("layout") not in LAYOUTS:
+        raise ForeignFileError(f"{path}: unknown layout {meta.get('layout')!r}")
+    return meta
+
+
+def write_meta(fs: FileSystem, directory: str, layout: str, slab_bytes: int) -> None:
+    """Atomic publish of the metadata file (temp, fsync, rename, fsync dir)."""
+    tmp = f"{directory}/{META}.tmp"
+    if fs.exists(tmp):
+        fs.unlink(tmp)
+    fd = fs.open(tmp, "x")
+    try:
+        fs.pwrite(fd, encode_meta(layout, slab_bytes), 0)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, f"{directory}/{META}")
+    fs.fsync_dir(directory)
+
+
+def key_hex(key: StoreKey) -> str:
+    return key.hex()

@@ -1,0 +1,332 @@
+"""The SSD tier's slab layout: blocks packed into preallocated slab files, a write-ahead log of
+where they are.
+
+Files: ``slab-NNNNN.qcs`` (created at their full size with fallocate, fsynced, renamed into
+place, directory fsynced — so a slab's size and existence are durable before any block uses it)
+and ``log-GGGGGGGG.qcl`` (the current log generation, :mod:`quillcache.store.ssd_log`).
+
+Space: one :class:`quillcache.alloc.OffsetAllocator` per slab, 4 KiB aligned. The allocator's
+range is the slab plus a *fence*: a permanent allocation of about 1/8 of the slab just past its
+end. The fence is what lets recovery rebuild the allocator exactly: allocating the live blocks
+and the gaps between them in address order from an empty allocator places each one at the start
+of the single free region (the allocator never places a block elsewhere), and the fence's slack
+guarantees that region is always large enough for the allocator's rounded-up bin search.
+
+Group commit (object first): ``pwrite`` the blocks into their slabs; ``fdatasync`` every slab
+touched; append ONE log record (all puts and deletes of the batch); ``fdatasync`` the log. A put
+is acknowledged only after that. A deleted block's space goes back to the allocator only once the
+log record of its delete is durable, so a crash never finds a logged block overwritten by a newer
+one it does not know about. Recovery still guards against it: overlapping live records (possible
+only after log damage) keep the one with the higher LSN, and every block's crc32c is checked.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+from quillcache import alloc as _alloc
+from quillcache.store import ssd_log as L
+from quillcache.store.errors import StoreFullError
+from quillcache.store.fs import FileSystem
+from quillcache.store.keys import StoreKey
+from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc
+
+_MAX_NODES_PER_SLAB = 1 << 17
+
+
+def _slab_name(no: int) -> str:
+    return f"slab-{no:05d}.qcs"
+
+
+def _log_name(gen: int) -> str:
+    return f"log-{gen:08d}.qcl"
+
+
+class _Slab:
+    """One slab file and its allocator (see the module docstring for the fence)."""
+
+    def __init__(self, no: int, fd: int, size_bytes: int, placed: list[tuple[int, int]]) -> None:
+        self.no, self.fd, self.size_bytes = no, fd, size_bytes
+        units = size_bytes // PAGE_BYTES
+        slack = _alloc.float_to_uint(_alloc.uint_to_float_round_up(units // 8 + 2))
+        max_allocs = max(min(2 * units + 8, _MAX_NODES_PER_SLAB), 2 * len(placed) + 8)
+        self.alloc = _alloc.OffsetAllocator((units + slack) * PAGE_BYTES, max_allocs, alignment=PAGE_BYTES)
+        self.handles = self._rebuild(sorted(placed), slack)
+
+    def _rebuild(self, placed: list[tuple[int, int]], slack_units: int) -> list[int]:
+        """Allocate ``placed`` [(offset, size)] at exactly their offsets; returns their handles."""
+        a, fillers, handles, cursor = self.alloc, [], [], 0
+
+        def take(size: int, expect: int) -> int:
+            x = a.allocate(size)
+            if x.offset != expect:  # pragma: no cover - the allocator's contract says it cannot happen
+                raise AssertionError(f"slab {self.no}: allocator placed {size} B at {x.offset}, expected {expect}")
+            return x.handle
+
+        for off, size in placed:
+            if off > cursor:
+                fillers.append(take(off - cursor, cursor))
+            handles.append(take(size, off))
+            cursor = off + _round_up(size)
+        if cursor < self.size_bytes:
+            fillers.append(take(self.size_bytes - cursor, cursor))
+        take(slack_units * PAGE_BYTES, self.size_bytes)  # the fence, never freed
+        for h in fillers:
+            a.free(h)
+        return handles
+
+
+def _round_up(n: int) -> int:
+    return -(-n // PAGE_BYTES) * PAGE_BYTES
+
+
+class SlabLayout:
+    """Slab files + log. Called by SsdTier with its lock held; raises OSError / StoreFullError."""
+
+    name = "slab"
+
+    def __init__(self, fs: FileSystem, directory: str, capacity_bytes: int, tuning: SsdTuning, slab_bytes: int) -> None:
+        self.fs, self.dir, self.capacity_bytes, self.tuning = fs, directory, capacity_bytes, tuning
+        self.slab_bytes = slab_bytes
+        self.slabs: dict[int, _Slab] = {}
+        self.log: L.LogWriter | None = None
+        self.gen = 0
+        self._snapshot_bytes = 0
+        self.max_block_bytes = min(tuning.max_block_bytes or slab_bytes, slab_bytes, capacity_bytes)
+
+    def _p(self, name: str) -> str:
+        return f"{self.dir}/{name}"
+
+    # ---------------------------------------------------------------- recovery
+    def recover(self, files: dict[str, list[tuple[int, str]]], rep: dict) -> dict[StoreKey, BlockRecord]:
+        fs = self.fs
+        for kind in ("slab_tmp", "log_tmp"):
+            for _, name in files.get(kind, []):
+                fs.unlink(self._p(name))
+                rep["swept"].append(name)
+        # pick the newest complete log generation
+        state: dict[StoreKey, tuple[int, int, int, int, int]] = {}
+        chosen = None
+        for gen, name in sorted(files.get("log", []), reverse=True):
+            try:
+                scanned = L.scan_bytes(fs.read_file(self._p(name)), self._p(name))
+                state = self._replay(scanned)
+            except Exception as exc:  # noqa: BLE001 - any damage makes this generation unusable
+                rep["dropped"].append((name, f"log generation unusable: {exc}"))
+                continue
+            chosen = (gen, name, scanned)
+            break
+        for gen, name in files.get("log", []):
+            if chosen is None or gen != chosen[0]:
+                fs.unlink(self._p(name))  # superseded (older) or unusable generations: ours
+                if chosen is not None and gen < chosen[0]:
+                    rep["swept"].append(name)
+        # open the slabs
+        for no, name in sorted(files.get("slab", [])):
+            fd = fs.open(self._p(name), "rw")
+            self.slabs[no] = (fd, fs.fsize(fd))  # type: ignore[assignment]
+        live = self._resolve(state, rep)
+        placed: dict[int, list[tuple[int, int]]] = {no: [] for no in self.slabs}
+        order: dict[int, list[StoreKey]] = {no: [] for no in self.slabs}
+        for key, rec in sorted(live.items(), key=lambda kv: (kv[1].segment_id, kv[1].offset_bytes)):
+            placed[rec.segment_id].append((rec.offset_bytes, rec.size_bytes))
+            order[rec.segment_id].append(key)
+        for no, (fd, size) in list(self.slabs.items()):  # type: ignore[misc]
+            slab = _Slab(no, fd, size, placed[no])
+            self.slabs[no] = slab
+            for key, h in zip(order[no], slab.handles):
+                live[key].handle = h
+        if chosen is not None:
+            gen, name, scanned = chosen
+            rep["log_records"] = len(scanned.records)
+            rep["log_damaged"] = scanned.damaged_lsns
+            rep["log_tail"] = scanned.tail_reason
+            self.gen = gen
+            next_lsn = (scanned.records[-1][0] + 1) if scanned.records else scanned.base_lsn
+            needs_rotate = bool(rep["dropped"] or scanned.damaged_lsns or scanned.tail_reason
+                                or scanned.valid_bytes > self.tuning.log_rotate_bytes)
+            if not needs_rotate:
+                fd = fs.open(self._p(name), "rw")
+                self.log = L.LogWriter(fs, self._p(name), fd, scanned.epoch, scanned.valid_bytes, next_lsn)
+                self._snapshot_bytes = len(live) * L.ENTRY_BYTES
+                return live
+            self.gen = gen
+            self._rotate(live, next_lsn)
+        else:
+            self.gen = -1
+            self._rotate(live, 1)
+        rep["log_rotated"] = True
+        return live
+
+    def _replay(self, scanned: L.LogScan) -> dict[StoreKey, tuple[int, int, int, int, int]]:
+        state: dict[StoreKey, tuple[int, int, int, int, int]] = {}
+        ended = False
+        for lsn, payload in scanned.records:
+            kind, entries = L.decode_record(payload)
+            if kind == L.KIND_END:
+                ended = True
+                continue
+            if (kind == L.KIND_SNAPSHOT) == ended:
+                raise ValueError(f"record {lsn} of kind {kind!r} is out of place")
+            for op, kb, seg, off, size, crc in entries:
+                key = StoreKey.from_bytes(kb)
+                if op == L.PUT:
+                    state[key] = (seg, off, size, crc, lsn)
+                elif op == L.DEL:
+                    cur = state.get(key)
+                    if cur is not None and cur[0] == seg and cur[1] == off:
+                        del state[key]
+                else:
+                    raise ValueError(f"record {lsn}: unknown entry kind {op!r}")
+        if not ended:
+            raise ValueError("the generation's snapshot is incomplete (no end record)")
+        return state
+
+    def _resolve(self, state, rep: dict) -> dict[StoreKey, BlockRecord]:
+        """Live records that lie inside a slab, do not overlap a newer record and pass their crc."""
+        live: dict[StoreKey, BlockRecord] = {}
+        spans: dict[int, list[tuple[int, int]]] = {}  # slab -> sorted [(start, end)] kept so far
+        for key, (seg, off, size, crc, lsn) in sorted(state.items(), key=lambda kv: -kv[1][4]):
+            slab = self.slabs.get(seg)
+            if slab is None or off % PAGE_BYTES or size <= 0 or off + size > slab[1]:
+                rep["dropped"].append((key.hex(), f"log points outside any slab (slab {seg}, offset {off}, {size} B)"))
+                continue
+            start, end = off, off + _round_up(size)
+            sp = spans.setdefault(seg, [])
+            i = bisect.bisect_left(sp, (start, end))
+            if (i > 0 and sp[i - 1][1] > start) or (i < len(sp) and sp[i][0] < end):
+                rep["dropped"].append((key.hex(), f"overlaps a newer block in slab {seg} at offset {off}"))
+                continue
+            if self.tuning.verify_on_open:
+                data = self.fs.pread(slab[0], size, off)
+                if len(data) != size or block_crc(key.to_bytes(), data) != crc:
+                    rep["dropped"].append((key.hex(), f"crc32c mismatch in slab {seg} at offset {off} ({size} B)"))
+                    continue
+            sp.insert(i, (start, end))
+            live[key] = BlockRecord(seg, off, size, crc, durable=True, lsn=lsn)
+        return live
+
+    def _rotate(self, live: dict[StoreKey, BlockRecord], next_lsn: int) -> None:
+        """Start log generation gen+1 holding a snapshot of ``live`` (durable blocks only)."""
+        entries = [L.ENTRY.pack(L.PUT, k.to_bytes(), r.segment_id, r.offset_bytes, r.size_bytes, r.crc)
+                   for k, r in live.items() if r.durable]
+        step = L.SNAPSHOT_ENTRIES_PER_RECORD
+        records = [L.encode_record(L.KIND_SNAPSHOT, entries[i : i + step]) for i in range(0, len(entries), step)]
+        records.append(L.encode_record(L.KIND_END, []))
+        new_gen = self.gen + 1
+        new = L.LogWriter.create(self.fs, self._p(_log_name(new_gen)), next_lsn, records)
+        self.fs.fsync_dir(self.dir)
+        old, self.log = self.log, new
+        if old is not None:
+            old.close()
+        if self.gen >= 0 and self.fs.exists(self._p(_log_name(self.gen))):
+            self.fs.unlink(self._p(_log_name(self.gen)))
+            self.fs.fsync_dir(self.dir)
+        self.gen = new_gen
+        self._snapshot_bytes = len(entries) * L.ENTRY_BYTES
+
+    # ---------------------------------------------------------------- running
+    def _new_slab(self) -> _Slab | None:
+        total = sum(s.size_bytes for s in self.slabs.values())
+        size = min(self.slab_bytes, self.capacity_bytes - total) // PAGE_BYTES * PAGE_BYTES
+        if size < PAGE_BYTES:
+            return None
+        no = max(self.slabs, default=-1) + 1
+        path = self._p(_slab_name(no))
+        tmp = path + ".tmp"
+        fs = self.fs
+        fd = fs.open(tmp, "x")
+        try:
+            fs.fallocate(fd, 0, size)
+            fs.fsync(fd)
+            fs.rename(tmp, path)
+        except BaseException:
+            fs.close(fd)
+            if fs.exists(tmp):
+                fs.unlink(tmp)
+            raise
+        fs.fsync_dir(self.dir)
+        slab = _Slab(no, fd, size, [])
+        self.slabs[no] = slab
+        return slab
+
+    def stage(self, key: StoreKey, data: memoryview, crc: int) -> BlockRecord:
+        size = len(data)
+        slab = x = None
+        for s in sorted(self.slabs.values(), key=lambda s: -s.no):  # newest slab first
+            try:
+                x = s.alloc.allocate(size)
+                slab = s
+                break
+            except _alloc.AllocatorError:  # no room (or the block is larger than this slab)
+                continue
+        if slab is None:
+            try:
+                slab = self._new_slab()
+            except OSError as exc:
+                if exc.errno == 28:
+                    raise StoreFullError(f"SSD tier {self.dir}: disk full creating a slab for {size} B block "
+                                         f"{key.hex()} ({exc})") from exc
+                raise
+            if slab is None:
+                raise StoreFullError(
+                    f"SSD tier {self.dir}: no room for a {size} B block {key.hex()} "
+                    f"(capacity {self.capacity_bytes} B, {self.free_bytes()} B free)")
+            try:
+                x = slab.alloc.allocate(size)
+            except _alloc.AllocatorError as exc:
+                raise StoreFullError(f"SSD tier {self.dir}: no room for a {size} B block {key.hex()} "
+                                     f"({self.free_bytes()} B free, fragmented: {exc})") from exc
+        rec = BlockRecord(slab.no, x.offset, size, crc, handle=x.handle)
+        try:
+            self.fs.pwrite(slab.fd, data, x.offset)
+        except BaseException:
+            slab.alloc.free(x.handle)
+            raise
+        return rec
+
+    def commit(self, puts: list[tuple[StoreKey, BlockRecord]], deletes: list[tuple[StoreKey, BlockRecord]]) -> None:
+        fs = self.fs
+        for no in sorted({r.segment_id for _, r in puts}):
+            fs.fdatasync(self.slabs[no].fd)
+        entries = [L.ENTRY.pack(L.PUT, k.to_bytes(), r.segment_id, r.offset_bytes, r.size_bytes, r.crc) for k, r in puts]
+        entries += [L.ENTRY.pack(L.DEL, k.to_bytes(), r.segment_id, r.offset_bytes, 0, 0) for k, r in deletes]
+        lsn = self.log.append(L.encode_record(L.KIND_BATCH, entries))
+        self.log.commit()
+        for _, r in puts:
+            r.lsn = lsn
+
+    def after_commit(self, live: dict[StoreKey, BlockRecord]) -> None:
+        """Rotate the log when it has grown past its budget (called with nothing pending)."""
+        if self.log.size_bytes > max(self.tuning.log_rotate_bytes, 4 * self._snapshot_bytes):
+            self._rotate(live, self.log.next_lsn)
+
+    def release(self, recs: Iterable[BlockRecord]) -> None:
+        for r in recs:
+            if r.handle >= 0:
+                self.slabs[r.segment_id].alloc.free(r.handle)
+                r.handle = -1
+
+    abort = release
+
+    def read_into(self, rec: BlockRecord, out: memoryview) -> int:
+        return self.fs.preadinto(self.slabs[rec.segment_id].fd, out[: rec.size_bytes], rec.offset_bytes)
+
+    @staticmethod
+    def footprint_bytes(size_bytes: int) -> int:
+        """Bytes of capacity one block of ``size_bytes`` takes."""
+        return _round_up(size_bytes)
+
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - sum(s.size_bytes - s.alloc.storage_report().total_free_bytes
+                                         for s in self.slabs.values())
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        for s in self.slabs.values():
+            if isinstance(s, _Slab):
+                self.fs.close(s.fd)
+        self.slabs = {}
+
