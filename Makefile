@@ -10,7 +10,7 @@ PYX    := $(wildcard quillcache/_fast/*.pyx quillcache/_fast/*.pxd)
 
 export PYTHONFAULTHANDLER := 1
 
-.PHONY: install test bench storage experiments figures paper clean
+.PHONY: install test bench storage store crash experiments figures paper clean
 
 install: $(STAMP)
 
@@ -29,7 +29,14 @@ bench: install
 storage: install
 	$(PY) -m experiments.storage_study
 
-experiments: bench storage
+store: install
+	$(PY) -m experiments.store_bench_dram
+	$(PY) -m experiments.store_bench_ssd
+
+crash: install
+	$(PY) -m experiments.crash_study
+
+experiments: bench storage store crash
 	$(MAKE) paper
 
 figures: install

@@ -363,18 +363,26 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
                            notes=f"{'quick' if quick else 'full'} mode, {time.monotonic() - t_start:.0f} s"))
     write_raw(NAME, "raw.csv", RAW_HEADER, raw, root=results_root)
     write_summary(NAME, rows, root=results_root)
-    _figure(rows, results_root)
+    _figure(rows, results_dir(NAME, results_root) if results_root else Path("paper/figures"))
     _print_table(rows)
     return rows
 
 
-def _figure(rows: list[SummaryRow], results_root: str | None) -> Path:
+def plot(results_root: str | Path | None = None, out_dir: str | Path = "paper/figures") -> Path:
+    """Redraw ``crash.png`` from ``results/crash/summary.csv`` (what ``make figures`` calls)."""
+    import pandas as pd
+
+    df = pd.read_csv(results_dir(NAME, results_root) / "summary.csv")
+    rows = [SummaryRow(metric=r.metric, subject=r.subject, value=float(r.value), unit=r.unit) for r in df.itertuples()]
+    return _figure(rows, Path(out_dir))
+
+
+def _figure(rows: list[SummaryRow], out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = results_dir(NAME, results_root) if results_root else Path("paper/figures")
     out.mkdir(parents=True, exist_ok=True)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     subs = [r.subject for r in rows if r.metric == "crashes" and r.subject != "all"]
@@ -384,8 +392,9 @@ def _figure(rows: list[SummaryRow], results_root: str | None) -> Path:
     a1.bar([i + 0.2 for i in x], [get[("crashes", s)] for s in subs], 0.4, label="crashes")
     for i, s in enumerate(subs):
         lost, bad = get[("acknowledged_blocks_lost", s)], get[("corrupt_bytes_served", s)]
-        a1.annotate(f"lost {lost:g}\nbad {bad:g}", (i, 1), ha="center", fontsize=8)
+        a1.annotate(f"lost {lost:g}\nbad {bad:g}", (i, get[("acknowledged_blocks_checked", s)] * 1.3), ha="center", va="bottom", fontsize=8)
     a1.set_yscale("log")
+    a1.set_ylim(top=max(get[("acknowledged_blocks_checked", s)] for s in subs) * 20)
     a1.set_xticks(list(x), subs, rotation=20, fontsize=8)
     a1.set_title("crashes: acknowledged blocks lost / corrupt reads")
     a1.legend(fontsize=8)

@@ -1,13 +1,16 @@
 """Regenerate every figure from ``results/*/summary.csv`` (``make figures``).
 
 Plotting reads only ``results/``; it never re-runs an experiment. One PNG per study in
-``paper/figures/``: for each metric that has a baseline, the subject's value next to the
-baseline's value (log scale, ratio annotated).
+``paper/figures/``. A study whose figure needs its own layout registers a ``plot(results_root,
+out_dir)`` function in ``STUDY_PLOTS``; every other study gets the generic figure: for each
+metric that has a baseline, the subject's value next to the baseline's value (log scale, ratio
+annotated).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 from pathlib import Path
 
@@ -16,6 +19,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+
+
+# study name -> "module:function(results_root, out_dir) -> Path | list[Path]"
+STUDY_PLOTS: dict[str, str] = {
+    "crash": "experiments.crash_study:plot",
+}
 
 
 def load_summaries(results_root: Path) -> dict[str, pd.DataFrame]:
@@ -67,7 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     if not studies:
         raise SystemExit(f"no results/*/summary.csv under {args.results_root!r}; run `make experiments` first")
     for name, df in studies.items():
-        path = plot_study(name, df, Path(args.out))
+        target = STUDY_PLOTS.get(name)
+        if target is not None:
+            module, fn = target.split(":")
+            path = getattr(importlib.import_module(module), fn)(Path(args.results_root), Path(args.out))
+        else:
+            path = plot_study(name, df, Path(args.out))
         print(f"{name}: {path if path else 'no baseline comparisons to plot'}")
 
 
