@@ -10,7 +10,7 @@ PYX    := $(wildcard quillcache/_fast/*.pyx quillcache/_fast/*.pxd)
 
 export PYTHONFAULTHANDLER := 1
 
-.PHONY: install test bench storage store crash experiments figures paper clean
+.PHONY: install test bench storage store crash safety experiments figures paper clean
 
 install: $(STAMP)
 
@@ -36,7 +36,10 @@ store: install
 crash: install
 	$(PY) -m experiments.crash_study
 
-experiments: bench storage store crash
+safety: install
+	$(PY) -m experiments.safety_study
+
+experiments: bench storage store crash safety
 	$(MAKE) paper
 
 figures: install

@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 # study name -> "module:function(results_root, out_dir) -> Path | list[Path]"
 STUDY_PLOTS: dict[str, str] = {
     "crash": "experiments.crash_study:plot",
+    "safety": "experiments.safety_study:plot_into",
 }
 
 

@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "hashing": "experiments.microbench.bench_hashing",
     "alloc": "experiments.microbench.bench_alloc",
     "sketch": "experiments.microbench.bench_sketch",
+    "planner": "experiments.microbench.bench_planner",
 }
 
 

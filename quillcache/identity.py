@@ -1,0 +1,413 @@
+"""Identity scope, sharing policy and the reuse audit: who may reuse a cached block.
+
+A cached block is reused only by a request of the same identity scope. The scope is every field
+of :class:`quillcache.types.Identity`:
+
+=============  ================================================================================
+field          why it must match
+=============  ================================================================================
+model          KV of another model is numerically meaningless here (a silent correctness error)
+tokenizer      the same token ids mean different text under another tokenizer
+adapter        a LoRA adapter changes the K/V projections: its KV differs from the base model's
+layout         dtype, block size and tensor-parallel rank decide what the bytes are
+tenant         another tenant's KV is a privacy leak (prompt-leakage attacks rebuild prompts
+               from what is cached) - unless the block is shared under an explicit policy
+=============  ================================================================================
+
+The one exception is :class:`SharingPolicy`: the operator registers *public* prefixes (e.g. a
+provider-wide system prompt) by their block hashes; those blocks are written under the public
+scope of their model (same model/tokenizer/adapter/layout, tenant ``""``) and may be read by every
+tenant the policy names. Nothing else is ever shared, and model, tokenizer, adapter and layout must
+match even for public blocks.
+
+Validation rule for tenant ids and salts (``TENANT_ID_RE``, ``SALT_RE``): 1 to 128 characters from
+``[A-Za-z0-9._:@-]`` - ASCII letters, digits and ``. _ : @ -``; nothing else (no spaces, slashes,
+control or non-ASCII characters). A request must name a tenant (``""`` is the reserved public
+scope). Model, tokenizer and adapter names: 1 to 256 characters from ``[A-Za-z0-9._:@/+=-]``
+(model names carry ``/``); tokenizer and adapter may be empty ("the model's own" / "no adapter").
+A malformed identity is refused with ``ValueError``/``TypeError`` naming the field and value
+before any scope exists, so nothing can be cached under it.
+
+Guard design (the fast path). A :class:`RequestScope` is built once per identity (and cached by the
+:class:`IdentityRegistry`): it holds the 16-byte digests the request may read - its own and, where
+the policy allows, its model's public scope - as a ``(k, 16)`` uint8 array. The planner compares
+each located replica's identity digest with these rows inside its lookup kernel, so the check is
+part of the lookup; public-scope replicas additionally need their block hash in the policy's sorted
+public set. Only :func:`audit_reuse` (the audit path, also the plain-Python reference of the guard)
+decodes digests back to identities through the registry and names reasons.
+
+What is exposed to whom (no side channel)
+-----------------------------------------
+- A request's plan is computed from (a) replicas of ITS OWN scope, (b) public-scope replicas of
+  registered public blocks, and (c) per-worker load counters (in-flight prefill tokens and decode
+  blocks of all tenants). Replicas of any other scope are dropped inside the lookup before any
+  score, action, cost or timing class is derived, so the chosen worker, the per-block actions,
+  ``cached_tokens``, the predicted TTFT, the timing class and every ``x-quillcache-*`` header are
+  identical whether or not another tenant has the same prefix cached (tested).
+- Exposed to the requesting tenant: how many of its prompt tokens were reused from its own scope or
+  from registered public prefixes (``cached_tokens``), the timing class (within / over SLO) and the
+  worker name. Public-prefix residency is visible to every tenant the policy names - that is what
+  registering a prefix as public means.
+- Exposed to nobody through responses: whether another tenant (or another model, adapter,
+  tokenizer or layout) has any block cached, and the identity digests in the index.
+- Not hidden: aggregate load (a busy cluster answers slower for everyone), and capacity contention
+  (another tenant's blocks can evict yours, a prime+probe style channel inherent to any shared
+  pool; per-tenant quotas would close it and are not implemented here). The planner's own
+  CPU time grows by nanoseconds per colliding replica of another scope; it is not reported in any
+  response and is far below network jitter.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from quillcache.index.keys import ResidencyEntry
+from quillcache.types import Identity, KvLayout
+
+__all__ = [
+    "DIGEST_BYTES",
+    "NAME_RE",
+    "PUBLIC_TENANT",
+    "SALT_RE",
+    "TENANT_ID_RE",
+    "IdentityRegistry",
+    "RequestScope",
+    "ReuseReason",
+    "ReuseVerdict",
+    "SharingPolicy",
+    "audit_reuse",
+    "make_identity",
+    "reuse_reason",
+    "validate_identity",
+    "validate_salt",
+    "validate_tenant_id",
+]
+
+DIGEST_BYTES = 16
+PUBLIC_TENANT = ""  # the reserved tenant of public scopes; never a request's tenant
+TENANT_ID_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+SALT_RE = TENANT_ID_RE
+NAME_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,256}")
+_U64_MAX = (1 << 64) - 1
+
+
+def _show(value: object) -> str:
+    """A short, escaped rendering of a rejected value (never raw control characters)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_token(kind: str, value: object, rx: re.Pattern[str], rule: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{kind} must be str, got {type(value).__name__} {_show(value)}")
+    if rx.fullmatch(value) is None:
+        raise ValueError(f"{kind}={_show(value)} is malformed; expected {rule}")
+    return value
+
+
+_TOKEN_RULE = "1-128 characters from [A-Za-z0-9._:@-]"
+_NAME_RULE = "1-256 characters from [A-Za-z0-9._:@/+=-]"
+
+
+def validate_tenant_id(tenant: object) -> str:
+    """``tenant`` if it follows ``TENANT_ID_RE`` (1-128 of ``[A-Za-z0-9._:@-]``), else an error."""
+    return _check_token("tenant", tenant, TENANT_ID_RE, _TOKEN_RULE)
+
+
+def validate_salt(salt: object) -> str:
+    """``salt`` (a cache salt, as in vLLM's ``cache_salt``) if it follows ``SALT_RE``, else an error."""
+    return _check_token("salt", salt, SALT_RE, _TOKEN_RULE)
+
+
+def _check_name(kind: str, value: object, *, allow_empty: bool) -> str:
+    if allow_empty and value == "":
+        return ""
+    return _check_token(kind, value, NAME_RE, _NAME_RULE + (" or empty" if allow_empty else ""))
+
+
+def validate_identity(identity: object) -> Identity:
+    """A request identity, checked field by field (stricter than ``Identity`` itself)."""
+    if not isinstance(identity, Identity):
+        raise TypeError(f"identity must be a quillcache.types.Identity, got {type(identity).__name__}")
+    _check_name("model", identity.model, allow_empty=False)
+    _check_name("tokenizer", identity.tokenizer, allow_empty=True)
+    _check_name("adapter", identity.adapter, allow_empty=True)
+    validate_tenant_id(identity.tenant)
+    return identity
+
+
+def make_identity(
+    *, model: str, tenant: str, tokenizer: str = "", adapter: str = "", layout: KvLayout | None = None
+) -> Identity:
+    """Build a request identity from raw strings (e.g. gateway headers), validating first."""
+    _check_name("model", model, allow_empty=False)
+    _check_name("tokenizer", tokenizer, allow_empty=True)
+    _check_name("adapter", adapter, allow_empty=True)
+    validate_tenant_id(tenant)
+    if layout is not None and not isinstance(layout, KvLayout):
+        raise TypeError(f"layout must be a KvLayout, got {type(layout).__name__}")
+    return Identity(model=model, tokenizer=tokenizer, adapter=adapter, tenant=tenant, layout=layout or KvLayout())
+
+
+def public_identity(identity: Identity) -> Identity:
+    """The public scope of ``identity``'s model, tokenizer, adapter and layout."""
+    return identity.with_tenant(PUBLIC_TENANT)
+
+
+# --------------------------------------------------------------------------- sharing policy
+def _check_block_hashes(values: Iterable[object]) -> frozenset[int]:
+    out = set()
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"public block hashes must be integers, got {type(v).__name__} {_show(v)}")
+        if not 0 <= int(v) <= _U64_MAX:
+            raise ValueError(f"public block hash {int(v)} is outside [0, 2**64)")
+        out.add(int(v))
+    return frozenset(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharingPolicy:
+    """Which blocks may cross tenants: only operator-registered public prefixes.
+
+    ``public_blocks``: block hashes of registered public prefixes (e.g. a provider system prompt);
+    ``shared_tenants``: tenants allowed to read them (``None`` = every tenant). A public block is
+    still scoped to its model, tokenizer, adapter and layout.
+    """
+
+    public_blocks: frozenset[int] = frozenset()
+    shared_tenants: frozenset[str] | None = None
+    _sorted: np.ndarray = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.public_blocks, (frozenset, set, list, tuple, np.ndarray)):
+            raise TypeError(f"public_blocks must be a set of block hashes, got {type(self.public_blocks).__name__}")
+        blocks = _check_block_hashes(self.public_blocks)
+        object.__setattr__(self, "public_blocks", blocks)
+        if self.shared_tenants is not None:
+            if isinstance(self.shared_tenants, str) or not isinstance(self.shared_tenants, Iterable):
+                raise TypeError(f"shared_tenants must be a set of tenant ids or None, got {_show(self.shared_tenants)}")
+            object.__setattr__(self, "shared_tenants", frozenset(validate_tenant_id(t) for t in self.shared_tenants))
+        arr = np.array(sorted(blocks), dtype=np.uint64)
+        arr.flags.writeable = False
+        object.__setattr__(self, "_sorted", arr)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.public_blocks)
+
+    @property
+    def public_sorted(self) -> np.ndarray:
+        """The public block hashes as a sorted read-only uint64 array (the kernel's binary search)."""
+        return self._sorted
+
+    def shares_with(self, tenant: str) -> bool:
+        return self.enabled and (self.shared_tenants is None or tenant in self.shared_tenants)
+
+    def allows(self, tenant: str, block_hash: int) -> bool:
+        """May ``tenant`` read the public-scope replica of ``block_hash``?"""
+        return self.shares_with(tenant) and int(block_hash) in self.public_blocks
+
+    def with_public_prompt(
+        self, tokens: object, block_size_tokens: int, *, lora: str | None = None, namespace: str | None = None
+    ) -> SharingPolicy:
+        """A policy that also shares every full block of ``tokens`` (hashed as the planner does)."""
+        from quillcache.hashing import hash_blocks
+
+        hashes = hash_blocks(tokens, block_size_tokens, lora=lora, namespace=namespace)
+        if len(hashes) == 0:
+            raise ValueError(f"a public prompt needs at least one full block of {block_size_tokens} tokens")
+        return SharingPolicy(
+            public_blocks=self.public_blocks | frozenset(int(h) for h in hashes), shared_tenants=self.shared_tenants
+        )
+
+
+# --------------------------------------------------------------------------- verdicts
+class ReuseReason(enum.Enum):
+    """Why a candidate replica may or may not serve a request (the first two are safe)."""
+
+    SAME_SCOPE = "same-scope"
+    SHARED_PUBLIC = "shared-public"
+    CROSS_MODEL = "cross-model"
+    CROSS_TOKENIZER = "cross-tokenizer"
+    CROSS_ADAPTER = "cross-adapter"
+    LAYOUT_MISMATCH = "layout-mismatch"
+    CROSS_TENANT = "cross-tenant"
+    UNKNOWN_IDENTITY = "unknown-identity"
+
+    @property
+    def safe(self) -> bool:
+        return self in (ReuseReason.SAME_SCOPE, ReuseReason.SHARED_PUBLIC)
+
+
+UNSAFE_REASONS: tuple[ReuseReason, ...] = tuple(r for r in ReuseReason if not r.safe)
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseVerdict:
+    """The audit of one candidate replica: ``reason`` is the first mismatch in the order
+    model, tokenizer, adapter, layout, tenant; ``mismatches`` lists every mismatching field."""
+
+    block_hash: int
+    candidate: bytes  # the replica's 16-byte identity digest
+    reason: ReuseReason
+    mismatches: tuple[ReuseReason, ...] = ()
+
+    @property
+    def safe(self) -> bool:
+        return self.reason.safe
+
+
+def reuse_reason(request: Identity, candidate: Identity, block_hash: int, policy: SharingPolicy | None = None):
+    """(primary reason, every mismatch) for ``candidate``'s replica of ``block_hash`` serving ``request``.
+
+    The plain-Python reference of the guard: safe iff every scope field matches, or the candidate
+    is the public scope of the request's model/tokenizer/adapter/layout and the policy shares
+    ``block_hash`` with the request's tenant.
+    """
+    mism = []
+    if candidate.model != request.model:
+        mism.append(ReuseReason.CROSS_MODEL)
+    if candidate.tokenizer != request.tokenizer:
+        mism.append(ReuseReason.CROSS_TOKENIZER)
+    if candidate.adapter != request.adapter:
+        mism.append(ReuseReason.CROSS_ADAPTER)
+    if candidate.layout != request.layout:
+        mism.append(ReuseReason.LAYOUT_MISMATCH)
+    if candidate.tenant != request.tenant:
+        public_ok = (
+            candidate.tenant == PUBLIC_TENANT and policy is not None and policy.allows(request.tenant, block_hash)
+        )
+        if not public_ok:
+            mism.append(ReuseReason.CROSS_TENANT)
+        elif not mism:
+            return ReuseReason.SHARED_PUBLIC, ()
+    if not mism:
+        return ReuseReason.SAME_SCOPE, ()
+    return mism[0], tuple(mism)
+
+
+class IdentityRegistry:
+    """digest -> Identity (so audits can name reasons) and the per-identity scope cache.
+
+    Every scope handed out is registered here together with its public scope, so every digest the
+    planner can write is known to the audit path.
+    """
+
+    def __init__(self, policy: SharingPolicy | None = None) -> None:
+        if policy is not None and not isinstance(policy, SharingPolicy):
+            raise TypeError(f"policy must be a SharingPolicy, got {type(policy).__name__}")
+        self.policy = policy or SharingPolicy()
+        self._by_digest: dict[bytes, Identity] = {}
+        self._scopes: dict[Identity, RequestScope] = {}
+
+    def register(self, identity: Identity) -> bytes:
+        """Record ``identity`` (any scope, public ones included) and return its digest."""
+        if not isinstance(identity, Identity):
+            raise TypeError(f"identity must be an Identity, got {type(identity).__name__}")
+        d = identity.digest()
+        known = self._by_digest.setdefault(d, identity)
+        if known != identity:  # a 128-bit BLAKE2b collision: refuse rather than mislabel
+            raise ValueError(f"identity digest collision between {known} and {identity}")
+        return d
+
+    def identity_of(self, digest: bytes) -> Identity | None:
+        return self._by_digest.get(bytes(digest))
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def scope(self, identity: Identity) -> RequestScope:
+        """The (cached) read/write scope of a request identity; validates it first."""
+        sc = self._scopes.get(identity)
+        if sc is None:
+            validate_identity(identity)
+            own = self.register(identity)
+            pub_id = public_identity(identity)
+            pub = self.register(pub_id)
+            shares = self.policy.shares_with(identity.tenant)
+            rows = [own, pub] if shares else [own]
+            allowed = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), DIGEST_BYTES).copy()
+            allowed.flags.writeable = False
+            sc = RequestScope(
+                identity=identity,
+                digest=own,
+                public_digest=pub if shares else None,
+                write_public_digest=pub,
+                allowed=allowed,
+                public_slot=1 if shares else -1,
+                policy=self.policy,
+            )
+            self._scopes[identity] = sc
+        return sc
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RequestScope:
+    """What one request identity may read (``allowed`` digests) and write (``write_digests``)."""
+
+    identity: Identity
+    digest: bytes
+    public_digest: bytes | None  # readable public scope, None when the policy does not share
+    write_public_digest: bytes  # where this identity's registered public blocks are written
+    allowed: np.ndarray  # (k, 16) uint8, read-only: row 0 own digest, row 1 public (if shared)
+    public_slot: int  # row of the public digest in ``allowed``, -1 if none
+    policy: SharingPolicy
+
+    def write_digests(self, block_hashes: Sequence[int] | np.ndarray) -> list[bytes]:
+        """Per block, the scope its KV is recorded under: the public scope for registered
+        public blocks, the request's own scope for everything else (so nothing private is
+        ever written public, and public entries exist only for registered blocks)."""
+        pub = self.policy.public_blocks
+        if not pub:
+            return [self.digest] * len(block_hashes)
+        return [self.write_public_digest if int(h) in pub else self.digest for h in block_hashes]
+
+
+Candidate = ResidencyEntry | tuple[int, Identity | bytes]
+
+
+def audit_reuse(
+    request_identity: Identity,
+    candidates: Iterable[Candidate],
+    *,
+    registry: IdentityRegistry | None = None,
+    policy: SharingPolicy | None = None,
+) -> list[ReuseVerdict]:
+    """Per candidate replica, safe or unsafe with the reason (the audit path; builds reasons).
+
+    ``candidates``: ``ResidencyEntry`` objects (identity digests, decoded through ``registry``) or
+    ``(block_hash, Identity | digest)`` pairs. A digest the registry does not know is unsafe
+    (``UNKNOWN_IDENTITY``): the audit never assumes. ``policy`` defaults to the registry's.
+    """
+    validate_identity(request_identity)
+    if policy is None:
+        policy = registry.policy if registry is not None else SharingPolicy()
+    own = request_identity.digest()
+    out: list[ReuseVerdict] = []
+    for c in candidates:
+        if isinstance(c, ResidencyEntry):
+            h, cand = c.block_hash, c.identity
+        elif isinstance(c, tuple) and len(c) == 2:
+            h, cand = c
+        else:
+            raise TypeError(f"a candidate is a ResidencyEntry or (block_hash, identity), got {_show(c)}")
+        if isinstance(cand, Identity):
+            ident: Identity | None = cand
+            digest = cand.digest()
+        elif isinstance(cand, (bytes, bytearray)) and len(cand) == DIGEST_BYTES:
+            digest = bytes(cand)
+            ident = request_identity if digest == own else (registry.identity_of(digest) if registry else None)
+        else:
+            raise TypeError(f"candidate identity must be an Identity or a 16-byte digest, got {_show(cand)}")
+        if ident is None:
+            out.append(ReuseVerdict(int(h), digest, ReuseReason.UNKNOWN_IDENTITY, (ReuseReason.UNKNOWN_IDENTITY,)))
+            continue
+        reason, mism = reuse_reason(request_identity, ident, int(h), policy)
+        out.append(ReuseVerdict(int(h), digest, reason, mism))
+    return out

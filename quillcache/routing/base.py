@@ -1,0 +1,302 @@
+"""Workers, live load tracking and the router interface.
+
+A router picks one worker for a request from per-worker columns (numpy arrays indexed by worker
+number): the request's consecutive cached-prefix overlap on each worker by tier, and the live
+load every worker carries right now. Load is live: a request's load is counted by
+:meth:`LoadTracker.acquire` BEFORE the upstream call and released after it (``with
+tracker.track(...)`` or ``lease.release()``), so the next decision already sees it - without this
+every request with the same hot prefix would dog-pile the one cache-hot worker.
+
+Invariants:
+- Load counters are never negative: a lease releases exactly what it acquired, once (a second
+  ``release`` is a no-op), under the tracker's lock.
+- ``Router.select`` only ever returns the index of an eligible worker; with no eligible worker it
+  raises ``ValueError``.
+- Randomness (tie-breaks, temperature sampling) comes from the router's own seeded
+  ``random.Random``, so a seed reproduces every decision.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import random
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "EngineRole",
+    "Lease",
+    "LoadTracker",
+    "RouteRequest",
+    "Router",
+    "WorkerSpec",
+    "pick_min",
+]
+
+
+class EngineRole(enum.Enum):
+    """What an engine does: prefill only, decode only, or both (aggregated serving)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+    @property
+    def prefills(self) -> bool:
+        return self is not EngineRole.DECODE
+
+    @property
+    def decodes(self) -> bool:
+        return self is not EngineRole.PREFILL
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSpec:
+    """An engine worker; ``name`` is its node name in the residency index."""
+
+    name: str
+    role: EngineRole = EngineRole.BOTH
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
+            raise ValueError(f"worker name must be a non-empty str of at most 200 characters, got {self.name!r:.80}")
+        if not isinstance(self.role, EngineRole):
+            raise TypeError(f"role must be an EngineRole, got {self.role!r}")
+
+
+def as_worker_specs(workers: Sequence[WorkerSpec | str]) -> tuple[WorkerSpec, ...]:
+    if isinstance(workers, (str, bytes)) or not isinstance(workers, Sequence):
+        raise TypeError(f"workers must be a sequence of WorkerSpec or names, got {type(workers).__name__}")
+    specs = tuple(w if isinstance(w, WorkerSpec) else WorkerSpec(name=w) for w in workers)
+    if not specs:
+        raise ValueError("at least one worker is needed")
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"duplicate worker names {dup}")
+    return specs
+
+
+class Lease:
+    """The load one request puts on its workers, from acquire until release."""
+
+    __slots__ = ("_live", "_prefilling", "_tracker", "decode_blocks", "decode_worker_index", "prefill_tokens", "worker_index")
+
+    def __init__(self, tracker: LoadTracker, worker_index: int, decode_worker_index: int,
+                 prefill_tokens: int, decode_blocks: int) -> None:
+        self._tracker = tracker
+        self.worker_index = worker_index
+        self.decode_worker_index = decode_worker_index
+        self.prefill_tokens = prefill_tokens
+        self.decode_blocks = decode_blocks
+        self._prefilling = True
+        self._live = True
+
+    @property
+    def live(self) -> bool:
+        return self._live
+
+    def prefill_done(self) -> None:
+        """The first token is out: its prefill tokens stop counting (decode blocks stay)."""
+        t = self._tracker
+        with t._lock:
+            if self._live and self._prefilling:
+                t._prefill[self.worker_index] -= self.prefill_tokens
+                self._prefilling = False
+
+    def release(self) -> None:
+        """The request finished (or failed): release everything it still holds. Idempotent."""
+        t = self._tracker
+        with t._lock:
+            if not self._live:
+                return
+            if self._prefilling:
+                t._prefill[self.worker_index] -= self.prefill_tokens
+                self._prefilling = False
+            t._decode[self.decode_worker_index] -= self.decode_blocks
+            t._inflight[self.worker_index] -= 1
+            if self.decode_worker_index != self.worker_index:
+                t._inflight[self.decode_worker_index] -= 1
+            self._live = False
+            assert t._prefill.min(initial=0) >= 0 and t._decode.min(initial=0) >= 0
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class LoadTracker:
+    """Live per-worker load: in-flight prefill tokens, active decode blocks, in-flight requests."""
+
+    def __init__(self, workers: Sequence[WorkerSpec | str]) -> None:
+        self.workers = as_worker_specs(workers)
+        self.names = tuple(w.name for w in self.workers)
+        self.index_of = {n: i for i, n in enumerate(self.names)}
+        n = len(self.workers)
+        self._prefill = np.zeros(n, dtype=np.int64)
+        self._decode = np.zeros(n, dtype=np.int64)
+        self._inflight = np.zeros(n, dtype=np.int64)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    # Read-only views for routers: reading without the lock sees each counter atomically enough
+    # for a heuristic (a decision made a microsecond earlier would have seen the same race).
+    @property
+    def active_prefill_tokens(self) -> np.ndarray:
+        v = self._prefill.view()
+        v.flags.writeable = False
+        return v
+
+    @property
+    def decode_blocks(self) -> np.ndarray:
+        v = self._decode.view()
+        v.flags.writeable = False
+        return v
+
+    @property
+    def inflight(self) -> np.ndarray:
+        v = self._inflight.view()
+        v.flags.writeable = False
+        return v
+
+    def _index(self, worker: int | str) -> int:
+        if isinstance(worker, str):
+            i = self.index_of.get(worker)
+            if i is None:
+                raise ValueError(f"unknown worker {worker!r}; known: {list(self.names)}")
+            return i
+        if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or not 0 <= worker < len(self.names):
+            raise ValueError(f"worker index {worker!r} is out of range 0..{len(self.names) - 1}")
+        return int(worker)
+
+    def acquire(self, worker: int | str, *, prefill_tokens: int, decode_blocks: int,
+                decode_worker: int | str | None = None) -> Lease:
+        """Count a request's load now (before the upstream call); release it with the lease."""
+        w = self._index(worker)
+        d = w if decode_worker is None else self._index(decode_worker)
+        for name, v in (("prefill_tokens", prefill_tokens), ("decode_blocks", decode_blocks)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{name}={v!r}; expected a non-negative int")
+        with self._lock:
+            self._prefill[w] += prefill_tokens
+            self._decode[d] += decode_blocks
+            self._inflight[w] += 1
+            if d != w:
+                self._inflight[d] += 1
+        return Lease(self, w, d, int(prefill_tokens), int(decode_blocks))
+
+    @contextmanager
+    def track(self, worker: int | str, *, prefill_tokens: int, decode_blocks: int,
+              decode_worker: int | str | None = None) -> Iterator[Lease]:
+        """``with tracker.track(w, ...) as lease:`` - load counted for the body, released after."""
+        lease = self.acquire(worker, prefill_tokens=prefill_tokens, decode_blocks=decode_blocks,
+                             decode_worker=decode_worker)
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {
+                n: {"active_prefill_tokens": int(p), "decode_blocks": int(d), "inflight": int(f)}
+                for n, p, d, f in zip(self.names, self._prefill, self._decode, self._inflight)
+            }
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """What a router sees of one request, as per-worker columns.
+
+    ``overlaps``: int64 (3, n_workers): consecutive leading blocks of the request each worker holds
+    on its GPU (row 0), then in host DRAM beyond the device prefix (row 1), then on disk beyond
+    the host prefix (row 2). ``eligible``: bool mask of workers that may take the request (None =
+    all). Loads are the live counters of a :class:`LoadTracker`.
+    """
+
+    overlaps: np.ndarray
+    isl_tokens: int
+    block_size_tokens: int
+    active_prefill_tokens: np.ndarray
+    decode_blocks: np.ndarray
+    eligible: np.ndarray | None = None
+
+    @property
+    def num_workers(self) -> int:
+        return int(self.overlaps.shape[1])
+
+
+def check_route(route: RouteRequest) -> None:
+    """Validate a route request (shapes, dtypes, sizes); routers call it before deciding."""
+    if not isinstance(route, RouteRequest):
+        raise TypeError(f"route must be a RouteRequest, got {type(route).__name__}")
+    ov = route.overlaps
+    if not isinstance(ov, np.ndarray) or ov.ndim != 2 or ov.shape[0] != 3 or ov.shape[1] < 1:
+        raise ValueError(f"overlaps must be an int array of shape (3, n_workers >= 1), got {getattr(ov, 'shape', ov)}")
+    n = ov.shape[1]
+    for name in ("active_prefill_tokens", "decode_blocks"):
+        a = getattr(route, name)
+        if not isinstance(a, np.ndarray) or a.shape != (n,):
+            raise ValueError(f"{name} must be an array of shape ({n},), got {getattr(a, 'shape', a)}")
+    if route.eligible is not None and (
+        not isinstance(route.eligible, np.ndarray) or route.eligible.shape != (n,) or route.eligible.dtype != np.bool_
+    ):
+        raise ValueError(f"eligible must be a bool array of shape ({n},) or None")
+    if isinstance(route.isl_tokens, bool) or not isinstance(route.isl_tokens, (int, np.integer)) or route.isl_tokens < 1:
+        raise ValueError(f"isl_tokens={route.isl_tokens!r}; an empty prompt cannot be routed")
+    bs = route.block_size_tokens
+    if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
+        raise ValueError(f"block_size_tokens={bs!r}; expected a positive int")
+
+
+def pick_min(values: np.ndarray, eligible: np.ndarray | None, rng: random.Random) -> int:
+    """Index of the smallest eligible value, ties broken uniformly at random."""
+    if eligible is not None:
+        if not eligible.any():
+            raise ValueError("no eligible worker for this request")
+        values = np.where(eligible, values, np.inf)
+    m = values.min()
+    ties = np.flatnonzero(values == m)
+    if len(ties) == 1:
+        return int(ties[0])
+    return int(ties[int(rng.random() * len(ties))])
+
+
+class Router(abc.ABC):
+    """Picks a worker. Registered by name in ``quillcache.routing.ROUTERS``."""
+
+    name: str = "abstract"
+
+    def __init__(self, *, seed: int | None = None) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        self.rng = random.Random(seed)
+
+    def select(self, route: RouteRequest) -> int:
+        """Index of the chosen worker (an eligible one); validates ``route`` first."""
+        check_route(route)
+        return self._select(route)
+
+    @abc.abstractmethod
+    def _select(self, route: RouteRequest) -> int:
+        """``select`` without validation (the planner's hot path builds valid routes)."""
+
+    def clone(self, seed: int | None = None) -> Router:
+        """A router of the same kind and options with its own generator (seeded with ``seed``)."""
+        return type(self)(seed=seed)
+
+    def logits(self, route: RouteRequest) -> np.ndarray:
+        """Per-worker cost (lower is better) where the router has one."""
+        raise NotImplementedError(f"router {self.name!r} has no cost logits")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

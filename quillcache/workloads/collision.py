@@ -1,0 +1,378 @@
+"""Collision workload: tenants x adapters x models x shared system prompts x user prompts.
+
+Each request is a Mooncake-format record (``timestamp`` ms, ``input_length``, ``output_length``,
+``hash_ids``: one prefix-chained id per ``block_tokens``-token block, equal ids = equal prefix) plus
+its identity scope (``tenant``, ``model``, ``tokenizer``, ``adapter``, ``kv_dtype``), the number of
+leading blocks that are a registered public system prompt (``public_prefix_blocks``) and the
+generator's ``intent`` (how the request relates to the earlier writer of its prefix). Token ids are
+derived from the block ids (:func:`tokens_for`), so the real hashing code runs on real token arrays
+and equal content hashes happen exactly where the ids are equal.
+
+Mixes (both deterministic from ``seed``):
+
+- ``realistic``: mostly same-identity reuse - multi-turn sessions of one tenant and deployment,
+  tenant-private system prompts - plus what crosses scopes in practice: provider-wide public system
+  prompts (registered as public), used by tenants running different models, adapters and KV dtypes,
+  and popular user templates typed by many tenants after the same public prompt.
+- ``adversarial``: every cache hit a collision. Each group is a fresh prompt written first by a
+  victim identity, then requested by five identities that each differ from the victim in exactly
+  one scope field (tenant, adapter, model with the same tokenizer, tokenizer revision, KV dtype).
+
+Invariants: ids are interned per (parent id, block content), so a prefix shared by two requests has
+the same ids in both; every identity in a trace passes :func:`quillcache.identity.make_identity`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quillcache.identity import make_identity
+from quillcache.traces import TraceError
+from quillcache.types import Identity, KvLayout
+
+__all__ = [
+    "INTENTS",
+    "MIXES",
+    "CollisionConfig",
+    "CollisionRequest",
+    "generate",
+    "read_jsonl",
+    "tokens_for",
+    "write_jsonl",
+]
+
+MIXES = ("realistic", "adversarial")
+INTENTS = ("fresh", "same-scope", "public-prompt", "cross-tenant", "cross-adapter", "cross-model",
+           "cross-tokenizer", "layout-mismatch")
+VOCAB = 128_256  # Llama-3 vocabulary size: token ids are drawn below it
+# (model, tokenizer): each model has a sibling with the same tokenizer (cross-model collisions)
+MODEL_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("llama-3-8b", "llama3"), ("llama-3-70b", "llama3"), ("qwen2.5-7b", "qwen2.5"), ("qwen2.5-14b", "qwen2.5"),
+)
+SIBLING = {"llama-3-8b": "llama-3-70b", "llama-3-70b": "llama-3-8b", "qwen2.5-7b": "qwen2.5-14b",
+           "qwen2.5-14b": "qwen2.5-7b"}
+ADAPTERS = ("", "sql-lora", "chat-lora", "legal-lora")
+KV_DTYPES = ("bfloat16", "float8_e4m3")
+_REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids", "block_tokens", "tenant", "model",
+             "tokenizer", "adapter", "kv_dtype", "public_prefix_blocks", "intent")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollisionConfig:
+    mix: str = "realistic"
+    num_requests: int = 10_000
+    seed: int = 0
+    block_size_tokens: int = 16
+    num_tenants: int = 16
+    num_public_prompts: int = 4
+    public_prompt_blocks: int = 8
+    num_templates: int = 24
+    max_prompt_blocks: int = 64
+    mean_interarrival_ms: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.mix not in MIXES:
+            raise ValueError(f"mix={self.mix!r}; expected one of {MIXES}")
+        for name in ("num_requests", "block_size_tokens", "num_tenants", "num_public_prompts",
+                     "public_prompt_blocks", "num_templates", "max_prompt_blocks"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"CollisionConfig.{name}={v!r}; expected an int >= 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"CollisionConfig.seed={self.seed!r}; expected an int >= 0")
+        if self.max_prompt_blocks < self.public_prompt_blocks + 4:
+            raise ValueError(f"max_prompt_blocks={self.max_prompt_blocks} must leave room after a "
+                             f"{self.public_prompt_blocks}-block public prompt (>= public_prompt_blocks + 4)")
+        if not (math.isfinite(self.mean_interarrival_ms) and self.mean_interarrival_ms > 0):
+            raise ValueError(f"mean_interarrival_ms={self.mean_interarrival_ms!r}; expected > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class CollisionRequest:
+    timestamp: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+    block_tokens: int
+    tenant: str
+    model: str
+    tokenizer: str
+    adapter: str
+    kv_dtype: str
+    public_prefix_blocks: int
+    intent: str
+
+    def identity(self) -> Identity:
+        """The validated identity scope of this request."""
+        return make_identity(model=self.model, tenant=self.tenant, tokenizer=self.tokenizer, adapter=self.adapter,
+                             layout=KvLayout(dtype=self.kv_dtype, block_size_tokens=self.block_tokens))
+
+    @property
+    def num_full_blocks(self) -> int:
+        return self.input_length // self.block_tokens
+
+    def tokens(self) -> np.ndarray:
+        return tokens_for(self.hash_ids, self.block_tokens, self.input_length)
+
+
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def tokens_for(hash_ids: Iterable[int], block_tokens: int, input_length: int) -> np.ndarray:
+    """Token ids (uint32, below ``VOCAB``) of a prompt: block ``j``'s tokens are a pure function of
+    ``hash_ids[j]``, so equal ids give equal blocks; the last block may be partial."""
+    ids = np.fromiter(hash_ids, dtype=np.uint64)
+    if input_length > len(ids) * block_tokens or input_length <= (len(ids) - 1) * block_tokens:
+        raise ValueError(f"{len(ids)} hash_ids cannot cover input_length {input_length} at {block_tokens} tokens/block")
+    pos = np.arange(block_tokens, dtype=np.uint64)
+    toks = _splitmix(ids[:, None] * np.uint64(block_tokens) + pos[None, :]).reshape(-1)[:input_length]
+    return (toks % np.uint64(VOCAB)).astype(np.uint32)
+
+
+class _Ids:
+    """Prefix-chained block ids, interned by (parent id, content)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[int, object], int] = {}
+        self._fresh = 0
+
+    def chain(self, parent: int, contents: Iterable[object]) -> list[int]:
+        out = []
+        for c in contents:
+            key = (parent, c)
+            i = self._ids.get(key)
+            if i is None:
+                i = self._ids[key] = len(self._ids) + 1
+            out.append(i)
+            parent = i
+        return out
+
+    def fresh(self, n: int) -> list[tuple[str, int]]:
+        self._fresh += n
+        return [("fresh", self._fresh - k) for k in range(n)]
+
+
+@dataclass(slots=True)
+class _Deployment:
+    model: str
+    tokenizer: str
+    adapter: str
+    kv_dtype: str
+
+
+def _deployments(rng: random.Random, n_tenants: int) -> list[list[_Deployment]]:
+    out = []
+    for t in range(n_tenants):
+        model, tok = MODEL_FAMILIES[t % len(MODEL_FAMILIES)]
+        deps = [_Deployment(model, tok, ADAPTERS[0] if rng.random() < 0.6 else rng.choice(ADAPTERS[1:]),
+                            KV_DTYPES[1] if rng.random() < 0.25 else KV_DTYPES[0])]
+        if rng.random() < 0.4:  # a second deployment: another model or adapter
+            m2, t2 = rng.choice(MODEL_FAMILIES)
+            deps.append(_Deployment(m2, t2, rng.choice(ADAPTERS), KV_DTYPES[0]))
+        out.append(deps)
+    return out
+
+
+def _record(cfg: CollisionConfig, ts: int, ids: list[int], tail: int, out_len: int, tenant: str,
+            dep: _Deployment, public_blocks: int, intent: str) -> CollisionRequest:
+    return CollisionRequest(
+        timestamp=ts, input_length=len(ids) * cfg.block_size_tokens + tail - (cfg.block_size_tokens if tail else 0),
+        output_length=out_len, hash_ids=tuple(ids), block_tokens=cfg.block_size_tokens, tenant=tenant,
+        model=dep.model, tokenizer=dep.tokenizer, adapter=dep.adapter, kv_dtype=dep.kv_dtype,
+        public_prefix_blocks=public_blocks, intent=intent,
+    )
+
+
+def _realistic(cfg: CollisionConfig, rng: random.Random) -> list[CollisionRequest]:
+    ids = _Ids()
+    tenants = [f"tenant-{t:02d}" for t in range(cfg.num_tenants)]
+    deps = _deployments(rng, cfg.num_tenants)
+    weights = [1.0 / (t + 1) ** 0.8 for t in range(cfg.num_tenants)]  # a few big tenants
+    sessions: list[list[dict]] = [[] for _ in tenants]
+    out: list[CollisionRequest] = []
+    ts = 0.0
+    for _ in range(cfg.num_requests):
+        ts += rng.expovariate(1.0 / cfg.mean_interarrival_ms)
+        t = rng.choices(range(cfg.num_tenants), weights)[0]
+        live = sessions[t]
+        if live and rng.random() < 0.7:
+            s = rng.choice(live)
+            s["contents"] += ids.fresh(rng.randint(1, 3)) + ids.fresh(rng.randint(1, 3))  # answer + new turn
+            intent = "same-scope"
+            if len(s["contents"]) + 1 >= cfg.max_prompt_blocks:
+                live.remove(s)
+        else:
+            dep = rng.choice(deps[t])
+            if rng.random() < 0.5:
+                p = rng.randrange(cfg.num_public_prompts)
+                system = [("public", p, i) for i in range(cfg.public_prompt_blocks)]
+                public_blocks = cfg.public_prompt_blocks
+                intent = "public-prompt"
+            else:
+                p = rng.randrange(2)
+                system = [("system", t, p, i) for i in range(rng.randint(4, 12))]
+                public_blocks = 0
+                intent = "fresh"
+            if rng.random() < 0.3:
+                k = rng.randrange(cfg.num_templates)
+                user = [("template", k, i) for i in range(1 + k % 3)]
+            else:
+                user = ids.fresh(rng.randint(1, 4))
+            s = {"dep": dep, "contents": system + user, "public": public_blocks}
+            live.append(s)
+            if len(live) > 32:
+                live.pop(0)
+        chain = ids.chain(0, s["contents"])
+        tail = rng.randrange(cfg.block_size_tokens)
+        if tail:
+            chain = chain + ids.chain(chain[-1], ids.fresh(1))
+        out.append(_record(cfg, int(ts), chain, tail, rng.randint(16, 512), tenants[t], s["dep"], s["public"], intent))
+    return out
+
+
+_ATTACKS = ("cross-tenant", "cross-adapter", "cross-model", "cross-tokenizer", "layout-mismatch")
+
+
+def _attacker(victim_tenant: str, dep: _Deployment, kind: str, tenants: list[str], rng: random.Random):
+    d = _Deployment(dep.model, dep.tokenizer, dep.adapter, dep.kv_dtype)
+    tenant = victim_tenant
+    if kind == "cross-tenant":
+        tenant = rng.choice([x for x in tenants if x != victim_tenant])
+    elif kind == "cross-adapter":
+        d.adapter = rng.choice([a for a in ADAPTERS if a != dep.adapter])
+    elif kind == "cross-model":
+        d.model = SIBLING[dep.model]
+    elif kind == "cross-tokenizer":
+        d.tokenizer = dep.tokenizer + "-r2"
+    else:
+        d.kv_dtype = KV_DTYPES[1] if dep.kv_dtype == KV_DTYPES[0] else KV_DTYPES[0]
+    return tenant, d
+
+
+def _adversarial(cfg: CollisionConfig, rng: random.Random) -> list[CollisionRequest]:
+    ids = _Ids()
+    tenants = [f"tenant-{t:02d}" for t in range(cfg.num_tenants)]
+    out: list[CollisionRequest] = []
+    active: list[list[tuple]] = []
+    ts = 0.0
+    group = 0
+    while len(out) < cfg.num_requests:
+        while len(active) < 8:  # keep 8 groups in flight so attacks interleave
+            group += 1
+            model, tok = rng.choice(MODEL_FAMILIES)
+            dep = _Deployment(model, tok, rng.choice(ADAPTERS), KV_DTYPES[0])
+            victim = rng.choice(tenants)
+            prompt = ids.chain(0, [("adv", group, i) for i in range(rng.randint(4, min(32, cfg.max_prompt_blocks - 2)))])
+            steps = [(victim, dep, "fresh")] + [(*_attacker(victim, dep, k, tenants, rng), k)
+                                                for k in rng.sample(_ATTACKS, len(_ATTACKS))]
+            active.append([prompt, steps])
+        g = rng.randrange(len(active))
+        prompt, steps = active[g]
+        tenant, dep, intent = steps.pop(0)
+        if not steps:
+            active.pop(g)
+        ts += rng.expovariate(1.0 / cfg.mean_interarrival_ms)
+        chain = prompt + ids.chain(prompt[-1], ids.fresh(1))  # the prefix plus one own block
+        tail = rng.randrange(cfg.block_size_tokens)
+        if tail:
+            chain = chain + ids.chain(chain[-1], ids.fresh(1))
+        out.append(_record(cfg, int(ts), chain, tail, rng.randint(16, 512), tenant, dep, 0, intent))
+    return out
+
+
+def generate(cfg: CollisionConfig) -> list[CollisionRequest]:
+    """The request stream of ``cfg`` (same config and seed -> the same stream)."""
+    if not isinstance(cfg, CollisionConfig):
+        raise TypeError(f"generate() takes a CollisionConfig, got {type(cfg).__name__}")
+    rng = random.Random(cfg.seed)
+    return _realistic(cfg, rng) if cfg.mix == "realistic" else _adversarial(cfg, rng)
+
+
+# --------------------------------------------------------------------------- JSONL
+def write_jsonl(requests: Iterable[CollisionRequest], path: str | Path) -> int:
+    """Write one JSON object per line (Mooncake fields first); returns the number written."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in requests:
+            d = asdict(r)
+            d["hash_ids"] = list(r.hash_ids)
+            fh.write(json.dumps(d, separators=(",", ":")) + "\n")
+            n += 1
+    return n
+
+
+def _int(obj: dict, name: str, where: str, lo: int = 0) -> int:
+    v = obj.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise TraceError(f"{where}: field {name!r} must be an integer >= {lo}, got {v!r:.60}")
+    return v
+
+
+def _parse(line: str, where: str) -> CollisionRequest:
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise TraceError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    missing = [k for k in _REQUIRED if k not in obj]
+    if missing:
+        raise TraceError(f"{where}: missing field(s) {missing}")
+    bt = _int(obj, "block_tokens", where, 1)
+    isl = _int(obj, "input_length", where, 1)
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise TraceError(f"{where}: field 'hash_ids' must be a list of non-negative integers")
+    if len(ids) != -(-isl // bt):
+        raise TraceError(f"{where}: {len(ids)} hash_ids for input_length {isl}; expected ceil({isl}/{bt})")
+    strs = {}
+    for k in ("tenant", "model", "tokenizer", "adapter", "kv_dtype", "intent"):
+        if not isinstance(obj[k], str):
+            raise TraceError(f"{where}: field {k!r} must be a string")
+        strs[k] = obj[k]
+    if strs["intent"] not in INTENTS:
+        raise TraceError(f"{where}: intent {strs['intent']!r} is not one of {INTENTS}")
+    req = CollisionRequest(
+        timestamp=_int(obj, "timestamp", where), input_length=isl, output_length=_int(obj, "output_length", where),
+        hash_ids=tuple(ids), block_tokens=bt, public_prefix_blocks=_int(obj, "public_prefix_blocks", where), **strs,
+    )
+    if req.public_prefix_blocks > req.num_full_blocks:
+        raise TraceError(f"{where}: public_prefix_blocks {req.public_prefix_blocks} > {req.num_full_blocks} full blocks")
+    try:
+        req.identity()
+    except (TypeError, ValueError) as exc:
+        raise TraceError(f"{where}: malformed identity ({exc})") from None
+    return req
+
+
+def read_jsonl(path: str | Path) -> list[CollisionRequest]:
+    """Read and validate a collision trace; a bad line is refused with its line number."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"trace file {p} does not exist")
+    out = []
+    last = -1
+    with open(p, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            r = _parse(line, f"{p}:{lineno}")
+            if r.timestamp < last:
+                raise TraceError(f"{p}:{lineno}: timestamp {r.timestamp} < previous {last}; traces must be sorted")
+            last = r.timestamp
+            out.append(r)
+    if not out:
+        raise TraceError(f"trace file {p} holds no requests")
+    return out

@@ -1,0 +1,186 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quillcache.routing import (
+    ROUTERS,
+    DynamoCostRouter,
+    LoadTracker,
+    RouteRequest,
+    WorkerSpec,
+    make_router,
+)
+from quillcache.routing.base import EngineRole
+from quillcache.routing.dynamo import (
+    _logits,
+    _select,
+    dynamo_logits_reference,
+    select_reference,
+)
+
+
+def route(dev, host=None, disk=None, isl=64, bs=16, apt=None, dec=None, eligible=None) -> RouteRequest:
+    n = len(dev)
+    ov = np.array([dev, host or [0] * n, disk or [0] * n], dtype=np.int64)
+    return RouteRequest(ov, isl, bs, np.array(apt or [0] * n, dtype=np.int64), np.array(dec or [0] * n, dtype=np.int64),
+                        None if eligible is None else np.array(eligible, dtype=np.bool_))
+
+
+def chi2(counts, probs) -> float:
+    n = sum(counts)
+    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
+
+
+def test_dynamo_documented_example_picks_the_second_worker():
+    # weight 1.0, no lower tiers: workers at 8+10, 5+5 and 2+9 blocks (prefill+decode) -> the second.
+    # isl 64 tokens (4 blocks of 16); in-flight prefill 64 / 16 / 0 tokens; worker 2 holds 2 blocks on GPU:
+    # adjusted prefill = (64+64)/16 = 8, (16+64)/16 = 5, 64/16 - 2 = 2
+    r = route([0, 0, 2], isl=64, apt=[64, 16, 0], dec=[10, 5, 9])
+    router = DynamoCostRouter(seed=0)
+    lg = router.logits(r)
+    assert list(lg - 4) == [8 + 10, 5 + 5, 2 + 9]  # + the new request's 4 blocks on every worker
+    assert all(router.select(r) == 1 for _ in range(20))
+    ref = dynamo_logits_reference([0, 0, 2], [0] * 3, [0] * 3, [64, 16, 0], [10, 5, 9], 64, 16)
+    assert ref == list(lg) and select_reference(ref, [True] * 3, 0.0, 0.5) == 1
+
+
+def test_tier_credits_are_1_075_025():
+    r = DynamoCostRouter()
+    # 8-block request; a worker with 4 blocks in host DRAM gets 0.75 * 4 = 3 blocks of credit
+    lg = r.logits(route([0, 0, 0, 0], host=[0, 4, 0, 0], disk=[0, 0, 4, 0], isl=128))
+    assert list(lg) == [8 + 8, 8 - 3 + 8, 8 - 1 + 8, 8 + 8]
+    lg = r.logits(route([4, 2], host=[0, 2], disk=[4, 0], isl=128))
+    assert list(lg) == [8 - 4 - 1 + 8, 8 - 2 - 1.5 + 8]
+    # adjusted prefill never goes negative
+    assert DynamoCostRouter(tier_credits=(5.0, 0, 0)).logits(route([8], isl=128))[0] == 8
+    # weight 0 disables the cache term (older form: overlap_score_weight * prefill + decode)
+    assert list(DynamoCostRouter(prefill_load_scale=0.0).logits(route([3, 0], dec=[1, 2]))) == [5, 6]
+
+
+def test_ties_are_broken_uniformly_at_random_and_reproducibly():
+    r = route([2, 2, 2, 0], isl=64)  # workers 0-2 tie
+    picks = [DynamoCostRouter(seed=11).select(r) for _ in range(3)]
+    assert len(set(picks)) == 1  # same seed, same first choice
+    router = DynamoCostRouter(seed=12)
+    counts = np.bincount([router.select(r) for _ in range(3000)], minlength=4)
+    assert counts[3] == 0
+    assert chi2(counts[:3], [1 / 3] * 3) < 13.8  # chi-square, 2 dof, p = 0.001
+
+
+def test_softmax_distribution_at_positive_temperature():
+    r = route([0, 1, 2, 4], isl=64)
+    router = DynamoCostRouter(temperature=0.5, seed=3)
+    v = router.logits(r)
+    p = np.exp(-(v - v.min()) / ((v.max() - v.min()) * 0.5))
+    p /= p.sum()
+    counts = np.bincount([router.select(r) for _ in range(6000)], minlength=4)
+    assert chi2(counts, p) < 16.3  # 3 dof, p = 0.001
+    # all equal at T > 0: uniform
+    eq = DynamoCostRouter(temperature=1.0, seed=4)
+    counts = np.bincount([eq.select(route([1, 1, 1])) for _ in range(3000)], minlength=3)
+    assert chi2(counts, [1 / 3] * 3) < 13.8
+
+
+def test_only_eligible_workers_are_chosen():
+    router = DynamoCostRouter(seed=1, temperature=2.0)
+    r = route([5, 0, 0], eligible=[False, True, True])
+    assert all(router.select(r) in (1, 2) for _ in range(200))
+    with pytest.raises(ValueError, match="eligible"):
+        router.select(route([1, 1], eligible=[False, False]))
+
+
+@given(
+    data=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8), st.integers(0, 5000),
+                            st.integers(0, 300), st.booleans()), min_size=1, max_size=9),
+    isl=st.integers(1, 4096), bs=st.sampled_from([1, 16, 64]), temp=st.sampled_from([0.0, 0.1, 1.0, 3.0]),
+    u=st.floats(0, 0.999999), scale=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+)
+def test_kernel_matches_the_reference(data, isl, bs, temp, u, scale):
+    dev, host, disk, apt, dec, elig = (list(x) for x in zip(*data))
+    ref = dynamo_logits_reference(dev, host, disk, apt, dec, isl, bs, prefill_load_scale=scale)
+    ov = np.array([dev, host, disk], dtype=np.int64)
+    out = np.empty(len(dev))
+    _logits(ov, np.array(apt, dtype=np.int64), np.array(dec, dtype=np.int64), isl, bs, scale, 1.0, 0.75, 0.25, out)
+    assert list(out) == ref
+    e = np.array(elig, dtype=np.bool_)
+    if e.any():
+        assert _select(out, e, temp, u) == select_reference(ref, elig, temp, u)
+    else:
+        assert _select(out, e, temp, u) == -1
+
+
+def test_baselines():
+    rr = make_router("round_robin")
+    assert [rr.select(route([0, 0, 0])) for _ in range(5)] == [0, 1, 2, 0, 1]
+    assert rr.select(route([0, 0, 0], eligible=[True, False, False])) == 0
+    ll = make_router("least_loaded", seed=0)
+    assert ll.select(route([9, 0, 0], apt=[0, 64, 0], dec=[0, 0, 3])) == 0
+    pa = make_router("prefix_affinity", seed=0)
+    assert pa.select(route([1, 3, 3], host=[0, 0, 2], apt=[0, 0, 10_000])) == 2  # ignores load
+    counts = np.bincount([pa.select(route([2, 2, 0])) for _ in range(600)], minlength=3)
+    assert counts[2] == 0 and min(counts[:2]) > 200
+
+
+def test_registry_errors():
+    assert set(ROUTERS) == {"dynamo", "round_robin", "least_loaded", "prefix_affinity"}
+    with pytest.raises(ValueError, match="unknown router 'nope'.*registered"):
+        make_router("nope")
+    with pytest.raises(TypeError, match="temperature"):
+        make_router("round_robin", temperature=1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        make_router("dynamo", temperature=-1)
+    with pytest.raises(ValueError, match="tier_credits"):
+        make_router("dynamo", tier_credits=(1.0, 0.5))
+    with pytest.raises(ValueError, match="tier_credits"):
+        make_router("dynamo", tier_credits=(1.0, math.nan, 0.2))
+    with pytest.raises(ValueError, match="empty prompt"):
+        make_router("dynamo").select(route([0], isl=0))
+    with pytest.raises(ValueError, match="overlaps"):
+        make_router("dynamo").select(RouteRequest(np.zeros((2, 3), np.int64), 16, 16, np.zeros(3), np.zeros(3)))
+
+
+def test_load_tracker_acquire_release():
+    t = LoadTracker(["a", WorkerSpec(name="b", role=EngineRole.DECODE)])
+    lease = t.acquire("a", prefill_tokens=100, decode_blocks=7, decode_worker="b")
+    assert list(t.active_prefill_tokens) == [100, 0] and list(t.decode_blocks) == [0, 7] and list(t.inflight) == [1, 1]
+    lease.prefill_done()
+    assert list(t.active_prefill_tokens) == [0, 0] and list(t.decode_blocks) == [0, 7]
+    lease.release()
+    lease.release()  # idempotent
+    assert list(t.decode_blocks) == [0, 0] and list(t.inflight) == [0, 0]
+    with pytest.raises(RuntimeError), t.track(0, prefill_tokens=5, decode_blocks=1):
+        assert t.active_prefill_tokens[0] == 5
+        raise RuntimeError("upstream failed")
+    assert t.active_prefill_tokens[0] == 0 and t.inflight[0] == 0  # released on failure
+    with pytest.raises(ValueError, match="unknown worker"):
+        t.acquire("zz", prefill_tokens=1, decode_blocks=1)
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        t.acquire(0, prefill_tokens=-1, decode_blocks=1)
+    with pytest.raises(ValueError):
+        t.active_prefill_tokens[0] = 5  # read-only view
+    with pytest.raises(ValueError, match="duplicate"):
+        LoadTracker(["a", "a"])
+
+
+def test_live_load_spreads_traffic_instead_of_dog_piling():
+    """Every request has its 8-block prefix cached on worker 0; requests stay in flight."""
+    def pile(router_name: str) -> list[int]:
+        router = make_router(router_name, seed=5)
+        loads = LoadTracker([f"w{i}" for i in range(4)])
+        held, picks = [], []
+        for _ in range(12):
+            r = RouteRequest(np.array([[8, 0, 0, 0], [0] * 4, [0] * 4], dtype=np.int64), 8 * 16, 16,
+                             loads.active_prefill_tokens, loads.decode_blocks)
+            w = router.select(r)
+            picks.append(w)
+            held.append(loads.acquire(w, prefill_tokens=8 * 16, decode_blocks=8))
+        for lease in held:
+            lease.release()
+        return picks
+
+    dyn = pile("dynamo")
+    assert dyn[0] == 0 and len(set(dyn)) == 4  # the load term spreads traffic
+    assert set(pile("prefix_affinity")) == {0}  # pure affinity dog-piles the cache-hot worker
