@@ -375,6 +375,25 @@ class ArtReference:
             raise OverflowError(f"head={head} or number={number} out of range for u8/u64")
         return self.scan_prefix(bytes([head]) + number.to_bytes(8, "big"))
 
+    def scan_u64_prefix_batch(self, head: int, numbers: np.ndarray, key_len: int
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``scan_prefix_batch`` over ``bytes([head]) + n.to_bytes(8, "big")`` for n in numbers."""
+        if not 9 <= key_len <= 255:
+            raise ValueError(f"key_len must be in 9..255, got {key_len}")
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        offsets = np.zeros(len(numbers) + 1, dtype=np.int64)
+        for i, n in enumerate(numbers):
+            for k, v in self.scan_prefix(bytes([head]) + int(n).to_bytes(8, "big")):
+                if len(k) != key_len:
+                    raise ValueError(f"scan_u64_prefix_batch needs matched keys of {key_len} bytes, found {len(k)}")
+                keys.append(k)
+                values.append(v)
+            offsets[i + 1] = len(keys)
+        kb = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), key_len)
+        vb = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), self.value_size)
+        return kb, vb, offsets
+
     def count_prefix(self, prefix: bytes) -> int:
         lo, hi = self._prefix_range(prefix)
         return hi - lo

@@ -147,6 +147,15 @@ class ArtMachine(RuleBasedStateMachine):
         self.same("scan_u64_prefix", key[0], int.from_bytes(key[1:9], "big"))
 
     @rule(data=st.data())
+    def scan_u64_batch(self, data: st.DataObject) -> None:
+        # Batched form: every prefix shares the head byte; matched keys must all be 16 bytes.
+        picks = [self.existing(data) for _ in range(data.draw(st.integers(0, 3)))] if len(self.ref) else []
+        picks += data.draw(st.lists(family_keys(), max_size=2))
+        head = data.draw(st.sampled_from([16, 3, 5]))
+        nums = np.array([int.from_bytes((k[1:] + bytes(8))[:8], "big") for k in picks], dtype=np.uint64)
+        self.same("scan_u64_prefix_batch", head, nums, 16)
+
+    @rule(data=st.data())
     def remove_prefix(self, data: st.DataObject) -> None:
         prefix = self.some_prefix(data)
         if prefix == b"" and data.draw(st.integers(0, 9)):

@@ -45,7 +45,7 @@ import numpy as np
 
 from quillcache.art import ArtTree
 from quillcache.index import keys as K
-from quillcache.index.base import IndexBackend, NotAnIndexError
+from quillcache.index.base import PRIMARY_KEY_DTYPE, VALUE_DTYPE, IndexBackend, LocateResult, NotAnIndexError
 from quillcache.wal import WalCorruptionError, WalWriter, scan
 
 CHECKPOINT = "art.ckpt"
@@ -142,6 +142,7 @@ class ArtIndex(IndexBackend):
         self._primary = ArtTree(K.VALUE_BYTES, initial_arena_bytes=initial_arena_bytes)
         self._secondary = ArtTree(0, initial_arena_bytes=initial_arena_bytes)
         self._scan_block = self._primary.scan_u64_prefix
+        self._scan_blocks = self._primary.scan_u64_prefix_batch
         if self.path is not None:
             self._open_dir(wal_recovery, verify_checkpoint)
         self._load_node_table()
@@ -230,6 +231,7 @@ class ArtIndex(IndexBackend):
             built.append(tree)
         self._primary, self._secondary = built
         self._scan_block = self._primary.scan_u64_prefix
+        self._scan_blocks = self._primary.scan_u64_prefix_batch
         self._names = names
 
     # ---- applying batches --------------------------------------------------------------------
@@ -292,6 +294,21 @@ class ArtIndex(IndexBackend):
             if "corrupt arena" in str(exc):
                 raise IndexCorruptionError(f"{self.path}: {exc}") from None
             raise
+
+    def locate_arrays(self, block_hashes) -> LocateResult:
+        # The control plane's hot path: a uint64 array goes straight to one C call that builds
+        # the 9-byte prefixes itself; anything else takes the validating generic path.
+        if type(block_hashes) is np.ndarray and block_hashes.dtype == np.uint64 and block_hashes.ndim == 1 \
+                and not self._closed:
+            try:
+                keys, values, offsets = self._scan_blocks(
+                    _PRIMARY_BYTE, np.ascontiguousarray(block_hashes), K.KEY_BYTES)
+            except ValueError as exc:
+                if "corrupt arena" in str(exc):
+                    raise IndexCorruptionError(f"{self.path}: {exc}") from None
+                raise
+            return LocateResult(offsets, keys.view(PRIMARY_KEY_DTYPE).reshape(-1), values.view(VALUE_DTYPE).reshape(-1))
+        return super().locate_arrays(block_hashes)
 
     def _tree_for(self, fam: bytes) -> ArtTree | None:
         return self._primary if fam == K.PRIMARY else self._secondary if fam == K.SECONDARY else None
@@ -404,7 +421,7 @@ class ArtIndex(IndexBackend):
                 self.checkpoint()
             self._wal.close()
             self._wal = None
-        self._primary = self._secondary = self._scan_block = None  # type: ignore[assignment]
+        self._primary = self._secondary = self._scan_block = self._scan_blocks = None  # type: ignore[assignment]
         if self._mm is not None:
             try:
                 self._mm.close()
