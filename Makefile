@@ -6,11 +6,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+XSTAMP := $(VENV)/.installed-experiments
 PYX    := $(wildcard quillcache/_fast/*.pyx quillcache/_fast/*.pxd)
 
 export PYTHONFAULTHANDLER := 1
 
-.PHONY: install test bench storage store crash safety experiments figures paper clean
+.PHONY: install test bench storage store crash safety hitrate experiments figures paper clean
 
 install: $(STAMP)
 
@@ -19,6 +20,11 @@ $(STAMP): setup.py pyproject.toml $(PYX)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The studies' extra baselines (libCacheSim) on top of the dev install; tests never need them.
+$(XSTAMP): $(STAMP)
+	$(PIP) install --quiet -e '.[dev,experiments]'
+	touch $(XSTAMP)
 
 test: install
 	$(PY) -m pytest -q
@@ -39,7 +45,10 @@ crash: install
 safety: install
 	$(PY) -m experiments.safety_study
 
-experiments: bench storage store crash safety
+hitrate: $(XSTAMP)
+	$(PY) -m experiments.hitrate_study
+
+experiments: bench storage store crash safety hitrate
 	$(MAKE) paper
 
 figures: install

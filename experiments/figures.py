@@ -25,6 +25,7 @@ import pandas as pd  # noqa: E402
 STUDY_PLOTS: dict[str, str] = {
     "crash": "experiments.crash_study:plot",
     "safety": "experiments.safety_study:plot_into",
+    "hitrate": "experiments.hitrate_study:plot",
 }
 
 

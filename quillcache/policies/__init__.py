@@ -2,8 +2,10 @@
 
 Every policy implements :class:`quillcache.policies.base.EvictionPolicy`; the data plane builds
 one instance per tier by name, and trace-replay studies build them the same way. Registered:
-``lru``, ``lfu`` (LRU tie-break), ``fifo``, ``s3fifo``. Later policies (length-aware, TinyLFU
-admission, Belady) are added by writing one module and one line here.
+``lru``, ``lfu`` (LRU tie-break), ``fifo``, ``s3fifo``, ``lengthaware`` (Mooncake's length-aware
+cache, as read from the FAST'25 paper), ``tinylfu`` (W-TinyLFU admission over an SLRU), ``quillhd``
+(ours: learned hit density per prefix-structure class) and ``belady`` (the offline optimum; needs a
+next-use oracle from a trace replay). A new policy is one module and one line here.
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ from quillcache.policies.base import (
     UnknownKeyError,
     always,
 )
+from quillcache.policies.belady import BeladyPolicy
 from quillcache.policies.fifo import FifoPolicy
+from quillcache.policies.lengthaware import LengthAwarePolicy
 from quillcache.policies.lfu import LfuPolicy
 from quillcache.policies.lru import LruPolicy
+from quillcache.policies.quillhd import QuillHdPolicy
 from quillcache.policies.s3fifo import S3FifoPolicy
+from quillcache.policies.tinylfu import TinyLfuPolicy
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LruPolicy, LfuPolicy, FifoPolicy, S3FifoPolicy)
+    cls.name: cls
+    for cls in (LruPolicy, LfuPolicy, FifoPolicy, S3FifoPolicy, LengthAwarePolicy, TinyLfuPolicy, QuillHdPolicy,
+                BeladyPolicy)
 }
 
 
@@ -42,12 +50,16 @@ def make_policy(name: str, **options) -> EvictionPolicy:
 
 __all__ = [
     "POLICIES",
+    "BeladyPolicy",
     "EvictionPolicy",
     "FifoPolicy",
+    "LengthAwarePolicy",
     "LfuPolicy",
     "LruPolicy",
     "PolicyKeyError",
+    "QuillHdPolicy",
     "S3FifoPolicy",
+    "TinyLfuPolicy",
     "UnknownKeyError",
     "always",
     "make_policy",

@@ -1,0 +1,414 @@
+"""Hit-rate study: every policy on the Mooncake conversation trace, pooled vs local caches, a
+second (synthetic) trace, and replay throughput against libCacheSim.
+
+Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside it):
+1. hit rate at 1k, 10k, 30k, 50k, 100k blocks and unlimited, for every policy in
+   ``quillcache.hitrate.HITRATE_POLICIES`` (baseline: LRU at the same capacity); for ``quillhd``
+   also the fraction of the LRU->Belady gap it closes.
+2. pooled vs local (Mooncake FAST'25 §4: a global pool over 10 prefill nodes vs a cache per node):
+   3M and 50M tokens of capacity, 512-token blocks (5,859 and 97,656 blocks). Local = 10 engines
+   with a tenth of the capacity each; requests are spread either round-robin (request i goes to
+   engine i mod 10) or by conversation affinity (engine = dense id of the request's second block
+   mod 10; on this trace every request starts with the same system-prompt block, so the second
+   block names the conversation). Local hit rate = all engines' hits / all blocks.
+3. a synthetic multi-turn trace (``synthetic_conversation_trace``: geometric turn counts with mean 3,
+   log-normal think times with a 60 s median and no floor, 8 shared system prompts of Zipf
+   popularity) - different turn-count and think-time distributions from the real trace - with
+   LRU, QuillHD and Belady at the same capacities.
+4. replay throughput (block references/s, median of >= 5 repetitions, p10/p90 in the notes) of
+   every kernel at 10k blocks, against, in the same run: libCacheSim's LRU (``libcachesim`` from
+   PyPI) on the same reference stream written in its oracleGeneral binary format - imported here
+   if installed, else run by the interpreter named in $QUILLCACHE_LIBCACHESIM_PYTHON - and the
+   plain-Python OrderedDict LRU (always). Acceptance: >= 1,000,000 refs/s.
+
+Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
+per policy, Belady dashed as the bound) and ``paper/figures/hitrate_pooled.png``.
+Quick mode (smoke test) uses the first 2,500 requests, fewer capacities and 2 repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from quillcache.hitrate import HITRATE_POLICIES, simulate
+from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
+from quillcache.results import SummaryRow, results_dir, spread, write_raw, write_summary
+from quillcache.traces import MOONCAKE_BLOCK_TOKENS, default_trace_path
+
+NAME = "hitrate"
+POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "lengthaware", "tinylfu", "quillhd", "belady"]
+FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000}
+QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300}
+POOL_TOKENS = [3_000_000, 50_000_000]
+N_ENGINES = 10
+PAPER_POOL_GAIN = 2.22
+ACCEPT_REFS_S = 1_000_000
+LCS_ENV = "QUILLCACHE_LIBCACHESIM_PYTHON"
+
+
+def cap_label(cap: int | None) -> str:
+    return "inf" if cap is None else f"{cap // 1000}k" if cap % 1000 == 0 else str(cap)
+
+
+# ---------------------------------------------------------------- synthetic second trace
+
+
+def synthetic_conversation_trace(n_conversations: int, seed: int = 7, duration_s: float = 3600.0,
+                                 mean_turns: float = 3.0, think_median_s: float = 60.0, think_sigma: float = 1.2,
+                                 n_prompts: int = 8, msg_median_tokens: float = 1500.0,
+                                 block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> TraceArrays:
+    """Multi-turn chat sessions as a Mooncake-style trace. Each conversation picks a system prompt
+    (Zipf(1.2) over ``n_prompts``, 1-8 full blocks each, shared), starts at a uniform time, has a
+    geometric number of turns (mean ``mean_turns``) separated by log-normal think times (median
+    ``think_median_s``, no floor); turn t's input = everything so far + a new user message
+    (log-normal, median ``msg_median_tokens``, sigma 1.2); output is log-normal (median 400 tokens). Only full blocks keep their ids across turns; a partial last
+    block gets a fresh id every turn (its content changes), as with real chained block hashes."""
+    rng = np.random.default_rng(seed)
+    prompt_blocks = rng.integers(1, 9, n_prompts)
+    zipf_w = 1.0 / np.arange(1, n_prompts + 1) ** 1.2
+    zipf_w /= zipf_w.sum()
+    next_id = int(prompt_blocks.sum())
+    prompt_ids = np.split(np.arange(next_id), np.cumsum(prompt_blocks)[:-1])
+    reqs: list[tuple[float, int, int, list[int]]] = []
+    for _ in range(n_conversations):
+        pr = int(rng.choice(n_prompts, p=zipf_w))
+        full_ids = [int(x) for x in prompt_ids[pr]]
+        tokens = len(full_ids) * block_tokens
+        t = float(rng.uniform(0, duration_s))
+        turns = int(rng.geometric(1.0 / mean_turns))
+        for turn in range(turns):
+            tokens += int(rng.lognormal(math.log(msg_median_tokens), 1.2)) + 1
+            n_full = tokens // block_tokens
+            while len(full_ids) < n_full:
+                full_ids.append(next_id)
+                next_id += 1
+            ids = list(full_ids)
+            if tokens % block_tokens:
+                ids.append(next_id)
+                next_id += 1
+            out = int(rng.lognormal(math.log(400), 0.7)) + 1
+            reqs.append((t, tokens, out, ids))
+            tokens += out
+            t += float(rng.lognormal(math.log(think_median_s), think_sigma))
+    reqs.sort(key=lambda q: q[0])
+    return arrays_from_lists([q[3] for q in reqs], timestamps_ms=[int(q[0] * 1000) for q in reqs],
+                             input_tokens=[q[1] for q in reqs], output_tokens=[q[2] for q in reqs],
+                             block_tokens=block_tokens)
+
+
+# ---------------------------------------------------------------- cells
+
+
+def hit_rate_table(arrs: TraceArrays, caps: list[int | None], policies: list[str]) -> dict[tuple[str, int | None], float]:
+    out = {}
+    for pol in policies:
+        for cap in caps:
+            out[(pol, cap)] = simulate(arrs, pol, cap).hit_rate
+    return out
+
+
+def split_engines(arrs: TraceArrays, how: str) -> list[TraceArrays]:
+    r = arrs.num_requests
+    if how == "round_robin":
+        engine = np.arange(r) % N_ENGINES
+    elif how == "affinity":
+        engine = np.maximum(arrs.conv_ids.astype(np.int64), 0) % N_ENGINES
+    else:
+        raise ValueError(f"unknown routing {how!r}")
+    return [arrs.subset(np.flatnonzero(engine == e)) for e in range(N_ENGINES)]
+
+
+def pooled_vs_local(arrs: TraceArrays, policies: list[str]) -> list[tuple]:
+    """Rows (policy, tokens, routing, pooled_hit_rate, local_hit_rate)."""
+    out = []
+    parts = {how: split_engines(arrs, how) for how in ("round_robin", "affinity")}
+    for tokens in POOL_TOKENS:
+        blocks = tokens // MOONCAKE_BLOCK_TOKENS
+        for pol in policies:
+            pooled = simulate(arrs, pol, blocks).hit_rate
+            for how, engines in parts.items():
+                hit = sum(simulate(e, pol, max(1, blocks // N_ENGINES)).hit_blocks for e in engines if e.num_refs)
+                out.append((pol, tokens, how, pooled, hit / arrs.num_refs))
+    return out
+
+
+def python_lru(arrs: TraceArrays, cap: int) -> int:
+    """The plain-Python OrderedDict LRU (prefix-aware), the baseline of the throughput cell."""
+    off = arrs.req_offsets.tolist()
+    blocks = arrs.blocks.tolist()
+    c: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for r in range(len(off) - 1):
+        s, e = off[r], off[r + 1]
+        for p in range(s, e):
+            if blocks[p] in c:
+                hits += 1
+            else:
+                break
+        for p in range(s, e):
+            b = blocks[p]
+            if b in c:
+                c.move_to_end(b)
+            else:
+                if len(c) >= cap:
+                    c.popitem(last=False)
+                c[b] = None
+    return hits
+
+
+def write_oracle_general(arrs: TraceArrays, path: Path) -> None:
+    """libCacheSim's oracleGeneral binary: packed {u32 time_s, u64 obj_id, u32 size, i64 next_vtime}."""
+    dt = np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
+    rec = np.zeros(arrs.num_refs, dt)
+    rec["t"] = np.repeat(arrs.timestamps_ms // 1000, np.diff(arrs.req_offsets))
+    rec["id"] = arrs.blocks.astype(np.uint64) + 1
+    rec["size"] = 1
+    rec["next"] = np.where(arrs.next_use < arrs.num_refs, arrs.next_use, -1)
+    rec.tofile(path)
+
+
+_LCS_SCRIPT = """
+import json, sys, time
+import libcachesim as lcs
+path, cap, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = []
+for _ in range(reps):
+    reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
+    cache = lcs.LRU(cache_size=cap)
+    t0 = time.perf_counter()
+    mr, _bmr = cache.process_trace(reader)
+    out.append([time.perf_counter() - t0, mr])
+print(json.dumps({"version": getattr(lcs, "__version__", "?"), "runs": out}))
+"""
+
+
+def libcachesim_lru(arrs: TraceArrays, cap: int, reps: int) -> tuple[list[tuple[float, float]], str]:
+    """[(elapsed_s, miss_ratio)] per repetition and a note on how it ran; [] and the reason if it
+    cannot run here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.oracleGeneral.bin"
+        write_oracle_general(arrs, path)
+        pythons = []
+        try:
+            import libcachesim  # noqa: F401
+            pythons.append(sys.executable)
+        except ImportError:
+            pass
+        if os.environ.get(LCS_ENV):
+            pythons.append(os.environ[LCS_ENV])
+        if not pythons:
+            return [], (f"libcachesim is not importable by {sys.executable} and ${LCS_ENV} is unset "
+                        "(pip install libcachesim into a separate venv and point the variable at its python)")
+        try:
+            res = subprocess.run([pythons[0], "-c", _LCS_SCRIPT, str(path), str(cap), str(reps)],
+                                 capture_output=True, text=True, timeout=300, check=True)
+            data = json.loads(res.stdout.strip().splitlines()[-1])
+        except (subprocess.SubprocessError, OSError, ValueError, IndexError) as exc:
+            return [], f"libcachesim run failed via {pythons[0]}: {exc}"
+        return [(float(a), float(b)) for a, b in data["runs"]], f"libcachesim {data['version']} via {pythons[0]}"
+
+
+def timed(fn, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+# ---------------------------------------------------------------- run
+
+
+def run(quick: bool = False, results_root: str | None = None, trace: str | os.PathLike | None = None) -> list[SummaryRow]:
+    cfg = QUICK if quick else FULL
+    t_start = time.perf_counter()
+    arrs = load_arrays(trace if trace is not None else default_trace_path(), limit=cfg["limit"])
+    policies = [p for p in POLICY_ORDER if p in HITRATE_POLICIES]
+    caps = cfg["caps"]
+    rows: list[SummaryRow] = []
+    raw_hr: list[tuple] = []
+
+    # 1. hit rate per policy and capacity
+    table = hit_rate_table(arrs, caps, policies)
+    for (pol, cap), hr in table.items():
+        raw_hr.append(("conversation", pol, cap_label(cap), "" if cap is None else cap, hr))
+    for cap in caps:
+        lru, bel = table[("lru", cap)], table[("belady", cap)]
+        for pol in policies:
+            rows.append(SummaryRow(metric=f"hit_rate@{cap_label(cap)}", subject=pol, value=table[(pol, cap)],
+                                   unit="fraction", baseline="lru", baseline_value=lru,
+                                   notes=f"conversation trace, {arrs.num_requests} requests, {arrs.num_refs} refs"))
+        gap = bel - lru
+        closed = (table[("quillhd", cap)] - lru) / gap if gap > 1e-12 else math.nan
+        rows.append(SummaryRow(metric=f"gap_closed@{cap_label(cap)}", subject="quillhd", value=closed,
+                               unit="fraction of LRU->Belady gap",
+                               notes=f"lru={lru:.4f} quillhd={table[('quillhd', cap)]:.4f} belady={bel:.4f}"))
+
+    # 2. pooled vs local
+    pool_pols = ["lru", "quillhd", "belady"]
+    raw_pool = pooled_vs_local(arrs, pool_pols)
+    for pol, tokens, how, pooled, local in raw_pool:
+        rows.append(SummaryRow(metric=f"pooled_hit_rate@{tokens // 1_000_000}Mtok_{how}", subject=f"{pol}_pooled",
+                               value=pooled, unit="fraction", baseline=f"{pol}_local_{how}", baseline_value=local,
+                               notes=f"{N_ENGINES} engines x {tokens // MOONCAKE_BLOCK_TOKENS // N_ENGINES} blocks "
+                                     f"vs one pool of {tokens // MOONCAKE_BLOCK_TOKENS}; paper: {PAPER_POOL_GAIN}x"))
+
+    # 3. second trace
+    synth = synthetic_conversation_trace(cfg["synth_conversations"])
+    synth_caps = [c for c in caps if c is not None]
+    stab = hit_rate_table(synth, synth_caps + [None], ["lru", "quillhd", "belady"])
+    for (pol, cap), hr in stab.items():
+        raw_hr.append(("synthetic", pol, cap_label(cap), "" if cap is None else cap, hr))
+    for cap in synth_caps:
+        lru, bel, ours = stab[("lru", cap)], stab[("belady", cap)], stab[("quillhd", cap)]
+        gap = bel - lru
+        rows.append(SummaryRow(metric=f"synthetic_hit_rate@{cap_label(cap)}", subject="quillhd", value=ours,
+                               unit="fraction", baseline="lru", baseline_value=lru,
+                               notes=f"belady={bel:.4f}; gap closed={(ours - lru) / gap if gap > 1e-12 else math.nan:.3f}; "
+                                     f"{synth.num_requests} requests, {synth.num_refs} refs"))
+
+    # 4. throughput at 10k blocks
+    tcap = 10000
+    reps = cfg["reps"]
+    raw_tp: list[tuple] = []
+    base_s = timed(lambda: python_lru(arrs, tcap), reps)
+    raw_tp += [("python_ordereddict_lru", i, s, arrs.num_refs / s) for i, s in enumerate(base_s)]
+    base_rate = arrs.num_refs / spread(base_s)["median"]
+    lcs_runs, lcs_note = libcachesim_lru(arrs, tcap, reps)
+    raw_tp += [("libcachesim_lru", i, s, arrs.num_refs / s) for i, (s, _mr) in enumerate(lcs_runs)]
+    lcs_rate = arrs.num_refs / spread([s for s, _ in lcs_runs])["median"] if lcs_runs else math.nan
+    if lcs_runs:
+        lcs_hit = 1.0 - lcs_runs[0][1]
+        ours_lru = simulate(arrs, "lru", tcap).hit_rate
+        lcs_note += f"; its LRU hit ratio {lcs_hit:.4f} vs ours {ours_lru:.4f} (same content: LRU hits are prefix hits)"
+    for pol in policies:
+        simulate(arrs, pol, tcap)  # compile / warm
+        secs = [simulate(arrs, pol, tcap).elapsed_s for _ in range(reps)]  # kernel time only
+        raw_tp += [(f"kernel_{pol}", i, s, arrs.num_refs / s) for i, s in enumerate(secs)]
+        sp = spread([arrs.num_refs / s for s in secs])
+        note = f"p10={sp['p10']:.3g} p90={sp['p90']:.3g} refs/s; {'meets' if sp['median'] >= ACCEPT_REFS_S else 'BELOW'} 1M refs/s"
+        if lcs_runs:
+            rows.append(SummaryRow(metric="replay_refs_per_s@10k", subject=f"kernel_{pol}", value=sp["median"],
+                                   unit="refs/s", baseline="libcachesim_lru", baseline_value=lcs_rate, n=reps,
+                                   notes=note + f"; {lcs_note}"))
+        rows.append(SummaryRow(metric="replay_refs_per_s@10k_vs_python", subject=f"kernel_{pol}", value=sp["median"],
+                               unit="refs/s", baseline="python_ordereddict_lru", baseline_value=base_rate, n=reps,
+                               notes=note + ("" if lcs_runs else f"; {lcs_note}")))
+
+    write_raw(NAME, "hit_rates.csv", ["trace", "policy", "capacity_label", "capacity_blocks", "hit_rate"], raw_hr,
+              results_root)
+    write_raw(NAME, "pooled.csv", ["policy", "capacity_tokens", "routing", "pooled_hit_rate", "local_hit_rate"],
+              raw_pool, results_root)
+    write_raw(NAME, "throughput.csv", ["subject", "rep", "elapsed_s", "refs_per_s"], raw_tp, results_root)
+    write_summary(NAME, rows, results_root)
+    if not quick:
+        plot(results_root)
+    _print_table(rows, time.perf_counter() - t_start)
+    return rows
+
+
+def _print_table(rows: list[SummaryRow], elapsed_s: float) -> None:
+    print(f"{'metric':38s} {'subject':24s} {'value':>11s} {'baseline':>27s} {'base_value':>11s} {'ratio':>7s}")
+    for r in rows:
+        base = f"{r.baseline_value:11.4g}" if r.baseline else ""
+        ratio = f"{r.ratio:7.3f}" if math.isfinite(r.ratio) else ""
+        print(f"{r.metric:38s} {r.subject:24s} {r.value:11.4g} {r.baseline:>27s} {base:>11s} {ratio:>7s}")
+    print(f"[hitrate] {len(rows)} rows in {elapsed_s:.1f} s")
+
+
+# ---------------------------------------------------------------- figures
+
+
+def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/figures") -> list[Path]:
+    """Draw both figures from the raw CSVs only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rdir = results_dir(NAME, results_root)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(rdir / "hit_rates.csv") as fh:
+        hr = [r for r in csv.DictReader(fh) if r["trace"] == "conversation"]
+    finite = sorted({int(r["capacity_blocks"]) for r in hr if r["capacity_blocks"]})
+    inf_x = (finite[-1] * 3) if finite else 1
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for pol in POLICY_ORDER:
+        pts = sorted((int(r["capacity_blocks"]) if r["capacity_blocks"] else inf_x, float(r["hit_rate"]))
+                     for r in hr if r["policy"] == pol)
+        if not pts:
+            continue
+        style = {"ls": "--", "color": "black", "lw": 2} if pol == "belady" else {"lw": 2.5} if pol == "quillhd" else {}
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol + (" (bound)" if pol == "belady" else ""),
+                **style)
+    ax.set_xscale("log")
+    ax.set_xticks(finite + [inf_x])
+    ax.set_xticklabels([cap_label(c) for c in finite] + ["∞"])
+    ax.set_xlabel("cache capacity (512-token blocks)")
+    ax.set_ylabel("block hit rate (prefix-aware)")
+    ax.set_title("Mooncake conversation trace: hit rate vs capacity")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    p1 = out / "hitrate.png"
+    fig.savefig(p1, dpi=110)
+    plt.close(fig)
+
+    with open(rdir / "pooled.csv") as fh:
+        pool = list(csv.DictReader(fh))
+    labels, pooled_v, rr_v, aff_v = [], [], [], []
+    for tokens in sorted({int(r["capacity_tokens"]) for r in pool}):
+        for pol in dict.fromkeys(r["policy"] for r in pool):
+            sel = {r["routing"]: r for r in pool if r["policy"] == pol and int(r["capacity_tokens"]) == tokens}
+            if not sel:
+                continue
+            labels.append(f"{pol}\n{tokens // 1_000_000}M tok")
+            pooled_v.append(float(next(iter(sel.values()))["pooled_hit_rate"]))
+            rr_v.append(float(sel["round_robin"]["local_hit_rate"]) if "round_robin" in sel else math.nan)
+            aff_v.append(float(sel["affinity"]["local_hit_rate"]) if "affinity" in sel else math.nan)
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    xs = np.arange(len(labels))
+    w = 0.27
+    ax.bar(xs - w, pooled_v, w, label="pooled (1 cache)")
+    ax.bar(xs, aff_v, w, label="local, conversation affinity")
+    ax.bar(xs + w, rr_v, w, label="local, round-robin")
+    for x, pv, rv in zip(xs, pooled_v, rr_v):
+        if rv > 0:
+            ax.annotate(f"{pv / rv:.2f}×", (x - w, pv), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("block hit rate")
+    ax.set_title(f"Pooled vs {N_ENGINES} local caches (ratio pooled/round-robin; paper: {PAPER_POOL_GAIN}×)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p2 = out / "hitrate_pooled.png"
+    fig.savefig(p2, dpi=110)
+    plt.close(fig)
+    return [p1, p2]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small, fast configuration (smoke test)")
+    ap.add_argument("--results-root", default=None, help="results directory (default: results/)")
+    ap.add_argument("--trace", default=None, help="Mooncake-format trace (default: the shared conversation trace)")
+    args = ap.parse_args(argv)
+    run(quick=args.quick, results_root=args.results_root, trace=args.trace)
+
+
+if __name__ == "__main__":
+    main()

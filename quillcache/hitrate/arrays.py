@@ -1,0 +1,202 @@
+"""A Mooncake-format trace as flat CSR arrays, the input of every hit-rate kernel.
+
+``TraceArrays`` holds, for ``R`` requests and ``N`` block references:
+
+- ``req_offsets`` int64[R+1]: request ``r`` references ``blocks[req_offsets[r]:req_offsets[r+1]]``
+  (non-decreasing, ``req_offsets[0] == 0``, ``req_offsets[R] == N``);
+- ``blocks`` int32[N]: block ids remapped to dense ``0..U-1`` in order of first appearance
+  (so ``blocks[0] == 0`` and every id ``< U`` appears first after all smaller ids);
+- ``timestamps_ms`` int64[R] (non-decreasing), ``input_tokens`` int64[R], ``output_tokens`` int64[R];
+- ``next_use`` int64[N]: the position of the next reference to the same block, or
+  ``N + p`` when position ``p`` is its last reference (every value is distinct, so Belady's
+  "farthest next use" never ties: among dead blocks the most recently referenced goes first);
+- ``conv_ids`` int32[R]: the dense id of each request's SECOND block (its first if it has one,
+  -1 if empty): a stand-in for its conversation, since the first block is often a system prompt
+  shared by every conversation (on the Mooncake conversation trace every request starts with it).
+
+Arrays are C-contiguous and read-only after construction. ``validate_arrays`` checks all of the
+above in O(N) with NumPy and raises ValueError/TypeError naming the offending value, so kernels
+can trust their input (an out-of-range id would otherwise index out of bounds in nopython code).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from quillcache.traces import TraceRequest, load_trace
+
+__all__ = [
+    "TraceArrays",
+    "arrays_from_lists",
+    "arrays_from_requests",
+    "compute_next_use",
+    "load_arrays",
+    "validate_arrays",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class TraceArrays:
+    req_offsets: np.ndarray
+    blocks: np.ndarray
+    timestamps_ms: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    next_use: np.ndarray
+    conv_ids: np.ndarray
+    num_unique: int
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.req_offsets.shape[0] - 1)
+
+    @property
+    def num_refs(self) -> int:
+        return int(self.blocks.shape[0])
+
+    def request(self, r: int) -> np.ndarray:
+        return self.blocks[self.req_offsets[r]:self.req_offsets[r + 1]]
+
+    def subset(self, request_ids: np.ndarray) -> TraceArrays:
+        """The sub-trace of the given requests (in the given order), ids re-densified."""
+        request_ids = np.asarray(request_ids, dtype=np.int64)
+        lists = [self.request(int(r)).tolist() for r in request_ids]
+        return arrays_from_lists(lists, timestamps_ms=self.timestamps_ms[request_ids],
+                                 input_tokens=self.input_tokens[request_ids],
+                                 output_tokens=self.output_tokens[request_ids])
+
+
+def compute_next_use(blocks: np.ndarray, num_unique: int) -> np.ndarray:
+    """Next position of the same block, or ``N + p`` for a last reference (vectorised)."""
+    n = blocks.shape[0]
+    order = np.lexsort((np.arange(n), blocks))  # by block, then position
+    nxt = np.empty(n, dtype=np.int64)
+    if n:
+        sb = blocks[order]
+        same_next = np.empty(n, dtype=bool)
+        same_next[:-1] = sb[1:] == sb[:-1]
+        same_next[-1] = False
+        nxt_sorted = np.empty(n, dtype=np.int64)
+        nxt_sorted[:-1] = order[1:]
+        nxt_sorted[~same_next] = n + order[~same_next]
+        nxt[order] = nxt_sorted
+    return nxt
+
+
+def _densify(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """Remap arbitrary non-negative ids to 0..U-1 in order of first appearance."""
+    if raw.size == 0:
+        return raw.astype(np.int32), 0
+    uniq, first_idx, inverse = np.unique(raw, return_index=True, return_inverse=True)
+    rank_by_first = np.empty(uniq.shape[0], dtype=np.int64)
+    rank_by_first[np.argsort(first_idx, kind="stable")] = np.arange(uniq.shape[0])
+    if uniq.shape[0] > np.iinfo(np.int32).max:
+        raise ValueError(f"{uniq.shape[0]} distinct blocks do not fit int32 ids")
+    return rank_by_first[inverse.reshape(-1)].astype(np.int32), int(uniq.shape[0])
+
+
+def arrays_from_lists(hash_lists: Sequence[Sequence[int]], *, timestamps_ms: Sequence[int] | np.ndarray | None = None,
+                      input_tokens: Sequence[int] | np.ndarray | None = None,
+                      output_tokens: Sequence[int] | np.ndarray | None = None,
+                      block_tokens: int = 512) -> TraceArrays:
+    """Build arrays from per-request hash-id lists (timestamps default to 0, 1, 2, ...;
+    input tokens to ``len * block_tokens``; output tokens to 0)."""
+    r = len(hash_lists)
+    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=r)
+    offsets = np.zeros(r + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((int(x) for h in hash_lists for x in h), dtype=np.int64, count=int(offsets[-1]))
+    if flat.size and flat.min() < 0:
+        raise ValueError(f"hash ids must be non-negative, got {int(flat.min())}")
+    blocks, u = _densify(flat)
+    ts = np.arange(r, dtype=np.int64) if timestamps_ms is None else np.asarray(timestamps_ms, dtype=np.int64)
+    isl = lengths * block_tokens if input_tokens is None else np.asarray(input_tokens, dtype=np.int64)
+    osl = np.zeros(r, dtype=np.int64) if output_tokens is None else np.asarray(output_tokens, dtype=np.int64)
+    conv = np.full(r, -1, dtype=np.int32)
+    nonempty = lengths > 0
+    conv[nonempty] = blocks[(offsets[:-1] + (lengths > 1))[nonempty]]
+    arrs = TraceArrays(offsets, blocks, np.ascontiguousarray(ts), np.ascontiguousarray(isl),
+                       np.ascontiguousarray(osl), compute_next_use(blocks, u), conv, u)
+    for f in _FIELDS:
+        getattr(arrs, f).setflags(write=False)
+    validate_arrays(arrs)
+    return arrs
+
+
+def arrays_from_requests(requests: Sequence[TraceRequest], block_tokens: int = 512) -> TraceArrays:
+    return arrays_from_lists([q.hash_ids for q in requests],
+                             timestamps_ms=[q.timestamp_ms for q in requests],
+                             input_tokens=[q.input_tokens for q in requests],
+                             output_tokens=[q.output_tokens for q in requests], block_tokens=block_tokens)
+
+
+def load_arrays(path: str | os.PathLike | None = None, *, limit: int | None = None) -> TraceArrays:
+    """Load and validate a Mooncake trace (``quillcache.traces.load_trace``) into arrays."""
+    return arrays_from_requests(load_trace(path, limit=limit))
+
+
+def _check_array(name: str, a: object, dtype: type, ndim: int = 1) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != np.dtype(dtype):
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype)}, got {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous, got strides {a.strides}")
+    return a
+
+
+_VALIDATED: weakref.WeakSet[TraceArrays] = weakref.WeakSet()
+_FIELDS = ("req_offsets", "blocks", "timestamps_ms", "input_tokens", "output_tokens", "next_use", "conv_ids")
+
+
+def validate_arrays(arrs: object) -> TraceArrays:
+    """Check every invariant in the module docstring; return ``arrs`` or raise naming the value.
+
+    An instance that passed once and whose arrays are all still read-only is not re-checked
+    (the O(N log N) next-use check would otherwise dominate short replays)."""
+    if not isinstance(arrs, TraceArrays):
+        raise TypeError(f"expected TraceArrays, got {type(arrs).__name__}")
+    if arrs in _VALIDATED and all(isinstance(getattr(arrs, f), np.ndarray) and not getattr(arrs, f).flags.writeable
+                                  for f in _FIELDS):
+        return arrs
+    off = _check_array("req_offsets", arrs.req_offsets, np.int64)
+    blocks = _check_array("blocks", arrs.blocks, np.int32)
+    nu = _check_array("next_use", arrs.next_use, np.int64)
+    if off.shape[0] < 1:
+        raise ValueError("req_offsets must hold at least one entry (0)")
+    r = off.shape[0] - 1
+    n = blocks.shape[0]
+    if off[0] != 0 or off[-1] != n:
+        raise ValueError(f"req_offsets must start at 0 and end at len(blocks)={n}, got {int(off[0])}..{int(off[-1])}")
+    if r and np.any(np.diff(off) < 0):
+        i = int(np.argmax(np.diff(off) < 0))
+        raise ValueError(f"req_offsets must be non-decreasing; req_offsets[{i + 1}]={int(off[i + 1])} < {int(off[i])}")
+    for name in ("timestamps_ms", "input_tokens", "output_tokens"):
+        a = _check_array(name, getattr(arrs, name), np.int64)
+        if a.shape[0] != r:
+            raise ValueError(f"{name} has {a.shape[0]} entries for {r} requests")
+    conv = _check_array("conv_ids", arrs.conv_ids, np.int32)
+    if conv.shape[0] != r:
+        raise ValueError(f"conv_ids has {conv.shape[0]} entries for {r} requests")
+    u = arrs.num_unique
+    if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or u < 0:
+        raise ValueError(f"num_unique must be a non-negative int, got {u!r}")
+    if n:
+        lo, hi = int(blocks.min()), int(blocks.max())
+        if lo < 0 or hi >= u:
+            raise ValueError(f"block ids must lie in [0, num_unique={u}), got range [{lo}, {hi}]")
+    elif u:
+        raise ValueError(f"num_unique={u} but there are no block references")
+    if nu.shape[0] != n:
+        raise ValueError(f"next_use has {nu.shape[0]} entries for {n} block references")
+    if n and not np.array_equal(nu, compute_next_use(blocks, u)):
+        raise ValueError("next_use does not match blocks (recompute it with compute_next_use)")
+    _VALIDATED.add(arrs)
+    return arrs

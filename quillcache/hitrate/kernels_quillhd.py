@@ -1,0 +1,222 @@
+"""Numba kernel of QuillHD (``quillcache.policies.quillhd``): per-class LRU lists, ghost-learned
+hit densities, and two metadata-only shadow caches that pick the eviction rule.
+
+Same replay definition and invariants as ``quillcache.hitrate.kernels``; the float operations are
+those of the online class, in the same order, so the two agree hit for hit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from quillcache.hitrate._klib import NIL, _prefix_hits, _push, _unlink
+
+HD_SUB = 8  # age buckets per octave above 16
+NUM_BUCKETS = 320  # ages up to ~2**40 references
+
+
+@njit(cache=True, nogil=True)
+def age_bucket(a):
+    """Quasi-logarithmic age bucket: exact below 16, then 8 buckets per octave."""
+    if a < 16:
+        return a
+    e = math.frexp(float(a))[1] - 4  # bit_length(a) - 4; exact for a < 2**53
+    return 16 + (e - 1) * HD_SUB + ((a >> e) - 8)
+
+
+@njit(cache=True, nogil=True)
+def bucket_mid(i):
+    if i < 16:
+        return float(i)
+    e = (i - 16) // HD_SUB + 1
+    m = (i - 16) % HD_SUB
+    lo = (8 + m) << e
+    return float(lo) + float(1 << e) * 0.5
+
+
+@njit(cache=True, nogil=True)
+def _hd_recompute(hh, ee, hd, mids, decay):
+    ncls, nb = hh.shape
+    for c in range(ncls):
+        sh = 0.0
+        st = 0.0
+        sx = 0.0
+        for i in range(nb - 1, -1, -1):
+            tot = hh[c, i] + ee[c, i]
+            sh += hh[c, i]
+            st += tot
+            sx += tot * mids[i]
+            life = sx - mids[i] * st
+            hd[c, i] = sh / life if life > 0.0 else 0.0
+        for i in range(nb):
+            hh[c, i] *= decay
+            ee[c, i] *= decay
+
+
+RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
+RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
+
+
+@njit(cache=True, nogil=True)
+def _qhd_victim(rule, t, last, head, hd, nb):
+    ncls = head.shape[0]
+    if rule == RULE_LRU:
+        if head[0] != NIL:
+            return head[0]
+        best = NIL
+        for q in range(1, ncls):
+            h0 = head[q]
+            if h0 != NIL and (best == NIL or last[h0] < last[best]):
+                best = h0
+        return best
+    best = NIL
+    best_v = 0.0
+    best_a = 0
+    for q in range(ncls):
+        h0 = head[q]
+        if h0 != NIL:
+            a = t - last[h0]
+            bi = age_bucket(a)
+            if bi >= nb:
+                bi = nb - 1
+            val = hd[q, bi]
+            if best == NIL or val < best_v or (val == best_v and a > best_a):
+                best = h0
+                best_v = val
+                best_a = a
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb):
+    """One reference in one cache instance (real or shadow); returns +1 on insert, 0 on touch."""
+    if incache[b]:
+        _unlink(c_old, b, prev, nxt, head, tail, size)
+        _push(c, b, prev, nxt, head, tail, size)
+        return 0
+    n = 0
+    for q in range(size.shape[0]):
+        n += size[q]
+    if n >= cap:
+        v = _qhd_victim(rule, t, last, head, hd, nb)
+        _unlink(lastc[v], v, prev, nxt, head, tail, size)
+        incache[v] = False
+    incache[b] = True
+    _push(c, b, prev, nxt, head, tail, size)
+    return 1
+
+
+@njit(cache=True, nogil=True)
+def _quantile_age(rd, q):
+    tot = 0.0
+    for i in range(rd.shape[0]):
+        tot += rd[i]
+    if tot <= 0.0:
+        return 0
+    acc = 0.0
+    for i in range(rd.shape[0]):
+        acc += rd[i]
+        if acc >= q * tot:
+            return int(bucket_mid(i))
+    return int(bucket_mid(rd.shape[0] - 1))
+
+
+@njit(cache=True, nogil=True)
+def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode):
+    """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
+    metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only."""
+    ncls = 8
+    last = np.zeros(u, np.int64)  # time of last reference (0 = never)
+    lastc = np.zeros(u, np.int8)
+    refs = np.zeros(u, np.int64)
+    expired = np.zeros(u, np.bool_)
+    n_inst = 3
+    incache = np.zeros((n_inst, u), np.bool_)
+    prev = np.full((n_inst, u), NIL, np.int32)
+    nxt = np.full((n_inst, u), NIL, np.int32)
+    head = np.full((n_inst, ncls), NIL, np.int32)
+    tail = np.full((n_inst, ncls), NIL, np.int32)
+    size = np.zeros((n_inst, ncls), np.int64)
+    hh = np.zeros((ncls, nb), np.float64)
+    ee = np.zeros((ncls, nb), np.float64)
+    hd = np.zeros((ncls, nb), np.float64)
+    rd = np.zeros(nb, np.float64)
+    mids = np.empty(nb, np.float64)
+    for i in range(nb):
+        mids[i] = bucket_mid(i)
+    # row views made once (making them per reference costs reference-count traffic)
+    inc0, inc1, inc2 = incache[0], incache[1], incache[2]
+    prev0, prev1, prev2 = prev[0], prev[1], prev[2]
+    nxt0, nxt1, nxt2 = nxt[0], nxt[1], nxt[2]
+    head0, head1, head2 = head[0], head[1], head[2]
+    tail0, tail1, tail2 = tail[0], tail[1], tail[2]
+    size0, size1, size2 = size[0], size[1], size[2]
+    score = np.zeros(3, np.float64)  # decayed prefix hits of shadow LRU (1), shadow HD (2)
+    horizon = 2 * cap
+    rule = RULE_HD if mode != 2 else RULE_LRU
+    t = 0
+    exp_pos = 0
+    next_upd = period
+    n_ins = 0
+    total = 0
+    for r in range(off.shape[0] - 1):
+        k = _prefix_hits(off, blocks, r, inc0)
+        hits[r] = k
+        total += k
+        if mode == 0:
+            score[1] += _prefix_hits(off, blocks, r, inc1)
+            score[2] += _prefix_hits(off, blocks, r, inc2)
+        s, e = off[r], off[r + 1]
+        partial = input_tokens[r] % block_tokens != 0
+        for p in range(s, e):
+            b = blocks[p]
+            t += 1
+            hb = age_bucket(horizon)
+            if hb >= nb:
+                hb = nb - 1
+            while exp_pos < p and t - (exp_pos + 1) > horizon:
+                x = blocks[exp_pos]
+                if last[x] == exp_pos + 1 and not expired[x]:
+                    ee[lastc[x], hb] += 1.0
+                    expired[x] = True
+                exp_pos += 1
+            if last[b] != 0:
+                bi = age_bucket(t - last[b])
+                if bi >= nb:
+                    bi = nb - 1
+                rd[bi] += 1.0
+                if not expired[b]:
+                    hh[lastc[b], bi] += 1.0
+            expired[b] = False
+            refs[b] += 1
+            j = p - s
+            if j == e - s - 1 and partial:
+                c = 0
+            else:
+                n = min(4, refs[b])
+                c = n if j >= k else 3 + n
+            c_old = lastc[b]
+            n_ins += _qhd_access(b, c_old, c, cap, rule, t, last, lastc, inc0, prev0, nxt0, head0, tail0, size0,
+                                 hd, nb)
+            if mode == 0:
+                _qhd_access(b, c_old, c, cap, RULE_LRU, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd, nb)
+                _qhd_access(b, c_old, c, cap, RULE_HD, t, last, lastc, inc2, prev2, nxt2, head2, tail2, size2, hd, nb)
+            last[b] = t
+            lastc[b] = c
+            if t >= next_upd:
+                next_upd += period
+                che = che_mult * cap * period / max(n_ins, 1)
+                n_ins = 0
+                qa = _quantile_age(rd, quantile)
+                horizon = int(max(che, qa, 1.0))
+                _hd_recompute(hh, ee, hd, mids, decay)
+                for i in range(nb):
+                    rd[i] *= decay
+                if mode == 0:
+                    rule = RULE_HD if score[2] >= score[1] else RULE_LRU
+                    score[1] *= decay
+                    score[2] *= decay
+    return total

@@ -1,0 +1,361 @@
+"""QuillHD: learned hit density per prefix class, with a tail-first-LRU safety net (ours).
+
+Why: in a prefix KV cache a block is reused when its conversation (or shared prompt) comes back,
+after a think time that has a floor (tens of seconds) and a long tail, and with a probability that
+grows with the number of turns seen so far. LRU cannot tell a block that will come back from one
+that will not; Belady can. QuillHD learns, online and per class, how likely and how soon blocks
+come back, and evicts the block with the lowest expected hits per unit of cache space-time
+(hit density, Beckmann et al., "LHD: Improving Cache Hit Rate by Maximizing Hit Density", NSDI'18).
+
+Classes (8), from prefix structure only (no trace constants):
+- 0: a request's partial last block (``input_tokens % block_tokens != 0``): engines never reuse
+  it as a prefix (the next turn fills it with more tokens, giving it a new hash);
+- 1..4: a block that was NOT a prefix hit in this request, referenced 1, 2, 3, >=4 times so far;
+- 5..7: a prefix-hit block referenced 2, 3, >=4 times so far.
+Without request hints (``begin_request`` not called, e.g. inside a data-plane tier) a block is
+"hit" when it is touched and "new" when inserted, and class 0 is never used.
+
+Learning (independent of what is cached, so small caches still learn long reuse times):
+- every reference ends the previous "lifetime" of its key: if that began at most ``horizon``
+  references ago, a hit at that age is counted for the class the key had then (ghost accounting:
+  counted whether or not the key was still cached); a lifetime not renewed within ``horizon`` is
+  counted as an eviction at age ``horizon``. Ages are bucketed quasi-logarithmically (exact below
+  16, 8 buckets per octave).
+- every ``period`` references: for each class and age bucket a,
+  ``HD[c][a] = sum_{x>=a} H[c][x] / sum_{x>=a} (x - a) * (H[c][x] + E[c][x])`` (LHD's estimator
+  over bucket midpoints), then all histograms are multiplied by ``decay`` (EWMA).
+- the horizon adapts every period: ``max(che_mult * capacity / insertion rate, the
+  quantile-th age of all observed reuse times)`` - the LRU characteristic time of this cache
+  (Che's approximation) or the age that covers most reuses, whichever is longer.
+
+Eviction: each class keeps its keys in LRU order; the HD rule compares the head (oldest) of each
+class list and evicts the one with the lowest density (ties: the older). The tail-first-LRU rule
+evicts class-0 keys first, then the globally least recent key (the oldest class-list head).
+In ``mode="adaptive"`` (default) two metadata-only shadow caches of the same capacity run the two
+rules on the same stream; every period the real cache switches to the rule whose shadow had more
+prefix hits (decayed by ``decay``). Shadows and learning state cost O(1) per reference.
+
+Defaults (``period=4096`` references, ``decay=0.9``, ``quantile=0.95``, ``che_mult=1``) come
+from a small sweep on the Mooncake conversation trace (quantile 0.8-0.99, che_mult 1-4; gains at
+1k-3k blocks were insensitive to them, the 30k-50k region was not, which is why the adaptive
+shadow rule exists). They are the same for every capacity and were not re-tuned on the synthetic
+trace of ``experiments/hitrate_study.py``.
+
+Memory: reference metadata (last time, class, count) is kept for every key ever seen, like a
+ghost list of unbounded length (about 24 bytes per key in a compiled version); ``remove`` forgets
+a key entirely.
+
+Exactness: ``quillcache.hitrate.kernels.quillhd`` is the compiled twin of this class driven by the
+reference replay harness; the two agree hit for hit (same float operations in the same order).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+from quillcache.policies.base import EvictionPolicy, Key, Predicate, always, check_size
+
+NUM_CLASSES = 8
+HD_SUB = 8
+NUM_BUCKETS = 320
+RULE_LRU, RULE_HD = 0, 1
+MODES = ("adaptive", "hd", "lru")
+
+
+def age_bucket(a: int) -> int:
+    """Exact below 16, then ``HD_SUB`` buckets per octave (a quasi-logarithmic age scale)."""
+    if a < 16:
+        return a
+    e = a.bit_length() - 4
+    return 16 + (e - 1) * HD_SUB + ((a >> e) - 8)
+
+
+def bucket_mid(i: int) -> float:
+    if i < 16:
+        return float(i)
+    e = (i - 16) // HD_SUB + 1
+    m = (i - 16) % HD_SUB
+    return float((8 + m) << e) + float(1 << e) * 0.5
+
+
+_MIDS = [bucket_mid(i) for i in range(NUM_BUCKETS)]
+
+
+def _clamp(i: int) -> int:
+    return i if i < NUM_BUCKETS else NUM_BUCKETS - 1
+
+
+class _Instance:
+    """One cache's membership: per-class key lists in LRU order (real cache or a shadow)."""
+
+    __slots__ = ("cls", "lists")
+
+    def __init__(self) -> None:
+        self.lists: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(NUM_CLASSES)]
+        self.cls: dict[Key, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.cls)
+
+    def place(self, key: Key, c: int) -> None:
+        old = self.cls.get(key)
+        if old is not None:
+            del self.lists[old][key]
+        self.lists[c][key] = None
+        self.cls[key] = c
+
+    def drop(self, key: Key) -> None:
+        c = self.cls.pop(key)
+        del self.lists[c][key]
+
+
+class QuillHdPolicy(EvictionPolicy):
+    name = "quillhd"
+
+    def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
+                 decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} must be one of {MODES}")
+        if capacity_keys is not None:
+            capacity_keys = check_size(capacity_keys)
+        for name, v in (("period", period), ("block_tokens", block_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        for name, v, lo, hi in (("decay", decay, 0.0, 1.0), ("quantile", quantile, 0.0, 1.0)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v <= hi:
+                raise ValueError(f"{name}={v!r} must be a number in ({lo}, {hi}]")
+        if isinstance(che_mult, bool) or not isinstance(che_mult, (int, float)) or not 0.0 <= che_mult <= 1e6:
+            raise ValueError(f"che_mult={che_mult!r} must be a number in [0, 1e6]")
+        self.capacity_keys = capacity_keys
+        self.mode = mode
+        self.period = period
+        self.decay = float(decay)
+        self.quantile = float(quantile)
+        self.che_mult = float(che_mult)
+        self.block_tokens = block_tokens
+        self._real = _Instance()
+        self._shadows = (_Instance(), _Instance()) if mode == "adaptive" else ()
+        self._score = [0.0, 0.0]  # decayed prefix hits of the LRU shadow, the HD shadow
+        self._rule = RULE_LRU if mode == "lru" else RULE_HD
+        self._last: dict[Key, int] = {}
+        self._lastc: dict[Key, int] = {}
+        self._refs: dict[Key, int] = {}
+        self._expired: set[Key] = set()
+        self._history: deque[tuple[int, Key]] = deque()
+        self._hh = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
+        self._ee = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
+        self._hd = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
+        self._rd = [0.0] * NUM_BUCKETS
+        self._t = 0
+        self._next_upd = period
+        self._n_ins = 0
+        self._peak = 0
+        self._horizon: int | None = None  # 2 * capacity until the first update
+        # request hints
+        self._req: Sequence[Key] | None = None
+        self._req_pos = 0
+        self._req_hits = 0
+        self._req_partial = False
+
+    # ---- introspection --------------------------------------------------------------------
+    @property
+    def rule(self) -> str:
+        return "hd" if self._rule == RULE_HD else "lru"
+
+    @property
+    def horizon(self) -> int:
+        return self._horizon if self._horizon is not None else 2 * self._capacity()
+
+    def class_of(self, key: Key) -> int:
+        self._require(key)
+        return self._real.cls[key]
+
+    def hit_density(self, cls: int, age: int) -> float:
+        return self._hd[cls][_clamp(age_bucket(age))]
+
+    def _capacity(self) -> int:
+        return self.capacity_keys if self.capacity_keys is not None else max(self._peak, 1)
+
+    # ---- request hints --------------------------------------------------------------------
+    def begin_request(self, keys: Sequence[Key], num_hit: int, input_tokens: int | None = None) -> None:
+        """Announce a request: its keys in order, how many leading keys were prefix hits, and its
+        input length in tokens (for partial-block detection). The following insert/touch calls
+        that follow ``keys`` in order are classified with this context."""
+        if isinstance(num_hit, bool) or not isinstance(num_hit, int) or not 0 <= num_hit <= len(keys):
+            raise ValueError(f"num_hit={num_hit!r} must be an int in [0, {len(keys)}]")
+        self._req = keys
+        self._req_pos = 0
+        self._req_hits = num_hit
+        self._req_partial = input_tokens is not None and input_tokens % self.block_tokens != 0
+        for i, shadow in enumerate(self._shadows):
+            n = 0
+            for key in keys:
+                if key in shadow.cls:
+                    n += 1
+                else:
+                    break
+            self._score[i] += n
+
+    # ---- the learning step ----------------------------------------------------------------
+    def _classify(self, key: Key, touched: bool) -> int:
+        req = self._req
+        n = self._refs[key]
+        n = min(4, n)
+        if req is not None and self._req_pos < len(req) and req[self._req_pos] == key:
+            j = self._req_pos
+            self._req_pos += 1
+            if j == len(req) - 1 and self._req_partial:
+                return 0
+            return n if j >= self._req_hits else 3 + n
+        return 3 + max(n, 2) if touched else n
+
+    def _observe(self, key: Key, touched: bool) -> tuple[int, int | None]:
+        """Advance time, learn from this reference; returns (new class, old class or None)."""
+        self._t += 1
+        t = self._t
+        horizon = self.horizon
+        hb = _clamp(age_bucket(horizon))
+        hist = self._history
+        while hist and t - hist[0][0] > horizon:
+            t0, x = hist.popleft()
+            if self._last.get(x) == t0 and x not in self._expired:
+                self._ee[self._lastc[x]][hb] += 1.0
+                self._expired.add(x)
+        lt = self._last.get(key)
+        if lt is not None:
+            bi = _clamp(age_bucket(t - lt))
+            self._rd[bi] += 1.0
+            if key not in self._expired:
+                self._hh[self._lastc[key]][bi] += 1.0
+        self._expired.discard(key)
+        self._refs[key] = self._refs.get(key, 0) + 1
+        c = self._classify(key, touched)
+        return c, self._lastc.get(key)
+
+    def _shadow_access(self, key: Key, c: int) -> None:
+        cap = self._capacity()
+        for i, shadow in enumerate(self._shadows):
+            if key not in shadow.cls:
+                if len(shadow) >= cap:
+                    v = self._choose(shadow, RULE_LRU if i == 0 else RULE_HD, always, self._t)
+                    assert v is not None
+                    shadow.drop(v)
+            elif self._req is None:  # unhinted: score per-reference hits instead of prefix hits
+                self._score[i] += 1
+            shadow.place(key, c)
+
+    def _finish(self, key: Key, c: int) -> None:
+        self._last[key] = self._t
+        self._lastc[key] = c
+        self._history.append((self._t, key))
+        if self._t >= self._next_upd:
+            self._next_upd += self.period
+            self._update()
+
+    def _update(self) -> None:
+        cap = self._capacity()
+        che = self.che_mult * cap * self.period / max(self._n_ins, 1)
+        self._n_ins = 0
+        qa = self._quantile_age()
+        self._horizon = int(max(che, qa, 1.0))
+        decay = self.decay
+        for c in range(NUM_CLASSES):
+            hh, ee, hd = self._hh[c], self._ee[c], self._hd[c]
+            sh = st = sx = 0.0
+            for i in range(NUM_BUCKETS - 1, -1, -1):
+                tot = hh[i] + ee[i]
+                sh += hh[i]
+                st += tot
+                sx += tot * _MIDS[i]
+                life = sx - _MIDS[i] * st
+                hd[i] = sh / life if life > 0.0 else 0.0
+            for i in range(NUM_BUCKETS):
+                hh[i] *= decay
+                ee[i] *= decay
+        rd = self._rd
+        for i in range(NUM_BUCKETS):
+            rd[i] *= decay
+        if self._shadows:
+            self._rule = RULE_HD if self._score[1] >= self._score[0] else RULE_LRU
+            self._score[0] *= decay
+            self._score[1] *= decay
+
+    def _quantile_age(self) -> int:
+        tot = 0.0
+        for v in self._rd:
+            tot += v
+        if tot <= 0.0:
+            return 0
+        acc = 0.0
+        for i, v in enumerate(self._rd):
+            acc += v
+            if acc >= self.quantile * tot:
+                return int(_MIDS[i])
+        return int(_MIDS[-1])
+
+    # ---- victim choice ----------------------------------------------------------------------
+    def _choose(self, inst: _Instance, rule: int, is_evictable: Predicate, t: int) -> Key | None:
+        """The victim under ``rule`` among ``inst``'s keys, ages measured at time ``t``."""
+        firsts: list[Key | None] = []
+        for lst in inst.lists:
+            first = None
+            for key in lst:
+                if is_evictable(key):
+                    first = key
+                    break
+            firsts.append(first)
+        if rule == RULE_LRU:
+            if firsts[0] is not None:
+                return firsts[0]
+            best = None
+            for key in firsts[1:]:
+                if key is not None and (best is None or self._last[key] < self._last[best]):
+                    best = key
+            return best
+        best, best_v, best_a = None, 0.0, 0
+        for c, key in enumerate(firsts):
+            if key is None:
+                continue
+            a = t - self._last[key]
+            val = self._hd[c][_clamp(age_bucket(a))]
+            if best is None or val < best_v or (val == best_v and a > best_a):
+                best, best_v, best_a = key, val, a
+        return best
+
+    # ---- protocol -------------------------------------------------------------------------
+    def insert(self, key: Key, size_bytes: int) -> None:
+        self._add(key, size_bytes)
+        self._peak = max(self._peak, len(self._sizes))
+        c, _ = self._observe(key, touched=False)
+        self._n_ins += 1
+        self._real.place(key, c)
+        self._shadow_access(key, c)
+        self._finish(key, c)
+
+    def touch(self, key: Key) -> None:
+        self._require(key)
+        c, _ = self._observe(key, touched=True)
+        self._real.place(key, c)
+        self._shadow_access(key, c)
+        self._finish(key, c)
+
+    def remove(self, key: Key) -> None:
+        self._drop(key)
+        self._real.drop(key)
+        for shadow in self._shadows:
+            if key in shadow.cls:
+                shadow.drop(key)
+        self._last.pop(key, None)
+        self._lastc.pop(key, None)
+        self._refs.pop(key, None)
+        self._expired.discard(key)
+
+    def evict(self, key: Key) -> None:
+        self._drop(key)
+        self._real.drop(key)
+
+    def victim(self, is_evictable: Predicate = always) -> Key | None:
+        # called before the insert that needs room: ages at the time that reference will get
+        return self._choose(self._real, self._rule, is_evictable, self._t + 1)

@@ -1,0 +1,274 @@
+"""Hit-rate replay: REFERENCE §5 numbers on the real trace, kernels == online reference hit for
+hit on random prefix-structured traces, Belady as the bound, input validation, study smoke test."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quillcache.hitrate import (
+    HITRATE_POLICIES,
+    HitRateResult,
+    make_hitrate_policy,
+    simulate,
+)
+from quillcache.hitrate.arrays import (
+    TraceArrays,
+    arrays_from_lists,
+    compute_next_use,
+    validate_arrays,
+)
+from quillcache.hitrate.reference import replay
+from quillcache.traces import DEFAULT_TRACE, TraceRequest
+
+POLICIES = sorted(HITRATE_POLICIES)
+REAL = DEFAULT_TRACE
+needs_trace = pytest.mark.skipif(not REAL.is_file(), reason=f"shared Mooncake trace {REAL} is absent (../shared/traces)")
+
+# ---------------------------------------------------------------- the real trace
+
+
+@pytest.fixture(scope="module")
+def real_arrays():
+    from quillcache.hitrate.arrays import load_arrays
+
+    return load_arrays(REAL)
+
+
+@needs_trace
+def test_lru_lfu_reproduce_reference_numbers(real_arrays):
+    caps = [1000, 10000, 30000, 50000, 100000, None]
+    want = {"lru": [0.044, 0.211, 0.326, 0.355, 0.364, 0.366], "lfu": [0.048, 0.132, 0.276, 0.344, 0.363, 0.366]}
+    assert real_arrays.num_requests == 12031 and real_arrays.num_refs == 288500 and real_arrays.num_unique == 182790
+    for pol, expected in want.items():
+        got = [round(simulate(real_arrays, pol, c).hit_rate, 3) for c in caps]
+        assert got == expected, (pol, got)
+    assert round(simulate(real_arrays, "belady", 1000).hit_rate, 3) == 0.191
+    assert round(simulate(real_arrays, "belady", 10000).hit_rate, 3) == 0.366
+
+
+@needs_trace
+def test_quillhd_beats_lru_on_real_trace(real_arrays):
+    for cap in (1000, 10000, 30000, 50000):
+        assert simulate(real_arrays, "quillhd", cap).hit_rate > simulate(real_arrays, "lru", cap).hit_rate, cap
+
+
+@needs_trace
+def test_kernels_match_reference_on_real_prefix(real_arrays):
+    sub = real_arrays.subset(np.arange(400))
+    for pol in POLICIES:
+        assert np.array_equal(simulate(sub, pol, 300).hits_per_request, replay(sub, pol, 300)), pol
+
+
+# ---------------------------------------------------------------- random prefix-structured traces
+
+
+@st.composite
+def conversation_traces(draw, max_requests: int = 40):
+    """Requests that extend conversations (chains of ids), fork from other chains' prefixes,
+    share a system-prompt block, repeat exactly, or end in a partial block."""
+    n = draw(st.integers(0, max_requests))
+    chains: list[list[int]] = []
+    lists, isl = [], []
+    next_id = 1
+    for _ in range(n):
+        kind = draw(st.sampled_from(["new", "continue", "continue", "fork", "repeat"]))
+        if kind != "new" and chains:
+            base = chains[draw(st.integers(0, len(chains) - 1))]
+            if kind == "fork":
+                base = base[: draw(st.integers(0, len(base)))]
+            chain = list(base)
+        else:
+            chain = [0] if draw(st.booleans()) else []
+        if kind != "repeat" or not chain:
+            grow = draw(st.integers(0 if chain else 1, 4))
+            chain.extend(range(next_id, next_id + grow))
+            next_id += grow
+        chains.append(chain)
+        lists.append(list(chain))
+        partial = draw(st.integers(0, 2)) == 0 and chain
+        isl.append(len(chain) * 512 - (100 if partial else 0))
+    return arrays_from_lists(lists, input_tokens=isl)
+
+
+def _options(draw, pol: str) -> dict:
+    if pol == "quillhd":
+        return {"period": draw(st.sampled_from([3, 8, 32, 4096])), "mode": draw(st.sampled_from(["adaptive", "hd", "lru"])),
+                "decay": draw(st.sampled_from([0.5, 0.9])), "quantile": draw(st.sampled_from([0.5, 0.95]))}
+    if pol == "tinylfu":
+        return {"sample_factor": draw(st.sampled_from([1, 2, 10])), "window_ratio": draw(st.sampled_from([0.0, 0.01, 0.3])),
+                "doorkeeper": draw(st.booleans())}
+    if pol == "belady":
+        return {"bypass": draw(st.booleans())}
+    if pol == "s3fifo":
+        return {"move_to_main_threshold": draw(st.sampled_from([1, 2]))}
+    return {}
+
+
+@given(arrs=conversation_traces(), cap=st.integers(1, 24), data=st.data())
+def test_kernels_agree_with_online_reference(arrs, cap, data):
+    for pol in POLICIES:
+        opts = _options(data.draw, pol)
+        fast = simulate(arrs, pol, cap, **opts)
+        ref = replay(arrs, pol, cap, **opts)
+        assert np.array_equal(fast.hits_per_request, ref), (pol, opts)
+        assert fast.hit_blocks == int(ref.sum())
+
+
+@given(arrs=conversation_traces(), cap=st.integers(1, 24))
+def test_belady_bounds_every_policy(arrs, cap):
+    bound = simulate(arrs, "belady", cap).hit_blocks
+    for pol in POLICIES:
+        assert simulate(arrs, pol, cap).hit_blocks <= bound, pol
+    assert simulate(arrs, "belady", cap, bypass=False).hit_blocks <= bound
+
+
+@given(arrs=conversation_traces(), cap=st.integers(1, 24))
+def test_hits_are_monotone_prefixes_and_unlimited_is_exact(arrs, cap):
+    lens = np.diff(arrs.req_offsets)
+    for pol in POLICIES:
+        res = simulate(arrs, pol, cap)
+        assert np.all(res.hits_per_request <= lens) and np.all(res.hits_per_request >= 0)
+    # unlimited: a block hits iff its whole prefix was seen before
+    seen: set[int] = set()
+    want = 0
+    for r in range(arrs.num_requests):
+        req = arrs.request(r).tolist()
+        for b in req:
+            if b in seen:
+                want += 1
+            else:
+                break
+        seen.update(req)
+    for pol in POLICIES:
+        assert simulate(arrs, pol, None).hit_blocks == want, pol
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _arrays() -> TraceArrays:
+    return arrays_from_lists([[0, 1, 2], [0, 1, 3], [4]])
+
+
+def test_simulate_rejects_bad_policy_and_capacity():
+    a = _arrays()
+    with pytest.raises(ValueError, match=r"unknown hit-rate policy 'mru'.*belady.*lru.*quillhd"):
+        simulate(a, "mru", 10)
+    with pytest.raises(TypeError, match="policy must be a str"):
+        simulate(a, 3, 10)  # type: ignore[arg-type]
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match=f"capacity_blocks={bad} must be positive"):
+            simulate(a, "lru", bad)
+    for bad in (True, 2.5, "10"):
+        with pytest.raises(TypeError, match="capacity_blocks must be a positive int or None"):
+            simulate(a, "lru", bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"policy 'lru' takes no kernel option\(s\) \['bypass'\]"):
+        simulate(a, "lru", 10, bypass=True)
+    with pytest.raises(ValueError, match="mode='fast'"):
+        simulate(a, "quillhd", 10, mode="fast")
+    with pytest.raises(ValueError, match="small_ratio=2"):
+        simulate(a, "s3fifo", 10, small_ratio=2)
+    with pytest.raises(TypeError, match="trace_or_arrays must be"):
+        simulate(42, "lru", 10)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown hit-rate policy 'nope'"):
+        make_hitrate_policy("nope")
+    with pytest.raises(TypeError, match="belady needs the future"):
+        make_hitrate_policy("belady")
+
+
+def _with(a: TraceArrays, **changes) -> TraceArrays:
+    fields = {f: getattr(a, f) for f in ("req_offsets", "blocks", "timestamps_ms", "input_tokens", "output_tokens",
+                                         "next_use", "conv_ids", "num_unique")}
+    fields.update(changes)
+    return TraceArrays(**fields)
+
+
+def test_malformed_arrays_are_refused_with_the_value_named():
+    a = _arrays()
+    cases = [
+        ({"blocks": a.blocks.astype(np.int64)}, TypeError, "blocks must have dtype int32, got int64"),
+        ({"blocks": np.array([0, 1, 2, 0, 1, 3, 9], np.int32)}, ValueError, r"\[0, num_unique=5\), got range \[0, 9\]"),
+        ({"blocks": np.array([0, 1, 2, 0, 1, 3, -1], np.int32)}, ValueError, r"got range \[-1, 3\]"),
+        ({"req_offsets": np.array([0, 3, 6, 9], np.int64)}, ValueError, "end at len\\(blocks\\)=7"),
+        ({"req_offsets": np.array([0, 6, 3, 7], np.int64)}, ValueError, "non-decreasing"),
+        ({"req_offsets": np.array([[0, 3, 6, 7]], np.int64)}, ValueError, "req_offsets must be 1-D"),
+        ({"next_use": np.zeros(7, np.int64)}, ValueError, "next_use does not match"),
+        ({"next_use": np.zeros(6, np.int64)}, ValueError, "next_use has 6 entries"),
+        ({"timestamps_ms": np.zeros(2, np.int64)}, ValueError, "timestamps_ms has 2 entries for 3 requests"),
+        ({"input_tokens": [1, 2, 3]}, TypeError, "input_tokens must be a numpy array, got list"),
+        ({"num_unique": -1}, ValueError, "num_unique must be a non-negative int"),
+        ({"blocks": np.arange(14, dtype=np.int32)[::2]}, ValueError, "blocks must be C-contiguous"),
+    ]
+    for change, exc, msg in cases:
+        bad = _with(a, **change)
+        with pytest.raises(exc, match=msg):
+            validate_arrays(bad)
+        with pytest.raises(exc, match=msg):
+            simulate(bad, "lru", 2)
+    with pytest.raises(ValueError, match="hash ids must be non-negative"):
+        arrays_from_lists([[0, -3]])
+
+
+def test_arrays_layout_and_next_use():
+    a = arrays_from_lists([[10, 11], [10, 12, 11], [], [12]], input_tokens=[1024, 1500, 0, 512])
+    assert a.blocks.tolist() == [0, 1, 0, 2, 1, 2] and a.num_unique == 3
+    assert a.req_offsets.tolist() == [0, 2, 5, 5, 6]
+    assert a.next_use.tolist() == [2, 4, 6 + 2, 5, 6 + 4, 6 + 5]
+    assert a.conv_ids.tolist() == [1, 2, -1, 2]
+    assert compute_next_use(np.zeros(0, np.int32), 0).shape == (0,)
+    assert not a.blocks.flags.writeable
+    res = simulate([TraceRequest(0, 1024, 1, (5, 6)), TraceRequest(1, 1024, 1, (5, 6))], "lru", 4)
+    assert isinstance(res, HitRateResult) and res.hit_blocks == 2 and res.hit_rate == 0.5
+
+
+# ---------------------------------------------------------------- study smoke test
+
+
+def test_study_quick_smoke(tmp_path, monkeypatch):
+    from experiments import hitrate_study as study
+
+    monkeypatch.delenv(study.LCS_ENV, raising=False)
+    trace = REAL
+    if not REAL.is_file():  # a small synthetic trace in Mooncake format instead
+        arrs = study.synthetic_conversation_trace(300)
+        trace = tmp_path / "synthetic.jsonl"
+        with open(trace, "w") as fh:
+            for r in range(arrs.num_requests):
+                ids = (arrs.request(r) + 0).tolist()
+                fh.write(json.dumps({"timestamp": int(arrs.timestamps_ms[r]), "input_length": len(ids) * 512,
+                                     "output_length": 1, "hash_ids": ids}) + "\n")
+    rows = study.run(quick=True, results_root=str(tmp_path), trace=trace)
+    by = {(r.metric, r.subject): r for r in rows}
+    for cap in ("1k", "10k", "inf"):
+        bel = by[(f"hit_rate@{cap}", "belady")].value
+        assert all(by[(f"hit_rate@{cap}", p)].value <= bel + 1e-12 for p in POLICIES)
+    assert any(m.startswith("pooled_hit_rate@3Mtok") for m, _ in by)
+    assert by[("replay_refs_per_s@10k_vs_python", "kernel_lru")].value > 0
+    with open(tmp_path / "hitrate" / "summary.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == len(rows)
+    for name in ("hit_rates.csv", "pooled.csv", "throughput.csv"):
+        assert (tmp_path / "hitrate" / name).stat().st_size > 0
+    paths = study.plot(str(tmp_path), tmp_path / "fig")
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+@given(offsets=st.lists(st.integers(-3, 12), min_size=0, max_size=6),
+       blocks=st.lists(st.integers(-2, 8), max_size=10), num_unique=st.integers(-1, 9),
+       cap=st.integers(1, 5), policy=st.sampled_from(POLICIES))
+@settings(max_examples=100)
+def test_fuzzed_arrays_are_refused_or_replayed_never_crash(offsets, blocks, num_unique, cap, policy):
+    b = np.array(blocks, np.int32)
+    r = max(len(offsets) - 1, 0)
+    arrs = TraceArrays(np.array(offsets, np.int64), b, np.zeros(r, np.int64), np.full(r, 512, np.int64),
+                       np.zeros(r, np.int64), compute_next_use(b, max(num_unique, 0)), np.zeros(r, np.int32), num_unique)
+    try:
+        res = simulate(arrs, policy, cap)
+    except (ValueError, TypeError):
+        return
+    assert res.hit_blocks == int(replay(arrs, policy, cap).sum())

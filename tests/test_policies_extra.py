@@ -1,0 +1,214 @@
+"""Exact eviction orders of the study's online policies: lengthaware, tinylfu, belady, quillhd."""
+
+from __future__ import annotations
+
+import pytest
+
+from quillcache.policies.base import PolicyKeyError, UnknownKeyError
+from quillcache.policies.belady import BeladyPolicy
+from quillcache.policies.lengthaware import LengthAwarePolicy
+from quillcache.policies.quillhd import QuillHdPolicy, age_bucket, bucket_mid
+from quillcache.policies.tinylfu import TinyLfuPolicy
+
+# ---------------------------------------------------------------- length-aware
+
+
+def test_lengthaware_evicts_deeper_blocks_first_among_equal_frequency():
+    p = LengthAwarePolicy()
+    p.begin_request(["a", "b", "c"], 0, 1536)
+    for k in "abc":
+        p.insert(k, 1)
+    assert p.victim() == "c"
+    p.begin_request(["a", "b"], 2, 1024)
+    p.touch("a")
+    p.touch("b")
+    assert [p.frequency(k) for k in "abc"] == [2, 2, 1]
+    # (1, -2) c, then (2, -1) b, then (2, 0) a
+    assert p.eviction_order() == ["c", "b", "a"]
+
+
+def test_lengthaware_ties_by_recency_and_without_hints_is_lfu():
+    p = LengthAwarePolicy()
+    p.begin_request(["r", "s"], 0)
+    p.insert("r", 1)
+    p.insert("s", 1)
+    p.begin_request(["r", "t"], 1)
+    p.touch("r")
+    p.insert("t", 1)
+    assert p.eviction_order() == ["s", "t", "r"]  # s and t both (1, depth 1): older first
+    q = LengthAwarePolicy()
+    for k in "xyz":
+        q.insert(k, 1)
+    q.touch("x")
+    assert q.victim(lambda k: k != "y") == "z"
+    assert q.eviction_order() == ["y", "z", "x"]
+
+
+# ---------------------------------------------------------------- belady
+
+
+def test_belady_evicts_farthest_next_use_and_bypasses():
+    nu = {"a": 5, "b": 9, "c": 7}
+    p = BeladyPolicy(next_use_oracle=lambda k: nu[k], capacity_keys=3)
+    for k in "abc":
+        p.insert(k, 1)
+    assert p.victim() == "b"
+    nu["b"] = 4
+    p.touch("b")
+    assert p.next_use("b") == 4
+    nu["d"] = 100
+    assert p.admit("d", 1) is False  # MIN would evict the newcomer itself
+    nu["d"] = 6
+    assert p.admit("d", 1) is True
+    assert p.victim(lambda k: k != "c") == "a"
+    assert p.eviction_order() == ["c", "a", "b"]
+    assert BeladyPolicy(next_use_oracle=lambda k: 1, bypass=False).admit("z", 1) is True
+
+
+def test_belady_needs_an_oracle():
+    with pytest.raises(TypeError, match="belady needs the future"):
+        BeladyPolicy()
+
+
+# ---------------------------------------------------------------- tinylfu
+
+
+def test_tinylfu_window_candidate_loses_to_equal_frequency_victim():
+    p = TinyLfuPolicy(capacity_keys=10, doorkeeper=False)
+    assert (p.window_cap, p.main_cap, p.protected_cap, p.sample_size) == (1, 9, 7, 100)
+    for k in range(10):
+        p.insert(k, 1)
+    assert all(p.segment_of(k) == "window" for k in range(10))
+    v = p.victim()
+    # k0..k8 move to probation (main had room); k9 duels k0 at frequency 1 vs 1 and loses
+    assert v == 9
+    assert [p.segment_of(k) for k in range(9)] == ["probation"] * 9
+    p.evict(9)
+    p.touch(0)
+    assert p.segment_of(0) == "protected"
+    # a key seen three times before beats probation's LRU key (seen once)
+    for _ in range(2):
+        p.insert(99, 1)
+        p.evict(99)
+    p.insert(99, 1)
+    assert p.frequency(99) == 3 and p.frequency(1) == 1
+    assert p.victim() == 1
+    assert p.segment_of(99) == "probation"
+    p.evict(1)
+    assert len(p) == 9
+
+
+def test_tinylfu_protected_overflow_demotes_and_aging_halves():
+    p = TinyLfuPolicy(capacity_keys=4, protected_ratio=0.5, doorkeeper=False)  # window 1, main 3, protected 1
+    for k in (1, 2, 3, 4):
+        p.insert(k, 1)
+    assert p.victim() == 4  # 1,2,3 to probation; 4 (freq 1) loses to 1 (freq 1)
+    p.evict(4)
+    p.touch(1)
+    p.touch(2)  # protected holds 1 key: 1 is demoted back to probation's MRU end
+    assert [p.segment_of(k) for k in (1, 2, 3)] == ["probation", "protected", "probation"]
+    p.insert(5, 1)
+    assert p.victim() == 5  # freq(5) == freq(3) == 1: the window candidate loses ties
+    a = TinyLfuPolicy(capacity_keys=10, sample_factor=1, doorkeeper=False)  # halve every 10 records
+    a.insert(7, 1)
+    for _ in range(4):
+        a.touch(7)
+    assert a.frequency(7) == 5
+    for k in range(100, 105):
+        a.insert(k, 1)
+    assert a.frequency(7) == 2  # 5 >> 1
+
+
+def test_tinylfu_doorkeeper_absorbs_first_access():
+    p = TinyLfuPolicy(capacity_keys=16)
+    p.insert(5, 1)
+    assert p.sketch.estimate_one(5) == 0 and p.frequency(5) == 1
+    p.touch(5)
+    p.touch(5)
+    assert p.sketch.estimate_one(5) == 2 and p.frequency(5) == 3
+
+
+def test_tinylfu_predicate_and_errors():
+    p = TinyLfuPolicy(capacity_keys=3)
+    for k in "abc":
+        p.insert(k, 1)
+    assert p.victim(lambda k: k not in ("c", "a")) == "b"
+    with pytest.raises(PolicyKeyError):
+        p.insert("a", 1)
+    with pytest.raises(UnknownKeyError):
+        p.touch("zz")
+    with pytest.raises(ValueError, match="window_ratio=1.5"):
+        TinyLfuPolicy(window_ratio=1.5)
+
+
+# ---------------------------------------------------------------- quillhd
+
+
+def test_quillhd_age_buckets():
+    assert [age_bucket(a) for a in (0, 15, 16, 17, 31, 32, 48, 64)] == [0, 15, 16, 16, 23, 24, 28, 32]
+    assert bucket_mid(16) == 17.0 and bucket_mid(24) == 34.0
+
+
+def test_quillhd_lru_rule_evicts_partial_tails_first():
+    p = QuillHdPolicy(capacity_keys=100, mode="lru")
+    p.begin_request(["a", "b", "c"], 0, 1300)  # 1300 tokens: c is a partial block
+    for k in "abc":
+        p.insert(k, 1)
+    p.begin_request(["d", "e"], 0, 1024)
+    p.insert("d", 1)
+    p.insert("e", 1)
+    assert [p.class_of(k) for k in "abcde"] == [1, 1, 0, 1, 1]
+    p.begin_request(["a", "f"], 1, 1024)
+    p.touch("a")
+    p.insert("f", 1)
+    assert p.class_of("a") == 5  # prefix hit, referenced twice
+    assert p.eviction_order() == ["c", "b", "d", "e", "a", "f"]
+
+
+def _learned(mode: str) -> QuillHdPolicy:
+    """A is reused every 10 references four times; its classes learn hits at age 10."""
+    p = QuillHdPolicy(capacity_keys=1000, mode=mode, period=16)
+    p.insert("A", 1)
+    fresh = 0
+    for _ in range(4):
+        for _ in range(9):
+            p.insert(f"f{fresh}", 1)
+            p.remove(f"f{fresh}")
+            fresh += 1
+        p.touch("A")
+    return p
+
+
+def test_quillhd_hd_rule_uses_learned_density():
+    p = _learned("hd")
+    # updates at t=16 and t=32: classes 1, 5, 6 have one hit at age 10 each; class 7 none yet
+    assert p.hit_density(1, 2) == pytest.approx(1 / 8)
+    assert p.hit_density(7, 1) == 0.0
+    p.insert("B", 1)  # t=42, class 1
+    p.insert("C", 1)  # t=43, class 1
+    p.touch("A")  # t=44, A stays class 7
+    # at t=45: B (class 1, age 3) has density 1/7, A (class 7, age 1) has 0 -> A goes first
+    assert p.victim() == "A"
+    assert p.eviction_order() == ["A", "B", "C"]
+    q = _learned("lru")
+    q.insert("B", 1)
+    q.insert("C", 1)
+    q.touch("A")
+    assert q.eviction_order() == ["B", "C", "A"]
+
+
+def test_quillhd_options_and_remove():
+    with pytest.raises(ValueError, match="mode='x'"):
+        QuillHdPolicy(mode="x")
+    with pytest.raises(ValueError, match="decay=0"):
+        QuillHdPolicy(decay=0)
+    with pytest.raises(ValueError, match="period=0"):
+        QuillHdPolicy(period=0)
+    p = QuillHdPolicy()
+    p.insert("k", 1)
+    p.remove("k")
+    assert "k" not in p and p.victim() is None
+    with pytest.raises(UnknownKeyError):
+        p.evict("k")
+    with pytest.raises(ValueError, match="num_hit=5"):
+        p.begin_request(["a"], 5)
