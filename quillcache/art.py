@@ -380,19 +380,10 @@ class ArtReference:
         """``scan_prefix_batch`` over ``bytes([head]) + n.to_bytes(8, "big")`` for n in numbers."""
         if not 9 <= key_len <= 255:
             raise ValueError(f"key_len must be in 9..255, got {key_len}")
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        offsets = np.zeros(len(numbers) + 1, dtype=np.int64)
-        for i, n in enumerate(numbers):
-            for k, v in self.scan_prefix(bytes([head]) + int(n).to_bytes(8, "big")):
-                if len(k) != key_len:
-                    raise ValueError(f"scan_u64_prefix_batch needs matched keys of {key_len} bytes, found {len(k)}")
-                keys.append(k)
-                values.append(v)
-            offsets[i + 1] = len(keys)
-        kb = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), key_len)
-        vb = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), self.value_size)
-        return kb, vb, offsets
+        prefixes = np.empty((len(numbers), 9), dtype=np.uint8)
+        prefixes[:, 0] = head
+        prefixes[:, 1:] = np.asarray(numbers, dtype=np.uint64).astype(">u8").view(np.uint8).reshape(-1, 8)
+        return self.scan_prefix_batch(prefixes, key_len)
 
     def count_prefix(self, prefix: bytes) -> int:
         lo, hi = self._prefix_range(prefix)

@@ -1601,55 +1601,20 @@ cdef class ArtCore:
 
     def scan_u64_prefix_batch(self, uint8_t head, const uint64_t[::1] numbers, Py_ssize_t key_len):
         """``scan_prefix_batch`` over the 9-byte prefixes ``head || numbers[i]`` (big-endian),
-        built in C: the residency index's batched lookup. Every matched key must be ``key_len``
-        bytes. Returns (keys uint8[m, key_len], values uint8[m, value_size], offsets int64[n+1])."""
-        cdef Py_ssize_t n = numbers.shape[0], i, g, lanes
-        cdef uint32_t vs = self.a.value_size
-        cdef uint8_t pre[WARM_GROUP * 9]
-        cdef qart_offbuf buf
-        cdef qart_rows kr, vr
-        cdef size_t j
+        built in C: the residency index's batched lookup (no numpy byte-order round trip)."""
+        cdef Py_ssize_t n = numbers.shape[0], i
         cdef int b
-        cdef uint8_t* lf
-        cdef int64_t k
         cdef uint64_t x
         if not 9 <= key_len <= 255:
             raise ValueError(f"key_len must be in 9..255, got {key_len}")
-        if self.a.gate:
-            self._gate_slow()
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        cdef int64_t[::1] o = offsets
-        qart_buf_init(&buf)
-        qart_rows_init(&kr, <size_t>key_len)
-        qart_rows_init(&vr, vs)
-        try:
-            for g in range(0, n, WARM_GROUP):
-                lanes = min(WARM_GROUP, n - g)
-                for i in range(lanes):
-                    x = numbers[g + i]
-                    pre[i * 9] = head
-                    for b in range(8):
-                        pre[i * 9 + 8 - b] = <uint8_t>(x >> (8 * b))
-                warm_paths(&self.a, pre, 9, 9, lanes, True)
-                for i in range(lanes):
-                    buf.n = 0
-                    if collect_prefix(&self.a, &pre[i * 9], 9, -1, &buf, False) < 0:
-                        self._fail(9)
-                    for j in range(buf.n):
-                        lf = leaf_at(&self.a, buf.data[j])
-                        if lf == NULL:
-                            self._fail(9)
-                        if lf[0] != key_len:
-                            raise ValueError(
-                                f"scan_u64_prefix_batch needs matched keys of {key_len} bytes, found {lf[0]}")
-                        if qart_rows_push(&kr, lf + 1) < 0 or qart_rows_push(&vr, lf + 1 + key_len) < 0:
-                            raise MemoryError("scan_u64_prefix_batch: out of memory")
-                    o[g + i + 1] = <int64_t>kr.n
-            return rows_to_array(&kr, key_len), rows_to_array(&vr, vs), offsets
-        finally:
-            qart_buf_free(&buf)
-            qart_rows_free(&kr)
-            qart_rows_free(&vr)
+        prefixes = np.empty((n, 9), dtype=np.uint8)
+        cdef uint8_t[:, ::1] p = prefixes
+        for i in range(n):
+            x = numbers[i]
+            p[i, 0] = head
+            for b in range(8):
+                p[i, 8 - b] = <uint8_t>(x >> (8 * b))
+        return ArtCore.scan_prefix_batch(self, prefixes, key_len)
 
     # -- arena introspection and persistence ---------------------------------------------
 
