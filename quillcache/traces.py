@@ -1,34 +1,137 @@
-"""Mooncake-format request traces: one JSON object per line, sorted by arrival.
+"""Request traces: read a JSON-Lines trace into :class:`TraceRequest` records, line by line.
 
-Fields: ``timestamp`` (ms from trace start), ``input_length`` and ``output_length`` (tokens),
-``hash_ids`` (one prefix-chained id per ``block_size_tokens``-token block, 512 in the Mooncake
-release). A malformed line is refused with its line number and what was wrong; nothing is guessed.
-The default path is ``../shared/traces/conversation_trace.jsonl`` relative to the project root;
-every tool takes a path so users can point it at their own copy. Trace files are never vendored.
+A trace is one JSON object per line, sorted by arrival. The Mooncake schema (``timestamp`` ms from
+trace start, ``input_length``/``output_length`` tokens, ``hash_ids``: one prefix-chained id per
+``block_tokens``-token block, 512 in the Mooncake release) is required on every line; the project's
+generated traces (sessions, collision) add identity and session fields
+(:mod:`quillcache.trace_schemas` holds the field rules; ``traces/README.md`` documents them).
+
+Invariants:
+
+- every returned request passed :func:`quillcache.trace_schemas.check_record`; timestamps of the
+  returned requests never decrease (a line earlier than the last good line is malformed, and the
+  message names both line numbers);
+- ``on_error="stop"`` (default) raises :class:`TraceError` ``"FILE:LINE: what was wrong"`` at the
+  first malformed line; ``on_error="skip"`` drops malformed lines and returns exactly the good ones,
+  listing every dropped line with its number and reason in :class:`TraceLoadReport`;
+- file-level problems (missing, a directory, empty, binary/compressed, unreadable, no valid line)
+  always raise :class:`TraceError`, whatever ``on_error`` says;
+- :func:`synthesize_tokens` is a pure function of (hash id, position in block): equal hash-id
+  prefixes give equal token prefixes, block by block, and for ``block_tokens >= 4`` distinct ids
+  always give distinct blocks (the first four tokens are the base-vocabulary digits of a bijective
+  64-bit mix of the id).
+
+The default path is ``../shared/traces/conversation_trace.jsonl`` relative to the project root (or
+``$QUILLCACHE_TRACE``); every tool takes a path so users can point it at their own copy. Trace
+files are never vendored.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from quillcache.trace_schemas import (
+    MAX_BLOCK_TOKENS,
+    MOONCAKE_BLOCK_TOKENS,
+    SCHEMAS,
+    SchemaError,
+    check_record,
+)
+
+__all__ = [
+    "DEFAULT_TRACE",
+    "DEFAULT_VOCAB_SIZE",
+    "MOONCAKE_BLOCK_TOKENS",
+    "ON_ERROR",
+    "SkippedLine",
+    "TraceError",
+    "TraceLoadReport",
+    "TraceRequest",
+    "default_trace_path",
+    "load_trace",
+    "load_trace_report",
+    "parse_line",
+    "synthesize_tokens",
+    "synthesize_tokens_reference",
+]
+
 DEFAULT_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "conversation_trace.jsonl"
-MOONCAKE_BLOCK_TOKENS = 512
+ON_ERROR = ("stop", "skip")
+DEFAULT_VOCAB_SIZE = 128_256  # Llama-3 vocabulary: synthesised token ids are below it
+_BINARY_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",
+                 b"PK\x03\x04": "zip", b"PAR1": "parquet"}
+_SNIFF_BYTES = 8192
 
 
 class TraceError(ValueError):
-    """A trace file or line that does not follow the Mooncake format."""
+    """A trace file or line that does not follow the trace schemas (message: ``FILE[:LINE]: what``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
+    """One request of a trace. The first four fields are the Mooncake schema; the rest default to
+    "not given" so Mooncake traces and hand-built records keep working."""
+
     timestamp_ms: int
     input_tokens: int
     output_tokens: int
-    hash_ids: tuple[int, ...]
+    hash_ids: tuple[int, ...]  # one prefix-chained id per block_tokens-token block
+    tenant: str = ""  # "" = the trace has no tenants: the replay uses one default tenant
+    model: str = ""  # "" = the replay's default model
+    tokenizer: str = ""
+    adapter: str = ""  # LoRA adapter, "" = base model
+    kv_dtype: str = ""  # "" = the replay's default layout
+    session_id: int = -1  # multi-turn session of a generated trace, -1 = unknown
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS  # tokens per hash_id block (Mooncake: 512)
+
+    @property
+    def num_full_blocks(self) -> int:
+        return self.input_tokens // self.block_tokens
+
+    def tokens(self, vocab_size: int = DEFAULT_VOCAB_SIZE) -> np.ndarray:
+        """Synthesised prompt token ids (:func:`synthesize_tokens`)."""
+        return synthesize_tokens(self.hash_ids, self.block_tokens, self.input_tokens, vocab_size=vocab_size)
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedLine:
+    line: int  # 1-based line number in the file
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLoadReport:
+    """What a load read: lines, requests kept, lines skipped (with numbers and reasons), schemas."""
+
+    path: str
+    num_lines: int  # non-blank lines read (up to the limit)
+    num_blank_lines: int
+    num_requests: int
+    skipped: tuple[SkippedLine, ...]
+    schemas: tuple[str, ...]  # schemas seen, in trace_schemas.SCHEMAS order
+    stopped_at_limit: bool
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+    def summary(self, max_listed: int = 5) -> str:
+        """A few human-readable lines: counts, then the first ``max_listed`` skipped lines."""
+        head = (f"{self.path}: {self.num_requests} requests from {self.num_lines} lines "
+                f"({', '.join(self.schemas) or 'no'} schema)")
+        if not self.skipped:
+            return head
+        rows = [head + f"; skipped {self.num_skipped} malformed line(s):"]
+        rows += [f"  line {s.line}: {s.reason}" for s in self.skipped[:max_listed]]
+        if self.num_skipped > max_listed:
+            rows.append(f"  ... and {self.num_skipped - max_listed} more")
+        return "\n".join(rows)
 
 
 def default_trace_path() -> Path:
@@ -36,53 +139,233 @@ def default_trace_path() -> Path:
     return Path(os.environ.get("QUILLCACHE_TRACE", DEFAULT_TRACE))
 
 
-def _field_int(obj: dict, name: str, where: str) -> int:
-    v = obj.get(name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise TraceError(f"{where}: field {name!r} must be a non-negative integer, got {v!r}")
-    return v
-
-
-def parse_line(line: str, where: str, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> TraceRequest:
+def _decode(line: str | bytes) -> object:
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SchemaError(f"not UTF-8 text (byte {exc.start})") from None
     try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise TraceError(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    ts = _field_int(obj, "timestamp", where)
-    isl = _field_int(obj, "input_length", where)
-    osl = _field_int(obj, "output_length", where)
-    ids = obj.get("hash_ids")
-    if not isinstance(ids, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
-        raise TraceError(f"{where}: field 'hash_ids' must be a list of non-negative integers")
-    want = math.ceil(isl / block_tokens)
-    if len(ids) != want:
-        raise TraceError(
-            f"{where}: {len(ids)} hash_ids for input_length {isl}; expected ceil({isl}/{block_tokens}) = {want}"
-        )
-    return TraceRequest(ts, isl, osl, tuple(ids))
+        return json.loads(line)
+    except RecursionError:
+        raise SchemaError("not valid JSON (nested too deeply)") from None
+    except ValueError as exc:
+        raise SchemaError(f"not valid JSON ({str(exc)[:80]})") from None
+
+
+def _record(line: str | bytes, block_tokens: int | None) -> tuple[TraceRequest, str]:
+    fields, schema = check_record(_decode(line), block_tokens=block_tokens)
+    return TraceRequest(**fields), schema
+
+
+def parse_line(line: str | bytes, where: str, block_tokens: int | None = None) -> TraceRequest:
+    """One trace line as a request, or :class:`TraceError` ``"{where}: what was wrong"``."""
+    try:
+        return _record(line, block_tokens)[0]
+    except SchemaError as exc:
+        raise TraceError(f"{where}: {exc}") from None
+
+
+def _check_args(limit: object, block_tokens: object, on_error: object) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit={limit!r}; expected None or an int >= 1")
+    if block_tokens is not None and (isinstance(block_tokens, bool) or not isinstance(block_tokens, int)
+                                     or not 1 <= block_tokens <= MAX_BLOCK_TOKENS):
+        raise ValueError(f"block_tokens={block_tokens!r}; expected None or an int in 1..{MAX_BLOCK_TOKENS}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
+
+
+def _open_trace(p: Path):
+    """Open ``p`` for binary line reading after file-level checks (exists, a file, not empty/binary)."""
+    if not p.exists():
+        raise TraceError(f"trace file {p} does not exist (point the tool at your copy with a path argument)")
+    if p.is_dir():
+        raise TraceError(f"{p} is a directory, not a trace file (give the path of a .jsonl file)")
+    if not p.is_file():
+        raise TraceError(f"{p} is not a regular file")
+    try:
+        fh = open(p, "rb")  # noqa: SIM115 - returned open; the caller closes it with `with`
+    except OSError as exc:
+        raise TraceError(f"cannot open trace file {p}: {exc.strerror or exc}") from None
+    try:
+        head = fh.read(_SNIFF_BYTES)
+        if not head.strip():
+            raise TraceError(f"trace file {p} is empty (expected one JSON object per line)")
+        for magic, kind in _BINARY_MAGIC.items():
+            if head.startswith(magic):
+                raise TraceError(f"{p} is a {kind} file, not JSON Lines text (decompress/convert it first)")
+        if b"\x00" in head:
+            raise TraceError(f"{p} is a binary file (NUL bytes), not JSON Lines text")
+        fh.seek(0)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
+def load_trace_report(path: str | os.PathLike | None = None, *, limit: int | None = None,
+                      block_tokens: int | None = None,
+                      on_error: str = "stop") -> tuple[list[TraceRequest], TraceLoadReport]:
+    """Read and validate a trace; return its requests and a :class:`TraceLoadReport`.
+
+    ``limit``: stop after this many good requests. ``block_tokens``: block size for lines without a
+    ``block_tokens`` field (``None`` = 512; an explicit value a line contradicts is an error).
+    ``on_error``: ``"stop"`` raises at the first malformed line, ``"skip"`` drops it and goes on.
+    """
+    _check_args(limit, block_tokens, on_error)
+    p = Path(path) if path is not None else default_trace_path()
+    skip = on_error == "skip"
+    out: list[TraceRequest] = []
+    skipped: list[SkippedLine] = []
+    seen: set[str] = set()
+    last_ts, last_line = -1, 0
+    num_lines = num_blank = 0
+    at_limit = False
+    with _open_trace(p) as fh:
+        try:
+            for lineno, raw in enumerate(fh, 1):
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark
+                if not raw.strip():
+                    num_blank += 1
+                    continue
+                num_lines += 1
+                try:
+                    req, schema = _record(raw, block_tokens)
+                    if req.timestamp_ms < last_ts:
+                        raise SchemaError(f"timestamp {req.timestamp_ms} is earlier than timestamp {last_ts} at "
+                                          f"line {last_line}; a trace must be sorted by timestamp")
+                except SchemaError as exc:
+                    if not skip:
+                        raise TraceError(f"{p}:{lineno}: {exc}") from None
+                    skipped.append(SkippedLine(lineno, str(exc)))
+                    continue
+                last_ts, last_line = req.timestamp_ms, lineno
+                seen.add(schema)
+                out.append(req)
+                if limit is not None and len(out) >= limit:
+                    at_limit = True
+                    break
+        except OSError as exc:
+            raise TraceError(f"error reading trace file {p}: {exc.strerror or exc}") from None
+    if not out:
+        if skipped:
+            first = skipped[0]
+            raise TraceError(f"trace file {p} holds no valid request: all {len(skipped)} line(s) are malformed "
+                             f"(first, line {first.line}: {first.reason})")
+        raise TraceError(f"trace file {p} holds no requests")
+    report = TraceLoadReport(path=str(p), num_lines=num_lines, num_blank_lines=num_blank, num_requests=len(out),
+                             skipped=tuple(skipped), schemas=tuple(s for s in SCHEMAS if s in seen),
+                             stopped_at_limit=at_limit)
+    return out, report
 
 
 def load_trace(path: str | os.PathLike | None = None, *, limit: int | None = None,
-               block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[TraceRequest]:
-    """Read and validate a Mooncake-format trace (arrival order must be non-decreasing)."""
-    p = Path(path) if path is not None else default_trace_path()
-    if not p.is_file():
-        raise TraceError(f"trace file {p} does not exist (point the tool at your copy with a path argument)")
-    out: list[TraceRequest] = []
-    last_ts = -1
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            req = parse_line(line, f"{p}:{lineno}", block_tokens)
-            if req.timestamp_ms < last_ts:
-                raise TraceError(f"{p}:{lineno}: timestamp {req.timestamp_ms} < previous {last_ts}; traces must be sorted")
-            last_ts = req.timestamp_ms
-            out.append(req)
-            if limit is not None and len(out) >= limit:
-                break
-    if not out:
-        raise TraceError(f"trace file {p} holds no requests")
-    return out
+               block_tokens: int | None = None, on_error: str = "stop") -> list[TraceRequest]:
+    """Read and validate a trace (see :func:`load_trace_report`); return its requests only."""
+    return load_trace_report(path, limit=limit, block_tokens=block_tokens, on_error=on_error)[0]
+
+
+# --------------------------------------------------------------------------- token synthesis
+_U64_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _check_synth(hash_ids: object, block_tokens: object, input_tokens: object, vocab_size: object) -> np.ndarray:
+    for name, v, lo, hi in (("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS),
+                            ("input_tokens", input_tokens, 0, 1 << 31), ("vocab_size", vocab_size, 2, 1 << 32)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r:.60}")
+        if not lo <= int(v) <= hi:
+            raise ValueError(f"{name}={int(v)} is outside {lo}..{hi}")
+    if isinstance(hash_ids, np.ndarray):
+        if hash_ids.ndim != 1 or not (np.issubdtype(hash_ids.dtype, np.integer)):
+            raise TypeError(f"hash_ids must be a 1-d integer array, got {hash_ids.ndim}-d {hash_ids.dtype}")
+        if hash_ids.size and np.issubdtype(hash_ids.dtype, np.signedinteger) and int(hash_ids.min()) < 0:
+            raise ValueError(f"hash_ids hold a negative id ({int(hash_ids.min())})")
+        ids = hash_ids.astype(np.uint64)
+    else:
+        if not isinstance(hash_ids, Iterable) or isinstance(hash_ids, (str, bytes)):
+            raise TypeError(f"hash_ids must be a sequence of ints, got {type(hash_ids).__name__}")
+        vals = list(hash_ids)
+        for k, i in enumerate(vals):
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                raise TypeError(f"hash_ids[{k}] must be an int, got {type(i).__name__} {i!r:.60}")
+            if not 0 <= int(i) <= _U64_MASK:
+                raise ValueError(f"hash_ids[{k}]={int(i)} is outside [0, 2**64)")
+        ids = np.array([int(i) for i in vals], dtype=np.uint64)
+    n, bt, isl = len(ids), int(block_tokens), int(input_tokens)
+    if -(-isl // bt) != n:
+        raise ValueError(f"{n} hash_ids cannot cover input_tokens={isl} at block_tokens={bt} "
+                         f"(expected ceil({isl}/{bt}) = {-(-isl // bt)} ids)")
+    return ids
+
+
+def _digits(vocab_size: int) -> int:
+    """Tokens needed to write any 64-bit value in base ``vocab_size``."""
+    k, span = 0, 1
+    while span < (1 << 64):
+        span *= vocab_size
+        k += 1
+    return k
+
+
+def synthesize_tokens(hash_ids: Iterable[int] | np.ndarray, block_tokens: int, input_tokens: int, *,
+                      vocab_size: int = DEFAULT_VOCAB_SIZE) -> np.ndarray:
+    """Deterministic token ids (uint32, below ``vocab_size``) for a trace request without tokens.
+
+    Block ``j`` is a pure function of ``hash_ids[j]`` (hash ids are prefix-chained, so equal hash-id
+    prefixes give equal token prefixes). With ``x = mix64(id)`` (splitmix64's bijective finaliser):
+    token ``p < D`` of the block is base-``vocab_size`` digit ``p`` of ``x`` (``D`` digits cover 64 bits:
+    4 for the Llama-3 vocabulary), token ``p >= D`` is ``mix64(x + p * golden) % vocab_size``. So for
+    ``block_tokens >= D`` distinct ids always give distinct blocks. The last block may be partial.
+    """
+    ids = _check_synth(hash_ids, block_tokens, input_tokens, vocab_size)
+    bt, vs = int(block_tokens), int(vocab_size)
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.uint32)
+    d = _digits(vs)
+    with np.errstate(over="ignore"):
+        x = _mix64(ids + np.uint64(_GOLDEN))  # (n,)
+    toks = np.empty((ids.size, bt), dtype=np.uint64)
+    v64 = np.uint64(vs)
+    rest = x.copy()
+    for p in range(min(d, bt)):
+        toks[:, p] = rest % v64
+        rest //= v64
+    if bt > d:
+        with np.errstate(over="ignore"):
+            pos = np.arange(d, bt, dtype=np.uint64) * np.uint64(_GOLDEN)
+            toks[:, d:] = _mix64(x[:, None] + pos[None, :]) % v64
+    return toks.reshape(-1)[: int(input_tokens)].astype(np.uint32)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+        return z ^ (z >> np.uint64(31))
+
+
+def _mix64_int(z: int) -> int:
+    z = ((z ^ (z >> 30)) * _M1) & _U64_MASK
+    z = ((z ^ (z >> 27)) * _M2) & _U64_MASK
+    return z ^ (z >> 31)
+
+
+def synthesize_tokens_reference(hash_ids: Iterable[int], block_tokens: int, input_tokens: int, *,
+                                vocab_size: int = DEFAULT_VOCAB_SIZE) -> list[int]:
+    """Plain-Python specification of :func:`synthesize_tokens` (same rule, Python ints, one token at a time)."""
+    ids = [int(i) for i in _check_synth(hash_ids, block_tokens, input_tokens, vocab_size)]
+    d = _digits(vocab_size)
+    out: list[int] = []
+    for h in ids:
+        x = _mix64_int((h + _GOLDEN) & _U64_MASK)
+        for p in range(block_tokens):
+            if p < d:
+                out.append((x // vocab_size ** p) % vocab_size)
+            else:
+                out.append(_mix64_int((x + p * _GOLDEN) & _U64_MASK) % vocab_size)
+    return out[:input_tokens]

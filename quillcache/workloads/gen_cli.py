@@ -1,0 +1,151 @@
+"""``quillcache gen-trace``: write a generated trace (JSON Lines; schemas in ``traces/README.md``).
+
+    quillcache gen-trace sessions  --out FILE [--seed S] [--sessions N | --requests N] [options]
+    quillcache gen-trace collision --out FILE [--seed S] [--requests N] [--mix realistic|adversarial]
+
+Both are deterministic from ``--seed``; ``quillcache replay FILE`` and
+:func:`quillcache.traces.load_trace` read the result. The file is written to a temporary name and
+renamed into place, so a failed run never leaves a half-written trace. Bad parameters or an
+unwritable path: a one-line message on stderr and exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["configure", "main", "run"]
+
+_EPILOG = """examples:
+  quillcache gen-trace sessions --out sessions.jsonl --sessions 2000 --seed 1
+  quillcache gen-trace sessions --out s.jsonl --requests 10000 --tenants 32 --mean-turns 6
+  quillcache gen-trace collision --out adv.jsonl --mix adversarial --requests 5000
+then: quillcache replay sessions.jsonl"""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except ``None`` ones (options that are off unless given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``sessions`` and ``collision`` sub-commands and their options to ``parser``."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    sub = parser.add_subparsers(dest="workload", required=True, metavar="{sessions,collision}")
+    s = sub.add_parser("sessions", help="multi-tenant multi-turn sessions with shared system prompts",
+                       description="Multi-tenant, multi-turn chat sessions with shared system prompts "
+                                   "(quillcache.workloads.sessions).",
+                       formatter_class=_Formatter)
+    _common(s)
+    size = s.add_mutually_exclusive_group()
+    size.add_argument("--sessions", type=int, default=None, metavar="N", help="number of sessions, all turns (default 1000)")
+    size.add_argument("--requests", type=int, default=None, metavar="N", help="exactly the first N requests by arrival instead")
+    s.add_argument("--block-tokens", type=int, default=16, metavar="N", help="tokens per hash_ids block")
+    s.add_argument("--tenants", type=int, default=8, metavar="N", help="number of tenants")
+    s.add_argument("--tenant-skew", type=float, default=0.8, metavar="X", help="Zipf exponent of tenant popularity")
+    s.add_argument("--adapter-fraction", type=float, default=0.25, metavar="X",
+                   help="tenants that serve a LoRA adapter")
+    s.add_argument("--global-prompts", type=int, default=2, metavar="N", help="provider-wide system prompts")
+    s.add_argument("--global-prompt-tokens", type=int, default=1024, metavar="N", help="tokens of a global system prompt")
+    s.add_argument("--global-prompt-fraction", type=float, default=0.5, metavar="X", help="sessions that start with one")
+    s.add_argument("--tenant-prompts", type=int, default=2, metavar="N", help="private system prompts per tenant")
+    s.add_argument("--tenant-prompt-tokens", type=int, default=512, metavar="N", help="tokens of a tenant system prompt (0 = none)")
+    s.add_argument("--mean-turns", type=float, default=4.0, metavar="X", help="mean turns per session (geometric)")
+    s.add_argument("--max-turns", type=int, default=32, metavar="N", help="turns per session at most")
+    s.add_argument("--think-time-s", type=float, default=20.0, metavar="X", help="median gap between turns (log-normal), seconds")
+    s.add_argument("--first-user-tokens", type=float, default=400.0, metavar="X", help="mean user tokens of a first turn")
+    s.add_argument("--turn-user-tokens", type=float, default=120.0, metavar="X", help="mean new user tokens per later turn")
+    s.add_argument("--output-tokens", type=float, default=250.0, metavar="X", help="mean answer tokens")
+    s.add_argument("--session-rate", type=float, default=1.0, metavar="X", help="new sessions per second (Poisson)")
+    s.add_argument("--max-input-tokens", type=int, default=32768, metavar="N", help="a session ends before exceeding this")
+    s.add_argument("--kv-dtype", default="bfloat16", help="KV dtype written on every line")
+    c = sub.add_parser("collision", help="identity-collision workload (tenants x adapters x models)",
+                       description="The collision workload of the safety study (quillcache.workloads.collision).",
+                       formatter_class=_Formatter)
+    _common(c)
+    c.add_argument("--requests", type=int, default=10_000, metavar="N", help="number of requests")
+    c.add_argument("--mix", default="realistic", help="realistic or adversarial")
+    c.add_argument("--block-tokens", type=int, default=16, metavar="N", help="tokens per hash_ids block")
+    c.add_argument("--tenants", type=int, default=16, metavar="N", help="number of tenants")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output .jsonl path (overwritten)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (same seed -> same trace)")
+
+
+def _generate(args: argparse.Namespace) -> tuple[list, str]:
+    if args.workload == "sessions":
+        from quillcache.workloads import sessions
+
+        size = {"num_requests": args.requests} if args.requests is not None else \
+            {"num_sessions": 1000 if args.sessions is None else args.sessions}
+        cfg = sessions.SessionsConfig(
+            **size, seed=args.seed, block_tokens=args.block_tokens, num_tenants=args.tenants,
+            tenant_skew=args.tenant_skew, adapter_fraction=args.adapter_fraction, num_global_prompts=args.global_prompts,
+            global_prompt_tokens=args.global_prompt_tokens, global_prompt_fraction=args.global_prompt_fraction,
+            prompts_per_tenant=args.tenant_prompts, tenant_prompt_tokens=args.tenant_prompt_tokens,
+            mean_turns=args.mean_turns, max_turns=args.max_turns, think_time_median_s=args.think_time_s,
+            first_user_tokens_mean=args.first_user_tokens, turn_user_tokens_mean=args.turn_user_tokens,
+            output_tokens_mean=args.output_tokens, session_rate_per_s=args.session_rate,
+            max_input_tokens=args.max_input_tokens, kv_dtype=args.kv_dtype,
+        )
+        reqs = sessions.generate(cfg)
+        n_sessions = len({r.session_id for r in reqs})
+        return reqs, f"{len(reqs)} requests of {n_sessions} sessions, {len({r.tenant for r in reqs})} tenants"
+    from quillcache.workloads import collision
+
+    cfg = collision.CollisionConfig(mix=args.mix, num_requests=args.requests, seed=args.seed,
+                                    block_size_tokens=args.block_tokens, num_tenants=args.tenants)
+    reqs = collision.generate(cfg)
+    return reqs, f"{len(reqs)} {args.mix} collision requests, {len({r.tenant for r in reqs})} tenants"
+
+
+def _write(reqs: list, workload: str, out: Path) -> None:
+    from quillcache.workloads import collision, sessions
+
+    writer = sessions.write_jsonl if workload == "sessions" else collision.write_jsonl
+    if out.is_dir():
+        raise OSError(f"{out} is a directory; --out needs a file path")
+    if not out.parent.is_dir():
+        raise OSError(f"directory {out.parent} does not exist")
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        writer(reqs, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generate and write the trace ``args`` describe; 0 on success, 2 (with a message) on bad input."""
+    prog = "quillcache gen-trace"
+    try:
+        reqs, what = _generate(args)
+    except (TypeError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    try:
+        _write(reqs, args.workload, out)
+    except OSError as exc:
+        print(f"{prog}: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {what} to {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="quillcache gen-trace", description=__doc__.splitlines()[0])
+    configure(ap)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
