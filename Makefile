@@ -11,7 +11,7 @@ PYX    := $(wildcard quillcache/_fast/*.pyx quillcache/_fast/*.pxd)
 
 export PYTHONFAULTHANDLER := 1
 
-.PHONY: install test bench storage store crash safety hitrate experiments figures paper clean
+.PHONY: install test bench storage store crash safety hitrate replay experiments figures paper clean
 
 install: $(STAMP)
 
@@ -48,7 +48,10 @@ safety: install
 hitrate: $(XSTAMP)
 	$(PY) -m experiments.hitrate_study
 
-experiments: bench storage store crash safety hitrate
+replay: install
+	$(PY) -m experiments.replay_study
+
+experiments: bench storage store crash safety hitrate replay
 	$(MAKE) paper
 
 figures: install

@@ -26,6 +26,7 @@ STUDY_PLOTS: dict[str, str] = {
     "crash": "experiments.crash_study:plot",
     "safety": "experiments.safety_study:plot_into",
     "hitrate": "experiments.hitrate_study:plot",
+    "replay": "experiments.replay_study:plot",
 }
 
 

@@ -60,10 +60,25 @@ def _hash_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lazy(target: str) -> Callable:
+    """``module:function``, imported when first called, so each command pulls in only its own code."""
+    module, name = target.split(":")
+
+    def call(arg):
+        return getattr(importlib.import_module(module), name)(arg)
+
+    call.__name__ = name
+    return call
+
+
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 COMMANDS: dict[str, Command] = {
     "info": ("show versions and whether the compiled cores load", _info_configure, _info_run),
     "hash": ("print the chained block hashes of a token sequence (Dynamo-compatible)", _hash_configure, _hash_run),
+    "replay": ("replay a request trace through the router, planner, store tiers and an engine model",
+               _lazy("quillcache.harness.cli_replay:configure"), _lazy("quillcache.harness.cli_replay:run")),
+    "gen-trace": ("write a generated trace (multi-turn sessions, or the identity-collision workload)",
+                  _lazy("quillcache.workloads.gen_cli:configure"), _lazy("quillcache.workloads.gen_cli:run")),
 }
 
 

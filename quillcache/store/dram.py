@@ -24,6 +24,15 @@ Invariants:
 - ``used_bytes`` counts allocated bytes (block sizes rounded up to ``alignment_bytes``), so
   ``used_bytes + free_bytes == capacity_bytes``; ``stored_bytes`` counts the blocks' own sizes.
 
+Accounting mode (``account_only=True``, like SGLang's ``create_simulated``: the trace harness at
+million-block scale). Offsets and sizes go through the same ``OffsetAllocator`` code path
+(``put``/``delete``/``location_of``/capacity and every error are identical), but no segment
+buffer is allocated and ``put`` copies nothing (it still validates the buffer it is given, so a
+caller may pass any buffer of the block's size). ``get`` returns a read-only view of the block's
+size over a shared ZERO-FILLED buffer (not the bytes that were put: there are none), and
+``get_into`` zero-fills the destination. ``checksum=True`` is refused in this mode (there is
+nothing to checksum). The mode is fixed at construction and reported by ``account_only``.
+
 Not thread-safe beyond the GIL: callers serialize (the data plane does).
 """
 
@@ -72,6 +81,7 @@ class DramStoreConfig:
     max_blocks_per_segment: int = 65536
     checksum: bool = False
     pretouch: bool = True
+    account_only: bool = False
 
     @property
     def num_segments(self) -> int:
@@ -133,12 +143,14 @@ class LocalKvStore:
     """Immutable KV blocks in pre-touched DRAM segments (see the module docstring).
 
     ``LocalKvStore(capacity_bytes, *, segment_bytes=None, alignment_bytes=64,
-    max_blocks_per_segment=65536, checksum=False, pretouch=True)``. A block must fit one segment
-    (else ``BlockTooLargeError``); placement is first fit by segment id.
+    max_blocks_per_segment=65536, checksum=False, pretouch=True, account_only=False)``. A block
+    must fit one segment (else ``BlockTooLargeError``); placement is first fit by segment id.
+    ``account_only=True``: offsets without bytes (module docstring, "Accounting mode").
     """
 
     def __init__(self, capacity_bytes: int, *, segment_bytes: int | None = None, alignment_bytes: int = 64,
-                 max_blocks_per_segment: int = 65536, checksum: bool = False, pretouch: bool = True) -> None:
+                 max_blocks_per_segment: int = 65536, checksum: bool = False, pretouch: bool = True,
+                 account_only: bool = False) -> None:
         capacity_bytes = _positive_int(capacity_bytes, "capacity_bytes")
         alignment_bytes = _positive_int(alignment_bytes, "alignment_bytes")
         if alignment_bytes & (alignment_bytes - 1) or alignment_bytes > PAGE_BYTES:
@@ -159,9 +171,14 @@ class LocalKvStore:
             raise ValueError(f"max_blocks_per_segment={max_blocks} must be at most {1 << 26}")
         if not isinstance(checksum, bool) or not isinstance(pretouch, bool):
             raise TypeError(f"checksum and pretouch must be bool, got {checksum!r}, {pretouch!r}")
+        if not isinstance(account_only, bool):
+            raise TypeError(f"account_only must be bool, got {account_only!r}")
+        if account_only and checksum:
+            raise ValueError("checksum=True needs real bytes; an account_only store holds none")
         self.config = DramStoreConfig(capacity_bytes=capacity_bytes, segment_bytes=segment_bytes,
                                       alignment_bytes=alignment_bytes, max_blocks_per_segment=max_blocks,
-                                      checksum=checksum, pretouch=pretouch)
+                                      checksum=checksum, pretouch=pretouch, account_only=account_only)
+        self._zeros: memoryview | None = None  # account_only: shared read-only zero buffer for get()
         self._buffers: list[np.ndarray] = []
         self._views: list[memoryview] = []  # writable
         self._ro_views: list[memoryview] = []
@@ -169,13 +186,14 @@ class LocalKvStore:
         remaining = capacity_bytes
         while remaining:
             size = min(segment_bytes, remaining)
-            buf = np.empty(size, dtype=np.uint8)
-            if pretouch:
-                buf[::PAGE_BYTES] = 0  # one write per page: fault every page in now, not during puts
-            self._buffers.append(buf)
-            mv = memoryview(buf)
-            self._views.append(mv)
-            self._ro_views.append(mv.toreadonly())
+            if not account_only:
+                buf = np.empty(size, dtype=np.uint8)
+                if pretouch:
+                    buf[::PAGE_BYTES] = 0  # one write per page: fault every page in now, not during puts
+                self._buffers.append(buf)
+                mv = memoryview(buf)
+                self._views.append(mv)
+                self._ro_views.append(mv.toreadonly())
             # free regions are always merged, so 2*max+1 nodes hold max live blocks at any fragmentation
             self._allocators.append(OffsetAllocator(size, 2 * max_blocks + 1, alignment=alignment_bytes))
             remaining -= size
@@ -203,7 +221,20 @@ class LocalKvStore:
 
     @property
     def num_segments(self) -> int:
-        return len(self._buffers)
+        return len(self._allocators)
+
+    @property
+    def account_only(self) -> bool:
+        """True when offsets are accounted without bytes (module docstring)."""
+        return self.config.account_only
+
+    def _zero_view(self, size: int) -> memoryview:
+        """A read-only view of ``size`` zero bytes (account_only reads); the buffer only grows.
+        ``np.zeros`` maps untouched zero pages, so a large buffer costs address space, not RAM."""
+        z = self._zeros
+        if z is None or z.nbytes < size:
+            z = self._zeros = memoryview(np.zeros(size, dtype=np.uint8)).toreadonly()
+        return z[:size]
 
     @property
     def max_block_bytes(self) -> int:
@@ -241,7 +272,8 @@ class LocalKvStore:
     def _place(self, key: StoreKey, mv: memoryview) -> Location:
         size = mv.nbytes
         seg_id, off, handle = self._allocate(key, size)
-        self._views[seg_id][off:off + size] = mv  # the one memcpy
+        if not self.config.account_only:
+            self._views[seg_id][off:off + size] = mv  # the one memcpy
         crc = _crc.crc32c(mv) if self.config.checksum else -1
         self._slots[key] = _Slot(seg_id, off, size, handle, crc)
         self._used_bytes += self._allocators[seg_id].allocation_size(handle)
@@ -328,6 +360,10 @@ class LocalKvStore:
     def get(self, key: StoreKey, *, verify: bool = False) -> memoryview:
         """A read-only zero-copy view of the block (valid until the key is deleted)."""
         slot = self._slot(key)
+        if self.config.account_only:
+            if verify:
+                raise ValueError("verify=True needs a store created with checksum=True (account_only has no bytes)")
+            return self._zero_view(slot.size_bytes)
         off = slot.offset_bytes
         view = self._ro_views[slot.segment_id][off:off + slot.size_bytes]
         if verify:
@@ -347,6 +383,11 @@ class LocalKvStore:
         n = slot.size_bytes
         if dst.nbytes < n:
             raise ValueError(f"out holds {dst.nbytes} bytes; block {key.hex()} is {n} bytes")
+        if self.config.account_only:
+            if verify:
+                raise ValueError("verify=True needs a store created with checksum=True (account_only has no bytes)")
+            dst[:n] = self._zero_view(n)
+            return n
         view = self._ro_views[slot.segment_id][slot.offset_bytes:slot.offset_bytes + n]
         if verify:
             self._verified(key, slot, view)
@@ -393,6 +434,7 @@ class LocalKvStore:
         self._ro_views.clear()
         self._buffers.clear()
         self._allocators.clear()
+        self._zeros = None
         self._used_bytes = self._stored_bytes = 0
 
     @property
@@ -400,10 +442,12 @@ class LocalKvStore:
         return self._closed
 
     def _segment_array(self, segment_id: int) -> np.ndarray:
-        """The raw segment (tests use it to inject corruption)."""
+        """The raw segment (tests use it to inject corruption); none in account_only mode."""
+        if self.config.account_only:
+            raise ValueError("an account_only store has no segment buffers")
         return self._buffers[segment_id]
 
     def __repr__(self) -> str:
         return (f"LocalKvStore({len(self._slots)} blocks, {self._used_bytes}/{self.capacity_bytes} bytes used, "
-                f"{self.num_segments} segments)")
+                f"{self.num_segments} segments{', account_only' if self.config.account_only else ''})")
 

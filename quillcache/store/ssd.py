@@ -32,6 +32,12 @@ every block's crc32c (``verify_on_open``), drop torn, corrupt or unreferenced da
 files, and report foreign files (never deleted). A non-empty directory that holds no tier
 metadata file is refused with ``ForeignFileError``. See ``SsdTier.recovery``.
 
+Accounting mode (``account_only=True``; the trace harness at million-block scale): no directory,
+no files, no fsync, no crc32c; offsets, footprints and capacity come from
+:class:`quillcache.store.ssd_account.AccountLayout` through the same staging/commit/delete code
+path. ``get`` then returns a read-only view of zero bytes (a memoryview, not ``bytes``), nothing
+is durable and there is no recovery. The normal mode is untouched by this option.
+
 Layouts (``layout=`` tuning; a directory keeps the layout it was created with):
 
 - ``"slab"`` (default): blocks in preallocated slab files managed by ``OffsetAllocator``, a log
@@ -77,6 +83,7 @@ from quillcache.store.errors import (
 )
 from quillcache.store.fs import FileSystem, RealFs
 from quillcache.store.keys import StoreKey
+from quillcache.store.ssd_account import AccountLayout
 from quillcache.store.ssd_files import FilesLayout
 from quillcache.store.ssd_format import (
     DEFAULT_LAYOUT,
@@ -119,8 +126,8 @@ def _as_view(data: object, key: StoreKey) -> memoryview:
 class SsdTier:
     """Immutable blocks on local SSD; see the module docstring for the durability contract."""
 
-    def __init__(self, directory: str | os.PathLike, *, capacity_bytes: int, fs: FileSystem | None = None,
-                 **tuning) -> None:
+    def __init__(self, directory: str | os.PathLike | None, *, capacity_bytes: int, fs: FileSystem | None = None,
+                 account_only: bool = False, **tuning) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
             raise TypeError(f"capacity_bytes must be an int, got {type(capacity_bytes).__name__}")
         if capacity_bytes < PAGE_BYTES:
@@ -131,8 +138,21 @@ class SsdTier:
             self.tuning = SsdTuning(**tuning)
         except TypeError as exc:
             raise TypeError(f"unknown SsdTier tuning argument(s) {sorted(tuning)}: {exc}") from None
+        if not isinstance(account_only, bool):
+            raise TypeError(f"account_only must be bool, got {account_only!r}")
+        self.account_only = account_only
+        if account_only:
+            if fs is not None:
+                raise ValueError("an account_only SSD tier has no files: pass fs=None")
+            directory = "(account-only)" if directory is None else directory
+        elif directory is None:
+            raise TypeError("directory is required (None only with account_only=True)")
         self._fs = fs if fs is not None else RealFs()
-        self._dir = os.path.abspath(os.fspath(directory)) if fs is None or isinstance(fs, RealFs) else os.fspath(directory)
+        if account_only:
+            self._dir = os.fspath(directory)
+        else:
+            self._dir = (os.path.abspath(os.fspath(directory)) if fs is None or isinstance(fs, RealFs)
+                         else os.fspath(directory))
         self._capacity = capacity_bytes
         self._lock = threading.RLock()
         self._live: dict[StoreKey, BlockRecord] = {}
@@ -142,7 +162,12 @@ class SsdTier:
         self._used = 0
         self._unhealthy: BaseException | None = None
         self._closed = False
-        self.recovery: SsdRecoveryReport = self._open()
+        if account_only:
+            self._layout = AccountLayout(capacity_bytes, self.tuning)
+            self.recovery = SsdRecoveryReport(directory=self._dir, layout=AccountLayout.name, created=True,
+                                              blocks_kept=0, bytes_kept=0)
+        else:
+            self.recovery = self._open()
 
     # ---------------------------------------------------------------- opening = recovery
     def _open(self) -> SsdRecoveryReport:
@@ -233,7 +258,7 @@ class SsdTier:
         if need > self._capacity - self._used:
             raise StoreFullError(f"SSD tier {self._dir}: no room for block {key.hex()} of {len(view)} B "
                                  f"(capacity {self._capacity} B, {self._capacity - self._used} B free)")
-        crc = block_crc(key.to_bytes(), view)
+        crc = 0 if self.account_only else block_crc(key.to_bytes(), view)
         try:
             try:
                 rec = self._layout.stage(key, view, crc)
@@ -392,10 +417,12 @@ class SsdTier:
                                  f"{rec.offset_bytes}, {rec.size_bytes} B) {why}; it was dropped")
 
     def get(self, key: StoreKey) -> bytes:
-        """The block's bytes, crc32c-verified."""
+        """The block's bytes, crc32c-verified (account_only: a read-only view of zero bytes)."""
         with self._lock:
             self._check_open()
             key, rec = self._record(key)
+            if self.account_only:
+                return self._layout.zero_view(rec.size_bytes)  # type: ignore[return-value] (documented)
             buf = bytearray(rec.size_bytes)
             self._read_checked(key, rec, memoryview(buf))
             return bytes(buf)
@@ -422,6 +449,8 @@ class SsdTier:
             n = self._layout.read_into(rec, view)
         except OSError as exc:
             raise self._corrupt(key, rec, f"could not be read ({exc})") from exc
+        if self.account_only:
+            return
         if n != rec.size_bytes or block_crc(key.to_bytes(), view) != rec.crc:
             view[:] = bytes(len(view))  # never leave wrong bytes in the caller's buffer
             raise self._corrupt(key, rec, "failed its crc32c check" if n == rec.size_bytes else f"is truncated ({n} B)")

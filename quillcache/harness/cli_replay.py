@@ -1,0 +1,201 @@
+"""``quillcache replay TRACE``: the command-line front of :func:`quillcache.harness.replay`.
+
+Bad input (a missing or malformed trace, non-monotonic timestamps, an unknown policy, router,
+model or GPU, a capacity <= 0) prints ONE line ``quillcache replay: error: ...`` on stderr and
+exits with status 2; nothing is written. Results go under ``--out`` (default
+``results/replay/<trace stem>/``): ``requests.csv`` (one row per request), ``summary.csv`` (one
+row), and ``.parquet`` twins when pyarrow is importable; pandas reads all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+__all__ = ["configure", "run"]
+
+EPILOG = """\
+examples:
+  # replay the Mooncake conversation trace with every default (4 Llama-3-8B engines on H100,
+  # Dynamo cost router, LRU tiers); results land in results/replay/conversation_trace/
+  quillcache replay ../shared/traces/conversation_trace.jsonl
+
+  # the first 2,000 requests, round-robin routing, QuillHD eviction, 2,000 DRAM blocks per node
+  quillcache replay trace.jsonl --limit 2000 --router round_robin --policy quillhd --capacity-blocks 2000
+
+  # skip malformed lines instead of stopping, write elsewhere, no progress bar
+  quillcache replay trace.jsonl --on-error skip --out /tmp/replay --quiet
+
+  # read the results in Python
+  python -c "import pandas as pd; print(pd.read_csv('results/replay/conversation_trace/summary.csv').T)"
+
+what it measures: block and token hit rates by tier (GPU of the chosen engine, its DRAM, its SSD,
+a peer node), TTFT p50/p99, goodput under the TTFT SLO, bytes moved per tier, queueing. Engine
+compute is an engine MODEL (cited FLOP/bandwidth figures), everything else is the real router,
+planner, identity guard, residency index and store tiers. With --account-bytes (the default for
+traces whose blocks do not fit in RAM) the DRAM/SSD tiers allocate offsets without payloads.
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from quillcache.harness.config import REPLAY_POLICIES, ReplayConfig
+    from quillcache.planner.profiles import GPUS, MODELS
+    from quillcache.routing import ROUTERS
+
+    d = ReplayConfig()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
+    p.add_argument("trace", help="a JSON-Lines trace (Mooncake format or the project's generated schemas)")
+    p.add_argument("--policy", default=d.policy, help=f"eviction policy of every tier: {', '.join(REPLAY_POLICIES)} "
+                                                      f"(default {d.policy})")
+    p.add_argument("--capacity-blocks", type=int, default=d.dram_capacity_blocks,
+                   help=f"DRAM capacity per node, in blocks (default {d.dram_capacity_blocks})")
+    p.add_argument("--ssd-capacity-blocks", type=int, default=d.ssd_capacity_blocks,
+                   help=f"SSD capacity per node, in blocks; 0 = no SSD tier (default {d.ssd_capacity_blocks})")
+    p.add_argument("--gpu-capacity-blocks", type=int, default=None,
+                   help="GPU KV capacity per engine, in blocks (default: from the engine model)")
+    p.add_argument("--router", default=d.router, help=f"router: {', '.join(sorted(ROUTERS))} (default {d.router})")
+    p.add_argument("--engines", type=int, default=d.engines, help=f"engines (nodes) (default {d.engines})")
+    p.add_argument("--out", default=None, help="results directory (default results/replay/<trace stem>/)")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
+                   help="a malformed trace line: stop with its line number (default) or skip it")
+    p.add_argument("--slo-ttft-s", type=float, default=d.ttft_slo_s,
+                   help=f"TTFT SLO in seconds for goodput (default {d.ttft_slo_s})")
+    p.add_argument("--model", default=d.model, help=f"model profile: {', '.join(sorted(MODELS))} (default {d.model})")
+    p.add_argument("--gpu", default=d.gpu, help=f"GPU profile: {', '.join(sorted(GPUS))} (default {d.gpu})")
+    p.add_argument("--time-scale", type=float, default=d.time_scale,
+                   help="divide arrival times by this (2 = twice the request rate) (default 1)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--account-bytes", dest="account_bytes", action="store_const", const=True, default=None,
+                   help="DRAM/SSD tiers account offsets without payloads (default: when the blocks do not fit in RAM)")
+    g.add_argument("--real-bytes", dest="account_bytes", action="store_const", const=False,
+                   help="DRAM/SSD tiers hold real bytes (SSD in a temporary directory)")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of every random choice (default {d.seed})")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no table (the files are still written)")
+
+
+def _fail(msg: str) -> int:
+    print(f"quillcache replay: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _write_csv(path: Path, rows: list[dict[str, object]], columns: list[str]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_results(out: Path, result) -> list[Path]:
+    """``requests.csv`` and ``summary.csv`` (+ Parquet twins when pyarrow imports); returns the paths."""
+    from quillcache.harness.metrics import RequestRow
+
+    out.mkdir(parents=True, exist_ok=True)
+    req_rows = [r.as_dict() for r in result.rows]
+    summ = result.summary.as_dict()
+    paths = [out / "requests.csv", out / "summary.csv"]
+    _write_csv(paths[0], req_rows, RequestRow.columns())
+    _write_csv(paths[1], [summ], list(summ))
+    try:
+        import pandas as pd
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return paths
+    for name, rows, cols in (("requests", req_rows, RequestRow.columns()), ("summary", [summ], list(summ))):
+        p = out / f"{name}.parquet"
+        pd.DataFrame(rows, columns=cols).to_parquet(p, index=False)
+        paths.append(p)
+    return paths
+
+
+def _print_summary(result, paths: list[Path], load_note: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = result.summary
+    con = Console()
+    t = Table(title=f"quillcache replay: {s.requests} requests, {s.engines} engines, router {s.router}, "
+                    f"policy {s.policy}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    mib = 1 << 20
+
+    def add(name: str, value: str) -> None:
+        t.add_row(name, value)
+
+    add("block hit rate (all tiers)", f"{s.block_hit_rate:.3f}")
+    for tier in ("gpu", "dram", "ssd", "peer"):
+        add(f"  from {tier.upper()}", f"{getattr(s, f'block_hit_rate_{tier}'):.3f}")
+    add("token hit rate", f"{s.token_hit_rate:.3f}")
+    add("TTFT p50 / p99 (s)", f"{s.ttft_p50_s:.3f} / {s.ttft_p99_s:.3f}")
+    add(f"SLO attainment (TTFT <= {s.slo_ttft_s:g} s)", f"{s.slo_attainment:.3f}")
+    add("goodput (req/s, tokens/s)", f"{s.goodput_rps:.3f}, {s.goodput_tokens_per_s:,.0f}")
+    add("queue mean / p99 (s)", f"{s.queue_mean_s:.3f} / {s.queue_p99_s:.3f}")
+    add("fetched DRAM / SSD / peer (MiB)",
+        f"{s.bytes_fetched_dram / mib:,.0f} / {s.bytes_fetched_ssd / mib:,.0f} / {s.bytes_fetched_peer / mib:,.0f}")
+    add("offloaded GPU->DRAM, DRAM->SSD (MiB)", f"{s.bytes_offloaded_gpu_to_dram / mib:,.0f}, {s.bytes_dram_to_ssd / mib:,.0f}")
+    add("capacity GPU / DRAM / SSD (blocks)", f"{s.gpu_capacity_blocks} / {s.dram_capacity_blocks} / {s.ssd_capacity_blocks}")
+    add("block size (tokens), model, GPU", f"{s.block_tokens}, {s.model}, {s.gpu}")
+    add("bytes", "accounted (no payloads)" if s.account_bytes else "real")
+    add("simulated time / wall time (s)", f"{s.duration_s:,.1f} / {s.wall_s:,.1f}")
+    con.print(t)
+    if load_note:
+        con.print(load_note, markup=False, highlight=False)
+    if result.skipped_empty:
+        con.print(f"{result.skipped_empty} request(s) with an empty prompt were not replayed")
+    con.print("results: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from quillcache.harness.config import ReplayConfig
+    from quillcache.harness.replay import replay
+    from quillcache.traces import TraceError, load_trace_report
+
+    for flag, v, lo in (("--capacity-blocks", args.capacity_blocks, 1), ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0),
+                        ("--gpu-capacity-blocks", args.gpu_capacity_blocks, 1), ("--engines", args.engines, 1),
+                        ("--limit", args.limit, 1)):
+        if v is not None and v < lo:
+            return _fail(f"{flag}={v} must be >= {lo}")
+    try:
+        cfg = ReplayConfig(model=args.model, gpu=args.gpu, engines=args.engines, router=args.router,
+                           policy=args.policy, gpu_capacity_blocks=args.gpu_capacity_blocks,
+                           dram_capacity_blocks=args.capacity_blocks, ssd_capacity_blocks=args.ssd_capacity_blocks,
+                           account_bytes=args.account_bytes, ttft_slo_s=args.slo_ttft_s, time_scale=args.time_scale,
+                           seed=args.seed, limit=args.limit)
+    except (ValueError, TypeError) as exc:
+        return _fail(str(exc))
+    trace = Path(args.trace)
+    try:
+        requests, report = load_trace_report(trace, limit=args.limit, on_error=args.on_error)
+    except TraceError as exc:
+        return _fail(str(exc))
+    note = report.summary() if report.skipped else ""
+    show = not args.quiet and sys.stdout.isatty()
+    try:
+        if show:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TimeElapsedColumn,
+            )
+
+            with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), transient=True) as bar:
+                task = bar.add_task(f"replaying {trace.name}", total=len(requests))
+                result = replay(requests, cfg, progress=lambda done, total: bar.update(task, completed=done))
+        else:
+            result = replay(requests, cfg)
+    except (ValueError, TypeError) as exc:  # e.g. a model whose weights do not fit the GPU
+        return _fail(str(exc))
+    out = Path(args.out) if args.out else Path("results") / "replay" / trace.stem
+    try:
+        paths = write_results(out, result)
+    except OSError as exc:
+        return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
+    if not args.quiet:
+        _print_summary(result, paths, note)
+    return 0

@@ -1,0 +1,107 @@
+"""``ReplayConfig``: every knob of a trace replay, with its default (frozen, validated on creation).
+
+Defaults describe a small aggregated cluster serving the Mooncake conversation trace: 4 engines of
+Llama-3-8B on H100 SXM GPUs (every engine prefills and decodes), the Dynamo cost router, LRU in
+every tier, per node 8,192 DRAM blocks and 32,768 SSD blocks (at 512-token blocks of Llama-3-8B,
+64 MiB each: 512 GiB of DRAM and 2 TiB of SSD per node), a 2 s TTFT SLO. GPU KV capacity comes
+from the engine model unless ``gpu_capacity_blocks`` is set.
+
+Byte accounting (``account_bytes``): ``True`` = DRAM/SSD tiers allocate offsets without bytes
+(``LocalKvStore(account_only=True)``, ``SsdTier(account_only=True)``); ``False`` = real bytes
+(DRAM segments, SSD slab files in a temporary directory); ``None`` (default) = real bytes only
+when the trace's distinct blocks fit in ``real_bytes_budget_bytes`` (2 GiB), else accounting.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from quillcache.identity import validate_tenant_id
+from quillcache.index import INDEX_BACKENDS
+from quillcache.planner.profiles import DTYPE_BYTES, GPUS, MODELS
+from quillcache.policies import POLICIES
+from quillcache.routing import ROUTERS
+
+__all__ = ["REPLAY_POLICIES", "ReplayConfig"]
+
+# belady needs a next-use oracle from the whole trace: an offline bound, not a tier policy
+REPLAY_POLICIES = tuple(sorted(n for n in POLICIES if n != "belady"))
+
+
+def _int(name: str, v: object, lo: int, *, none: bool = False) -> None:
+    if none and v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}={v!r}; expected an int >= {lo}" + (" or None" if none else ""))
+
+
+def _num(name: str, v: object, *, lo: float = 0.0, hi: float = math.inf, lo_open: bool = True) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{name}={v!r}; expected a finite number")
+    if (v <= lo if lo_open else v < lo) or v > hi:
+        raise ValueError(f"{name}={v!r}; expected {lo} {'<' if lo_open else '<='} {name} <= {hi}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    """Every knob of :func:`quillcache.harness.replay` (see the module docstring for defaults)."""
+
+    model: str = "llama-3-8b"  # quillcache.planner.profiles.MODELS
+    gpu: str = "h100-sxm"  # quillcache.planner.profiles.GPUS
+    kv_dtype: str = "bfloat16"  # default KV layout dtype (a trace line may name its own)
+    tp_size: int = 1  # tensor-parallel GPUs per engine
+    engines: int = 4
+    router: str = "dynamo"  # quillcache.routing.ROUTERS
+    policy: str = "lru"  # eviction policy of every tier (REPLAY_POLICIES)
+    gpu_capacity_blocks: int | None = None  # None: from the engine model
+    dram_capacity_blocks: int = 8192  # per node (the CLI's --capacity-blocks)
+    ssd_capacity_blocks: int = 32768  # per node; 0 = no SSD tier
+    account_bytes: bool | None = None  # None = auto (module docstring)
+    real_bytes_budget_bytes: int = 2 << 30
+    ttft_slo_s: float = 2.0
+    time_scale: float = 1.0  # arrival times are divided by this (2.0 = twice the request rate)
+    gpu_memory_utilization: float = 0.9  # vLLM's default share of GPU memory for weights + KV
+    decode_mbu: float = 0.6  # ASSUMPTION: achieved share of HBM bandwidth while decoding
+    prefill_mfu: float = 0.5  # ASSUMPTION: see quillcache.planner.profiles
+    enable_guard: bool = True
+    index: str = "art"
+    tenant: str = "default"  # tenant of trace lines that name none (Mooncake traces)
+    seed: int = 0
+    limit: int | None = None  # replay only the first `limit` requests
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; known: {sorted(MODELS)}")
+        if self.gpu not in GPUS:
+            raise ValueError(f"unknown GPU {self.gpu!r}; known: {sorted(GPUS)}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown router {self.router!r}; registered: {sorted(ROUTERS)}")
+        if self.policy not in REPLAY_POLICIES:
+            extra = " (belady needs the future; it is the offline bound of quillcache.hitrate)" \
+                if self.policy == "belady" else ""
+            raise ValueError(f"unknown policy {self.policy!r}{extra}; the replay takes: {list(REPLAY_POLICIES)}")
+        if self.kv_dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; known: {sorted(DTYPE_BYTES)}")
+        if self.index not in INDEX_BACKENDS:
+            raise ValueError(f"unknown index backend {self.index!r}; registered: {sorted(INDEX_BACKENDS)}")
+        _int("tp_size", self.tp_size, 1)
+        _int("engines", self.engines, 1)
+        if self.engines > 1024:
+            raise ValueError(f"engines={self.engines}; at most 1024")
+        _int("gpu_capacity_blocks", self.gpu_capacity_blocks, 1, none=True)
+        _int("dram_capacity_blocks", self.dram_capacity_blocks, 1)
+        _int("ssd_capacity_blocks", self.ssd_capacity_blocks, 0)
+        if self.account_bytes is not None and not isinstance(self.account_bytes, bool):
+            raise TypeError(f"account_bytes={self.account_bytes!r}; expected True, False or None (auto)")
+        _int("real_bytes_budget_bytes", self.real_bytes_budget_bytes, 1)
+        _num("ttft_slo_s", self.ttft_slo_s)
+        _num("time_scale", self.time_scale)
+        _num("gpu_memory_utilization", self.gpu_memory_utilization, hi=1.0)
+        _num("decode_mbu", self.decode_mbu, hi=1.0)
+        _num("prefill_mfu", self.prefill_mfu, hi=1.0)
+        if not isinstance(self.enable_guard, bool):
+            raise TypeError(f"enable_guard={self.enable_guard!r}; expected a bool")
+        validate_tenant_id(self.tenant)
+        _int("seed", self.seed, 0)
+        _int("limit", self.limit, 1, none=True)

@@ -1,0 +1,443 @@
+"""Discrete-event replay of a request trace through the real control plane and store tiers.
+
+Per request, in simulated time (seconds; a trace's milliseconds divided by ``time_scale``):
+
+1. **arrival**: the request's identity scope (``IdentityRegistry.scope``; a trace line without a
+   tenant or model gets the config's), its full blocks' hashes (the trace's ``hash_ids``, which are
+   prefix-chained ids), ``Planner.plan`` (real index lookups of only its blocks, the real identity
+   guard, the real router over live ``LoadTracker`` counters, fetch-vs-recompute actions);
+2. **fetches** at routing time (the transfers overlap the wait for the engine, as a Mooncake
+   conductor schedules them): each reused block is read through the real ``StoreDataPlane`` of
+   the node that holds it - a local or peer DRAM read, an SSD read (promoted to DRAM by the data
+   plane); a peer GPU block has no host bytes and is counted as a GPU-to-GPU network transfer.
+   If a block left its tier since the lookup, the reuse stops there and the rest is recomputed.
+   GPU hits are pinned on the engine (the engine's ``ref_cnt``) until the request finishes;
+3. ``Planner.admit`` counts the load (the router of the NEXT request sees it), then the engine's
+   prefill queue: one prefill at a time per engine, first come first served; the prefill starts
+   at ``max(arrival + fetch_s, engine free)`` and lasts ``EngineModel.prefill_s(new, cached)``;
+4. **prefill done** (the first token; TTFT = done - arrival): the lease's prefill tokens are
+   released and every full prompt block (``Planner.resident_entries``: under the identity digest
+   the scope writes) is held on the engine's GPU tier through its data plane (which reports to
+   the index), touched in the GPU policy if already held. A GPU hold beyond capacity evicts the
+   GPU policy's victim (never a pinned block); the victim's KV is offloaded to the node's DRAM
+   unless the node already has its bytes, and DRAM pressure demotes to SSD and then drops, all
+   through the data plane and its ``policy``. If every GPU block is pinned, the block goes
+   straight to DRAM;
+5. **decode**: ``EngineModel.decode_s(output, context, batch KV)``, with the batch = the decode
+   blocks the engine holds at that instant (``LoadTracker``); at its end the pins and the lease
+   are released (**finish**).
+
+Events at the same instant run completions (in time, then creation order) before arrivals, so
+a release is visible to the next routing decision. The replay is deterministic for a seed.
+
+Bytes: real bytes (each block's payload is its 24-byte ``StoreKey`` repeated, checked on every
+fetch: a wrong byte counts in ``verify_failures``) or accounting only (``account_bytes``: the same
+allocator code path without payloads; see ``quillcache.store.dram``/``ssd``).
+
+Invariants (tested): every request completes exactly once; TTFT >= its prefill time; at the end
+the index holds exactly what the data planes report as resident (``StoreDataPlane.residency``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from quillcache.harness.config import ReplayConfig
+from quillcache.harness.engine_model import EngineModel
+from quillcache.harness.metrics import ReplaySummary, RequestRow, summarize
+from quillcache.identity import IdentityRegistry, make_identity
+from quillcache.index import IndexBackend, open_index
+from quillcache.planner import Planner, PlannerConfig, PlanRequest
+from quillcache.planner.cost_model import CostModel
+from quillcache.planner.profiles import GPUS, MODELS
+from quillcache.routing import Lease
+from quillcache.store import (
+    BlockNotFoundError,
+    LocalKvStore,
+    SsdTier,
+    StoreDataPlane,
+    StoreFullError,
+    StoreKey,
+)
+from quillcache.store.ssd_format import PAGE_BYTES
+from quillcache.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
+from quillcache.types import CacheTier, Identity, KvLayout
+
+__all__ = ["ReplayResult", "replay"]
+
+GPU, DRAM, SSD = CacheTier.GPU, CacheTier.DRAM, CacheTier.SSD
+_PREFILL_DONE, _DECODE_DONE = 0, 1
+Progress = Callable[[int, int], None]
+
+
+@dataclass(eq=False)
+class ReplayResult:
+    """Rows (one per request, in arrival order), the summary, and - with ``keep_open=True`` - the
+    live index and data planes (call ``close()`` when done)."""
+
+    config: ReplayConfig
+    summary: ReplaySummary
+    rows: list[RequestRow]
+    engine_model: EngineModel
+    account_bytes: bool
+    verify_failures: int
+    skipped_empty: int
+    index: IndexBackend | None = None
+    planes: dict[str, StoreDataPlane] = field(default_factory=dict)
+    _tmp: tempfile.TemporaryDirectory | None = None
+
+    def close(self) -> None:
+        for dp in self.planes.values():
+            dp.close()
+        if self.index is not None:
+            self.index.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """A request between arrival and finish (hot record)."""
+
+    row: RequestRow
+    plan: object
+    lease: Lease
+    engine: int
+    pins: list[StoreKey]
+    pinned: set[StoreKey]
+
+
+def _block_tokens(requests: Sequence[TraceRequest]) -> int:
+    sizes = {getattr(r, "block_tokens", MOONCAKE_BLOCK_TOKENS) for r in requests}
+    if len(sizes) != 1:
+        raise ValueError(f"the trace mixes block sizes {sorted(sizes)}; one replay needs one block size")
+    return sizes.pop()
+
+
+def _check_requests(requests: object) -> list[TraceRequest]:
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
+        raise TypeError(f"requests must be a sequence of TraceRequest (quillcache.traces.load_trace), "
+                        f"got {type(requests).__name__}")
+    if not requests:
+        raise ValueError("the trace holds no requests")
+    last = -math.inf
+    for i, r in enumerate(requests):
+        if not isinstance(r, TraceRequest):
+            raise TypeError(f"request {i} is a {type(r).__name__}, not a TraceRequest")
+        if r.timestamp_ms < last:
+            raise ValueError(f"request {i}: timestamp {r.timestamp_ms} ms < previous {last} ms; "
+                             f"a trace must be sorted by arrival")
+        last = r.timestamp_ms
+    return list(requests)
+
+
+def _dram_store(cap_blocks: int, block_bytes: int, account: bool) -> LocalKvStore:
+    align = PAGE_BYTES if account else 64
+    foot = -(-block_bytes // align) * align
+    cap = cap_blocks * foot
+    if account:
+        seg = min(cap, 0xFFFFFFFF * align // foot * foot)  # the allocator counts units in uint32
+        per_seg = min(seg // foot + 1, 1 << 26)
+    else:
+        seg = min(cap, max(foot, (1 << 30) // foot * foot))
+        per_seg = min(seg // foot + 1, 65536)
+    return LocalKvStore(cap, segment_bytes=seg, alignment_bytes=align, max_blocks_per_segment=per_seg,
+                        pretouch=not account, account_only=account)
+
+
+class _Replay:
+    """One run's state (see the module docstring for the event model)."""
+
+    def __init__(self, requests: list[TraceRequest], cfg: ReplayConfig) -> None:
+        self.cfg = cfg
+        self.requests = requests
+        self.bs = bs = _block_tokens(requests)
+        self.layout = KvLayout(dtype=cfg.kv_dtype, block_size_tokens=bs, tp_size=cfg.tp_size)
+        cm = CostModel(model=MODELS[cfg.model], gpu=GPUS[cfg.gpu], prefill_mfu=cfg.prefill_mfu)
+        self.em = EngineModel(cost_model=cm, layout=self.layout, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                              decode_mbu=cfg.decode_mbu)
+        self.gpu_cap = cfg.gpu_capacity_blocks or self.em.gpu_capacity_blocks
+        bb = self.em.block_bytes
+        distinct = len({(getattr(r, "tenant", ""), getattr(r, "model", ""), getattr(r, "adapter", ""), h)
+                        for r in requests for h in r.hash_ids[: r.input_tokens // bs]})
+        real_bytes = cfg.engines * (min(cfg.dram_capacity_blocks, distinct)
+                                    + min(cfg.ssd_capacity_blocks, distinct)) * bb
+        self.account = cfg.account_bytes if cfg.account_bytes is not None else real_bytes > cfg.real_bytes_budget_bytes
+        # in real-bytes mode a tier never holds more than the distinct blocks: allocate no more
+        dram_blocks = cfg.dram_capacity_blocks if self.account else min(cfg.dram_capacity_blocks, max(1, distinct))
+        ssd_blocks = cfg.ssd_capacity_blocks if self.account else min(cfg.ssd_capacity_blocks, distinct)
+        self.index = open_index(cfg.index)
+        self.names = [f"engine-{i}" for i in range(cfg.engines)]
+        self.registry = IdentityRegistry()
+        self.planner = Planner(self.index, self.names, router=cfg.router, registry=self.registry,
+                               config=PlannerConfig(block_size_tokens=bs, ttft_slo_s=cfg.ttft_slo_s,
+                                                    enable_guard=cfg.enable_guard, cost_model=cm, seed=cfg.seed))
+        self.now = 0.0
+        self._victims: list[StoreKey] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="quillcache-replay-") if (ssd_blocks and not self.account) else None
+        self.planes: dict[str, StoreDataPlane] = {}
+        for name in self.names:
+            ssd = None
+            if ssd_blocks:
+                foot = -(-bb // PAGE_BYTES) * PAGE_BYTES
+                if self.account:
+                    ssd = SsdTier(None, capacity_bytes=ssd_blocks * foot, account_only=True)
+                else:
+                    assert self._tmp is not None
+                    ssd = SsdTier(f"{self._tmp.name}/{name}", capacity_bytes=ssd_blocks * foot,
+                                  slab_bytes=max(foot, min(256 << 20, ssd_blocks * foot)))
+            self.planes[name] = StoreDataPlane(
+                name, dram=_dram_store(dram_blocks, bb, self.account), ssd=ssd, gpu_capacity_blocks=self.gpu_cap,
+                index=self.index, policy=cfg.policy, clock=self._clock, on_evict=self._evicted)
+        self.dps = [self.planes[n] for n in self.names]
+        self.free_at = [0.0] * cfg.engines
+        self._identities: dict[tuple[str, str, str, str, str], Identity] = {}
+        self._zeros: dict[int, memoryview] = {}
+        self.moved = dict.fromkeys(("fetched_dram", "fetched_ssd", "fetched_peer", "offloaded"), 0)
+        self.verify_failures = 0
+        self.skipped_empty = 0
+
+    # ---- plumbing ----------------------------------------------------------------------------
+    def _clock(self) -> float:
+        return self.now
+
+    def _evicted(self, key: StoreKey, tier: CacheTier) -> None:
+        if tier == GPU:
+            self._victims.append(key)
+
+    def _identity(self, r: TraceRequest) -> Identity:
+        cfg = self.cfg
+        k = (getattr(r, "tenant", "") or cfg.tenant, getattr(r, "model", "") or cfg.model,
+             getattr(r, "tokenizer", ""), getattr(r, "adapter", ""), getattr(r, "kv_dtype", "") or cfg.kv_dtype)
+        ident = self._identities.get(k)
+        if ident is None:
+            layout = KvLayout(dtype=k[4], block_size_tokens=self.bs, tp_size=cfg.tp_size)
+            ident = self._identities[k] = make_identity(model=k[1], tenant=k[0], tokenizer=k[2], adapter=k[3],
+                                                        layout=layout)
+        return ident
+
+    def _payload(self, key: StoreKey, size: int) -> object:
+        if self.account:
+            z = self._zeros.get(size)
+            if z is None:
+                z = self._zeros[size] = memoryview(np.zeros(size, dtype=np.uint8)).toreadonly()
+            return z
+        return np.resize(np.frombuffer(key.to_bytes(), dtype=np.uint8), size)
+
+    def _check_bytes(self, key: StoreKey, data: object) -> None:
+        if not self.account:
+            raw = key.to_bytes()
+            if bytes(memoryview(data)[: len(raw)]) != raw:
+                self.verify_failures += 1
+
+    def _offload(self, dp: StoreDataPlane, key: StoreKey, size: int) -> None:
+        """A block leaving the GPU: keep its KV in the node's DRAM (the data plane demotes/drops)."""
+        if key in dp.dram or (dp.ssd is not None and key in dp.ssd):
+            return
+        try:
+            placed = dp.put(key, self._payload(key, size), tier=DRAM)
+        except StoreFullError:  # every DRAM/SSD block is pinned: the KV is dropped
+            return
+        if placed is not None:
+            self.moved["offloaded"] += size
+
+    def _drain_victims(self, dp: StoreDataPlane, size: int) -> None:
+        while self._victims:
+            self._offload(dp, self._victims.pop(0), size)
+
+    # ---- events ------------------------------------------------------------------------------
+    def arrive(self, rid: int, r: TraceRequest, t: float) -> _Flight | None:
+        cfg, bs, em = self.cfg, self.bs, self.em
+        if r.input_tokens == 0:
+            self.skipped_empty += 1
+            return None
+        ident = self._identity(r)
+        scope = self.planner.scope(ident)
+        nfull = r.input_tokens // bs
+        hashes = np.fromiter(r.hash_ids[:nfull], dtype=np.uint64, count=nfull)
+        plan = self.planner.plan(PlanRequest(scope, hashes, r.input_tokens, r.output_tokens))
+        w = plan.worker_index
+        me = self.names[w]
+        dp = self.dps[w]
+        hits = {"gpu": 0, "dram": 0, "ssd": 0, "peer": 0}
+        kinds: list[int] = []
+        pins: list[StoreKey] = []
+        fetched = 0
+        for e in plan.reused_entries() if plan.reused_blocks else ():
+            key = StoreKey(e.block_hash, e.identity)
+            src = self.planes[e.node]
+            local = e.node == me
+            if e.tier == GPU:
+                if GPU not in src.tiers_of(key):
+                    break
+                if local:
+                    dp.pin(key)
+                    pins.append(key)
+                    hits["gpu"] += 1
+                    kinds.append(0)
+                else:  # GPU-to-GPU: the data plane holds no bytes for a GPU-only block
+                    hits["peer"] += 1
+                    kinds.append(3)
+                    self.moved["fetched_peer"] += e.size_bytes
+                    fetched += e.size_bytes
+                continue
+            tier = DRAM if key in src.dram else SSD
+            try:
+                data = src.get(key)
+            except BlockNotFoundError:
+                break
+            self._check_bytes(key, data)
+            size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+            self.moved["fetched_dram" if tier == DRAM else "fetched_ssd"] += size
+            fetched += size
+            if local:
+                hits["dram" if tier == DRAM else "ssd"] += 1
+                kinds.append(1 if tier == DRAM else 2)
+            else:
+                hits["peer"] += 1
+                kinds.append(4 if tier == DRAM else 5)
+                self.moved["fetched_peer"] += size
+        k = len(kinds)
+        cached = min(k * bs, r.input_tokens - 1)
+        fetch_s = em.fetch_s(kinds)
+        prefill_s = em.prefill_s(r.input_tokens - cached, cached)
+        lease = self.planner.admit(plan)
+        start = max(t + fetch_s, self.free_at[w])
+        done = start + prefill_s
+        self.free_at[w] = done
+        row = RequestRow(
+            request_id=rid, engine=me, tenant=ident.tenant, arrival_s=t, input_tokens=r.input_tokens,
+            output_tokens=r.output_tokens, full_blocks=nfull, hit_gpu=hits["gpu"], hit_dram=hits["dram"],
+            hit_ssd=hits["ssd"], hit_peer=hits["peer"], recompute_blocks=nfull - k, cached_tokens=cached,
+            fetch_bytes=fetched, fetch_s=fetch_s, queue_s=start - (t + fetch_s), prefill_s=prefill_s,
+            ttft_s=done - t, decode_s=0.0, finish_s=math.nan, predicted_ttft_s=plan.predicted_ttft_s,
+            meets_slo=done - t <= cfg.ttft_slo_s)
+        return _Flight(row, plan, lease, w, pins, set(pins))
+
+    def prefill_done(self, fl: _Flight, t: float) -> float:
+        """Record the blocks on the engine's GPU; returns the decode time."""
+        fl.lease.prefill_done()
+        dp = self.dps[fl.engine]
+        gpu_policy = dp.policy(GPU)
+        me = self.names[fl.engine]
+        for e in self.planner.resident_entries(fl.plan):
+            if e.node != me:
+                continue
+            key = StoreKey(e.block_hash, e.identity)
+            if GPU in dp.tiers_of(key):
+                # a GPU hit: refresh its place in the GPU policy (StoreDataPlane has no GPU touch)
+                gpu_policy.touch(key)
+                if key not in fl.pinned:
+                    dp.pin(key)
+                    fl.pins.append(key)
+                    fl.pinned.add(key)
+                continue
+            try:
+                placed = dp.put(key, e.size_bytes, tier=GPU)
+            except StoreFullError:  # every GPU block is pinned by running requests
+                placed = None
+            self._drain_victims(dp, e.size_bytes)
+            if placed is None:
+                self._offload(dp, key, e.size_bytes)
+            else:
+                dp.pin(key)
+                fl.pins.append(key)
+                fl.pinned.add(key)
+        r = fl.row
+        own = -(-r.input_tokens // self.bs) * self.bs
+        batch = max(0, int(self.planner.loads.decode_blocks[fl.engine]) * self.bs - own)
+        return self.em.decode_s(r.output_tokens, r.input_tokens, batch)
+
+    def finish(self, fl: _Flight, t: float) -> None:
+        dp = self.dps[fl.engine]
+        for key in fl.pins:
+            dp.unpin(key)
+        fl.lease.release()
+        fl.row.finish_s = t
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self, progress: Progress | None) -> list[RequestRow]:
+        reqs = self.requests
+        n = len(reqs)
+        scale = 1000.0 * self.cfg.time_scale
+        heap: list[tuple[float, int, int, _Flight]] = []
+        rows: list[RequestRow] = []
+        seq = 0
+        i = 0
+        step = max(1, n // 200)
+        while i < n or heap:
+            t_arr = reqs[i].timestamp_ms / scale if i < n else math.inf
+            if heap and heap[0][0] <= t_arr:
+                t, _, kind, fl = heapq.heappop(heap)
+                self.now = t
+                if kind == _PREFILL_DONE:
+                    dec = self.prefill_done(fl, t)
+                    fl.row.decode_s = dec
+                    heapq.heappush(heap, (t + dec, seq, _DECODE_DONE, fl))
+                    seq += 1
+                else:
+                    self.finish(fl, t)
+                continue
+            self.now = t_arr
+            fl = self.arrive(i, reqs[i], t_arr)
+            if fl is not None:
+                rows.append(fl.row)
+                heapq.heappush(heap, (t_arr + fl.row.ttft_s, seq, _PREFILL_DONE, fl))
+                seq += 1
+            i += 1
+            if progress is not None and (i % step == 0 or i == n):
+                progress(i, n)
+        return rows
+
+    def bytes_moved(self) -> dict[str, int]:
+        st = [dp.stats() for dp in self.dps]
+        return {**self.moved, "dram_to_ssd": sum(s.bytes_dram_to_ssd for s in st),
+                "ssd_to_dram": sum(s.bytes_ssd_to_dram for s in st), "evicted": sum(s.bytes_evicted for s in st)}
+
+    def close(self) -> None:
+        for dp in self.dps:
+            dp.close()
+        self.index.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None, *,
+           progress: Progress | None = None, keep_open: bool = False) -> ReplayResult:
+    """Replay ``requests`` (sorted by arrival) under ``config``; see the module docstring.
+
+    ``progress(done, total)`` is called every 0.5% of arrivals. ``keep_open=True`` keeps the index
+    and data planes open in the result (for inspection; ``result.close()`` them)."""
+    cfg = config if config is not None else ReplayConfig()
+    if not isinstance(cfg, ReplayConfig):
+        raise TypeError(f"config must be a ReplayConfig, got {type(cfg).__name__}")
+    reqs = _check_requests(requests)
+    if cfg.limit is not None:
+        reqs = reqs[: cfg.limit]
+    t0 = time.perf_counter()
+    sim = _Replay(reqs, cfg)
+    try:
+        rows = sim.run(progress)
+        wall = time.perf_counter() - t0
+        setup = {"engines": cfg.engines, "router": cfg.router, "policy": cfg.policy, "model": cfg.model,
+                 "gpu": cfg.gpu, "account_bytes": sim.account, "block_tokens": sim.bs,
+                 "gpu_capacity_blocks": sim.gpu_cap, "dram_capacity_blocks": cfg.dram_capacity_blocks,
+                 "ssd_capacity_blocks": cfg.ssd_capacity_blocks}
+        summary = summarize(rows, setup=setup, bytes_moved=sim.bytes_moved(), slo_ttft_s=cfg.ttft_slo_s, wall_s=wall)
+    except BaseException:
+        sim.close()
+        raise
+    result = ReplayResult(cfg, summary, rows, sim.em, sim.account, sim.verify_failures, sim.skipped_empty)
+    if keep_open:
+        result.index, result.planes, result._tmp = sim.index, sim.planes, sim._tmp
+    else:
+        sim.close()
+    return result

@@ -1,0 +1,90 @@
+"""``quillcache replay`` end to end in a subprocess: a summary on success, one clear line on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+
+def line(ts: int, ids: list[int], isl: int | None = None, osl: int = 20) -> str:
+    return json.dumps({"timestamp": ts, "input_length": isl if isl is not None else 512 * len(ids),
+                       "output_length": osl, "hash_ids": ids})
+
+
+def write(tmp: Path, lines: list[str], name: str = "trace.jsonl") -> Path:
+    p = tmp / name
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def good_lines() -> list[str]:
+    return [line(0, [0, 1, 2]), line(100, [0, 1, 2, 3]), line(200, [0, 4], isl=700), line(5000, [0, 1, 2, 3, 5])]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quillcache", "replay", *args], capture_output=True, text=True, check=False,
+                          timeout=120)
+
+
+def test_replay_prints_summary_and_writes_results(tmp_path: Path) -> None:
+    trace = write(tmp_path, good_lines())
+    out = tmp_path / "out"
+    p = cli(str(trace), "--out", str(out), "--engines", "2", "--model", "llama-3.2-1b")
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "block hit rate" in p.stdout and "TTFT p50 / p99" in p.stdout and "goodput" in p.stdout
+    rows = pd.read_csv(out / "requests.csv")
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(rows) == 4 and list(rows["request_id"]) == [0, 1, 2, 3]
+    assert summary.loc[0, "requests"] == 4
+    # request 1 reuses the 3 blocks of request 0 (one engine or the other, or a peer)
+    assert rows.loc[1, "hit_gpu"] + rows.loc[1, "hit_dram"] + rows.loc[1, "hit_peer"] == 3
+    assert 0 < summary.loc[0, "block_hit_rate"] < 1
+
+
+def test_help_has_examples() -> None:
+    p = cli("--help")
+    assert p.returncode == 0
+    assert "examples:" in p.stdout and "--capacity-blocks" in p.stdout and "--account-bytes" in p.stdout
+
+
+def test_skip_malformed_lines_reports_them(tmp_path: Path) -> None:
+    lines = good_lines()
+    lines.insert(2, "{not json")
+    trace = write(tmp_path, lines)
+    p = cli(str(trace), "--on-error", "skip", "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr
+    assert "line 3" in p.stdout
+    assert len(pd.read_csv(tmp_path / "o" / "requests.csv")) == 4
+
+
+@pytest.mark.parametrize("case, args, needle", [
+    ("missing", ["{tmp}/nope.jsonl"], "does not exist"),
+    ("malformed", ["{bad}"], ":2:"),
+    ("unsorted", ["{unsorted}"], "sorted by timestamp"),
+    ("policy", ["{good}", "--policy", "nope"], "unknown policy 'nope'"),
+    ("router", ["{good}", "--router", "nope"], "unknown router 'nope'"),
+    ("model", ["{good}", "--model", "gpt-9"], "unknown model 'gpt-9'"),
+    ("capacity", ["{good}", "--capacity-blocks", "0"], "--capacity-blocks=0"),
+    ("capacity-neg", ["{good}", "--capacity-blocks", "-5"], "--capacity-blocks=-5"),
+    ("not-int", ["{good}", "--engines", "two"], "invalid int value"),
+])
+def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, args: list[str], needle: str) -> None:
+    paths = {
+        "tmp": str(tmp_path),
+        "good": str(write(tmp_path, good_lines(), "good.jsonl")),
+        "bad": str(write(tmp_path, [good_lines()[0], '{"timestamp": 1, "input_length": "x"}'], "bad.jsonl")),
+        "unsorted": str(write(tmp_path, [line(100, [0]), line(50, [0, 1])], "unsorted.jsonl")),
+    }
+    out = tmp_path / "out"
+    p = cli(*[a.format(**paths) for a in args], "--out", str(out))
+    assert p.returncode != 0, case
+    assert needle in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
+    assert not out.exists()  # nothing written on refused input
