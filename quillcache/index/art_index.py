@@ -23,6 +23,12 @@ unacknowledged append) is dropped; damage that is not a torn tail (a valid recor
 one, a bad checkpoint crc, a gap in LSNs) is refused with :class:`IndexCorruptionError` naming the
 file and offset, and no file is modified.
 
+WAL payload (format ``_WAL_FORMAT``). A batch is logged as its logical operations: primary
+records and node-name entries only, since every secondary (``N``) key is a permutation of a
+primary key's fields and is derived again on replay; the encoded batch is compressed with zlib
+(level 1: identities, node numbers and values repeat within a batch). The crc32c of the WAL
+record covers the compressed bytes, so damage is caught before decompression.
+
 Write cost. Each record is written to the WAL once; checkpoints rewrite the arenas, so they are
 taken at ``close()`` and, while running, only when the WAL has grown past
 ``checkpoint_wal_ratio`` × the arena bytes (and ``checkpoint_min_wal_bytes``): the amortised
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import zlib
 import os
 import struct
 from collections.abc import Sequence
@@ -55,6 +62,7 @@ _PAGE = 4096
 CHUNK_BYTES = 16 << 10
 _BATCH_COUNTS = struct.Struct("<II")
 _PRIMARY_BYTE = K.PRIMARY[0]
+_WAL_FORMAT = b"\x02"  # leading byte of a WAL payload: zlib-compressed logical batch (primary + names)
 
 
 class IndexCorruptionError(NotAnIndexError):
@@ -92,6 +100,30 @@ def encode_batch(puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) 
         parts.append(bytes((len(k),)))
         parts.append(k)
     return b"".join(parts)
+
+
+def _secondary_of(primary_key: bytes) -> bytes:
+    h, no, tier, ident = K.unpack_primary(primary_key)
+    return K.secondary_key(h, no, tier, ident)
+
+
+def encode_wal_batch(puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> bytes:
+    """The WAL payload of a batch: its primary and node-name operations, compressed. Secondary
+    keys are left out: :func:`decode_wal_batch` derives them from the primary keys."""
+    return _WAL_FORMAT + zlib.compress(
+        encode_batch([(k, v) for k, v in puts if k[:1] != K.SECONDARY], [k for k in deletes if k[:1] != K.SECONDARY]),
+        1,
+    )
+
+
+def decode_wal_batch(payload: bytes) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """Inverse of :func:`encode_wal_batch`: the full batch, secondary keys derived again."""
+    if payload[:1] != _WAL_FORMAT:
+        raise ValueError(f"unknown WAL payload format {payload[:1]!r} (expected {_WAL_FORMAT!r})")
+    puts, dels = decode_batch(zlib.decompress(payload[1:]))
+    puts += [(_secondary_of(k), b"") for k, _ in puts if k[:1] == K.PRIMARY]
+    dels += [_secondary_of(k) for k in dels if k[:1] == K.PRIMARY]
+    return puts, dels
 
 
 def decode_batch(payload: bytes) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
@@ -179,8 +211,8 @@ class ArtIndex(IndexBackend):
             if lsn <= self._ckpt_lsn:
                 continue
             try:
-                puts, dels = decode_batch(payload)
-            except (ValueError, IndexError, struct.error) as exc:
+                puts, dels = decode_wal_batch(payload)
+            except (ValueError, IndexError, struct.error, zlib.error, K.IndexKeyError) as exc:
                 raise IndexCorruptionError(f"{wal}: record lsn {lsn} passes its crc but does not decode ({exc})") from None
             self._apply(puts, dels)
             self.replayed_records += 1
@@ -270,7 +302,7 @@ class ArtIndex(IndexBackend):
             if len(k) != K.KEY_BYTES and k[:1] != K.NODE_NAME:
                 raise K.IndexKeyError(f"key of {len(k)} bytes does not fit the layout")
         if self._wal is not None:
-            self._wal.append(encode_batch(puts, deletes))
+            self._wal.append(encode_wal_batch(puts, deletes))
         self._apply(puts, deletes)
 
     # ---- reads -------------------------------------------------------------------------------
