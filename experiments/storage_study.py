@@ -9,7 +9,7 @@ in its OWN subprocess (clean RSS and ``/proc/self/io`` accounting) and measures,
   build + flush) / logical bytes (key + value bytes the index was asked to write); the bytes
   written by ``close()`` (checkpoints) are reported separately and in a total; for RocksDB also
   from its own statistics (WAL + flush + compaction bytes);
-- point lookup of one live block hash from Python: ``locate_raw`` (every replica's record,
+- point lookup of one live block hash from Python: ``locate_raw`` (every replica's packed record,
   the index's own cost) p50/p99 over many calls, and ``locate`` (decoded entry objects) p50;
 - batched ``locate_arrays`` over 10k hashes (columnar result), ns per hash;
 - prefix scan (``scan_prefix``) of ``b"B" + k`` leading hash bytes, k chosen so a scan returns

@@ -375,6 +375,10 @@ class ArtReference:
             raise OverflowError(f"head={head} or number={number} out of range for u8/u64")
         return self.scan_prefix(bytes([head]) + number.to_bytes(8, "big"))
 
+    def scan_u64_prefix_packed(self, head: int, number: int) -> bytes:
+        """Every record of ``scan_u64_prefix`` concatenated, key then value, in key order."""
+        return b"".join(k + v for k, v in self.scan_u64_prefix(head, number))
+
     def scan_u64_prefix_batch(self, head: int, numbers: np.ndarray, key_len: int
                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``scan_prefix_batch`` over ``bytes([head]) + n.to_bytes(8, "big")`` for n in numbers."""

@@ -145,6 +145,7 @@ class ArtMachine(RuleBasedStateMachine):
         key = self.existing(data) if len(self.ref) and data.draw(st.booleans()) else data.draw(family_keys())
         key = (key + bytes(9))[:9]
         self.same("scan_u64_prefix", key[0], int.from_bytes(key[1:9], "big"))
+        self.same("scan_u64_prefix_packed", key[0], int.from_bytes(key[1:9], "big"))
 
     @rule(data=st.data())
     def scan_u64_batch(self, data: st.DataObject) -> None:

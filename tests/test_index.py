@@ -21,6 +21,7 @@ from quillcache.index import (
     ResidencyEntry,
     open_index,
 )
+from quillcache.index.base import iter_raw
 from quillcache.types import CacheTier
 
 PERSISTENT_KINDS = sorted(INDEX_BACKENDS)
@@ -98,7 +99,7 @@ class IndexMachine(RuleBasedStateMachine):
         for kind, ix in self.ixs.items():
             assert ix.locate(hs) == want, kind
             for h, w in zip(hs, want):
-                assert [ix._entry(k, v) for k, v in ix.locate_raw(h)] == w, kind
+                assert [ix._entry(k, v) for k, v in iter_raw(ix.locate_raw(h))] == w, kind
             arr = ix.locate_arrays(np.array(hs, dtype=np.uint64))
             assert [arr.count(j) for j in range(len(hs))] == [len(w) for w in want], kind
             flat = [e for w in want for e in w]

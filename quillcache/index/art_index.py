@@ -173,7 +173,7 @@ class ArtIndex(IndexBackend):
         self.replayed_records = 0
         self._primary = ArtTree(K.VALUE_BYTES, initial_arena_bytes=initial_arena_bytes)
         self._secondary = ArtTree(0, initial_arena_bytes=initial_arena_bytes)
-        self._scan_block = self._primary.scan_u64_prefix
+        self._scan_block_packed = self._primary.scan_u64_prefix_packed
         self._scan_blocks = self._primary.scan_u64_prefix_batch
         if self.path is not None:
             self._open_dir(wal_recovery, verify_checkpoint)
@@ -262,7 +262,7 @@ class ArtIndex(IndexBackend):
                 raise IndexCorruptionError(f"{ckpt}: {name} arena: {exc}") from None
             built.append(tree)
         self._primary, self._secondary = built
-        self._scan_block = self._primary.scan_u64_prefix
+        self._scan_block_packed = self._primary.scan_u64_prefix_packed
         self._scan_blocks = self._primary.scan_u64_prefix_batch
         self._names = names
 
@@ -306,12 +306,12 @@ class ArtIndex(IndexBackend):
         self._apply(puts, deletes)
 
     # ---- reads -------------------------------------------------------------------------------
-    def locate_raw(self, block_hash: int) -> list[tuple[bytes, bytes]]:
+    def locate_raw(self, block_hash: int) -> bytes:
         # The point-lookup hot path: one scan of the 9-byte block prefix, built in C. A Python
         # int that overflows u64 and every other type fall through to the validating path.
         if type(block_hash) is int and not self._closed:
             try:
-                return self._scan_block(_PRIMARY_BYTE, block_hash)
+                return self._scan_block_packed(_PRIMARY_BYTE, block_hash)
             except OverflowError:
                 pass
             except ValueError as exc:
@@ -321,7 +321,7 @@ class ArtIndex(IndexBackend):
         self._check_open()
         prefix = K.block_prefix(block_hash)  # validates (numpy ints, range) and names the value
         try:
-            return self._primary.scan_prefix(prefix)
+            return b"".join(k + v for k, v in self._primary.scan_prefix(prefix))
         except ValueError as exc:
             if "corrupt arena" in str(exc):
                 raise IndexCorruptionError(f"{self.path}: {exc}") from None
@@ -453,7 +453,7 @@ class ArtIndex(IndexBackend):
                 self.checkpoint()
             self._wal.close()
             self._wal = None
-        self._primary = self._secondary = self._scan_block = self._scan_blocks = None  # type: ignore[assignment]
+        self._primary = self._secondary = self._scan_block_packed = self._scan_blocks = None  # type: ignore[assignment]
         if self._mm is not None:
             try:
                 self._mm.close()

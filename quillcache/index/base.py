@@ -16,7 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +53,17 @@ class LocateResult:
 
 _TIERS = tuple(CacheTier)  # tier byte -> enum member without Enum.__call__ (hot path)
 assert all(int(t) == i for i, t in enumerate(_TIERS))
+
+
+RAW_RECORD_BYTES = K.KEY_BYTES + K.VALUE_BYTES
+
+
+def iter_raw(packed: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(primary key, value) pairs of a :meth:`IndexBackend.locate_raw` result."""
+    if len(packed) % RAW_RECORD_BYTES:
+        raise ValueError(f"packed records are {RAW_RECORD_BYTES} bytes each; got {len(packed)} bytes")
+    for i in range(0, len(packed), RAW_RECORD_BYTES):
+        yield packed[i : i + K.KEY_BYTES], packed[i + K.KEY_BYTES : i + RAW_RECORD_BYTES]
 
 
 class IndexClosedError(RuntimeError):
@@ -178,11 +189,12 @@ class IndexBackend(abc.ABC):
         seg, off, size = K.unpack_value(value)
         return K.ResidencyEntry(h, self._node_name[no], _TIERS[tier], ident, seg, off, size)
 
-    def locate_raw(self, block_hash: int) -> list[tuple[bytes, bytes]]:
-        """The primary records (key, value) of every replica of one block: the index's own
-        point-lookup cost, without building entry objects (decode with ``keys.unpack_*``)."""
+    def locate_raw(self, block_hash: int) -> bytes:
+        """Every replica's primary record of one block, packed: ``KEY_BYTES`` of key then
+        ``VALUE_BYTES`` of value per replica, in key order (b"" if none). This is the index's own
+        point-lookup cost, without per-replica Python objects; decode with :func:`iter_raw`."""
         self._check_open()
-        return self._raw_scan_many([K.block_prefix(block_hash)])[0]
+        return b"".join(k + v for k, v in self._raw_scan_many([K.block_prefix(block_hash)])[0])
 
     def locate(self, block_hashes: Iterable[int]) -> list[list[K.ResidencyEntry]]:
         """Every replica of each block, one list per requested hash (empty if none), in one call."""
