@@ -369,15 +369,12 @@ class ArtReference:
             hi = min(hi, lo + lim)
         return [(k, self._data[k]) for k in self._keys[lo:hi]]
 
-    def scan_u64_prefix(self, head: int, number: int) -> list[tuple[bytes, bytes]]:
-        """``scan_prefix(bytes([head]) + number.to_bytes(8, "big"))``; OverflowError out of range."""
+    def scan_u64_prefix_packed(self, head: int, number: int) -> bytes:
+        """Every record under ``bytes([head]) + number.to_bytes(8, "big")``, key then value, in key
+        order, concatenated; OverflowError out of range."""
         if not (0 <= head <= 0xFF and 0 <= number <= 0xFFFFFFFFFFFFFFFF):
             raise OverflowError(f"head={head} or number={number} out of range for u8/u64")
-        return self.scan_prefix(bytes([head]) + number.to_bytes(8, "big"))
-
-    def scan_u64_prefix_packed(self, head: int, number: int) -> bytes:
-        """Every record of ``scan_u64_prefix`` concatenated, key then value, in key order."""
-        return b"".join(k + v for k, v in self.scan_u64_prefix(head, number))
+        return b"".join(k + v for k, v in self.scan_prefix(bytes([head]) + number.to_bytes(8, "big")))
 
     def scan_u64_prefix_batch(self, head: int, numbers: np.ndarray, key_len: int
                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -144,7 +144,6 @@ class ArtMachine(RuleBasedStateMachine):
         # The index's point-lookup path: a 1-byte head + a big-endian u64, built in C.
         key = self.existing(data) if len(self.ref) and data.draw(st.booleans()) else data.draw(family_keys())
         key = (key + bytes(9))[:9]
-        self.same("scan_u64_prefix", key[0], int.from_bytes(key[1:9], "big"))
         self.same("scan_u64_prefix_packed", key[0], int.from_bytes(key[1:9], "big"))
 
     @rule(data=st.data())

@@ -809,6 +809,14 @@ cdef void prefetch_subtree(Arena* a, uint64_t root) noexcept nogil:
     a.err = saved
 
 
+cdef inline void block_prefix(uint8_t* p, uint8_t head, uint64_t number) noexcept nogil:
+    """The 9-byte prefix ``head || number`` (big-endian) of the residency index's block keys."""
+    cdef int i
+    p[0] = head
+    for i in range(8):
+        p[8 - i] = <uint8_t>(number >> (8 * i))
+
+
 cdef int64_t collect_prefix(Arena* a, const uint8_t* pre, uint32_t plen, int64_t limit,
                             qart_offbuf* out, bint count_only) noexcept nogil:
     """Append (or count) up to ``limit`` (< 0: all) leaves whose key starts with ``pre``."""
@@ -1370,28 +1378,6 @@ cdef class ArtCore:
         finally:
             qart_buf_free(&buf)
 
-    def scan_u64_prefix(self, uint8_t head, uint64_t number):
-        """``scan_prefix(bytes([head]) + number.to_bytes(8, "big"))`` without building the 9-byte
-        prefix in Python: the residency index's point-lookup path. Out-of-range arguments raise
-        OverflowError (callers validate and name the value)."""
-        cdef uint8_t p[9]
-        cdef int i
-        cdef qart_offbuf buf
-        cdef int64_t k
-        if self.a.gate:
-            self._gate_slow()
-        p[0] = head
-        for i in range(8):
-            p[8 - i] = <uint8_t>(number >> (8 * i))
-        qart_buf_init(&buf)
-        try:
-            k = collect_prefix(&self.a, p, 9, -1, &buf, False)
-            if k < 0:
-                self._fail(9)
-            return self._build_items(&buf, 0)
-        finally:
-            qart_buf_free(&buf)
-
     def count_prefix(self, prefix):
         """Number of keys that start with prefix."""
         cdef Py_ssize_t plen = self._key_len(prefix, "prefix", 0)
@@ -1604,10 +1590,11 @@ cdef class ArtCore:
             qart_rows_free(&vr)
 
     def scan_u64_prefix_packed(self, uint8_t head, uint64_t number):
-        """``b"".join(k + v for k, v in scan_u64_prefix(head, number))`` as one bytes object built
-        in C: every matched record, key then value, in key order (no per-record Python objects)."""
+        """``b"".join(k + v for k, v in scan_prefix(bytes([head]) + number.to_bytes(8, "big")))``
+        as one bytes object built in C: every matched record, key then value, in key order, with no
+        per-record Python objects (the residency index's point lookup). Out-of-range arguments
+        raise OverflowError (callers validate and name the value)."""
         cdef uint8_t p[9]
-        cdef int i
         cdef qart_offbuf buf
         cdef size_t j, total = 0, pos = 0
         cdef uint32_t vs = self.a.value_size
@@ -1615,9 +1602,7 @@ cdef class ArtCore:
         cdef char* dst
         if self.a.gate:
             self._gate_slow()
-        p[0] = head
-        for i in range(8):
-            p[8 - i] = <uint8_t>(number >> (8 * i))
+        block_prefix(p, head, number)
         qart_buf_init(&buf)
         try:
             if collect_prefix(&self.a, p, 9, -1, &buf, False) < 0:
@@ -1643,17 +1628,12 @@ cdef class ArtCore:
         """``scan_prefix_batch`` over the 9-byte prefixes ``head || numbers[i]`` (big-endian),
         built in C: the residency index's batched lookup (no numpy byte-order round trip)."""
         cdef Py_ssize_t n = numbers.shape[0], i
-        cdef int b
-        cdef uint64_t x
         if not 9 <= key_len <= 255:
             raise ValueError(f"key_len must be in 9..255, got {key_len}")
         prefixes = np.empty((n, 9), dtype=np.uint8)
         cdef uint8_t[:, ::1] p = prefixes
         for i in range(n):
-            x = numbers[i]
-            p[i, 0] = head
-            for b in range(8):
-                p[i, 8 - b] = <uint8_t>(x >> (8 * b))
+            block_prefix(&p[i, 0], head, numbers[i])
         return ArtCore.scan_prefix_batch(self, prefixes, key_len)
 
     # -- arena introspection and persistence ---------------------------------------------
