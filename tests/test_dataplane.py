@@ -659,3 +659,29 @@ def test_get_with_lease_keeps_the_view_valid(tmp_path):
     clock.now += 5.0
     dp.put(K(3), blob(3, 8192))
     assert K(1) not in dp and K(2) not in dp
+
+
+def test_touch_and_request_hints(tmp_path):
+    # touch() refreshes a block's place in one tier's policy without moving bytes; begin_request()
+    # reaches policies that take hints and is a no-op for the others.
+    dram = LocalKvStore(1 << 20)
+    dp = StoreDataPlane("n0", dram=dram, gpu_capacity_blocks=4, policy="lru")
+    keys = [StoreKey(i, bytes(16)) for i in range(3)]
+    for k in keys:
+        dp.put(k, 4096, tier=CacheTier.GPU)
+    assert dp.policy(CacheTier.GPU).victim() == keys[0]
+    assert dp.touch(keys[0]) == CacheTier.GPU
+    assert dp.policy(CacheTier.GPU).victim() == keys[1]
+    with pytest.raises(BlockNotFoundError, match="not in the DRAM tier"):
+        dp.touch(keys[0], CacheTier.DRAM)
+    with pytest.raises(BlockNotFoundError):
+        dp.touch(StoreKey(99, bytes(16)))
+    dp.begin_request(keys, 1)  # LRU takes no hints: nothing changes
+    assert dp.policy(CacheTier.GPU).victim() == keys[1]
+    hinted = StoreDataPlane("n1", dram=LocalKvStore(1 << 20), gpu_capacity_blocks=4, policy="quillhd")
+    hinted.begin_request(keys, 0)
+    for k in keys:
+        hinted.put(k, 4096, tier=CacheTier.GPU)
+    assert hinted.policy(CacheTier.GPU)._req == keys  # the hint reached the policy
+    with pytest.raises(ValueError, match="num_hit"):
+        hinted.begin_request(keys, 9)

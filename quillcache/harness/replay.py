@@ -326,15 +326,18 @@ class _Replay:
         """Record the blocks on the engine's GPU; returns the decode time."""
         fl.lease.prefill_done()
         dp = self.dps[fl.engine]
-        gpu_policy = dp.policy(GPU)
         me = self.names[fl.engine]
-        for e in self.planner.resident_entries(fl.plan):
-            if e.node != me:
-                continue
-            key = StoreKey(e.block_hash, e.identity)
+        mine = [e for e in self.planner.resident_entries(fl.plan) if e.node == me]
+        keys = [StoreKey(e.block_hash, e.identity) for e in mine]
+        num_hit = 0
+        while num_hit < len(keys) and GPU in dp.tiers_of(keys[num_hit]):
+            num_hit += 1
+        # Prefix-aware policies (QuillHD, length-aware) learn from the request's block order; the
+        # keys are full blocks only, so no partial-tail hint (input_tokens=None).
+        dp.begin_request(keys, num_hit, tier=GPU)
+        for e, key in zip(mine, keys):
             if GPU in dp.tiers_of(key):
-                # a GPU hit: refresh its place in the GPU policy (StoreDataPlane has no GPU touch)
-                gpu_policy.touch(key)
+                dp.touch(key, GPU)  # a GPU hit: refresh its place in the GPU policy
                 if key not in fl.pinned:
                     dp.pin(key)
                     fl.pins.append(key)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Self
 
 from quillcache.index import IndexBackend, ResidencyEntry
@@ -212,6 +212,30 @@ class StoreDataPlane(TierPlacement):
     @property
     def ssd(self) -> SsdTier | None:
         return self._ssd
+
+    def touch(self, key: StoreKey, tier: CacheTier | None = None) -> CacheTier:
+        """Record a hit on ``key`` in ``tier`` (default: the fastest tier holding it) without moving
+        any bytes, e.g. an engine reusing a block it holds on its GPU. Returns the tier touched;
+        BlockNotFoundError if the key is not in that tier."""
+        with self._lock:
+            key = self._require(key)
+            held = self.tiers_of(key)
+            tier = min(held) if tier is None else _check_tier(tier)
+            if tier not in held:
+                raise BlockNotFoundError(f"block {key.hex()} is not in the {tier.name} tier of node {self.node!r}")
+            self._policies[tier].touch(key)
+            return tier
+
+    def begin_request(self, keys: Sequence[StoreKey], num_hit: int, *, tier: CacheTier = GPU,
+                      input_tokens: int | None = None) -> None:
+        """Tell ``tier``'s policy which request's blocks come next, in order, and how many leading
+        ones were prefix hits (QuillHD and the length-aware policy learn from it; other policies
+        take no hints and this does nothing). Changes no residency."""
+        with self._lock:
+            self._check_open()
+            hint = getattr(self._policies[_check_tier(tier)], "begin_request", None)
+            if hint is not None:
+                hint([_check_key(k) for k in keys], num_hit, input_tokens)
 
     # ------------------------------------------------------------------ pins and leases
     def pin(self, key: StoreKey, hard: bool = True) -> None:
