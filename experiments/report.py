@@ -35,9 +35,10 @@ def render(results_root: Path, figures_dir: Path) -> str:
         parts.append("\nNo results yet: run `make experiments`.\n")
     for name, df in studies.items():
         parts.append(f"\n## {name}\n")
-        fig = figures_dir / f"{name}.png"
-        if fig.exists():
-            parts.append(f"\n![{name}](figures/{fig.name})\n")
+        # The study's figure, then any extra panels it draws (e.g. hitrate_pooled.png).
+        for fig in sorted(figures_dir.glob(f"{name}*.png"), key=lambda f: (f.stem != name, f.name)):
+            if fig.stem == name or (fig.stem.startswith(name + "_") and fig.stem not in studies):
+                parts.append(f"\n![{fig.stem}](figures/{fig.name})\n")
         cols = ["metric", "subject", "value", "unit", "baseline", "baseline_value", "ratio", "n", "notes"]
         parts.append("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
         for _, row in df.iterrows():
