@@ -50,11 +50,13 @@ def _hash_run(args: argparse.Namespace) -> int:
     try:
         tokens = [int(t) for t in raw]
     except ValueError as exc:
-        raise SystemExit(f"quillcache hash: token ids must be integers ({exc})") from None
+        print(f"quillcache hash: token ids must be integers ({exc})", file=sys.stderr)
+        return 2
     try:
         hashes = hash_blocks(tokens, args.block_size, lora=args.lora, namespace=args.namespace)
     except (ValueError, TypeError) as exc:
-        raise SystemExit(f"quillcache hash: {exc}") from None
+        print(f"quillcache hash: {exc}", file=sys.stderr)
+        return 2
     for i, h in enumerate(hashes):
         print(f"{i}\t{int(h):016x}")
     return 0
