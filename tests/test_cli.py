@@ -1,7 +1,6 @@
 import subprocess
 import sys
 
-
 from quillcache.cli import main
 from quillcache.hashing import hash_blocks
 
