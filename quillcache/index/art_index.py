@@ -318,14 +318,7 @@ class ArtIndex(IndexBackend):
                 if "corrupt arena" in str(exc):
                     raise IndexCorruptionError(f"{self.path}: {exc}") from None
                 raise
-        self._check_open()
-        prefix = K.block_prefix(block_hash)  # validates (numpy ints, range) and names the value
-        try:
-            return b"".join(k + v for k, v in self._primary.scan_prefix(prefix))
-        except ValueError as exc:
-            if "corrupt arena" in str(exc):
-                raise IndexCorruptionError(f"{self.path}: {exc}") from None
-            raise
+        return super().locate_raw(block_hash)  # validates and names the value; scans are guarded
 
     def locate_arrays(self, block_hashes) -> LocateResult:
         # The control plane's hot path: a uint64 array goes straight to one C call that builds
