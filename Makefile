@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 XSTAMP := $(VENV)/.installed-experiments
-PYX    := $(wildcard quillcache/_fast/*.pyx quillcache/_fast/*.pxd)
+PYX    := $(shell find quillcache -name '_*.pyx' -o -name '_*.pxd' -o -name '*.h')
 
 export PYTHONFAULTHANDLER := 1
 
@@ -61,5 +61,6 @@ paper: figures
 	$(PY) -m experiments.report
 
 clean:
-	rm -rf build *.egg-info quillcache/_fast/*.c quillcache/_fast/*.so quillcache/_fast/*.html .pytest_cache
+	rm -rf build *.egg-info .pytest_cache
+	find quillcache \( -name '_*.c' -o -name '*.so' -o -name '_*.html' \) -delete
 	find . -name __pycache__ -prune -exec rm -rf {} +

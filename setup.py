@@ -1,6 +1,8 @@
 """Build script for quillcache's compiled cores.
 
-Every ``quillcache/_fast/*.pyx`` becomes an extension module ``quillcache._fast.<name>``.
+Every ``quillcache/**/_*.pyx`` becomes the extension module of its dotted path, beside its Python
+API (scikit-learn style): ``quillcache/alloc/_alloc.pyx`` -> ``quillcache.alloc._alloc``. C headers
+live in ``include/`` folders next to the ``.pyx`` that uses them.
 Cython directives are set once here for the whole build (scikit-learn style):
 bounds checking, negative indexing and initialisation checks are off, C division is on.
 ``QUILLCACHE_CYTHON_DEBUG=1`` turns the safety checks back on (and builds with ``-O0 -g``)
@@ -36,14 +38,18 @@ COMPILE_ARGS = ["-O0", "-g"] if DEBUG else ["-O3"]
 
 def _extensions() -> list[Extension]:
     exts = []
-    for pyx in sorted((HERE / "quillcache" / "_fast").glob("*.pyx")):
+    for pyx in sorted((HERE / "quillcache").glob("**/_*.pyx")):
         if ONLY and pyx.stem not in ONLY:
             continue
+        rel = pyx.relative_to(HERE)
+        include = [np.get_include(), str(rel.parent)]
+        if (pyx.parent / "include").is_dir():
+            include.append(str(rel.parent / "include"))
         exts.append(
             Extension(
-                f"quillcache._fast.{pyx.stem}",
-                [str(pyx.relative_to(HERE))],
-                include_dirs=[np.get_include()],
+                ".".join(rel.with_suffix("").parts),
+                [str(rel)],
+                include_dirs=include,
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 extra_compile_args=COMPILE_ARGS,
             )

@@ -39,7 +39,7 @@ from experiments.crash_child import NODE, block_content, block_key, open_tier
 from experiments.microbench import bench_main
 from quillcache.index import open_index
 from quillcache.results import SummaryRow, results_dir, write_raw, write_summary
-from quillcache.store.crashfs import CrashFs, SimulatedCrash
+from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 from quillcache.store.errors import BlockNotFoundError, CorruptBlockError, StoreFullError
 from quillcache.store.keys import StoreKey
 from quillcache.store.reconcile import reconcile_index

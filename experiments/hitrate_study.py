@@ -45,7 +45,7 @@ import numpy as np
 from quillcache.hitrate import HITRATE_POLICIES, simulate
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
 from quillcache.results import SummaryRow, results_dir, spread, write_raw, write_summary
-from quillcache.traces import MOONCAKE_BLOCK_TOKENS, default_trace_path
+from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, default_trace_path
 
 NAME = "hitrate"
 POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "lengthaware", "tinylfu", "quillhd", "belady"]

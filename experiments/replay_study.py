@@ -27,7 +27,7 @@ from pathlib import Path
 
 from quillcache.harness import ReplayConfig, replay
 from quillcache.results import SummaryRow, results_dir, write_raw, write_summary
-from quillcache.traces import default_trace_path, load_trace
+from quillcache.traces.loader import default_trace_path, load_trace
 
 NAME = "replay"
 ROUTERS = ["dynamo", "round_robin", "least_loaded", "prefix_affinity"]

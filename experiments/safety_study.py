@@ -1,9 +1,9 @@
 """Safety study: unsafe reuse of a naive content-hash cache vs QuillCache's identity guard.
 
-For each mix of the collision workload (``quillcache.workloads.collision``: ``realistic`` and
+For each mix of the collision workload (``quillcache.traces.collision``: ``realistic`` and
 ``adversarial``) the request stream is replayed ONCE through, side by side:
 
-- the naive content-hash cache (``quillcache.naive_cache``, LMCache/SGLang-style keys on token
+- the naive content-hash cache (``quillcache.identity.naive_cache``, LMCache/SGLang-style keys on token
   content only, LRU at the pool's capacity): every hit block is audited against the identity that
   wrote it (``identity.reuse_reason``; a hit on a registered public block counts against the
   writer's public scope) -> unsafe share of hits by category;
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from quillcache.hashing import hash_blocks
-from quillcache.identity import (
+from quillcache.hashing.blocks import hash_blocks
+from quillcache.identity.scope import (
     PUBLIC_TENANT,
     UNSAFE_REASONS,
     IdentityRegistry,
@@ -53,11 +53,11 @@ from quillcache.identity import (
 )
 from quillcache.index import open_index
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
-from quillcache.naive_cache import NaiveContentCache
+from quillcache.identity.naive_cache import NaiveContentCache
 from quillcache.planner import Planner, PlannerConfig, PlanRequest
 from quillcache.results import SummaryRow, results_dir, spread, write_raw, write_summary
 from quillcache.types import CacheTier, Identity
-from quillcache.workloads.collision import (
+from quillcache.traces.collision import (
     CollisionConfig,
     CollisionRequest,
     generate,

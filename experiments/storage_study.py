@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from experiments.storage_workload import residency_churn
-    from quillcache.traces import load_trace
+    from quillcache.traces.loader import load_trace
 
     targets = [int(x) for x in args.entries.split(",") if x.strip()]
     if args.quick:

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
-from quillcache.traces import TraceRequest
+from quillcache.traces.loader import TraceRequest
 from quillcache.types import CacheTier, Identity
 
 _MASK64 = (1 << 64) - 1

@@ -1,8 +1,8 @@
 """QuillCache: a KV-cache pool and cache-aware control plane for LLM serving.
 
 Public entry points live in small modules, one concept each:
-``quillcache.types`` (identities and ids), ``quillcache.hashing`` (block hashes),
-``quillcache.alloc`` (offset allocator), ``quillcache.sketch`` (count-min sketch),
+``quillcache.types`` (identities and ids), ``quillcache.hashing.blocks`` (block hashes),
+``quillcache.alloc`` (offset allocator), ``quillcache.sketch.countmin`` (count-min sketch),
 ``quillcache.results`` (the results convention).
 """
 

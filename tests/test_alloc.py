@@ -12,8 +12,8 @@ from hypothesis import assume, event, given, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from quillcache import alloc as api
-from quillcache import alloc_reference as ref
+from quillcache.alloc import _contract as api
+from quillcache.alloc import reference as ref
 from quillcache.alloc import (
     Allocation,
     AllocatorError,
@@ -618,7 +618,7 @@ def test_benchmark_quick_mode(tmp_path, monkeypatch):
     assert (tmp_path / "microbench_alloc" / "summary.csv").exists()
 
 
-@pytest.mark.parametrize("first", ["quillcache._fast._alloc", "quillcache.alloc_reference", "quillcache.alloc"])
+@pytest.mark.parametrize("first", ["quillcache.alloc._alloc", "quillcache.alloc.reference", "quillcache.alloc"])
 def test_any_import_order_works(first):
     """The implementations import the shared contract from ``quillcache.alloc``, which re-exports
     them lazily: importing any of the three first must work."""

@@ -23,8 +23,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from quillcache._fast import _art
-from quillcache.art import ArtReference, ArtTree
+from quillcache.art import _art
+from quillcache.art.tree import ArtReference, ArtTree
 
 ALPHABET = bytes([0x00, 0x01, 0x02, 0x7F, 0x80, 0xFE, 0xFF])
 FILLER = b"\x55"

@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 from quillcache.cli import main
-from quillcache.hashing import hash_blocks
+from quillcache.hashing.blocks import hash_blocks
 
 
 def test_hash_command_matches_library(capsys):

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quillcache.hashing import hash_blocks
-from quillcache.identity import IdentityRegistry, reuse_reason
-from quillcache.naive_cache import NaiveContentCache
+from quillcache.hashing.blocks import hash_blocks
+from quillcache.identity.scope import IdentityRegistry, reuse_reason
+from quillcache.identity.naive_cache import NaiveContentCache
 from quillcache.results import SUMMARY_COLUMNS
-from quillcache.traces import TraceError, load_trace
-from quillcache.workloads import (
+from quillcache.traces.loader import TraceError, load_trace
+from quillcache.traces.collision import (
     CollisionConfig,
     generate,
     read_jsonl,

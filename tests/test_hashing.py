@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from quillcache import hashing
-from quillcache._fast import xxh3 as k
+from quillcache.hashing import blocks as hashing
+from quillcache.hashing import _xxh3 as k
 
 U64_MAX = 2**64 - 1
 BLOCK_SIZES = (16, 64, 256, 512)
@@ -442,7 +442,7 @@ def test_salted_chain_key_salt_and_prefix_semantics():
 
 def test_salted_chain_is_deterministic_across_processes():
     code = (
-        "from quillcache.hashing import salted_hash_blocks;"
+        "from quillcache.hashing.blocks import salted_hash_blocks;"
         f"print(list(map(int, salted_hash_blocks(list(range(48)), 16, {KEY_A!r}, salt=b's'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

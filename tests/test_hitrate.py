@@ -24,7 +24,7 @@ from quillcache.hitrate.arrays import (
     validate_arrays,
 )
 from quillcache.hitrate.reference import replay
-from quillcache.traces import DEFAULT_TRACE, TraceRequest
+from quillcache.traces.loader import DEFAULT_TRACE, TraceRequest
 
 POLICIES = sorted(HITRATE_POLICIES)
 REAL = DEFAULT_TRACE

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quillcache.identity import (
+from quillcache.identity.scope import (
     PUBLIC_TENANT,
     IdentityRegistry,
     ReuseReason,

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quillcache.hashing import hash_blocks
-from quillcache.naive_cache import NaiveContentCache
+from quillcache.hashing.blocks import hash_blocks
+from quillcache.identity.naive_cache import NaiveContentCache
 
 A, B = b"A" * 16, b"B" * 16
 

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quillcache.hashing import hash_blocks
-from quillcache.identity import (
+from quillcache.hashing.blocks import hash_blocks
+from quillcache.identity.scope import (
     IdentityRegistry,
     ReuseReason,
     SharingPolicy,

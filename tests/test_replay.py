@@ -11,7 +11,7 @@ import pytest
 from quillcache.harness import ReplayConfig, replay
 from quillcache.hitrate import simulate
 from quillcache.store import StoreKey
-from quillcache.traces import TraceRequest
+from quillcache.traces.loader import TraceRequest
 from quillcache.types import CacheTier
 
 BS = 16

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quillcache.traces import load_trace, load_trace_report
-from quillcache.workloads import gen_cli
-from quillcache.workloads.sessions import SessionsConfig, generate, write_jsonl
+from quillcache.traces.loader import load_trace, load_trace_report
+from quillcache.cli import gen_trace as gen_cli
+from quillcache.traces.sessions import SessionsConfig, generate, write_jsonl
 
 SMALL = {"global_prompt_tokens": 64, "tenant_prompt_tokens": 40, "first_user_tokens_mean": 30.0,
          "turn_user_tokens_mean": 20.0, "output_tokens_mean": 25.0, "max_input_tokens": 2048}

@@ -1,6 +1,6 @@
 """Count-min sketch: the Cython core against the plain-Python specification, and the guarantees.
 
-The reference (``quillcache.sketch_reference``) is the specification: the compiled core must
+The reference (``quillcache.sketch.reference``) is the specification: the compiled core must
 produce the same counters, totals, aging clock and heavy-hitter heap on every stream. The
 accuracy tests use seeded Zipf streams and exact counts from ``np.unique``/``Counter``.
 """
@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from quillcache.sketch import CountMinSketch, SketchConfig
-from quillcache.sketch_reference import (
+from quillcache.sketch.countmin import CountMinSketch, SketchConfig
+from quillcache.sketch.reference import (
     COUNTER_MAX,
     MASK64,
     ReferenceCountMinSketch,

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from quillcache.traces import default_trace_path
+from quillcache.traces.loader import default_trace_path
 
 
 @pytest.mark.skipif(not default_trace_path().exists(), reason="shared Mooncake trace not present")
@@ -25,7 +25,7 @@ def test_storage_study_quick(tmp_path):
 @pytest.mark.skipif(not default_trace_path().exists(), reason="shared Mooncake trace not present")
 def test_churn_batches_replay_to_the_live_set():
     from experiments.storage_workload import residency_churn
-    from quillcache.traces import load_trace
+    from quillcache.traces.loader import load_trace
 
     # tiny tiers: a long request overflows DRAM and SSD within itself, touching keys twice
     w = residency_churn(load_trace(limit=2000), 300, num_nodes=2, num_tenants=2)

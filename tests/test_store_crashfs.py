@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quillcache.store.crashfs import CrashFs, SimulatedCrash
+from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 from quillcache.store.errors import (
     BlockNotFoundError,
     CorruptBlockError,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from quillcache.index import open_index
-from quillcache.store.crashfs import CrashFs
+from quillcache.durability.crashfs import CrashFs
 from quillcache.store.errors import (
     BlockExistsError,
     BlockNotFoundError,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quillcache.trace_schemas import FIELDS, SCHEMAS
-from quillcache.traces import (
+from quillcache.traces.schemas import FIELDS, SCHEMAS
+from quillcache.traces.loader import (
     TraceError,
     TraceRequest,
     default_trace_path,
@@ -21,7 +21,7 @@ from quillcache.traces import (
     synthesize_tokens,
     synthesize_tokens_reference,
 )
-from quillcache.workloads.collision import CollisionConfig, generate, write_jsonl
+from quillcache.traces.collision import CollisionConfig, generate, write_jsonl
 
 README = Path(__file__).resolve().parent.parent / "traces" / "README.md"
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quillcache import wal as W
+from quillcache.durability import wal as W
 
 
 def _write(path, payloads, sync_every=None):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from quillcache.workloads.collision import MIXES, CollisionConfig, generate, write_jsonl
+from quillcache.traces.collision import MIXES, CollisionConfig, generate, write_jsonl
 
 
 def main(argv: list[str] | None = None) -> int:

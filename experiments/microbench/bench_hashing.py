@@ -29,8 +29,8 @@ import xxhash
 from numba import njit, prange
 
 from experiments.microbench import bench_main
-from quillcache import hashing
-from quillcache._fast import xxh3 as _k
+from quillcache.hashing import blocks as hashing
+from quillcache.hashing import _xxh3 as _k
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
 
 NAME = "hashing"

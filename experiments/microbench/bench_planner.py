@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from experiments.microbench import bench_main
-from quillcache.identity import IdentityRegistry, make_identity
+from quillcache.identity.scope import IdentityRegistry, make_identity
 from quillcache.index import ResidencyEntry, open_index
 from quillcache.planner import Planner, PlannerConfig, ReferencePlanner
 from quillcache.results import SummaryRow, spread, write_raw, write_summary

@@ -26,7 +26,7 @@ import numpy as np
 
 from experiments.microbench import bench_main
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
-from quillcache.sketch import CountMinSketch
+from quillcache.sketch.countmin import CountMinSketch
 
 NAME = "microbench_sketch"
 EPS, DELTA = 0.001, 0.01

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from quillcache.identity import validate_tenant_id
+from quillcache.identity.scope import validate_tenant_id
 from quillcache.index import INDEX_BACKENDS
 from quillcache.planner.profiles import DTYPE_BYTES, GPUS, MODELS
 from quillcache.policies import POLICIES

@@ -52,7 +52,7 @@ import numpy as np
 from quillcache.harness.config import ReplayConfig
 from quillcache.harness.engine_model import EngineModel
 from quillcache.harness.metrics import ReplaySummary, RequestRow, summarize
-from quillcache.identity import IdentityRegistry, make_identity
+from quillcache.identity.scope import IdentityRegistry, make_identity
 from quillcache.index import IndexBackend, open_index
 from quillcache.planner import Planner, PlannerConfig, PlanRequest
 from quillcache.planner.cost_model import CostModel
@@ -67,7 +67,7 @@ from quillcache.store import (
     StoreKey,
 )
 from quillcache.store.ssd_format import PAGE_BYTES
-from quillcache.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
+from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from quillcache.types import CacheTier, Identity, KvLayout
 
 __all__ = ["ReplayResult", "replay"]
@@ -124,7 +124,7 @@ def _block_tokens(requests: Sequence[TraceRequest]) -> int:
 
 def _check_requests(requests: object) -> list[TraceRequest]:
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
-        raise TypeError(f"requests must be a sequence of TraceRequest (quillcache.traces.load_trace), "
+        raise TypeError(f"requests must be a sequence of TraceRequest (quillcache.traces.loader.load_trace), "
                         f"got {type(requests).__name__}")
     if not requests:
         raise ValueError("the trace holds no requests")

@@ -35,8 +35,8 @@ from quillcache.policies.belady import BeladyPolicy
 from quillcache.policies.lengthaware import LengthAwarePolicy
 from quillcache.policies.quillhd import QuillHdPolicy
 from quillcache.policies.tinylfu import DOORKEEPER_SEED, TinyLfuPolicy
-from quillcache.sketch_reference import seed_key
-from quillcache.traces import TraceRequest
+from quillcache.sketch.reference import seed_key
+from quillcache.traces.loader import TraceRequest
 
 __all__ = ["HITRATE_POLICIES", "HitRateResult", "TraceArrays", "load_arrays", "make_hitrate_policy", "simulate"]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quillcache.traces import TraceRequest, load_trace
+from quillcache.traces.loader import TraceRequest, load_trace
 
 __all__ = [
     "TraceArrays",
@@ -136,7 +136,7 @@ def arrays_from_requests(requests: Sequence[TraceRequest], block_tokens: int = 5
 
 
 def load_arrays(path: str | os.PathLike | None = None, *, limit: int | None = None) -> TraceArrays:
-    """Load and validate a Mooncake trace (``quillcache.traces.load_trace``) into arrays."""
+    """Load and validate a Mooncake trace (``quillcache.traces.loader.load_trace``) into arrays."""
     return arrays_from_requests(load_trace(path, limit=limit))
 
 

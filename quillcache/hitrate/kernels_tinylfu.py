@@ -1,5 +1,5 @@
 """Numba kernel of W-TinyLFU (``quillcache.policies.tinylfu``), with the count-min sketch and
-doorkeeper hashed bit for bit as ``quillcache.sketch_reference`` (splitmix64, double hashing,
+doorkeeper hashed bit for bit as ``quillcache.sketch.reference`` (splitmix64, double hashing,
 multiply-shift columns). Same replay definition and invariants as ``quillcache.hitrate.kernels``.
 """
 
@@ -18,7 +18,7 @@ _MASK32 = np.uint64(0xFFFFFFFF)
 
 @njit(cache=True, nogil=True)
 def mix64(z):
-    """splitmix64, bit for bit ``quillcache.sketch_reference.mix64`` (uint64 arithmetic wraps)."""
+    """splitmix64, bit for bit ``quillcache.sketch.reference.mix64`` (uint64 arithmetic wraps)."""
     z = z + _GOLDEN
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2

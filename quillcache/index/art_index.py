@@ -2,7 +2,7 @@
 
 Structure. Primary records (``B`` keys, 16-byte values) live in one :class:`ArtTree`, secondary
 records (``N`` keys, no value) in a second one, and the tiny node-name table (``M`` keys) in a
-dict. Every ``put``/``remove`` batch is one WAL record (:mod:`quillcache.wal`) and is then applied
+dict. Every ``put``/``remove`` batch is one WAL record (:mod:`quillcache.durability.wal`) and is then applied
 to the trees in memory.
 
 Durability contract. A batch is acknowledged once ``flush()`` returned (the WAL was fsynced).
@@ -50,10 +50,10 @@ import crc32c as _crc
 import msgpack
 import numpy as np
 
-from quillcache.art import ArtTree
+from quillcache.art.tree import ArtTree
 from quillcache.index import keys as K
 from quillcache.index.base import PRIMARY_KEY_DTYPE, VALUE_DTYPE, IndexBackend, LocateResult, NotAnIndexError
-from quillcache.wal import WalCorruptionError, WalWriter, scan
+from quillcache.durability.wal import WalCorruptionError, WalWriter, scan
 
 CHECKPOINT = "art.ckpt"
 WAL = "art.wal"

@@ -10,7 +10,7 @@ Invariants: ``actions[:reused_blocks]`` are reuse actions and ``actions[reused_b
 ``RECOMPUTE``; every reused block names the located replica row it comes from
 (``source_rows``), and that replica passed the identity guard when the guard was on. What a
 response may carry (``disclosure()``, ``usage()``) depends only on the request's own scope and
-public blocks (see :mod:`quillcache.identity`).
+public blocks (see :mod:`quillcache.identity.scope`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quillcache.identity import RequestScope
+from quillcache.identity.scope import RequestScope
 from quillcache.index.base import LocateResult
 from quillcache.index.keys import ResidencyEntry
 from quillcache.planner.cost_model import SOURCE_NAMES

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from quillcache.hashing import hash_blocks
-from quillcache.identity import IdentityRegistry, RequestScope
+from quillcache.hashing.blocks import hash_blocks
+from quillcache.identity.scope import IdentityRegistry, RequestScope
 from quillcache.index.base import IndexBackend
 from quillcache.index.keys import KEY_BYTES, ResidencyEntry
 from quillcache.planner import _kernels as K

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from quillcache.identity import IdentityRegistry
+from quillcache.identity.scope import IdentityRegistry
 from quillcache.index.base import IndexBackend
 from quillcache.index.keys import ResidencyEntry
 from quillcache.planner.plan import KIND_ACTION, BlockAction, Plan, PlanRequest

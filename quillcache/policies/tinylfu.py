@@ -7,11 +7,11 @@ Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Polic
 
 Frequency: every insert and touch is recorded. A key not yet in the **doorkeeper** (a Bloom
 filter of ``doorkeeper_bits`` bits, 3 hashes) is only added there; otherwise the count-min sketch
-(``quillcache.sketch.CountMinSketch``, conservative update, width ``ceil(e/eps)`` with eps chosen
+(``quillcache.sketch.countmin.CountMinSketch``, conservative update, width ``ceil(e/eps)`` with eps chosen
 so the width is about ``capacity``, depth 4) counts it. ``frequency(key) = sketch estimate + 1 if
 in the doorkeeper``. After every ``sample_factor * capacity`` recorded accesses (the paper's W)
 the sketch is halved and the doorkeeper cleared (aging). The doorkeeper hashes a key the same way
-the sketch does (splitmix64 + double hashing + multiply-shift, ``quillcache.sketch_reference``)
+the sketch does (splitmix64 + double hashing + multiply-shift, ``quillcache.sketch.reference``)
 with seed 1; keys must be ints (block hashes) or hashable objects (then ``hash(key)`` is used).
 
 Eviction/admission (``victim``, called when the cache is full, before the new key is inserted):
@@ -35,8 +35,8 @@ import math
 from collections import OrderedDict
 
 from quillcache.policies.base import EvictionPolicy, Key, Predicate, always, check_size
-from quillcache.sketch import CountMinSketch
-from quillcache.sketch_reference import MASK64, row_columns, seed_key
+from quillcache.sketch.countmin import CountMinSketch
+from quillcache.sketch.reference import MASK64, row_columns, seed_key
 
 SKETCH_DELTA = math.exp(-4) * 1.0001  # depth ceil(ln(1/delta)) = 4
 DOORKEEPER_HASHES = 3

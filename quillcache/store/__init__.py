@@ -12,10 +12,10 @@ from quillcache.store.errors import (
     StoreFullError,
     TierUnhealthyError,
 )
-from quillcache.store.crashfs import CrashFs
+from quillcache.durability.crashfs import CrashFs
 from quillcache.store.dataplane import DataPlaneStats, StoreDataPlane
 from quillcache.store.dram import DramStoreConfig, LocalKvStore, Location
-from quillcache.store.fs import FileSystem, RealFs
+from quillcache.durability.fs import FileSystem, RealFs
 from quillcache.store.keys import StoreKey
 from quillcache.store.reconcile import ReconcileReport, reconcile_index
 from quillcache.store.ssd import SsdTier

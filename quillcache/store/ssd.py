@@ -81,7 +81,7 @@ from quillcache.store.errors import (
     StoreFullError,
     TierUnhealthyError,
 )
-from quillcache.store.fs import FileSystem, RealFs
+from quillcache.durability.fs import FileSystem, RealFs
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_account import AccountLayout
 from quillcache.store.ssd_files import FilesLayout
@@ -133,7 +133,7 @@ class SsdTier:
         if capacity_bytes < PAGE_BYTES:
             raise ValueError(f"capacity_bytes={capacity_bytes} must be at least {PAGE_BYTES}")
         if fs is not None and not isinstance(fs, FileSystem):
-            raise TypeError(f"fs must be a quillcache.store.fs.FileSystem, got {type(fs).__name__}")
+            raise TypeError(f"fs must be a quillcache.durability.fs.FileSystem, got {type(fs).__name__}")
         try:
             self.tuning = SsdTuning(**tuning)
         except TypeError as exc:

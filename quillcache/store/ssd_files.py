@@ -17,7 +17,7 @@ import struct
 import crc32c as _crc
 
 from quillcache.store.errors import StoreFullError
-from quillcache.store.fs import FileSystem
+from quillcache.durability.fs import FileSystem
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import crc32c as _crc
 
 from quillcache.store.errors import ForeignFileError
-from quillcache.store.fs import FileSystem
+from quillcache.durability.fs import FileSystem
 from quillcache.store.keys import StoreKey
 
 LAYOUTS = ("slab", "files")

@@ -1,10 +1,10 @@
-"""The SSD tier's write-ahead log: ``quillcache.wal`` records, written and scanned through a FileSystem.
+"""The SSD tier's write-ahead log: ``quillcache.durability.wal`` records, written and scanned through a FileSystem.
 
-Record format, header and checks are exactly those of :mod:`quillcache.wal` (crc32c over epoch,
+Record format, header and checks are exactly those of :mod:`quillcache.durability.wal` (crc32c over epoch,
 LSN, durable LSN, length and payload; a random per-file epoch in every record, so stale bytes of an
 older log generation never validate). This module only adds what the tier needs on top:
 
-- I/O through :class:`quillcache.store.fs.FileSystem` (so the crash simulator sees every write);
+- I/O through :class:`quillcache.durability.fs.FileSystem` (so the crash simulator sees every write);
 - *salvage* scanning: a record that fails its check while valid records follow is skipped (the
   damaged LSNs are reported), instead of refusing the whole log. The SSD tier is a cache: losing
   the blocks a damaged record described is acceptable, serving wrong bytes is not (every object
@@ -21,8 +21,8 @@ import secrets
 import struct
 from dataclasses import dataclass, field
 
-from quillcache import wal as _wal
-from quillcache.store.fs import FileSystem
+from quillcache.durability import wal as _wal
+from quillcache.durability.fs import FileSystem
 
 ENTRY = struct.Struct("<c24sIQQI")
 ENTRY_BYTES = ENTRY.size  # 49
@@ -62,7 +62,7 @@ class LogScan:
 def scan_bytes(data: bytes, where: str) -> LogScan:
     """Every valid record of a log image, skipping damaged records that valid ones follow.
 
-    Raises :class:`quillcache.wal.WalCorruptionError` if the header itself is damaged.
+    Raises :class:`quillcache.durability.wal.WalCorruptionError` if the header itself is damaged.
     """
     header = _wal.decode_header(data[: _wal.HEADER_BYTES], where)
     view = memoryview(data)

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from quillcache import alloc as _alloc
 from quillcache.store import ssd_log as L
 from quillcache.store.errors import StoreFullError
-from quillcache.store.fs import FileSystem
+from quillcache.durability.fs import FileSystem
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc
 

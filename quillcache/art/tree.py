@@ -1,7 +1,7 @@
 """Ordered byte-key index: an adaptive radix tree (ART) in one offset-addressed arena.
 
 ``ArtTree`` is the public API: a thin Python subclass of the Cython core
-``quillcache._fast._art.ArtCore`` that validates every argument before any work (batch arrays,
+``quillcache.art._art.ArtCore`` that validates every argument before any work (batch arrays,
 meta and buffers here; single keys and prefixes in the core's own methods, which raise the same
 messages, so the hot single-key calls pay no extra Python frame). ``ArtReference`` is a
 plain-Python implementation (dict + sorted key list) with identical semantics. The reference is
@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from quillcache._fast import _art
+from quillcache.art import _art
 
 __all__ = ["ArtTree", "ArtReference", "MAX_KEY_BYTES", "MAX_VALUE_BYTES", "DEFAULT_CHUNK_BYTES"]
 

@@ -1,7 +1,7 @@
 """Count-min sketch of block-hash frequencies: conservative update, TinyLFU aging, merge, top-k.
 
-``CountMinSketch`` is the public face of the Cython core ``quillcache._fast._sketch``; the
-algorithm (hashing included) is specified by ``quillcache.sketch_reference``, which the tests
+``CountMinSketch`` is the public face of the Cython core ``quillcache.sketch._sketch``; the
+algorithm (hashing included) is specified by ``quillcache.sketch.reference``, which the tests
 hold the core to, counter for counter.
 
 Geometry: ``width = ceil(e/eps)``, ``depth = ceil(ln(1/delta))`` (eps=0.001, delta=0.01 gives
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quillcache._fast._sketch import SketchCore
-from quillcache.sketch_reference import (
+from quillcache.sketch._sketch import SketchCore
+from quillcache.sketch.reference import (
     COUNTER_MAX,
     MASK64,
     MAX_COUNTERS,

@@ -4,7 +4,7 @@
     quillcache gen-trace collision --out FILE [--seed S] [--requests N] [--mix realistic|adversarial]
 
 Both are deterministic from ``--seed``; ``quillcache replay FILE`` and
-:func:`quillcache.traces.load_trace` read the result. The file is written to a temporary name and
+:func:`quillcache.traces.loader.load_trace` read the result. The file is written to a temporary name and
 renamed into place, so a failed run never leaves a half-written trace. Bad parameters or an
 unwritable path: a one-line message on stderr and exit status 2, no traceback.
 """
@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="workload", required=True, metavar="{sessions,collision}")
     s = sub.add_parser("sessions", help="multi-tenant multi-turn sessions with shared system prompts",
                        description="Multi-tenant, multi-turn chat sessions with shared system prompts "
-                                   "(quillcache.workloads.sessions).",
+                                   "(quillcache.traces.sessions).",
                        formatter_class=_Formatter)
     _common(s)
     size = s.add_mutually_exclusive_group()
@@ -65,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--max-input-tokens", type=int, default=32768, metavar="N", help="a session ends before exceeding this")
     s.add_argument("--kv-dtype", default="bfloat16", help="KV dtype written on every line")
     c = sub.add_parser("collision", help="identity-collision workload (tenants x adapters x models)",
-                       description="The collision workload of the safety study (quillcache.workloads.collision).",
+                       description="The collision workload of the safety study (quillcache.traces.collision).",
                        formatter_class=_Formatter)
     _common(c)
     c.add_argument("--requests", type=int, default=10_000, metavar="N", help="number of requests")
@@ -81,7 +81,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _generate(args: argparse.Namespace) -> tuple[list, str]:
     if args.workload == "sessions":
-        from quillcache.workloads import sessions
+        from quillcache.traces import sessions
 
         size = {"num_requests": args.requests} if args.requests is not None else \
             {"num_sessions": 1000 if args.sessions is None else args.sessions}
@@ -98,7 +98,7 @@ def _generate(args: argparse.Namespace) -> tuple[list, str]:
         reqs = sessions.generate(cfg)
         n_sessions = len({r.session_id for r in reqs})
         return reqs, f"{len(reqs)} requests of {n_sessions} sessions, {len({r.tenant for r in reqs})} tenants"
-    from quillcache.workloads import collision
+    from quillcache.traces import collision
 
     cfg = collision.CollisionConfig(mix=args.mix, num_requests=args.requests, seed=args.seed,
                                     block_size_tokens=args.block_tokens, num_tenants=args.tenants)
@@ -107,7 +107,7 @@ def _generate(args: argparse.Namespace) -> tuple[list, str]:
 
 
 def _write(reqs: list, workload: str, out: Path) -> None:
-    from quillcache.workloads import collision, sessions
+    from quillcache.traces import collision, sessions
 
     writer = sessions.write_jsonl if workload == "sessions" else collision.write_jsonl
     if out.is_dir():

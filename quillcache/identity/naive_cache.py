@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from quillcache.hashing import check_block_size, hash_blocks
+from quillcache.hashing.blocks import check_block_size, hash_blocks
 
 __all__ = ["NaiveContentCache"]
 

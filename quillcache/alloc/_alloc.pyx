@@ -1,6 +1,6 @@
 """Compiled O(1) offset allocator (Sebastian Aaltonen's OffsetAllocator, TLSF family).
 
-This is the fast path of ``quillcache.alloc``; ``quillcache.alloc_reference`` is its
+This is the fast path of ``quillcache.alloc``; ``quillcache.alloc.reference`` is its
 specification and states the algorithm and its invariants. Both take the same decisions (same
 operations -> same offsets and node indices); the tests check it on random operation sequences.
 
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from quillcache.alloc import (
+from quillcache.alloc._contract import (
     GEN_MASK, INDEX_BITS, INDEX_MASK, TAG_SHIFT,
     Allocation, AllocatorError, InvalidHandleError, OutOfSpaceError, StorageReport,
     NO_NODES, NO_SPACE,

@@ -1,6 +1,6 @@
 """Adaptive radix tree (Leis et al., ICDE 2013) living in one offset-addressed byte arena.
 
-Private module: use ``quillcache.art.ArtTree``.  The node layer (layouts, allocation, per-node
+Private module: use ``quillcache.art.tree.ArtTree``.  The node layer (layouts, allocation, per-node
 child operations) is in ``_art.pxd``; this module holds the tree algorithms and ``ArtCore``.
 
 Invariants

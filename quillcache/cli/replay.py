@@ -152,7 +152,7 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from quillcache.harness.config import ReplayConfig
     from quillcache.harness.replay import replay
-    from quillcache.traces import TraceError, load_trace_report
+    from quillcache.traces.loader import TraceError, load_trace_report
 
     for flag, v, lo in (("--capacity-blocks", args.capacity_blocks, 1), ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0),
                         ("--gpu-capacity-blocks", args.gpu_capacity_blocks, 1), ("--engines", args.engines, 1),

@@ -1,4 +1,9 @@
-"""O(1) offset allocator for DRAM segments and SSD slabs (public API and shared contract).
+"""The offset allocator's shared contract: result records, errors, handle format, argument checks.
+
+A leaf module: both implementations (``quillcache.alloc._alloc`` and ``quillcache.alloc.reference``)
+import it and it imports neither, so the package has no import cycle. The public API is
+``quillcache.alloc``.
+
 
 ``OffsetAllocator(capacity_bytes, max_allocs, *, alignment=1)`` does the bookkeeping of byte
 ranges in a segment it does not own:
@@ -13,13 +18,11 @@ ranges in a segment it does not own:
 - diagnostics ``regions()`` and ``live_allocations()``, which walk the whole node pool.
 
 It is Sebastian Aaltonen's OffsetAllocator (TLSF family; REFERENCE §6) compiled with Cython
-(``quillcache._fast._alloc``). The algorithm and its invariants are documented in
-``quillcache.alloc_reference``, whose ``PyOffsetAllocator`` (re-exported here) is the plain-Python
+(``quillcache.alloc._alloc``). The algorithm and its invariants are documented in
+``quillcache.alloc.reference``, whose ``PyOffsetAllocator`` (re-exported here) is the plain-Python
 specification: same API, same decisions, and the benchmark baseline. This module holds what both
 share: the result records, the errors, the handle format and every argument check, so both raise
-the same errors with the same messages. ``OffsetAllocator``, ``PyOffsetAllocator`` and the
-bin-mapping functions are imported on first access (PEP 562), because both implementations import
-this module.
+the same errors with the same messages. 
 
 Contract:
 - Allocate and free are O(1): a request searches the bins with two bit scans; a free merges with
@@ -49,27 +52,10 @@ from __future__ import annotations
 import operator
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from quillcache._fast._alloc import OffsetAllocator, float_to_uint, uint_to_float_round_down, uint_to_float_round_up
-    from quillcache.alloc_reference import PyOffsetAllocator
-
-__all__ = [
-    "Allocation",
-    "AllocatorError",
-    "AllocatorTypeError",
-    "InvalidHandleError",
-    "OffsetAllocator",
-    "OutOfSpaceError",
-    "PyOffsetAllocator",
-    "StorageReport",
-    "float_to_uint",
-    "uint_to_float_round_down",
-    "uint_to_float_round_up",
-]
 
 MAX_UNITS = 0xFFFFFFFF  # capacity and sizes in units must fit uint32
 MAX_ALIGNMENT = 1 << 30  # keeps every byte offset below 2**62
@@ -284,28 +270,3 @@ def new_allocator_tag() -> int:
     global _tag_counter
     _tag_counter = _tag_counter % ((1 << TAG_BITS) - 1) + 1
     return _tag_counter
-
-
-# ---------------------------------------------------------------- lazy re-exports
-
-_LAZY = {
-    "OffsetAllocator": "quillcache._fast._alloc",
-    "float_to_uint": "quillcache._fast._alloc",
-    "uint_to_float_round_down": "quillcache._fast._alloc",
-    "uint_to_float_round_up": "quillcache._fast._alloc",
-    "PyOffsetAllocator": "quillcache.alloc_reference",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))

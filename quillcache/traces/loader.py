@@ -4,11 +4,11 @@ A trace is one JSON object per line, sorted by arrival. The Mooncake schema (``t
 trace start, ``input_length``/``output_length`` tokens, ``hash_ids``: one prefix-chained id per
 ``block_tokens``-token block, 512 in the Mooncake release) is required on every line; the project's
 generated traces (sessions, collision) add identity and session fields
-(:mod:`quillcache.trace_schemas` holds the field rules; ``traces/README.md`` documents them).
+(:mod:`quillcache.traces.schemas` holds the field rules; ``traces/README.md`` documents them).
 
 Invariants:
 
-- every returned request passed :func:`quillcache.trace_schemas.check_record`; timestamps of the
+- every returned request passed :func:`quillcache.traces.schemas.check_record`; timestamps of the
   returned requests never decrease (a line earlier than the last good line is malformed, and the
   message names both line numbers);
 - ``on_error="stop"`` (default) raises :class:`TraceError` ``"FILE:LINE: what was wrong"`` at the
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quillcache.trace_schemas import (
+from quillcache.traces.schemas import (
     MAX_BLOCK_TOKENS,
     MOONCAKE_BLOCK_TOKENS,
     SCHEMAS,
@@ -61,7 +61,7 @@ __all__ = [
     "synthesize_tokens_reference",
 ]
 
-DEFAULT_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "conversation_trace.jsonl"
+DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 ON_ERROR = ("stop", "skip")
 DEFAULT_VOCAB_SIZE = 128_256  # Llama-3 vocabulary: synthesised token ids are below it
 _BINARY_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",

@@ -1,6 +1,6 @@
-"""Count-min sketch core (private; use ``quillcache.sketch.CountMinSketch``).
+"""Count-min sketch core (private; use ``quillcache.sketch.countmin.CountMinSketch``).
 
-Same algorithm and hashing as ``quillcache.sketch_reference`` (the specification): per key one
+Same algorithm and hashing as ``quillcache.sketch.reference`` (the specification): per key one
 splitmix64 mix of ``key ^ mix64(seed)``, double hashing ``h1 + i*h2`` (32-bit wrap) and
 Lemire's multiply-shift ``(g * width) >> 32`` for the column of row ``i``.
 

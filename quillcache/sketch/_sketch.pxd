@@ -3,7 +3,7 @@
 Hash: ``h = mix64(key ^ mix64(seed))`` (splitmix64); row ``i`` uses ``g_i = (h1 + i*h2) mod 2**32``
 with ``h1``/``h2`` the low/high halves of ``h``; its column is ``(g_i * width) >> 32``
 (Lemire's multiply-shift). Counters are uint32 in one row-major ``depth x width`` array and
-saturate at UINT32_MAX. ``quillcache.sketch_reference`` is the specification.
+saturate at UINT32_MAX. ``quillcache.sketch.reference`` is the specification.
 """
 
 from libc.stdint cimport uint32_t, uint64_t

@@ -4,10 +4,10 @@ Every schema is one JSON object per line; each is a superset of the one before i
 
 - ``mooncake`` (the Mooncake/Kimi release): ``timestamp``, ``input_length``, ``output_length``,
   ``hash_ids`` - all four required on every line, whatever the schema.
-- ``generated`` (this project's generated traces, e.g. :mod:`quillcache.workloads.sessions`): the
+- ``generated`` (this project's generated traces, e.g. :mod:`quillcache.traces.sessions`): the
   Mooncake fields plus any of ``block_tokens``, ``tenant``, ``model``, ``tokenizer``, ``adapter``,
   ``kv_dtype``, ``session_id``, ``turn``.
-- ``collision`` (:mod:`quillcache.workloads.collision`): the generated fields plus
+- ``collision`` (:mod:`quillcache.traces.collision`): the generated fields plus
   ``public_prefix_blocks`` and ``intent``.
 
 Invariants enforced by :func:`check_record` (each violation raises :class:`SchemaError` naming the
@@ -15,14 +15,14 @@ field, the value and the rule; nothing is guessed or coerced):
 
 - integers are JSON integers (not booleans, floats or strings) inside their stated range;
 - ``hash_ids`` is a list of integers in ``[0, 2**64)`` of length ``ceil(input_length / block_tokens)``;
-- strings follow the identity rules of :mod:`quillcache.identity` (``""`` = "not given");
+- strings follow the identity rules of :mod:`quillcache.identity.scope` (``""`` = "not given");
   ``kv_dtype`` is ``""`` or a dtype :class:`quillcache.types.KvLayout` accepts;
 - ``block_tokens`` of a line wins over the caller's default; a caller's explicit block size that
   disagrees with the line's is an error, not a silent override;
 - fields that no schema names are ignored (forward compatibility), and never change the record.
 
-This module knows fields, not files: :mod:`quillcache.traces` reads files, line numbers, ordering
-and error modes, and builds :class:`quillcache.traces.TraceRequest` from the values returned here.
+This module knows fields, not files: :mod:`quillcache.traces.loader` reads files, line numbers, ordering
+and error modes, and builds :class:`quillcache.traces.loader.TraceRequest` from the values returned here.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quillcache.identity import NAME_RE, TENANT_ID_RE
+from quillcache.identity.scope import NAME_RE, TENANT_ID_RE
 from quillcache.types import _KNOWN_DTYPES
 
 __all__ = [

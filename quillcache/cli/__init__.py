@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Callable
 
-_FAST_MODULES = ("quillcache._fast._alloc", "quillcache._fast._sketch", "quillcache._fast._art", "quillcache._fast.xxh3")
+_FAST_MODULES = ("quillcache.alloc._alloc", "quillcache.sketch._sketch", "quillcache.art._art", "quillcache.hashing._xxh3")
 
 
 def _info_configure(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def _hash_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _hash_run(args: argparse.Namespace) -> int:
-    from quillcache.hashing import hash_blocks
+    from quillcache.hashing.blocks import hash_blocks
 
     raw = args.tokens or sys.stdin.read().replace(",", " ").split()
     try:
@@ -78,9 +78,9 @@ COMMANDS: dict[str, Command] = {
     "info": ("show versions and whether the compiled cores load", _info_configure, _info_run),
     "hash": ("print the chained block hashes of a token sequence (Dynamo-compatible)", _hash_configure, _hash_run),
     "replay": ("replay a request trace through the router, planner, store tiers and an engine model",
-               _lazy("quillcache.harness.cli_replay:configure"), _lazy("quillcache.harness.cli_replay:run")),
+               _lazy("quillcache.cli.replay:configure"), _lazy("quillcache.cli.replay:run")),
     "gen-trace": ("write a generated trace (multi-turn sessions, or the identity-collision workload)",
-                  _lazy("quillcache.workloads.gen_cli:configure"), _lazy("quillcache.workloads.gen_cli:run")),
+                  _lazy("quillcache.cli.gen_trace:configure"), _lazy("quillcache.cli.gen_trace:run")),
 }
 
 

@@ -2,7 +2,7 @@
 
 The SSD tier never calls ``os`` directly: it talks to a :class:`FileSystem`, so the same code runs
 on the real disk (:class:`RealFs`, the default) and on the crash simulator
-(:class:`quillcache.store.crashfs.CrashFs`), which buffers unsynced writes and directory changes
+(:class:`quillcache.durability.crashfs.CrashFs`), which buffers unsynced writes and directory changes
 and can drop or garble them at a simulated power loss.
 
 Contract (what the tier may rely on, and what it must not):

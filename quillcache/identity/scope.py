@@ -217,7 +217,7 @@ class SharingPolicy:
         self, tokens: object, block_size_tokens: int, *, lora: str | None = None, namespace: str | None = None
     ) -> SharingPolicy:
         """A policy that also shares every full block of ``tokens`` (hashed as the planner does)."""
-        from quillcache.hashing import hash_blocks
+        from quillcache.hashing.blocks import hash_blocks
 
         hashes = hash_blocks(tokens, block_size_tokens, lora=lora, namespace=namespace)
         if len(hashes) == 0:

@@ -37,7 +37,7 @@ from typing import Sequence, Union
 import numpy as np
 import xxhash
 
-from quillcache._fast import xxh3 as _k
+from quillcache.hashing import _xxh3 as _k
 
 __all__ = [
     "DYNAMO_BASE_SEED",

@@ -33,7 +33,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from quillcache.store.fs import CREATE_EXCL, MODES, READ, FileStat, FileSystem
+from quillcache.durability.fs import CREATE_EXCL, MODES, READ, FileStat, FileSystem
 
 
 class SimulatedCrash(BaseException):

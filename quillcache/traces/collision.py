@@ -19,7 +19,7 @@ Mixes (both deterministic from ``seed``):
   one scope field (tenant, adapter, model with the same tokenizer, tokenizer revision, KV dtype).
 
 Invariants: ids are interned per (parent id, block content), so a prefix shared by two requests has
-the same ids in both; every identity in a trace passes :func:`quillcache.identity.make_identity`.
+the same ids in both; every identity in a trace passes :func:`quillcache.identity.scope.make_identity`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from quillcache.identity import make_identity
-from quillcache.traces import TraceError
+from quillcache.identity.scope import make_identity
+from quillcache.traces.loader import TraceError
 from quillcache.types import Identity, KvLayout
 
 __all__ = [

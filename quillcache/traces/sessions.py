@@ -22,8 +22,8 @@ Invariants (tested):
   of first use, as in the Mooncake release;
 - ``len(hash_ids) == ceil(input_length / block_tokens)``; the last block may be partial and then
   has its own id (it differs from the full block the next turn puts there);
-- every line is the ``generated`` schema of :mod:`quillcache.trace_schemas`, which
-  :func:`quillcache.traces.load_trace` reads back to the same values.
+- every line is the ``generated`` schema of :mod:`quillcache.traces.schemas`, which
+  :func:`quillcache.traces.loader.load_trace` reads back to the same values.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from quillcache.identity import NAME_RE
-from quillcache.trace_schemas import MAX_BLOCK_TOKENS
-from quillcache.traces import TraceRequest
+from quillcache.identity.scope import NAME_RE
+from quillcache.traces.schemas import MAX_BLOCK_TOKENS
+from quillcache.traces.loader import TraceRequest
 from quillcache.types import KvLayout
 
 __all__ = ["SessionRequest", "SessionsConfig", "generate", "write_jsonl"]

@@ -1,6 +1,6 @@
 """XXH3-64 (with seed) in Numba, plus the block-hash chain kernels built on it.
 
-This is a private module: use :mod:`quillcache.hashing`, which validates input first.
+This is a private module: use :mod:`quillcache.hashing.blocks`, which validates input first.
 
 Invariants:
 - ``xxh3_64_ranges`` returns, for every range, exactly ``xxhash.xxh3_64_intdigest(bytes, seed)``
@@ -129,7 +129,7 @@ def _make_load(bits: int, result_type):
 
 
 if sys.byteorder != "little":  # pragma: no cover - every supported target is little-endian
-    raise ImportError("quillcache._fast.xxh3 assumes a little-endian machine")
+    raise ImportError("quillcache.hashing._xxh3 assumes a little-endian machine")
 
 # readLE64 / readLE32 (zero-extended to uint64) at a byte offset of a uint8 array.
 _r64 = _make_load(64, types.uint64)

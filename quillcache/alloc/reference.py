@@ -1,4 +1,4 @@
-"""Plain-Python offset allocator: the specification of ``quillcache._fast._alloc`` and its baseline.
+"""Plain-Python offset allocator: the specification of ``quillcache.alloc._alloc`` and its baseline.
 
 Algorithm (Sebastian Aaltonen's OffsetAllocator, TLSF family; REFERENCE §6), in *units* of
 ``alignment`` bytes, each unit count fitting uint32:
@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from quillcache.alloc import (
+from quillcache.alloc._contract import (
     GEN_MASK,
     INDEX_BITS,
     INDEX_MASK,

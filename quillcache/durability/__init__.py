@@ -1,0 +1,47 @@
+"""Durability: one write-ahead log over one file-system interface, used by the index and the store.
+
+``fs.py`` is the FileSystem interface and ``RealFs``; ``crashfs.py`` the crash-simulating
+FileSystem; ``wal.py`` the write-ahead log (crc32c, per-file epoch, group commit, recovery modes).
+"""
+
+from quillcache.durability.fs import (
+    CREATE_EXCL,
+    FileStat,
+    FileSystem,
+    MODES,
+    READ,
+    READ_WRITE,
+    RealFs,
+)
+from quillcache.durability.crashfs import (
+    CrashFs,
+    CrashStats,
+    SimulatedCrash,
+)
+from quillcache.durability.wal import (
+    RecoveryReport,
+    WalCorruptionError,
+    WalError,
+    WalFailedError,
+    WalWriter,
+    scan,
+)
+
+__all__ = [
+    "CREATE_EXCL",
+    "CrashFs",
+    "CrashStats",
+    "FileStat",
+    "FileSystem",
+    "MODES",
+    "READ",
+    "READ_WRITE",
+    "RealFs",
+    "RecoveryReport",
+    "SimulatedCrash",
+    "WalCorruptionError",
+    "WalError",
+    "WalFailedError",
+    "WalWriter",
+    "scan",
+]
