@@ -10,7 +10,8 @@ moment and keeps every line that reached the pipe):
 - ``D <block_hash>`` BEFORE a delete starts (index entry removed + flushed, then tier delete),
   so from then on the block may or may not exist — but if it does it must be bit-exact.
 
-Block content is derived from the key alone (:func:`block_content`), so anyone can check it.
+Block content is derived from the key alone (:func:`experiments.crash_workload.block_content`),
+so anyone can check it.
 Order of operations: bytes durable, then the index entry; on delete, index entry first.
 """
 
@@ -19,23 +20,13 @@ from __future__ import annotations
 import random
 import sys
 
+from experiments.crash_workload import NODE, block_content, block_key
 from quillcache.index import ResidencyEntry, open_index
-from quillcache.store.keys import StoreKey
 from quillcache.store.ssd import SsdTier
 from quillcache.types import CacheTier
 
-NODE = "node-crash"
-IDENTITY = b"\x42" * 16
 CAPACITY_BYTES = 48 << 20
 SLAB_BYTES = 8 << 20
-
-
-def block_key(block_hash: int) -> StoreKey:
-    return StoreKey(block_hash, IDENTITY)
-
-
-def block_content(key: StoreKey, size_bytes: int) -> bytes:
-    return random.Random(key.to_bytes()).randbytes(size_bytes)
 
 
 def open_tier(tier_dir: str, layout: str | None = None) -> SsdTier:

@@ -25,6 +25,7 @@ import tempfile
 import time
 
 from experiments.microbench import bench_main
+from quillcache.durability.fs import RealFs
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd import SsdTier
@@ -38,12 +39,7 @@ QUICK = dict(reps=2, sizes=(64 << 10, 2 << 20), batched_bytes=8 << 20, single_by
 SLAB_BYTES = 64 << 20
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_FS = RealFs()  # the raw-fsync baselines sync directories the way the tier does
 
 
 def _raw_fsync_each(d: str, n: int, data: bytes) -> None:
@@ -54,7 +50,7 @@ def _raw_fsync_each(d: str, n: int, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(d)
+        _FS.fsync_dir(d)
 
 
 def _raw_batched(d: str, n: int, data: bytes) -> None:
@@ -67,7 +63,7 @@ def _raw_batched(d: str, n: int, data: bytes) -> None:
         for fd in fds:
             os.fsync(fd)
             os.close(fd)
-        _fsync_dir(d)
+        _FS.fsync_dir(d)
 
 
 def _key(i: int) -> StoreKey:

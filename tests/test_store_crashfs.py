@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from experiments.crash_workload import TEST_SHAPE, block_content, block_key, check_tier, tier_workload
 from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 from quillcache.store.errors import (
     BlockNotFoundError,
@@ -16,16 +17,10 @@ from quillcache.store.errors import (
     StoreFullError,
     TierUnhealthyError,
 )
-from quillcache.store.keys import StoreKey
 from quillcache.store.ssd import SsdTier
 
 
-def key(i: int) -> StoreKey:
-    return StoreKey(i, b"\x05" * 16)
-
-
-def content(k: StoreKey, n: int) -> bytes:
-    return random.Random(k.to_bytes()).randbytes(n)
+key, content = block_key, block_content
 
 
 # ------------------------------------------------------------------ CrashFs itself
@@ -120,57 +115,10 @@ def test_crash_at_sync_and_fault_injection():
 
 
 # ------------------------------------------------------------------ the tier under crashes
-def _workload(fs: CrashFs, layout: str, rng: random.Random, acked: dict, ops: int, first: int = 1) -> None:
-    """Random puts / put_many / put_async+flush / deletes; ``acked`` gets every acknowledged block."""
-    t = SsdTier("/c/t", capacity_bytes=1 << 20, fs=fs, layout=layout, slab_bytes=256 << 10,
-                log_rotate_bytes=4 << 10, group_commit_blocks=4)
-    nxt = first
-    for _ in range(ops):
-        r = rng.random()
-        if r < 0.4:
-            n = rng.randint(1, 30_000)
-            try:
-                t.put(key(nxt), content(key(nxt), n))
-                acked[nxt] = n
-            except StoreFullError:
-                pass
-            nxt += 1
-        elif r < 0.55:
-            items = {nxt + j: rng.randint(1, 9000) for j in range(rng.randint(1, 4))}
-            nxt += len(items)
-            try:
-                t.put_many([(key(i), content(key(i), n)) for i, n in items.items()])
-                acked.update(items)
-            except StoreFullError:
-                pass
-        elif r < 0.7:
-            n = rng.randint(1, 9000)
-            i = nxt
-            nxt += 1
-
-            def cb(k, err, n=n):
-                if err is None:
-                    acked[k.block_hash] = n
-            try:
-                t.put_async(key(i), content(key(i), n), cb)
-            except StoreFullError:
-                pass
-        elif r < 0.9 and acked:
-            i = rng.choice(sorted(acked))
-            del acked[i]  # once asked to delete, the block may or may not come back
-            t.delete(key(i))
-        else:
-            t.flush()
-    t.close()
-
-
+# The workload is the crash study's own (experiments.crash_workload), in its smaller test shape.
 def _check_after_crash(disk: CrashFs, acked: dict, layout: str) -> SsdTier:
-    t = SsdTier("/c/t", capacity_bytes=1 << 20, fs=disk, layout=layout)
-    for i, n in acked.items():
-        assert t.get(key(i)) == content(key(i), n), (i, t.recovery)
-    for k in t.keys():  # whatever else survived is bit-exact too
-        data = t.get(k)
-        assert data == content(k, len(data))
+    t, lost, corrupt = check_tier(disk, layout, acked, TEST_SHAPE, directory="/c/t")
+    assert (lost, corrupt) == (0, 0), t.recovery
     return t
 
 
@@ -182,7 +130,7 @@ def test_power_loss_never_loses_acknowledged_blocks(seed, layout, crash_at):
     fs = CrashFs(crash_at_sync=crash_at)
     acked: dict[int, int] = {}
     try:
-        _workload(fs, layout, rng, acked, ops=120)
+        tier_workload(fs, layout, rng, acked, 120, TEST_SHAPE, directory="/c/t")
     except SimulatedCrash:
         pass
     disk = fs.crash(rng)
@@ -191,10 +139,23 @@ def test_power_loss_never_loses_acknowledged_blocks(seed, layout, crash_at):
     disk.crash_at_sync = disk.sync_calls + rng.randint(1, 80)
     del t  # the recovered instance is simply abandoned (power is lost again below)
     try:
-        _workload(disk, layout, rng, acked, ops=60, first=100_000)
+        tier_workload(disk, layout, rng, acked, 60, TEST_SHAPE, directory="/c/t", first=100_000)
     except SimulatedCrash:
         pass
     _check_after_crash(disk.crash(rng), acked, layout).close()
+
+
+def test_the_crash_check_counts_a_lost_and_a_wrong_block():
+    """The check the power-loss tests rely on can fail: a missing block and wrong bytes are counted."""
+    fs = CrashFs()
+    t = TEST_SHAPE.open_tier(fs, "/c/t", "slab")
+    for i in (1, 2, 3):
+        t.put(key(i), content(key(i), 100))
+    t.delete(key(2))
+    t.close()
+    _, lost, corrupt = check_tier(fs.snapshot(), "slab", {1: 100, 2: 100, 3: 99}, TEST_SHAPE, directory="/c/t")
+    assert lost == 1  # block 2 was deleted but is still expected
+    assert corrupt == 1  # block 3 holds 100 bytes where 99 were expected: its read differs
 
 
 def test_fsync_failure_marks_unhealthy_and_keeps_reads():

@@ -1,5 +1,7 @@
-"""The write-ahead log: round trip, torn tails, mid-log damage, modes, epochs, fsync failure."""
+"""The write-ahead log: round trip, torn tails, mid-log damage, modes, epochs, fsync and write
+failures, and power loss at every sync point of a short run (on CrashFs)."""
 
+import errno
 import os
 import random
 
@@ -8,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quillcache.durability import wal as W
+from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 
 
 def _write(path, payloads, sync_every=None):
@@ -41,7 +44,7 @@ def test_any_truncation_or_garbage_after_the_durable_point_keeps_exactly_the_ack
     durable = w.durable_bytes
     for i in range(10, 20):  # unacknowledged appends, written (group_bytes=1) but never synced
         w.append(bytes([i]) * 40)
-    w._write_buffer()
+    w.write()
     data = bytearray(path.read_bytes())
     rng = random.Random(seed)
     tail_len = len(data) - durable
@@ -81,7 +84,7 @@ def test_damage_to_an_acknowledged_record_is_refused(tmp_path):
 def test_strict_refuses_any_valid_record_after_a_bad_one(tmp_path):
     path = tmp_path / "log"
     w = _write(path, [b"y" * 50 for _ in range(4)])  # nothing synced: all unacknowledged
-    w._write_buffer()
+    w.write()
     data = bytearray(path.read_bytes())
     data[W.HEADER_BYTES + W.RECORD_HEADER_BYTES + 3] ^= 0x10
     path.write_bytes(bytes(data))
@@ -131,3 +134,114 @@ def test_fsync_failure_turns_the_log_read_only(tmp_path, monkeypatch):
     with pytest.raises(W.WalFailedError):
         w.sync()
     w.close()
+
+
+# ------------------------------------------------------------------ on the crash simulator
+_PAYLOADS = [bytes([i]) * (i * 7 % 50) for i in range(30)]
+
+
+def _crashfs_run(crash_at: int | None) -> tuple[CrashFs, int]:
+    """Append the payloads (syncing every 4th) until power is lost: ``(fs, records acknowledged)``."""
+    fs = CrashFs(crash_at_sync=crash_at)
+    fs.mkdir("/w")
+    acked = 0
+    try:
+        w = W.WalWriter.create("/w/log", 1, fs=fs, group_bytes=64)  # several unsynced writes per sync
+        for i, p in enumerate(_PAYLOADS, 1):
+            w.append(p)
+            if i % 4 == 0:
+                w.sync()
+                acked = i
+        w.close()
+        acked = len(_PAYLOADS)
+    except SimulatedCrash:
+        pass
+    return fs, acked
+
+
+def test_a_crash_at_every_sync_point_loses_no_acknowledged_record():
+    total_syncs = _crashfs_run(None)[0].sync_calls
+    assert total_syncs >= 9
+    outcomes = set()
+    for crash_at in range(1, total_syncs + 2):  # + 1: the run completes, then power is lost
+        for seed in range(8):
+            fs, acked = _crashfs_run(crash_at)
+            disk = fs.crash(random.Random(seed * 1000 + crash_at))
+            if not disk.exists("/w/log"):  # the crash came before the new log's name was durable
+                assert acked == 0, crash_at
+                outcomes.add("no log")
+                continue
+            report, recs = W.scan("/w/log", fs=disk)
+            assert len(recs) >= acked, (crash_at, seed, report)
+            assert recs == [(i, p) for i, p in enumerate(_PAYLOADS[: len(recs)], 1)]  # an intact prefix
+            outcomes.add("more than acked" if len(recs) > acked else "exactly acked")
+            w = W.WalWriter.reopen("/w/log", report, fs=disk)  # and the log goes on after recovery
+            assert w.append(b"after") == len(recs) + 1
+            w.close()
+            assert W.scan("/w/log", fs=disk)[1][-1] == (len(recs) + 1, b"after")
+    assert outcomes == {"no log", "exactly acked", "more than acked"}
+
+
+def test_salvage_skips_a_damaged_record_and_reports_its_lsns(tmp_path):
+    path = tmp_path / "log"
+    w = _write(path, [bytes([i]) * 50 for i in range(6)], sync_every=1)
+    w.close()
+    data = bytearray(path.read_bytes())
+    record_bytes = W.RECORD_HEADER_BYTES + 50
+    data[W.HEADER_BYTES + 2 * record_bytes + 30] ^= 0xFF  # inside record 3's payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(W.WalCorruptionError, match="acknowledged"):
+        W.scan(path)  # point in time: later records prove lsn 3 was acknowledged
+    report, recs = W.scan(path, mode="salvage")
+    assert [lsn for lsn, _ in recs] == [1, 2, 4, 5, 6] and recs[2] == (4, bytes([3]) * 50)
+    assert report.damaged_lsns == ((3, 3),) and report.last_lsn == 6 and report.dropped_reason == ""
+    path.write_bytes(bytes(data[:-10]))  # and a torn tail too: the tail is dropped, the hole reported
+    report, recs = W.scan(path, mode="salvage")
+    assert [lsn for lsn, _ in recs] == [1, 2, 4, 5] and report.damaged_lsns == ((3, 3),)
+    assert "torn" in report.dropped_reason and report.valid_bytes == W.HEADER_BYTES + 5 * record_bytes
+
+
+@pytest.mark.parametrize("policy", ["fail", "rollback"])
+def test_a_failed_write_is_undone(policy):
+    fs = CrashFs()
+    fs.mkdir("/w")
+    w = W.WalWriter.create("/w/log", 1, fs=fs, on_write_error=policy)
+    w.append(b"a" * 100)
+    w.sync()
+    durable_size = fs.stat("/w/log").size_bytes
+    fs.disk_bytes = fs.used_bytes + 50  # the next write lands partially, then ENOSPC
+    w.append(b"b" * 100)
+    w.append(b"c" * 100)
+    with pytest.raises(W.WalWriteError if policy == "rollback" else W.WalFailedError) as ei:
+        w.sync()
+    assert isinstance(ei.value, OSError) and ei.value.errno == errno.ENOSPC
+    assert fs.stat("/w/log").size_bytes == durable_size  # the partial write was truncated away
+    fs.disk_bytes = None
+    if policy == "fail":
+        assert w.failed is not None
+        with pytest.raises(W.WalFailedError, match="read-only"):
+            w.append(b"d")
+        w.close()
+        assert W.scan("/w/log", fs=fs)[1] == [(1, b"a" * 100)]
+        return
+    assert ei.value.lost_lsns == (2, 3) and w.failed is None
+    assert w.append(b"d") == 2
+    w.close()
+    assert W.scan("/w/log", fs=fs)[1] == [(1, b"a" * 100), (2, b"d")]
+
+
+def test_fsync_failure_on_crashfs_is_never_retried():
+    fs = CrashFs()
+    fs.mkdir("/w")
+    w = W.WalWriter.create("/w/log", 1, fs=fs)
+    w.append(b"a")
+    fs.fail_next_fsync()
+    with pytest.raises(W.WalFailedError, match="not retrying") as ei:
+        w.sync()
+    assert ei.value.errno == errno.EIO
+    syncs = fs.sync_calls
+    with pytest.raises(W.WalFailedError):
+        w.sync()
+    assert fs.sync_calls == syncs  # refused without touching the disk
+    with pytest.raises(ValueError, match="on_write_error"):
+        W.WalWriter.create("/w/other", 1, fs=fs, on_write_error="ignore")

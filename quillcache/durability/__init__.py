@@ -1,7 +1,8 @@
 """Durability: one write-ahead log over one file-system interface, used by the index and the store.
 
 ``fs.py`` is the FileSystem interface and ``RealFs``; ``crashfs.py`` the crash-simulating
-FileSystem; ``wal.py`` the write-ahead log (crc32c, per-file epoch, group commit, recovery modes).
+FileSystem; ``wal.py`` the write-ahead log (crc32c, per-file epoch, group commit, recovery modes),
+which does all its I/O through a FileSystem.
 """
 
 from quillcache.durability.fs import (
@@ -19,12 +20,17 @@ from quillcache.durability.crashfs import (
     SimulatedCrash,
 )
 from quillcache.durability.wal import (
+    RECOVERY_MODES,
+    RecoveryMode,
     RecoveryReport,
     WalCorruptionError,
     WalError,
     WalFailedError,
+    WalIOError,
+    WalWriteError,
     WalWriter,
     scan,
+    scan_bytes,
 )
 
 __all__ = [
@@ -36,12 +42,17 @@ __all__ = [
     "MODES",
     "READ",
     "READ_WRITE",
+    "RECOVERY_MODES",
     "RealFs",
+    "RecoveryMode",
     "RecoveryReport",
     "SimulatedCrash",
     "WalCorruptionError",
     "WalError",
     "WalFailedError",
+    "WalIOError",
+    "WalWriteError",
     "WalWriter",
     "scan",
+    "scan_bytes",
 ]

@@ -1,4 +1,5 @@
-"""A crash-simulating, in-memory FileSystem (SQLite crash-VFS style) for the SSD tier's tests.
+"""A crash-simulating, in-memory FileSystem (SQLite crash-VFS style) for crash tests of everything
+durable: the write-ahead log, the SSD tier and the ART index (which may share one instance).
 
 Model (pessimistic POSIX; what the tier may rely on is exactly what survives here):
 
@@ -8,7 +9,7 @@ Model (pessimistic POSIX; what the tier may rely on is exactly what survives her
 - Every directory keeps its *durable* name table and the name operations since its last
   ``fsync_dir`` (create, rename, link, unlink; a rename within one directory is one atomic
   operation). Syncing a file does NOT make its name durable. Directories themselves (``mkdir``)
-  are durable at once (the tier only creates its own directory once).
+  are durable at once (each component creates its own directory once).
 - :meth:`CrashFs.crash` builds the disk a power loss would leave: each directory keeps a random
   *prefix* of its unsynced name operations (journaled file systems commit metadata in order), and
   each unsynced file operation is independently kept, dropped, torn (only a random prefix of the

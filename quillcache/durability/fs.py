@@ -1,11 +1,11 @@
-"""The small file-system interface every SSD-tier I/O goes through, and ``RealFs`` (os calls).
+"""The small file-system interface every durable I/O goes through, and ``RealFs`` (os calls).
 
-The SSD tier never calls ``os`` directly: it talks to a :class:`FileSystem`, so the same code runs
-on the real disk (:class:`RealFs`, the default) and on the crash simulator
-(:class:`quillcache.durability.crashfs.CrashFs`), which buffers unsynced writes and directory changes
-and can drop or garble them at a simulated power loss.
+The SSD tier, the write-ahead log and the ART index never call ``os`` for their files: they talk
+to a :class:`FileSystem`, so the same code runs on the real disk (:class:`RealFs`, the default)
+and on the crash simulator (:class:`quillcache.durability.crashfs.CrashFs`), which buffers unsynced
+writes and directory changes and can drop or garble them at a simulated power loss.
 
-Contract (what the tier may rely on, and what it must not):
+Contract (what a caller may rely on, and what it must not):
 - Handles are opaque ints returned by :meth:`FileSystem.open`; every call on a closed handle raises
   ``OSError(EBADF)``.
 - ``pwrite``/``fallocate``/``truncate`` are *not* durable until ``fsync``/``fdatasync`` of that
@@ -15,11 +15,14 @@ Contract (what the tier may rely on, and what it must not):
   (``FileExistsError``).
 - Errors are ``OSError`` with an ``errno`` (``ENOSPC`` for a full disk, ``EIO`` for a failed
   fsync); the tier maps them to typed store errors. An fsync error is never retried.
+- ``map_copy`` is optional: a file system that cannot map files returns None and the caller
+  reads the file instead (the ART index does, for its checkpoint).
 """
 
 from __future__ import annotations
 
 import abc
+import mmap
 import os
 import stat as _stat
 from dataclasses import dataclass
@@ -40,7 +43,7 @@ class FileStat:
 
 
 class FileSystem(abc.ABC):
-    """File operations of the SSD tier (paths are ``str``; handles are ints)."""
+    """File operations of the durable components (paths are ``str``; handles are ints)."""
 
     @abc.abstractmethod
     def open(self, path: str, mode: str) -> int:
@@ -123,6 +126,11 @@ class FileSystem(abc.ABC):
             return self.pread(fd, self.fsize(fd), 0)
         finally:
             self.close(fd)
+
+    def map_copy(self, fd: int) -> mmap.mmap | None:
+        """A private copy-on-write mapping of the whole (non-empty) file, or None where this file
+        system cannot map files. Writes to the mapping never reach the file."""
+        return None
 
 
 class RealFs(FileSystem):
@@ -214,6 +222,9 @@ class RealFs(FileSystem):
     def stat(self, path: str) -> FileStat:
         st = os.stat(path)
         return FileStat(st.st_size, _stat.S_ISREG(st.st_mode))
+
+    def map_copy(self, fd: int) -> mmap.mmap | None:
+        return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)
 
 
 __all__ = ["CREATE_EXCL", "FileStat", "FileSystem", "MODES", "READ", "READ_WRITE", "RealFs"]

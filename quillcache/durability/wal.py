@@ -1,4 +1,8 @@
-"""A write-ahead log of opaque records with crc32c, a per-file epoch, group commit and recovery.
+"""The write-ahead log: opaque records with crc32c, a per-file epoch, group commit and recovery.
+
+One log implementation for every user (the ART index, the SSD tier). All I/O goes through a
+:class:`quillcache.durability.fs.FileSystem` (default :class:`~quillcache.durability.fs.RealFs`), so
+the crash simulator (:class:`quillcache.durability.crashfs.CrashFs`) sees every write and sync.
 
 File layout (little-endian):
 
@@ -8,38 +12,54 @@ File layout (little-endian):
   ``crc = crc32c(epoch u64 || lsn u64 || durable_lsn u64 || payload_len u32 || payload)`` and
   ``durable_lsn`` is the highest LSN already acknowledged (fsynced) when the record was appended.
 
-Invariants and contract:
+Invariants and contract (writer, :class:`WalWriter`):
 - LSNs are consecutive: the first record of a file has ``base_lsn``, each next one +1. Because the
   epoch (random per file) is inside every record's crc, stale bytes of a recycled or older file
   never validate as records of this one.
+- A log file is created atomically: header (and any initial records) written to ``path.tmp``,
+  fsynced, renamed to ``path``, directory fsynced; only then does ``create`` return.
 - ``append`` only buffers; a record is *acknowledged* (durable) once ``sync()`` returned. The
   buffer is written (not synced) whenever it exceeds ``group_bytes``, so memory stays bounded.
 - If ``fsync`` fails the log never trusts the file again: the writer turns failed and refuses
-  every later call (REFERENCE §7: never retry an fsync).
-- Recovery reads records until the first one that is truncated, fails its crc or breaks the LSN
-  sequence (at LSN L). What happens next is an explicit mode:
+  every later call with :class:`WalFailedError` (REFERENCE §7: never retry an fsync).
+- A failed *write* (e.g. ``ENOSPC``) is undone: the file is truncated back to the end of the last
+  record written before, so later records never follow garbage, and the records not yet written
+  (appended since the last write) are discarded. What happens next is ``on_write_error``:
+  ``"fail"`` (default) turns the writer failed, as for a failed fsync (for a caller that already
+  applied the discarded records elsewhere); ``"rollback"`` raises :class:`WalWriteError` naming
+  the discarded LSNs and continues at the first of them (for a caller that drops what they
+  described). Both errors are ``OSError`` subclasses carrying the ``errno`` of the cause.
 
-  - ``"point_in_time"`` (default, RocksDB's default too): stop at L and drop the rest — unless a
-    valid later record says ``durable_lsn >= L``, which proves an *acknowledged* record is damaged;
-    that is refused with :class:`WalCorruptionError`. So unacknowledged bytes garbled by a crash
-    (SQLite-style torn, dropped or garbled unsynced writes) are dropped, and acknowledged data is
-    never dropped silently when the log itself holds evidence of it;
-  - ``"strict"``: any valid record after a bad one is refused (only a clean torn tail is dropped);
-  - ``"truncate"``: always stop at L and drop the rest (best-effort salvage).
+Recovery (:func:`scan`) reads records until the first one that is truncated, fails its crc or
+breaks the LSN sequence (at LSN L). What happens next is a named mode (:data:`RECOVERY_MODES`):
 
-  The dropped tail is truncated when the file is reopened for appending.
+- ``"point_in_time"`` (default, RocksDB's default too): stop at L and drop the rest — unless a
+  valid later record says ``durable_lsn >= L``, which proves an *acknowledged* record is damaged;
+  that is refused with :class:`WalCorruptionError`. So unacknowledged bytes garbled by a crash
+  (SQLite-style torn, dropped or garbled unsynced writes) are dropped, and acknowledged data is
+  never dropped silently when the log itself holds evidence of it;
+- ``"strict"``: any valid record after a bad one is refused (only a clean torn tail is dropped);
+- ``"truncate"``: always stop at L and drop the rest (best-effort salvage);
+- ``"salvage"``: skip the damaged stretch and go on at the next valid record, reporting the
+  skipped LSN ranges in :attr:`RecoveryReport.damaged_lsns` (for a cache, where losing what a
+  damaged record described is acceptable and every payload it points at carries its own check).
+
+The dropped tail is truncated when the file is reopened for appending (:meth:`WalWriter.reopen`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import crc32c as _crc
+
+from quillcache._checks import check_choice
+from quillcache.durability.fs import CREATE_EXCL, READ_WRITE, FileSystem, RealFs
 
 MAGIC = b"QCWAL\x00\x01\x00"
 _HEADER = struct.Struct("<8sQQI")  # magic, epoch, base_lsn, reserved; crc u32 follows
@@ -48,6 +68,7 @@ _REC = struct.Struct("<IIQQ")  # payload_len, crc, lsn, durable_lsn
 RECORD_HEADER_BYTES = _REC.size
 MAX_PAYLOAD_BYTES = 256 << 20
 _LSN_LOOKAHEAD = 1 << 20
+DEFAULT_GROUP_BYTES = 1 << 20
 
 
 class WalError(RuntimeError):
@@ -58,21 +79,33 @@ class WalCorruptionError(WalError):
     """The log holds damaged bytes that are not a torn tail (or its header is damaged)."""
 
 
-class WalFailedError(WalError):
+class WalIOError(WalError, OSError):
+    """A write or fsync of the log failed; ``errno`` is the cause's."""
+
+    def __init__(self, errno_: int | None, message: str) -> None:
+        super().__init__(errno_, message)
+        self.errno, self.strerror = errno_, message
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class WalFailedError(WalIOError):
     """A previous write or fsync failed; the log refuses further use."""
+
+
+class WalWriteError(WalIOError):
+    """A write failed and was undone (``on_write_error="rollback"``): records ``lost_lsns`` =
+    ``(first, last)`` were discarded and the writer goes on at ``first``."""
+
+    def __init__(self, errno_: int | None, message: str, lost_lsns: tuple[int, int]) -> None:
+        super().__init__(errno_, message)
+        self.lost_lsns = lost_lsns
 
 
 def _record_crc(epoch: int, lsn: int, durable_lsn: int, payload: bytes | memoryview) -> int:
     c = _crc.crc32c(struct.pack("<QQQI", epoch, lsn, durable_lsn, len(payload)))
     return _crc.crc32c(payload, c)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -83,7 +116,8 @@ class WalHeader:
 
 @dataclass(frozen=True)
 class RecoveryReport:
-    """What recovery found: records ``base_lsn .. last_lsn`` were valid and end at ``valid_bytes``."""
+    """What recovery found: records ``base_lsn .. last_lsn`` were valid (less the ``damaged_lsns``
+    ranges a salvage scan skipped) and the last of them ends at ``valid_bytes``."""
 
     header: WalHeader
     num_records: int
@@ -91,10 +125,32 @@ class RecoveryReport:
     valid_bytes: int
     file_bytes: int
     dropped_reason: str  # "" when the file ended cleanly
+    damaged_lsns: tuple[tuple[int, int], ...] = ()  # [first, last] ranges skipped ("salvage" only)
 
     @property
     def dropped_bytes(self) -> int:
         return self.file_bytes - self.valid_bytes
+
+
+@dataclass(frozen=True)
+class RecoveryMode:
+    """What a scan does at a bad record (at LSN L) when a valid record follows further on."""
+
+    name: str
+    skip_damage: bool  # go on at the next valid record, reporting the skipped LSNs
+    refuse_any_valid_after: bool  # refuse the log
+    refuse_acknowledged_after: bool  # refuse if a later record says L was acknowledged
+
+
+RECOVERY_MODES: dict[str, RecoveryMode] = {
+    m.name: m
+    for m in (
+        RecoveryMode("point_in_time", skip_damage=False, refuse_any_valid_after=False, refuse_acknowledged_after=True),
+        RecoveryMode("strict", skip_damage=False, refuse_any_valid_after=True, refuse_acknowledged_after=True),
+        RecoveryMode("truncate", skip_damage=False, refuse_any_valid_after=False, refuse_acknowledged_after=False),
+        RecoveryMode("salvage", skip_damage=True, refuse_any_valid_after=False, refuse_acknowledged_after=False),
+    )
+}
 
 
 def encode_header(epoch: int, base_lsn: int) -> bytes:
@@ -102,10 +158,10 @@ def encode_header(epoch: int, base_lsn: int) -> bytes:
     return body + struct.pack("<I", _crc.crc32c(body))
 
 
-def decode_header(buf: bytes, where: str) -> WalHeader:
+def decode_header(buf: bytes | memoryview, where: str) -> WalHeader:
     if len(buf) < HEADER_BYTES:
         raise WalCorruptionError(f"{where}: {len(buf)} bytes is too short for a WAL header ({HEADER_BYTES})")
-    body, (crc,) = buf[: _HEADER.size], struct.unpack_from("<I", buf, _HEADER.size)
+    body, (crc,) = bytes(buf[: _HEADER.size]), struct.unpack_from("<I", buf, _HEADER.size)
     magic, epoch, base_lsn, _ = _HEADER.unpack(body)
     if magic != MAGIC:
         raise WalCorruptionError(f"{where}: not a QuillCache WAL (magic {magic!r})")
@@ -130,116 +186,172 @@ def _valid_at(data: memoryview, pos: int, epoch: int, min_lsn: int) -> int:
     return pos + RECORD_HEADER_BYTES + length
 
 
-def _candidates(data: memoryview, start: int, lsn: int) -> Iterator[int]:
-    """Offsets >= start where a record with an lsn in [lsn, lsn + lookahead) could begin: its lsn
-    field's upper five bytes must match, which a cheap ``bytes.find`` locates."""
+def _candidates(data: memoryview, start: int, lsn: int) -> list[int]:
+    """Offsets >= start, ascending, where a record with an lsn in [lsn, lsn + lookahead) could
+    begin: its lsn field's upper five bytes must match, which a cheap ``bytes.find`` locates."""
     raw = bytes(data)
-    seen: set[int] = set()
+    found: set[int] = set()
     for high in {lsn >> 24, (lsn + _LSN_LOOKAHEAD) >> 24}:
         pattern = high.to_bytes(5, "little")
         i = raw.find(pattern, start + 11)
         while i >= 0:
-            rec = i - 11  # lsn field at rec + 8, its bytes 3..7 at rec + 11
-            if rec not in seen:
-                seen.add(rec)
-                yield rec
+            found.add(i - 11)  # lsn field at rec + 8, its bytes 3..7 at rec + 11
             i = raw.find(pattern, i + 1)
+    return sorted(found)
 
 
-RECOVERY_MODES = ("point_in_time", "strict", "truncate")
+def _valid_after(data: memoryview, start: int, epoch: int, lsn: int) -> Iterator[tuple[int, int, int]]:
+    """``(offset, lsn, durable_lsn)`` of every valid record at or after ``start`` with an lsn >=
+    ``lsn``, in offset order."""
+    for probe in _candidates(data, start, lsn):
+        if _valid_at(data, probe, epoch, lsn) >= 0:
+            yield (probe, *_REC.unpack_from(data, probe)[2:])
 
 
-def scan(path: str | os.PathLike, *, mode: str = "point_in_time") -> tuple[RecoveryReport, list[tuple[int, bytes]]]:
-    """Read every valid record of a log file: ``(report, [(lsn, payload), ...])``."""
-    if mode not in RECOVERY_MODES:
-        raise ValueError(f"WAL recovery mode must be one of {RECOVERY_MODES}, got {mode!r}")
-    p = Path(path)
-    data = memoryview(p.read_bytes())
-    header = decode_header(bytes(data[:HEADER_BYTES]), str(p))
-    pos, lsn, records = HEADER_BYTES, header.base_lsn, []
+def scan_bytes(data: bytes | bytearray | memoryview, where: str, *,
+               mode: str = "point_in_time") -> tuple[RecoveryReport, list[tuple[int, bytes]]]:
+    """Every valid record of a log image: ``(report, [(lsn, payload), ...])`` (module docstring)."""
+    policy = RECOVERY_MODES[check_choice("WAL recovery mode", mode, RECOVERY_MODES)]
+    view = memoryview(data).cast("B")
+    header = decode_header(view[:HEADER_BYTES], where)
+    pos = valid_end = HEADER_BYTES
+    lsn = header.base_lsn
+    records: list[tuple[int, bytes]] = []
+    damaged: list[tuple[int, int]] = []
     reason = ""
-    while pos < len(data):
-        end = _valid_at(data, pos, header.epoch, lsn)
-        if end < 0 or _REC.unpack_from(data, pos)[2] != lsn:
-            reason = f"bad or torn record at byte {pos} (expected lsn {lsn})"
+    while pos < len(view):
+        end = _valid_at(view, pos, header.epoch, lsn)
+        if end >= 0 and _REC.unpack_from(view, pos)[2] == lsn:
+            records.append((lsn, bytes(view[pos + RECORD_HEADER_BYTES : end])))
+            pos, lsn, valid_end = end, lsn + 1, end
+            continue
+        bad = f"bad or torn record at byte {pos} (expected lsn {lsn})"
+        later = _valid_after(view, pos + 1, header.epoch, lsn)
+        first = next(later, None)
+        if first is None:
+            reason = f"{bad}; {len(view) - pos} bytes dropped"
             break
-        records.append((lsn, bytes(data[pos + RECORD_HEADER_BYTES : end])))
-        pos, lsn = end, lsn + 1
-    if reason:
-        # Is this a torn tail, or does a valid later record prove mid-log corruption?
-        for probe in _candidates(data, pos + 1, lsn):
-            if _valid_at(data, probe, header.epoch, lsn) < 0:
-                continue
-            later_lsn, durable = _REC.unpack_from(data, probe)[2:]
-            acked = durable >= lsn
-            if mode == "strict" or (mode == "point_in_time" and acked):
-                what = (f"record {later_lsn} says lsn {durable} was acknowledged" if acked
-                        else f"a valid record (lsn {later_lsn}) follows")
-                raise WalCorruptionError(
-                    f"{p}: {reason}, but {what} at byte {probe}: the log is damaged in the middle, not torn "
-                    f"(mode='truncate' would drop everything from byte {pos})"
-                )
-            reason += f"; later records (first lsn {later_lsn} at byte {probe}) were unacknowledged and dropped"
-            break
-    report = RecoveryReport(header, len(records), lsn - 1, pos, len(data), reason)
+        first_off, first_lsn, _ = first
+        if policy.skip_damage:
+            damaged.append((lsn, first_lsn - 1))
+            pos, lsn = first_off, first_lsn
+            continue
+        acked = next((r for r in itertools.chain([first], later) if r[2] >= lsn), None)
+        if policy.refuse_any_valid_after or (policy.refuse_acknowledged_after and acked is not None):
+            off, later_lsn, durable = acked if acked is not None else first
+            what = (f"record {later_lsn} says lsn {durable} was acknowledged" if acked is not None
+                    else f"a valid record (lsn {later_lsn}) follows")
+            raise WalCorruptionError(
+                f"{where}: {bad}, but {what} at byte {off}: the log is damaged in the middle, not torn "
+                f"(mode='truncate' would drop everything from byte {pos})"
+            )
+        what = (f"were dropped although lsn {lsn} was acknowledged" if acked is not None
+                else "were unacknowledged and dropped")
+        reason = f"{bad}; later records (first lsn {first_lsn} at byte {first_off}) {what}"
+        break
+    report = RecoveryReport(header, len(records), lsn - 1, valid_end, len(view), reason, tuple(damaged))
     return report, records
 
 
-class WalWriter:
-    """Appends records to one log file; see the module docstring for the durability contract."""
+def scan(path: str | os.PathLike, *, mode: str = "point_in_time",
+         fs: FileSystem | None = None) -> tuple[RecoveryReport, list[tuple[int, bytes]]]:
+    """Read every valid record of a log file: ``(report, [(lsn, payload), ...])``."""
+    check_choice("WAL recovery mode", mode, RECOVERY_MODES)
+    where = os.fspath(path)
+    return scan_bytes((fs or RealFs()).read_file(where), where, mode=mode)
 
-    def __init__(self, path: str | os.PathLike, *, group_bytes: int = 1 << 20) -> None:
-        self.path = Path(path)
+
+WRITE_ERROR_POLICIES = ("fail", "rollback")
+
+
+class WalWriter:
+    """Appends records to one log file; see the module docstring for the durability contract.
+
+    Made by :meth:`create` (a new file) or :meth:`reopen` (continue a scanned one).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, fs: FileSystem | None = None,
+                 group_bytes: int = DEFAULT_GROUP_BYTES, on_write_error: str = "fail") -> None:
+        self.path = os.fspath(path)
+        self.fs = fs if fs is not None else RealFs()
         self.group_bytes = group_bytes
+        self.on_write_error = check_choice("on_write_error", on_write_error, WRITE_ERROR_POLICIES)
         self._buf = bytearray()
-        self._fh = None
+        self._buf_records = 0
+        self._fd = -1
         self._failed: BaseException | None = None
         self.bytes_written = 0
 
     # -- creation / reopening ---------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | os.PathLike, base_lsn: int, **kw) -> "WalWriter":
-        """Atomically create a fresh log (temp file, fsync, rename, fsync dir) with a new epoch."""
+    def create(cls, path: str | os.PathLike, base_lsn: int, *, records: Iterable[bytes] = (),
+               **kw) -> "WalWriter":
+        """Atomically create a fresh log with a new epoch holding ``records`` (acknowledged when
+        this returns): temp file, fsync, rename, fsync directory. The temp file is removed on error."""
         w = cls(path, **kw)
-        epoch = secrets.randbits(64)
-        tmp = w.path.with_name(w.path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(encode_header(epoch, base_lsn))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, w.path)
-        _fsync_dir(w.path.parent)
-        w._open(WalHeader(epoch, base_lsn), HEADER_BYTES, base_lsn)
-        w.bytes_written += HEADER_BYTES
+        fs, tmp = w.fs, w.path + ".tmp"
+        if fs.exists(tmp):
+            fs.unlink(tmp)
+        fd = fs.open(tmp, CREATE_EXCL)
+        try:
+            header = WalHeader(secrets.randbits(64), base_lsn)
+            fs.pwrite(fd, encode_header(header.epoch, base_lsn), 0)
+            w._open(fd, header, HEADER_BYTES, base_lsn)
+            w.bytes_written += HEADER_BYTES
+            for payload in records:
+                w.append(payload)
+            w._write_buffer()
+            fs.fsync(fd)
+            fs.rename(tmp, w.path)
+        except BaseException:
+            w._fd = -1
+            try:
+                fs.close(fd)
+            finally:
+                if fs.exists(tmp):
+                    fs.unlink(tmp)
+            raise
+        fs.fsync_dir(os.path.dirname(w.path) or ".")
+        w.durable_lsn, w.durable_bytes = w.next_lsn - 1, w._size
         return w
 
     @classmethod
     def reopen(cls, path: str | os.PathLike, report: RecoveryReport, **kw) -> "WalWriter":
         """Continue a recovered log: drop its torn tail and append after its last valid record."""
         w = cls(path, **kw)
-        w._open(report.header, report.valid_bytes, report.last_lsn + 1)
-        if report.file_bytes != report.valid_bytes:
-            os.ftruncate(w._fh.fileno(), report.valid_bytes)
-        os.fsync(w._fh.fileno())  # what recovery replayed is durable before anything builds on it
+        fd = w.fs.open(w.path, READ_WRITE)
+        try:
+            if report.file_bytes != report.valid_bytes:
+                w.fs.truncate(fd, report.valid_bytes)
+            w.fs.fsync(fd)  # what recovery replayed is durable before anything builds on it
+        except BaseException:
+            w.fs.close(fd)
+            raise
+        w._open(fd, report.header, report.valid_bytes, report.last_lsn + 1)
         return w
 
-    def _open(self, header: WalHeader, size: int, next_lsn: int) -> None:
+    def _open(self, fd: int, header: WalHeader, size: int, next_lsn: int) -> None:
         self.header = header
-        self._fh = open(self.path, "r+b", buffering=0)
-        self._fh.seek(size)
+        self._fd = fd
         self._size = size
         self.next_lsn = next_lsn
         self.durable_lsn = next_lsn - 1
         self.durable_bytes = size
 
     # -- appending ----------------------------------------------------------------------------
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that turned the log read-only, or None."""
+        return self._failed
+
     def _check(self) -> None:
         if self._failed is not None:
-            raise WalFailedError(f"{self.path}: an earlier write/fsync failed ({self._failed}); log is read-only")
-        if self._fh is None:
+            raise WalFailedError(getattr(self._failed, "errno", None),
+                                 f"{self.path}: an earlier write/fsync failed ({self._failed}); log is read-only")
+        if self._fd < 0:
             raise WalError(f"{self.path}: log is closed")
 
-    def append(self, payload: bytes) -> int:
+    def append(self, payload: bytes | bytearray | memoryview) -> int:
         """Buffer one record; returns its LSN (acknowledged only after ``sync``)."""
         self._check()
         if len(payload) > MAX_PAYLOAD_BYTES:
@@ -247,22 +359,48 @@ class WalWriter:
         lsn, durable = self.next_lsn, self.durable_lsn
         self._buf += _REC.pack(len(payload), _record_crc(self.header.epoch, lsn, durable, payload), lsn, durable)
         self._buf += payload
+        self._buf_records += 1
         self.next_lsn += 1
         if len(self._buf) >= self.group_bytes:
             self._write_buffer()
         return lsn
 
+    def write(self) -> None:
+        """Write the buffered records to the file without syncing (they stay unacknowledged)."""
+        self._check()
+        self._write_buffer()
+
     def _write_buffer(self) -> None:
         if not self._buf:
             return
         try:
-            self._fh.write(self._buf)
+            self.fs.pwrite(self._fd, self._buf, self._size)
         except OSError as exc:
-            self._failed = exc
-            raise WalFailedError(f"{self.path}: write failed ({exc})") from exc
+            self._undo_write(exc)
         self._size += len(self._buf)
         self.bytes_written += len(self._buf)
         self._buf.clear()
+        self._buf_records = 0
+
+    def _undo_write(self, exc: OSError) -> None:
+        """Truncate back to the last written record, discard the buffer, and raise (module docstring)."""
+        first = self.next_lsn - self._buf_records
+        lost = (first, self.next_lsn - 1)
+        self._buf.clear()
+        self._buf_records = 0
+        self.next_lsn = first
+        try:
+            self.fs.truncate(self._fd, self._size)
+        except OSError as exc2:
+            self._failed = exc2
+            raise WalFailedError(exc.errno, f"{self.path}: write failed ({exc}) and could not be undone "
+                                            f"({exc2}); log is read-only") from exc
+        if self.on_write_error == "fail":
+            self._failed = exc
+            raise WalFailedError(exc.errno, f"{self.path}: write failed ({exc}); records {lost[0]}..{lost[1]} "
+                                            f"were discarded; log is read-only") from exc
+        raise WalWriteError(exc.errno, f"{self.path}: write failed ({exc}); records {lost[0]}..{lost[1]} were "
+                                       f"discarded and undone", lost) from exc
 
     def sync(self) -> int:
         """Write and fsync everything appended; returns the durable LSN."""
@@ -271,10 +409,10 @@ class WalWriter:
             return self.durable_lsn
         self._write_buffer()
         try:
-            os.fdatasync(self._fh.fileno())
+            self.fs.fdatasync(self._fd)
         except OSError as exc:
             self._failed = exc
-            raise WalFailedError(f"{self.path}: fsync failed ({exc}); not retrying") from exc
+            raise WalFailedError(exc.errno, f"{self.path}: fsync failed ({exc}); not retrying") from exc
         self.durable_lsn = self.next_lsn - 1
         self.durable_bytes = self._size
         return self.durable_lsn
@@ -283,14 +421,41 @@ class WalWriter:
     def size_bytes(self) -> int:
         return self._size + len(self._buf)
 
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
     def close(self) -> None:
         """Sync and close (a failed log is closed without syncing)."""
-        if self._fh is None:
+        if self._fd < 0:
             return
         try:
             if self._failed is None:
                 self.sync()
         finally:
-            self._fh.close()
-            self._fh = None
+            fd, self._fd = self._fd, -1
+            self.fs.close(fd)
 
+
+__all__ = [
+    "DEFAULT_GROUP_BYTES",
+    "HEADER_BYTES",
+    "MAGIC",
+    "MAX_PAYLOAD_BYTES",
+    "RECORD_HEADER_BYTES",
+    "RECOVERY_MODES",
+    "RecoveryMode",
+    "RecoveryReport",
+    "WRITE_ERROR_POLICIES",
+    "WalCorruptionError",
+    "WalError",
+    "WalFailedError",
+    "WalHeader",
+    "WalIOError",
+    "WalWriteError",
+    "WalWriter",
+    "decode_header",
+    "encode_header",
+    "scan",
+    "scan_bytes",
+]

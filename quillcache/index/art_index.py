@@ -5,16 +5,20 @@ records (``N`` keys, no value) in a second one, and the tiny node-name table (``
 dict. Every ``put``/``remove`` batch is one WAL record (:mod:`quillcache.durability.wal`) and is then applied
 to the trees in memory.
 
-Durability contract. A batch is acknowledged once ``flush()`` returned (the WAL was fsynced).
-A checkpoint writes both arenas, as they are, into ``art.ckpt`` (temp file, fsync, rename, fsync
-directory) together with the LSN it covers, then starts a fresh WAL (new epoch) at the next LSN.
-The checkpoint is renamed into place BEFORE the WAL is replaced, so at every instant the pair on
-disk (checkpoint at LSN c, WAL holding LSNs ≤ c or continuing at c+1) describes every
-acknowledged batch.
+Durability contract. Every WAL and checkpoint byte goes through the
+:class:`quillcache.durability.fs.FileSystem` passed as ``fs`` (default ``RealFs``), so the whole
+contract also runs, and is tested, on the crash simulator ``CrashFs``. A batch is acknowledged
+once ``flush()`` returned (the WAL was fsynced). A checkpoint writes both arenas, as they are,
+into ``art.ckpt`` (temp file written and fsynced, renamed, directory fsynced) together with the
+LSN it covers, then starts a fresh WAL (new epoch, created the same way) at the next LSN. The
+checkpoint is durably in place BEFORE the WAL is replaced, so at every instant the pair on disk
+(checkpoint at LSN c, WAL holding LSNs ≤ c or continuing at c+1) describes every acknowledged
+batch.
 
-Recovery (``open``): read and verify the checkpoint header (crc32c), ``mmap`` the file
-copy-on-write and attach the trees in O(1) — no rebuild, no walk, no read of the arenas — then
-replay the WAL records past the checkpoint LSN. The checkpoint stores a CRC-32C per chunk
+Recovery (``open``): read and verify the checkpoint header (crc32c), map the file copy-on-write
+(``FileSystem.map_copy``; a file system that cannot map files, like ``CrashFs``, reads it into a
+private buffer instead) and attach the trees in O(1) — no rebuild, no walk — then replay the WAL
+records past the checkpoint LSN. The checkpoint stores a CRC-32C per chunk
 of each arena (16 KiB chunks); with ``verify_checkpoint="lazy"`` (default) the tree verifies a chunk the first
 time any operation touches it (RocksDB-style per-block checks), so a damaged chunk raises
 :class:`IndexCorruptionError` before any answer is built from it; ``"eager"`` verifies every chunk
@@ -40,9 +44,9 @@ from __future__ import annotations
 
 import functools
 import mmap
-import zlib
 import os
 import struct
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,7 +57,9 @@ import numpy as np
 from quillcache.art.tree import ArtTree
 from quillcache.index import keys as K
 from quillcache.index.base import PRIMARY_KEY_DTYPE, VALUE_DTYPE, IndexBackend, LocateResult, NotAnIndexError
-from quillcache.durability.wal import WalCorruptionError, WalWriter, scan
+from quillcache._checks import check_choice
+from quillcache.durability.fs import CREATE_EXCL, READ, FileSystem, RealFs
+from quillcache.durability.wal import RECOVERY_MODES, WalCorruptionError, WalWriter, scan
 
 CHECKPOINT = "art.ckpt"
 WAL = "art.wal"
@@ -63,6 +69,8 @@ CHUNK_BYTES = 16 << 10
 _BATCH_COUNTS = struct.Struct("<II")
 _PRIMARY_BYTE = K.PRIMARY[0]
 _WAL_FORMAT = b"\x02"  # leading byte of a WAL payload: zlib-compressed logical batch (primary + names)
+# replay needs consecutive batches, so the WAL's skipping mode ("salvage") is not offered
+WAL_RECOVERY_MODES = tuple(name for name, mode in RECOVERY_MODES.items() if not mode.skip_damage)
 
 
 class IndexCorruptionError(NotAnIndexError):
@@ -87,6 +95,17 @@ def _corruption_guard(fn):
 
 def _round_up(n: int, to: int = _PAGE) -> int:
     return (n + to - 1) // to * to
+
+
+def _make_dirs(fs: FileSystem, path: str) -> None:
+    """Create ``path`` and its missing parents, fsyncing the parent of each one created."""
+    if fs.is_dir(path):
+        return
+    parent = os.path.dirname(path.rstrip("/"))
+    if parent not in ("", "/", path) and not fs.exists(parent):
+        _make_dirs(fs, parent)
+    fs.mkdir(path)
+    fs.fsync_dir(parent or ".")
 
 
 def encode_batch(puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> bytes:
@@ -156,15 +175,20 @@ class ArtIndex(IndexBackend):
         wal_recovery: str = "point_in_time",
         verify_checkpoint: str = "lazy",
         initial_arena_bytes: int = 1 << 20,
+        fs: FileSystem | None = None,
     ) -> None:
         super().__init__(path)
         if verify_checkpoint not in ("lazy", "eager"):
             raise ValueError(f"verify_checkpoint must be 'lazy' or 'eager', got {verify_checkpoint!r}")
+        check_choice("wal_recovery", wal_recovery, WAL_RECOVERY_MODES)
+        if fs is not None and not isinstance(fs, FileSystem):
+            raise TypeError(f"fs must be a quillcache.durability.fs.FileSystem, got {type(fs).__name__}")
+        self.fs = fs if fs is not None else RealFs()
         if not checkpoint_wal_ratio > 0:
             raise ValueError(f"checkpoint_wal_ratio must be > 0, got {checkpoint_wal_ratio}")
         self.checkpoint_wal_ratio = checkpoint_wal_ratio
         self.checkpoint_min_wal_bytes = checkpoint_min_wal_bytes
-        self._mm: mmap.mmap | None = None
+        self._ckpt_buf: mmap.mmap | bytearray | None = None  # the attached checkpoint image
         self._names: dict[bytes, bytes] = {}
         self._wal: WalWriter | None = None
         self._ckpt_lsn = 0
@@ -180,26 +204,32 @@ class ArtIndex(IndexBackend):
         self._load_node_table()
 
     # ---- opening and recovery ----------------------------------------------------------------
+    def _file(self, name: str) -> str:
+        return os.path.join(str(self.path), name)
+
+    def _new_wal(self, base_lsn: int) -> WalWriter:
+        return WalWriter.create(self._file(WAL), base_lsn, fs=self.fs)
+
     def _open_dir(self, wal_recovery: str, verify: str) -> None:
-        d = self.path
-        assert d is not None
-        if d.exists() and not d.is_dir():
+        assert self.path is not None
+        fs, d = self.fs, str(self.path)
+        if fs.exists(d) and not fs.is_dir(d):
             raise NotAnIndexError(f"{d} is not a directory")
-        d.mkdir(parents=True, exist_ok=True)
-        ckpt, wal = d / CHECKPOINT, d / WAL
-        if not ckpt.exists() and not wal.exists():
-            stray = [p.name for p in d.iterdir() if not p.name.endswith(".tmp")]
+        _make_dirs(fs, d)
+        ckpt, wal = self._file(CHECKPOINT), self._file(WAL)
+        if not fs.exists(ckpt) and not fs.exists(wal):
+            stray = [name for name in fs.listdir(d) if not name.endswith(".tmp")]
             if stray:
                 raise NotAnIndexError(f"{d} holds {stray[:3]} but no {CHECKPOINT} or {WAL}: not an ART index")
-            self._wal = WalWriter.create(wal, base_lsn=1)
+            self._wal = self._new_wal(1)
             return
-        if ckpt.exists():
+        if fs.exists(ckpt):
             self._load_checkpoint(ckpt, verify)
-        if not wal.exists():
-            self._wal = WalWriter.create(wal, base_lsn=self._ckpt_lsn + 1)
+        if not fs.exists(wal):
+            self._wal = self._new_wal(self._ckpt_lsn + 1)
             return
         try:
-            report, records = scan(wal, mode=wal_recovery)
+            report, records = scan(wal, mode=wal_recovery, fs=fs)
         except WalCorruptionError as exc:
             raise IndexCorruptionError(str(exc)) from None
         if report.header.base_lsn > self._ckpt_lsn + 1:
@@ -218,24 +248,25 @@ class ArtIndex(IndexBackend):
             self.replayed_records += 1
         self.recovery_report = report
         if report.last_lsn < self._ckpt_lsn:
-            self._wal = WalWriter.create(wal, base_lsn=self._ckpt_lsn + 1)
+            self._wal = self._new_wal(self._ckpt_lsn + 1)
         else:
-            self._wal = WalWriter.reopen(wal, report)
+            self._wal = WalWriter.reopen(wal, report, fs=fs)
 
-    def _load_checkpoint(self, ckpt: Path, verify: str) -> None:
+    def _load_checkpoint(self, ckpt: str, verify: str) -> None:
+        fs = self.fs
         try:
-            fh = open(ckpt, "rb")
+            fd = fs.open(ckpt, READ)
         except OSError as exc:
             raise NotAnIndexError(f"{ckpt}: cannot open ({exc})") from None
-        with fh:
-            head = fh.read(16)
+        try:
+            head = fs.pread(fd, 16, 0)
             if len(head) < 16 or head[:8] != _CKPT_MAGIC:
                 raise IndexCorruptionError(f"{ckpt}: not an ART checkpoint (bad magic)")
             meta_len, meta_crc = struct.unpack_from("<II", head, 8)
-            size = os.fstat(fh.fileno()).st_size
+            size = fs.fsize(fd)
             if 16 + meta_len > size:
                 raise IndexCorruptionError(f"{ckpt}: header claims {meta_len} meta bytes, file has {size}")
-            raw = fh.read(meta_len)
+            raw = fs.pread(fd, meta_len, 16)
             if _crc.crc32c(raw) != meta_crc:
                 raise IndexCorruptionError(f"{ckpt}: checkpoint header checksum mismatch")
             try:
@@ -248,8 +279,11 @@ class ArtIndex(IndexBackend):
             for t in trees:
                 if t["offset"] % _PAGE or t["offset"] + t["len"] > size:
                     raise IndexCorruptionError(f"{ckpt}: arena [{t['offset']}, +{t['len']}) lies outside the file")
-            self._mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
-        view = memoryview(self._mm)
+            image = fs.map_copy(fd)  # copy-on-write: O(1), pages read on first touch
+            self._ckpt_buf = image if image is not None else bytearray(fs.pread(fd, size, 0))
+        finally:
+            fs.close(fd)
+        view = memoryview(self._ckpt_buf)
         built = []
         for name, t in zip(("primary", "secondary"), trees):
             region = view[t["offset"] : t["offset"] + t["len"]]
@@ -404,8 +438,8 @@ class ArtIndex(IndexBackend):
                 tree.verify_all_chunks()
             except ValueError as exc:
                 raise IndexCorruptionError(f"{self.path}: refusing to checkpoint: {exc}") from None
-        d = self.path
-        assert d is not None
+        assert self.path is not None
+        fs = self.fs
         trees = []
         for tree in (self._primary, self._secondary):
             crcs = tree.chunk_crcs(CHUNK_BYTES)
@@ -419,26 +453,25 @@ class ArtIndex(IndexBackend):
             t["offset"] = offset
             offset = _round_up(offset + t["len"])
         raw = msgpack.packb(meta_probe, use_bin_type=True)
-        tmp = d / (CHECKPOINT + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(_CKPT_MAGIC + struct.pack("<II", len(raw), _crc.crc32c(raw)) + raw)
-            for tree, t in zip((self._primary, self._secondary), trees):
-                fh.seek(t["offset"])
-                with tree.arena_view() as v:
-                    fh.write(v)
-            fh.truncate(offset)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, d / CHECKPOINT)
-        dfd = os.open(d, os.O_RDONLY)
+        tmp = self._file(CHECKPOINT + ".tmp")
+        if fs.exists(tmp):
+            fs.unlink(tmp)  # left by a crash during an earlier checkpoint
+        fd = fs.open(tmp, CREATE_EXCL)
         try:
-            os.fsync(dfd)
+            fs.pwrite(fd, _CKPT_MAGIC + struct.pack("<II", len(raw), _crc.crc32c(raw)) + raw, 0)
+            for tree, t in zip((self._primary, self._secondary), trees):
+                with tree.arena_view() as v:
+                    fs.pwrite(fd, v, t["offset"])
+            fs.truncate(fd, offset)
+            fs.fsync(fd)
         finally:
-            os.close(dfd)
+            fs.close(fd)
+        fs.rename(tmp, self._file(CHECKPOINT))
+        fs.fsync_dir(str(self.path))  # the checkpoint is durably in place before the WAL is replaced
         self.checkpoint_bytes_written += offset
         self._ckpt_lsn = lsn
         self._wal.close()
-        self._wal = WalWriter.create(d / WAL, base_lsn=lsn + 1)
+        self._wal = self._new_wal(lsn + 1)
 
     def _raw_close(self) -> None:
         if self._wal is not None:
@@ -447,12 +480,12 @@ class ArtIndex(IndexBackend):
             self._wal.close()
             self._wal = None
         self._primary = self._secondary = self._scan_block_packed = self._scan_blocks = None  # type: ignore[assignment]
-        if self._mm is not None:
+        if isinstance(self._ckpt_buf, mmap.mmap):
             try:
-                self._mm.close()
+                self._ckpt_buf.close()
             except BufferError:
                 pass  # a caller still holds a view; the mapping is released with it
-            self._mm = None
+        self._ckpt_buf = None
 
     def __len__(self) -> int:
         return len(self._primary)

@@ -26,9 +26,10 @@ import bisect
 from collections.abc import Iterable
 
 from quillcache import alloc as _alloc
+from quillcache.durability.fs import FileSystem
+from quillcache.durability.wal import WalWriter
 from quillcache.store import ssd_log as L
 from quillcache.store.errors import StoreFullError
-from quillcache.durability.fs import FileSystem
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc
 
@@ -90,7 +91,7 @@ class SlabLayout:
         self.fs, self.dir, self.capacity_bytes, self.tuning = fs, directory, capacity_bytes, tuning
         self.slab_bytes = slab_bytes
         self.slabs: dict[int, _Slab] = {}
-        self.log: L.LogWriter | None = None
+        self.log: WalWriter | None = None
         self.gen = 0
         self._snapshot_bytes = 0
         self.max_block_bytes = min(tuning.max_block_bytes or slab_bytes, slab_bytes, capacity_bytes)
@@ -110,8 +111,8 @@ class SlabLayout:
         chosen = None
         for gen, name in sorted(files.get("log", []), reverse=True):
             try:
-                scanned = L.scan_bytes(fs.read_file(self._p(name)), self._p(name))
-                state = self._replay(scanned)
+                scanned = L.scan_generation(fs, self._p(name))
+                state = self._replay(scanned[1])
             except Exception as exc:  # noqa: BLE001 - any damage makes this generation unusable
                 rep["dropped"].append((name, f"log generation unusable: {exc}"))
                 continue
@@ -138,17 +139,16 @@ class SlabLayout:
             for key, h in zip(order[no], slab.handles):
                 live[key].handle = h
         if chosen is not None:
-            gen, name, scanned = chosen
-            rep["log_records"] = len(scanned.records)
-            rep["log_damaged"] = scanned.damaged_lsns
-            rep["log_tail"] = scanned.tail_reason
+            gen, name, (report, records) = chosen
+            rep["log_records"] = len(records)
+            rep["log_damaged"] = report.damaged_lsns
+            rep["log_tail"] = f"{self._p(name)}: {report.dropped_reason}" if report.dropped_reason else ""
             self.gen = gen
-            next_lsn = (scanned.records[-1][0] + 1) if scanned.records else scanned.base_lsn
-            needs_rotate = bool(rep["dropped"] or scanned.damaged_lsns or scanned.tail_reason
-                                or scanned.valid_bytes > self.tuning.log_rotate_bytes)
+            next_lsn = report.last_lsn + 1
+            needs_rotate = bool(rep["dropped"] or report.damaged_lsns or report.dropped_reason
+                                or report.valid_bytes > self.tuning.log_rotate_bytes)
             if not needs_rotate:
-                fd = fs.open(self._p(name), "rw")
-                self.log = L.LogWriter(fs, self._p(name), fd, scanned.epoch, scanned.valid_bytes, next_lsn)
+                self.log = L.reopen_generation(fs, self._p(name), report)
                 self._snapshot_bytes = len(live) * L.ENTRY_BYTES
                 return live
             self.gen = gen
@@ -159,10 +159,10 @@ class SlabLayout:
         rep["log_rotated"] = True
         return live
 
-    def _replay(self, scanned: L.LogScan) -> dict[StoreKey, tuple[int, int, int, int, int]]:
+    def _replay(self, records: list[tuple[int, bytes]]) -> dict[StoreKey, tuple[int, int, int, int, int]]:
         state: dict[StoreKey, tuple[int, int, int, int, int]] = {}
         ended = False
-        for lsn, payload in scanned.records:
+        for lsn, payload in records:
             kind, entries = L.decode_record(payload)
             if kind == L.KIND_END:
                 ended = True
@@ -215,8 +215,7 @@ class SlabLayout:
         records = [L.encode_record(L.KIND_SNAPSHOT, entries[i : i + step]) for i in range(0, len(entries), step)]
         records.append(L.encode_record(L.KIND_END, []))
         new_gen = self.gen + 1
-        new = L.LogWriter.create(self.fs, self._p(_log_name(new_gen)), next_lsn, records)
-        self.fs.fsync_dir(self.dir)
+        new = L.create_generation(self.fs, self._p(_log_name(new_gen)), next_lsn, records)  # name durable too
         old, self.log = self.log, new
         if old is not None:
             old.close()
@@ -293,7 +292,7 @@ class SlabLayout:
         entries = [L.ENTRY.pack(L.PUT, k.to_bytes(), r.segment_id, r.offset_bytes, r.size_bytes, r.crc) for k, r in puts]
         entries += [L.ENTRY.pack(L.DEL, k.to_bytes(), r.segment_id, r.offset_bytes, 0, 0) for k, r in deletes]
         lsn = self.log.append(L.encode_record(L.KIND_BATCH, entries))
-        self.log.commit()
+        self.log.sync()
         for _, r in puts:
             r.lsn = lsn
 
