@@ -220,7 +220,8 @@ def test_soft_pins_are_evicted_last_and_expire(tmp_path):
 
 def test_gpu_accounting(tmp_path, index):
     evicted = []
-    dp = make_plane(tmp_path / "ssd", index=index, gpu=2, on_evict=lambda k, t: evicted.append((k, t)))
+    clock = FakeClock()
+    dp = make_plane(tmp_path / "ssd", index=index, gpu=2, clock=clock, on_evict=lambda k, t: evicted.append((k, t)))
     assert dp.put(K(1), 5000, tier=GPU) == GPU
     assert dp.tier_of(K(1)) == GPU and dp.tiers_of(K(1)) == {GPU}
     with pytest.raises(BlockNotFoundError, match="held only in GPU"):
@@ -234,7 +235,7 @@ def test_gpu_accounting(tmp_path, index):
     dp.lease(K(3), 5)
     with pytest.raises(StoreFullError, match="all 2 of 2 GPU blocks are pinned, leased"):
         dp.put(K(4), 10, tier=GPU)
-    dp._holds._clock.now += 6  # the lease on K(3) runs out
+    clock.now += 6  # the lease on K(3) runs out
     assert dp.demote(K(3)) is None and K(3) not in dp  # GPU-only block released
     with pytest.raises(BlockExistsError):
         dp.put(K(1), 10, tier=GPU)
@@ -621,7 +622,8 @@ def test_corrupt_ssd_block_is_dropped_everywhere(tmp_path, index):
 
 
 def test_ssd_all_pinned_refuses_demotion_and_put(tmp_path, index):
-    dp = make_plane(tmp_path / "ssd", index=index)
+    evicted = []
+    dp = make_plane(tmp_path / "ssd", index=index, on_evict=lambda k, t: evicted.append((k, t)))
     for h in range(4):
         dp.put(K(h), blob(h, 100), tier=SSD)
         dp.pin(K(h))
@@ -631,10 +633,8 @@ def test_ssd_all_pinned_refuses_demotion_and_put(tmp_path, index):
         dp.demote(K(9))
     with pytest.raises(StoreFullError, match="in SSD"):
         dp.put(K(10), blob(10, 100), tier=SSD)
-    assert index_view(index) == before and dp.tier_of(K(9)) == DRAM
+    assert index_view(index) == before and dp.tier_of(K(9)) == DRAM and evicted == []
     # DRAM pressure with a full, pinned SSD: the DRAM victim is dropped, not demoted
-    evicted = []
-    dp._on_evict = lambda k, t: evicted.append((k, t))
     dp.put(K(11), blob(11, 8192))
     assert evicted == [(K(9), DRAM)] and dp.stats().evictions_dram == 1
     assert_index_agrees(dp, index)
@@ -682,6 +682,5 @@ def test_touch_and_request_hints(tmp_path):
     hinted.begin_request(keys, 0)
     for k in keys:
         hinted.put(k, 4096, tier=CacheTier.GPU)
-    assert hinted.policy(CacheTier.GPU)._req == keys  # the hint reached the policy
-    with pytest.raises(ValueError, match="num_hit"):
+    with pytest.raises(ValueError, match="num_hit"):  # the policy's own check: the hint reaches the policy
         hinted.begin_request(keys, 9)

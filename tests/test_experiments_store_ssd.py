@@ -1,48 +1,28 @@
-"""The SSD crash study and SSD benchmark run in quick mode and write well-formed summaries.
+"""The SSD benchmark's quick profile (run once per session) writes a well-formed summary whose
+comparisons are wired to the right baseline rows. Nothing here asserts speed.
 
-Nothing here asserts speed. The crash study's correctness figures are asserted (they are
-counts, not timings): no acknowledged block lost, no corrupt bytes served, no dangling index
-entry, every bit flip detected.
+(The crash study's quick profile is run and checked once, by tests/test_crash_study.py.)
 """
 
-import csv
+from experiments import store_bench_ssd
 
-import pytest
-
-from quillcache.results import SUMMARY_COLUMNS
-
-
-def _summary(path):
-    with open(path) as fh:
-        rows = list(csv.DictReader(fh))
-    assert rows and tuple(rows[0].keys()) == SUMMARY_COLUMNS
-    return rows
+# Which raw-file baseline each tier write path is compared with: one fsync per block vs one per batch.
+WANT_BASELINE = {
+    "raw_fsync_each": "", "tier_slab_put": "raw_fsync_each", "tier_files_put": "raw_fsync_each",
+    "raw_batched": "", "tier_slab_put_many": "raw_batched", "tier_files_put_many": "raw_batched",
+}
 
 
-def test_crash_study_quick(tmp_path, monkeypatch):
-    from experiments import crash_study
-
-    monkeypatch.setattr(crash_study, "QUICK", dict(kills=3, powerloss=25, bitflips=10))
-    rows = crash_study.run(quick=True, results_root=str(tmp_path))
-    by = {(r.metric, r.subject): r.value for r in rows}
-    assert by[("crashes", "all")] >= 100
-    for (metric, subject), value in by.items():
-        if metric in ("acknowledged_blocks_lost", "corrupt_bytes_served", "dangling_index_entries"):
-            assert value == 0, (metric, subject)
-        if metric == "bitflips_detected":
-            assert value == by[("bitflips_injected", subject)], subject
-    assert by[("acknowledged_blocks_checked", "powerloss_slab")] > 0
-    _summary(tmp_path / "crash" / "summary.csv")
-    assert (tmp_path / "crash" / "crash.png").stat().st_size > 0
-
-
-def test_store_bench_ssd_quick(tmp_path, monkeypatch):
-    from experiments import store_bench_ssd
-
-    monkeypatch.setattr(store_bench_ssd, "QUICK", dict(reps=1, sizes=(64 << 10,), batched_bytes=2 << 20,
-                                                       single_bytes=1 << 20))
-    rows = store_bench_ssd.run(quick=True, results_root=str(tmp_path))
-    assert {r.subject for r in rows} == set(store_bench_ssd.SUBJECTS)
-    for row in _summary(tmp_path / "store_ssd" / "summary.csv"):
-        if row["baseline"]:
-            assert float(row["ratio"]) == pytest.approx(float(row["value"]) / float(row["baseline_value"]))
+def test_store_bench_ssd_quick(quick_run, read_summary):
+    run = quick_run("experiments.store_bench_ssd")
+    read_summary(run.root / "store_ssd" / "summary.csv", run.rows)
+    sizes = store_bench_ssd.QUICK["sizes"]
+    want_metrics = {f"put_throughput_{s >> 10}KiB" for s in sizes}
+    assert {r.metric for r in run.rows} == want_metrics
+    assert sorted((r.metric, r.subject) for r in run.rows) == sorted((m, s) for m in want_metrics for s in WANT_BASELINE)
+    by = {(r.metric, r.subject): r for r in run.rows}
+    for row in run.rows:
+        assert row.unit == "MB/s" and row.value > 0, row
+        assert row.baseline == WANT_BASELINE[row.subject], row
+        if row.baseline:  # the baseline figure is the baseline row of the same block size, same run
+            assert row.baseline_value == by[(row.metric, row.baseline)].value, row

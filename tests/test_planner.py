@@ -66,7 +66,7 @@ def test_actions_follow_the_cheapest_allowed_source():
     A = BlockAction
     assert list(plan.actions) == [A.LOCAL_HIT] * 3 + [A.FETCH_DRAM] * 2 + [A.FETCH_PEER] + [A.RECOMPUTE] * 2
     assert plan.reused_blocks == 6 and plan.cached_tokens == 6 * BS and plan.new_prefill_tokens == len(TOKENS) - 6 * BS
-    assert plan.fetch_bytes == 3 * CostModel().block_bytes(ME.layout)
+    assert plan.fetch_bytes == 3 * (2 << 20)  # 3 fetched blocks x 16 tokens x 128 KiB (Llama-3-8B, bf16)
     assert [e.node for e in plan.reused_entries()] == ["w2"] * 5 + ["store-0"]
     assert all(v.reason is ReuseReason.SAME_SCOPE for v in audit_reuse(ME, plan.reused_entries()))
     assert plan.block_actions()[-1] is A.RECOMPUTE and plan.num_decode_blocks == 0
@@ -98,6 +98,23 @@ def test_fetch_versus_recompute_uses_the_cost_model():
     plan = fast.plan(fast.request(ME, TOKENS))
     assert plan.reused_blocks == 8 and set(plan.actions) == {BlockAction.FETCH_PEER}
     assert plan.predicted_ttft_s < fast.config.cost_model.prefill_s(0, len(TOKENS))
+
+
+def test_more_resident_blocks_never_predict_a_slower_ttft():
+    ttfts = []
+    for tier in (CacheTier.GPU, CacheTier.DRAM):
+        row = []
+        for k in range(9):
+            ix, p, _ = setup()
+            req = p.request(ME, TOKENS)
+            put(ix, req.block_hashes, "w1", tier, ME, upto=k)
+            plan = p.plan(req)
+            assert plan.reused_blocks == k
+            row.append(plan.predicted_ttft_s)
+        assert all(b <= a for a, b in zip(row, row[1:])), (tier, row)
+        assert row[-1] < row[0]
+        ttfts.append(row)
+    assert all(g <= d for g, d in zip(*ttfts))  # a GPU hit never predicts slower than a DRAM fetch
 
 
 def test_prefill_and_decode_roles():
@@ -203,10 +220,18 @@ def test_cost_model_figures():
     assert cm.block_bytes(KvLayout()) == 2 << 20  # Llama-3-8B, 16 tokens, bf16
     assert cm.block_bytes(KvLayout(dtype="float8_e4m3", tp_size=2)) == 512 << 10
     assert cm.prefill_s(0, 1024) > cm.prefill_s(0, 512) > 0 and cm.prefill_s(512, 1024) > cm.prefill_s(0, 512)
+    # positions [0, 1000) of Llama-3-8B on an H100 SXM at MFU 0.5 (989e12 x 0.5 FLOP/s): 1000 x 2 x 8.03e9
+    # weight FLOPs plus 4 x 32 layers x 4096 attn_dim x (0 + 1 + ... + 999) attention FLOPs = 33.0068 ms
+    assert cm.prefill_s(0, 1000) == pytest.approx(0.0330068, rel=1e-5)
     per_block, lat = cm.source_costs(2 << 20)
     assert per_block[0] == 0 and lat[0] == 0
     assert per_block[1] <= per_block[2] and min(per_block[3:]) >= per_block[1]  # peers also cross PCIe
-    assert cm.fetch_s([1, 1], 2 << 20) == pytest.approx(2 * (2 << 20) / LINKS["pcie5-x16"].bandwidth_bytes_per_s + 10e-6)
+    # two 2 MiB blocks from local DRAM over PCIe 5.0 x16 (55e9 B/s sustained, 10 us per transfer, once):
+    # 2 x 2_097_152 / 55e9 = 76.26 us + 10 us = 86.26 us
+    assert cm.fetch_s([1, 1], 2 << 20) == pytest.approx(86.26007e-6, rel=1e-6)
+    # from a peer's DRAM over 4x200G RDMA (87e9 B/s, 20 us), but the bytes still cross the GPU's
+    # PCIe 5.0 x16 (55e9 B/s), the slower of the two: 2_097_152 / 55e9 = 38.13 us + 20 us
+    assert cm.fetch_s([4], 2 << 20) == pytest.approx(58.1300e-6, rel=1e-5)
     assert all(m.source for m in MODELS.values()) and all(link.source for link in LINKS.values())
     with pytest.raises(ValueError):
         CostModel(prefill_mfu=0)

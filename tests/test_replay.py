@@ -150,11 +150,26 @@ def test_real_bytes_reach_the_reader() -> None:
 
 def test_router_choice_changes_placement_not_conservation() -> None:
     trace = make_trace(convs=6, turns=3, gap_ms=50)
+    engines, gpu_held, hits = {}, {}, {}
     for router in ("round_robin", "least_loaded", "prefix_affinity", "dynamo"):
-        res = replay(trace, cfg(engines=2, router=router))
-        assert len(res.rows) == len(trace)
-    rr = replay(trace, cfg(engines=2, router="round_robin"))
-    assert [r.engine for r in rr.rows[:4]] == ["engine-0", "engine-1", "engine-0", "engine-1"]
+        res = replay(trace, cfg(engines=2, router=router), keep_open=True)
+        try:
+            assert sorted(r.request_id for r in res.rows) == list(range(len(trace)))  # conservation
+            engines[router] = [r.engine for r in res.rows]
+            gpu_held[router] = {(name, k.block_hash) for name, dp in res.planes.items() for k in dp
+                                if CacheTier.GPU in dp.tiers_of(k)}
+            hits[router] = (sum(r.hit_gpu for r in res.rows), sum(r.hit_peer for r in res.rows))
+        finally:
+            res.close()
+    assert engines["round_robin"][:4] == ["engine-0", "engine-1", "engine-0", "engine-1"]
+    # the placement differs: which engine served each request, and which engine's GPU holds which blocks
+    assert engines["round_robin"] != engines["prefix_affinity"] != engines["least_loaded"] != engines["round_robin"]
+    assert gpu_held["round_robin"] != gpu_held["prefix_affinity"]
+    # every conversation shares the system prompt: affinity keeps them on the engine holding it (no peer
+    # fetches), round robin splits them, so some reuse must come from the other engine
+    assert len(set(engines["prefix_affinity"])) == 1 and hits["prefix_affinity"][1] == 0
+    assert set(engines["round_robin"]) == {"engine-0", "engine-1"}
+    assert hits["round_robin"][0] < hits["prefix_affinity"][0]
 
 
 @pytest.mark.parametrize("kw, match", [

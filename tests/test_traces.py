@@ -165,7 +165,7 @@ def test_unreadable_file(tmp_path):
 def test_argument_validation(tmp_path):
     p = _write(tmp_path, [_rec()])
     for kwargs, match in (({"on_error": "ignore"}, "on_error='ignore'"), ({"limit": 0}, "limit=0"),
-                          ({"limit": True}, "limit=True"), ({"block_tokens": 0}, "block_tokens=0")):
+                          ({"limit": True}, "limit must be an integer, got bool True"), ({"block_tokens": 0}, "block_tokens=0")):
         with pytest.raises(ValueError, match=re.escape(match)):
             load_trace(p, **kwargs)
 
@@ -275,7 +275,7 @@ def test_synthesize_tokens_shape_and_validation():
         (([5, 6], 16, 16), ValueError, "expected ceil"),
         (([5], 0, 1), ValueError, "block_tokens=0"),
         (([-1], 16, 1), ValueError, r"hash_ids\[0\]=-1"),
-        (([2 ** 64], 16, 1), ValueError, "outside"),
+        (([2 ** 64], 16, 1), ValueError, r"hash_ids\[0\]=18446744073709551616"),
         (([1.5], 16, 1), TypeError, r"hash_ids\[0\] must be an int"),
         (("ab", 16, 1), TypeError, "sequence of ints"),
         ((np.array([[1]]), 16, 1), TypeError, "1-d integer array"),
@@ -316,9 +316,18 @@ def test_equal_hash_prefixes_iff_equal_token_prefixes_per_block(a, b, shared, bt
             assert not np.array_equal(bx, by)  # distinct ids -> distinct full blocks, guaranteed from 4 tokens
 
 
-@pytest.mark.skipif(not default_trace_path().exists(), reason="shared Mooncake trace not present")
-def test_shared_mooncake_trace_facts():
-    tr, rep = load_trace_report()
+def test_default_trace_path_honours_the_environment(tmp_path, monkeypatch):
+    mine = _write(tmp_path, [_rec(0, 600, 3, (4, 5))], "mine.jsonl")
+    monkeypatch.setenv("QUILLCACHE_TRACE", str(mine))
+    assert default_trace_path() == mine
+    assert load_trace() == [TraceRequest(0, 600, 3, (4, 5))]  # no path: the one default_trace_path() names
+    monkeypatch.delenv("QUILLCACHE_TRACE")
+    assert default_trace_path().name == "conversation_trace.jsonl"
+    assert default_trace_path().parent.parts[-2:] == ("shared", "traces")
+
+
+def test_shared_mooncake_trace_facts(trace_path):
+    tr, rep = load_trace_report(trace_path)
     assert len(tr) == 12031 and rep.num_skipped == 0 and rep.schemas == ("mooncake",)
     assert sum(len(r.hash_ids) for r in tr) == 288500
     assert len({h for r in tr for h in r.hash_ids}) == 182790

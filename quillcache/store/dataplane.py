@@ -39,8 +39,10 @@ survive a restart.
 Restart: ``close()``, reopen the ``SsdTier`` on the same directory, and construct a new
 ``StoreDataPlane`` with a fresh ``LocalKvStore`` and the same index.
 
-The placement/eviction machinery lives in ``quillcache.store.dataplane_placement``
-(``TierPlacement``, this class's base); pins and leases in ``quillcache.store.leases``.
+This module is the facade: input validation, locking, recovery on open, queries, pins and leases.
+It holds a ``quillcache.store.dataplane_placement.Placement``, given the tiers, policies, pin table
+and counters in its constructor, which moves bytes between tiers (each move written once there);
+pins and leases live in ``quillcache.store.leases``.
 Not re-entrant from callbacks; public methods take one lock, so threads may share an instance.
 """
 
@@ -59,7 +61,7 @@ from quillcache.store.dataplane_placement import (
     SSD,
     DataPlaneStats,
     EvictCallback,
-    TierPlacement,
+    Placement,
 )
 from quillcache.store.dram import LocalKvStore, as_byte_view
 from quillcache.store.errors import (
@@ -73,11 +75,11 @@ from quillcache.store.errors import (
 )
 from quillcache.store.keys import StoreKey
 from quillcache.store.leases import HoldTable, check_ttl
-from quillcache.store.reconcile import reconcile_index
 from quillcache.store.ssd import SsdTier
 from quillcache.types import CacheTier
 
 __all__ = ["DataPlaneStats", "StoreDataPlane"]
+
 
 def _check_key(key: object) -> StoreKey:
     if not isinstance(key, StoreKey):
@@ -97,7 +99,7 @@ def _check_tier(tier: object) -> CacheTier:
     return t
 
 
-class StoreDataPlane(TierPlacement):
+class StoreDataPlane:
     """GPU/DRAM/SSD residency of one node (see the module docstring for the contract)."""
 
     def __init__(self, node: str, *, dram: LocalKvStore, ssd: SsdTier | None = None, gpu_capacity_blocks: int = 0,
@@ -128,39 +130,25 @@ class StoreDataPlane(TierPlacement):
         self.policy_name = policy
         self._dram = dram
         self._ssd = ssd
-        self._gpu: dict[StoreKey, int] = {}  # GPU-held key -> size_bytes
-        self.gpu_capacity_blocks = gpu_capacity_blocks
         self._index = index
         self._holds = HoldTable(clock, soft_pin_ttl_s=soft_pin_ttl_s)
         self._verify = bool(verify_dram_reads)
-        self._on_evict = on_evict
-        self._protected: set[StoreKey] = set()  # keys an operation in progress is moving
         self._stats = DataPlaneStats()
+        self._placement = Placement(node, dram=dram, ssd=ssd, gpu_capacity_blocks=gpu_capacity_blocks, index=index,
+                                    policies=self._policies, holds=self._holds, stats=self._stats, on_evict=on_evict)
         self._lock = threading.RLock()
         self._closed = False
-        self._open()
+        self._placement.recover()  # opening is recovery (module docstring)
 
-    # ------------------------------------------------------------------ opening = recovery
-    def _open(self) -> None:
-        if self._index is not None:
-            gone = (GPU, DRAM) if self._ssd is not None else (GPU, DRAM, SSD)
-            stale = [e.key for e in self._index.entries_on_node(self.node) if e.tier in gone]
-            self._index.remove(stale)
-        if self._ssd is not None:
-            live = self._ssd.locations()
-            for key, (_, _, size) in live.items():
-                self._policies[SSD].insert(key, size)
-            if self._index is not None:
-                reconcile_index(self._index, self.node, SSD, live)
+    @property
+    def gpu_capacity_blocks(self) -> int:
+        """GPU KV capacity of this node's engine, in blocks (0: no GPU tier)."""
+        return self._placement.gpu_capacity_blocks
 
     def residency(self) -> list[ResidencyEntry]:
         """What the index should hold for this node, computed from the tiers themselves."""
         with self._lock:
-            out = [self._entry(k, GPU) for k in self._gpu]
-            out += [self._entry(k, DRAM) for k in self._dram]
-            if self._ssd is not None:
-                out += [self._entry(k, SSD) for k in self._ssd.keys()]  # noqa: SIM118 (SsdTier is not iterable)
-            return out
+            return self._placement.residency()
 
     # ------------------------------------------------------------------ queries
     def _check_open(self) -> None:
@@ -172,8 +160,7 @@ class StoreDataPlane(TierPlacement):
         _check_key(key)
         with self._lock:
             self._check_open()
-            return frozenset(t for t, held in ((GPU, key in self._gpu), (DRAM, key in self._dram),
-                                               (SSD, self._ssd is not None and key in self._ssd)) if held)
+            return self._placement.tiers_of(key)
 
     def tier_of(self, key: StoreKey) -> CacheTier:
         """The fastest tier holding the block; BlockNotFoundError if none does."""
@@ -185,11 +172,11 @@ class StoreDataPlane(TierPlacement):
     def keys(self) -> Iterator[StoreKey]:
         """Every block on the node (any tier), each once."""
         with self._lock:
-            seen = dict.fromkeys(self._gpu)
-            seen.update(dict.fromkeys(self._dram.keys()))
-            if self._ssd is not None:
-                seen.update(dict.fromkeys(self._ssd.keys()))
-            return iter(list(seen))
+            return self._placement.keys()
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._placement
 
     def __iter__(self) -> Iterator[StoreKey]:
         return self.keys()
@@ -262,7 +249,7 @@ class StoreDataPlane(TierPlacement):
     def _require(self, key: object) -> StoreKey:
         self._check_open()
         key = _check_key(key)
-        if key not in self:
+        if key not in self._placement:
             raise BlockNotFoundError(f"block {key.hex()} is not on node {self.node!r}")
         return key
 
@@ -291,12 +278,12 @@ class StoreDataPlane(TierPlacement):
                     size = data
                 else:
                     size = as_byte_view(data).nbytes
-                placed = self._gpu_hold(key, size)
+                placed = self._placement.hold_gpu(key, size)
                 self._stats.puts_gpu += placed is not None
                 return placed
             view = as_byte_view(data)
             size = view.nbytes
-            where = self._byte_tier(key)
+            where = self._placement.byte_tier(key)
             if where is not None:
                 raise BlockExistsError(f"block {key.hex()} is already stored in {where.name} on node {self.node!r}")
             if tier == SSD and self._ssd is None:
@@ -304,31 +291,7 @@ class StoreDataPlane(TierPlacement):
             if size > self._dram.max_block_bytes and tier == DRAM:
                 raise BlockTooLargeError(f"block {key.hex()} is {size} bytes; DRAM on node {self.node!r} holds "
                                          f"blocks of at most {self._dram.max_block_bytes} bytes")
-            if tier == DRAM and not self._policies[DRAM].admit(key, size):
-                tier = SSD
-                if self._ssd is None:
-                    self._stats.admission_refusals += 1
-                    return None
-            if tier == SSD and not self._policies[SSD].admit(key, size):
-                self._stats.admission_refusals += 1
-                return None
-            self._protected.add(key)
-            try:
-                if tier == DRAM:
-                    self._place_dram(key, view, required=True)
-                else:
-                    self._place_ssd(key, view, required=True)
-            finally:
-                self._protected.discard(key)
-            self._policies[tier].insert(key, size)
-            self._report_put(key, tier)
-            if tier == DRAM:
-                self._stats.puts_dram += 1
-                self._stats.bytes_put_dram += size
-            else:
-                self._stats.puts_ssd += 1
-                self._stats.bytes_put_ssd += size
-            return tier
+            return self._placement.store(key, view, tier)
 
     def get(self, key: StoreKey, *, lease_ttl_s: float | None = None) -> memoryview | bytes:
         """The block's bytes: a zero-copy read-only view on a DRAM hit, ``bytes`` on an SSD hit
@@ -344,7 +307,7 @@ class StoreDataPlane(TierPlacement):
                 try:
                     view = self._dram.get(key, verify=self._verify)
                 except CorruptBlockError:
-                    self._drop_corrupt(key, DRAM)
+                    self._placement.drop_corrupt(key, DRAM)
                     raise
                 if lease_ttl_s is not None:
                     self._holds.lease(key, lease_ttl_s)
@@ -356,12 +319,13 @@ class StoreDataPlane(TierPlacement):
             if self._ssd is None or key not in self._ssd:
                 if self._ssd is not None:
                     st.ssd_misses += 1
-                where = " (held only in GPU by the engine: no bytes on this node)" if key in self._gpu else ""
+                gpu_only = self._placement.in_gpu(key)
+                where = " (held only in GPU by the engine: no bytes on this node)" if gpu_only else ""
                 raise BlockNotFoundError(f"block {key.hex()} is not stored on node {self.node!r}{where}")
             if lease_ttl_s is not None:
                 self._holds.lease(key, lease_ttl_s)
             st.ssd_hits += 1
-            data = self._promote_from_ssd(key, required=False)
+            data = self._placement.promote_ssd_to_dram(key, required=False)
             st.bytes_read_ssd += len(data)
             return data
 
@@ -371,12 +335,12 @@ class StoreDataPlane(TierPlacement):
         no room can be made."""
         with self._lock:
             key = self._require(key)
-            where = self._byte_tier(key)
+            where = self._placement.byte_tier(key)
             if where == SSD:
-                self._promote_from_ssd(key, required=True)
+                self._placement.promote_ssd_to_dram(key, required=True)
                 return DRAM
-            if where == DRAM and key not in self._gpu and self.gpu_capacity_blocks:
-                if self._gpu_hold(key, self._dram.size_of(key)) is None:
+            if where == DRAM and not self._placement.in_gpu(key) and self.gpu_capacity_blocks:
+                if self._placement.hold_gpu(key, self._dram.size_of(key)) is None:
                     raise StoreFullError(f"the GPU policy of node {self.node!r} refused to admit block {key.hex()}")
                 self._stats.promotions_dram_to_gpu += 1
                 return GPU
@@ -391,27 +355,11 @@ class StoreDataPlane(TierPlacement):
         with self._lock:
             key = self._require(key)
             self._refuse_if_in_use(key, "demote")
-            if key in self._gpu:
-                self._policies[GPU].remove(key)
-                self._report_remove(key, GPU)
-                del self._gpu[key]
-                self._stats.gpu_releases += 1
-                self._forget_if_gone(key)
-                return self._byte_tier(key)
+            if self._placement.in_gpu(key):
+                self._placement.release_gpu(key, pressure=False)
+                return self._placement.byte_tier(key)
             if key in self._dram and self._ssd is not None:
-                size = self._dram.size_of(key)
-                self._protected.add(key)
-                try:
-                    self._place_ssd(key, self._dram.get(key), required=True)
-                finally:
-                    self._protected.discard(key)
-                self._policies[DRAM].remove(key)
-                self._policies[SSD].insert(key, size)
-                self._report_put(key, SSD)
-                self._report_remove(key, DRAM)
-                self._dram.delete(key)
-                self._stats.demotions_dram_to_ssd += 1
-                self._stats.bytes_dram_to_ssd += size
+                self._placement.demote_dram_to_ssd(key, required=True)
                 return SSD
             raise ValueError(f"block {key.hex()} on node {self.node!r} is already in its lowest tier "
                              f"({self.tier_of(key).name})")
@@ -421,19 +369,7 @@ class StoreDataPlane(TierPlacement):
         with self._lock:
             key = self._require(key)
             self._refuse_if_in_use(key, "delete")
-            if key in self._gpu:
-                self._policies[GPU].remove(key)
-                self._report_remove(key, GPU)
-                del self._gpu[key]
-            if key in self._dram:
-                self._policies[DRAM].remove(key)
-                self._report_remove(key, DRAM)
-                self._dram.delete(key)
-            if self._ssd is not None and key in self._ssd:
-                self._policies[SSD].remove(key)
-                self._report_remove(key, SSD)
-                self._ssd.delete(key)
-            self._holds.forget(key)
+            self._placement.delete(key)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -462,5 +398,6 @@ class StoreDataPlane(TierPlacement):
         self.close()
 
     def __repr__(self) -> str:
-        return (f"StoreDataPlane({self.node!r}, gpu={len(self._gpu)}/{self.gpu_capacity_blocks} blocks, "
+        gpu = f"{self._placement.num_gpu_blocks}/{self.gpu_capacity_blocks}"
+        return (f"StoreDataPlane({self.node!r}, gpu={gpu} blocks, "
                 f"dram={self._dram!r}, ssd={self._ssd!r}, policy={self.policy_name!r})")

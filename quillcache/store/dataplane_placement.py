@@ -1,10 +1,17 @@
-"""Placement, planning and eviction machinery of the tiered data plane (``StoreDataPlane``).
+"""Moving one node's blocks between its tiers: ``Placement``, the data plane's placement component.
 
-``TierPlacement`` holds the internal operations that move bytes between tiers and keep the
-policies, the index and the counters in step; ``quillcache.store.dataplane.StoreDataPlane`` is
-the public facade built on it and sets every attribute annotated below. Each operation here keeps
-the residency invariants stated in ``quillcache.store.dataplane``:
+A ``Placement`` is given, in its constructor, everything it moves bytes between and reports to:
+the node's DRAM store, its SSD tier (or None), the GPU capacity in blocks, the residency index
+(or None), one eviction policy per tier, the pin/lease table and the counters. It owns the GPU
+hold table (accounting only: key -> size in bytes) and the set of keys being moved.
+``quillcache.store.dataplane.StoreDataPlane`` holds one and calls only its public methods; it
+does the input validation and locking, so nothing here validates or locks.
 
+Every operation keeps the residency invariants stated in ``quillcache.store.dataplane``:
+
+- each move between tiers is written once: ``demote_dram_to_ssd`` (used by the public demotion
+  and by DRAM pressure eviction), ``promote_ssd_to_dram`` (used by the public promotion and by an
+  SSD read hit), ``release_gpu`` (used by the public demotion, deletion and GPU pressure);
 - a placement first tries the tier; only when the tier reports ``StoreFullError`` does it plan
   victims (``_plan``: policy order, skipping pinned, leased and protected keys, soft-pinned keys
   only in a second pass) whose footprints cover the need. If no plan exists, nothing has been
@@ -16,13 +23,14 @@ the residency invariants stated in ``quillcache.store.dataplane``:
 - a residency change is reported to the index as soon as it happens: a new location is put
   before the old one is removed, and an SSD entry is removed before the SSD bytes are deleted
   (``quillcache.store.reconcile``'s order), so a crash leaves at worst entries that reconcile fixes;
-- keys in ``_protected`` (being moved by the operation in progress) are never chosen as victims.
+- keys being moved by the operation in progress are never chosen as victims;
+- a tier's policy learns ``evict`` for a pressure eviction and ``remove`` for any other departure.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from quillcache.index import IndexBackend, ReplicaKey, ResidencyEntry
@@ -36,10 +44,11 @@ from quillcache.store.errors import (
 )
 from quillcache.store.keys import StoreKey
 from quillcache.store.leases import HoldTable
+from quillcache.store.reconcile import reconcile_index
 from quillcache.store.ssd import SsdTier
 from quillcache.types import CacheTier
 
-__all__ = ["DataPlaneStats", "TierPlacement"]
+__all__ = ["DataPlaneStats", "EvictCallback", "Placement"]
 
 GPU, DRAM, SSD = CacheTier.GPU, CacheTier.DRAM, CacheTier.SSD
 EvictCallback = Callable[[StoreKey, CacheTier], None]
@@ -47,7 +56,7 @@ EvictCallback = Callable[[StoreKey, CacheTier], None]
 
 @dataclass(slots=True)
 class DataPlaneStats:
-    """Counters since the data plane was opened (``stats()`` returns a copy)."""
+    """Counters since the data plane was opened (``StoreDataPlane.stats()`` returns a copy)."""
 
     dram_hits: int = 0
     dram_misses: int = 0
@@ -78,20 +87,82 @@ class DataPlaneStats:
         return asdict(self)
 
 
-class TierPlacement:
-    """Internal base of ``StoreDataPlane``: tier moves, victim planning and index reporting."""
+class Placement:
+    """The tier moves, victim planning and index reporting of one node (module docstring)."""
 
-    node: str
-    gpu_capacity_blocks: int
-    _dram: LocalKvStore
-    _ssd: SsdTier | None
-    _gpu: dict[StoreKey, int]
-    _index: IndexBackend | None
-    _policies: dict[CacheTier, EvictionPolicy]
-    _holds: HoldTable
-    _on_evict: EvictCallback | None
-    _protected: set[StoreKey]
-    _stats: DataPlaneStats
+    def __init__(self, node: str, *, dram: LocalKvStore, ssd: SsdTier | None, gpu_capacity_blocks: int,
+                 index: IndexBackend | None, policies: dict[CacheTier, EvictionPolicy], holds: HoldTable,
+                 stats: DataPlaneStats, on_evict: EvictCallback | None) -> None:
+        assert set(policies) == {GPU, DRAM, SSD}, "one policy per tier"
+        self.node = node
+        self.gpu_capacity_blocks = gpu_capacity_blocks
+        self._dram = dram
+        self._ssd = ssd
+        self._index = index
+        self._policies = policies
+        self._holds = holds
+        self._stats = stats
+        self._on_evict = on_evict
+        self._gpu: dict[StoreKey, int] = {}  # GPU-held key -> size_bytes
+        self._protected: set[StoreKey] = set()  # keys the operation in progress is moving
+
+    # ------------------------------------------------------------------ residency
+    def __contains__(self, key: object) -> bool:
+        return key in self._gpu or key in self._dram or (self._ssd is not None and key in self._ssd)
+
+    def in_gpu(self, key: StoreKey) -> bool:
+        return key in self._gpu
+
+    def gpu_keys(self) -> list[StoreKey]:
+        """The GPU-held keys, in the order they were held."""
+        return list(self._gpu)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return len(self._gpu)
+
+    def byte_tier(self, key: StoreKey) -> CacheTier | None:
+        """The tier holding the block's bytes (DRAM or SSD; they are exclusive), or None."""
+        if key in self._dram:
+            return DRAM
+        if self._ssd is not None and key in self._ssd:
+            return SSD
+        return None
+
+    def tiers_of(self, key: StoreKey) -> frozenset[CacheTier]:
+        return frozenset(t for t, held in ((GPU, key in self._gpu), (DRAM, key in self._dram),
+                                           (SSD, self._ssd is not None and key in self._ssd)) if held)
+
+    def keys(self) -> Iterator[StoreKey]:
+        """Every block on the node (any tier), each once."""
+        seen = dict.fromkeys(self._gpu)
+        seen.update(dict.fromkeys(self._dram.keys()))
+        if self._ssd is not None:
+            seen.update(dict.fromkeys(self._ssd.keys()))
+        return iter(list(seen))
+
+    def residency(self) -> list[ResidencyEntry]:
+        """What the index should hold for this node, computed from the tiers themselves."""
+        out = [self._entry(k, GPU) for k in self._gpu]
+        out += [self._entry(k, DRAM) for k in self._dram]
+        if self._ssd is not None:
+            out += [self._entry(k, SSD) for k in self._ssd.keys()]  # noqa: SIM118 (SsdTier is not iterable)
+        return out
+
+    def recover(self) -> None:
+        """Opening is recovery: DRAM and GPU hold nothing after a restart, so every GPU/DRAM entry of
+        this node (and every SSD entry when there is no SSD tier) leaves the index; the SSD tier's
+        recovered blocks enter the SSD policy and the index is reconciled against them."""
+        if self._index is not None:
+            gone = (GPU, DRAM) if self._ssd is not None else (GPU, DRAM, SSD)
+            stale = [e.key for e in self._index.entries_on_node(self.node) if e.tier in gone]
+            self._index.remove(stale)
+        if self._ssd is not None:
+            live = self._ssd.locations()
+            for key, (_, _, size) in live.items():
+                self._policies[SSD].insert(key, size)
+            if self._index is not None:
+                reconcile_index(self._index, self.node, SSD, live)
 
     # ------------------------------------------------------------------ index reporting
     def _entry(self, key: StoreKey, tier: CacheTier) -> ResidencyEntry:
@@ -112,16 +183,6 @@ class TierPlacement:
         if self._index is not None:
             self._index.remove([ReplicaKey(key.block_hash, self.node, tier, key.identity)])
 
-    def _byte_tier(self, key: StoreKey) -> CacheTier | None:
-        if key in self._dram:
-            return DRAM
-        if self._ssd is not None and key in self._ssd:
-            return SSD
-        return None
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._gpu or key in self._dram or (self._ssd is not None and key in self._ssd)
-
     def _forget_if_gone(self, key: StoreKey) -> None:
         if key not in self:
             self._holds.forget(key)
@@ -134,6 +195,7 @@ class TierPlacement:
         if tier == DRAM:
             unit = self._dram.config.alignment_bytes
             return -(-size // unit) * unit
+        assert self._ssd is not None
         return self._ssd.footprint_bytes(size)
 
     def _plan(self, tier: CacheTier, need_bytes: int, free_bytes: int) -> list[StoreKey] | None:
@@ -170,69 +232,44 @@ class TierPlacement:
                            if changed else "nothing was changed")
         )
 
-    # ------------------------------------------------------------------ placement (internal)
-    def _place_dram(self, key: StoreKey, data: memoryview, *, required: bool) -> bool:
-        """Put the bytes in DRAM, evicting DRAM victims for room. False (or StoreFullError when
-        ``required``) if no room can be made."""
+    # ------------------------------------------------------------------ making room
+    def _place(self, tier: CacheTier, key: StoreKey, data: memoryview, *, required: bool) -> bool:
+        """Put the bytes in DRAM or SSD, evicting that tier's victims for room while ``key`` is
+        protected. False (or the error when ``required``) if no room can be made."""
+        store = self._dram if tier == DRAM else self._ssd
+        assert store is not None
+        evict = self._evict_from_dram if tier == DRAM else self._evict_from_ssd
         size = data.nbytes
         changed = False
-        while True:
-            try:
-                self._dram.put(key, data)
-                return True
-            except StoreFullError as exc:
-                plan = self._plan(DRAM, self._footprint(DRAM, size), self._dram.free_bytes)
-                if plan is None:
+        self._protected.add(key)
+        try:
+            while True:
+                try:
+                    store.put(key, data)
+                    return True
+                except BlockTooLargeError:
                     if required:
-                        raise self._full_error(DRAM, key, size, changed) from exc
+                        raise
                     return False
-            for victim in plan:
-                self._evict_from_dram(victim)
-            changed = True
-
-    def _place_ssd(self, key: StoreKey, data: memoryview, *, required: bool) -> bool:
-        """Put the bytes in SSD (durable), evicting SSD victims for room; like ``_place_dram``."""
-        ssd = self._ssd
-        assert ssd is not None
-        size = data.nbytes
-        changed = False
-        while True:
-            try:
-                ssd.put(key, data)
-                return True
-            except BlockTooLargeError:
-                if required:
-                    raise
-                return False
-            except StoreFullError as exc:
-                plan = self._plan(SSD, self._footprint(SSD, size), ssd.free_bytes)
-                if plan is None:
-                    if required:
-                        raise self._full_error(SSD, key, size, changed) from exc
-                    return False
-            for victim in plan:
-                self._evict_from_ssd(victim)
-            changed = True
+                except StoreFullError as exc:
+                    plan = self._plan(tier, self._footprint(tier, size), store.free_bytes)
+                    if plan is None:
+                        if required:
+                            raise self._full_error(tier, key, size, changed) from exc
+                        return False
+                for victim in plan:
+                    evict(victim)
+                changed = True
+        finally:
+            self._protected.discard(key)
 
     def _evict_from_dram(self, key: StoreKey) -> None:
         """Pressure eviction of a DRAM block: demote it to SSD if possible, else drop it."""
         size = self._dram.size_of(key)
-        ssd = self._ssd
-        self._protected.add(key)
-        try:
-            moved = (ssd is not None and self._policies[SSD].admit(key, size)
-                     and self._place_ssd(key, self._dram.get(key), required=False))
-        finally:
-            self._protected.discard(key)
-        self._policies[DRAM].evict(key)
-        if moved:
-            self._policies[SSD].insert(key, size)
-            self._report_put(key, SSD)
-            self._report_remove(key, DRAM)
-            self._dram.delete(key)
-            self._stats.demotions_dram_to_ssd += 1
-            self._stats.bytes_dram_to_ssd += size
+        if (self._ssd is not None and self._policies[SSD].admit(key, size)
+                and self.demote_dram_to_ssd(key, required=False, pressure=True)):
             return
+        self._policies[DRAM].evict(key)
         self._report_remove(key, DRAM)
         self._dram.delete(key)
         self._dropped(key, DRAM, size)
@@ -261,7 +298,35 @@ class TierPlacement:
             except Exception as exc:  # noqa: BLE001 - a listener must not break an eviction half-way
                 warnings.warn(f"on_evict({key.hex()}, {tier.name}) raised {exc!r}", RuntimeWarning, stacklevel=2)
 
-    def _gpu_hold(self, key: StoreKey, size: int) -> CacheTier | None:
+    # ------------------------------------------------------------------ the moves (each written once)
+    def store(self, key: StoreKey, data: memoryview, tier: CacheTier) -> CacheTier | None:
+        """Store new bytes in ``tier`` (DRAM or SSD; the caller checked they are not on the node).
+        A DRAM admission refusal falls through to SSD; None if the policies refused the block.
+        StoreFullError (nothing changed) if no room can be made."""
+        size = data.nbytes
+        if tier == DRAM and not self._policies[DRAM].admit(key, size):
+            if self._ssd is None:
+                self._stats.admission_refusals += 1
+                return None
+            tier = SSD
+        if tier == SSD and not self._policies[SSD].admit(key, size):
+            self._stats.admission_refusals += 1
+            return None
+        self._place(tier, key, data, required=True)
+        self._policies[tier].insert(key, size)
+        self._report_put(key, tier)
+        if tier == DRAM:
+            self._stats.puts_dram += 1
+            self._stats.bytes_put_dram += size
+        else:
+            self._stats.puts_ssd += 1
+            self._stats.bytes_put_ssd += size
+        return tier
+
+    def hold_gpu(self, key: StoreKey, size: int) -> CacheTier | None:
+        """Record that the engine holds the block in GPU memory, releasing the GPU policy's victim
+        when full. None if the GPU policy refused it; StoreFullError (nothing changed) if every
+        GPU block is in use."""
         if self.gpu_capacity_blocks == 0:
             raise ValueError(f"node {self.node!r} has no GPU tier (gpu_capacity_blocks=0)")
         if key in self._gpu:
@@ -276,42 +341,64 @@ class TierPlacement:
                 raise StoreFullError(
                     f"no room for block {key.hex()} in GPU on node {self.node!r}: all {len(self._gpu)} of "
                     f"{self.gpu_capacity_blocks} GPU blocks are pinned, leased or being moved; nothing was changed")
-            victim = plan[0]
-            pol.evict(victim)
-            self._report_remove(victim, GPU)
-            del self._gpu[victim]
-            self._dropped(victim, GPU, 0)
+            self.release_gpu(plan[0], pressure=True)
         self._gpu[key] = size
         pol.insert(key, size)
         self._report_put(key, GPU)
         return GPU
 
-    def _drop_corrupt(self, key: StoreKey, tier: CacheTier) -> None:
-        """The tier already dropped a block that failed its crc32c: forget it everywhere else."""
-        self._stats.corrupt_blocks += 1
-        self._policies[tier].remove(key)
-        self._report_remove(key, tier)
-        self._forget_if_gone(key)
+    def release_gpu(self, key: StoreKey, *, pressure: bool) -> None:
+        """The engine no longer holds the block in GPU memory (its bytes stay where they are).
+        ``pressure``: a GPU eviction (counted and reported to ``on_evict``), else a release."""
+        pol = self._policies[GPU]
+        pol.evict(key) if pressure else pol.remove(key)
+        self._report_remove(key, GPU)
+        del self._gpu[key]
+        if pressure:
+            self._dropped(key, GPU, 0)
+        else:
+            self._stats.gpu_releases += 1
+            self._forget_if_gone(key)
 
-    def _promote_from_ssd(self, key: StoreKey, *, required: bool) -> bytes:
+    def demote_dram_to_ssd(self, key: StoreKey, *, required: bool, pressure: bool = False) -> bool:
+        """Move a block's bytes from DRAM to SSD, evicting SSD victims for room. False (or
+        StoreFullError when ``required``; nothing of this block changed) if no room can be made.
+        ``pressure``: the move is a DRAM eviction (the DRAM policy learns ``evict``)."""
+        assert self._ssd is not None
+        size = self._dram.size_of(key)
+        if not self._place(SSD, key, self._dram.get(key), required=required):
+            return False
+        pol = self._policies[DRAM]
+        pol.evict(key) if pressure else pol.remove(key)
+        self._policies[SSD].insert(key, size)
+        self._report_put(key, SSD)
+        self._report_remove(key, DRAM)
+        self._dram.delete(key)
+        self._stats.demotions_dram_to_ssd += 1
+        self._stats.bytes_dram_to_ssd += size
+        return True
+
+    def promote_ssd_to_dram(self, key: StoreKey, *, required: bool) -> bytes:
+        """Read a block from SSD and move its bytes to DRAM, evicting DRAM victims for room; returns
+        the bytes. Not ``required`` (a read hit): when the DRAM policy refuses it or no room can be
+        made, the bytes stay on SSD (counted in ``promotions_skipped``). ``required``:
+        BlockTooLargeError / StoreFullError instead. CorruptBlockError if the SSD copy failed
+        its check (the block is then forgotten everywhere)."""
         assert self._ssd is not None
         try:
             data = self._ssd.get(key)
         except CorruptBlockError:
-            self._drop_corrupt(key, SSD)
+            self.drop_corrupt(key, SSD)
             raise
         size = len(data)
-        if not required and (size > self._dram.max_block_bytes or not self._policies[DRAM].admit(key, size)):
+        too_large = size > self._dram.max_block_bytes
+        if not required and (too_large or not self._policies[DRAM].admit(key, size)):
             moved = False
         else:
-            if size > self._dram.max_block_bytes:
+            if too_large:
                 raise BlockTooLargeError(f"block {key.hex()} ({size} bytes) is larger than any DRAM segment "
                                          f"({self._dram.max_block_bytes} bytes)")
-            self._protected.add(key)
-            try:
-                moved = self._place_dram(key, memoryview(data), required=required)
-            finally:
-                self._protected.discard(key)
+            moved = self._place(DRAM, key, memoryview(data), required=required)
         if not moved:
             self._policies[SSD].touch(key)
             self._stats.promotions_skipped += 1
@@ -324,3 +411,26 @@ class TierPlacement:
         self._stats.promotions_ssd_to_dram += 1
         self._stats.bytes_ssd_to_dram += size
         return data
+
+    def delete(self, key: StoreKey) -> None:
+        """Remove the block from every tier of this node (the caller checked it is not in use)."""
+        if key in self._gpu:
+            self._policies[GPU].remove(key)
+            self._report_remove(key, GPU)
+            del self._gpu[key]
+        if key in self._dram:
+            self._policies[DRAM].remove(key)
+            self._report_remove(key, DRAM)
+            self._dram.delete(key)
+        if self._ssd is not None and key in self._ssd:
+            self._policies[SSD].remove(key)
+            self._report_remove(key, SSD)
+            self._ssd.delete(key)
+        self._holds.forget(key)
+
+    def drop_corrupt(self, key: StoreKey, tier: CacheTier) -> None:
+        """The tier already dropped a block that failed its crc32c: forget it everywhere else."""
+        self._stats.corrupt_blocks += 1
+        self._policies[tier].remove(key)
+        self._report_remove(key, tier)
+        self._forget_if_gone(key)

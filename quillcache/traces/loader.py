@@ -21,9 +21,11 @@ Invariants:
   always give distinct blocks (the first four tokens are the base-vocabulary digits of a bijective
   64-bit mix of the id).
 
-The default path is ``../shared/traces/conversation_trace.jsonl`` relative to the project root (or
-``$QUILLCACHE_TRACE``); every tool takes a path so users can point it at their own copy. Trace
-files are never vendored.
+:func:`default_trace_path` is the one place that finds the shared trace: ``$QUILLCACHE_TRACE`` if
+set, else ``../shared/traces/conversation_trace.jsonl`` relative to the project root
+(``DEFAULT_TRACE``). ``load_trace()`` without a path, the studies and the tests' ``trace_path``
+fixture all go through it; every tool also takes a path so users can point it at their own copy.
+Trace files are never vendored.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from quillcache._checks import check_choice, check_int
+from quillcache._mix import GOLDEN, mix13, mix13_array, splitmix64, splitmix64_array
 from quillcache.traces.schemas import (
     MAX_BLOCK_TOKENS,
     MOONCAKE_BLOCK_TOKENS,
@@ -167,13 +171,11 @@ def parse_line(line: str | bytes, where: str, block_tokens: int | None = None) -
 
 
 def _check_args(limit: object, block_tokens: object, on_error: object) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit={limit!r}; expected None or an int >= 1")
-    if block_tokens is not None and (isinstance(block_tokens, bool) or not isinstance(block_tokens, int)
-                                     or not 1 <= block_tokens <= MAX_BLOCK_TOKENS):
-        raise ValueError(f"block_tokens={block_tokens!r}; expected None or an int in 1..{MAX_BLOCK_TOKENS}")
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
+    if limit is not None:
+        check_int("limit", limit, 1, type_error=ValueError)
+    if block_tokens is not None:
+        check_int("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS, type_error=ValueError)
+    check_choice("on_error", on_error, ON_ERROR)
 
 
 def _open_trace(p: Path):
@@ -269,17 +271,12 @@ def load_trace(path: str | os.PathLike | None = None, *, limit: int | None = Non
 
 # --------------------------------------------------------------------------- token synthesis
 _U64_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
 def _check_synth(hash_ids: object, block_tokens: object, input_tokens: object, vocab_size: object) -> np.ndarray:
     for name, v, lo, hi in (("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS),
                             ("input_tokens", input_tokens, 0, 1 << 31), ("vocab_size", vocab_size, 2, 1 << 32)):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r:.60}")
-        if not lo <= int(v) <= hi:
-            raise ValueError(f"{name}={int(v)} is outside {lo}..{hi}")
+        check_int(name, v, lo, hi)
     if isinstance(hash_ids, np.ndarray):
         if hash_ids.ndim != 1 or not (np.issubdtype(hash_ids.dtype, np.integer)):
             raise TypeError(f"hash_ids must be a 1-d integer array, got {hash_ids.ndim}-d {hash_ids.dtype}")
@@ -291,10 +288,7 @@ def _check_synth(hash_ids: object, block_tokens: object, input_tokens: object, v
             raise TypeError(f"hash_ids must be a sequence of ints, got {type(hash_ids).__name__}")
         vals = list(hash_ids)
         for k, i in enumerate(vals):
-            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-                raise TypeError(f"hash_ids[{k}] must be an int, got {type(i).__name__} {i!r:.60}")
-            if not 0 <= int(i) <= _U64_MASK:
-                raise ValueError(f"hash_ids[{k}]={int(i)} is outside [0, 2**64)")
+            check_int(f"hash_ids[{k}]", i, 0, _U64_MASK)
         ids = np.array([int(i) for i in vals], dtype=np.uint64)
     n, bt, isl = len(ids), int(block_tokens), int(input_tokens)
     if -(-isl // bt) != n:
@@ -317,9 +311,9 @@ def synthesize_tokens(hash_ids: Iterable[int] | np.ndarray, block_tokens: int, i
     """Deterministic token ids (uint32, below ``vocab_size``) for a trace request without tokens.
 
     Block ``j`` is a pure function of ``hash_ids[j]`` (hash ids are prefix-chained, so equal hash-id
-    prefixes give equal token prefixes). With ``x = mix64(id)`` (splitmix64's bijective finaliser):
+    prefixes give equal token prefixes). With ``x = splitmix64(id)`` (``quillcache._mix``, a bijection):
     token ``p < D`` of the block is base-``vocab_size`` digit ``p`` of ``x`` (``D`` digits cover 64 bits:
-    4 for the Llama-3 vocabulary), token ``p >= D`` is ``mix64(x + p * golden) % vocab_size``. So for
+    4 for the Llama-3 vocabulary), token ``p >= D`` is ``mix13(x + p * GOLDEN) % vocab_size`` (splitmix64's finaliser). So for
     ``block_tokens >= D`` distinct ids always give distinct blocks. The last block may be partial.
     """
     ids = _check_synth(hash_ids, block_tokens, input_tokens, vocab_size)
@@ -328,7 +322,7 @@ def synthesize_tokens(hash_ids: Iterable[int] | np.ndarray, block_tokens: int, i
         return np.zeros(0, dtype=np.uint32)
     d = _digits(vs)
     with np.errstate(over="ignore"):
-        x = _mix64(ids + np.uint64(_GOLDEN))  # (n,)
+        x = splitmix64_array(ids)  # (n,)
     toks = np.empty((ids.size, bt), dtype=np.uint64)
     v64 = np.uint64(vs)
     rest = x.copy()
@@ -337,22 +331,9 @@ def synthesize_tokens(hash_ids: Iterable[int] | np.ndarray, block_tokens: int, i
         rest //= v64
     if bt > d:
         with np.errstate(over="ignore"):
-            pos = np.arange(d, bt, dtype=np.uint64) * np.uint64(_GOLDEN)
-            toks[:, d:] = _mix64(x[:, None] + pos[None, :]) % v64
+            pos = np.arange(d, bt, dtype=np.uint64) * np.uint64(GOLDEN)
+            toks[:, d:] = mix13_array(x[:, None] + pos[None, :]) % v64
     return toks.reshape(-1)[: int(input_tokens)].astype(np.uint32)
-
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-        return z ^ (z >> np.uint64(31))
-
-
-def _mix64_int(z: int) -> int:
-    z = ((z ^ (z >> 30)) * _M1) & _U64_MASK
-    z = ((z ^ (z >> 27)) * _M2) & _U64_MASK
-    return z ^ (z >> 31)
 
 
 def synthesize_tokens_reference(hash_ids: Iterable[int], block_tokens: int, input_tokens: int, *,
@@ -362,10 +343,10 @@ def synthesize_tokens_reference(hash_ids: Iterable[int], block_tokens: int, inpu
     d = _digits(vocab_size)
     out: list[int] = []
     for h in ids:
-        x = _mix64_int((h + _GOLDEN) & _U64_MASK)
+        x = splitmix64(h)
         for p in range(block_tokens):
             if p < d:
                 out.append((x // vocab_size ** p) % vocab_size)
             else:
-                out.append(_mix64_int((x + p * _GOLDEN) & _U64_MASK) % vocab_size)
+                out.append(mix13(x + p * GOLDEN) % vocab_size)
     return out[:input_tokens]
