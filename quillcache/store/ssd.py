@@ -47,19 +47,10 @@ Layouts (``layout=`` tuning; a directory keeps the layout it was created with):
   rename, one directory fsync per group commit). A commit costs one fdatasync per block plus a
   directory fsync, like the raw batched-fsync baseline.
 
-Why slab is the default (``experiments/store_bench_ssd.py`` → results/store_ssd/summary.csv;
-this 2-core VM's shared virtual disk, medians of 5 repetitions, equal durability, batches of 16;
-the disk is very noisy, p10..p90 spans 2-6x, so only the ordering is robust):
-
-==============  =========  ==========  ===========  ==================  =====================
-block           raw fsync  slab put    files put    raw batched fsync   slab / files put_many
-==============  =========  ==========  ===========  ==================  =====================
-64 KiB  (MB/s)  13.4       23.9        17.5         52.7                182.7 / 24.4
-2 MiB   (MB/s)  241        719         435          270                 617 / 425
-==============  =========  ==========  ===========  ==================  =====================
-
-The slab layout is faster in every cell (3.5x / 2.3x the raw batched baseline with put_many),
-because its commit costs two fdatasyncs per batch instead of one per block plus a directory fsync.
+Why slab is the default: with equal durability a slab commit costs two fdatasyncs per batch, a
+files commit one per block plus a directory fsync. ``experiments/store_bench_ssd.py`` measures both
+layouts against the raw batched-fsync baseline in the same run (``results/store_ssd/summary.csv``,
+reported in ``paper/report.md``); the default follows that measurement, not this docstring.
 """
 
 from __future__ import annotations
