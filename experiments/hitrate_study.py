@@ -44,7 +44,7 @@ import numpy as np
 
 from quillcache.hitrate import HITRATE_POLICIES, simulate
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
-from quillcache.results import SummaryRow, results_dir, spread, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, results_dir, spread, write_raw, write_summary
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, default_trace_path
 
 NAME = "hitrate"
@@ -316,17 +316,9 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     write_summary(NAME, rows, results_root)
     if not quick:
         plot(results_root)
-    _print_table(rows, time.perf_counter() - t_start)
+    print_table(rows, title="hitrate")
+    print(f"[hitrate] {len(rows)} rows in {time.perf_counter() - t_start:.1f} s")
     return rows
-
-
-def _print_table(rows: list[SummaryRow], elapsed_s: float) -> None:
-    print(f"{'metric':38s} {'subject':24s} {'value':>11s} {'baseline':>27s} {'base_value':>11s} {'ratio':>7s}")
-    for r in rows:
-        base = f"{r.baseline_value:11.4g}" if r.baseline else ""
-        ratio = f"{r.ratio:7.3f}" if math.isfinite(r.ratio) else ""
-        print(f"{r.metric:38s} {r.subject:24s} {r.value:11.4g} {r.baseline:>27s} {base:>11s} {ratio:>7s}")
-    print(f"[hitrate] {len(rows)} rows in {elapsed_s:.1f} s")
 
 
 # ---------------------------------------------------------------- figures

@@ -15,7 +15,7 @@ The replay is deterministic for its seed (every random choice is seeded), so a m
 number, not a sample; ``n`` is 1 and the wall time of each replay is in the notes. Writes
 ``results/replay/summary.csv`` (``write_summary``), ``results/replay/raw.csv`` (every cell's full
 summary) and ``paper/figures/replay.png`` (``plot`` reads only ``raw.csv``).
-Quick mode replays the first 600 requests (< 30 s); full mode the whole trace (< 8 min).
+Quick mode replays the first ``QUICK_LIMIT`` requests; full mode the whole trace.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from quillcache.harness import ReplayConfig, replay
-from quillcache.results import SummaryRow, results_dir, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, results_dir, write_raw, write_summary
 from quillcache.traces.loader import default_trace_path, load_trace
 
 NAME = "replay"
@@ -78,7 +78,7 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | None 
                                notes=f"{mode}; {SMALL_TIERS}; wall {small['quillhd']['wall_s']:.1f} s"))
     write_summary(NAME, rows, root=results_root)
     plot(results_root, results_dir(NAME, results_root) if results_root else Path("paper/figures"))
-    _print_table(rows)
+    print_table(rows)
     return rows
 
 
@@ -119,13 +119,6 @@ def plot(results_root: str | Path | None = None, out_dir: str | Path = "paper/fi
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _print_table(rows: list[SummaryRow]) -> None:
-    print(f"{'metric':<16} {'subject':<24} {'value':>10} {'baseline':<16} {'base value':>10} {'ratio':>7}")
-    for r in rows:
-        print(f"{r.metric:<16} {r.subject:<24} {r.value:>10.4g} {r.baseline:<16} {r.baseline_value:>10.4g} "
-              f"{r.ratio:>7.3f}")
 
 
 def main(argv: list[str] | None = None) -> None:

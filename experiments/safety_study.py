@@ -21,8 +21,8 @@ change is a real ``put``/``remove`` on the index.
 Guard overhead (same run, after the replay, against the final index): each of the last
 ``timing_requests`` requests is planned by the guard-on and the guard-off planner back to back
 (alternating which goes first), ``reps`` repetitions with GC off; overhead = the median over
-repetitions of the paired ratio (mean plan time on / off) - 1, p10/p90 in the notes. Reported by the seed: 96.8% unsafe naive hits, guard overhead 1.7% (realistic)
-and 47.8% (adversarial).
+repetitions of the paired ratio (mean plan time on / off) - 1, p10/p90 in the notes. The figures
+themselves are in ``results/safety/summary.csv`` and the report, never here.
 
 Writes ``results/safety/summary.csv``, ``by_category.csv``, ``timing.csv``, ``mixes.csv`` and the
 figure ``paper/figures/safety.png`` (:func:`plot` reads only the results files).

@@ -268,7 +268,9 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default=None, help="Mooncake-format trace (default ../shared/traces/conversation_trace.jsonl)")
+    ap.add_argument("--trace", default=None,
+                    help="Mooncake-format trace (default: quillcache.traces.loader.default_trace_path(), "
+                         "i.e. $QUILLCACHE_TRACE or ../shared/traces/conversation_trace.jsonl)")
     ap.add_argument("--entries", default="100000,1000000", help="comma-separated live-entry targets")
     ap.add_argument("--backends", default=",".join(sorted(INDEX_BACKENDS)))
     ap.add_argument("--point-samples", type=int, default=20000)
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from experiments.storage_workload import residency_churn
-    from quillcache.traces.loader import load_trace
+    from quillcache.traces.loader import default_trace_path, load_trace
 
     targets = [int(x) for x in args.entries.split(",") if x.strip()]
     if args.quick:
@@ -295,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [k for k in kinds if k not in INDEX_BACKENDS]
     if unknown:
         raise SystemExit(f"unknown backends {unknown}; registered: {sorted(INDEX_BACKENDS)}")
-    trace = load_trace(args.trace)
+    trace = load_trace(args.trace or default_trace_path())
     work = Path(args.workdir or tempfile.mkdtemp(prefix="qc-storage-"))
     work.mkdir(parents=True, exist_ok=True)
     cells = []

@@ -15,19 +15,16 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from quillcache._mix import splitmix64
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
 from quillcache.traces.loader import TraceRequest
 from quillcache.types import CacheTier, Identity
 
-_MASK64 = (1 << 64) - 1
 
 
 def block_hash_of(block_id: int) -> int:
-    """A stand-in 64-bit chained block hash for a trace id (splitmix64 finaliser; ids are prefix-chained)."""
-    z = (block_id + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
+    """A stand-in 64-bit chained block hash for a trace id (splitmix64; ids are prefix-chained)."""
+    return splitmix64(block_id)
 
 
 @dataclass

@@ -26,7 +26,7 @@ import time
 
 from experiments.microbench import bench_main
 from quillcache.durability.fs import RealFs
-from quillcache.results import SummaryRow, spread, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, spread, write_raw, write_summary
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd import SsdTier
 
@@ -125,7 +125,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     write_raw(NAME, "raw.csv", ["block_bytes", "subject", "rep", "put_MBps", "blocks", "seconds"], raw, root=results_root)
     rows = _summarise(raw, cfg)
     write_summary(NAME, rows, root=results_root)
-    _print_table(rows)
+    print_table(rows)
     return rows
 
 
@@ -150,15 +150,6 @@ def _summarise(raw: list[tuple], cfg: dict) -> list[SummaryRow]:
                                    baseline_value=stats[base]["median"] if base else float("nan"),
                                    n=cfg["reps"], notes=note))
     return rows
-
-
-def _print_table(rows: list[SummaryRow]) -> None:
-    print(f"{'metric':<26} {'subject':<22} {'MB/s':>9} {'baseline':<16} {'base MB/s':>9} {'ratio':>6}  spread")
-    for r in rows:
-        ratio = f"{r.ratio:.2f}" if r.baseline else ""
-        base = f"{r.baseline_value:.1f}" if r.baseline else ""
-        print(f"{r.metric:<26} {r.subject:<22} {r.value:>9.1f} {r.baseline:<16} {base:>9} {ratio:>6}  "
-              f"{r.notes.split(';')[0]}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,13 @@
 """The one set of argument validators every public API uses (ints, floats, fractions, choices).
 
 Contract:
-- ``check_int`` accepts Python and NumPy integers (anything with ``__index__``) and refuses
-  ``bool`` and everything else with a ``TypeError`` naming the argument, its type and its value;
+- ``check_int`` accepts Python and NumPy integers (``numbers.Integral``) and refuses ``bool``,
+  NumPy bools, 0-d arrays and everything else with a ``TypeError`` naming the argument, its type and its value;
   a value outside ``[lo, hi]`` raises ``ValueError`` naming the argument, the value and the bounds.
 - ``check_float`` accepts real numbers (ints included, ``bool`` refused), refuses NaN and
-  infinities, and checks ``lo <= value`` (or ``lo < value`` with ``lo_open``) and ``value <= hi``.
+  infinities, and checks ``lo <= value`` (``lo < value`` with ``lo_open``) and ``value <= hi``
+  (``value < hi`` with ``hi_open``); ``finite=False`` lets ``+inf`` through where "unlimited" is
+  meaningful (NaN is always refused).
 - Callers may pass their own exception classes (``error`` for a bad value, ``type_error`` for a
   bad type) so a component keeps its typed errors (e.g. ``AllocatorError``) while sharing the
   checks and the wording of the messages.
@@ -23,13 +25,7 @@ __all__ = ["check_choice", "check_float", "check_fraction", "check_int", "is_int
 
 def is_int(value: object) -> bool:
     """True for Python and NumPy integers, False for ``bool`` and everything else."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
-        return False
-    try:
-        operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return False
-    return True
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None, *,
@@ -40,21 +36,22 @@ def check_int(name: str, value: object, lo: int | None = None, hi: int | None = 
             raise type_error(f"{name} must be an integer, got {type(value).__name__} {value!r}")
         value = operator.index(value)  # type: ignore[arg-type]
     if (lo is not None and value < lo) or (hi is not None and value > hi):  # type: ignore[operator]
-        raise error(f"{name}={value} must be {_bounds(lo, hi, False)}")
+        raise error(f"{name}={value} must be {_bounds(lo, hi)}")
     return value  # type: ignore[return-value]
 
 
 def check_float(name: str, value: object, lo: float | None = None, hi: float | None = None, *,
-                lo_open: bool = False, error: type[Exception] = ValueError,
-                type_error: type[Exception] = TypeError) -> float:
-    """``value`` as a finite float with ``lo <= value <= hi`` (``lo < value`` if ``lo_open``)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                lo_open: bool = False, hi_open: bool = False, finite: bool = True,
+                error: type[Exception] = ValueError, type_error: type[Exception] = TypeError) -> float:
+    """``value`` as a float with ``lo <= value <= hi`` (strict where ``lo_open`` / ``hi_open``)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
         raise type_error(f"{name} must be a number, got {type(value).__name__} {value!r}")
     v = float(value)
-    if not math.isfinite(v):
+    if math.isnan(v) or (finite and not math.isfinite(v)):
         raise error(f"{name}={v} must be finite")
-    if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
-        raise error(f"{name}={v} must be {_bounds(lo, hi, lo_open)}")
+    if ((lo is not None and (v <= lo if lo_open else v < lo))
+            or (hi is not None and (v >= hi if hi_open else v > hi))):
+        raise error(f"{name}={v} must be {_bounds(lo, hi, lo_open, hi_open)}")
     return v
 
 
@@ -67,13 +64,13 @@ def check_choice(name: str, value: object, choices: Collection[str], *,
                  error: type[Exception] = ValueError) -> str:
     """``value`` if it is one of ``choices``; otherwise an error listing them."""
     if not isinstance(value, str) or value not in choices:
-        raise error(f"{name} must be one of {sorted(choices)}, got {value!r}")
+        raise error(f"{name}={value!r} must be one of {sorted(choices)}")
     return value
 
 
-def _bounds(lo: float | None, hi: float | None, lo_open: bool) -> str:
+def _bounds(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False) -> str:
     if lo is not None and hi is not None:
-        return f"{'>' if lo_open else 'between'} {lo}{' and <= ' if lo_open else ' and '}{hi}"
+        return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
     if lo is not None:
         return f"{'>' if lo_open else '>='} {lo}"
-    return f"<= {hi}"
+    return f"{'<' if hi_open else '<='} {hi}"

@@ -2,7 +2,8 @@
 
 Each study writes ``results/<name>/summary.csv`` with exactly the columns in
 ``SUMMARY_COLUMNS`` (``ratio = value / baseline_value``), plus any raw CSVs beside it.
-Plots and the report read only these files.
+Plots and the report read only these files. ``print_table(rows)`` shows the same rows on the
+terminal (one table layout for every study; columns that are empty in every row are left out).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import csv
 import math
 import os
 import statistics
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import IO, Iterable, Sequence
 
 SUMMARY_COLUMNS = ("metric", "subject", "value", "unit", "baseline", "baseline_value", "ratio", "n", "notes")
 
@@ -82,3 +84,40 @@ def spread(samples: Sequence[float]) -> dict[str, float]:
         return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
 
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "p10": q(0.1), "p90": q(0.9)}
+
+
+def _fmt(v: float) -> str:
+    """Four significant digits; thousands separators for large magnitudes; NaN as blank."""
+    if not math.isfinite(v):
+        return "" if math.isnan(v) else str(v)
+    if abs(v) >= 1e5:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
+def print_table(rows: Sequence[SummaryRow], *, title: str | None = None, file: IO[str] | None = None) -> None:
+    """Print summary rows as one table (rich): metric, subject, value, unit, baseline, its value,
+    ratio, n and notes, leaving out the columns that are empty in every row."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = file if file is not None else sys.stdout
+    columns: list[tuple[str, str, list[str]]] = [  # (header, justify, cells)
+        ("metric", "left", [r.metric for r in rows]),
+        ("subject", "left", [r.subject for r in rows]),
+        ("value", "right", [_fmt(r.value) for r in rows]),
+        ("unit", "left", [r.unit for r in rows]),
+        ("baseline", "left", [r.baseline for r in rows]),
+        ("baseline value", "right", [_fmt(r.baseline_value) if r.baseline else "" for r in rows]),
+        ("ratio", "right", [f"{r.ratio:.3g}x" if math.isfinite(r.ratio) else "" for r in rows]),
+        ("n", "right", [str(r.n) for r in rows]),
+        ("notes", "left", [r.notes for r in rows]),
+    ]
+    shown = [c for c in columns if any(c[2])]
+    table = Table(title=title, show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for header, justify, _ in shown:
+        table.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for i in range(len(rows)):
+        table.add_row(*(cells[i] for _, _, cells in shown))
+    console = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 200)
+    console.print(table)

@@ -194,7 +194,7 @@ def test_leases_and_pins_block_delete_demote_and_eviction(tmp_path, index):
         dp.unpin(K(3))
     dp.delete(K(3))
     dp.put(K(4), b"x")
-    with pytest.raises(ValueError, match="ttl_s=-1 must be a positive"):
+    with pytest.raises(ValueError, match="ttl_s=-1.0 must be > 0"):
         dp.lease(K(4), -1)
     with pytest.raises(TypeError, match="ttl_s must be a number"):
         dp.lease(K(4), "5")

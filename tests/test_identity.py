@@ -109,7 +109,7 @@ def test_public_blocks_are_shared_only_as_registered():
 
 
 def test_policy_validation_and_public_prompt_registration():
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ValueError, match="public block hash=-1"):
         SharingPolicy(public_blocks=frozenset({-1}))
     with pytest.raises(TypeError):
         SharingPolicy(public_blocks=frozenset({"x"}))

@@ -62,7 +62,7 @@ def test_bad_calls_raise_typed_errors(name):
     for call in (p.touch, p.remove, p.evict):
         with pytest.raises(UnknownKeyError, match="'zz' is not tracked"):
             call("zz")
-    with pytest.raises(ValueError, match="size_bytes=0 must be positive"):
+    with pytest.raises(ValueError, match="size_bytes=0 must be >= 1"):
         p.insert("b", 0)
     with pytest.raises(TypeError, match="size_bytes must be an integer, got float"):
         p.insert("b", 1.5)

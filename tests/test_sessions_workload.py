@@ -116,7 +116,7 @@ def test_turn_and_length_limits():
 @pytest.mark.parametrize("kwargs, match", [
     ({"num_sessions": 0}, "num_sessions=0"),
     ({"num_requests": 0}, "num_requests=0"),
-    ({"block_tokens": True}, "block_tokens=True"),
+    ({"block_tokens": True}, "block_tokens must be an integer, got bool True"),
     ({"mean_turns": 0.5}, "mean_turns=0.5"),
     ({"think_time_median_s": float("nan")}, "think_time_median_s=nan"),
     ({"global_prompt_fraction": 1.5}, "global_prompt_fraction=1.5"),

@@ -113,7 +113,7 @@ def test_typed_errors_name_key_and_sizes():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"capacity_bytes": 0}, "capacity_bytes=0 must be positive"),
+    ({"capacity_bytes": 0}, "capacity_bytes=0 must be >= 1"),
     ({"capacity_bytes": 1000}, "not a multiple of alignment_bytes=64"),
     ({"capacity_bytes": 4096, "alignment_bytes": 48}, "alignment_bytes=48 must be a power of two"),
     ({"capacity_bytes": 4096, "segment_bytes": 8192}, "segment_bytes=8192 exceeds capacity_bytes=4096"),

@@ -1,7 +1,7 @@
 """Offset allocator: compiled ``OffsetAllocator`` vs the plain-Python ``PyOffsetAllocator``.
 
-Same run, same parameters, same seeds, interleaved repetitions (REFERENCE §6 gives the C++
-OffsetAllocator at 80-88 ns per random free+alloc pair and 15-17 ns per burst allocation).
+Same run, same parameters, same seeds, interleaved repetitions (REFERENCE §6 has the C++
+OffsetAllocator's figures for the same two operations, for comparison in the report).
 Both allocators take identical decisions, so each repetition does the same work on both.
 
 Measurements (all medians over repetitions, p10/p90 in notes):
@@ -26,7 +26,7 @@ import numpy as np
 
 from experiments.microbench import bench_main
 from quillcache.alloc import OffsetAllocator, PyOffsetAllocator
-from quillcache.results import SummaryRow, spread, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, spread, write_raw, write_summary
 
 NAME = "microbench_alloc"
 ALIGNMENT = 4096  # page-aligned KV blocks
@@ -110,7 +110,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     write_raw(NAME, "raw.csv", ["metric", "subject", "rep", "value", "unit"], raw, root=results_root)
     rows = _summarise(raw, cfg)
     write_summary(NAME, rows, root=results_root)
-    _print_table(rows)
+    print_table(rows)
     return rows
 
 
@@ -143,17 +143,6 @@ def _summarise(raw: list[tuple], cfg: dict) -> list[SummaryRow]:
                                    baseline_value=base["median"] if base is not None else float("nan"),
                                    n=cfg["reps"], notes=note))
     return rows
-
-
-def _print_table(rows: list[SummaryRow]) -> None:
-    print(f"{'metric':<26} {'subject':<24} {'median':>10} {'unit':<9} {'baseline':>10} {'speedup':>8}  p10..p90 / acceptance")
-    for r in rows:
-        base = f"{r.baseline_value:10.1f}" if r.baseline else f"{'':>10}"
-        speed = f"{r.baseline_value / r.value:7.1f}x" if r.baseline else f"{'':>8}"
-        p = r.notes.split(";")
-        extra = p[0] + ("".join(f";{x}" for x in p if "acceptance" in x))
-        subj = r.subject if len(r.subject) <= 24 else r.subject[:24]
-        print(f"{r.metric:<26} {subj:<24} {r.value:10.1f} {r.unit:<9} {base} {speed}  {extra}")
 
 
 def main(argv: list[str] | None = None) -> None:

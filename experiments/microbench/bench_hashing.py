@@ -31,7 +31,7 @@ from numba import njit, prange
 from experiments.microbench import bench_main
 from quillcache.hashing import blocks as hashing
 from quillcache.hashing import _xxh3 as _k
-from quillcache.results import SummaryRow, spread, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, spread, write_raw, write_summary
 
 NAME = "hashing"
 SEED = hashing.DYNAMO_BASE_SEED
@@ -178,16 +178,8 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         raw,
         root=results_root,
     )
-    _print_table(rows)
+    print_table(rows)
     return rows
-
-
-def _print_table(rows: list[SummaryRow]) -> None:
-    print(f"{'subject':<28} {'blocks/s (median)':>18} {'vs loop':>9} {'n':>3}  spread")
-    for r in rows:
-        ratio = f"{r.ratio:.1f}x" if r.baseline else "-"
-        spread_note = r.notes.split(";", 1)[0]
-        print(f"{r.subject:<28} {r.value:>18,.0f} {ratio:>9} {r.n:>3}  {spread_note}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,8 @@ from typing import Callable
 import numpy as np
 
 from experiments.microbench import bench_main
-from quillcache.results import SummaryRow, spread, write_raw, write_summary
+from quillcache._mix import splitmix64_array
+from quillcache.results import SummaryRow, print_table, spread, write_raw, write_summary
 from quillcache.sketch.countmin import CountMinSketch
 
 NAME = "microbench_sketch"
@@ -41,12 +42,7 @@ AGING_WINDOW = 100_000
 
 def block_hash_stream(n_keys: int, a: float, seed: int) -> np.ndarray:
     """Zipf ranks through splitmix64 (vectorised; uint64 arithmetic wraps)."""
-    z = np.random.default_rng(seed).zipf(a, n_keys).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    return splitmix64_array(np.random.default_rng(seed).zipf(a, n_keys).astype(np.uint64))
 
 
 Subject = tuple[str, Callable[[], object], "Callable[[], object] | None"]
@@ -76,12 +72,7 @@ def _numba_kernels():
     """The same algorithm (splitmix64, double hashing, multiply-shift) jitted with Numba."""
     import numba
 
-    @numba.njit(cache=False, nogil=True)
-    def _mix(z):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+    from quillcache._mix import splitmix64_nb as _mix
 
     @numba.njit(cache=False, nogil=True)
     def add(table, keys, skey, conservative):
@@ -262,16 +253,8 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         [(name, i, w, c, n, n / w) for name, s in samples.items() for i, (w, c) in enumerate(s)],
         results_root,
     )
-    _print_table(rows)
+    print_table(rows)
     return rows
-
-
-def _print_table(rows: list[SummaryRow]) -> None:
-    print(f"{'subject':<42} {'value':>12} {'unit':<7} {'baseline':<26} {'ratio':>7}")
-    for r in rows:
-        scale, unit = (1e6, "M" + r.unit) if r.unit == "keys/s" else (1.0, r.unit)
-        ratio = f"{r.ratio:.1f}x" if r.baseline else ""
-        print(f"{r.subject:<42} {r.value / scale:>12.2f} {unit:<7} {r.baseline:<26} {ratio:>7}")
 
 
 def main(argv: list[str] | None = None) -> None:

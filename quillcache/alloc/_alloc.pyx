@@ -16,6 +16,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memset
 
+from quillcache._mix cimport splitmix64_next
+
 # Node, Core, the bin constants, UNUSED / ERR_* and qc_ctz32 / qc_clz32 come from _alloc.pxd.
 
 import time
@@ -231,15 +233,6 @@ cdef void _free_node(Core* c, uint32_t n) noexcept nogil:
     if nb_prev != UNUSED:
         c.nodes[m].nb_prev = nb_prev
         c.nodes[nb_prev].nb_next = m
-
-
-cdef inline uint64_t _splitmix64(uint64_t* state) noexcept nogil:
-    cdef uint64_t z
-    state[0] += 0x9E3779B97F4A7C15ULL
-    z = state[0]
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
-    return z ^ (z >> 31)
 
 
 # ---------------------------------------------------------------- the Python-facing class
@@ -459,9 +452,9 @@ cdef class OffsetAllocator:
             n = 0
             t0 = clock()
             for i in range(npairs):
-                j = <Py_ssize_t>(_splitmix64(&state) % <uint64_t>count)
+                j = <Py_ssize_t>(splitmix64_next(&state) % <uint64_t>count)
                 _free_node(&self.c, live[j])
-                units = min_units + <uint32_t>(_splitmix64(&state) % span)
+                units = min_units + <uint32_t>(splitmix64_next(&state) % span)
                 n = _alloc_units(&self.c, units)
                 if n >= ERR_NO_NODES:
                     break

@@ -56,6 +56,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from quillcache._checks import check_int
+
 
 MAX_UNITS = 0xFFFFFFFF  # capacity and sizes in units must fit uint32
 MAX_ALIGNMENT = 1 << 30  # keeps every byte offset below 2**62
@@ -126,31 +128,17 @@ class StorageReport:
 
 # ---------------------------------------------------------------- shared argument checks
 
-def _as_int(value: object, what: str) -> int:
-    """``value`` as a Python int (numpy integers accepted); bool, float, str... refused."""
-    if type(value) is int:
-        return value  # type: ignore[return-value]
-    if isinstance(value, (bool, np.bool_)):
-        raise AllocatorTypeError(f"{what} must be an integer, got bool {value!r}")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise AllocatorTypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}") from None
-
-
-def validate_int(value: object, what: str, lo: int, hi: int) -> int:
-    """``value`` as an int in ``[lo, hi]``, or AllocatorError / AllocatorTypeError naming it."""
-    v = _as_int(value, what)
-    if not lo <= v <= hi:
-        raise AllocatorError(f"{what}={v} must be between {lo} and {hi}")
-    return v
+def validate_int(value: object, what: str, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as an int in ``[lo, hi]`` (numpy integers accepted; bool, float, str... refused),
+    or AllocatorError / AllocatorTypeError naming it (``quillcache._checks.check_int``)."""
+    return check_int(what, value, lo, hi, error=AllocatorError, type_error=AllocatorTypeError)
 
 
 def validate_config(capacity_bytes: object, max_allocs: object, alignment: object) -> tuple[int, int, int, int]:
     """Check constructor arguments; return ``(capacity_bytes, capacity_units, max_allocs, alignment_shift)``."""
-    capacity_bytes = _as_int(capacity_bytes, "capacity_bytes")
-    max_allocs = _as_int(max_allocs, "max_allocs")
-    alignment = _as_int(alignment, "alignment")
+    capacity_bytes = validate_int(capacity_bytes, "capacity_bytes")
+    max_allocs = validate_int(max_allocs, "max_allocs")
+    alignment = validate_int(alignment, "alignment")
     if alignment < 1 or alignment & (alignment - 1) or alignment > MAX_ALIGNMENT:
         raise AllocatorError(f"alignment={alignment} must be a power of two between 1 and {MAX_ALIGNMENT}")
     if capacity_bytes < 1:
@@ -170,7 +158,7 @@ def validate_config(capacity_bytes: object, max_allocs: object, alignment: objec
 
 def validate_size(size_bytes: object, capacity_bytes: int, what: str = "size_bytes") -> int:
     """Check one request size; return it as an int."""
-    size = _as_int(size_bytes, what)
+    size = validate_int(size_bytes, what)
     if size <= 0:
         raise AllocatorError(f"{what}={size} must be positive")
     if size > capacity_bytes:
@@ -216,14 +204,14 @@ def validate_handle_array(handles: object) -> np.ndarray:
 def validate_churn(num_pairs: object, min_size: object, max_size: object, seed: object,
                    capacity_bytes: int, alignment_shift: int) -> tuple[int, int, int, int]:
     """Check churn arguments; return ``(num_pairs, min_units, max_units, seed)``."""
-    num_pairs = _as_int(num_pairs, "num_pairs")
+    num_pairs = validate_int(num_pairs, "num_pairs")
     if num_pairs < 0:
         raise AllocatorError(f"num_pairs={num_pairs} must be >= 0")
     lo = validate_size(min_size, capacity_bytes, "min_size")
     hi = validate_size(max_size, capacity_bytes, "max_size")
     if lo > hi:
         raise AllocatorError(f"min_size={lo} exceeds max_size={hi}")
-    seed = _as_int(seed, "seed")
+    seed = validate_int(seed, "seed")
     if not 0 <= seed <= _MASK64:
         raise AllocatorError(f"seed={seed} must fit an unsigned 64-bit integer")
     align_mask = (1 << alignment_shift) - 1

@@ -28,7 +28,8 @@ Invariants (checked by the tests after every step):
 
 Handles, errors, result records and argument checks are shared with the compiled allocator and
 live in ``quillcache.alloc`` (the handle format is described there), so both raise the same
-errors with the same messages. ``splitmix64`` is the churn drivers' shared generator.
+errors with the same messages. ``quillcache._mix.splitmix64_next`` is the churn drivers' shared
+generator.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import time
 
 import numpy as np
 
+from quillcache._mix import splitmix64_next
 from quillcache.alloc._contract import (
     GEN_MASK,
     INDEX_BITS,
@@ -59,7 +61,7 @@ from quillcache.alloc._contract import (
     validate_size_array,
 )
 
-__all__ = ["PyOffsetAllocator", "float_to_uint", "splitmix64", "uint_to_float_round_down", "uint_to_float_round_up"]
+__all__ = ["PyOffsetAllocator", "float_to_uint", "uint_to_float_round_down", "uint_to_float_round_up"]
 
 MANTISSA_BITS = 3
 MANTISSA_VALUE = 1 << MANTISSA_BITS
@@ -75,9 +77,6 @@ UNUSED = 0xFFFFFFFF  # "no node" in every link field
 POOLED = 0  # on the free-node stack
 FREE = 1  # a free region filed in a bin
 USED = 2  # a live allocation
-
-_MASK64 = (1 << 64) - 1
-
 
 # ---------------------------------------------------------------- small float (bin mapping)
 
@@ -119,15 +118,6 @@ def _lowest_set_bit_after(mask: int, start_bit: int) -> int:
     if bits_after == 0:
         return UNUSED
     return (bits_after & -bits_after).bit_length() - 1
-
-
-def splitmix64(state: int) -> tuple[int, int]:
-    """One step of SplitMix64: ``(new_state, output)``; the churn drivers' shared generator."""
-    state = (state + 0x9E3779B97F4A7C15) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return state, z ^ (z >> 31)
 
 
 # ---------------------------------------------------------------- the allocator
@@ -407,7 +397,7 @@ class PyOffsetAllocator:
             raise AllocatorError("churn needs at least one live allocation to free")
         span = hi - lo + 1
         count = len(live)
-        alloc, free_node, mix = self._alloc_units, self._free_node, splitmix64
+        alloc, free_node, mix = self._alloc_units, self._free_node, splitmix64_next
         t0 = time.perf_counter_ns()
         for i in range(pairs):
             state, r = mix(state)

@@ -150,6 +150,7 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from quillcache._checks import check_int
     from quillcache.harness.config import ReplayConfig
     from quillcache.harness.replay import replay
     from quillcache.traces.loader import TraceError, load_trace_report
@@ -157,8 +158,11 @@ def run(args: argparse.Namespace) -> int:
     for flag, v, lo in (("--capacity-blocks", args.capacity_blocks, 1), ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0),
                         ("--gpu-capacity-blocks", args.gpu_capacity_blocks, 1), ("--engines", args.engines, 1),
                         ("--limit", args.limit, 1)):
-        if v is not None and v < lo:
-            return _fail(f"{flag}={v} must be >= {lo}")
+        try:
+            if v is not None:
+                check_int(flag, v, lo)
+        except ValueError as exc:
+            return _fail(str(exc))
     try:
         cfg = ReplayConfig(model=args.model, gpu=args.gpu, engines=args.engines, router=args.router,
                            policy=args.policy, gpu_capacity_blocks=args.gpu_capacity_blocks,

@@ -14,9 +14,9 @@ when the trace's distinct blocks fit in ``real_bytes_budget_bytes`` (2 GiB), els
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from quillcache._checks import check_float, check_int
 from quillcache.identity.scope import validate_tenant_id
 from quillcache.index import INDEX_BACKENDS
 from quillcache.planner.profiles import DTYPE_BYTES, GPUS, MODELS
@@ -27,20 +27,6 @@ __all__ = ["REPLAY_POLICIES", "ReplayConfig"]
 
 # belady needs a next-use oracle from the whole trace: an offline bound, not a tier policy
 REPLAY_POLICIES = tuple(sorted(n for n in POLICIES if n != "belady"))
-
-
-def _int(name: str, v: object, lo: int, *, none: bool = False) -> None:
-    if none and v is None:
-        return
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}={v!r}; expected an int >= {lo}" + (" or None" if none else ""))
-
-
-def _num(name: str, v: object, *, lo: float = 0.0, hi: float = math.inf, lo_open: bool = True) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{name}={v!r}; expected a finite number")
-    if (v <= lo if lo_open else v < lo) or v > hi:
-        raise ValueError(f"{name}={v!r}; expected {lo} {'<' if lo_open else '<='} {name} <= {hi}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,33 +61,30 @@ class ReplayConfig:
             raise ValueError(f"unknown model {self.model!r}; known: {sorted(MODELS)}")
         if self.gpu not in GPUS:
             raise ValueError(f"unknown GPU {self.gpu!r}; known: {sorted(GPUS)}")
-        if self.router not in ROUTERS:
-            raise ValueError(f"unknown router {self.router!r}; registered: {sorted(ROUTERS)}")
+        ROUTERS.check(self.router)
         if self.policy not in REPLAY_POLICIES:
             extra = " (belady needs the future; it is the offline bound of quillcache.hitrate)" \
                 if self.policy == "belady" else ""
             raise ValueError(f"unknown policy {self.policy!r}{extra}; the replay takes: {list(REPLAY_POLICIES)}")
         if self.kv_dtype not in DTYPE_BYTES:
             raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; known: {sorted(DTYPE_BYTES)}")
-        if self.index not in INDEX_BACKENDS:
-            raise ValueError(f"unknown index backend {self.index!r}; registered: {sorted(INDEX_BACKENDS)}")
-        _int("tp_size", self.tp_size, 1)
-        _int("engines", self.engines, 1)
-        if self.engines > 1024:
-            raise ValueError(f"engines={self.engines}; at most 1024")
-        _int("gpu_capacity_blocks", self.gpu_capacity_blocks, 1, none=True)
-        _int("dram_capacity_blocks", self.dram_capacity_blocks, 1)
-        _int("ssd_capacity_blocks", self.ssd_capacity_blocks, 0)
+        INDEX_BACKENDS.check(self.index)
+        check_int("tp_size", self.tp_size, 1)
+        check_int("engines", self.engines, 1, 1024)
+        if self.gpu_capacity_blocks is not None:
+            check_int("gpu_capacity_blocks", self.gpu_capacity_blocks, 1)
+        check_int("dram_capacity_blocks", self.dram_capacity_blocks, 1)
+        check_int("ssd_capacity_blocks", self.ssd_capacity_blocks, 0)
         if self.account_bytes is not None and not isinstance(self.account_bytes, bool):
             raise TypeError(f"account_bytes={self.account_bytes!r}; expected True, False or None (auto)")
-        _int("real_bytes_budget_bytes", self.real_bytes_budget_bytes, 1)
-        _num("ttft_slo_s", self.ttft_slo_s)
-        _num("time_scale", self.time_scale)
-        _num("gpu_memory_utilization", self.gpu_memory_utilization, hi=1.0)
-        _num("decode_mbu", self.decode_mbu, hi=1.0)
-        _num("prefill_mfu", self.prefill_mfu, hi=1.0)
+        check_int("real_bytes_budget_bytes", self.real_bytes_budget_bytes, 1)
+        check_float("ttft_slo_s", self.ttft_slo_s, 0.0, lo_open=True)
+        check_float("time_scale", self.time_scale, 0.0, lo_open=True)
+        for name in ("gpu_memory_utilization", "decode_mbu", "prefill_mfu"):
+            check_float(name, getattr(self, name), 0.0, 1.0, lo_open=True)
         if not isinstance(self.enable_guard, bool):
             raise TypeError(f"enable_guard={self.enable_guard!r}; expected a bool")
         validate_tenant_id(self.tenant)
-        _int("seed", self.seed, 0)
-        _int("limit", self.limit, 1, none=True)
+        check_int("seed", self.seed, 0)
+        if self.limit is not None:
+            check_int("limit", self.limit, 1)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from quillcache._checks import check_float, check_int
 from quillcache.planner.cost_model import CostModel
 from quillcache.planner.profiles import GPUS, MODELS
 from quillcache.types import KvLayout
@@ -45,18 +46,6 @@ assert set(GPU_MEMORY) == set(GPUS), "every GPU profile needs a memory figure"
 WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
 
 
-def _frac(name: str, v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v <= 1):
-        raise ValueError(f"EngineModel.{name}={v!r}; expected 0 < {name} <= 1")
-    return float(v)
-
-
-def _count(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name}={v!r}; expected an int >= 0")
-    return v
-
-
 @dataclass(frozen=True, kw_only=True)
 class EngineModel:
     """Timing and GPU KV capacity of one engine (see the module docstring for every formula)."""
@@ -71,8 +60,8 @@ class EngineModel:
             raise TypeError(f"cost_model must be a CostModel, got {type(self.cost_model).__name__}")
         if not isinstance(self.layout, KvLayout):
             raise TypeError(f"layout must be a KvLayout, got {type(self.layout).__name__}")
-        _frac("gpu_memory_utilization", self.gpu_memory_utilization)
-        _frac("decode_mbu", self.decode_mbu)
+        check_float("EngineModel.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
+        check_float("EngineModel.decode_mbu", self.decode_mbu, 0.0, 1.0, lo_open=True)
         if self.cost_model.gpu.name not in GPU_MEMORY:
             raise ValueError(f"no memory figure for GPU {self.cost_model.gpu.name!r}; known: {sorted(GPU_MEMORY)}")
 
@@ -127,8 +116,8 @@ class EngineModel:
     # ---- time -------------------------------------------------------------------------------
     def prefill_s(self, new_tokens: int, cached_tokens: int) -> float:
         """Seconds to prefill ``new_tokens`` after ``cached_tokens`` of reused context."""
-        n = _count("new_tokens", new_tokens)
-        c = _count("cached_tokens", cached_tokens)
+        n = check_int("new_tokens", new_tokens, 0)
+        c = check_int("cached_tokens", cached_tokens, 0)
         if n < 1:
             raise ValueError("new_tokens=0; an engine computes at least the last prompt token")
         return self.cost_model.prefill_s(c, c + n)
@@ -138,16 +127,16 @@ class EngineModel:
 
     def decode_step_s(self, kv_tokens: int) -> float:
         """Seconds of one decode step whose batch holds ``kv_tokens`` tokens of KV (all sequences)."""
-        k = _count("kv_tokens", kv_tokens)
+        k = check_int("kv_tokens", kv_tokens, 0)
         return (self.weight_bytes_per_gpu + self.kv_bytes_per_token * k) / self._step_rate()
 
     def decode_s(self, output_tokens: int, context_tokens: int, batch_kv_tokens: int = 0) -> float:
         """Seconds to generate ``output_tokens`` after a prompt of ``context_tokens`` while the rest of
         the batch holds ``batch_kv_tokens`` of KV: the sum of ``decode_step_s`` over the steps, the
         request's own context growing by one token per step (closed form of the reference)."""
-        m = _count("output_tokens", output_tokens)
-        c = _count("context_tokens", context_tokens)
-        b = _count("batch_kv_tokens", batch_kv_tokens)
+        m = check_int("output_tokens", output_tokens, 0)
+        c = check_int("context_tokens", context_tokens, 0)
+        b = check_int("batch_kv_tokens", batch_kv_tokens, 0)
         if m == 0:
             return 0.0
         kv = m * (b + c) + m * (m - 1) / 2  # sum over steps i < m of (b + c + i)

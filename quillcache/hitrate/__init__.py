@@ -5,9 +5,10 @@ CSR arrays (``quillcache.hitrate.arrays``) and runs the Numba kernel of the poli
 (``quillcache.hitrate.kernels``). Each kernel reproduces, hit for hit, the online policy class of
 the same name driven by the plain-Python harness ``quillcache.hitrate.reference`` (tested).
 
-Registered policies (``HITRATE_POLICIES``: name -> online class): the shared registry
-``quillcache.policies.POLICIES`` (lru, lfu, fifo, s3fifo) merged with this study's additions
-(lengthaware, tinylfu, belady, quillhd) until those are registered there.
+Registries: the policies are ``quillcache.policies.POLICIES`` (``HITRATE_POLICIES`` is that same
+object, kept as a name); this layer adds only ``HITRATE_KERNELS`` (policy name -> its Numba kernel
+and the kernel-side options it takes, whose defaults are the online class's defaults). A policy can
+be simulated once it has a kernel here.
 
 Capacity: a positive int number of blocks, or None for unlimited. Capacities at or above the
 number of distinct blocks never evict, so they are run as exactly that many (same hits).
@@ -15,14 +16,16 @@ number of distinct blocks never evict, so they are run as exactly that many (sam
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.hitrate import kernels
 from quillcache.hitrate.arrays import (
     TraceArrays,
@@ -30,43 +33,98 @@ from quillcache.hitrate.arrays import (
     load_arrays,
     validate_arrays,
 )
-from quillcache.policies import POLICIES, EvictionPolicy
-from quillcache.policies.belady import BeladyPolicy
-from quillcache.policies.lengthaware import LengthAwarePolicy
-from quillcache.policies.quillhd import QuillHdPolicy
+from quillcache.policies import POLICIES, EvictionPolicy, make_policy
 from quillcache.policies.tinylfu import DOORKEEPER_SEED, TinyLfuPolicy
+from quillcache.registry import Registry
 from quillcache.sketch.reference import seed_key
 from quillcache.traces.loader import TraceRequest
 
-__all__ = ["HITRATE_POLICIES", "HitRateResult", "TraceArrays", "load_arrays", "make_hitrate_policy", "simulate"]
+__all__ = ["HITRATE_KERNELS", "HITRATE_POLICIES", "HitRateKernel", "HitRateResult", "TraceArrays", "load_arrays",
+           "make_hitrate_policy", "simulate"]
 
-HITRATE_POLICIES: dict[str, type[EvictionPolicy]] = {
-    **POLICIES,
-    **{cls.name: cls for cls in (LengthAwarePolicy, TinyLfuPolicy, BeladyPolicy, QuillHdPolicy)},
-}
+HITRATE_POLICIES = POLICIES  # the one policy registry (name -> online class)
 
-# kernel-side options each policy accepts in simulate() (defaults = the online class's defaults)
-_KERNEL_OPTIONS: dict[str, dict[str, object]] = {
-    "lru": {}, "fifo": {}, "lfu": {}, "lengthaware": {},
-    "s3fifo": {"small_ratio": 0.10, "ghost_ratio": 0.90, "move_to_main_threshold": 2},
-    "tinylfu": {"window_ratio": 0.01, "protected_ratio": 0.8, "sample_factor": 10, "doorkeeper": True},
-    "belady": {"bypass": True},
-    "quillhd": {"mode": "adaptive", "period": 4096, "decay": 0.9, "quantile": 0.95, "che_mult": 1.0,
-                "block_tokens": 512},
-}
+
+@dataclass(frozen=True)
+class HitRateKernel:
+    """A policy's replay kernel: ``run(arrays, capacity_blocks, hits_out, options) -> hit blocks``.
+
+    ``options``: the kernel-side options and their defaults (the online class's defaults);
+    ``check(options)`` validates given option values, naming a bad one (None = nothing to check)."""
+
+    run: Callable[[TraceArrays, int, np.ndarray, dict], int]
+    options: Mapping[str, object]
+    check: Callable[[dict], None] | None = None
+
+
+HITRATE_KERNELS: Registry[HitRateKernel] = Registry("hit-rate policy")
 
 
 def make_hitrate_policy(name: str, **options) -> EvictionPolicy:
-    """An online policy from the merged registry (ValueError lists the registered names)."""
-    if not isinstance(name, str):
-        raise TypeError(f"policy name must be str, got {type(name).__name__} {name!r}")
-    cls = HITRATE_POLICIES.get(name)
-    if cls is None:
-        raise ValueError(f"unknown hit-rate policy {name!r}; registered: {sorted(HITRATE_POLICIES)}")
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise TypeError(f"policy {name!r} rejected options {sorted(options)}: {exc}") from None
+    """The online policy of a policy that has a hit-rate kernel (ValueError lists those names)."""
+    HITRATE_KERNELS.get(name)
+    return make_policy(name, **options)
+
+
+def _check_by_building(policy: str, **harness: object) -> Callable[[dict], None]:
+    """Option values are validated by building the online class once (it names the bad value)."""
+
+    def check(options: dict) -> None:
+        make_hitrate_policy(policy, **harness, **options)
+
+    return check
+
+
+def _online_defaults(policy: str, *names: str) -> dict[str, object]:
+    """The online class's constructor defaults of the kernel-side options ``names``."""
+    params = inspect.signature(POLICIES[policy]).parameters
+    return {name: params[name].default for name in names}
+
+
+def _check_belady(options: dict) -> None:
+    if "bypass" in options and not isinstance(options["bypass"], bool):
+        raise TypeError(f"bypass must be bool, got {options['bypass']!r}")
+
+
+def _run_tinylfu(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
+    p = TinyLfuPolicy(capacity_keys=cap, window_ratio=opts["window_ratio"], protected_ratio=opts["protected_ratio"],
+                      sample_factor=opts["sample_factor"], doorkeeper=opts["doorkeeper"])
+    return kernels.tinylfu(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, p.window_cap, p.main_cap,
+                           p.protected_cap, p.sample_size, p.sketch.width, p.sketch.depth, np.uint64(seed_key(0)),
+                           p.doorkeeper_bits, np.uint64(seed_key(DOORKEEPER_SEED)))
+
+
+def _run_quillhd(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
+    mode = {"adaptive": 0, "hd": 1, "lru": 2}[opts["mode"]]
+    return kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
+                           int(opts["block_tokens"]), int(opts["period"]), float(opts["decay"]), kernels.NUM_BUCKETS,
+                           float(opts["quantile"]), float(opts["che_mult"]), mode)
+
+
+def _plain(kernel: Callable) -> Callable[[TraceArrays, int, np.ndarray, dict], int]:
+    """A kernel that takes only the trace, the capacity and the output array."""
+    return lambda arrs, cap, hits, opts: kernel(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits)
+
+
+HITRATE_KERNELS.register("lru", HitRateKernel(_plain(kernels.lru), {}))
+HITRATE_KERNELS.register("fifo", HitRateKernel(_plain(kernels.fifo), {}))
+HITRATE_KERNELS.register("lfu", HitRateKernel(_plain(kernels.lfu), {}))
+HITRATE_KERNELS.register("lengthaware", HitRateKernel(_plain(kernels.lengthaware), {}))
+HITRATE_KERNELS.register("s3fifo", HitRateKernel(
+    lambda arrs, cap, hits, opts: kernels.s3fifo(
+        arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, float(opts["small_ratio"]),
+        float(opts["ghost_ratio"]), int(opts["move_to_main_threshold"])),
+    _online_defaults("s3fifo", "small_ratio", "ghost_ratio", "move_to_main_threshold"), _check_by_building("s3fifo")))
+HITRATE_KERNELS.register("tinylfu", HitRateKernel(
+    _run_tinylfu, _online_defaults("tinylfu", "window_ratio", "protected_ratio", "sample_factor", "doorkeeper"),
+    _check_by_building("tinylfu", capacity_keys=1)))
+HITRATE_KERNELS.register("belady", HitRateKernel(
+    lambda arrs, cap, hits, opts: kernels.belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits,
+                                                 arrs.next_use, bool(opts["bypass"])),
+    _online_defaults("belady", "bypass"), _check_belady))
+HITRATE_KERNELS.register("quillhd", HitRateKernel(
+    _run_quillhd, _online_defaults("quillhd", "mode", "period", "decay", "quantile", "che_mult", "block_tokens"),
+    _check_by_building("quillhd")))
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,62 +158,24 @@ def as_arrays(trace_or_arrays: object) -> TraceArrays:
 
 
 def _check_options(policy: str, options: dict) -> dict:
-    allowed = _KERNEL_OPTIONS[policy]
-    unknown = sorted(set(options) - set(allowed))
+    kernel = HITRATE_KERNELS[policy]
+    unknown = sorted(set(options) - set(kernel.options))
     if unknown:
-        raise TypeError(f"policy {policy!r} takes no kernel option(s) {unknown}; it takes {sorted(allowed)}")
-    merged = {**allowed, **options}
-    # option values are validated by building the online class once (it names the bad value)
-    if policy in ("s3fifo", "quillhd"):
-        make_hitrate_policy(policy, **options)
-    elif policy == "tinylfu":
-        make_hitrate_policy(policy, capacity_keys=1, **options)
-    elif policy == "belady" and not isinstance(merged["bypass"], bool):
-        raise TypeError(f"bypass must be bool, got {merged['bypass']!r}")
-    return merged
+        raise TypeError(f"policy {policy!r} takes no kernel option(s) {unknown}; it takes {sorted(kernel.options)}")
+    if kernel.check is not None:
+        kernel.check(options)
+    return {**kernel.options, **options}
 
 
 def run_kernel(arrs: TraceArrays, policy: str, cap: int, hits: np.ndarray, opts: dict) -> int:
-    off, blocks, u = arrs.req_offsets, arrs.blocks, arrs.num_unique
-    if policy == "lru":
-        return kernels.lru(off, blocks, u, cap, hits)
-    if policy == "fifo":
-        return kernels.fifo(off, blocks, u, cap, hits)
-    if policy == "lfu":
-        return kernels.lfu(off, blocks, u, cap, hits)
-    if policy == "lengthaware":
-        return kernels.lengthaware(off, blocks, u, cap, hits)
-    if policy == "belady":
-        return kernels.belady(off, blocks, u, cap, hits, arrs.next_use, bool(opts["bypass"]))
-    if policy == "s3fifo":
-        return kernels.s3fifo(off, blocks, u, cap, hits, float(opts["small_ratio"]), float(opts["ghost_ratio"]),
-                              int(opts["move_to_main_threshold"]))
-    if policy == "tinylfu":
-        p = TinyLfuPolicy(capacity_keys=cap, window_ratio=opts["window_ratio"], protected_ratio=opts["protected_ratio"],
-                          sample_factor=opts["sample_factor"], doorkeeper=opts["doorkeeper"])
-        return kernels.tinylfu(off, blocks, u, cap, hits, p.window_cap, p.main_cap, p.protected_cap, p.sample_size,
-                               p.sketch.width, p.sketch.depth, np.uint64(seed_key(0)), p.doorkeeper_bits,
-                               np.uint64(seed_key(DOORKEEPER_SEED)))
-    if policy == "quillhd":
-        mode = {"adaptive": 0, "hd": 1, "lru": 2}[opts["mode"]]
-        return kernels.quillhd(off, blocks, u, cap, hits, arrs.input_tokens, int(opts["block_tokens"]),
-                               int(opts["period"]), float(opts["decay"]), kernels.NUM_BUCKETS,
-                               float(opts["quantile"]), float(opts["che_mult"]), mode)
-    raise AssertionError(policy)
+    return HITRATE_KERNELS[policy].run(arrs, cap, hits, opts)
 
 
 def simulate(trace_or_arrays: object, policy: str, capacity_blocks: int | None, **options) -> HitRateResult:
     """Replay a trace through ``policy`` with a cache of ``capacity_blocks`` blocks (None = unlimited)."""
-    if not isinstance(policy, str):
-        raise TypeError(f"policy must be a str, got {type(policy).__name__} {policy!r}")
-    if policy not in _KERNEL_OPTIONS:
-        raise ValueError(f"unknown hit-rate policy {policy!r}; registered: {sorted(_KERNEL_OPTIONS)}")
+    HITRATE_KERNELS.get(policy)  # TypeError for a non-str, ValueError listing the kernels for an unknown name
     if capacity_blocks is not None:
-        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, (int, np.integer)):
-            raise TypeError(f"capacity_blocks must be a positive int or None, got "
-                            f"{type(capacity_blocks).__name__} {capacity_blocks!r}")
-        if capacity_blocks <= 0:
-            raise ValueError(f"capacity_blocks={int(capacity_blocks)} must be positive (None = unlimited)")
+        check_int("capacity_blocks", capacity_blocks, 1)
     opts = _check_options(policy, options)
     arrs = as_arrays(trace_or_arrays)
     u = arrs.num_unique

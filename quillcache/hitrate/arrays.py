@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.traces.loader import TraceRequest, load_trace
 
 __all__ = [
@@ -186,8 +187,7 @@ def validate_arrays(arrs: object) -> TraceArrays:
     if conv.shape[0] != r:
         raise ValueError(f"conv_ids has {conv.shape[0]} entries for {r} requests")
     u = arrs.num_unique
-    if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or u < 0:
-        raise ValueError(f"num_unique must be a non-negative int, got {u!r}")
+    check_int("num_unique", u, 0, type_error=ValueError)
     if n:
         lo, hi = int(blocks.min()), int(blocks.max())
         if lo < 0 or hi >= u:

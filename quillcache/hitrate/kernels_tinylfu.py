@@ -1,6 +1,7 @@
 """Numba kernel of W-TinyLFU (``quillcache.policies.tinylfu``), with the count-min sketch and
-doorkeeper hashed bit for bit as ``quillcache.sketch.reference`` (splitmix64, double hashing,
-multiply-shift columns). Same replay definition and invariants as ``quillcache.hitrate.kernels``.
+doorkeeper hashed bit for bit as ``quillcache.sketch.reference`` (splitmix64 from
+``quillcache._mix``, double hashing, multiply-shift columns). Same replay definition and
+invariants as ``quillcache.hitrate.kernels``.
 """
 
 from __future__ import annotations
@@ -8,21 +9,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from quillcache._mix import splitmix64_nb as mix64
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _MASK32 = np.uint64(0xFFFFFFFF)
-
-
-@njit(cache=True, nogil=True)
-def mix64(z):
-    """splitmix64, bit for bit ``quillcache.sketch.reference.mix64`` (uint64 arithmetic wraps)."""
-    z = z + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
 
 
 @njit(cache=True, nogil=True)

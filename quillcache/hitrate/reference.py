@@ -1,7 +1,7 @@
 """Plain-Python replay that drives the ONLINE policy objects: the specification of the kernels.
 
-``replay(arrays, policy, capacity_blocks, **options)`` builds the policy by name (from the merged
-registry ``quillcache.hitrate.HITRATE_POLICIES``) and applies the prefix-aware definition
+``replay(arrays, policy, capacity_blocks, **options)`` builds the policy by name (from the policy
+registry ``quillcache.policies.POLICIES``) and applies the prefix-aware definition
 (REFERENCE §5) through the ``EvictionPolicy`` protocol, one block (size 1) per key:
 
     k = number of leading blocks of the request that are tracked   -> hits[r] = k
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.hitrate.arrays import TraceArrays, validate_arrays
+from quillcache.policies import make_policy
 
 HARNESS_OPTIONS = {
     "s3fifo": ("capacity_bytes",),
@@ -36,8 +38,6 @@ HARNESS_OPTIONS = {
 
 
 def build_policy(name: str, capacity_blocks: int, arrs: TraceArrays, cursor: list[int], **options):
-    from quillcache.hitrate import make_hitrate_policy
-
     given = set(options) & set(HARNESS_OPTIONS.get(name, ()))
     if given:
         raise ValueError(f"options {sorted(given)} are set by the replay harness for policy {name!r}")
@@ -49,15 +49,13 @@ def build_policy(name: str, capacity_blocks: int, arrs: TraceArrays, cursor: lis
         nu = arrs.next_use
         options["capacity_keys"] = capacity_blocks
         options["next_use_oracle"] = lambda _key: int(nu[cursor[0]])
-    return make_hitrate_policy(name, **options)
+    return make_policy(name, **options)
 
 
 def replay(arrs: TraceArrays, policy: str, capacity_blocks: int, **options) -> np.ndarray:
     """Per-request prefix hits (int32[R]) of ``policy`` at ``capacity_blocks`` blocks."""
     validate_arrays(arrs)
-    if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, (int, np.integer)) or capacity_blocks <= 0:
-        raise ValueError(f"capacity_blocks={capacity_blocks!r} must be a positive integer")
-    cap = int(capacity_blocks)
+    cap = check_int("capacity_blocks", capacity_blocks, 1)
     cursor = [0]
     pol = build_policy(policy, cap, arrs, cursor, **options)
     begin = getattr(pol, "begin_request", None)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.hashing.blocks import check_block_size, hash_blocks
 
 __all__ = ["NaiveContentCache"]
@@ -40,9 +41,7 @@ def _as_hashes(block_hashes: Sequence[int] | np.ndarray) -> list[int]:
         raise TypeError(f"block_hashes must be a sequence of integers, got {type(block_hashes).__name__}")
     out = []
     for i, h in enumerate(block_hashes):
-        if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= int(h) < 2**64:
-            raise ValueError(f"block_hashes[{i}]={h!r} is not an integer in [0, 2**64)")
-        out.append(int(h))
+        out.append(check_int(f"block_hashes[{i}]", h, 0, 2**64 - 1, type_error=ValueError))
     return out
 
 
@@ -52,10 +51,7 @@ class NaiveContentCache:
     def __init__(self, block_size_tokens: int = 16, capacity_blocks: int | None = None) -> None:
         self.block_size_tokens = check_block_size(block_size_tokens)
         if capacity_blocks is not None:
-            if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int):
-                raise TypeError(f"capacity_blocks must be an int or None, got {type(capacity_blocks).__name__}")
-            if capacity_blocks < 1:
-                raise ValueError(f"capacity_blocks={capacity_blocks}; expected >= 1 or None (unbounded)")
+            capacity_blocks = check_int("capacity_blocks", capacity_blocks, 1)  # None = unbounded
         self.capacity_blocks = capacity_blocks
         self._blocks: OrderedDict[int, bytes] = OrderedDict()  # content hash -> writer digest
         self.num_evictions = 0

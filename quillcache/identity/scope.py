@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.index.keys import ResidencyEntry
 from quillcache.types import Identity, KvLayout
 
@@ -163,11 +164,7 @@ def public_identity(identity: Identity) -> Identity:
 def _check_block_hashes(values: Iterable[object]) -> frozenset[int]:
     out = set()
     for v in values:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"public block hashes must be integers, got {type(v).__name__} {_show(v)}")
-        if not 0 <= int(v) <= _U64_MAX:
-            raise ValueError(f"public block hash {int(v)} is outside [0, 2**64)")
-        out.add(int(v))
+        out.add(check_int("public block hash", v, 0, _U64_MAX))
     return frozenset(out)
 
 

@@ -8,28 +8,23 @@ layout of :mod:`quillcache.index.keys`.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from quillcache.index.base import IndexBackend, IndexClosedError, NotAnIndexError
 from quillcache.index.keys import IndexKeyError, ReplicaKey, ResidencyEntry
+from quillcache.registry import Registry
 
-# name -> "module:Class"; imported lazily so a missing optional dependency only hurts its backend.
-INDEX_BACKENDS: dict[str, str] = {
-    "art": "quillcache.index.art_index:ArtIndex",
-    "flat": "quillcache.index.flat:FlatIndex",
-    "rocksdb": "quillcache.index.rocksdb:RocksDbIndex",
-    "sorted": "quillcache.index.sorted_map:SortedIndex",
-}
+# name -> backend class, imported on first use so a missing optional dependency only hurts its backend.
+INDEX_BACKENDS: Registry[type[IndexBackend]] = Registry("index backend")
+INDEX_BACKENDS.register_lazy("art", "quillcache.index.art_index:ArtIndex")
+INDEX_BACKENDS.register_lazy("flat", "quillcache.index.flat:FlatIndex")
+INDEX_BACKENDS.register_lazy("rocksdb", "quillcache.index.rocksdb:RocksDbIndex")
+INDEX_BACKENDS.register_lazy("sorted", "quillcache.index.sorted_map:SortedIndex")
 
 
 def open_index(kind: str, path: str | Path | None = None, **options) -> IndexBackend:
     """Open (or create) an index of a registered kind at ``path`` (None = in memory where supported)."""
-    target = INDEX_BACKENDS.get(kind)
-    if target is None:
-        raise ValueError(f"unknown index backend {kind!r}; registered: {sorted(INDEX_BACKENDS)}")
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)(path, **options)
+    return INDEX_BACKENDS[kind](path, **options)
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from quillcache._checks import check_int
 from quillcache.types import CacheTier
 
 PRIMARY = b"B"
@@ -77,19 +78,8 @@ class ResidencyEntry:
 
 
 def check_block_hash(h: object) -> int:
-    if isinstance(h, bool) or not isinstance(h, int):
-        try:
-            import numpy as np
-
-            if isinstance(h, np.integer):
-                h = int(h)
-            else:
-                raise TypeError
-        except TypeError:
-            raise IndexKeyError(f"block hash must be an integer in [0, 2^64), got {h!r}") from None
-    if not 0 <= h <= U64_MAX:
-        raise IndexKeyError(f"block hash {h} is outside [0, 2^64)")
-    return h
+    """A 64-bit block hash (Python or NumPy integer) as an int, or IndexKeyError naming it."""
+    return check_int("block hash", h, 0, U64_MAX, error=IndexKeyError, type_error=IndexKeyError)
 
 
 def check_identity(identity: object) -> bytes:

@@ -55,7 +55,8 @@ def _scan(keys, offsets, b0, b1, hashes, node_worker, allowed, public_slot, publ
         h = hashes[b0 + j]
         for r in range(offsets[b0 + j], offsets[b0 + j + 1]):
             if guard:
-                # the guard, inline (a call per replica cost 3-4x more): first identity byte, then the rest
+                # the guard, inline rather than a call per replica (this loop is the planner's hot
+                # path; results/microbench_planner): first identity byte, then the rest
                 match = -1
                 for a in range(na):
                     if keys[r, _ID0] != allowed[a, 0]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from quillcache._checks import check_float
 from quillcache.planner.profiles import (
     DTYPE_BYTES,
     GPUS,
@@ -57,9 +58,7 @@ class CostModel:
                           ("ssd_link", LinkProfile), ("peer_link", LinkProfile)):
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"CostModel.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
-        m = self.prefill_mfu
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not (0 < m <= 1):
-            raise ValueError(f"CostModel.prefill_mfu={m!r}; expected 0 < mfu <= 1")
+        check_float("CostModel.prefill_mfu", self.prefill_mfu, 0.0, 1.0, lo_open=True, type_error=ValueError)
 
     # ---- compute ---------------------------------------------------------------------------
     @property

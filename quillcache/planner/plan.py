@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.identity.scope import RequestScope
 from quillcache.index.base import LocateResult
 from quillcache.index.keys import ResidencyEntry
@@ -55,12 +56,6 @@ class TimingClass(enum.Enum):
     OVER_SLO = "over-slo"
 
 
-def _count(name: str, v: object, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise ValueError(f"{name}={v!r}; expected an int >= {lo}")
-    return int(v)
-
-
 @dataclass(frozen=True, slots=True)
 class PlanRequest:
     """One request to plan: its identity scope, its full blocks' hashes and its lengths."""
@@ -78,8 +73,8 @@ class PlanRequest:
             raise TypeError(f"block_hashes must be a 1-D uint64 array, got {getattr(h, 'dtype', type(h).__name__)}")
         if not h.flags.c_contiguous:
             raise ValueError("block_hashes must be contiguous (np.ascontiguousarray)")
-        _count("input_tokens", self.input_tokens, 1)  # an empty prompt is refused
-        _count("output_tokens", self.output_tokens, 0)
+        check_int("input_tokens", self.input_tokens, 1)  # an empty prompt is refused
+        check_int("output_tokens", self.output_tokens, 0)
         bs = self.scope.identity.layout.block_size_tokens
         if len(h) != self.input_tokens // bs:
             raise ValueError(

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from quillcache._checks import check_float, check_int
 from quillcache.hashing.blocks import hash_blocks
 from quillcache.identity.scope import IdentityRegistry, RequestScope
 from quillcache.index.base import IndexBackend
@@ -63,12 +64,8 @@ class PlannerConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        bs = self.block_size_tokens
-        if isinstance(bs, bool) or not isinstance(bs, int) or not 1 <= bs <= 65536:
-            raise ValueError(f"block_size_tokens={bs!r}; expected an int in 1..65536")
-        slo = self.ttft_slo_s
-        if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not slo > 0:
-            raise ValueError(f"ttft_slo_s={slo!r}; expected a positive number of seconds")
+        check_int("block_size_tokens", self.block_size_tokens, 1, 65536, type_error=ValueError)
+        check_float("ttft_slo_s", self.ttft_slo_s, 0.0, lo_open=True, finite=False, type_error=ValueError)
         if not isinstance(self.enable_guard, bool):
             raise TypeError(f"enable_guard must be a bool, got {type(self.enable_guard).__name__}")
         if not isinstance(self.cost_model, CostModel):

@@ -8,8 +8,8 @@ dtype bytes`` (fp16/bf16: 2 bytes), e.g. Llama-3-8B 32 x 8 x 128 -> 128 KiB per 
 Prefill compute uses the standard transformer FLOP count (Kaplan et al. 2020, "Scaling Laws for
 Neural Language Models", Table 1): ``2 x params`` per token for the weights plus the attention
 score and value products, ``4 x layers x attn_dim x context`` per token at position ``context``.
-Time = FLOPs / (dense BF16 peak x MFU). The MFU is an ASSUMPTION (0.5 by default; measured prefill
-MFU of current engines is typically 40-60%), to be replaced with a figure measured on your engine.
+Time = FLOPs / (dense BF16 peak x MFU). The MFU is an ASSUMPTION (0.5 by default), to be replaced
+with a figure measured on your engine.
 
 Link figures are line rates or vendor/paper figures as cited; latencies are stated assumptions
 (per transfer, not per block). Nothing here was measured on this machine except where it says so.
@@ -17,8 +17,9 @@ Link figures are line rates or vendor/paper figures as cited; latencies are stat
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from quillcache._checks import check_float
 
 __all__ = [
     "DTYPE_BYTES",
@@ -41,11 +42,6 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
-def _positive(owner: str, name: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{owner}.{name}={v!r}; expected a positive finite number")
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelProfile:
     """A decoder-only transformer's shape, for KV bytes and prefill FLOPs."""
@@ -61,7 +57,7 @@ class ModelProfile:
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim", "num_attention_heads", "hidden_size", "num_params"):
-            _positive("ModelProfile", f, getattr(self, f))
+            check_float(f"ModelProfile.{f}", getattr(self, f), 0.0, lo_open=True)
 
     @property
     def attn_dim(self) -> int:
@@ -89,8 +85,8 @@ class GpuProfile:
     source: str
 
     def __post_init__(self) -> None:
-        _positive("GpuProfile", "dense_bf16_flops", self.dense_bf16_flops)
-        _positive("GpuProfile", "hbm_bytes_per_s", self.hbm_bytes_per_s)
+        check_float("GpuProfile.dense_bf16_flops", self.dense_bf16_flops, 0.0, lo_open=True)
+        check_float("GpuProfile.hbm_bytes_per_s", self.hbm_bytes_per_s, 0.0, lo_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,11 +99,8 @@ class LinkProfile:
     source: str
 
     def __post_init__(self) -> None:
-        _positive("LinkProfile", "bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
-        if isinstance(self.latency_s, bool) or not isinstance(self.latency_s, (int, float)) or not (
-            math.isfinite(self.latency_s) and self.latency_s >= 0
-        ):
-            raise ValueError(f"LinkProfile.latency_s={self.latency_s!r}; expected a finite number >= 0")
+        check_float("LinkProfile.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, 0.0, lo_open=True)
+        check_float("LinkProfile.latency_s", self.latency_s, 0.0)
 
 
 _HF = "Hugging Face config.json of {}"

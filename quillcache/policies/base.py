@@ -34,9 +34,10 @@ keyword arguments with defaults, and register it in ``quillcache.policies.POLICI
 from __future__ import annotations
 
 import abc
-import operator
 from collections.abc import Callable, Hashable, Iterator
 from typing import ClassVar
+
+from quillcache._checks import check_int
 
 Key = Hashable
 Predicate = Callable[[Key], bool]
@@ -60,15 +61,7 @@ def always(_key: Key) -> bool:
 
 def check_size(size_bytes: object) -> int:
     """``size_bytes`` as a positive int, or TypeError/ValueError naming it."""
-    if isinstance(size_bytes, bool):
-        raise TypeError(f"size_bytes must be an integer, got bool {size_bytes!r}")
-    try:
-        size = operator.index(size_bytes)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"size_bytes must be an integer, got {type(size_bytes).__name__} {size_bytes!r}") from None
-    if size <= 0:
-        raise ValueError(f"size_bytes={size} must be positive")
-    return size
+    return check_int("size_bytes", size_bytes, 1)
 
 
 class EvictionPolicy(abc.ABC):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from quillcache._checks import check_int
 from quillcache.policies.base import EvictionPolicy, Key, Predicate, always, check_size
 
 Oracle = Callable[[Key], int]
@@ -41,7 +42,7 @@ class BeladyPolicy(EvictionPolicy):
             raise TypeError("belady needs the future: pass next_use_oracle=callable(key) -> next-use time "
                             f"(got {next_use_oracle!r}); quillcache.hitrate.reference builds one from a trace")
         self._oracle = next_use_oracle
-        self.capacity_keys = None if capacity_keys is None else check_size(capacity_keys)
+        self.capacity_keys = None if capacity_keys is None else check_int("capacity_keys", capacity_keys, 1)
         self.bypass = bool(bypass)
         self._next: dict[Key, int] = {}
         self._heap: list[tuple[int, int, Key]] = []  # (-next_use, -counter, key)

@@ -54,7 +54,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-from quillcache.policies.base import EvictionPolicy, Key, Predicate, always, check_size
+from quillcache._checks import check_choice, check_float, check_int
+from quillcache.policies.base import EvictionPolicy, Key, Predicate, always
 
 NUM_CLASSES = 8
 HD_SUB = 8
@@ -116,18 +117,14 @@ class QuillHdPolicy(EvictionPolicy):
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"mode={mode!r} must be one of {MODES}")
+        check_choice("mode", mode, MODES)
         if capacity_keys is not None:
-            capacity_keys = check_size(capacity_keys)
-        for name, v in (("period", period), ("block_tokens", block_tokens)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name}={v!r} must be a positive integer")
-        for name, v, lo, hi in (("decay", decay, 0.0, 1.0), ("quantile", quantile, 0.0, 1.0)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v <= hi:
-                raise ValueError(f"{name}={v!r} must be a number in ({lo}, {hi}]")
-        if isinstance(che_mult, bool) or not isinstance(che_mult, (int, float)) or not 0.0 <= che_mult <= 1e6:
-            raise ValueError(f"che_mult={che_mult!r} must be a number in [0, 1e6]")
+            capacity_keys = check_int("capacity_keys", capacity_keys, 1)
+        period = check_int("period", period, 1)
+        block_tokens = check_int("block_tokens", block_tokens, 1)
+        check_float("decay", decay, 0.0, 1.0, lo_open=True)
+        check_float("quantile", quantile, 0.0, 1.0, lo_open=True)
+        check_float("che_mult", che_mult, 0.0, 1e6)
         self.capacity_keys = capacity_keys
         self.mode = mode
         self.period = period
@@ -183,8 +180,7 @@ class QuillHdPolicy(EvictionPolicy):
         """Announce a request: its keys in order, how many leading keys were prefix hits, and its
         input length in tokens (for partial-block detection). The following insert/touch calls
         that follow ``keys`` in order are classified with this context."""
-        if isinstance(num_hit, bool) or not isinstance(num_hit, int) or not 0 <= num_hit <= len(keys):
-            raise ValueError(f"num_hit={num_hit!r} must be an int in [0, {len(keys)}]")
+        check_int("num_hit", num_hit, 0, len(keys))
         self._req = keys
         self._req_pos = 0
         self._req_hits = num_hit

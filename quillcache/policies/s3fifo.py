@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from quillcache.policies.base import EvictionPolicy, Key, Predicate, always, check_size
+from quillcache._checks import check_float, check_int
+from quillcache.policies.base import EvictionPolicy, Key, Predicate, always
 
 MAX_FREQ = 3
 
@@ -45,17 +46,10 @@ class S3FifoPolicy(EvictionPolicy):
     def __init__(self, *, small_ratio: float = 0.10, ghost_ratio: float = 0.90, move_to_main_threshold: int = 2,
                  capacity_bytes: int | None = None) -> None:
         super().__init__()
-        if isinstance(small_ratio, bool) or not isinstance(small_ratio, (int, float)) or not 0.0 < small_ratio < 1.0:
-            raise ValueError(f"small_ratio={small_ratio!r} must be a number strictly between 0 and 1")
-        if isinstance(ghost_ratio, bool) or not isinstance(ghost_ratio, (int, float)) or not 0.0 <= ghost_ratio <= 10.0:
-            raise ValueError(f"ghost_ratio={ghost_ratio!r} must be a number between 0 and 10")
-        if isinstance(move_to_main_threshold, bool) or not isinstance(move_to_main_threshold, int) \
-                or not 1 <= move_to_main_threshold <= MAX_FREQ:
-            raise ValueError(f"move_to_main_threshold={move_to_main_threshold!r} must be an integer in 1..{MAX_FREQ}")
-        self.small_ratio = float(small_ratio)
-        self.ghost_ratio = float(ghost_ratio)
-        self.move_to_main_threshold = move_to_main_threshold
-        self.capacity_bytes = None if capacity_bytes is None else check_size(capacity_bytes)
+        self.small_ratio = check_float("small_ratio", small_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
+        self.ghost_ratio = check_float("ghost_ratio", ghost_ratio, 0.0, 10.0)
+        self.move_to_main_threshold = check_int("move_to_main_threshold", move_to_main_threshold, 1, MAX_FREQ)
+        self.capacity_bytes = None if capacity_bytes is None else check_int("capacity_bytes", capacity_bytes, 1)
         self._small: OrderedDict[Key, None] = OrderedDict()  # oldest first
         self._main: OrderedDict[Key, None] = OrderedDict()
         self._ghost: OrderedDict[Key, int] = OrderedDict()  # key -> size_bytes, oldest first

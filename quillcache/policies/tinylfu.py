@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-from quillcache.policies.base import EvictionPolicy, Key, Predicate, always, check_size
+from quillcache._checks import check_float, check_int
+from quillcache.policies.base import EvictionPolicy, Key, Predicate, always
 from quillcache.sketch.countmin import CountMinSketch
 from quillcache.sketch.reference import MASK64, row_columns, seed_key
 
@@ -60,12 +61,10 @@ class TinyLfuPolicy(EvictionPolicy):
     def __init__(self, *, capacity_keys: int = 1024, window_ratio: float = 0.01, protected_ratio: float = 0.8,
                  sample_factor: int = 10, doorkeeper: bool = True) -> None:
         super().__init__()
-        cap = check_size(capacity_keys)
-        for name, v in (("window_ratio", window_ratio), ("protected_ratio", protected_ratio)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-                raise ValueError(f"{name}={v!r} must be a number in [0, 1)")
-        if isinstance(sample_factor, bool) or not isinstance(sample_factor, int) or sample_factor <= 0:
-            raise ValueError(f"sample_factor={sample_factor!r} must be a positive integer")
+        cap = check_int("capacity_keys", capacity_keys, 1)
+        check_float("window_ratio", window_ratio, 0.0, 1.0, hi_open=True)
+        check_float("protected_ratio", protected_ratio, 0.0, 1.0, hi_open=True)
+        check_int("sample_factor", sample_factor, 1)
         self.capacity_keys = cap
         self.window_cap = max(1, round(window_ratio * cap))
         self.main_cap = cap - self.window_cap

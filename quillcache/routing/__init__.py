@@ -7,8 +7,7 @@ router does not take, raises an error naming what was wrong and what is register
 
 from __future__ import annotations
 
-import inspect
-
+from quillcache.registry import Registry
 from quillcache.routing.base import (
     EngineRole,
     Lease,
@@ -24,26 +23,16 @@ from quillcache.routing.baselines import (
 )
 from quillcache.routing.dynamo import DynamoCostRouter
 
-ROUTERS: dict[str, type[Router]] = {
-    "dynamo": DynamoCostRouter,
-    "least_loaded": LeastLoadedRouter,
-    "prefix_affinity": PrefixAffinityRouter,
-    "round_robin": RoundRobinRouter,
-}
+ROUTERS: Registry[type[Router]] = Registry("router")
+ROUTERS.register("dynamo", DynamoCostRouter)
+ROUTERS.register("least_loaded", LeastLoadedRouter)
+ROUTERS.register("prefix_affinity", PrefixAffinityRouter)
+ROUTERS.register("round_robin", RoundRobinRouter)
 
 
 def make_router(name: str, **opts) -> Router:
     """A router of a registered kind; ``opts`` go to its constructor (e.g. ``temperature``, ``seed``)."""
-    if not isinstance(name, str):
-        raise TypeError(f"router name must be a str, got {type(name).__name__}")
-    cls = ROUTERS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown router {name!r}; registered: {sorted(ROUTERS)}")
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unknown = sorted(set(opts) - set(accepted))
-    if unknown:
-        raise TypeError(f"router {name!r} takes no option(s) {unknown}; it accepts {accepted}")
-    return cls(**opts)
+    return ROUTERS.create(name, **opts)  # type: ignore[return-value]
 
 
 __all__ = [

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quillcache._checks import check_int
+
 __all__ = [
     "EngineRole",
     "Lease",
@@ -174,18 +176,15 @@ class LoadTracker:
             if i is None:
                 raise ValueError(f"unknown worker {worker!r}; known: {list(self.names)}")
             return i
-        if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or not 0 <= worker < len(self.names):
-            raise ValueError(f"worker index {worker!r} is out of range 0..{len(self.names) - 1}")
-        return int(worker)
+        return check_int("worker index", worker, 0, len(self.names) - 1, type_error=ValueError)
 
     def acquire(self, worker: int | str, *, prefill_tokens: int, decode_blocks: int,
                 decode_worker: int | str | None = None) -> Lease:
         """Count a request's load now (before the upstream call); release it with the lease."""
         w = self._index(worker)
         d = w if decode_worker is None else self._index(decode_worker)
-        for name, v in (("prefill_tokens", prefill_tokens), ("decode_blocks", decode_blocks)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise ValueError(f"{name}={v!r}; expected a non-negative int")
+        prefill_tokens = check_int("prefill_tokens", prefill_tokens, 0, type_error=ValueError)
+        decode_blocks = check_int("decode_blocks", decode_blocks, 0, type_error=ValueError)
         with self._lock:
             self._prefill[w] += prefill_tokens
             self._decode[d] += decode_blocks
@@ -251,11 +250,9 @@ def check_route(route: RouteRequest) -> None:
         not isinstance(route.eligible, np.ndarray) or route.eligible.shape != (n,) or route.eligible.dtype != np.bool_
     ):
         raise ValueError(f"eligible must be a bool array of shape ({n},) or None")
-    if isinstance(route.isl_tokens, bool) or not isinstance(route.isl_tokens, (int, np.integer)) or route.isl_tokens < 1:
+    if check_int("isl_tokens", route.isl_tokens, type_error=ValueError) < 1:
         raise ValueError(f"isl_tokens={route.isl_tokens!r}; an empty prompt cannot be routed")
-    bs = route.block_size_tokens
-    if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
-        raise ValueError(f"block_size_tokens={bs!r}; expected a positive int")
+    check_int("block_size_tokens", route.block_size_tokens, 1, type_error=ValueError)
 
 
 def pick_min(values: np.ndarray, eligible: np.ndarray | None, rng: random.Random) -> int:
@@ -277,8 +274,8 @@ class Router(abc.ABC):
     name: str = "abstract"
 
     def __init__(self, *, seed: int | None = None) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if seed is not None:
+            check_int("seed", seed)
         self.rng = random.Random(seed)
 
     def select(self, route: RouteRequest) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from quillcache._checks import check_float
 from quillcache.routing.base import Router, RouteRequest, check_route
 
 __all__ = ["DEFAULT_TIER_CREDITS", "DynamoCostRouter", "dynamo_logits_reference", "select_reference"]
@@ -146,15 +147,6 @@ def select_reference(values: Sequence[float], eligible: Sequence[bool], temperat
     return idx[-1]
 
 
-def _check_float(name: str, v: object, *, lo: float = 0.0) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r:.40}")
-    f = float(v)
-    if not math.isfinite(f) or f < lo:
-        raise ValueError(f"{name}={v!r}; expected a finite number >= {lo}")
-    return f
-
-
 class DynamoCostRouter(Router):
     """Dynamo's KV-router cost (tier credits 1.0/0.75/0.25) over live load; see module doc."""
 
@@ -169,11 +161,11 @@ class DynamoCostRouter(Router):
         seed: int | None = None,
     ) -> None:
         super().__init__(seed=seed)
-        self.prefill_load_scale = _check_float("prefill_load_scale", prefill_load_scale)
+        self.prefill_load_scale = check_float("prefill_load_scale", prefill_load_scale, 0.0)
         if not isinstance(tier_credits, (tuple, list)) or len(tier_credits) != 3:
             raise ValueError(f"tier_credits must be 3 numbers (device, host, disk), got {tier_credits!r:.80}")
-        self.tier_credits = tuple(_check_float(f"tier_credits[{i}]", c) for i, c in enumerate(tier_credits))
-        self.temperature = _check_float("temperature", temperature)
+        self.tier_credits = tuple(check_float(f"tier_credits[{i}]", c, 0.0) for i, c in enumerate(tier_credits))
+        self.temperature = check_float("temperature", temperature, 0.0)
         self._ones: dict[int, np.ndarray] = {}
         self._out: dict[int, np.ndarray] = {}
 

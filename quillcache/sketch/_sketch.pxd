@@ -1,6 +1,6 @@
 """Inline, GIL-free kernels of the count-min sketch core (``_sketch.pyx``).
 
-Hash: ``h = mix64(key ^ mix64(seed))`` (splitmix64); row ``i`` uses ``g_i = (h1 + i*h2) mod 2**32``
+Hash: ``h = splitmix64(key ^ splitmix64(seed))`` (``quillcache/_mix.pxd``); row ``i`` uses ``g_i = (h1 + i*h2) mod 2**32``
 with ``h1``/``h2`` the low/high halves of ``h``; its column is ``(g_i * width) >> 32``
 (Lemire's multiply-shift). Counters are uint32 in one row-major ``depth x width`` array and
 saturate at UINT32_MAX. ``quillcache.sketch.reference`` is the specification.
@@ -8,28 +8,17 @@ saturate at UINT32_MAX. ``quillcache.sketch.reference`` is the specification.
 
 from libc.stdint cimport uint32_t, uint64_t
 
+from quillcache._mix cimport splitmix64
+
 cdef extern from *:
     """
-    #define QC_SK_GOLDEN 0x9E3779B97F4A7C15ULL
-    #define QC_SK_M1 0xBF58476D1CE4E5B9ULL
-    #define QC_SK_M2 0x94D049BB133111EBULL
     #define QC_SK_U32MAX 0xFFFFFFFFULL
     #define QC_SK_U64MAX 0xFFFFFFFFFFFFFFFFULL
     #define QC_SK_MAX_DEPTH 32
     """
-    const uint64_t QC_SK_GOLDEN
-    const uint64_t QC_SK_M1
-    const uint64_t QC_SK_M2
     const uint64_t QC_SK_U32MAX
     const uint64_t QC_SK_U64MAX
     const int QC_SK_MAX_DEPTH
-
-
-cdef inline uint64_t _mix64(uint64_t z) noexcept nogil:
-    z = z + QC_SK_GOLDEN
-    z = (z ^ (z >> 30)) * QC_SK_M1
-    z = (z ^ (z >> 27)) * QC_SK_M2
-    return z ^ (z >> 31)
 
 
 cdef inline uint64_t _sat_add64(uint64_t a, uint64_t b) noexcept nogil:
@@ -56,7 +45,7 @@ cdef inline void _block_offsets(const uint64_t* keys, Py_ssize_t m, uint64_t ske
     cdef uint64_t h
     cdef Py_ssize_t i, j
     for j in range(m):
-        h = _mix64(keys[j] ^ skey)
+        h = splitmix64(keys[j] ^ skey)
         hb[j] = h
         g[j] = <uint32_t>h
         h2[j] = <uint32_t>(h >> 32)

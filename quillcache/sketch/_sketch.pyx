@@ -1,7 +1,7 @@
 """Count-min sketch core (private; use ``quillcache.sketch.countmin.CountMinSketch``).
 
 Same algorithm and hashing as ``quillcache.sketch.reference`` (the specification): per key one
-splitmix64 mix of ``key ^ mix64(seed)``, double hashing ``h1 + i*h2`` (32-bit wrap) and
+splitmix64 mix of ``key ^ splitmix64(seed)`` (``quillcache/_mix.pxd``), double hashing ``h1 + i*h2`` (32-bit wrap) and
 Lemire's multiply-shift ``(g * width) >> 32`` for the column of row ``i``.
 
 Invariants:
@@ -22,12 +22,23 @@ from libc.stdint cimport int32_t, uint32_t, uint64_t
 
 import numpy as np
 
-# Kernels (_mix64, _block_offsets, _update_at, ...) and constants come from _sketch.pxd.
+# Kernels (splitmix64 from quillcache/_mix.pxd, _block_offsets, _update_at, ...) and constants come from _sketch.pxd.
 
 MAX_DEPTH = 32
 MAX_WIDTH = 1 << 31
 MAX_COUNTERS = 1 << 28
 MAX_TOP_K = 1 << 20
+
+
+def splitmix64_array(const uint64_t[::1] z):
+    """The Cython ``splitmix64`` (``quillcache/_mix.pxd``) of each element: a thin wrapper for tests."""
+    cdef Py_ssize_t i, n = z.shape[0]
+    out = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            o[i] = splitmix64(z[i])
+    return out
 
 
 cdef void _add_plain(uint32_t* t, uint32_t w, Py_ssize_t d, uint64_t skey, bint conservative,
@@ -109,7 +120,7 @@ cdef class SketchCore:
         self.depth = depth
         self._w = <uint32_t>width
         self.seed = seed
-        self._skey = _mix64(seed)
+        self._skey = splitmix64(seed)
         self.conservative = conservative
         self.aging_window = aging_window
         self.top_k = top_k
@@ -161,7 +172,7 @@ cdef class SketchCore:
             e = self._ht[j]
             if e < 0:
                 return
-            home = _mix64(self._hk[e] ^ self._skey) & mask
+            home = splitmix64(self._hk[e] ^ self._skey) & mask
             if ((j - home) & mask) >= ((j - s) & mask):  # hole s lies in [home, j): move back
                 self._ht[s] = e
                 self._hs[e] = s
@@ -363,7 +374,7 @@ cdef class SketchCore:
         return out
 
     def estimate_one(self, uint64_t key):
-        return _query_one(self._t, self._w, self.depth, _mix64(key ^ self._skey))
+        return _query_one(self._t, self._w, self.depth, splitmix64(key ^ self._skey))
 
     def halve(self):
         self._enter()
@@ -415,7 +426,7 @@ cdef class SketchCore:
                 self._hh_reset()
                 if self.top_k:
                     for k in range(candidates.shape[0]):
-                        h = _mix64(candidates[k] ^ self._skey)
+                        h = splitmix64(candidates[k] ^ self._skey)
                         self._hh_offer(candidates[k], h, _query_one(self._t, self._w, self.depth, h))
         finally:
             self._busy = False
@@ -449,7 +460,7 @@ cdef class SketchCore:
             self.since_aging = since_aging
             self._hh_reset()
             for i in range(n):
-                s = self._hh_find(heap_keys[i], _mix64(heap_keys[i] ^ self._skey))
+                s = self._hh_find(heap_keys[i], splitmix64(heap_keys[i] ^ self._skey))
                 if self._ht[s] >= 0:
                     self._hh_reset()
                     raise ValueError(f"heavy-hitter key {heap_keys[i]} appears twice")

@@ -24,13 +24,12 @@ Invariants:
 
 from __future__ import annotations
 
-import math
-import numbers
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
+from quillcache._checks import check_float, check_int, is_int
 from quillcache.sketch._sketch import SketchCore
 from quillcache.sketch.reference import (
     COUNTER_MAX,
@@ -49,28 +48,6 @@ _MAGIC = b"QCCMS\x00v1"
 _HEADER = struct.Struct("<8sddIIQ?3xIQQQI")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _check_probability(name: str, value: object) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number in (0, 1), got {type(value).__name__} {value!r}")
-    v = float(value)
-    if not (math.isfinite(v) and 0.0 < v < 1.0):
-        raise ValueError(f"{name}={value!r} is outside the open interval (0, 1)")
-    return v
-
-
-def _check_int(name: str, value: object, lo: int, hi: int) -> int:
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if not lo <= v <= hi:
-        raise ValueError(f"{name}={v} is outside [{lo}, {hi}]")
-    return v
-
-
 @dataclass(frozen=True, kw_only=True)
 class SketchConfig:
     """Accuracy targets and options of a sketch; ``width``/``depth`` are derived from eps/delta."""
@@ -83,15 +60,15 @@ class SketchConfig:
     top_k: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "eps", _check_probability("eps", self.eps))
-        object.__setattr__(self, "delta", _check_probability("delta", self.delta))
+        object.__setattr__(self, "eps", check_float("eps", self.eps, 0.0, 1.0, lo_open=True, hi_open=True))
+        object.__setattr__(self, "delta", check_float("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True))
         if not isinstance(self.conservative, (bool, np.bool_)):
             raise TypeError(f"conservative must be bool, got {type(self.conservative).__name__}")
         object.__setattr__(self, "conservative", bool(self.conservative))
-        object.__setattr__(self, "seed", _check_int("seed", self.seed, 0, MASK64))
+        object.__setattr__(self, "seed", check_int("seed", self.seed, 0, MASK64))
         if self.aging_window is not None:
-            object.__setattr__(self, "aging_window", _check_int("aging_window", self.aging_window, 1, MASK64))
-        object.__setattr__(self, "top_k", _check_int("top_k", self.top_k, 0, MAX_TOP_K))
+            object.__setattr__(self, "aging_window", check_int("aging_window", self.aging_window, 1, MASK64))
+        object.__setattr__(self, "top_k", check_int("top_k", self.top_k, 0, MAX_TOP_K))
         width, depth = dimensions_for(self.eps, self.delta)
         if width > MAX_WIDTH:
             raise ValueError(f"eps={self.eps!r} gives width {width} > {MAX_WIDTH} counters per row")
@@ -114,7 +91,7 @@ class SketchConfig:
 
 def _as_keys(keys: object) -> np.ndarray:
     """A 1-D C-contiguous native uint64 array, or a one-element array for a single integer key."""
-    if _is_int(keys):
+    if is_int(keys):
         k = int(keys)
         if not 0 <= k <= MASK64:
             raise ValueError(f"key {k} is outside the uint64 range [0, 2**64)")
@@ -134,8 +111,8 @@ def _as_counts(counts: object, n: int) -> np.ndarray | None:
     """None (every key counts once) or a 1-D C-contiguous uint32 array of length ``n``."""
     if counts is None:
         return None
-    if _is_int(counts):
-        c = _check_int("count", counts, 0, COUNTER_MAX)
+    if is_int(counts):
+        c = check_int("count", counts, 0, COUNTER_MAX)
         return None if c == 1 else np.full(n, c, dtype=np.uint32)
     if not isinstance(counts, np.ndarray):
         raise TypeError(f"counts must be None, an int or an integer numpy array, got {type(counts).__name__}")
@@ -159,7 +136,7 @@ def _as_counts(counts: object, n: int) -> np.ndarray | None:
 
 
 def _as_key(key: object) -> int:
-    if not _is_int(key):
+    if not is_int(key):
         raise TypeError(f"key must be an int in [0, 2**64), got {type(key).__name__} {key!r}")
     k = int(key)
     if not 0 <= k <= MASK64:
@@ -243,7 +220,7 @@ class CountMinSketch:
         self._core.add(arr, _as_counts(counts, arr.shape[0]))
 
     def add_one(self, key: int, count: int = 1) -> None:
-        self._core.add_one(_as_key(key), _check_int("count", count, 0, COUNTER_MAX))
+        self._core.add_one(_as_key(key), check_int("count", count, 0, COUNTER_MAX))
 
     def halve(self) -> None:
         """Halve every counter, ``total`` and the stored heavy-hitter estimates (aging clock untouched)."""

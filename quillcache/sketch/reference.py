@@ -6,8 +6,8 @@ compiled core produces *identical* counters, totals and heavy-hitter lists on ra
 Hashing (the part both implementations must share bit for bit)
 ---------------------------------------------------------------
 - ``seed_key = mix64(seed)`` once per sketch; per key ``h = mix64(key XOR seed_key)`` where
-  ``mix64`` is the splitmix64 step (add the golden-ratio increment, then Stafford's "mix13"
-  finaliser: two 64-bit multiplies, three xor-shifts). It is a bijection on 64-bit words with
+  ``mix64`` is ``quillcache._mix.splitmix64`` (add the golden-ratio increment, then Stafford's
+  "mix13" finaliser: two 64-bit multiplies, three xor-shifts). It is a bijection on 64-bit words with
   full avalanche, costs ~2 ns, and is enough because keys are already xxh3 block hashes; it is
   not a keyed PRF, so an adversary who knows the seed can force collisions (only overcounting).
 - Double hashing (Kirsch & Mitzenmacher): ``h1 = h mod 2**32``, ``h2 = h >> 32``; row ``i`` uses
@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from quillcache._mix import splitmix64
+
 MASK32 = (1 << 32) - 1
 MASK64 = (1 << 64) - 1
 COUNTER_MAX = MASK32
@@ -44,17 +46,7 @@ MAX_WIDTH = 1 << 31
 MAX_COUNTERS = 1 << 28  # 1 GiB of uint32 counters
 MAX_TOP_K = 1 << 20
 
-_GOLDEN = 0x9E3779B97F4A7C15
-_M1 = 0xBF58476D1CE4E5B9
-_M2 = 0x94D049BB133111EB
-
-
-def mix64(z: int) -> int:
-    """splitmix64: golden-ratio increment then the mix13 finaliser (a 64-bit bijection)."""
-    z = (z + _GOLDEN) & MASK64
-    z = ((z ^ (z >> 30)) * _M1) & MASK64
-    z = ((z ^ (z >> 27)) * _M2) & MASK64
-    return z ^ (z >> 31)
+mix64 = splitmix64  # the sketch's name for the package's one mixer
 
 
 def seed_key(seed: int) -> int:

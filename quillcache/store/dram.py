@@ -2,8 +2,8 @@
 
 ``LocalKvStore`` keeps immutable KV blocks (``StoreKey`` → bytes) in a few large DRAM segments
 (numpy ``uint8`` arrays). Every page of a segment is written once at creation, so a put never
-pays first-touch page faults (REFERENCE §6: a copy into fresh memory runs at ~0.4 GB/s, into
-touched memory at ~20 GB/s). Byte ranges inside a segment are handed out by the O(1)
+pays first-touch page faults (REFERENCE §6: copying into fresh pages is far slower than into
+touched memory; ``results/store_dram`` compares a put with memcpy into touched memory). Byte ranges inside a segment are handed out by the O(1)
 ``quillcache.alloc.OffsetAllocator``.
 
 Invariants:
@@ -38,7 +38,6 @@ Not thread-safe beyond the GIL: callers serialize (the data plane does).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -46,6 +45,7 @@ from typing import NamedTuple
 import crc32c as _crc
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.alloc import OffsetAllocator, OutOfSpaceError
 from quillcache.store.errors import (
     BlockExistsError,
@@ -99,18 +99,6 @@ class _Slot:
     crc: int  # crc32c of the bytes, -1 when checksums are off
 
 
-def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{what} must be an integer, got bool {value!r}")
-    try:
-        v = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}") from None
-    if v <= 0:
-        raise ValueError(f"{what}={v} must be positive")
-    return v
-
-
 def as_byte_view(data: object, what: str = "data") -> memoryview:
     """``data`` (bytes, bytearray, memoryview, numpy array, any C-contiguous buffer) as a flat
     unsigned-byte memoryview over the same memory, without copying. TypeError for a non-buffer
@@ -151,22 +139,22 @@ class LocalKvStore:
     def __init__(self, capacity_bytes: int, *, segment_bytes: int | None = None, alignment_bytes: int = 64,
                  max_blocks_per_segment: int = 65536, checksum: bool = False, pretouch: bool = True,
                  account_only: bool = False) -> None:
-        capacity_bytes = _positive_int(capacity_bytes, "capacity_bytes")
-        alignment_bytes = _positive_int(alignment_bytes, "alignment_bytes")
+        capacity_bytes = check_int("capacity_bytes", capacity_bytes, 1)
+        alignment_bytes = check_int("alignment_bytes", alignment_bytes, 1)
         if alignment_bytes & (alignment_bytes - 1) or alignment_bytes > PAGE_BYTES:
             raise ValueError(f"alignment_bytes={alignment_bytes} must be a power of two <= {PAGE_BYTES}")
         if capacity_bytes % alignment_bytes:
             raise ValueError(f"capacity_bytes={capacity_bytes} is not a multiple of alignment_bytes={alignment_bytes}")
         if segment_bytes is None:
             segment_bytes = min(capacity_bytes, 1 << 30)
-        segment_bytes = _positive_int(segment_bytes, "segment_bytes")
+        segment_bytes = check_int("segment_bytes", segment_bytes, 1)
         if segment_bytes % alignment_bytes:
             raise ValueError(f"segment_bytes={segment_bytes} is not a multiple of alignment_bytes={alignment_bytes}")
         if segment_bytes > capacity_bytes:
             raise ValueError(f"segment_bytes={segment_bytes} exceeds capacity_bytes={capacity_bytes}")
         if segment_bytes // alignment_bytes > 0xFFFFFFFF:
             raise ValueError(f"segment_bytes={segment_bytes} is more than 2**32 units of alignment_bytes={alignment_bytes}")
-        max_blocks = _positive_int(max_blocks_per_segment, "max_blocks_per_segment")
+        max_blocks = check_int("max_blocks_per_segment", max_blocks_per_segment, 1)
         if max_blocks > (1 << 26):
             raise ValueError(f"max_blocks_per_segment={max_blocks} must be at most {1 << 26}")
         if not isinstance(checksum, bool) or not isinstance(pretouch, bool):

@@ -22,6 +22,8 @@ import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from quillcache._checks import check_float
+
 __all__ = ["HoldTable"]
 
 
@@ -33,12 +35,8 @@ class _Hold:
 
 
 def check_ttl(ttl_s: object, what: str = "ttl_s") -> float:
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, got {type(ttl_s).__name__} {ttl_s!r}")
-    ttl = float(ttl_s)
-    if not (ttl > 0 and math.isfinite(ttl)):
-        raise ValueError(f"{what}={ttl_s!r} must be a positive, finite number of seconds")
-    return ttl
+    """A positive, finite number of seconds, as a float."""
+    return check_float(what, ttl_s, 0.0, lo_open=True)
 
 
 class HoldTable:

@@ -25,7 +25,6 @@ the same ids in both; every identity in a trace passes :func:`quillcache.identit
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -33,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from quillcache._checks import check_choice, check_float, check_int
+from quillcache._mix import splitmix64_array
 from quillcache.identity.scope import make_identity
 from quillcache.traces.loader import TraceError
 from quillcache.types import Identity, KvLayout
@@ -78,20 +79,16 @@ class CollisionConfig:
     mean_interarrival_ms: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.mix not in MIXES:
-            raise ValueError(f"mix={self.mix!r}; expected one of {MIXES}")
+        check_choice("CollisionConfig.mix", self.mix, MIXES)
         for name in ("num_requests", "block_size_tokens", "num_tenants", "num_public_prompts",
                      "public_prompt_blocks", "num_templates", "max_prompt_blocks"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"CollisionConfig.{name}={v!r}; expected an int >= 1")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"CollisionConfig.seed={self.seed!r}; expected an int >= 0")
+            check_int(f"CollisionConfig.{name}", getattr(self, name), 1, type_error=ValueError)
+        check_int("CollisionConfig.seed", self.seed, 0, type_error=ValueError)
         if self.max_prompt_blocks < self.public_prompt_blocks + 4:
             raise ValueError(f"max_prompt_blocks={self.max_prompt_blocks} must leave room after a "
                              f"{self.public_prompt_blocks}-block public prompt (>= public_prompt_blocks + 4)")
-        if not (math.isfinite(self.mean_interarrival_ms) and self.mean_interarrival_ms > 0):
-            raise ValueError(f"mean_interarrival_ms={self.mean_interarrival_ms!r}; expected > 0")
+        check_float("CollisionConfig.mean_interarrival_ms", self.mean_interarrival_ms, 0.0, lo_open=True,
+                    type_error=ValueError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +119,6 @@ class CollisionRequest:
         return tokens_for(self.hash_ids, self.block_tokens, self.input_length)
 
 
-def _splitmix(z: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
 def tokens_for(hash_ids: Iterable[int], block_tokens: int, input_length: int) -> np.ndarray:
     """Token ids (uint32, below ``VOCAB``) of a prompt: block ``j``'s tokens are a pure function of
     ``hash_ids[j]``, so equal ids give equal blocks; the last block may be partial."""
@@ -137,7 +126,8 @@ def tokens_for(hash_ids: Iterable[int], block_tokens: int, input_length: int) ->
     if input_length > len(ids) * block_tokens or input_length <= (len(ids) - 1) * block_tokens:
         raise ValueError(f"{len(ids)} hash_ids cannot cover input_length {input_length} at {block_tokens} tokens/block")
     pos = np.arange(block_tokens, dtype=np.uint64)
-    toks = _splitmix(ids[:, None] * np.uint64(block_tokens) + pos[None, :]).reshape(-1)[:input_length]
+    with np.errstate(over="ignore"):
+        toks = splitmix64_array(ids[:, None] * np.uint64(block_tokens) + pos[None, :]).reshape(-1)[:input_length]
     return (toks % np.uint64(VOCAB)).astype(np.uint32)
 
 
@@ -314,10 +304,7 @@ def write_jsonl(requests: Iterable[CollisionRequest], path: str | Path) -> int:
 
 
 def _int(obj: dict, name: str, where: str, lo: int = 0) -> int:
-    v = obj.get(name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise TraceError(f"{where}: field {name!r} must be an integer >= {lo}, got {v!r:.60}")
-    return v
+    return check_int(f"{where}: field {name}", obj.get(name), lo, error=TraceError, type_error=TraceError)
 
 
 def _parse(line: str, where: str) -> CollisionRequest:

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from quillcache._checks import check_float, check_int
 from quillcache.identity.scope import NAME_RE
 from quillcache.traces.schemas import MAX_BLOCK_TOKENS
 from quillcache.traces.loader import TraceRequest
@@ -78,32 +79,23 @@ class SessionsConfig:
     max_input_tokens: int = 32_768  # a session ends before its prompt would exceed this
 
     def __post_init__(self) -> None:
-        def _int(name: str, lo: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"SessionsConfig.{name}={v!r}; expected an int >= {lo}")
-
-        for name, lo in (("num_sessions", 1), ("seed", 0), ("block_tokens", 1), ("num_tenants", 1),
-                         ("num_global_prompts", 1), ("global_prompt_tokens", 0), ("prompts_per_tenant", 1),
-                         ("tenant_prompt_tokens", 0), ("max_turns", 1), ("max_input_tokens", 1)):
-            _int(name, lo)
+        # every bad value is a ValueError naming SessionsConfig.<field> (a wrong type too)
+        ints = [("num_sessions", 1, None), ("seed", 0, None), ("block_tokens", 1, MAX_BLOCK_TOKENS),
+                ("num_tenants", 1, None), ("num_global_prompts", 1, None), ("global_prompt_tokens", 0, None),
+                ("prompts_per_tenant", 1, None), ("tenant_prompt_tokens", 0, None), ("max_turns", 1, None),
+                ("max_input_tokens", 1, None)]
         if self.num_requests is not None:
-            _int("num_requests", 1)
-        if self.block_tokens > MAX_BLOCK_TOKENS:
-            raise ValueError(f"SessionsConfig.block_tokens={self.block_tokens}; expected <= {MAX_BLOCK_TOKENS}")
+            ints.append(("num_requests", 1, None))
+        for name, lo, hi in ints:
+            check_int(f"SessionsConfig.{name}", getattr(self, name), lo, hi, type_error=ValueError)
         for name, lo, hi in (("tenant_skew", 0.0, 10.0), ("adapter_fraction", 0.0, 1.0),
                              ("global_prompt_fraction", 0.0, 1.0), ("think_time_sigma", 0.0, 10.0),
                              ("length_sigma", 0.0, 10.0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-                raise ValueError(f"SessionsConfig.{name}={v!r}; expected a number in [{lo}, {hi}]")
-        for name in ("mean_turns", "think_time_median_s", "first_user_tokens_mean", "turn_user_tokens_mean",
+            check_float(f"SessionsConfig.{name}", getattr(self, name), lo, hi, type_error=ValueError)
+        check_float("SessionsConfig.mean_turns", self.mean_turns, 1.0, type_error=ValueError)
+        for name in ("think_time_median_s", "first_user_tokens_mean", "turn_user_tokens_mean",
                      "output_tokens_mean", "session_rate_per_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-                raise ValueError(f"SessionsConfig.{name}={v!r}; expected a finite number > 0")
-        if self.mean_turns < 1:
-            raise ValueError(f"SessionsConfig.mean_turns={self.mean_turns!r}; expected >= 1")
+            check_float(f"SessionsConfig.{name}", getattr(self, name), 0.0, lo_open=True, type_error=ValueError)
         if not self.models or any(not (isinstance(m, tuple) and len(m) == 2) for m in self.models):
             raise ValueError(f"SessionsConfig.models={self.models!r}; expected a non-empty tuple of (model, tokenizer)")
         for m, tok in self.models:
