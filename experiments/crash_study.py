@@ -62,7 +62,7 @@ from experiments.crash_workload import (
 from experiments.microbench import bench_main
 from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 from quillcache.index import open_index
-from quillcache.results import SummaryRow, results_dir, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, results_dir, write_raw, write_summary
 from quillcache.store.errors import CorruptBlockError
 from quillcache.store.keys import StoreKey
 from quillcache.store.reconcile import reconcile_index
@@ -74,7 +74,6 @@ SEED = 20250401
 # per layout; every power-loss trial is two crashes (the recovered state is crashed again)
 QUICK = dict(kills=2, max_acks=60, powerloss=10, powerloss_index=20, bitflips=10)
 FULL = dict(kills=60, max_acks=400, powerloss=500, powerloss_index=500, bitflips=300)
-_QUICK_SETTINGS = dict(QUICK)  # what a profile that leaves a setting out gets for it
 KILL_DEADLINE_S = 60.0  # longest wait for a child to reach its N acknowledgements
 RAW_HEADER = ["scenario", "trial", "acked_checked", "acked_lost", "corrupt_served", "dangling_before",
               "dangling_after", "recovered_blocks", "dropped_at_recovery", "flips", "flips_detected",
@@ -338,7 +337,7 @@ def _powerloss_rows(sub: str, trials: int, tot: dict, note: str) -> list[Summary
 
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
-    cfg = {**_QUICK_SETTINGS, **(QUICK if quick else FULL)}
+    cfg = dict(QUICK if quick else FULL)
     rng = random.Random(SEED)
     raw: list[list] = []
     rows: list[SummaryRow] = []
@@ -403,7 +402,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     write_raw(NAME, "raw.csv", RAW_HEADER, raw, root=results_root)
     write_summary(NAME, rows, root=results_root)
     _figure(rows, results_dir(NAME, results_root) if results_root else Path("paper/figures"))
-    _print_table(rows)
+    print_table(rows, title="crash study")
     return rows
 
 
@@ -448,12 +447,6 @@ def _figure(rows: list[SummaryRow], out: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _print_table(rows: list[SummaryRow]) -> None:
-    print(f"{'metric':<42} {'subject':<26} {'value':>10}  notes")
-    for r in rows:
-        print(f"{r.metric:<42} {r.subject:<26} {r.value:>10g}  {r.notes}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,7 @@
 """Storage study: which index fits residency — ART vs RocksDB vs flat map vs SortedDict.
 
 For each entry count (100k and 1M live replicas by default) the residency churn of the Mooncake
-conversation trace (``experiments.storage_workload``) is generated once, then every backend runs
+conversation trace (``quillcache.traces.churn``) is generated once, then every backend runs
 in its OWN subprocess (clean RSS and ``/proc/self/io`` accounting) and measures, in one run:
 
 - build: the churn applied batch by batch (one batch per request), then ``flush()``; ops/s;
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_cell(kind, wpath, dbdir, args.point_samples, args.scan_samples, args.seed)))
         return
 
-    from experiments.storage_workload import residency_churn
+    from quillcache.traces.churn import residency_churn
     from quillcache.traces.loader import default_trace_path, load_trace
 
     targets = [int(x) for x in args.entries.split(",") if x.strip()]

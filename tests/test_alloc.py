@@ -603,14 +603,6 @@ TestAllocatorMachine = AllocatorMachine.TestCase
 
 # ---------------------------------------------------------------- benchmark smoke test
 
-def test_benchmark_quick_mode(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # `pytest` without `-m`
-    from experiments.microbench import bench_alloc
-
-    rows = bench_alloc.run(quick=True, results_root=str(tmp_path))
-    assert rows and all(r.n >= 1 for r in rows)
-    assert (tmp_path / "microbench_alloc" / "summary.csv").exists()
-
 
 def test_errors_pickle():
     import pickle

@@ -155,12 +155,3 @@ def test_safety_study_quick(tmp_path):
     assert got[("naive unsafe share of hits", "naive content-hash cache [adversarial]")].value == 100.0
     _summary(tmp_path / "safety" / "summary.csv")
     assert (tmp_path / "safety" / "safety.png").stat().st_size > 0
-
-
-def test_planner_bench_quick(tmp_path):
-    from experiments.microbench import bench_planner
-
-    rows = bench_planner.run(quick=True, results_root=str(tmp_path))
-    assert rows and all(r.value > 0 for r in rows)
-    for row in _summary(tmp_path / "microbench_planner" / "summary.csv"):
-        assert float(row["ratio"]) == pytest.approx(float(row["value"]) / float(row["baseline_value"]))

@@ -19,7 +19,7 @@ def test_storage_study_quick(tmp_path, trace_path, read_summary):
 
 
 def test_churn_batches_replay_to_the_live_set(trace_path):
-    from experiments.storage_workload import residency_churn
+    from quillcache.traces.churn import residency_churn
     from quillcache.traces.loader import load_trace
 
     # tiny tiers: a long request overflows DRAM and SSD within itself, touching keys twice

@@ -125,7 +125,8 @@ def _lowest_set_bit_after(mask: int, start_bit: int) -> int:
 class PyOffsetAllocator:
     """Reference allocator over ``capacity_bytes`` bytes with a pool of ``max_allocs`` nodes.
 
-    Same API and same decisions as ``quillcache.alloc.OffsetAllocator``; about 50-100x slower.
+    Same API and same decisions as ``quillcache.alloc.OffsetAllocator``; the microbenchmark's baseline
+    (``results/microbench_alloc``).
     Not thread-safe.
     """
 

@@ -37,6 +37,7 @@ from typing import Sequence, Union
 import numpy as np
 import xxhash
 
+from quillcache._checks import check_int
 from quillcache.hashing import _xxh3 as _k
 
 __all__ = [
@@ -78,12 +79,7 @@ def _check_name(param: str, value: object) -> bytes:
 
 def check_block_size(block_size: object) -> int:
     """``block_size`` as an int in 1..65536, or TypeError/ValueError saying what it was."""
-    if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)):
-        raise TypeError(f"block_size must be an int, got {type(block_size).__name__} {block_size!r:.80}")
-    bs = int(block_size)
-    if not 1 <= bs <= MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size={bs} is out of range; expected 1..{MAX_BLOCK_SIZE}")
-    return bs
+    return check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
 
 
 def _out_of_range_index(arr: np.ndarray) -> int:
@@ -170,12 +166,7 @@ def _as_offsets(offsets: object, n_tokens: int) -> np.ndarray:
 
 
 def _check_seed(seed: object) -> int:
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r:.80}")
-    s = int(seed)
-    if not 0 <= s <= _U64_MAX:
-        raise ValueError(f"seed={s} is out of range; expected 0..2**64-1")
-    return s
+    return check_int("seed", seed, 0, _U64_MAX)
 
 
 # --------------------------------------------------------------------------- XXH3 / Dynamo chain

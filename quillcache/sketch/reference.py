@@ -1,4 +1,4 @@
-"""Count-min sketch in plain Python: the specification the Cython core (``_fast._sketch``) follows.
+"""Count-min sketch in plain Python: the specification the Cython core (``quillcache.sketch._sketch``) follows.
 
 Everything here is deliberately simple and slow; ``tests/test_sketch.py`` checks that the
 compiled core produces *identical* counters, totals and heavy-hitter lists on random streams.
@@ -8,7 +8,7 @@ Hashing (the part both implementations must share bit for bit)
 - ``seed_key = mix64(seed)`` once per sketch; per key ``h = mix64(key XOR seed_key)`` where
   ``mix64`` is ``quillcache._mix.splitmix64`` (add the golden-ratio increment, then Stafford's
   "mix13" finaliser: two 64-bit multiplies, three xor-shifts). It is a bijection on 64-bit words with
-  full avalanche, costs ~2 ns, and is enough because keys are already xxh3 block hashes; it is
+  full avalanche, costs a few integer operations, and is enough because keys are already xxh3 block hashes; it is
   not a keyed PRF, so an adversary who knows the seed can force collisions (only overcounting).
 - Double hashing (Kirsch & Mitzenmacher): ``h1 = h mod 2**32``, ``h2 = h >> 32``; row ``i`` uses
   ``g_i = (h1 + i*h2) mod 2**32`` and column ``(g_i * width) >> 32`` (Lemire's multiply-shift

@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Self
 
+from quillcache._checks import check_int
 from quillcache.index import IndexBackend, ResidencyEntry
 from quillcache.policies import EvictionPolicy, make_policy
 from quillcache.store.dataplane_placement import (
@@ -114,10 +115,7 @@ class StoreDataPlane:
             raise ValueError(f"dram must be a fresh, open LocalKvStore (DRAM does not survive a restart); got {dram!r}")
         if ssd is not None and not isinstance(ssd, SsdTier):
             raise TypeError(f"ssd must be an SsdTier or None, got {type(ssd).__name__}")
-        if isinstance(gpu_capacity_blocks, bool) or not isinstance(gpu_capacity_blocks, int):
-            raise TypeError(f"gpu_capacity_blocks must be an int, got {type(gpu_capacity_blocks).__name__}")
-        if gpu_capacity_blocks < 0:
-            raise ValueError(f"gpu_capacity_blocks={gpu_capacity_blocks} must be >= 0")
+        gpu_capacity_blocks = check_int("gpu_capacity_blocks", gpu_capacity_blocks, 0)
         if index is not None and not isinstance(index, IndexBackend):
             raise TypeError(f"index must be an IndexBackend or None, got {type(index).__name__}")
         if on_evict is not None and not callable(on_evict):

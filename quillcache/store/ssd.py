@@ -61,6 +61,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
+from quillcache._checks import check_int
 from quillcache.store.errors import (
     BlockExistsError,
     BlockNotFoundError,
@@ -119,10 +120,7 @@ class SsdTier:
 
     def __init__(self, directory: str | os.PathLike | None, *, capacity_bytes: int, fs: FileSystem | None = None,
                  account_only: bool = False, **tuning) -> None:
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
-            raise TypeError(f"capacity_bytes must be an int, got {type(capacity_bytes).__name__}")
-        if capacity_bytes < PAGE_BYTES:
-            raise ValueError(f"capacity_bytes={capacity_bytes} must be at least {PAGE_BYTES}")
+        capacity_bytes = check_int("capacity_bytes", capacity_bytes, PAGE_BYTES)
         if fs is not None and not isinstance(fs, FileSystem):
             raise TypeError(f"fs must be a quillcache.durability.fs.FileSystem, got {type(fs).__name__}")
         try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import crc32c as _crc
 
+from quillcache._checks import check_int
 from quillcache.store.errors import ForeignFileError
 from quillcache.durability.fs import FileSystem
 from quillcache.store.keys import StoreKey
@@ -64,14 +65,11 @@ class SsdTuning:
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} must be one of {LAYOUTS}")
         for name in ("slab_bytes", "group_commit_blocks", "group_commit_bytes", "log_rotate_bytes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name}={v!r} must be a positive int")
+            check_int(name, getattr(self, name), 1, type_error=ValueError)
         if self.slab_bytes % PAGE_BYTES:
             raise ValueError(f"slab_bytes={self.slab_bytes} must be a multiple of {PAGE_BYTES}")
-        mb = self.max_block_bytes
-        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
-            raise ValueError(f"max_block_bytes={mb!r} must be a positive int or None")
+        if self.max_block_bytes is not None:
+            check_int("max_block_bytes", self.max_block_bytes, 1, type_error=ValueError)
 
 
 @dataclass(slots=True)

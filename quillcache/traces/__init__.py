@@ -2,7 +2,8 @@
 
 ``loader.py`` reads traces (skip-or-stop with line numbers) and synthesises tokens; ``schemas.py``
 checks records; ``sessions.py`` and ``collision.py`` generate multi-turn and identity-collision
-workloads deterministically from a seed.
+workloads, ``churn.py`` the residency churn (index put/remove stream) a trace induces on a pool,
+all deterministically from a seed.
 """
 
 from quillcache.traces.loader import (
