@@ -120,6 +120,12 @@ def _kill_after_acks(proc: subprocess.Popen, acks: int, deadline_s: float) -> tu
         new = _read_lines(proc, deadline, buf)
         seen += sum(ln[:1] == "A" for ln in new)
         lines += new
+    exited = proc.poll()
+    if exited is not None and seen < acks:
+        # the child died on its own (an exception, a crash): this trial tested nothing, so the
+        # study fails loudly instead of counting it as a kill
+        raise RuntimeError(f"crash child exited with status {exited} after {seen} of {acks} acknowledgements "
+                           "before it was killed (its traceback is on stderr above)")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     lines += _drain(proc, buf)  # what reached the pipe before the kill

@@ -10,6 +10,8 @@ from __future__ import annotations
 import csv
 import random
 
+import pytest
+
 from experiments import crash_study
 from experiments.crash_workload import (
     NODE,
@@ -73,3 +75,16 @@ def test_index_check_counts_dangling_entries_and_reconcile_removes_them():
     ix.close()
     *_, check = check_tier_index(disk, "slab", model, TEST_SHAPE, root="/q")
     assert check.dangling_before == 1 and check.dangling_after == 0 and check.reconcile_changes >= 1
+
+
+def test_a_child_that_dies_on_its_own_fails_the_study():
+    """A kill trial whose child exited before its N acknowledgements tested nothing: refuse it."""
+    import subprocess
+    import sys
+
+    from experiments.crash_study import _kill_after_acks
+
+    proc = subprocess.Popen([sys.executable, "-c", "print('A 1 10', flush=True); raise SystemExit(3)"],
+                            stdout=subprocess.PIPE)
+    with pytest.raises(RuntimeError, match="exited with status 3 after 1 of 5"):
+        _kill_after_acks(proc, 5, deadline_s=30.0)
