@@ -1,5 +1,6 @@
 # C-level declarations of the arena-resident adaptive radix tree (one compilation unit: _art.pyx
-# includes arena.pxi, nodes.pxi, search.pxi, walks.pxi, verify.pxi, persist.pxi, results.pxi).
+# includes arena.pxi, nodes.pxi, search.pxi, walks.pxi, verify.pxi, persist.pxi, results.pxi,
+# ops.pxi; see its docstring for the map).
 #
 # The on-arena layout (node structs, sizes from sizeof) is C, in include/qart_layout.h; CRC-32C
 # in include/qart_crc32c.h; scan buffers and arena memory in include/qart_buffers.h.  Everything

@@ -11,7 +11,8 @@ inlines through every layer, so no concept pays a cross-module call); by concept
   walks.pxi               cache-warming hints, prefix collection, subtree touch / free
   verify.pxi              the O(n) invariant walk behind ``verify()``
   persist.pxi             arena header, chunk sizes, CRC entry point, ArenaMeta export / load
-  results.pxi             numpy result ownership, limit checks
+  results.pxi             numpy result ownership, limit checks, (key, value) lists
+  ops.pxi                 batch calls, remove_prefix, ordered scans (bodies of ArtCore methods)
   _art.pyx                (this file) ``ArtCore``, the Python-facing core
 
 Invariants
@@ -211,16 +212,8 @@ cdef class ArtCore:
         bytes that failed (or never passed) their checksum.
         """
         cdef uint32_t shift = _chunk_shift(chunk_bytes)
-        cdef uint64_t n, i, lo, hi, cb = <uint64_t>1 << shift
         self._verify_pending()
-        n = (self.a.used + cb - 1) >> shift
-        out = np.empty(n, dtype=np.uint32)
-        cdef uint32_t[::1] o = out
-        for i in range(n):
-            lo = i << shift
-            hi = lo + cb if lo + cb < self.a.used else self.a.used
-            o[i] = qart_crc32c(0, self.a.base + lo, hi - lo)
-        return out
+        return chunk_crc_table(&self.a, shift)
 
     def _chunk_bitmap(self):
         """Verified flag per chunk (bool[chunks_total]); for tests."""
@@ -534,19 +527,8 @@ cdef class ArtCore:
         return export_meta(&self.a)
 
     def stats(self):
-        return {
-            "node4": self.a.num_nodes[NODE4],
-            "node16": self.a.num_nodes[NODE16],
-            "node48": self.a.num_nodes[NODE48],
-            "node256": self.a.num_nodes[NODE256],
-            "leaves": self.a.num_leaves,
-            "arena_used_bytes": self.a.used,
-            "arena_capacity_bytes": self.a.capacity,
-            "free_list_bytes": self.a.free_bytes,
-            "free_list_blocks": self.a.free_blocks,
-            "chunks_total": self.a.num_chunks,
-            "chunks_verified": self.a.chunks_verified,
-        }
+        """Node, leaf, arena, free-list and chunk counters (``dict[str, int]``)."""
+        return arena_stats(&self.a)
 
     def _attach(self, buffer, uint64_t root, meta, chunk_crcs=None, chunk_bytes=65536):
         """Replace this (fresh) tree's arena by ``buffer``, described by the ArenaMeta ``meta``;

@@ -219,3 +219,17 @@ cdef str checksum_msg(ArtCore core):
     if hi > core.a.table_end:
         hi = core.a.table_end
     return f"corrupt arena: chunk {c} (bytes {lo}..{hi - 1}) checksum mismatch"
+
+
+cdef object chunk_crc_table(const Arena* a, uint32_t shift):
+    """uint32[ceil(used / 2**shift)]: CRC-32C of each chunk of the used arena (the last may be
+    short).  The caller verified every lazily checked chunk first."""
+    cdef uint64_t n, i, lo, hi, cb = <uint64_t>1 << shift
+    n = (a.used + cb - 1) >> shift
+    out = np.empty(n, dtype=np.uint32)
+    cdef uint32_t[::1] o = out
+    for i in range(n):
+        lo = i << shift
+        hi = lo + cb if lo + cb < a.used else a.used
+        o[i] = qart_crc32c(0, a.base + lo, hi - lo)
+    return out

@@ -85,3 +85,20 @@ cdef list build_items(ArtCore core, qart_offbuf* buf, size_t start):
     finally:
         core.busy -= 1
     return out
+
+
+cdef dict arena_stats(const Arena* a):
+    """The counters ``ArtCore.stats()`` reports."""
+    return {
+        "node4": a.num_nodes[NODE4],
+        "node16": a.num_nodes[NODE16],
+        "node48": a.num_nodes[NODE48],
+        "node256": a.num_nodes[NODE256],
+        "leaves": a.num_leaves,
+        "arena_used_bytes": a.used,
+        "arena_capacity_bytes": a.capacity,
+        "free_list_bytes": a.free_bytes,
+        "free_list_blocks": a.free_blocks,
+        "chunks_total": a.num_chunks,
+        "chunks_verified": a.chunks_verified,
+    }
