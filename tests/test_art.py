@@ -17,6 +17,7 @@ import mmap
 import re
 
 import crc32c
+import dataclasses
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from quillcache.art import _art
+from quillcache.art.meta import ArenaMeta
 from quillcache.art.tree import ArtReference, ArtTree
 
 ALPHABET = bytes([0x00, 0x01, 0x02, 0x7F, 0x80, 0xFE, 0xFF])
@@ -387,10 +389,10 @@ def _sample_tree(n: int = 400, value_size: int = 4) -> tuple[ArtTree, ArtReferen
 def test_export_bytes_attach_round_trip() -> None:
     tree, ref = _sample_tree()
     meta, root = tree.export_meta(), tree.root_offset
-    assert all(type(v) is int for v in meta.values())
+    assert isinstance(meta, ArenaMeta) and all(type(getattr(meta, f)) is int for f in ArenaMeta.COUNTERS)
     with tree.arena_view() as view:
         raw = bytes(view)
-    assert len(raw) == tree.arena_used_bytes == meta["arena_used_bytes"]
+    assert len(raw) == tree.arena_used_bytes == meta.arena_used_bytes
     copy = ArtTree.attach(raw, root, meta)
     assert copy.stats() == {**tree.stats(), "arena_capacity_bytes": len(raw)}
     assert list(copy.items()) == list(ref.items())
@@ -442,6 +444,13 @@ def test_arena_view_pins_the_arena() -> None:
     tree.verify()
 
 
+def _with_free_head(meta: ArenaMeta, block_bytes: int, head: int) -> tuple[tuple[int, int], ...]:
+    """``meta.free_heads`` with the list of ``block_bytes`` blocks starting at ``head``."""
+    heads = dict(meta.free_heads)
+    heads[block_bytes] = head
+    return tuple(sorted(heads.items()))
+
+
 def test_attach_rejects_bad_buffers_and_meta() -> None:
     tree, _ = _sample_tree(80)
     meta, root = tree.export_meta(), tree.root_offset
@@ -449,18 +458,16 @@ def test_attach_rejects_bad_buffers_and_meta() -> None:
         raw = bytes(view)
 
     def err(exc, match, buf=raw, r=root, **changes):
-        m = {**meta, **changes}
-        for k, v in list(m.items()):
-            if v is None:
-                del m[k]
-        with pytest.raises(exc, match=match):
-            ArtTree.attach(buf, r, m)
+        with pytest.raises(exc, match=match):  # a bad field is refused building the record or by attach
+            ArtTree.attach(buf, r, dataclasses.replace(meta, **changes))
 
     err(ValueError, "smaller than arena_used_bytes", buf=raw[:100])
     err(ValueError, "smaller than the 64-byte arena header", buf=b"QUILL", arena_used_bytes=0)
     err(ValueError, "magic", buf=b"X" + raw[1:])
-    err(ValueError, "missing num_leaves", num_leaves=None)
-    err(ValueError, "unknown meta entry 'bogus'", bogus=1)
+    with pytest.raises(ValueError, match="exactly"):  # a record missing a field does not decode
+        ArenaMeta.from_bytes(meta.to_bytes()[:-8])
+    with pytest.raises(TypeError, match="bogus"):  # nor can one with an unknown field be built
+        dataclasses.replace(meta, bogus=1)
     err(TypeError, "must be an int", num_node4="3")
     err(TypeError, "must be an int", num_node4=True)
     err(ValueError, "must be in 0", num_node4=-1)
@@ -471,20 +478,87 @@ def test_attach_rejects_bad_buffers_and_meta() -> None:
     err(ValueError, "root_offset", r=8)  # inside the header
     err(ValueError, "inconsistent with num_leaves", r=0)
     err(ValueError, "cannot fit", num_node256=10**9)
-    err(ValueError, "free-list head", free_head_64=len(raw))
-    err(ValueError, "free-list head", free_head_64=68)
-    err(ValueError, "size class 12", free_head_12=64)
-    err(ValueError, "size class 9999999999999999999999", free_head_9999999999999999999999=64)
+    err(ValueError, r"free_heads\[64\]: free-list head", free_heads=_with_free_head(meta, 64, len(raw)))
+    err(ValueError, r"free_heads\[64\]: free-list head 68", free_heads=_with_free_head(meta, 64, 68))
+    err(ValueError, "size class 12", free_heads=((12, 64),))
+    err(ValueError, "size class 4096 is not a multiple of 8 in 8..2072", free_heads=((4096, 64),))
+    err(ValueError, "must be in 0..", free_heads=((2**70, 64),))
     err(TypeError, "buffer protocol", buf=12345)
-    with pytest.raises(TypeError, match="mapping"):
+    with pytest.raises(TypeError, match="ArenaMeta"):
         ArtTree.attach(raw, root, [1, 2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ArenaMeta"):  # the old string-keyed dict is refused too
+        ArtTree.attach(raw, root, dataclasses.asdict(meta))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="C-contiguous"):
         ArtTree.attach(memoryview(bytearray(raw * 2))[::2], root, meta)
 
 
 def test_attach_rejects_mapping_type_error_message() -> None:
-    with pytest.raises(TypeError, match="meta must be a mapping"):
+    with pytest.raises(TypeError, match="meta must be an ArenaMeta"):
         ArtTree.attach(b"", 0, None)  # type: ignore[arg-type]
+
+
+def test_arena_meta_round_trips_through_bytes_and_attach() -> None:
+    tree, ref = _sample_tree(200)  # removals leave free lists, so free_heads is not empty
+    meta, root = tree.export_meta(), tree.root_offset
+    assert meta.free_heads and meta.free_list_blocks >= len(meta.free_heads)
+    assert [size for size, _ in meta.free_heads] == sorted({size for size, _ in meta.free_heads})
+    raw_meta = meta.to_bytes()
+    again = ArenaMeta.from_bytes(raw_meta)
+    assert again == meta and again.to_bytes() == raw_meta
+    with tree.arena_view() as view:
+        raw = bytes(view)
+    copy = ArtTree.attach(raw, root, ArenaMeta.from_bytes(bytearray(raw_meta)))
+    assert copy.export_meta() == meta and list(copy.items()) == list(ref.items())
+    copy.verify()
+    # the restored free lists are the same lists: the same inserts reuse the same freed blocks
+    blocks = meta.free_list_blocks
+    for t in (tree, copy):
+        t.insert(bytes([7]) * 12, b"abcd")
+        t.insert(bytes([7]) * 11 + b"\x08", b"efgh")
+    assert copy.export_meta() == tree.export_meta() and copy.export_meta().free_list_blocks < blocks
+    with tree.arena_view() as v1, copy.arena_view() as v2:
+        assert bytes(v1) == bytes(v2)
+    copy.verify()
+
+
+def test_arena_meta_refuses_bad_records() -> None:
+    tree, _ = _sample_tree(80)
+    meta = tree.export_meta()
+    raw_meta = meta.to_bytes()
+    with pytest.raises(ValueError, match="bad magic"):
+        ArenaMeta.from_bytes(b"X" + raw_meta[1:])
+    with pytest.raises(ValueError, match="shorter than"):
+        ArenaMeta.from_bytes(raw_meta[:10])
+    with pytest.raises(ValueError, match="exactly"):
+        ArenaMeta.from_bytes(raw_meta + bytes(16))
+    with pytest.raises(TypeError, match="needs bytes"):
+        ArenaMeta.from_bytes({"free_head_64": 64})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ArenaMeta.num_leaves must be an int, got bool"):
+        dataclasses.replace(meta, num_leaves=True)
+    with pytest.raises(ValueError, match="strictly ascending"):
+        dataclasses.replace(meta, free_heads=((64, 64), (16, 64)))
+    with pytest.raises(ValueError, match=r"free_heads\[64\]: an empty list"):
+        dataclasses.replace(meta, free_heads=((64, 0),))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        meta.num_leaves = 0  # type: ignore[misc]
+
+
+def test_attach_refuses_a_free_head_beyond_the_arena_naming_it() -> None:
+    tree, _ = _sample_tree(80)
+    meta, root = tree.export_meta(), tree.root_offset
+    with tree.arena_view() as view:
+        raw = bytes(view)
+    beyond = dataclasses.replace(meta, free_heads=_with_free_head(meta, 24, meta.arena_used_bytes + 8))
+    msg = rf"meta free_heads\[24\]: free-list head {meta.arena_used_bytes + 8} lies outside the {len(raw)} used"
+    with pytest.raises(ValueError, match=msg):
+        ArtTree.attach(raw, root, beyond)
+    with pytest.raises(ValueError, match=msg):  # the compiled core refuses it by itself too
+        _art.ArtCore(4)._attach(raw, root, beyond)
+    with pytest.raises(ValueError, match=msg):  # and so does the lazily verified attach
+        ArtTree.attach(raw, root, beyond, chunk_crcs=tree.chunk_crcs(4096), chunk_bytes=4096)
+    straddles = dataclasses.replace(meta, free_heads=_with_free_head(meta, 2072, meta.arena_used_bytes - 8))
+    with pytest.raises(ValueError, match=r"free_heads\[2072\]"):  # starts inside, ends outside
+        ArtTree.attach(raw, root, straddles)
 
 
 _CORRUPT_BASE = _sample_tree(300, value_size=3)[0]
@@ -509,9 +583,9 @@ def test_corrupted_arena_raises_never_crashes(flips, word_flips, head, ops, key)
         buf[pos] = byte
     for word, value in word_flips:  # plausible-looking offsets are the dangerous corruption
         buf[word * 8: word * 8 + 8] = (value % (len(buf) + 64)).to_bytes(8, "little")
-    meta = dict(_CORRUPT_META)
+    meta = _CORRUPT_META
     if head is not None:
-        meta["free_head_64"] = head * 8
+        meta = dataclasses.replace(meta, free_heads=_with_free_head(meta, 64, head * 8))
     try:
         tree = ArtTree.attach(bytes(buf), _CORRUPT_ROOT, meta)
     except ValueError:
@@ -749,11 +823,11 @@ def test_crc32c_impl_choice_is_validated() -> None:
         _art._crc32c("not a buffer")
 
 
-def _lazy(raw: object, tree_meta: dict, root: int, crcs: np.ndarray, chunk_bytes: int = 4096) -> ArtTree:
+def _lazy(raw: object, tree_meta: ArenaMeta, root: int, crcs: np.ndarray, chunk_bytes: int = 4096) -> ArtTree:
     return ArtTree.attach(raw, root, tree_meta, chunk_crcs=crcs, chunk_bytes=chunk_bytes)
 
 
-def _export(tree: ArtTree) -> tuple[bytes, dict, int]:
+def _export(tree: ArtTree) -> tuple[bytes, ArenaMeta, int]:
     with tree.arena_view() as view:
         return bytes(view), tree.export_meta(), tree.root_offset
 
@@ -908,12 +982,12 @@ def test_bad_chunk_tables_are_refused() -> None:
     # the compiled core checks what memory safety depends on by itself
     core = _art.ArtCore(4)
     with pytest.raises(ValueError, match="needs"):
-        core._attach(raw, root, dict(meta), crcs[:-1], 4096)
+        core._attach(raw, root, meta, crcs[:-1], 4096)
     with pytest.raises(ValueError, match="power of two"):
-        _art.ArtCore(4)._attach(raw, root, dict(meta), crcs, 4097)
+        _art.ArtCore(4)._attach(raw, root, meta, crcs, 4097)
     with pytest.raises(ValueError):
-        _art.ArtCore(4)._attach(raw, root, dict(meta), crcs.astype(np.int64), 4096)
-    ok = _art.ArtCore(4)._attach(raw, root, dict(meta), crcs, 4096)
+        _art.ArtCore(4)._attach(raw, root, meta, crcs.astype(np.int64), 4096)
+    ok = _art.ArtCore(4)._attach(raw, root, meta, crcs, 4096)
     assert ok.stats()["chunks_total"] == n
 
 
@@ -928,7 +1002,7 @@ def test_lazy_header_is_checked_before_the_first_operation() -> None:
         with pytest.raises(ValueError, match="corrupt arena: the header .* arena magic"):
             call()
     with pytest.raises(ValueError, match="value_size 2 does not match the arena header's 4"):
-        _lazy(raw, {**meta, "value_size": 2}, root, tree.chunk_crcs(4096)).get(b"x")
+        _lazy(raw, dataclasses.replace(meta, value_size=2), root, tree.chunk_crcs(4096)).get(b"x")
     # the root is only range-checked at attach (its bytes are read when first used)
     with pytest.raises(ValueError, match="root_offset"):
         _lazy(raw, meta, len(raw) + 8, tree.chunk_crcs(4096))

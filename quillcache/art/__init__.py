@@ -4,6 +4,7 @@
 ``ArtReference`` (the plain-Python specification); the invariants are stated in ``tree.py``.
 """
 
+from quillcache.art.meta import ArenaMeta
 from quillcache.art.tree import (
     ArtTree,
     ArtReference,
@@ -13,6 +14,7 @@ from quillcache.art.tree import (
 )
 
 __all__ = [
+    "ArenaMeta",
     "ArtReference",
     "ArtTree",
     "DEFAULT_CHUNK_BYTES",

@@ -52,15 +52,15 @@ from __future__ import annotations
 
 import bisect
 import operator
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from quillcache.art import _art
+from quillcache.art.meta import ArenaMeta
 
-__all__ = ["ArtTree", "ArtReference", "MAX_KEY_BYTES", "MAX_VALUE_BYTES", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["ArenaMeta", "ArtTree", "ArtReference", "MAX_KEY_BYTES", "MAX_VALUE_BYTES", "DEFAULT_CHUNK_BYTES"]
 
 MAX_KEY_BYTES = 255
 MAX_VALUE_BYTES = 255
@@ -70,11 +70,6 @@ MIN_CHUNK_BYTES = 4096
 MAX_CHUNK_BYTES = 16 << 20
 # Entries fetched per cursor step of ``items()``.
 _ITEMS_CHUNK = 256
-_META_COUNTS = (
-    "format_version", "value_size", "arena_used_bytes", "num_leaves", "num_node4", "num_node16",
-    "num_node48", "num_node256", "free_list_bytes", "free_list_blocks",
-)
-_FREE_HEAD = re.compile(r"free_head_([0-9]+)")
 
 
 # -- validation shared by both implementations ------------------------------------------------
@@ -181,14 +176,14 @@ class ArtTree(_art.ArtCore):
     The single-key hot paths (``insert``, ``get``, ``remove``, ``in``, ``len``) and the prefix
     calls (``scan_prefix``, ``count_prefix``, ``remove_prefix``) are the compiled core's own
     methods: they validate their arguments first, in C, with exactly the messages the reference
-    uses (a Python frame here would cost 100-300 ns of a ~600 ns lookup). Everything else is
+    uses (a Python frame here would be a large share of a point lookup). Everything else is
     validated below before reaching the core.
 
     - ``insert(key: bytes, value: bytes) -> bool``: True if new, False if replaced.
     - ``get(key: bytes) -> bytes | None``, ``remove(key: bytes) -> bool``, ``key in tree``, ``len(tree)``.
     - ``scan_prefix(prefix: bytes, limit: int | None = None) -> list[tuple[bytes, bytes]]``.
     - ``count_prefix(prefix: bytes) -> int``, ``remove_prefix(prefix: bytes) -> int``.
-    - ``stats()``, ``export_meta()``, ``verify()`` -> ``dict[str, int]``; ``arena_used_bytes``,
+    - ``stats()``, ``verify()`` -> ``dict[str, int]``; ``export_meta() -> ArenaMeta``; ``arena_used_bytes``,
       ``root_offset``, ``value_size`` properties.
     - ``chunk_crcs(chunk_bytes: int = 65536) -> np.ndarray`` (uint32 per chunk of the used arena),
       ``verify_all_chunks() -> int`` (chunks checksummed now); see "Lazy checksums" above.
@@ -251,32 +246,25 @@ class ArtTree(_art.ArtCore):
         return super().verify_all_chunks()
 
     @classmethod
-    def attach(cls, buffer: Any, root_offset: int, meta: Mapping[str, int], *,
+    def attach(cls, buffer: Any, root_offset: int, meta: ArenaMeta, *,
                chunk_crcs: np.ndarray | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> ArtTree:
         """Re-create a tree over existing arena bytes in O(1) (no walk, no rebuild).
 
-        Without ``chunk_crcs`` the arena header and root are checked now; with it (uint32, one
-        CRC-32C per ``chunk_bytes`` chunk of ``meta["arena_used_bytes"]``) no arena byte is read
-        here, and each chunk is verified when an operation first uses it (module docstring).
+        ``meta`` is the ``ArenaMeta`` that ``export_meta()`` gave for those bytes; a field that
+        does not fit them (e.g. a free-list head beyond ``arena_used_bytes``) raises ValueError
+        naming it. Without ``chunk_crcs`` the arena header and root are checked now; with it
+        (uint32, one CRC-32C per ``chunk_bytes`` chunk of ``meta.arena_used_bytes``) no arena byte
+        is read here, and each chunk is verified when an operation first uses it (module docstring).
         """
         root = _as_int("root_offset", root_offset, 0, 2**64 - 1)
         _check_chunk_bytes(chunk_bytes)
-        if not isinstance(meta, Mapping):
-            raise TypeError(f"meta must be a mapping of str to int, got {type(meta).__name__}")
-        clean: dict[str, int] = {}
-        for name, value in meta.items():
-            if type(name) is not str:
-                raise TypeError(f"meta keys must be str, got {type(name).__name__}")
-            if name not in _META_COUNTS and not _FREE_HEAD.fullmatch(name):
-                raise ValueError(f"unknown meta entry {name!r}")
-            clean[name] = _as_int(f"meta[{name!r}]", value, 0, 2**64 - 1)
-        missing = [n for n in _META_COUNTS if n not in clean]
-        if missing:
-            raise ValueError(f"meta is missing {', '.join(missing)}")
-        if clean["format_version"] != _art.FORMAT_VERSION:
-            raise ValueError(f"meta format_version {clean['format_version']} is not {_art.FORMAT_VERSION}")
-        if clean["value_size"] > MAX_VALUE_BYTES:
-            raise ValueError(f"meta value_size must be in 0..{MAX_VALUE_BYTES}, got {clean['value_size']}")
+        if not isinstance(meta, ArenaMeta):
+            raise TypeError(f"meta must be an ArenaMeta (from export_meta() or ArenaMeta.from_bytes), "
+                            f"got {type(meta).__name__}")
+        if meta.format_version != _art.FORMAT_VERSION:
+            raise ValueError(f"meta format_version {meta.format_version} is not {_art.FORMAT_VERSION}")
+        if meta.value_size > MAX_VALUE_BYTES:
+            raise ValueError(f"meta value_size must be in 0..{MAX_VALUE_BYTES}, got {meta.value_size}")
         try:
             view = memoryview(buffer)
         except TypeError:
@@ -284,13 +272,13 @@ class ArtTree(_art.ArtCore):
         with view:
             if not view.c_contiguous:
                 raise ValueError("buffer must be C-contiguous")
-            if view.nbytes < clean["arena_used_bytes"]:
+            if view.nbytes < meta.arena_used_bytes:
                 raise ValueError(f"buffer of {view.nbytes} bytes is smaller than arena_used_bytes "
-                                 f"{clean['arena_used_bytes']}")
+                                 f"{meta.arena_used_bytes}")
         if chunk_crcs is not None:
-            _check_chunk_table(chunk_crcs, clean["arena_used_bytes"], chunk_bytes)
+            _check_chunk_table(chunk_crcs, meta.arena_used_bytes, chunk_bytes)
         tree = cls.__new__(cls)  # the core's __cinit__ leaves a valid empty tree
-        tree._attach(buffer, root, clean, chunk_crcs, chunk_bytes)
+        tree._attach(buffer, root, meta, chunk_crcs, chunk_bytes)
         return tree
 
     def __repr__(self) -> str:

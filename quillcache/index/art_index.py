@@ -54,7 +54,7 @@ import crc32c as _crc
 import msgpack
 import numpy as np
 
-from quillcache.art.tree import ArtTree
+from quillcache.art.tree import ArenaMeta, ArtTree
 from quillcache.index import keys as K
 from quillcache.index.base import PRIMARY_KEY_DTYPE, VALUE_DTYPE, IndexBackend, LocateResult, NotAnIndexError
 from quillcache._checks import check_choice
@@ -289,7 +289,7 @@ class ArtIndex(IndexBackend):
             region = view[t["offset"] : t["offset"] + t["len"]]
             try:
                 crcs = np.frombuffer(t["chunk_crcs"], dtype="<u4")
-                tree = ArtTree.attach(region, t["root"], t["meta"], chunk_crcs=crcs, chunk_bytes=t["chunk_bytes"])
+                tree = ArtTree.attach(region, t["root"], ArenaMeta.from_bytes(t["meta"]), chunk_crcs=crcs, chunk_bytes=t["chunk_bytes"])
                 if verify == "eager":
                     tree.verify_all_chunks()
             except (ValueError, TypeError, KeyError) as exc:
@@ -445,7 +445,7 @@ class ArtIndex(IndexBackend):
             crcs = tree.chunk_crcs(CHUNK_BYTES)
             trees.append({"offset": 0, "len": tree.arena_used_bytes, "chunk_bytes": CHUNK_BYTES,
                           "chunk_crcs": crcs.astype("<u4").tobytes(), "root": tree.root_offset,
-                          "meta": tree.export_meta()})
+                          "meta": tree.export_meta().to_bytes()})
         meta_probe = {"lsn": lsn, "primary": trees[0], "secondary": trees[1], "names": sorted(self._names.items())}
         head_len = 16 + len(msgpack.packb(meta_probe, use_bin_type=True)) + 64
         offset = _round_up(head_len)
