@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 XSTAMP := $(VENV)/.installed-experiments
-PYX    := $(shell find quillcache -name '_*.pyx' -o -name '_*.pxd' -o -name '*.h')
+PYX    := $(shell find quillcache -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.h')
 
 export PYTHONFAULTHANDLER := 1
 

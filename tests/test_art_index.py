@@ -105,6 +105,7 @@ def _built(tmp_path):
         (20, "checksum"),  # inside the header's metadata
         ("truncate", "outside the file|checksum"),
         ("magic", "not an ART checkpoint"),
+        ("format1", "format 1 .*rebuild the index"),
     ],
 )
 def test_corrupted_checkpoint_header_is_refused_and_left_untouched(tmp_path, where, match):
@@ -115,6 +116,8 @@ def test_corrupted_checkpoint_header_is_refused_and_left_untouched(tmp_path, whe
         data = data[: len(data) // 2]
     elif where == "magic":
         data[:8] = b"NOTACKPT"
+    elif where == "format1":
+        data[:8] = b"QCARTCK1"  # a checkpoint of the dict-meta format
     else:
         data[where] ^= 0x55
     ck.write_bytes(bytes(data))

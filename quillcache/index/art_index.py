@@ -63,7 +63,8 @@ from quillcache.durability.wal import RECOVERY_MODES, WalCorruptionError, WalWri
 
 CHECKPOINT = "art.ckpt"
 WAL = "art.wal"
-_CKPT_MAGIC = b"QCARTCK1"
+_CKPT_MAGIC = b"QCARTCK2"  # 2: arena meta as a packed ArenaMeta record
+_OLD_CKPT_MAGICS = {b"QCARTCK1": "format 1 (dict arena meta)"}
 _PAGE = 4096
 CHUNK_BYTES = 16 << 10
 _BATCH_COUNTS = struct.Struct("<II")
@@ -260,6 +261,9 @@ class ArtIndex(IndexBackend):
             raise NotAnIndexError(f"{ckpt}: cannot open ({exc})") from None
         try:
             head = fs.pread(fd, 16, 0)
+            if head[:8] in _OLD_CKPT_MAGICS:
+                raise IndexCorruptionError(f"{ckpt}: checkpoint written in {_OLD_CKPT_MAGICS[head[:8]]}; this version "
+                                           "reads format 2 only: rebuild the index (it is derived state)")
             if len(head) < 16 or head[:8] != _CKPT_MAGIC:
                 raise IndexCorruptionError(f"{ckpt}: not an ART checkpoint (bad magic)")
             meta_len, meta_crc = struct.unpack_from("<II", head, 8)
