@@ -65,7 +65,10 @@ import operator
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.art.meta import ArenaMeta
+
+MAX_LIMIT = 2**62  # largest scan limit (keeps counts inside int64)
 
 include "arena.pxi"
 include "nodes.pxi"

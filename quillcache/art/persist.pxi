@@ -39,13 +39,7 @@ cdef object _header_problem(const uint8_t* base, uint64_t nbytes, uint32_t value
 
 cdef uint32_t _chunk_shift(object chunk_bytes) except 0:
     """log2 of ``chunk_bytes``: an int that is a power of two in 4 KiB..16 MiB."""
-    cdef object v
-    if isinstance(chunk_bytes, bool):
-        raise TypeError("chunk_bytes must be an int, got bool")
-    try:
-        v = operator.index(chunk_bytes)
-    except TypeError:
-        raise TypeError(f"chunk_bytes must be an int, got {type(chunk_bytes).__name__}") from None
+    cdef object v = check_int("chunk_bytes", chunk_bytes)
     if not (1 << MIN_CHUNK_SHIFT) <= v <= (1 << MAX_CHUNK_SHIFT) or v & (v - 1):
         raise ValueError(f"chunk_bytes must be a power of two in {1 << MIN_CHUNK_SHIFT}.."
                          f"{1 << MAX_CHUNK_SHIFT}, got {v}")

@@ -48,17 +48,11 @@ cdef object rows_to_array(qart_rows* r, Py_ssize_t width):
 
 
 cdef int64_t _check_limit(object limit) except -2:
-    """A scan limit: an int in 0..2**62 (bool rejected), as the reference checks it."""
-    cdef object v
-    if isinstance(limit, bool):
-        raise TypeError("limit must be an int, got bool")
-    try:
-        v = operator.index(limit)
-    except TypeError:
-        raise TypeError(f"limit must be an int, got {type(limit).__name__}") from None
-    if not 0 <= v <= 2**62:
-        raise ValueError(f"limit must be in 0..{2**62}, got {v}")
-    return v
+    """A scan limit: an int in 0..2**62 (bool rejected). The common case is one type test; anything
+    else goes through ``quillcache._checks.check_int``, so the messages are the package's own."""
+    if type(limit) is int and 0 <= limit <= MAX_LIMIT:
+        return limit
+    return check_int("limit", limit, 0, MAX_LIMIT)
 
 
 cdef list build_items(ArtCore core, qart_offbuf* buf, size_t start):

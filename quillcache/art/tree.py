@@ -51,12 +51,12 @@ Lazy checksums (``attach(..., chunk_crcs=table, chunk_bytes=cb)``, RocksDB-style
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from quillcache._checks import check_int
 from quillcache.art import _art
 from quillcache.art.meta import ArenaMeta
 
@@ -80,18 +80,6 @@ def _bad_bytes(name: str, value: object, lo: int) -> None:
     raise ValueError(f"{name} length must be in {lo}..{MAX_KEY_BYTES} bytes, got {len(value)}")
 
 
-def _as_int(name: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        v = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in {lo}..{hi}, got {v}")
-    return v
-
-
 def _check_value(value: object, value_size: int) -> None:
     if type(value) is not bytes:
         raise TypeError(f"value must be bytes, got {type(value).__name__}")
@@ -101,7 +89,7 @@ def _check_value(value: object, value_size: int) -> None:
 
 def _check_limit(limit: object) -> int:
     """-1 for no limit, else the validated limit."""
-    return -1 if limit is None else _as_int("limit", limit, 0, 2**62)
+    return -1 if limit is None else check_int("limit", limit, 0, 2**62)
 
 
 def _check_matrix(name: str, arr: object, lo_width: int, hi_width: int, rows: int | None = None) -> np.ndarray:
@@ -143,7 +131,7 @@ def _iter_chunks(scan_from: Any, start: bytes | None) -> Iterator[tuple[bytes, b
 
 def _check_chunk_bytes(chunk_bytes: object) -> int:
     """A chunk size: an int that is a power of two in 4 KiB..16 MiB."""
-    v = _as_int("chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+    v = check_int("chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
     if v & (v - 1):
         raise ValueError(f"chunk_bytes must be a power of two in {MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES}, got {v}")
     return v
@@ -192,8 +180,8 @@ class ArtTree(_art.ArtCore):
     __slots__ = ()
 
     def __init__(self, value_size: int, *, initial_arena_bytes: int = 1 << 20) -> None:
-        vs = _as_int("value_size", value_size, 0, MAX_VALUE_BYTES)
-        cap = _as_int("initial_arena_bytes", initial_arena_bytes, _art.HEADER_BYTES, 2**48)
+        vs = check_int("value_size", value_size, 0, MAX_VALUE_BYTES)
+        cap = check_int("initial_arena_bytes", initial_arena_bytes, _art.HEADER_BYTES, 2**48)
         super().__init__(vs, cap)
 
     def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -223,7 +211,7 @@ class ArtTree(_art.ArtCore):
         must have one length L (``key_len``, or the first match's length; ValueError otherwise).
         """
         _check_matrix("prefixes", prefixes, 0, MAX_KEY_BYTES)
-        kl = -1 if key_len is None else _as_int("key_len", key_len, 1, MAX_KEY_BYTES)
+        kl = -1 if key_len is None else check_int("key_len", key_len, 1, MAX_KEY_BYTES)
         return super().scan_prefix_batch(prefixes, kl)
 
     # -- arena and persistence ---------------------------------------------------------
@@ -256,7 +244,7 @@ class ArtTree(_art.ArtCore):
         (uint32, one CRC-32C per ``chunk_bytes`` chunk of ``meta.arena_used_bytes``) no arena byte
         is read here, and each chunk is verified when an operation first uses it (module docstring).
         """
-        root = _as_int("root_offset", root_offset, 0, 2**64 - 1)
+        root = check_int("root_offset", root_offset, 0, 2**64 - 1)
         _check_chunk_bytes(chunk_bytes)
         if not isinstance(meta, ArenaMeta):
             raise TypeError(f"meta must be an ArenaMeta (from export_meta() or ArenaMeta.from_bytes), "
@@ -291,7 +279,7 @@ class ArtReference:
     __slots__ = ("_data", "_keys", "value_size")
 
     def __init__(self, value_size: int) -> None:
-        self.value_size = _as_int("value_size", value_size, 0, MAX_VALUE_BYTES)
+        self.value_size = check_int("value_size", value_size, 0, MAX_VALUE_BYTES)
         self._data: dict[bytes, bytes] = {}
         self._keys: list[bytes] = []
 
@@ -423,7 +411,7 @@ class ArtReference:
     def scan_prefix_batch(self, prefixes: np.ndarray, key_len: int | None = None
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         _check_matrix("prefixes", prefixes, 0, MAX_KEY_BYTES)
-        kl = None if key_len is None else _as_int("key_len", key_len, 1, MAX_KEY_BYTES)
+        kl = None if key_len is None else check_int("key_len", key_len, 1, MAX_KEY_BYTES)
         offsets = np.zeros(prefixes.shape[0] + 1, dtype=np.int64)
         found: list[tuple[bytes, bytes]] = []
         for i in range(prefixes.shape[0]):
