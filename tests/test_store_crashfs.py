@@ -14,6 +14,7 @@ from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 from quillcache.store.errors import (
     BlockNotFoundError,
     CorruptBlockError,
+    SsdLogMissingError,
     StoreFullError,
     TierUnhealthyError,
 )
@@ -241,7 +242,11 @@ def test_bit_flips_always_detected(layout):
         size = fs.stat(path).size_bytes
         fs.corrupt(path, rng.randrange(size), 1 << rng.randrange(8))
         flips += 1
-        t = SsdTier("/b/t", capacity_bytes=1 << 20, fs=fs)
+        try:
+            t = SsdTier("/b/t", capacity_bytes=1 << 20, fs=fs)
+        except SsdLogMissingError:  # the slab log's header was hit: refused (issue 11), nothing changed
+            detected += 1
+            continue
         lost = len(sizes) - 1 + 1 - len(t)
         bad = 0
         for k in list(t.keys()):

@@ -48,3 +48,14 @@ class StoreClosedError(StoreError):
 
 class ForeignFileError(StoreError):
     """A directory holds files that are not this store's (reported, never deleted)."""
+
+
+class SsdLogMissingError(StoreError):
+    """The slab layout's log is missing or unusable while slab files exist: the slabs hold no keys or
+    checksums of their own, so the blocks cannot be recovered. The message names the directory, what
+    was found, and how to force an empty start (``SsdTier(..., on_missing_log="empty")``)."""
+
+
+class SsdRecoveryError(StoreError):
+    """Opening (= recovering) an SSD tier failed on an I/O error or on data it cannot interpret; the
+    message names the directory and the cause. The directory is left as it was found."""

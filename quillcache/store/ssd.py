@@ -27,10 +27,16 @@ was acknowledged keep working). A full disk (ENOSPC) raises ``StoreFullError`` a
 already stored; so does a full tier (the tier itself never evicts). A block that fails its crc32c
 on read raises ``CorruptBlockError`` and is dropped; wrong bytes are never returned.
 
-Recovery (= opening): replay the log (slab layout) or list the objects (files layout), check
-every block's crc32c (``verify_on_open``), drop torn, corrupt or unreferenced data, sweep temp
-files, and report foreign files (never deleted). A non-empty directory that holds no tier
-metadata file is refused with ``ForeignFileError``. See ``SsdTier.recovery``.
+Recovery (= opening): replay the log (slab layout) or list the objects (files layout), check every block's
+crc32c (``verify_on_open``), drop torn, corrupt or unreferenced data, sweep temp files, and report foreign
+files (never deleted). The tier reopens whatever damage its files took: every block whose own bytes verify is
+served, every other one is named in ``recovery.dropped``, damaged files are moved to
+``<directory>/quarantine/`` (never deleted). The one exception is a slab layout whose log is missing or
+unusable while slabs exist: slabs hold no keys, so the blocks cannot be recovered and the open is refused
+(``SsdLogMissingError``) unless ``on_missing_log="empty"`` forces an empty start (the old files go to
+quarantine, the report is not clean). Every error of opening is a ``StoreError`` (``SsdRecoveryError`` wraps
+I/O errors). A non-empty directory that holds no tier metadata file is refused with ``ForeignFileError``. See
+``SsdTier.recovery``.
 
 Accounting mode (``account_only=True``; the trace harness at million-block scale): no directory,
 no files, no fsync, no crc32c; offsets, footprints and capacity come from
@@ -57,6 +63,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -71,8 +78,10 @@ from quillcache.store.errors import (
     StoreClosedError,
     StoreError,
     StoreFullError,
+    SsdRecoveryError,
     TierUnhealthyError,
 )
+from quillcache.alloc import AllocatorError
 from quillcache.durability.fs import FileSystem, RealFs
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_account import AccountLayout
@@ -81,6 +90,7 @@ from quillcache.store.ssd_format import (
     DEFAULT_LAYOUT,
     META,
     PAGE_BYTES,
+    QUARANTINE,
     BlockRecord,
     SsdRecoveryReport,
     SsdTuning,
@@ -156,7 +166,17 @@ class SsdTier:
             self.recovery = SsdRecoveryReport(directory=self._dir, layout=AccountLayout.name, created=True,
                                               blocks_kept=0, bytes_kept=0)
         else:
-            self.recovery = self._open()
+            try:
+                self.recovery = self._open()
+            except (OSError, OverflowError, struct.error, AllocatorError) as exc:
+                layout = getattr(self, "_layout", None)
+                if layout is not None:
+                    try:
+                        layout.close()
+                    except OSError:
+                        pass
+                raise SsdRecoveryError(f"SSD tier {self._dir} could not be opened: "
+                                       f"{type(exc).__name__}: {exc}") from exc
 
     # ---------------------------------------------------------------- opening = recovery
     def _open(self) -> SsdRecoveryReport:
@@ -171,6 +191,8 @@ class SsdTier:
         files: dict[str, list[tuple[int, str]]] = {}
         foreign: list[str] = []
         for name in names:
+            if name == QUARANTINE and fs.is_dir(f"{d}/{name}"):
+                continue  # damaged files moved aside by an earlier recovery (kept as evidence)
             kind = owned_kind(name)
             if kind is None or not fs.stat(f"{d}/{name}").is_file:
                 foreign.append(name)
@@ -194,7 +216,8 @@ class SsdTier:
             meta = decode_meta(fs.read_file(f"{d}/{META}"), f"{d}/{META}")
             if self.tuning.layout is not None and self.tuning.layout != meta["layout"]:
                 raise ValueError(f"{d} holds a {meta['layout']!r} SSD tier; layout={self.tuning.layout!r} was asked")
-        rep: dict = {"dropped": [], "swept": [], "log_records": 0, "log_damaged": (), "log_tail": "", "log_rotated": False}
+        rep: dict = {"dropped": [], "swept": [], "log_records": 0, "log_damaged": (), "log_tail": "",
+                     "log_rotated": False, "quarantined": []}
         for _, name in files.pop("meta", []):
             if name != META:
                 fs.unlink(f"{d}/{name}")
@@ -210,7 +233,7 @@ class SsdTier:
             bytes_kept=sum(r.size_bytes for r in self._live.values()), dropped=tuple(rep["dropped"]),
             swept_temp_files=tuple(rep["swept"]), foreign_files=tuple(sorted(foreign)),
             log_records=rep["log_records"], log_damaged_lsns=tuple(rep["log_damaged"]),
-            log_tail=rep["log_tail"], log_rotated=rep["log_rotated"])
+            log_tail=rep["log_tail"], log_rotated=rep["log_rotated"], quarantined=tuple(rep["quarantined"]))
 
     # ---------------------------------------------------------------- state checks
     def _check_open(self) -> None:

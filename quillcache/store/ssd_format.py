@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import time
 from dataclasses import dataclass, field
 
 import crc32c as _crc
@@ -24,13 +25,15 @@ from quillcache.store.keys import StoreKey
 LAYOUTS = ("slab", "files")
 DEFAULT_LAYOUT = "slab"  # chosen by measurement: see quillcache.store.ssd and results/store_ssd
 META = "quillcache-ssd.meta"
+QUARANTINE = "quarantine"  # folder inside the tier directory where damaged files are moved, never deleted
+ON_MISSING_LOG = ("refuse", "empty")
 _META_MAGIC = b"QCSSDT01"
 PAGE_BYTES = 4096
 
 _OWNED = {
     "meta": re.compile(r"^quillcache-ssd\.meta(\.tmp)?$"),
-    "log": re.compile(r"^log-(\d{8})\.qcl$"),
-    "log_tmp": re.compile(r"^log-(\d{8})\.qcl\.tmp$"),
+    "log": re.compile(r"^log-(\d{8,})\.qcl$"),
+    "log_tmp": re.compile(r"^log-(\d{8,})\.qcl\.tmp$"),
     "slab": re.compile(r"^slab-(\d{5})\.qcs$"),
     "slab_tmp": re.compile(r"^slab-(\d{5})\.qcs\.tmp$"),
     "object": re.compile(r"^o-([0-9a-f]{8})\.qco$"),
@@ -60,12 +63,15 @@ class SsdTuning:
     group_commit_bytes: int = 32 << 20  # ...or this many bytes
     log_rotate_bytes: int = 64 << 20  # start a new log generation past this size (and 4x the snapshot)
     verify_on_open: bool = True  # read every object and check its crc32c during recovery
+    on_missing_log: str = "refuse"  # slab layout, log missing/unusable while slabs exist: "refuse" or "empty"
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} must be one of {LAYOUTS}")
         for name in ("slab_bytes", "group_commit_blocks", "group_commit_bytes", "log_rotate_bytes"):
             check_int(name, getattr(self, name), 1, type_error=ValueError)
+        if self.on_missing_log not in ON_MISSING_LOG:
+            raise ValueError(f"on_missing_log={self.on_missing_log!r} must be one of {ON_MISSING_LOG}")
         if self.slab_bytes % PAGE_BYTES:
             raise ValueError(f"slab_bytes={self.slab_bytes} must be a multiple of {PAGE_BYTES}")
         if self.max_block_bytes is not None:
@@ -107,10 +113,12 @@ class SsdRecoveryReport:
     log_damaged_lsns: tuple[tuple[int, int], ...] = field(default=())
     log_tail: str = ""  # why log replay stopped before the end of the file ("" = clean)
     log_rotated: bool = False
+    quarantined: tuple[str, ...] = field(default=())  # damaged files moved under <directory>/quarantine/
 
     @property
     def clean(self) -> bool:
-        return not (self.dropped or self.swept_temp_files or self.log_damaged_lsns or self.log_tail)
+        return not (self.dropped or self.swept_temp_files or self.log_damaged_lsns or self.log_tail
+                    or self.quarantined)
 
 
 _META_HEAD = struct.Struct("<8sI")  # magic, json length; crc32c u32 follows the json
@@ -148,6 +156,25 @@ def write_meta(fs: FileSystem, directory: str, layout: str, slab_bytes: int) -> 
         fs.close(fd)
     fs.rename(tmp, f"{directory}/{META}")
     fs.fsync_dir(directory)
+
+
+def quarantine(fs: FileSystem, directory: str, name: str, rep: dict) -> str:
+    """Move ``directory/name`` to ``directory/quarantine/<UTC timestamp>-<name>`` (never delete a
+    damaged file: it is evidence); record the new relative path in ``rep["quarantined"]``. The caller
+    fsyncs ``directory`` (one directory fsync covers every move of a recovery)."""
+    qdir = f"{directory}/{QUARANTINE}"
+    if not fs.exists(qdir):
+        fs.mkdir(qdir)
+        fs.fsync_dir(directory)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dst, n = f"{stamp}-{name}", 1
+    while fs.exists(f"{qdir}/{dst}"):
+        n += 1
+        dst = f"{stamp}.{n}-{name}"
+    fs.rename(f"{directory}/{name}", f"{qdir}/{dst}")
+    fs.fsync_dir(qdir)
+    rep.setdefault("quarantined", []).append(f"{QUARANTINE}/{dst}")
+    return dst
 
 
 def key_hex(key: StoreKey) -> str:

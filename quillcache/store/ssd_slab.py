@@ -18,6 +18,13 @@ is acknowledged only after that. A deleted block's space goes back to the alloca
 log record of its delete is durable, so a crash never finds a logged block overwritten by a newer
 one it does not know about. Recovery still guards against it: overlapping live records (possible
 only after log damage) keep the one with the higher LSN, and every block's crc32c is checked.
+
+Damage (issue 11): a slab file whose size is not whole pages is used up to its last whole page (at
+most ``slab_bytes``), blocks past it are dropped by key; one without a whole page is quarantined. A
+log generation that cannot be replayed is quarantined, never deleted. Slabs hold no keys or
+checksums, so with no usable log next to slab files the open is refused (``SsdLogMissingError``)
+unless ``on_missing_log="empty"``; never reported as a clean empty recovery. New log generations
+and slabs skip names a foreign file or directory holds.
 """
 
 from __future__ import annotations
@@ -29,9 +36,9 @@ from quillcache import alloc as _alloc
 from quillcache.durability.fs import FileSystem
 from quillcache.durability.wal import WalWriter
 from quillcache.store import ssd_log as L
-from quillcache.store.errors import StoreFullError
+from quillcache.store.errors import SsdLogMissingError, StoreFullError
 from quillcache.store.keys import StoreKey
-from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc
+from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc, quarantine
 
 _MAX_NODES_PER_SLAB = 1 << 17
 
@@ -109,24 +116,44 @@ class SlabLayout:
         # pick the newest complete log generation
         state: dict[StoreKey, tuple[int, int, int, int, int]] = {}
         chosen = None
+        unusable: list[tuple[str, str]] = []
         for gen, name in sorted(files.get("log", []), reverse=True):
             try:
                 scanned = L.scan_generation(fs, self._p(name))
                 state = self._replay(scanned[1])
             except Exception as exc:  # noqa: BLE001 - any damage makes this generation unusable
-                rep["dropped"].append((name, f"log generation unusable: {exc}"))
+                unusable.append((name, f"log generation unusable: {type(exc).__name__}: {exc}"))
                 continue
             chosen = (gen, name, scanned)
             break
+        if chosen is None:
+            self._no_usable_log(files, unusable, rep)
+            files = {k: v for k, v in files.items() if k not in ("slab", "log")}
+        rep["dropped"] += unusable
         for gen, name in files.get("log", []):
-            if chosen is None or gen != chosen[0]:
-                fs.unlink(self._p(name))  # superseded (older) or unusable generations: ours
-                if chosen is not None and gen < chosen[0]:
-                    rep["swept"].append(name)
-        # open the slabs
+            if gen == chosen[0]:
+                continue
+            if any(name == n for n, _ in unusable):
+                quarantine(fs, self.dir, name, rep)  # damaged: evidence, never deleted
+            else:
+                fs.unlink(self._p(name))  # an older generation a completed rotation superseded
+                rep["swept"].append(name)
+        # open the slabs; a slab whose size is not whole pages is used up to its last whole page
         for no, name in sorted(files.get("slab", [])):
             fd = fs.open(self._p(name), "rw")
-            self.slabs[no] = (fd, fs.fsize(fd))  # type: ignore[assignment]
+            raw = fs.fsize(fd)
+            usable = min(raw // PAGE_BYTES * PAGE_BYTES, self.slab_bytes, _alloc.MAX_UNITS * PAGE_BYTES // 2)
+            if usable < PAGE_BYTES:  # not a slab the tier made (it would have at least one page)
+                fs.close(fd)
+                quarantine(fs, self.dir, name, rep)
+                rep["dropped"].append((name, f"slab file of {raw} B holds no whole page; quarantined"))
+                continue
+            if usable != raw:
+                rep["dropped"].append((name, f"slab file is {raw} B, not whole pages of at most {self.slab_bytes} B; "
+                                             f"its first {usable} B are used"))
+            self.slabs[no] = (fd, usable)  # type: ignore[assignment]
+        if rep.get("quarantined"):
+            fs.fsync_dir(self.dir)
         live = self._resolve(state, rep)
         placed: dict[int, list[tuple[int, int]]] = {no: [] for no in self.slabs}
         order: dict[int, list[StoreKey]] = {no: [] for no in self.slabs}
@@ -138,8 +165,8 @@ class SlabLayout:
             self.slabs[no] = slab
             for key, h in zip(order[no], slab.handles):
                 live[key].handle = h
-        if chosen is not None:
-            gen, name, (report, records) = chosen
+        gen, name, (report, records) = chosen if chosen is not None else (-1, "", (None, []))
+        if report is not None:
             rep["log_records"] = len(records)
             rep["log_damaged"] = report.damaged_lsns
             rep["log_tail"] = f"{self._p(name)}: {report.dropped_reason}" if report.dropped_reason else ""
@@ -151,13 +178,35 @@ class SlabLayout:
                 self.log = L.reopen_generation(fs, self._p(name), report)
                 self._snapshot_bytes = len(live) * L.ENTRY_BYTES
                 return live
-            self.gen = gen
             self._rotate(live, next_lsn)
         else:
-            self.gen = -1
+            self.gen = max((g for g, _ in files.get("log", [])), default=-1)
             self._rotate(live, 1)
         rep["log_rotated"] = True
         return live
+
+    def _no_usable_log(self, files: dict, unusable: list[tuple[str, str]], rep: dict) -> None:
+        """No log generation could be replayed. With no slab and no log file nothing is left to
+        recover (the first log is written before any slab): start empty, saying so (not clean).
+        Otherwise the blocks cannot be recovered (slabs hold no keys): refuse, or with
+        ``on_missing_log="empty"`` move every log and slab file to quarantine and start empty with
+        the reason in the report."""
+        slabs, logs = files.get("slab", []), files.get("log", [])
+        if not slabs and not logs:  # never reported clean: the files may also have been deleted
+            rep["log_tail"] = "no log file and no slab file: started empty"
+            return
+        what = (f"log file(s) {', '.join(f'{n} ({why})' for n, why in unusable)}" if unusable
+                else "no log file")
+        if self.tuning.on_missing_log != "empty":
+            raise SsdLogMissingError(
+                f"SSD tier {self.dir}: {what} next to {len(slabs)} slab file(s): the blocks cannot be recovered "
+                f"without a log (slabs hold no keys); the log and slab files were left as they are. "
+                f"To start empty (the old files are moved to {self.dir}/quarantine/), "
+                f"open with SsdTier(..., on_missing_log=\"empty\")")
+        for _, name in logs + slabs:
+            quarantine(self.fs, self.dir, name, rep)
+        self.fs.fsync_dir(self.dir)
+        rep["log_tail"] = f"{what}: started empty (on_missing_log='empty'); every block of {len(slabs)} slab(s) lost"
 
     def _replay(self, records: list[tuple[int, bytes]]) -> dict[StoreKey, tuple[int, int, int, int, int]]:
         state: dict[StoreKey, tuple[int, int, int, int, int]] = {}
@@ -215,6 +264,8 @@ class SlabLayout:
         records = [L.encode_record(L.KIND_SNAPSHOT, entries[i : i + step]) for i in range(0, len(entries), step)]
         records.append(L.encode_record(L.KIND_END, []))
         new_gen = self.gen + 1
+        while self.fs.exists(self._p(_log_name(new_gen))):  # a foreign file/directory holds that name
+            new_gen += 1
         new = L.create_generation(self.fs, self._p(_log_name(new_gen)), next_lsn, records)  # name durable too
         old, self.log = self.log, new
         if old is not None:
@@ -232,6 +283,8 @@ class SlabLayout:
         if size < PAGE_BYTES:
             return None
         no = max(self.slabs, default=-1) + 1
+        while self.fs.exists(self._p(_slab_name(no))) or self.fs.exists(self._p(_slab_name(no)) + ".tmp"):
+            no += 1  # a foreign file/directory holds that name
         path = self._p(_slab_name(no))
         tmp = path + ".tmp"
         fs = self.fs
