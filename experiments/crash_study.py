@@ -63,7 +63,7 @@ from experiments.microbench import bench_main
 from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 from quillcache.index import open_index
 from quillcache.results import SummaryRow, print_table, results_dir, write_raw, write_summary
-from quillcache.store.errors import CorruptBlockError
+from quillcache.store.errors import CorruptBlockError, SsdLogMissingError
 from quillcache.store.keys import StoreKey
 from quillcache.store.reconcile import reconcile_index
 from quillcache.store.ssd import SsdTier
@@ -304,7 +304,16 @@ def run_bitflips(layout: str, target: str, verify_on_open: bool, trials: int, rn
             pos = 32 + rng.randrange(fs.stat(path).size_bytes - 32)
             victims = set()
         fs.corrupt(path, pos, 1 << rng.randrange(8))
-        t = SsdTier("/bf/t", capacity_bytes=4 << 20, fs=fs, verify_on_open=verify_on_open)
+        try:
+            t = SsdTier("/bf/t", capacity_bytes=4 << 20, fs=fs, verify_on_open=verify_on_open)
+        except SsdLogMissingError:
+            # the flip made the log unusable: the tier refuses to open (it serves nothing and keeps the
+            # evidence) instead of starting empty; that is a detection
+            totals["flips"] += 1
+            totals["detected"] += 1
+            raw.append([f"bitflip_{target}_{layout}" + ("" if verify_on_open else "_lazy"), trial, 0, 0, 0, 0, 0,
+                        0, 0, 1, 1, 0, f"{path}@{pos}; refused to open (log unusable)"])
+            continue
         rec = t.recovery
         detected = bool(rec.dropped or rec.log_damaged_lsns or rec.log_tail)
         corrupt = 0
