@@ -304,34 +304,35 @@ def run_bitflips(layout: str, target: str, verify_on_open: bool, trials: int, rn
             pos = 32 + rng.randrange(fs.stat(path).size_bytes - 32)
             victims = set()
         fs.corrupt(path, pos, 1 << rng.randrange(8))
+        subject = f"bitflip_{target}_{layout}" + ("" if verify_on_open else "_lazy")
         try:
             t = SsdTier("/bf/t", capacity_bytes=4 << 20, fs=fs, verify_on_open=verify_on_open)
         except SsdLogMissingError:
-            # the flip made the log unusable: the tier refuses to open (it serves nothing and keeps the
+            # the flip made the log unusable: the tier refuses to open (serving nothing, keeping the
             # evidence) instead of starting empty; that is a detection
-            totals["flips"] += 1
-            totals["detected"] += 1
-            raw.append([f"bitflip_{target}_{layout}" + ("" if verify_on_open else "_lazy"), trial, 0, 0, 0, 0, 0,
-                        0, 0, 1, 1, 0, f"{path}@{pos}; refused to open (log unusable)"])
-            continue
-        rec = t.recovery
-        detected = bool(rec.dropped or rec.log_damaged_lsns or rec.log_tail)
-        corrupt = 0
-        for k in list(t.keys()):
-            try:
-                if t.get(k) != block_content(k, t.size_of(k)):  # a flipped delete record may resurrect a block
-                    corrupt += 1
-            except CorruptBlockError:
-                detected = detected or k in victims or not victims
-        for k in victims:
-            if k not in t and k in locs:
-                detected = True  # dropped at recovery or on read
-        t.close()
+            t, note = None, "; refused to open (log unusable)"
+        corrupt, served, dropped = 0, 0, 0
+        if t is None:
+            detected = True
+        else:
+            note = ""
+            detected = not t.recovery.clean  # anything dropped, quarantined, skipped or cut short
+            dropped = len(t.recovery.dropped)
+            for k in list(t.keys()):
+                try:
+                    if t.get(k) != block_content(k, t.size_of(k)):  # a flipped delete record may resurrect a block
+                        corrupt += 1
+                except CorruptBlockError:
+                    detected = detected or k in victims or not victims
+            for k in victims:
+                if k not in t and k in locs:
+                    detected = True  # dropped at recovery or on read
+            served = len(t)
+            t.close()
         totals["flips"] += 1
         totals["detected"] += int(detected)
         totals["corrupt"] += corrupt
-        raw.append([f"bitflip_{target}_{layout}" + ("" if verify_on_open else "_lazy"), trial, 0, 0, corrupt, 0, 0,
-                    len(t), len(rec.dropped), 1, int(detected), 0, f"{path}@{pos}"])
+        raw.append([subject, trial, 0, 0, corrupt, 0, 0, served, dropped, 1, int(detected), 0, f"{path}@{pos}{note}"])
     return totals
 
 
