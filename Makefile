@@ -11,7 +11,10 @@ PYX    := $(shell find quillcache -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi
 
 export PYTHONFAULTHANDLER := 1
 
-.PHONY: install test bench storage store crash safety hitrate replay experiments figures paper clean
+# `make experiments` runs every study's quick profile; `make experiments PROFILE=full` the report's numbers.
+PROFILE ?= quick
+
+.PHONY: install test bench storage store crash safety hitrate replay experiments figures paper notebook clean
 
 install: $(STAMP)
 
@@ -29,36 +32,42 @@ $(XSTAMP): $(STAMP)
 test: install
 	$(PY) -m pytest -q
 
+# One study (or group) alone, in the profile asked for; `make figures paper` afterwards redraws.
+RUN := $(PY) -m experiments --no-report --profile $(PROFILE) --only
+
 bench: install
-	$(PY) -m experiments.microbench.run_all
+	$(RUN) microbench_hashing,microbench_alloc,microbench_sketch,microbench_planner
 
 storage: install
-	$(PY) -m experiments.storage_study
+	$(RUN) storage
 
 store: install
-	$(PY) -m experiments.store_bench_dram
-	$(PY) -m experiments.store_bench_ssd
+	$(RUN) store_dram,store_ssd
 
 crash: install
-	$(PY) -m experiments.crash_study
+	$(RUN) crash
 
 safety: install
-	$(PY) -m experiments.safety_study
+	$(RUN) safety
 
 hitrate: $(XSTAMP)
-	$(PY) -m experiments.hitrate_study
+	$(RUN) hitrate
 
 replay: install
-	$(PY) -m experiments.replay_study
+	$(RUN) replay
 
-experiments: bench storage store crash safety hitrate replay
-	$(MAKE) paper
+experiments: $(XSTAMP)
+	$(PY) -m experiments --profile $(PROFILE)
 
 figures: install
 	$(PY) -m experiments.figures
 
 paper: figures
 	$(PY) -m experiments.report
+	$(PY) notebooks/make_notebook.py --execute
+
+notebook: install
+	$(PY) notebooks/make_notebook.py --execute
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from experiments.crash_child import open_tier
@@ -62,7 +63,7 @@ from experiments.crash_workload import (
 from experiments.microbench import bench_main
 from quillcache.durability.crashfs import CrashFs, SimulatedCrash
 from quillcache.index import open_index
-from quillcache.results import SummaryRow, print_table, results_dir, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, write_raw, write_summary
 from quillcache.store.errors import CorruptBlockError, SsdLogMissingError
 from quillcache.store.keys import StoreKey
 from quillcache.store.reconcile import reconcile_index
@@ -363,6 +364,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         for layout in ("slab", "files"):
             tot = run_kills(layout, cfg["kills"], cfg["max_acks"], rng, workdir, raw)
             sub = f"kill_{layout}"
+            mark = len(rows)
             note = (f"SIGKILL of a child writing through SsdTier + ART index after N acks (N seeded, "
                     f"1..{cfg['max_acks']}; {tot['short']} hit the deadline first), real fsyncs; "
                     f"{tot['acked']} acked-block checks")
@@ -377,13 +379,17 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
                                 notes="index entries pointing at missing/different bytes right after reopen"),
                      SummaryRow(metric="dangling_index_entries", subject=sub, value=tot["dangling"], unit="entries",
                                 notes="after reconcile_index; acceptance == 0: " + ("PASS" if tot["dangling"] == 0 else "FAIL"))]
+            _tag(rows, mark, scenario="kill", layout=layout)
         for layout in ("slab", "files"):
             tot = run_powerloss(layout, cfg["powerloss"], rng, raw)
+            mark = len(rows)
             rows += _powerloss_rows(f"powerloss_{layout}", cfg["powerloss"], tot,
                                     "CrashFs power loss at a seeded sync point, 2 per trial")
+            _tag(rows, mark, scenario="powerloss", layout=layout)
         for layout in ("slab", "files"):
             tot = run_powerloss_index(layout, cfg["powerloss_index"], rng, raw)
             sub = f"powerloss_index_{layout}"
+            mark = len(rows)
             rows += _powerloss_rows(sub, cfg["powerloss_index"], tot,
                                     "SSD tier + ART index on one CrashFs, power loss at a seeded sync point, "
                                     "2 per trial")
@@ -398,71 +404,81 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
                                 notes=_zero(tot["dangling"], "after reconcile_index; ")),
                      SummaryRow(metric="unindexed_blocks_after_reconcile", subject=sub, value=tot["unindexed"],
                                 unit="blocks", notes=_zero(tot["unindexed"], "tier blocks without their entry; "))]
+            _tag(rows, mark, scenario="powerloss_index", layout=layout)
         cases = [("object", "slab", True), ("object", "slab", False), ("log", "slab", True),
                  ("object", "files", True), ("object", "files", False)]
         for target, layout, verify in cases:
             tot = run_bitflips(layout, target, verify, cfg["bitflips"], rng, raw)
             sub = f"bitflip_{target}_{layout}" + ("" if verify else "_lazy")
             rate = tot["detected"] / tot["flips"]
+            mark = len(rows)
             rows += [SummaryRow(metric="bitflips_injected", subject=sub, value=tot["flips"], unit="flips"),
-                     SummaryRow(metric="bitflips_detected", subject=sub, value=tot["detected"], unit="flips",
-                                baseline="bitflips_injected", baseline_value=tot["flips"],
-                                notes=f"detection rate {rate:.3f}; acceptance 100%: {'PASS' if rate == 1 else 'FAIL'}"),
+                     SummaryRow(metric="bitflips_detected", subject=sub, value=tot["detected"], unit="flips"),
+                     SummaryRow(metric="detection_rate", subject=sub, value=rate, unit="fraction of flips",
+                                notes=f"acceptance 100%: {'PASS' if rate == 1 else 'FAIL'}"),
                      SummaryRow(metric="corrupt_bytes_served", subject=sub, value=tot["corrupt"], unit="reads",
                                 notes="acceptance == 0: " + ("PASS" if tot["corrupt"] == 0 else "FAIL"))]
+            _tag(rows, mark, scenario="bitflip", layout=layout, flip_target=target, verify_on_open=verify)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     total_crashes = sum(r.value for r in rows if r.metric == "crashes")
     rows.append(SummaryRow(metric="crashes", subject="all", value=total_crashes, unit="count",
-                           notes=f"{'quick' if quick else 'full'} mode, {time.monotonic() - t_start:.0f} s"))
+                           notes=f"{'quick' if quick else 'full'} profile", params={"scenario": "all"}))
+    for metric, unit in (("acknowledged_blocks_checked", "blocks"), ("acknowledged_index_entries_checked", "entries"),
+                         ("acknowledged_blocks_lost", "blocks"), ("acknowledged_index_entries_lost", "entries"),
+                         ("corrupt_bytes_served", "reads"), ("dangling_index_entries", "entries"),
+                         ("bitflips_injected", "flips"), ("bitflips_detected", "flips")):
+        rows.append(SummaryRow(metric=metric, subject="all", unit=unit, params={"scenario": "all"},
+                               value=sum(r.value for r in rows if r.metric == metric and r.subject != "all")))
     write_raw(NAME, "raw.csv", RAW_HEADER, raw, root=results_root)
-    write_summary(NAME, rows, root=results_root)
-    _figure(rows, results_dir(NAME, results_root) if results_root else Path("paper/figures"))
+    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
     print_table(rows, title="crash study")
     return rows
 
 
+def _tag(rows: list[SummaryRow], start: int, **params) -> None:
+    """Give rows[start:] the scenario's parameters as typed columns."""
+    rows[start:] = [replace(r, params={**r.params, **params}) for r in rows[start:]]
+
+
 def plot(results_root: str | Path | None = None, out_dir: str | Path = "paper/figures") -> Path:
-    """Redraw ``crash.png`` from ``results/crash/summary.csv`` (what ``make figures`` calls)."""
-    import pandas as pd
+    """``crash.png`` from the summary only: per scenario the acknowledged blocks checked and the
+    crashes behind them, with what was lost or served corrupt written on each bar; and the share
+    of injected bit flips detected."""
+    import numpy as np
 
-    df = pd.read_csv(results_dir(NAME, results_root) / "summary.csv")
-    rows = [SummaryRow(metric=r.metric, subject=r.subject, value=float(r.value), unit=r.unit) for r in df.itertuples()]
-    return _figure(rows, Path(out_dir))
+    from experiments.plotstyle import BASELINE, OURS, PALETTE, figure, legend, save, style_axes
+    from quillcache.results import read_summary
 
-
-def _figure(rows: list[SummaryRow], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    subs = [r.subject for r in rows if r.metric == "crashes" and r.subject != "all"]
-    get = {(r.metric, r.subject): r.value for r in rows}
-    x = range(len(subs))
-    a1.bar([i - 0.2 for i in x], [get[("acknowledged_blocks_checked", s)] for s in subs], 0.4, label="acked blocks checked")
-    a1.bar([i + 0.2 for i in x], [get[("crashes", s)] for s in subs], 0.4, label="crashes")
+    df = read_summary(NAME, results_root)
+    df = df[df["subject"] != "all"]
+    get = {(m, s): float(v) for m, s, v in zip(df["metric"], df["subject"], df["value"])}
+    subs = [s for m, s in get if m == "crashes"]
+    fig, (a1, a2) = figure(10.0, 3.8, 1, 2, width_ratios=[3, 2])
+    x = np.arange(len(subs))
+    checked = [get[("acknowledged_blocks_checked", s)] for s in subs]
+    a1.bar(x - 0.2, checked, 0.4, label="acknowledged blocks checked", color=OURS)
+    a1.bar(x + 0.2, [get[("crashes", s)] for s in subs], 0.4, label="crashes", color=BASELINE)
     for i, s in enumerate(subs):
-        lost, bad = get[("acknowledged_blocks_lost", s)], get[("corrupt_bytes_served", s)]
-        a1.annotate(f"lost {lost:g}\nbad {bad:g}", (i, get[("acknowledged_blocks_checked", s)] * 1.3), ha="center", va="bottom", fontsize=8)
+        a1.annotate(f"lost {get[('acknowledged_blocks_lost', s)]:g}\ncorrupt {get[('corrupt_bytes_served', s)]:g}",
+                    (i, checked[i] * 1.3), ha="center", va="bottom", fontsize=7)
     a1.set_yscale("log")
-    a1.set_ylim(top=max(get[("acknowledged_blocks_checked", s)] for s in subs) * 20)
-    a1.set_xticks(list(x), subs, rotation=20, fontsize=8)
-    a1.set_title("crashes: acknowledged blocks lost / corrupt reads")
-    a1.legend(fontsize=8)
-    fsubs = [r.subject for r in rows if r.metric == "bitflips_injected"]
+    a1.set_ylim(top=max(checked) * 30)
+    a1.set_xticks(x)
+    a1.set_xticklabels([s.replace("_", "\n", 1) for s in subs], fontsize=7)
+    style_axes(a1, ylabel="count (log scale)", title="Crashes: acknowledged blocks lost or corrupt")
+    legend(a1, loc="upper left", ncol=2)
+    fsubs = [s for m, s in get if m == "bitflips_injected"]
     rates = [get[("bitflips_detected", s)] / get[("bitflips_injected", s)] for s in fsubs]
-    a2.bar(range(len(fsubs)), rates, color="tab:green")
-    a2.set_ylim(0, 1.05)
-    a2.set_xticks(range(len(fsubs)), fsubs, rotation=20, fontsize=8)
-    a2.set_title("bit flips detected (fraction)")
-    fig.tight_layout()
-    path = out / "crash.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    a2.barh(np.arange(len(fsubs)), rates, 0.6, color=PALETTE[2])
+    for i, s in enumerate(fsubs):
+        a2.annotate(f"{get[('bitflips_detected', s)]:g} / {get[('bitflips_injected', s)]:g}", (rates[i], i),
+                    ha="right", va="center", fontsize=7, color="white")
+    a2.set_yticks(np.arange(len(fsubs)))
+    a2.set_yticklabels([s.removeprefix("bitflip_") for s in fsubs], fontsize=7)
+    a2.set_xlim(0, 1.0)
+    style_axes(a2, xlabel="share of injected flips detected", title="Bit flips detected (higher is better)")
+    return save(fig, Path(out_dir) / "crash.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,6 @@ Quick mode (smoke test) uses the first 2,500 requests, fewer capacities and 2 re
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -44,7 +43,7 @@ import numpy as np
 
 from quillcache.hitrate import HITRATE_POLICIES, simulate
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
-from quillcache.results import SummaryRow, print_table, results_dir, spread, write_raw, write_summary
+from quillcache.results import Anchor, SummaryRow, print_table, spread, write_raw, write_summary
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, default_trace_path
 
 NAME = "hitrate"
@@ -56,6 +55,7 @@ N_ENGINES = 10
 PAPER_POOL_GAIN = 2.22
 ACCEPT_REFS_S = 1_000_000
 LCS_ENV = "QUILLCACHE_LIBCACHESIM_PYTHON"
+SYNTH_LABEL = "synthetic_sessions"
 
 
 def cap_label(cap: int | None) -> str:
@@ -209,15 +209,15 @@ def libcachesim_lru(arrs: TraceArrays, cap: int, reps: int) -> tuple[list[tuple[
         if os.environ.get(LCS_ENV):
             pythons.append(os.environ[LCS_ENV])
         if not pythons:
-            return [], (f"libcachesim is not importable by {sys.executable} and ${LCS_ENV} is unset "
+            return [], (f"libcachesim is not importable here and ${LCS_ENV} is unset "
                         "(pip install libcachesim into a separate venv and point the variable at its python)")
         try:
             res = subprocess.run([pythons[0], "-c", _LCS_SCRIPT, str(path), str(cap), str(reps)],
                                  capture_output=True, text=True, timeout=300, check=True)
             data = json.loads(res.stdout.strip().splitlines()[-1])
         except (subprocess.SubprocessError, OSError, ValueError, IndexError) as exc:
-            return [], f"libcachesim run failed via {pythons[0]}: {exc}"
-        return [(float(a), float(b)) for a, b in data["runs"]], f"libcachesim {data['version']} via {pythons[0]}"
+            return [], f"libcachesim run failed: {exc}"
+        return [(float(a), float(b)) for a, b in data["runs"]], f"libcachesim {data['version']} ({'this interpreter' if pythons[0] == sys.executable else '$' + LCS_ENV})"
 
 
 def timed(fn, reps: int) -> list[float]:
@@ -232,53 +232,73 @@ def timed(fn, reps: int) -> list[float]:
 # ---------------------------------------------------------------- run
 
 
+def trace_label(trace: str | os.PathLike | None) -> str:
+    """The name rows carry for a trace: its file stem (the shared default is 'conversation_trace')."""
+    return Path(trace if trace is not None else default_trace_path()).stem
+
+
 def run(quick: bool = False, results_root: str | None = None, trace: str | os.PathLike | None = None) -> list[SummaryRow]:
     cfg = QUICK if quick else FULL
-    t_start = time.perf_counter()
+    t_start = time.monotonic()
+    label = trace_label(trace)
     arrs = load_arrays(trace if trace is not None else default_trace_path(), limit=cfg["limit"])
     policies = [p for p in POLICY_ORDER if p in HITRATE_POLICIES]
     caps = cfg["caps"]
     rows: list[SummaryRow] = []
     raw_hr: list[tuple] = []
+    size = f"{arrs.num_requests} requests, {arrs.num_refs} block references"
+
+    def cap_params(cap: int | None) -> dict:  # unlimited: no capacity_blocks (NA in the frame)
+        return {} if cap is None else {"capacity_blocks": cap}
 
     # 1. hit rate per policy and capacity
     table = hit_rate_table(arrs, caps, policies)
     for (pol, cap), hr in table.items():
-        raw_hr.append(("conversation", pol, cap_label(cap), "" if cap is None else cap, hr))
+        raw_hr.append((label, pol, "" if cap is None else cap, hr))
     for cap in caps:
         lru, bel = table[("lru", cap)], table[("belady", cap)]
         for pol in policies:
-            rows.append(SummaryRow(metric=f"hit_rate@{cap_label(cap)}", subject=pol, value=table[(pol, cap)],
-                                   unit="fraction", baseline="lru", baseline_value=lru,
-                                   notes=f"conversation trace, {arrs.num_requests} requests, {arrs.num_refs} refs"))
+            rows.append(SummaryRow(metric="hit_rate", subject=pol, value=table[(pol, cap)], unit="fraction",
+                                   baseline="lru", baseline_value=lru, notes=size,
+                                   params={"trace": label, **cap_params(cap)}))
         gap = bel - lru
         closed = (table[("quillhd", cap)] - lru) / gap if gap > 1e-12 else math.nan
-        rows.append(SummaryRow(metric=f"gap_closed@{cap_label(cap)}", subject="quillhd", value=closed,
-                               unit="fraction of LRU->Belady gap",
-                               notes=f"lru={lru:.4f} quillhd={table[('quillhd', cap)]:.4f} belady={bel:.4f}"))
+        rows.append(SummaryRow(metric="gap_closed", subject="quillhd", value=closed,
+                               unit="fraction of the LRU-to-Belady gap",
+                               notes=f"lru={lru:.4f} quillhd={table[('quillhd', cap)]:.4f} belady={bel:.4f}",
+                               params={"trace": label, **cap_params(cap)}))
 
     # 2. pooled vs local
     pool_pols = ["lru", "quillhd", "belady"]
     raw_pool = pooled_vs_local(arrs, pool_pols)
     for pol, tokens, how, pooled, local in raw_pool:
-        rows.append(SummaryRow(metric=f"pooled_hit_rate@{tokens // 1_000_000}Mtok_{how}", subject=f"{pol}_pooled",
-                               value=pooled, unit="fraction", baseline=f"{pol}_local_{how}", baseline_value=local,
+        rows.append(SummaryRow(metric="pooled_hit_rate", subject=pol, value=pooled, unit="fraction",
+                               baseline=f"{pol}, {N_ENGINES} local caches", baseline_value=local,
                                notes=f"{N_ENGINES} engines x {tokens // MOONCAKE_BLOCK_TOKENS // N_ENGINES} blocks "
-                                     f"vs one pool of {tokens // MOONCAKE_BLOCK_TOKENS}; paper: {PAPER_POOL_GAIN}x"))
+                                     f"vs one pool of {tokens // MOONCAKE_BLOCK_TOKENS}",
+                               params={"trace": label, "capacity_tokens": tokens,
+                                       "capacity_blocks": tokens // MOONCAKE_BLOCK_TOKENS,
+                                       "engines": N_ENGINES, "routing": how}))
 
     # 3. second trace
     synth = synthetic_conversation_trace(cfg["synth_conversations"])
     synth_caps = [c for c in caps if c is not None]
     stab = hit_rate_table(synth, synth_caps + [None], ["lru", "quillhd", "belady"])
     for (pol, cap), hr in stab.items():
-        raw_hr.append(("synthetic", pol, cap_label(cap), "" if cap is None else cap, hr))
+        raw_hr.append((SYNTH_LABEL, pol, "" if cap is None else cap, hr))
     for cap in synth_caps:
         lru, bel, ours = stab[("lru", cap)], stab[("belady", cap)], stab[("quillhd", cap)]
         gap = bel - lru
-        rows.append(SummaryRow(metric=f"synthetic_hit_rate@{cap_label(cap)}", subject="quillhd", value=ours,
-                               unit="fraction", baseline="lru", baseline_value=lru,
-                               notes=f"belady={bel:.4f}; gap closed={(ours - lru) / gap if gap > 1e-12 else math.nan:.3f}; "
-                                     f"{synth.num_requests} requests, {synth.num_refs} refs"))
+        for pol in ("quillhd", "belady"):
+            rows.append(SummaryRow(metric="hit_rate", subject=pol, value=stab[(pol, cap)], unit="fraction",
+                                   baseline="lru", baseline_value=lru,
+                                   notes=f"{synth.num_requests} requests, {synth.num_refs} block references",
+                                   params={"trace": SYNTH_LABEL, "capacity_blocks": cap}))
+        rows.append(SummaryRow(metric="gap_closed", subject="quillhd",
+                               value=(ours - lru) / gap if gap > 1e-12 else math.nan,
+                               unit="fraction of the LRU-to-Belady gap",
+                               notes=f"lru={lru:.4f} quillhd={ours:.4f} belady={bel:.4f}",
+                               params={"trace": SYNTH_LABEL, "capacity_blocks": cap}))
 
     # 4. throughput at 10k blocks
     tcap = 10000
@@ -294,30 +314,31 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
         lcs_hit = 1.0 - lcs_runs[0][1]
         ours_lru = simulate(arrs, "lru", tcap).hit_rate
         lcs_note += f"; its LRU hit ratio {lcs_hit:.4f} vs ours {ours_lru:.4f} (same content: LRU hits are prefix hits)"
+    tp_params = {"trace": label, "capacity_blocks": tcap}
     for pol in policies:
-        simulate(arrs, pol, tcap)  # compile / warm
-        secs = [simulate(arrs, pol, tcap).elapsed_s for _ in range(reps)]  # kernel time only
+        secs = [simulate(arrs, pol, tcap).elapsed_s for _ in range(reps)]  # kernel time only (JIT warmed inside)
         raw_tp += [(f"kernel_{pol}", i, s, arrs.num_refs / s) for i, s in enumerate(secs)]
         sp = spread([arrs.num_refs / s for s in secs])
-        note = f"p10={sp['p10']:.3g} p90={sp['p90']:.3g} refs/s; {'meets' if sp['median'] >= ACCEPT_REFS_S else 'BELOW'} 1M refs/s"
+        note = f"{'meets' if sp['median'] >= ACCEPT_REFS_S else 'BELOW'} the 1M refs/s bar"
         if lcs_runs:
-            rows.append(SummaryRow(metric="replay_refs_per_s@10k", subject=f"kernel_{pol}", value=sp["median"],
-                                   unit="refs/s", baseline="libcachesim_lru", baseline_value=lcs_rate, n=reps,
-                                   notes=note + f"; {lcs_note}"))
-        rows.append(SummaryRow(metric="replay_refs_per_s@10k_vs_python", subject=f"kernel_{pol}", value=sp["median"],
-                               unit="refs/s", baseline="python_ordereddict_lru", baseline_value=base_rate, n=reps,
-                               notes=note + ("" if lcs_runs else f"; {lcs_note}")))
+            rows.append(SummaryRow.from_spread(sp, metric="replay_refs_per_s", subject=f"kernel_{pol}",
+                                               unit="refs/s", baseline="libcachesim_lru", baseline_value=lcs_rate,
+                                               n=reps, notes=note + f"; {lcs_note}", params=tp_params))
+        rows.append(SummaryRow.from_spread(sp, metric="replay_refs_per_s", subject=f"kernel_{pol}", unit="refs/s",
+                                           baseline="python_ordereddict_lru", baseline_value=base_rate, n=reps,
+                                           notes=note + ("" if lcs_runs else f"; {lcs_note}"), params=tp_params))
 
-    write_raw(NAME, "hit_rates.csv", ["trace", "policy", "capacity_label", "capacity_blocks", "hit_rate"], raw_hr,
-              results_root)
+    anchors = [Anchor(metric="pooled_gain", subject="Mooncake global pool vs local caches", value=PAPER_POOL_GAIN,
+                      unit="x", source="Mooncake (FAST '25) section 4",
+                      notes="hit-rate gain of one pool over per-node caches on its conversation trace")]
+    write_raw(NAME, "hit_rates.csv", ["trace", "policy", "capacity_blocks", "hit_rate"], raw_hr, results_root)
     write_raw(NAME, "pooled.csv", ["policy", "capacity_tokens", "routing", "pooled_hit_rate", "local_hit_rate"],
               raw_pool, results_root)
     write_raw(NAME, "throughput.csv", ["subject", "rep", "elapsed_s", "refs_per_s"], raw_tp, results_root)
-    write_summary(NAME, rows, results_root)
-    if not quick:
-        plot(results_root)
+    write_summary(NAME, rows, results_root, profile="quick" if quick else "full", anchors=anchors,
+                  started_at=t_start)
     print_table(rows, title="hitrate")
-    print(f"[hitrate] {len(rows)} rows in {time.perf_counter() - t_start:.1f} s")
+    print(f"[hitrate] {len(rows)} rows in {time.monotonic() - t_start:.1f} s")
     return rows
 
 
@@ -325,71 +346,58 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
 
 
 def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/figures") -> list[Path]:
-    """Draw both figures from the raw CSVs only."""
-    import matplotlib
+    """Two figures from the results only: hit rate vs capacity per policy on the default trace
+    (Belady dashed as the bound), and pooled vs local caches."""
+    from experiments.plotstyle import BASELINE, BOUND, GREY, OURS, PALETTE, figure, legend, save, style_axes
+    from quillcache.results import read_raw, read_summary
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rdir = results_dir(NAME, results_root)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(rdir / "hit_rates.csv") as fh:
-        hr = [r for r in csv.DictReader(fh) if r["trace"] == "conversation"]
-    finite = sorted({int(r["capacity_blocks"]) for r in hr if r["capacity_blocks"]})
+    hr = read_raw(NAME, "hit_rates", results_root)
+    main_trace = trace_label(None)
+    hr = hr[hr["trace"] == (main_trace if (hr["trace"] == main_trace).any() else hr["trace"].iloc[0])]
+    finite = sorted(int(c) for c in hr["capacity_blocks"].dropna().unique())
     inf_x = (finite[-1] * 3) if finite else 1
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = figure(7.0, 3.8)
+    colours = iter([PALETTE[2], PALETTE[3], PALETTE[4], PALETTE[5], GREY, PALETTE[7]])
     for pol in POLICY_ORDER:
-        pts = sorted((int(r["capacity_blocks"]) if r["capacity_blocks"] else inf_x, float(r["hit_rate"]))
-                     for r in hr if r["policy"] == pol)
-        if not pts:
+        part = hr[hr["policy"] == pol]
+        if part.empty:
             continue
-        style = {"ls": "--", "color": "black", "lw": 2} if pol == "belady" else {"lw": 2.5} if pol == "quillhd" else {}
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol + (" (bound)" if pol == "belady" else ""),
-                **style)
+        pts = sorted((int(c) if c == c else inf_x, float(h)) for c, h in zip(part["capacity_blocks"], part["hit_rate"]))
+        style = ({"ls": "--", "color": BOUND, "lw": 1.8} if pol == "belady" else
+                 {"lw": 2.6, "color": OURS} if pol == "quillhd" else
+                 {"lw": 1.8, "color": BASELINE} if pol == "lru" else {"lw": 1.1, "color": next(colours)})
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3.5,
+                label=pol + (" (offline bound)" if pol == "belady" else " (ours)" if pol == "quillhd" else ""), **style)
     ax.set_xscale("log")
     ax.set_xticks(finite + [inf_x])
-    ax.set_xticklabels([cap_label(c) for c in finite] + ["∞"])
-    ax.set_xlabel("cache capacity (512-token blocks)")
-    ax.set_ylabel("block hit rate (prefix-aware)")
-    ax.set_title("Mooncake conversation trace: hit rate vs capacity")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    p1 = out / "hitrate.png"
-    fig.savefig(p1, dpi=110)
-    plt.close(fig)
+    ax.set_xticklabels([cap_label(c) for c in finite] + ["unlimited"])
+    ax.minorticks_off()
+    style_axes(ax, xlabel="cache capacity (512-token blocks, log scale)", ylabel="block hit rate",
+               title=f"Hit rate vs capacity ({main_trace})")
+    legend(ax, ncol=2)
+    p1 = save(fig, out / "hitrate.png")
 
-    with open(rdir / "pooled.csv") as fh:
-        pool = list(csv.DictReader(fh))
-    labels, pooled_v, rr_v, aff_v = [], [], [], []
-    for tokens in sorted({int(r["capacity_tokens"]) for r in pool}):
-        for pol in dict.fromkeys(r["policy"] for r in pool):
-            sel = {r["routing"]: r for r in pool if r["policy"] == pol and int(r["capacity_tokens"]) == tokens}
-            if not sel:
-                continue
-            labels.append(f"{pol}\n{tokens // 1_000_000}M tok")
-            pooled_v.append(float(next(iter(sel.values()))["pooled_hit_rate"]))
-            rr_v.append(float(sel["round_robin"]["local_hit_rate"]) if "round_robin" in sel else math.nan)
-            aff_v.append(float(sel["affinity"]["local_hit_rate"]) if "affinity" in sel else math.nan)
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    xs = np.arange(len(labels))
+    s = read_summary(NAME, results_root)
+    pool = s[(s["metric"] == "pooled_hit_rate")]
+    rr = pool[pool["routing"] == "round_robin"].sort_values(["capacity_tokens", "subject"])
+    aff = pool[pool["routing"] == "affinity"].set_index(["capacity_tokens", "subject"])
+    labels = [f"{p}\n{t // 1_000_000}M tok" for t, p in zip(rr["capacity_tokens"], rr["subject"])]
+    fig, ax = figure(7.0, 3.4)
+    xs = np.arange(len(rr))
     w = 0.27
-    ax.bar(xs - w, pooled_v, w, label="pooled (1 cache)")
-    ax.bar(xs, aff_v, w, label="local, conversation affinity")
-    ax.bar(xs + w, rr_v, w, label="local, round-robin")
-    for x, pv, rv in zip(xs, pooled_v, rr_v):
-        if rv > 0:
-            ax.annotate(f"{pv / rv:.2f}×", (x - w, pv), ha="center", va="bottom", fontsize=7)
+    ax.bar(xs - w, rr["value"], w, label="one pooled cache", color=PALETTE[0])
+    ax.bar(xs, [aff.loc[(t, p), "baseline_value"] for t, p in zip(rr["capacity_tokens"], rr["subject"])], w,
+           label=f"{N_ENGINES} local caches, conversation affinity", color=PALETTE[2])
+    ax.bar(xs + w, rr["baseline_value"], w, label=f"{N_ENGINES} local caches, round-robin", color=PALETTE[1])
+    for x, v, r in zip(xs, rr["value"], rr["ratio"]):
+        ax.annotate(f"{r:.2f}x", (x - w, v), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(xs)
-    ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel("block hit rate")
-    ax.set_title(f"Pooled vs {N_ENGINES} local caches (ratio pooled/round-robin; paper: {PAPER_POOL_GAIN}×)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p2 = out / "hitrate_pooled.png"
-    fig.savefig(p2, dpi=110)
-    plt.close(fig)
+    ax.set_xticklabels(labels)
+    style_axes(ax, ylabel="block hit rate", title="Pooled vs local caches (label: pooled / round-robin)")
+    ax.set_ylim(0, float(rr["value"].max()) * 1.35)
+    legend(ax, loc="upper center", ncol=2)
+    p2 = save(fig, out / "hitrate_pooled.png")
     return [p1, p2]
 
 

@@ -14,19 +14,19 @@ engines on H100, 8,192 DRAM + 32,768 SSD blocks per node, 2 s TTFT SLO, accounte
 The replay is deterministic for its seed (every random choice is seeded), so a metric is one
 number, not a sample; ``n`` is 1 and the wall time of each replay is in the notes. Writes
 ``results/replay/summary.csv`` (``write_summary``), ``results/replay/raw.csv`` (every cell's full
-summary) and ``paper/figures/replay.png`` (``plot`` reads only ``raw.csv``).
+summary); ``plot`` draws ``paper/figures/replay.png`` from ``raw.csv`` only.
 Quick mode replays the first ``QUICK_LIMIT`` requests; full mode the whole trace.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import math
 import time
 from pathlib import Path
 
 from quillcache.harness import ReplayConfig, replay
-from quillcache.results import SummaryRow, print_table, results_dir, write_raw, write_summary
+from quillcache.results import SummaryRow, print_table, write_raw, write_summary
 from quillcache.traces.loader import default_trace_path, load_trace
 
 NAME = "replay"
@@ -46,6 +46,7 @@ def _cells() -> list[tuple[str, str, str]]:
 
 
 def run(quick: bool = False, results_root: str | None = None, trace: str | None = None) -> list[SummaryRow]:
+    t_start = time.monotonic()
     reqs = load_trace(trace or default_trace_path(), limit=QUICK_LIMIT if quick else None)
     raw: list[dict[str, object]] = []
     for router, policy, tiers in _cells():
@@ -57,68 +58,66 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | None 
         print(f"  {router:>16} / {policy:<8} / {tiers:<7} {len(reqs)} requests in {d['wall_s']:.1f} s", flush=True)
     cols = list(raw[0])
     write_raw(NAME, "raw.csv", cols, [[d[c] for c in cols] for d in raw], root=results_root)
-    by = {(d["router"], d["policy"]): d for d in raw if d["tiers"] == "default"}
-    mode = f"{'quick' if quick else 'full'}: {len(reqs)} requests"
     rows: list[SummaryRow] = []
-    for router in ROUTERS:
-        d, b = by[(router, "lru")], by[(BASELINE, "lru")]
+
+    def add(d: dict, base: dict | None) -> None:
+        params = {"router": str(d["router"]), "policy": str(d["policy"]), "tiers": str(d["tiers"]),
+                  "requests": len(reqs), "engines": int(d["engines"]),
+                  "dram_capacity_blocks": int(d["dram_capacity_blocks"]),
+                  "ssd_capacity_blocks": int(d["ssd_capacity_blocks"])}
         for m, unit in METRICS:
-            rows.append(SummaryRow(metric=m, subject=f"{router}/lru", value=float(d[m]), unit=unit,
-                                   baseline=f"{BASELINE}/lru", baseline_value=float(b[m]), n=1,
-                                   notes=f"{mode}; deterministic replay (seed 0); wall {d['wall_s']:.1f} s"))
-    q, lru = by[("dynamo", "quillhd")], by[("dynamo", "lru")]
-    for m, unit in METRICS:
-        rows.append(SummaryRow(metric=m, subject="dynamo/quillhd", value=float(q[m]), unit=unit,
-                               baseline="dynamo/lru", baseline_value=float(lru[m]), n=1,
-                               notes=f"{mode}; deterministic replay (seed 0); wall {q['wall_s']:.1f} s"))
-    small = {d["policy"]: d for d in raw if d["tiers"] == "small"}
-    for m, unit in METRICS:
-        rows.append(SummaryRow(metric=f"{m}@small_tiers", subject="dynamo/quillhd", value=float(small["quillhd"][m]),
-                               unit=unit, baseline="dynamo/lru", baseline_value=float(small["lru"][m]), n=1,
-                               notes=f"{mode}; {SMALL_TIERS}; wall {small['quillhd']['wall_s']:.1f} s"))
-    write_summary(NAME, rows, root=results_root)
-    plot(results_root, results_dir(NAME, results_root) if results_root else Path("paper/figures"))
+            rows.append(SummaryRow(metric=m, subject=f"{d['router']}/{d['policy']}", value=float(d[m]), unit=unit,
+                                   baseline=f"{base['router']}/{base['policy']}" if base else "",
+                                   baseline_value=float(base[m]) if base else math.nan, n=1,
+                                   notes=f"deterministic replay (seed 0); wall {d['wall_s']:.1f} s", params=params))
+
+    by = {(d["router"], d["policy"], d["tiers"]): d for d in raw}
+    add(by[(BASELINE, "lru", "default")], None)  # the baseline cell itself
+    for router in ROUTERS:
+        if router != BASELINE:
+            add(by[(router, "lru", "default")], by[(BASELINE, "lru", "default")])
+    add(by[("dynamo", "quillhd", "default")], by[("dynamo", "lru", "default")])
+    add(by[("dynamo", "lru", "small")], None)  # the small-tier baseline cell
+    add(by[("dynamo", "quillhd", "small")], by[("dynamo", "lru", "small")])
+    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
     print_table(rows)
     return rows
 
 
 def plot(results_root: str | Path | None = None, out_dir: str | Path = "paper/figures") -> Path:
-    """``replay.png`` from ``results/replay/raw.csv``: per cell TTFT p50/p99, goodput, hit rate."""
-    import matplotlib
+    """``replay.png``: three panels over the same cells (one row each): TTFT p50 and p99, goodput,
+    and block hit rate split by the tier that served it."""
+    import numpy as np
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from experiments.plotstyle import BASELINE as BASE_COLOUR
+    from experiments.plotstyle import OURS, PALETTE, figure, legend, save, style_axes
+    from quillcache.results import read_raw
 
-    with open(results_dir(NAME, results_root) / "raw.csv", newline="") as fh:
-        cells = list(csv.DictReader(fh))
-    labels = [f"{c['router']}\n{c['policy']}" + ("\nsmall tiers" if c.get("tiers") == "small" else "") for c in cells]
-    x = range(len(cells))
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    cells = read_raw(NAME, "raw", results_root)
+    labels = [f"{r} / {p}" + (" / small tiers" if t == "small" else "")
+              for r, p, t in zip(cells["router"], cells["policy"], cells["tiers"])]
+    y = np.arange(len(cells))[::-1]
+    fig, axes = figure(10.0, 3.6, 1, 3, sharey=True)
     a = axes[0]
-    a.bar([i - 0.2 for i in x], [float(c["ttft_p50_s"]) for c in cells], 0.4, label="p50")
-    a.bar([i + 0.2 for i in x], [float(c["ttft_p99_s"]) for c in cells], 0.4, label="p99")
-    a.set_ylabel("TTFT (s)")
-    a.legend(fontsize=8)
-    axes[1].bar(x, [float(c["goodput_rps"]) for c in cells], color="tab:green")
-    axes[1].set_ylabel(f"goodput (req/s, TTFT <= {float(cells[0]['slo_ttft_s']):g} s)")
-    tiers = ["gpu", "dram", "ssd", "peer"]
-    bottom = [0.0] * len(cells)
-    for t in tiers:
-        v = [float(c[f"block_hit_rate_{t}"]) for c in cells]
-        axes[2].bar(x, v, bottom=bottom, label=t.upper())
-        bottom = [b + w for b, w in zip(bottom, v)]
-    axes[2].set_ylabel("block hit rate by tier")
-    axes[2].legend(fontsize=8)
-    for ax in axes:
-        ax.set_xticks(list(x), labels, fontsize=7)
-    fig.suptitle(f"conversation-trace replay: {cells[0]['requests']} requests, {cells[0]['engines']} engines")
-    fig.tight_layout()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "replay.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    a.barh(y + 0.2, cells["ttft_p50_s"], 0.4, label="p50", color=OURS)
+    a.barh(y - 0.2, cells["ttft_p99_s"], 0.4, label="p99", color=BASE_COLOUR)
+    a.set_yticks(y)
+    a.set_yticklabels(labels)
+    style_axes(a, xlabel="seconds", title="TTFT (lower is better)")
+    legend(a, loc="lower right")
+    axes[1].barh(y, cells["goodput_rps"], 0.6, color=PALETTE[2])
+    style_axes(axes[1], xlabel=f"requests/s with TTFT <= {float(cells['slo_ttft_s'].iloc[0]):g} s",
+               title="Goodput (higher is better)")
+    left = np.zeros(len(cells))
+    for t, colour in zip(["gpu", "dram", "ssd", "peer"], [PALETTE[0], PALETTE[5], PALETTE[1], PALETTE[3]]):
+        v = cells[f"block_hit_rate_{t}"].to_numpy(float)
+        axes[2].barh(y, v, 0.6, left=left, label=t.upper(), color=colour)
+        left += v
+    style_axes(axes[2], xlabel="share of prompt blocks", title="Block hits by tier (higher is better)")
+    legend(axes[2], loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    fig.suptitle(f"Trace replay: {int(cells['requests'].iloc[0]):,} requests on {int(cells['engines'].iloc[0])} "
+                 "engines (engine compute is the engine model, a stand-in)", fontsize=10)
+    return save(fig, Path(out_dir) / "replay.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,16 +24,15 @@ Guard overhead (same run, after the replay, against the final index): each of th
 repetitions of the paired ratio (mean plan time on / off) - 1, p10/p90 in the notes. The figures
 themselves are in ``results/safety/summary.csv`` and the report, never here.
 
-Writes ``results/safety/summary.csv``, ``by_category.csv``, ``timing.csv``, ``mixes.csv`` and the
-figure ``paper/figures/safety.png`` (:func:`plot` reads only the results files).
+Writes ``results/safety/summary.csv``, ``by_category.csv``, ``timing.csv``, ``mixes.csv`` and
+``anchors.csv`` (the seed's reported figures, kept apart from the same-run baselines);
+:func:`plot` draws ``paper/figures/safety.png`` from the results files only.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
-import statistics
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from quillcache.index import open_index
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
 from quillcache.identity.naive_cache import NaiveContentCache
 from quillcache.planner import Planner, PlannerConfig, PlanRequest
-from quillcache.results import SummaryRow, results_dir, spread, write_raw, write_summary
+from quillcache.results import Anchor, SummaryRow, print_table, spread, write_raw, write_summary
 from quillcache.types import CacheTier, Identity
 from quillcache.traces.collision import (
     CollisionConfig,
@@ -250,128 +249,115 @@ def _pct(a: float, b: float) -> float:
 def summarize(results: list[MixResult]) -> list[SummaryRow]:
     rows: list[SummaryRow] = []
     for m in results:
-        by_cat = ", ".join(f"{c} {_pct(m.naive_unsafe[c], m.naive_hit_blocks):.1f}%" for c in CATEGORIES)
+        mix = {"mix": m.mix, "requests": m.requests}
         rows.append(SummaryRow(
-            metric="naive unsafe share of hits", subject=f"naive content-hash cache [{m.mix}]",
-            value=_pct(m.naive_unsafe_blocks, m.naive_hit_blocks), unit="%", n=m.naive_hit_blocks,
+            metric="naive_unsafe_share", subject="naive content-hash cache",
+            value=_pct(m.naive_unsafe_blocks, m.naive_hit_blocks), unit="% of hit blocks", n=m.naive_hit_blocks,
             notes=f"{m.naive_unsafe_blocks} of {m.naive_hit_blocks} hit blocks unsafe; "
-                  f"{m.naive_unsafe_requests} of {m.requests} requests got >= 1 unsafe block; by category: {by_cat}; "
-                  f"seed reported {SEED_REPORTED['naive_unsafe_share_pct']}% on its collision workload",
-        ))
+                  f"{m.naive_unsafe_requests} of {m.requests} requests got at least one unsafe block",
+            params={**mix, "category": "all"}))
         for c in CATEGORIES:
-            rows.append(SummaryRow(metric=f"naive unsafe hits: {c}", subject=f"naive content-hash cache [{m.mix}]",
+            rows.append(SummaryRow(metric="naive_unsafe_share", subject="naive content-hash cache",
                                    value=_pct(m.naive_unsafe[c], m.naive_hit_blocks), unit="% of hit blocks",
-                                   n=m.naive_unsafe[c]))
+                                   n=m.naive_unsafe[c], params={**mix, "category": c}))
         rows.append(SummaryRow(
-            metric="unsafe reuses served", subject=f"QuillCache guard on [{m.mix}]", value=sum(m.on_unsafe.values()),
-            unit="blocks", baseline=f"same planner, guard off [{m.mix}]", baseline_value=sum(m.off_unsafe.values()),
+            metric="unsafe_reuses_served", subject="QuillCache guard on", value=sum(m.on_unsafe.values()),
+            unit="blocks", baseline="same planner, guard off", baseline_value=sum(m.off_unsafe.values()),
             n=m.requests,
-            notes=f"over {m.requests} requests, every reused block audited by audit_reuse; guard off by category: "
-                  + ", ".join(f"{c} {m.off_unsafe[c]}" for c in CATEGORIES),
-        ))
+            notes="every reused block audited by audit_reuse; guard off by category: "
+                  + ", ".join(f"{c} {m.off_unsafe[c]}" for c in CATEGORIES), params=mix))
         safe_naive = m.naive_hit_blocks - m.naive_unsafe_blocks
         rows.append(SummaryRow(
-            metric="safe reuse (share of prompt blocks)", subject=f"QuillCache guard on [{m.mix}]",
-            value=_pct(m.on_reused, m.prompt_blocks), unit="%", baseline=f"naive cache, safe hits only [{m.mix}]",
-            baseline_value=_pct(safe_naive, m.prompt_blocks), n=m.prompt_blocks,
+            metric="safe_reuse_share", subject="QuillCache guard on",
+            value=_pct(m.on_reused, m.prompt_blocks), unit="% of prompt blocks",
+            baseline="naive cache, safe hits only", baseline_value=_pct(safe_naive, m.prompt_blocks),
+            n=m.prompt_blocks,
             notes=f"guard on reused {m.on_reused} blocks ({m.public_shared_blocks} shared-public); guard off reused "
-                  f"{m.off_reused}; naive hit {m.naive_hit_blocks} ({safe_naive} safe)",
-        ))
+                  f"{m.off_reused}; naive hit {m.naive_hit_blocks} ({safe_naive} safe)", params=mix))
         on = [us for _, g, us in m.timing if g == "on"]
         off = [us for _, g, us in m.timing if g == "off"]
         ratios = [a / b for a, b in zip(on, off)]
         s_on, s_off, s_r = spread(on), spread(off), spread(ratios)
-        overhead = 100.0 * (s_r["median"] - 1.0)  # paired: both planners timed on the same requests per rep
-        seed_pct = SEED_REPORTED["overhead_pct"][m.mix]
+        rows.append(SummaryRow.from_spread(
+            s_on, metric="plan_time", subject="guard on", unit="us/plan", baseline="guard off",
+            baseline_value=s_off["median"], n=len(on),
+            notes=f"guard off p10 {s_off['p10']:.2f} p90 {s_off['p90']:.2f}", params=mix))
+        # paired: both planners timed on the same requests in every repetition
         rows.append(SummaryRow(
-            metric="plan time", subject=f"guard on [{m.mix}]", value=s_on["median"], unit="us/plan",
-            baseline=f"guard off [{m.mix}]", baseline_value=s_off["median"], n=len(on),
-            notes=f"guard on p10 {s_on['p10']:.2f} p90 {s_on['p90']:.2f}; guard off p10 {s_off['p10']:.2f} "
-                  f"p90 {s_off['p90']:.2f}; per-rep on/off ratio p10 {s_r['p10']:.4f} p90 {s_r['p90']:.4f}",
-        ))
-        rows.append(SummaryRow(
-            metric="guard overhead", subject=f"QuillCache guard [{m.mix}]", value=overhead, unit="% of plan time",
-            baseline=f"seed guard [{m.mix}] (reported)", baseline_value=seed_pct, n=len(on),
-            notes=f"median over {len(on)} reps of the paired on/off ratio - 1; per-rep overhead p10 "
-                  f"{100 * (s_r['p10'] - 1):.2f}% p90 {100 * (s_r['p90'] - 1):.2f}%",
-        ))
+            metric="guard_overhead", subject="QuillCache guard", value=100.0 * (s_r["median"] - 1.0),
+            unit="% of plan time", p10=100.0 * (s_r["p10"] - 1.0), p90=100.0 * (s_r["p90"] - 1.0), n=len(on),
+            notes=f"median over {len(on)} repetitions of the paired guard-on/guard-off plan-time ratio, minus 1",
+            params=mix))
     return rows
 
 
-def plot_into(results_root: str | Path | None, out_dir: str | Path) -> Path:
-    """``make figures`` entry point: ``<out_dir>/safety.png``."""
-    return plot(results_root, Path(out_dir) / "safety.png")
+def anchors() -> list[Anchor]:
+    """The seed's reported figures for this study: comparison points, never same-run baselines."""
+    out = [Anchor(metric="naive_unsafe_share", subject="naive content-hash cache",
+                  value=SEED_REPORTED["naive_unsafe_share_pct"], unit="% of hit blocks",
+                  source="the seed (its collision workload)", params={"category": "all"})]
+    for mix, pct in SEED_REPORTED["overhead_pct"].items():
+        out.append(Anchor(metric="guard_overhead", subject="the seed's guard", value=pct, unit="% of plan time",
+                          source="the seed", params={"mix": mix}))
+    return out
 
 
-def plot(results_root: str | Path | None = None, out: str | Path = "paper/figures/safety.png") -> Path:
-    """The safety figure, from ``results/safety/*.csv`` only."""
-    import matplotlib
+def plot(results_root: str | Path | None = None, out_dir: str | Path = "paper/figures") -> Path:
+    """``safety.png`` from the results only: (a) what a naive cache serves unsafely, by category;
+    (b) unsafe reuses served with the guard off and on; (c) the guard's cost in plan time."""
+    from experiments.plotstyle import BASELINE, OURS, PALETTE, figure, legend, save, style_axes
+    from quillcache.results import read_anchors, read_summary
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    d = results_dir(STUDY, results_root)
-    with open(d / "by_category.csv") as fh:
-        cats = list(csv.DictReader(fh))
-    with open(d / "timing.csv") as fh:
-        timing = list(csv.DictReader(fh))
-    mixes = list(dict.fromkeys(r["mix"] for r in cats))
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    # (a) naive unsafe share of hits by category
+    s = read_summary(STUDY, results_root)
+    anc = read_anchors(STUDY, results_root)
+    mixes = list(dict.fromkeys(s["mix"]))
+    fig, axes = figure(10.0, 3.6, 1, 3)
     ax = axes[0]
+    share = s[(s["metric"] == "naive_unsafe_share") & (s["category"] != "all")]
     bottom = np.zeros(len(mixes))
-    for c in CATEGORIES:
-        vals = np.array([sum(float(r["share_of_naive_hits_pct"]) for r in cats
-                             if r["mix"] == m and r["category"] == c and r["cache"] == "naive") for m in mixes])
-        ax.bar(mixes, vals, bottom=bottom, label=c)
+    for c, colour in zip(CATEGORIES, PALETTE[2:]):
+        vals = np.array([float(share[(share["mix"] == m) & (share["category"] == c)]["value"].sum()) for m in mixes])
+        ax.bar(mixes, vals, bottom=bottom, label=c, color=colour)
         bottom += vals
     for x, v in enumerate(bottom):
         ax.annotate(f"{v:.1f}%", (x, v), ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("unsafe share of naive hits (%)")
-    ax.set_title("naive content-hash cache: unsafe hits")
-    ax.legend(fontsize=7)
-    # (b) unsafe reuses served
+    ax.set_ylim(0, 110)
+    style_axes(ax, ylabel="% of the naive cache's hits", title="Naive cache: unsafe hits (lower is better)")
+    legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     ax = axes[1]
+    served = s[s["metric"] == "unsafe_reuses_served"].set_index("mix")
     w = 0.38
-    for k, (cache, label) in enumerate((("guard-off", "same planner, guard off"), ("guard-on", "QuillCache guard on"))):
-        vals = [sum(int(r["blocks"]) for r in cats if r["mix"] == m and r["cache"] == cache) for m in mixes]
-        xs = np.arange(len(mixes)) + (k - 0.5) * w
-        ax.bar(xs, [max(v, 0.5) for v in vals], w, label=label)
-        for x, v in zip(xs, vals):
-            ax.annotate(str(v), (x, max(v, 0.5)), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(mixes)), mixes)
-    ax.set_yscale("log")
-    ax.set_ylabel("unsafe blocks served (log)")
-    ax.set_title("unsafe reuses served")
-    ax.legend(fontsize=7)
-    # (c) guard overhead
-    ax = axes[2]
-    ours, seeds = [], []
-    for m in mixes:
-        on = [float(r["us_per_plan"]) for r in timing if r["mix"] == m and r["guard"] == "on"]
-        off = [float(r["us_per_plan"]) for r in timing if r["mix"] == m and r["guard"] == "off"]
-        ours.append(100 * (statistics.median(a / b for a, b in zip(on, off)) - 1))
-        seeds.append(SEED_REPORTED["overhead_pct"].get(m, float("nan")))
     xs = np.arange(len(mixes))
-    ax.bar(xs - w / 2, ours, w, label="QuillCache (measured)")
-    ax.bar(xs + w / 2, seeds, w, label="seed (reported)")
-    for x, v in zip(xs - w / 2, ours):
-        ax.annotate(f"{v:.2f}%", (x, max(v, 0)), ha="center", va="bottom", fontsize=8)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xticks(xs, mixes)
-    ax.set_ylabel("guard overhead (% of plan time)")
-    ax.set_title("guard overhead, same run")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    off = [float(served.loc[m, "baseline_value"]) for m in mixes]
+    on = [float(served.loc[m, "value"]) for m in mixes]
+    ax.bar(xs - w / 2, off, w, label="guard off (baseline)", color=BASELINE)
+    ax.bar(xs + w / 2, on, w, label="guard on (ours)", color=OURS)
+    for x, v in zip(xs + w / 2, on):
+        ax.annotate(f"{v:.0f}", (x, v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(mixes)
+    style_axes(ax, ylabel="unsafe blocks served", title="Unsafe reuses served (lower is better)")
+    legend(ax)
+    ax = axes[2]
+    ov = s[s["metric"] == "guard_overhead"].set_index("mix")
+    vals = [float(ov.loc[m, "value"]) for m in mixes]
+    err = np.array([[v - float(ov.loc[m, "p10"]) for m, v in zip(mixes, vals)],
+                    [float(ov.loc[m, "p90"]) - v for m, v in zip(mixes, vals)]])
+    ax.bar(xs, vals, 0.5, yerr=np.clip(err, 0, None), capsize=3, color=OURS, label="QuillCache (this run, p10-p90)")
+    seed = anc[anc["metric"] == "guard_overhead"].set_index("mix") if len(anc) else None
+    if seed is not None:
+        ax.scatter(xs, [float(seed.loc[m, "value"]) if m in seed.index else np.nan for m in mixes], marker="D",
+                   color="black", zorder=3, label="the seed, reported (anchor)")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(mixes)
+    style_axes(ax, ylabel="% of plan time", title="Guard overhead (lower is better)")
+    legend(ax, loc="upper left")
+    return save(fig, Path(out_dir) / "safety.png")
 
 
-def run(quick: bool = False, results_root: str | None = None, figure: str | Path | None = None,
-        index_kind: str = "art") -> list[SummaryRow]:
+def run(quick: bool = False, results_root: str | None = None, index_kind: str = "art") -> list[SummaryRow]:
+    t_start = time.monotonic()
     p = QUICK if quick else FULL
     results = []
     for mix, n in p["requests"].items():
@@ -395,16 +381,10 @@ def run(quick: bool = False, results_root: str | None = None, figure: str | Path
                                    "on_reused", "off_reused", "public_shared_blocks", "replay_s"),
               [(m.mix, m.requests, m.prompt_blocks, m.naive_hit_blocks, m.naive_unsafe_blocks, m.on_reused,
                 m.off_reused, m.public_shared_blocks, f"{m.replay_s:.2f}") for m in results], root=results_root)
-    path = write_summary(STUDY, rows, root=results_root)
-    if figure is None:
-        figure = "paper/figures/safety.png" if results_root is None else Path(results_root) / STUDY / "safety.png"
-    fig = plot(results_root, figure)
-    print(f"{'metric':44s} {'subject':44s} {'value':>10s} {'unit':>16s} {'baseline':>10s}")
-    for r in rows:
-        print(f"{r.metric:44.44s} {r.subject:44.44s} {r.value:10.3f} {r.unit:>16.16s} "
-              f"{r.baseline_value:10.3f}" if r.baseline else
-              f"{r.metric:44.44s} {r.subject:44.44s} {r.value:10.3f} {r.unit:>16.16s}")
-    print(f"[safety] wrote {path} and {fig}")
+    path = write_summary(STUDY, rows, root=results_root, profile="quick" if quick else "full", anchors=anchors(),
+                         started_at=t_start)
+    print_table(rows, title="safety")
+    print(f"[safety] wrote {path}")
     return rows
 
 
@@ -412,10 +392,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small configuration (< 30 s; the smoke test)")
     ap.add_argument("--results-root", default=None, help="results directory (default: results/)")
-    ap.add_argument("--figure", default=None, help="figure path (default: paper/figures/safety.png)")
     ap.add_argument("--index", default="art", help="residency index backend (default: art)")
     args = ap.parse_args(argv)
-    run(quick=args.quick, results_root=args.results_root, figure=args.figure, index_kind=args.index)
+    run(quick=args.quick, results_root=args.results_root, index_kind=args.index)
 
 
 if __name__ == "__main__":

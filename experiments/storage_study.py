@@ -19,8 +19,9 @@ in its OWN subprocess (clean RSS and ``/proc/self/io`` accounting) and measures,
   timed verifying every chunk at open);
 - resident memory growth (RSS after build − RSS before open).
 
-Writes ``results/storage/summary.csv`` (ratios against RocksDB, and the flat map's scan against
-ART's), ``results/storage/cells.csv`` (every raw number) and, via ``make figures``, a figure.
+Writes ``results/storage/summary.csv`` (one row per backend, metric and entry count; ratios against
+RocksDB, and the flat map's scan against ART's), ``results/storage/cells.csv`` (every raw number);
+``plot`` draws ``paper/figures/storage.png`` from them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from quillcache.results import SummaryRow, write_raw, write_summary
 
 STUDY = "storage"
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+FULL_ENTRIES = (100_000, 1_000_000)
+QUICK_ENTRIES = (10_000,)
 
 
 def _io_write_bytes() -> int:
@@ -226,7 +229,8 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
                 notes += f" n={c['point_n']}"
             rows.append(
                 SummaryRow(
-                    metric=f"{metric}@{target}",
+                    metric=metric,
+                    params={"entries": target},
                     subject=kind,
                     value=c[field],
                     unit=unit,
@@ -239,7 +243,8 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
         if kind == "rocksdb":
             rows.append(
                 SummaryRow(
-                    metric=f"write_amplification_rocksdb_stats@{target}",
+                    metric="write_amplification_rocksdb_stats",
+                    params={"entries": target},
                     subject="rocksdb",
                     value=c["rocksdb_stat_bytes"] / c["logical_bytes"],
                     unit="x",
@@ -253,7 +258,8 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
             if kind == subject and other is not None:
                 rows.append(
                     SummaryRow(
-                        metric=f"prefix_scan_p50@{target}",
+                        metric="prefix_scan_p50",
+                        params={"entries": target},
                         subject=subject,
                         value=c["scan_p50_ns"],
                         unit="ns",
@@ -266,12 +272,118 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
     return rows
 
 
+def run(quick: bool = False, results_root: str | None = None, *, trace: str | None = None,
+        entries: list[int] | None = None, backends: list[str] | None = None, point_samples: int = 20000,
+        scan_samples: int = 5000, seed: int = 0, workdir: str | None = None) -> list[SummaryRow]:
+    """Run every backend at every entry count (quick: 10k entries, few samples) and write the results."""
+    from quillcache.traces.churn import residency_churn
+    from quillcache.traces.loader import default_trace_path, load_trace
+
+    t_start = time.monotonic()
+    targets = list(entries or FULL_ENTRIES)
+    if quick:
+        targets, point_samples, scan_samples = list(QUICK_ENTRIES), 500, 200
+    kinds = list(backends or sorted(INDEX_BACKENDS))
+    unknown = [k for k in kinds if k not in INDEX_BACKENDS]
+    if unknown:
+        raise SystemExit(f"unknown backends {unknown}; registered: {sorted(INDEX_BACKENDS)}")
+    trace_reqs = load_trace(trace or default_trace_path())
+    work = Path(workdir or tempfile.mkdtemp(prefix="qc-storage-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cells = []
+    try:
+        for target in targets:
+            t = time.perf_counter()
+            w = residency_churn(trace_reqs, target, seed=seed)
+            wpath = work / f"workload-{target}.pkl"
+            with open(wpath, "wb") as fh:
+                pickle.dump(w, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            print(f"[storage] {target}: {len(w.live)} live, {w.num_puts} puts, {w.num_removes} removes "
+                  f"({time.perf_counter() - t:.1f} s to generate)", flush=True)
+            del w
+            for kind in kinds:
+                dbdir = work / f"{kind}-{target}"
+                shutil.rmtree(dbdir, ignore_errors=True)
+                cmd = [sys.executable, "-m", "experiments.storage_study", "--cell", kind, str(wpath), str(dbdir),
+                       "--point-samples", str(point_samples), "--scan-samples", str(scan_samples),
+                       "--seed", str(seed)]
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode != 0:
+                    raise SystemExit(f"[storage] cell {kind}@{target} failed:\n{out.stderr[-4000:]}")
+                cell = json.loads(out.stdout.strip().splitlines()[-1])
+                cell["entries_target"] = target
+                cells.append(cell)
+                print(f"[storage] {kind:8s}@{target}: point p50 {cell['point_p50_ns'] / 1e3:.2f} µs, "
+                      f"scan p50 {cell['scan_p50_ns'] / 1e3:.2f} µs ({cell['scan_mean_rows']:.1f} rows), "
+                      f"insert {cell['insert_ops_per_s'] / 1e3:.0f} k ops/s, WA {cell['wa_build']:.2f}/{cell['wa_total']:.2f}, "
+                      f"recovery {cell['recovery_s'] * 1e3:.1f} ms, RSS +{cell['rss_growth_bytes'] / 2**20:.0f} MiB", flush=True)
+                shutil.rmtree(dbdir, ignore_errors=True)
+    finally:
+        if workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    fields = [k for k in cells[0] if k != "rocksdb_stats"]
+    write_raw(STUDY, "cells.csv", fields, [[c[k] for k in fields] for c in cells], root=results_root)
+    rows = _summary(cells)
+    path = write_summary(STUDY, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
+    print(f"[storage] wrote {path}")
+    return rows
+
+
+# ---------------------------------------------------------------- figure
+
+# (metric, panel title, unit label, higher is better); a panel is log-scaled when its values span
+# more than two decades.
+PANELS = [
+    ("point_locate_p50", "Point lookup p50", "ns per lookup", False),
+    ("prefix_scan_p50", "Prefix scan p50", "ns per scan", False),
+    ("insert_rate", "Build rate", "operations/s", True),
+    ("recovery_reopen_to_first_answer", "Reopen to first answer", "s", False),
+    ("write_amplification_total", "Write amplification", "bytes written / logical", False),
+    ("rss_growth", "Memory growth", "MiB resident", False),
+]
+BACKEND_ORDER = ["art", "rocksdb", "sorted", "flat"]
+
+
+def plot(results_root: str | None = None, out_dir: str | Path = "paper/figures") -> Path:
+    """Six panels, one question each; in every panel each backend's bar per entry count (ART, ours,
+    in the house colour, RocksDB as the baseline colour)."""
+    from experiments.plotstyle import BASELINE, GREY, OURS, PALETTE, figure, save, style_axes
+    from quillcache.results import read_summary
+
+    df = read_summary(STUDY, results_root)
+    df = df.drop_duplicates(subset=["metric", "subject", "entries"])
+    targets = sorted(int(e) for e in df["entries"].dropna().unique())
+    kinds = [k for k in BACKEND_ORDER if k in set(df["subject"])]
+    colour = {"art": OURS, "rocksdb": BASELINE, "sorted": PALETTE[2], "flat": GREY}
+    fig, axes = figure(10.0, 6.0, 2, 3)
+    w = 0.8 / max(1, len(kinds))
+    for ax, (metric, title, unit, higher) in zip(axes.flat, PANELS):
+        part = df[df["metric"] == metric].set_index(["subject", "entries"])["value"]
+        scale = 1 / 2**20 if metric == "rss_growth" else 1.0
+        values = [float(v) * scale for v in part if v > 0]
+        log = bool(values) and max(values) / min(values) > 100
+        for i, kind in enumerate(kinds):
+            ys = [float(part.get((kind, t), np.nan)) * scale for t in targets]
+            ax.bar(np.arange(len(targets)) + (i - (len(kinds) - 1) / 2) * w, ys, w,
+                   label=kind + (" (ours)" if kind == "art" else " (baseline)" if kind == "rocksdb" else ""),
+                   color=colour[kind])
+        ax.set_xticks(np.arange(len(targets)))
+        ax.set_xticklabels([f"{t:,} entries" for t in targets])
+        if log:
+            ax.set_yscale("log")
+        style_axes(ax, ylabel=unit + (", log scale" if log else ""),
+                   title=f"{title} ({'higher' if higher else 'lower'} is better)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncol=len(kinds), frameon=False, fontsize=9)
+    return save(fig, Path(out_dir) / "storage.png")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=None,
                     help="Mooncake-format trace (default: quillcache.traces.loader.default_trace_path(), "
                          "i.e. $QUILLCACHE_TRACE or ../shared/traces/conversation_trace.jsonl)")
-    ap.add_argument("--entries", default="100000,1000000", help="comma-separated live-entry targets")
+    ap.add_argument("--entries", default=",".join(map(str, FULL_ENTRIES)), help="comma-separated live-entry targets")
     ap.add_argument("--backends", default=",".join(sorted(INDEX_BACKENDS)))
     ap.add_argument("--point-samples", type=int, default=20000)
     ap.add_argument("--scan-samples", type=int, default=5000)
@@ -286,55 +398,10 @@ def main(argv: list[str] | None = None) -> None:
         kind, wpath, dbdir = args.cell
         print(json.dumps(run_cell(kind, wpath, dbdir, args.point_samples, args.scan_samples, args.seed)))
         return
-
-    from quillcache.traces.churn import residency_churn
-    from quillcache.traces.loader import default_trace_path, load_trace
-
-    targets = [int(x) for x in args.entries.split(",") if x.strip()]
-    if args.quick:
-        targets, args.point_samples, args.scan_samples = [10_000], 500, 200
-    kinds = [k.strip() for k in args.backends.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in INDEX_BACKENDS]
-    if unknown:
-        raise SystemExit(f"unknown backends {unknown}; registered: {sorted(INDEX_BACKENDS)}")
-    trace = load_trace(args.trace or default_trace_path())
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="qc-storage-"))
-    work.mkdir(parents=True, exist_ok=True)
-    cells = []
-    try:
-        for target in targets:
-            t = time.perf_counter()
-            w = residency_churn(trace, target, seed=args.seed)
-            wpath = work / f"workload-{target}.pkl"
-            with open(wpath, "wb") as fh:
-                pickle.dump(w, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            print(f"[storage] {target}: {len(w.live)} live, {w.num_puts} puts, {w.num_removes} removes "
-                  f"({time.perf_counter() - t:.1f} s to generate)", flush=True)
-            del w
-            for kind in kinds:
-                dbdir = work / f"{kind}-{target}"
-                shutil.rmtree(dbdir, ignore_errors=True)
-                cmd = [sys.executable, "-m", "experiments.storage_study", "--cell", kind, str(wpath), str(dbdir),
-                       "--point-samples", str(args.point_samples), "--scan-samples", str(args.scan_samples),
-                       "--seed", str(args.seed)]
-                out = subprocess.run(cmd, capture_output=True, text=True)
-                if out.returncode != 0:
-                    raise SystemExit(f"[storage] cell {kind}@{target} failed:\n{out.stderr[-4000:]}")
-                cell = json.loads(out.stdout.strip().splitlines()[-1])
-                cell["entries_target"] = target
-                cells.append(cell)
-                print(f"[storage] {kind:8s}@{target}: point p50 {cell['point_p50_ns'] / 1e3:.2f} µs, "
-                      f"scan p50 {cell['scan_p50_ns'] / 1e3:.2f} µs ({cell['scan_mean_rows']:.1f} rows), "
-                      f"insert {cell['insert_ops_per_s'] / 1e3:.0f} k ops/s, WA {cell['wa_build']:.2f}/{cell['wa_total']:.2f}, "
-                      f"recovery {cell['recovery_s'] * 1e3:.1f} ms, RSS +{cell['rss_growth_bytes'] / 2**20:.0f} MiB", flush=True)
-                shutil.rmtree(dbdir, ignore_errors=True)
-    finally:
-        if args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
-    fields = [k for k in cells[0] if k != "rocksdb_stats"]
-    write_raw(STUDY, "cells.csv", fields, [[c[k] for k in fields] for c in cells], root=args.results_root)
-    path = write_summary(STUDY, _summary(cells), root=args.results_root)
-    print(f"[storage] wrote {path}")
+    run(args.quick, args.results_root, trace=args.trace,
+        entries=[int(x) for x in args.entries.split(",") if x.strip()],
+        backends=[k.strip() for k in args.backends.split(",") if k.strip()],
+        point_samples=args.point_samples, scan_samples=args.scan_samples, seed=args.seed, workdir=args.workdir)
 
 
 if __name__ == "__main__":

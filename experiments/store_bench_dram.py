@@ -15,8 +15,8 @@ bytes from the same pre-touched, random source blocks:
 
 Rates are GB/s (10^9 bytes) of block payload; each subject's cell is timed as a whole loop with
 ``time.perf_counter``; subjects are interleaved within each repetition; medians over ``reps``
-(>= 5 in full mode) with p10/p90 in the notes. Writes ``results/store_dram/summary.csv`` and
-``raw.csv``.
+(>= 5 in full mode) with p10/p90. Writes ``results/store_dram/summary.csv`` (metric ``throughput``;
+``operation`` and ``block_bytes`` columns) and ``raw.csv``; ``plot`` draws ``store_dram.png``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ FULL = dict(reps=7, store_bytes=256 << 20, cell_bytes=1 << 30, source_bytes=64 <
 QUICK = dict(reps=3, store_bytes=64 << 20, cell_bytes=64 << 20, source_bytes=32 << 20)
 BASELINE = "numpy memcpy into a pre-touched buffer"
 SEED = 20240611
+NO_BASELINE = ("get", "crc_get")  # zero-copy views (crc_get: a checksum pass over a view)
 
 
 def _label(size: int) -> str:
@@ -100,6 +101,7 @@ def _check_round_trip(store: LocalKvStore, srcs: list[np.ndarray]) -> None:
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
     cfg = QUICK if quick else FULL
+    t_start = time.monotonic()
     rng = np.random.default_rng(SEED)
     raw: list[tuple] = []  # (size_bytes, subject, rep, seconds, bytes)
     rows: list[SummaryRow] = []
@@ -148,24 +150,57 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         for subject, samples in per.items():
             sp = spread(samples)
             what, extra = descr[subject]
-            notes = (f"median of {len(samples)} reps; p10 {sp['p10']:.2f}, p90 {sp['p90']:.2f} GB/s; "
-                     f"{n_blocks} blocks = {moved / GB:.2f} GB per rep; {what}" + (f"; {extra}" if extra else ""))
-            if subject == "memcpy":
-                rows.append(SummaryRow(metric=f"memcpy_GBps_{label}", subject=BASELINE, value=sp["median"],
-                                       unit="GB/s", n=len(samples), notes=notes))
+            notes = f"{n_blocks} blocks = {moved / GB:.2f} GB per rep; {what}" + (f"; {extra}" if extra else "")
+            params = {"block_bytes": size, "operation": subject}
+            if subject in NO_BASELINE:  # a zero-copy view moves no bytes: a memcpy is no comparison
+                rows.append(SummaryRow.from_spread(sp, metric="throughput", subject=f"LocalKvStore {subject}",
+                                                   unit="GB/s", n=len(samples), notes=notes, params=params))
+            elif subject == "memcpy":
+                rows.append(SummaryRow.from_spread(sp, metric="throughput", subject=BASELINE, unit="GB/s",
+                                                   n=len(samples), notes=notes, params=params))
             else:
-                rows.append(SummaryRow(metric=f"{subject}_GBps_{label}", subject=f"LocalKvStore {subject}",
-                                       value=sp["median"], unit="GB/s", baseline=BASELINE,
-                                       baseline_value=base["median"], n=len(samples), notes=notes))
+                rows.append(SummaryRow.from_spread(sp, metric="throughput", subject=f"LocalKvStore {subject}",
+                                                   unit="GB/s", baseline=BASELINE, baseline_value=base["median"],
+                                                   n=len(samples), notes=notes, params=params))
             table.append((label, subject, sp["median"], sp["p10"], sp["p90"], sp["median"] / base["median"]))
     plain.close()
     checked.close()
-    write_summary(NAME, rows, results_root)
+    write_summary(NAME, rows, results_root, profile="quick" if quick else "full", started_at=t_start)
     write_raw(NAME, "raw.csv", ("block_bytes", "subject", "rep", "seconds", "bytes"), raw, results_root)
     print(f"{'block':>7} {'subject':<14} {'GB/s':>7} {'p10':>7} {'p90':>7} {'x memcpy':>9}")
     for label, subject, med, p10, p90, ratio in table:
         print(f"{label:>7} {subject:<14} {med:7.2f} {p10:7.2f} {p90:7.2f} {ratio:9.2f}")
     return rows
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """``store_dram.png``: GB/s per block size for the memcpy baseline and the store's copying
+    operations (the zero-copy ``get`` is left out: it moves no bytes)."""
+    from pathlib import Path
+
+    from experiments.plotstyle import BASELINE as BASE_COLOUR
+    from experiments.plotstyle import OURS, PALETTE, figure, legend, save, style_axes
+    from quillcache.results import read_summary
+
+    df = read_summary(NAME, results_root)
+    ops = [("memcpy", "memcpy (baseline)", BASE_COLOUR), ("put", "put", OURS),
+           ("get_into", "get_into (copy out)", PALETTE[5]), ("put+get", "put + zero-copy get", PALETTE[2]),
+           ("crc_put+get", "put + get, crc32c on", PALETTE[3])]
+    sizes = sorted(int(b) for b in df["block_bytes"].unique())
+    fig, ax = figure(7.0, 3.4)
+    w = 0.8 / len(ops)
+    for i, (op, label, colour) in enumerate(ops):
+        part = df[df["operation"] == op].set_index("block_bytes")
+        vals = [float(part.loc[b, "value"]) for b in sizes]
+        err = [[v - float(part.loc[b, "p10"]) for v, b in zip(vals, sizes)],
+               [float(part.loc[b, "p90"]) - v for v, b in zip(vals, sizes)]]
+        ax.bar(np.arange(len(sizes)) + (i - (len(ops) - 1) / 2) * w, vals, w, yerr=np.clip(err, 0, None),
+               capsize=2, label=label, color=colour)
+    ax.set_xticks(np.arange(len(sizes)))
+    ax.set_xticklabels([_label(b) + " blocks" for b in sizes])
+    style_axes(ax, ylabel="GB/s (median, p10-p90)", title="DRAM tier vs memcpy, same run (higher is better)")
+    legend(ax, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    return save(fig, Path(out_dir) / "store_dram.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,9 +12,10 @@ block (or batch) is counted, its bytes AND its name are durable.
 
 Rates are MB/s (10^6 bytes) of block payload over the whole timed loop, which includes
 everything the subject does (crc32c, slab creation with fallocate, log records, renames).
-Subjects are interleaved within each repetition; medians over ``reps`` with p10/p90 in notes.
+Subjects are interleaved within each repetition; medians over ``reps`` with p10/p90.
 Ratios: ``put_many`` vs ``raw_batched`` (acceptance: slab layout >= 0.7x), ``put`` vs
-``raw_fsync_each``. Writes ``results/store_ssd/summary.csv`` and ``raw.csv``.
+``raw_fsync_each``. Writes ``results/store_ssd/summary.csv`` (``block_bytes`` column) and
+``raw.csv``; ``plot`` draws ``store_ssd.png``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ BASELINE = {"tier_slab_put": "raw_fsync_each", "tier_files_put": "raw_fsync_each
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
     cfg = QUICK if quick else FULL
+    t_start = time.monotonic()
     raw: list[tuple] = []  # (block_bytes, subject, rep, MB/s, blocks, seconds)
     for rep in range(cfg["reps"]):
         for size in cfg["sizes"]:
@@ -124,7 +126,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
                 raw.append((size, subject, rep, n * size / dt / MB, n, dt))
     write_raw(NAME, "raw.csv", ["block_bytes", "subject", "rep", "put_MBps", "blocks", "seconds"], raw, root=results_root)
     rows = _summarise(raw, cfg)
-    write_summary(NAME, rows, root=results_root)
+    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
     print_table(rows)
     return rows
 
@@ -137,19 +139,51 @@ def _summarise(raw: list[tuple], cfg: dict) -> list[SummaryRow]:
         for s in SUBJECTS:
             st = stats[s]
             base = BASELINE.get(s)
-            note = (f"p10={st['p10']:.4g} p90={st['p90']:.4g} min={st['min']:.4g} max={st['max']:.4g}; "
-                    f"{blocks[s]} blocks of {size} B per rep ({blocks[s] * size >> 20} MiB), batch={BATCH}")
+            note = f"{blocks[s]} blocks per rep ({blocks[s] * size >> 20} MiB)"
             if base is not None:
                 b = stats[base]
                 note += f"; baseline p10={b['p10']:.4g} p90={b['p90']:.4g}"
                 if s == "tier_slab_put_many":
                     ok = st["median"] >= 0.7 * b["median"]
                     note += f"; acceptance >= 0.7x raw_batched: {'PASS' if ok else 'FAIL'}"
-            rows.append(SummaryRow(metric=f"put_throughput_{size >> 10}KiB", subject=s, value=st["median"],
-                                   unit="MB/s", baseline=base or "",
-                                   baseline_value=stats[base]["median"] if base else float("nan"),
-                                   n=cfg["reps"], notes=note))
+            rows.append(SummaryRow.from_spread(st, metric="put_throughput", subject=s, unit="MB/s",
+                                               baseline=base or "",
+                                               baseline_value=stats[base]["median"] if base else float("nan"),
+                                               n=cfg["reps"], notes=note,
+                                               params={"block_bytes": size, "batch_blocks": BATCH}))
     return rows
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """``store_ssd.png``: durable put MB/s per block size; each tier subject beside the raw-file
+    baseline of equal durability (log scale: per-block fsync and batched writes differ by decades)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from experiments.plotstyle import BASELINE as BASE_COLOUR
+    from experiments.plotstyle import OURS, PALETTE, figure, legend, save, style_axes
+    from quillcache.results import read_summary
+
+    df = read_summary(NAME, results_root)
+    subjects = [("raw_fsync_each", BASE_COLOUR), ("tier_slab_put", OURS), ("tier_files_put", PALETTE[5]),
+                ("raw_batched", PALETTE[3]), ("tier_slab_put_many", PALETTE[2]), ("tier_files_put_many", PALETTE[4])]
+    sizes = sorted(int(b) for b in df["block_bytes"].unique())
+    fig, ax = figure(7.0, 3.4)
+    w = 0.8 / len(subjects)
+    for i, (subj, colour) in enumerate(subjects):
+        part = df[df["subject"] == subj].set_index("block_bytes")
+        vals = [float(part.loc[b, "value"]) for b in sizes]
+        err = [[v - float(part.loc[b, "p10"]) for v, b in zip(vals, sizes)],
+               [float(part.loc[b, "p90"]) - v for v, b in zip(vals, sizes)]]
+        ax.bar(np.arange(len(sizes)) + (i - (len(subjects) - 1) / 2) * w, vals, w, yerr=np.clip(err, 0, None),
+               capsize=2, label=subj + (" (baseline)" if subj.startswith("raw") else ""), color=colour)
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(sizes)))
+    ax.set_xticklabels([f"{b >> 10} KiB blocks" if b < 1 << 20 else f"{b >> 20} MiB blocks" for b in sizes])
+    style_axes(ax, ylabel="MB/s durable (log, p10-p90)", title="SSD tier puts vs raw files, equal durability")
+    legend(ax, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    return save(fig, Path(out_dir) / "store_ssd.png")
 
 
 def main(argv: list[str] | None = None) -> None:

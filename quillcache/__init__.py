@@ -11,7 +11,8 @@ subpackage imports this module's namespace (the package has no import cycle; a t
 - the store: ``LocalKvStore``, ``SsdTier``, ``StoreDataPlane``
 - the control plane: ``Planner``, ``PlanRequest``
 - the harness: ``replay``, ``ReplayConfig``
-- results: ``read_summary`` style access lives in ``quillcache.results``
+- hit rates: ``simulate``, ``sweep`` (a policy x capacity DataFrame)
+- results: ``list_studies``, ``read_summary``, ``read_raw``, ``read_anchors`` (tidy DataFrames)
 
 Subpackages, one concept each: ``hashing``, ``alloc``, ``sketch``, ``art``, ``durability`` (one WAL
 over one file-system interface), ``index``, ``store``, ``policies``, ``routing``, ``planner``,
@@ -42,6 +43,12 @@ _LAZY: dict[str, str] = {
     "PlanRequest": "quillcache.planner.plan",
     "replay": "quillcache.harness.replay",
     "ReplayConfig": "quillcache.harness.config",
+    "simulate": "quillcache.hitrate",
+    "sweep": "quillcache.hitrate.sweep",
+    "list_studies": "quillcache.results.reader",
+    "read_summary": "quillcache.results.reader",
+    "read_raw": "quillcache.results.reader",
+    "read_anchors": "quillcache.results.reader",
 }
 
 

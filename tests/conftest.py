@@ -62,18 +62,22 @@ def quick_run(tmp_path_factory) -> Callable[[str], QuickRun]:
 
 
 # The results convention's column order, written out here rather than imported, so a change to it is seen.
-SUMMARY_HEADER = ("metric", "subject", "value", "unit", "baseline", "baseline_value", "ratio", "n", "notes")
+SUMMARY_HEADER = ("metric", "subject", "value", "unit", "baseline", "baseline_value", "ratio", "n", "p10", "p90",
+                  "notes")
 
 
 def _read_summary(path: Path, rows: list | None = None) -> list[dict[str, str]]:
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
-        assert tuple(reader.fieldnames or ()) == SUMMARY_HEADER, reader.fieldnames
+        fields = tuple(reader.fieldnames or ())
+        assert fields[:len(SUMMARY_HEADER)] == SUMMARY_HEADER, reader.fieldnames
+        params = fields[len(SUMMARY_HEADER):]  # one typed column per parameter, sorted by name
+        assert list(params) == sorted(params), params
         got = list(reader)
     assert got, f"{path} has no rows"
     seen = set()
     for r in got:
-        ident = (r["metric"], r["subject"], r["baseline"])
+        ident = (r["metric"], r["subject"], r["baseline"], *(r[p] for p in params))
         assert ident not in seen, f"{path}: row {ident} written twice"
         seen.add(ident)
         assert r["unit"], f"{path}: {ident} has no unit"
@@ -87,6 +91,8 @@ def _read_summary(path: Path, rows: list | None = None) -> list[dict[str, str]]:
     if rows is not None:  # the file holds exactly what the study returned, in order, values unrounded
         assert [(r["metric"], r["subject"], r["unit"], r["baseline"], float(r["value"]), int(r["n"])) for r in got] \
             == [(r.metric, r.subject, r.unit, r.baseline, r.value, r.n) for r in rows]
+        assert [{p: r[p] for p in params if r[p] != ""} for r in got] == \
+            [{k: str(v) for k, v in r.params.items()} for r in rows]
     return got
 
 

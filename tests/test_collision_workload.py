@@ -139,7 +139,7 @@ def test_generate_script(tmp_path):
 def _summary(path: Path) -> list[dict]:
     with open(path) as fh:
         rows = list(csv.DictReader(fh))
-    assert rows and tuple(rows[0]) == SUMMARY_COLUMNS
+    assert rows and tuple(rows[0])[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
     return rows
 
 
@@ -147,11 +147,16 @@ def test_safety_study_quick(tmp_path):
     from experiments import safety_study
 
     rows = safety_study.run(quick=True, results_root=str(tmp_path))
-    got = {(r.metric, r.subject): r for r in rows}
+    got = {(r.metric, r.params["mix"], r.params.get("category")): r for r in rows}
     for mix in ("realistic", "adversarial"):
-        served = got[("unsafe reuses served", f"QuillCache guard on [{mix}]")]
+        served = got[("unsafe_reuses_served", mix, None)]
         assert served.value == 0 and served.n > 0
-    assert got[("unsafe reuses served", "QuillCache guard on [adversarial]")].baseline_value > 0
-    assert got[("naive unsafe share of hits", "naive content-hash cache [adversarial]")].value == 100.0
+    assert got[("unsafe_reuses_served", "adversarial", None)].baseline_value > 0
+    assert got[("naive_unsafe_share", "adversarial", "all")].value == 100.0
+    # the seed's reported figures are anchors, never a same-run baseline
+    assert all(r.baseline in ("", "guard off", "same planner, guard off", "naive cache, safe hits only")
+               for r in rows)
+    anchors = (tmp_path / "safety" / "anchors.csv").read_text()
+    assert "the seed" in anchors and "47.8" in anchors
     _summary(tmp_path / "safety" / "summary.csv")
-    assert (tmp_path / "safety" / "safety.png").stat().st_size > 0
+    assert safety_study.plot(str(tmp_path), tmp_path / "figures").stat().st_size > 0

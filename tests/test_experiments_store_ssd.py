@@ -17,12 +17,12 @@ def test_store_bench_ssd_quick(quick_run, read_summary):
     run = quick_run("experiments.store_bench_ssd")
     read_summary(run.root / "store_ssd" / "summary.csv", run.rows)
     sizes = store_bench_ssd.QUICK["sizes"]
-    want_metrics = {f"put_throughput_{s >> 10}KiB" for s in sizes}
-    assert {r.metric for r in run.rows} == want_metrics
-    assert sorted((r.metric, r.subject) for r in run.rows) == sorted((m, s) for m in want_metrics for s in WANT_BASELINE)
-    by = {(r.metric, r.subject): r for r in run.rows}
+    assert {r.metric for r in run.rows} == {"put_throughput"}
+    assert sorted((r.params["block_bytes"], r.subject) for r in run.rows) == sorted(
+        (size, s) for size in sizes for s in WANT_BASELINE)
+    by = {(r.params["block_bytes"], r.subject): r for r in run.rows}
     for row in run.rows:
-        assert row.unit == "MB/s" and row.value > 0, row
+        assert row.unit == "MB/s" and row.value > 0 and row.p10 <= row.value <= row.p90, row
         assert row.baseline == WANT_BASELINE[row.subject], row
         if row.baseline:  # the baseline figure is the baseline row of the same block size, same run
-            assert row.baseline_value == by[(row.metric, row.baseline)].value, row
+            assert row.baseline_value == by[(row.params["block_bytes"], row.baseline)].value, row

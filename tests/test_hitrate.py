@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -239,12 +241,14 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
                 fh.write(json.dumps({"timestamp": int(arrs.timestamps_ms[r]), "input_length": len(ids) * 512,
                                      "output_length": 1, "hash_ids": ids}) + "\n")
     rows = study.run(quick=True, results_root=str(tmp_path), trace=trace)
-    by = {(r.metric, r.subject): r for r in rows}
-    for cap in ("1k", "10k", "inf"):
-        bel = by[(f"hit_rate@{cap}", "belady")].value
-        assert all(by[(f"hit_rate@{cap}", p)].value <= bel + 1e-12 for p in POLICIES)
-    assert any(m.startswith("pooled_hit_rate@3Mtok") for m, _ in by)
-    assert by[("replay_refs_per_s@10k_vs_python", "kernel_lru")].value > 0
+    label = Path(trace).stem  # rows name the trace they ran on (a --trace of your own is not "conversation")
+    hit = {(r.subject, r.params.get("capacity_blocks")): r.value for r in rows
+           if r.metric == "hit_rate" and r.params["trace"] == label}
+    for cap in (1000, 10000, None):
+        assert all(hit[(p, cap)] <= hit[("belady", cap)] + 1e-12 for p in POLICIES)
+    assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL}
+    assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
+    assert [r.value > 0 for r in rows if r.metric == "replay_refs_per_s" and r.subject == "kernel_lru"] == [True]
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     for name in ("hit_rates.csv", "pooled.csv", "throughput.csv"):
@@ -267,3 +271,23 @@ def test_fuzzed_arrays_are_refused_or_replayed_never_crash(offsets, blocks, num_
     except (ValueError, TypeError):
         return
     assert res.hit_blocks == int(replay(arrs, policy, cap).sum())
+
+
+def test_sweep_is_a_tidy_frame_with_the_gap_closed():
+    from quillcache.hitrate.sweep import sweep
+
+    reqs = [TraceRequest(i, 2048, 1, ids) for i, ids in enumerate([(1, 2, 3), (4, 5), (1, 2, 6), (4, 5, 7), (1, 2, 3)])]
+    df = sweep(reqs, ["lru", "belady", "fifo"], [2, None])
+    assert list(df.columns) == ["policy", "capacity_blocks", "hit_rate", "hit_blocks", "total_blocks", "refs_per_s",
+                                "gap_closed"]
+    assert df["capacity_blocks"].isna().tolist() == [False, True] * 3  # None = unlimited, a typed NA
+    for _, r in df.iterrows():  # each cell is exactly what simulate() gives
+        cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
+        assert r.hit_blocks == simulate(reqs, r.policy, cap).hit_blocks
+    at2 = df[df.capacity_blocks == 2].set_index("policy")
+    if at2.loc["belady", "hit_rate"] > at2.loc["lru", "hit_rate"]:
+        assert at2.loc["lru", "gap_closed"] == 0.0 and at2.loc["belady", "gap_closed"] == 1.0
+    with pytest.raises(ValueError, match="non-empty list of policy names"):
+        sweep(reqs, "lru", [2])
+    with pytest.raises(ValueError, match="unknown|not registered|registered"):
+        sweep(reqs, ["nope"], [2])

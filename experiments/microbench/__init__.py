@@ -1,5 +1,5 @@
 """Microbenchmarks: each module exposes ``run(quick=False, results_root=None) -> list[SummaryRow]``
-and ``main(argv=None)`` (via :func:`bench_main`), and is registered in ``run_all.BENCHMARKS``."""
+and ``main(argv=None)`` (via :func:`bench_main`), and is registered in ``experiments.studies.STUDIES``."""
 
 from __future__ import annotations
 

@@ -76,6 +76,7 @@ def _p(samples: list[int], q: float) -> float:
 
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
+    t_start = time.monotonic()
     cfg = QUICK if quick else FULL
     raw: list[tuple] = []  # (metric, subject, rep, value, unit)
     for rep in range(cfg["reps"]):
@@ -109,7 +110,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
 
     write_raw(NAME, "raw.csv", ["metric", "subject", "rep", "value", "unit"], raw, root=results_root)
     rows = _summarise(raw, cfg)
-    write_summary(NAME, rows, root=results_root)
+    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
     print_table(rows)
     return rows
 
@@ -130,19 +131,30 @@ def _summarise(raw: list[tuple], cfg: dict) -> list[SummaryRow]:
             if s == REF and FAST in subjects:
                 continue  # the reference appears as the baseline of the compiled row
             st = stats[s]
-            note = f"p10={st['p10']:.4g} p90={st['p90']:.4g} min={st['min']:.4g} max={st['max']:.4g}; {mode}"
+            note = mode
             if metric in ACCEPT:
                 op, bound = ACCEPT[metric]
                 ok = st["median"] <= bound if op == "<=" else st["median"] >= bound
                 note += f"; acceptance {op} {bound:g}: {'PASS' if ok else 'FAIL'}"
             base = stats.get(REF) if s == FAST else None
             if base is not None:
-                note += f"; baseline p10={base['p10']:.4g} p90={base['p90']:.4g}; speedup {base['median'] / st['median']:.1f}x"
-            rows.append(SummaryRow(metric=metric, subject=s, value=st["median"], unit=unit,
+                note += f"; speedup {base['median'] / st['median']:.1f}x"
+            rows.append(SummaryRow.from_spread(st, metric=metric, subject=s, unit=unit,
                                    baseline=REF if base is not None else "",
                                    baseline_value=base["median"] if base is not None else float("nan"),
                                    n=cfg["reps"], notes=note))
     return rows
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """The speed-up over the same-run baseline of every row that has one (log scale)."""
+    from pathlib import Path
+
+    from experiments.plotstyle import speedup_chart
+    from quillcache.results import read_summary
+
+    name = NAME
+    return speedup_chart(read_summary(name, results_root), "Offset allocator vs its plain-Python reference", Path(out_dir) / f"{name}.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -100,13 +100,14 @@ def _time(fn: Callable[[], object]) -> float:
 def _row(subject: str, bs: int, samples_s: list[float], n_blocks: int, base: float | None, notes: str) -> SummaryRow:
     rates = [n_blocks / s for s in samples_s]
     sp = spread(rates)
-    extra = f"p10={sp['p10']:.4g} p90={sp['p90']:.4g} blocks/s; {n_blocks} blocks of {bs} tokens"
-    return SummaryRow(
+    extra = f"{n_blocks} blocks"
+    return SummaryRow.from_spread(
+        sp,
         metric="blocks_per_s",
-        subject=f"{subject}_bs{bs}",
-        value=sp["median"],
+        subject=subject,
+        params={"block_tokens": bs},
         unit="blocks/s",
-        baseline=f"xxhash_loop_bs{bs}" if base is not None else "",
+        baseline="xxhash_loop" if base is not None else "",
         baseline_value=base if base is not None else float("nan"),
         n=len(samples_s),
         notes=f"{extra}; {notes}",
@@ -114,6 +115,7 @@ def _row(subject: str, bs: int, samples_s: list[float], n_blocks: int, base: flo
 
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
+    t_start = time.monotonic()
     cases = QUICK_CASES if quick else FULL_CASES
     reps = QUICK_REPS if quick else FULL_REPS
     rng = np.random.default_rng(RNG_SEED)
@@ -170,7 +172,8 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         for name in subjects:
             rows.append(_row(name, bs, samples[name], n_blocks, base, common))
 
-    write_summary(f"microbench_{NAME}", rows, root=results_root)
+    write_summary(f"microbench_{NAME}", rows, root=results_root, profile="quick" if quick else "full",
+                  started_at=t_start)
     write_raw(
         f"microbench_{NAME}",
         "raw.csv",
@@ -180,6 +183,17 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     )
     print_table(rows)
     return rows
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """The speed-up over the same-run baseline of every row that has one (log scale)."""
+    from pathlib import Path
+
+    from experiments.plotstyle import speedup_chart
+    from quillcache.results import read_summary
+
+    name = f"microbench_{NAME}"
+    return speedup_chart(read_summary(name, results_root), "Block hashing vs a per-block xxhash loop", Path(out_dir) / f"{name}.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -140,10 +140,11 @@ def _scenario(name: str, n: int, reps: int, n_system: int) -> tuple[list[Summary
     def row(subject: str, baseline: str, note: str = "") -> SummaryRow:
         s = spread(rates[subject])
         b = spread(rates[baseline])["median"]
-        return SummaryRow(metric=f"plans/s (64 blocks, 8 workers, {name})", subject=subject, value=s["median"],
-                          unit="plans/s", baseline=baseline, baseline_value=b, n=reps,
-                          notes=f"p10 {s['p10']:.0f} p90 {s['p90']:.0f}; {rows_per_plan:.0f} located replicas per "
-                                f"plan; {note}".rstrip("; "))
+        bare, index = subject[:-1].rsplit(" [", 1)  # "Planner.plan [art]" -> subject + index column
+        return SummaryRow.from_spread(s, metric="plans_per_s", subject=bare, unit="plans/s", baseline=baseline,
+                                      baseline_value=b, n=reps,
+                                      notes=f"{rows_per_plan:.0f} located replicas per plan; {note}".rstrip("; "),
+                                      params={"scenario": name, "backend": index, "blocks_per_plan": 64, "workers": 8})
 
     target = f"brief's bar {TARGET_PLANS_S} plans/s"
     rows = [
@@ -157,7 +158,7 @@ def _scenario(name: str, n: int, reps: int, n_system: int) -> tuple[list[Summary
     print(f"[{name}: {rows_per_plan:.0f} located replicas per 64-block plan]")
     print(f"{'subject':36s} {'plans/s':>10s} {'p10':>9s} {'p90':>9s}  {'vs baseline':28s} {'ratio':>7s}")
     for r in rows:
-        s = spread(rates[r.subject])
+        s = spread(rates[f"{r.subject} [{r.params['backend']}]"])
         print(f"{r.subject:36s} {r.value:10.0f} {s['p10']:9.0f} {s['p90']:9.0f}  {r.baseline:28s} {r.ratio:7.2f}")
     for ix in (art_ix, flat_ix):
         ix.close()
@@ -165,6 +166,7 @@ def _scenario(name: str, n: int, reps: int, n_system: int) -> tuple[list[Summary
 
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
+    t_start = time.monotonic()
     p = QUICK if quick else FULL
     n, reps = p["n_requests"], p["reps"]
     rows, raw = [], []
@@ -174,8 +176,19 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         raw += w
     write_raw(NAME, "raw.csv", ("scenario", "rep", "subject", "plans", "wall_s", "thread_cpu_s", "plans_per_s"), raw,
               root=results_root)
-    write_summary(NAME, rows, root=results_root)
+    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
     return rows
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """The speed-up over the same-run baseline of every row that has one (log scale)."""
+    from pathlib import Path
+
+    from experiments.plotstyle import speedup_chart
+    from quillcache.results import read_summary
+
+    name = NAME
+    return speedup_chart(read_summary(name, results_root), "Planner vs the plain-Python reference planner", Path(out_dir) / f"{name}.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -106,6 +106,7 @@ def _numba_kernels():
 
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
+    t_start = time.monotonic()
     p = QUICK if quick else FULL
     n, reps = p["n_keys"], p["reps"]
     keys = block_hash_stream(n, ZIPF_A, SEED)
@@ -174,18 +175,17 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         return statistics.median(n / c for _, c in samples[name] if c > 0)
 
     def note(name: str, extra: str = "") -> str:
-        s = rate(name)
-        base = f"p10={s['p10'] / 1e6:.1f} p90={s['p90'] / 1e6:.1f} M/s; thread-CPU median {cpu_rate(name) / 1e6:.1f} M/s"
+        base = f"thread-CPU median {cpu_rate(name) / 1e6:.1f} M/s"
         return f"{base}; {extra}" if extra else base
 
     stream = f"{n} Zipf({ZIPF_A}) keys through splitmix64, {uniq.size} distinct; eps={EPS} delta={DELTA} ({cu.width}x{cu.depth})"
     rows: list[SummaryRow] = []
     for base in ("Counter.update(ndarray)", "Counter.update(list)", "dict lookup (list)"):
         rows.append(
-            SummaryRow(
+            SummaryRow.from_spread(
+                rate(base),
                 metric="throughput",
                 subject=base,
-                value=rate(base)["median"],
                 unit="keys/s",
                 n=len(samples[base]),
                 notes=note(base, "exact baseline; " + stream),
@@ -217,10 +217,10 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
             verdict = "met" if ratio >= ACCEPT_RATIO and rate(subject)["median"] >= ACCEPT_KEYS_S else "NOT met"
             extra += f"; acceptance (>= {ACCEPT_KEYS_S / 1e6:.0f} M keys/s and >= {ACCEPT_RATIO:.0f}x {base}): {verdict}"
         rows.append(
-            SummaryRow(
+            SummaryRow.from_spread(
+                rate(subject),
                 metric="throughput",
                 subject=subject,
-                value=rate(subject)["median"],
                 unit="keys/s",
                 baseline=base,
                 baseline_value=rate(base)["median"],
@@ -245,7 +245,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
             ),
         )
     )
-    write_summary(NAME, rows, results_root)
+    write_summary(NAME, rows, results_root, profile="quick" if quick else "full", started_at=t_start)
     write_raw(
         NAME,
         "raw.csv",
@@ -255,6 +255,17 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     )
     print_table(rows)
     return rows
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """The speed-up over the same-run baseline of every row that has one (log scale)."""
+    from pathlib import Path
+
+    from experiments.plotstyle import speedup_chart
+    from quillcache.results import read_summary
+
+    name = NAME
+    return speedup_chart(read_summary(name, results_root), "Count-min sketch vs exact counting", Path(out_dir) / f"{name}.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,129 @@
+"""Write ``notebooks/analysis.ipynb`` (its cells, unexecuted): one section per registered study.
+
+``make notebook`` runs this, then executes the notebook in place with nbclient against
+``results/`` so the committed notebook shows its outputs; ``make test`` executes a copy
+(``tests/test_notebook.py``) so a broken cell fails CI. Edit the cells here, not in the .ipynb.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+SETUP = '''\
+import sys, tempfile
+from pathlib import Path
+
+ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
+sys.path.insert(0, str(ROOT))  # the experiments package (figures) lives beside quillcache
+
+import pandas as pd
+from IPython.display import Image, display
+
+import quillcache
+from quillcache.results import list_studies, read_anchors, read_meta, read_raw, read_summary
+from experiments.studies import STUDIES
+
+RESULTS = str(ROOT / "results")
+FIGURES = Path(tempfile.mkdtemp(prefix="qc-notebook-"))  # figures redrawn here, never over paper/figures
+pd.set_option("display.width", 160, "display.max_columns", 20, "display.precision", 4)
+
+
+def show_figure(study: str) -> None:
+    """Redraw the study's figure from results/ (the same code as `make figures`) and show it."""
+    out = STUDIES[study].load().plot(RESULTS, FIGURES)
+    for path in out if isinstance(out, (list, tuple)) else [out]:
+        display(Image(filename=str(path), width=760))
+
+
+pd.DataFrame([{"study": s, **vars(read_meta(s, RESULTS))} for s in list_studies(RESULTS)]).set_index("study")[
+    ["profile", "git_commit", "git_dirty", "cpu_model", "cpu_count", "date_utc", "wall_s"]]
+'''
+
+SECTIONS: list[tuple[str, str, str]] = [
+    ("microbench_hashing", "Block hashing: M blocks/s per form and block size (baseline: a per-block `xxhash` loop).",
+     '''df = read_summary("microbench_hashing", RESULTS)
+df.pivot(index="subject", columns="block_tokens", values="value") / 1e6'''),
+    ("microbench_alloc", "Offset allocator: ns per operation, Cython vs the plain-Python reference.",
+     '''df = read_summary("microbench_alloc", RESULTS)
+df[df.baseline != ""][["metric", "value", "baseline_value", "ratio", "p10", "p90"]]'''),
+    ("microbench_sketch", "Count-min sketch: keys/s against exact counting.",
+     '''df = read_summary("microbench_sketch", RESULTS)
+df[df.metric == "throughput"][["subject", "value", "baseline", "ratio"]]'''),
+    ("microbench_planner", "Planner: plans/s by scenario and index backend.",
+     '''df = read_summary("microbench_planner", RESULTS)
+df[df.baseline.str.startswith("ReferencePlanner")].pivot_table(index=["scenario", "subject"], columns="backend",
+                                                              values="value")'''),
+    ("storage", "Residency index backends at the largest entry count: every metric, ART vs RocksDB, SortedDict and flat map.",
+     '''df = read_summary("storage", RESULTS)
+largest = df[df.entries == df.entries.max()].drop_duplicates(["metric", "subject"])
+largest.pivot(index="metric", columns="subject", values="value")'''),
+    ("store_dram", "DRAM tier: GB/s per operation and block size (the zero-copy `get` moves no bytes).",
+     '''df = read_summary("store_dram", RESULTS)
+df.pivot(index="operation", columns="block_bytes", values="value")'''),
+    ("store_ssd", "SSD tier: durable MB/s against raw files of equal durability.",
+     '''df = read_summary("store_ssd", RESULTS)
+df.pivot(index="subject", columns="block_bytes", values="value")'''),
+    ("crash", "Crash study: per scenario, crashes and what was lost (everything in the last columns must be 0).",
+     '''df = read_summary("crash", RESULTS)
+cols = ["crashes", "acknowledged_blocks_checked", "acknowledged_blocks_lost", "corrupt_bytes_served",
+        "dangling_index_entries", "bitflips_injected", "bitflips_detected"]
+df[df.metric.isin(cols)].pivot(index="subject", columns="metric", values="value")[cols]'''),
+    ("safety", "Safety: unsafe reuse of a naive content-hash cache vs the identity guard; the seed's figures are anchors.",
+     '''df = read_summary("safety", RESULTS)
+display(df[df.category.isna() | (df.category == "all")].pivot(index="mix", columns="metric", values="value"))
+read_anchors("safety", RESULTS)'''),
+    ("hitrate", "Hit rate by policy and capacity (NA capacity = unlimited); `quillcache.sweep(trace, policies, capacities)` computes such a table for any trace.",
+     '''df = read_summary("hitrate", RESULTS)
+hr = df[(df.metric == "hit_rate") & (df.trace == "conversation_trace")]
+display(hr.pivot(index="subject", columns="capacity_blocks", values="value"))
+gap = df[df.metric == "gap_closed"][["trace", "capacity_blocks", "value"]]
+display(gap)
+read_anchors("hitrate", RESULTS)'''),
+    ("replay", "Router study: TTFT, goodput and hit rate per routing/policy cell (engine compute is the engine model, a stand-in).",
+     '''df = read_summary("replay", RESULTS)
+df.pivot_table(index=["tiers", "subject"], columns="metric", values="value")'''),
+]
+
+
+def build() -> nbformat.NotebookNode:
+    cells = [new_markdown_cell(
+        "# QuillCache results\n\n"
+        "Every study's results, loaded through the researcher API (`quillcache.results`: `list_studies`, "
+        "`read_summary`, `read_raw`, `read_anchors`, `read_meta`), one table and the study's own figure each. "
+        "Parameters are typed columns (`capacity_blocks`, `entries`, `block_bytes`, ...), so filter and sort "
+        "on them directly. Regenerate the results with `make experiments` (quick) or "
+        "`make experiments PROFILE=full`; this notebook only reads `results/`."),
+        new_code_cell(SETUP)]
+    for study, text, code in SECTIONS:
+        cells.append(new_markdown_cell(f"## {study}\n\n{text}"))
+        cells.append(new_code_cell(code))
+        cells.append(new_code_cell(f'show_figure("{study}")'))
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--execute", action="store_true", help="run it in place (nbclient) so it shows its outputs")
+    args = ap.parse_args(argv)
+    path = HERE / "analysis.ipynb"
+    nb = build()
+    if args.execute:
+        from nbclient import NotebookClient
+
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    nbformat.write(nb, path)
+    print(f"wrote {path.relative_to(HERE.parent)}" + (" (executed)" if args.execute else ""))
+
+
+if __name__ == "__main__":
+    main()

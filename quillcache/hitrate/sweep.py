@@ -1,0 +1,40 @@
+"""``sweep``: hit rate of several policies at several capacities, as one tidy DataFrame.
+
+One row per (policy, capacity): ``policy``, ``capacity_blocks`` (nullable integer; NA means
+unlimited), ``hit_rate``, ``hit_blocks``, ``total_blocks``, ``refs_per_s`` (kernel time only,
+JIT excluded), and ``gap_closed``: the share of the LRU→Belady gap the policy closes at that
+capacity, ``(hit - lru) / (belady - lru)``, computed when both ``lru`` and ``belady`` are in the
+sweep and the gap is positive (NA otherwise). The trace is converted to arrays once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from quillcache.hitrate import as_arrays, simulate
+
+
+def sweep(trace_or_arrays: object, policies: Sequence[str], capacities: Sequence[int | None]):
+    """Run every policy at every capacity (None = unlimited) and return the tidy frame."""
+    import pandas as pd
+
+    if isinstance(policies, str) or not policies:
+        raise ValueError(f"policies must be a non-empty list of policy names, got {policies!r}")
+    if isinstance(capacities, (str, int)) or not capacities:
+        raise ValueError(f"capacities must be a non-empty list of block counts (None = unlimited), got {capacities!r}")
+    arrs = as_arrays(trace_or_arrays)
+    records = []
+    for policy in dict.fromkeys(policies):
+        for cap in dict.fromkeys(capacities):
+            r = simulate(arrs, policy, cap)
+            records.append({"policy": policy, "capacity_blocks": cap, "hit_rate": r.hit_rate,
+                            "hit_blocks": r.hit_blocks, "total_blocks": r.total_blocks, "refs_per_s": r.refs_per_s})
+    df = pd.DataFrame.from_records(records)
+    df["capacity_blocks"] = df["capacity_blocks"].astype("Int64")
+    df["gap_closed"] = pd.Series(pd.NA, index=df.index, dtype="Float64")
+    by = {(p, c): h for p, c, h in zip(df["policy"], df["capacity_blocks"].fillna(-1), df["hit_rate"])}
+    for i, (p, c) in enumerate(zip(df["policy"], df["capacity_blocks"].fillna(-1))):
+        lru, bel = by.get(("lru", c)), by.get(("belady", c))
+        if lru is not None and bel is not None and bel - lru > 1e-12:
+            df.loc[i, "gap_closed"] = (by[(p, c)] - lru) / (bel - lru)
+    return df

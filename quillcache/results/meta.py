@@ -1,0 +1,89 @@
+"""Run metadata written beside every study's summary (``meta.json``).
+
+A result is only comparable with the machine, code and profile that produced it, so every
+``write_summary`` records them: the study, its profile (``quick`` reduced form, ``full`` for the
+report's numbers, ``custom`` for a user's own run), the git commit (and whether the tree had
+uncommitted changes), the CPU model and core count, Python and platform, and the UTC time.
+Nothing in it is an absolute path of the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+PROFILES = ("quick", "full", "custom")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMeta:
+    study: str
+    profile: str
+    git_commit: str
+    git_dirty: bool
+    cpu_model: str
+    cpu_count: int
+    python: str
+    platform: str
+    date_utc: str
+    wall_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile {self.profile!r} is not one of {', '.join(PROFILES)}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, origin: str = "meta.json") -> "RunMeta":
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        known = {f.name for f in fields(cls)}
+        if not isinstance(raw, dict) or not known - {"wall_s"} <= set(raw):
+            missing = sorted(known - {"wall_s"} - set(raw if isinstance(raw, dict) else ()))
+            raise ValueError(f"{origin}: missing fields {', '.join(missing)}")
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parents[2])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else ``platform.processor()``, else 'unknown'."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def collect(study: str, profile: str, *, wall_s: float | None = None) -> RunMeta:
+    """The metadata of a run that is finishing now."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return RunMeta(
+        study=study, profile=profile,
+        git_commit=commit or "unknown", git_dirty=bool(status) if status is not None else False,
+        cpu_model=cpu_model(), cpu_count=os.cpu_count() or 1,
+        python=sys.version.split()[0], platform=f"{platform.system()} {platform.machine()}",
+        date_utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        wall_s=None if wall_s is None else round(float(wall_s), 1),
+    )
