@@ -73,6 +73,8 @@ from quillcache.types import CacheTier
 NAME = "crash"
 SEED = 20250401
 # per layout; every power-loss trial is two crashes (the recovered state is crashed again)
+PROGRESS_METRICS = ("crashes", "acknowledged_blocks_checked", "acknowledged_blocks_lost", "bitflips_injected",
+                    "bitflips_detected", "corrupt_bytes_served")
 QUICK = dict(kills=2, max_acks=60, powerloss=10, powerloss_index=20, bitflips=10)
 FULL = dict(kills=60, max_acks=400, powerloss=500, powerloss_index=500, bitflips=300)
 KILL_DEADLINE_S = 60.0  # longest wait for a child to reach its N acknowledgements
@@ -437,8 +439,11 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
 
 
 def _tag(rows: list[SummaryRow], start: int, **params) -> None:
-    """Give rows[start:] the scenario's parameters as typed columns."""
+    """Give rows[start:] the scenario's parameters as typed columns, and say how the scenario went."""
     rows[start:] = [replace(r, params={**r.params, **params}) for r in rows[start:]]
+    done = {r.metric: r.value for r in rows[start:]}
+    print(f"[crash] {rows[start].subject}: " + ", ".join(
+        f"{k.replace('_', ' ')} {v:g}" for k, v in done.items() if k in PROGRESS_METRICS), flush=True)
 
 
 def plot(results_root: str | Path | None = None, out_dir: str | Path = "paper/figures") -> Path:
