@@ -14,7 +14,8 @@ export PYTHONFAULTHANDLER := 1
 # `make experiments` runs every study's quick profile; `make experiments PROFILE=full` the report's numbers.
 PROFILE ?= quick
 
-.PHONY: install test bench storage store crash safety hitrate replay experiments figures paper notebook clean
+
+.PHONY: install test bench storage store crash recovery safety hitrate replay experiments figures paper notebook clean
 
 install: $(STAMP)
 
@@ -46,6 +47,9 @@ store: install
 
 crash: install
 	$(RUN) crash
+
+recovery: install
+	$(RUN) recovery
 
 safety: install
 	$(RUN) safety

@@ -45,6 +45,8 @@ for _s in (
           make_target="store"),
     Study(name="store_ssd", module="experiments.store_bench_ssd", title="SSD tier throughput", make_target="store"),
     Study(name="crash", module="experiments.crash_study", title="Crash consistency", make_target="crash"),
+    Study(name="recovery", module="experiments.recovery_bench", title="Recovery time under damage",
+          make_target="recovery"),
     Study(name="safety", module="experiments.safety_study", title="Identity-guard safety", make_target="safety"),
     Study(name="hitrate", module="experiments.hitrate_study", title="Hit rate and the offline bound",
           make_target="hitrate", needs_extra=True),

@@ -73,6 +73,9 @@ df.pivot(index="subject", columns="block_bytes", values="value")'''),
 cols = ["crashes", "acknowledged_blocks_checked", "acknowledged_blocks_lost", "corrupt_bytes_served",
         "dangling_index_entries", "bitflips_injected", "bitflips_detected"]
 df[df.metric.isin(cols)].pivot(index="subject", columns="metric", values="value")[cols]'''),
+    ("recovery", "Recovery under damage: seconds per MiB scanned must stay flat as the log grows (linear recovery).",
+     '''df = read_summary("recovery", RESULTS)
+df[df.metric == "scan_s_per_mib"].pivot(index="subject", columns="file_bytes", values="value")'''),
     ("safety", "Safety: unsafe reuse of a naive content-hash cache vs the identity guard; the seed's figures are anchors.",
      '''df = read_summary("safety", RESULTS)
 display(df[df.category.isna() | (df.category == "all")].pivot(index="mix", columns="metric", values="value"))

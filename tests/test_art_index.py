@@ -420,3 +420,62 @@ def test_checkpoint_read_into_memory_on_crashfs_is_still_verified():
     fs.corrupt(f"/v/ix/{CHECKPOINT}", meta["primary"]["offset"] + meta["primary"]["len"] // 2, 0x10)
     with pytest.raises(IndexCorruptionError, match="checksum|corrupt"):
         open_index("art", "/v/ix", fs=fs, verify_checkpoint="eager")
+
+
+# ---- hostile logs: nothing dropped in silence, no overflow, every option checked ------------------
+
+
+def test_a_dropped_log_tail_is_reported_and_announced(tmp_path):
+    from quillcache.index.art_index import IndexRecoveryWarning
+
+    ix = open_index("art", str(tmp_path))
+    for h in range(1, 40):
+        ix.put([entry(h)])
+        ix.flush()
+    ix._wal.close()  # simulate a crash: no checkpoint at close
+    ix._wal = None
+    os.truncate(tmp_path / WAL, 100)  # used to reopen with no word at all
+    with pytest.warns(IndexRecoveryWarning, match=r"art\.wal: dropped \d+ bytes after lsn \d+"):
+        again = open_index("art", str(tmp_path))
+    report = again.recovery_report
+    assert report.valid_bytes + report.dropped_bytes == 100 and report.dropped_bytes > 0
+    assert "bad or torn record" in report.dropped_reason
+    assert len(again) == report.last_lsn  # one entry per surviving batch, and the report says how many
+    again.close()
+
+
+def test_a_log_missing_next_to_its_checkpoint_is_refused_unless_accepted(tmp_path):
+    ix = open_index("art", str(tmp_path))
+    ix.put([entry(1)])
+    ix.close()  # checkpoint + fresh log
+    os.unlink(tmp_path / WAL)
+    with pytest.raises(IndexCorruptionError, match=r"art\.wal is missing next to .*art\.ckpt"):
+        open_index("art", str(tmp_path))
+    assert not (tmp_path / WAL).exists()  # refusing changed nothing
+    again = open_index("art", str(tmp_path), on_missing_wal="checkpoint")
+    assert len(again) == 1
+    again.close()
+
+
+def test_options_and_hostile_headers_give_typed_errors(tmp_path):
+    import random as _random
+
+    from experiments.recovery_bench import fake_header_image
+    from quillcache.durability import wal as W
+
+    with pytest.raises(ValueError, match=r"wal_recovery='yolo' must be one of"):
+        open_index("art", str(tmp_path / "a"), wal_recovery="yolo")
+    with pytest.raises(ValueError, match=r"on_missing_wal='drop' must be one of"):
+        open_index("art", str(tmp_path / "b"), on_missing_wal="drop")
+    for name, image in (("fake", fake_header_image(256 << 10, _random.Random(3))),
+                        ("top", W.encode_header(7, W.MAX_LSN) + os.urandom(200))):  # LSN near 2**64: no OverflowError
+        d = tmp_path / name
+        d.mkdir()
+        (d / WAL).write_bytes(image)
+        try:
+            ix = open_index("art", str(d))
+        except IndexCorruptionError as exc:
+            assert str(d / WAL) in str(exc)
+        else:
+            assert len(ix) == 0 and ix.recovery_report.dropped_bytes > 0
+            ix.close()

@@ -245,3 +245,66 @@ def test_fsync_failure_on_crashfs_is_never_retried():
     assert fs.sync_calls == syncs  # refused without touching the disk
     with pytest.raises(ValueError, match="on_write_error"):
         W.WalWriter.create("/w/other", 1, fs=fs, on_write_error="ignore")
+
+
+# ---- hostile logs: recovery work is linear in the file, LSNs near 2**64 are plain values -----------
+
+
+def _count_checksummed(monkeypatch) -> list[int]:
+    """Count the payload bytes recovery checksums (the work that used to be quadratic)."""
+    seen = [0]
+    real = W._record_crc
+
+    def counting(epoch, lsn, durable, payload):
+        seen[0] += len(payload)
+        return real(epoch, lsn, durable, payload)
+
+    monkeypatch.setattr(W, "_record_crc", counting)
+    return seen
+
+
+@pytest.mark.parametrize("size_bytes", [64 << 10, 256 << 10])
+def test_fake_record_headers_cost_a_bounded_multiple_of_the_file(monkeypatch, size_bytes):
+    from experiments.recovery_bench import fake_header_image
+
+    image = fake_header_image(size_bytes, random.Random(size_bytes))
+    seen = _count_checksummed(monkeypatch)
+    with pytest.raises(W.WalCorruptionError, match="whether an acknowledged record follows cannot be told"):
+        W.scan_bytes(image, "fake.wal")  # point_in_time: cannot prove nothing acknowledged follows -> refuse
+    report, records = W.scan_bytes(image, "fake.wal", mode="salvage")  # a cache's log: drop and say so
+    assert records == [] and "gave up the search" in report.dropped_reason
+    # each fake header claims the rest of the file; checking them all would be ~size**2 / 48 bytes
+    assert seen[0] <= 2 * (W.SEARCH_BUDGET_FACTOR * size_bytes + (16 << 20)) + 2 * size_bytes
+
+
+def test_salvage_of_a_log_damaged_in_every_second_record_recovers_the_rest_in_linear_work(monkeypatch):
+    from experiments.recovery_bench import ssd_log_image
+
+    for n in (200, 800):
+        image = ssd_log_image(n, damage=True, rng=random.Random(n))
+        seen = _count_checksummed(monkeypatch)
+        report, records = W.scan_bytes(image, "ssd.log", mode="salvage")
+        assert [lsn for lsn, _ in records] == list(range(1, n + 1, 2))  # every intact record, in order
+        assert len(report.damaged_lsns) == n // 2 - (1 if n % 2 == 0 else 0)
+        assert seen[0] <= 2 * len(image)  # each byte about once (the damaged records are skipped unread)
+
+
+def test_lsns_near_the_end_of_the_64_bit_space(tmp_path):
+    top = W.MAX_LSN
+    w = W.WalWriter.create(tmp_path / "top.wal", top - 1)
+    assert w.append(b"a") == top - 1 and w.append(b"b") == top
+    with pytest.raises(W.WalError, match="LSN space is exhausted"):
+        w.append(b"c")  # was struct.error
+    w.close()
+    report, records = W.scan(tmp_path / "top.wal")
+    assert [lsn for lsn, _ in records] == [top - 1, top] and report.last_lsn == top
+    with open(tmp_path / "top.wal", "ab") as fh:  # garbage after the last record: searched without overflow
+        fh.write(os.urandom(200))
+    for mode in W.RECOVERY_MODES:
+        report, records = W.scan(tmp_path / "top.wal", mode=mode)
+        assert [lsn for lsn, _ in records] == [top - 1, top]
+    header_only = W.encode_header(12345, top) + os.urandom(300)  # was OverflowError
+    assert W.scan_bytes(header_only, "h.wal", mode="salvage")[1] == []
+    for bad in (0, -1, top + 1, 1.0, True):
+        with pytest.raises(ValueError, match="base_lsn must be an int"):
+            W.WalWriter.create(tmp_path / "bad.wal", bad)

@@ -45,6 +45,13 @@ breaks the LSN sequence (at LSN L). What happens next is a named mode (:data:`RE
   damaged record described is acceptable and every payload it points at carries its own check).
 
 The dropped tail is truncated when the file is reopened for appending (:meth:`WalWriter.reopen`).
+
+Recovery is linear in the file size whatever the damage: the file is copied once per scan, valid
+records after a damaged one are searched in one forward pass, and the payload bytes checksummed
+for invalid candidate records are capped (:class:`_Search`). If the cap is reached in a mode that
+must know whether an acknowledged record follows, the log is refused rather than guessed about.
+LSNs live in [1, 2**64 - 1]: a writer refuses to go past the end with :class:`WalError`, and a
+header or record LSN near the end is an ordinary (possibly corrupt) value, never an overflow.
 """
 
 from __future__ import annotations
@@ -68,6 +75,8 @@ _REC = struct.Struct("<IIQQ")  # payload_len, crc, lsn, durable_lsn
 RECORD_HEADER_BYTES = _REC.size
 MAX_PAYLOAD_BYTES = 256 << 20
 _LSN_LOOKAHEAD = 1 << 20
+MAX_LSN = (1 << 64) - 1  # LSNs are u64 on disk
+SEARCH_BUDGET_FACTOR = 64  # bytes checksummed for invalid candidates per byte of file, at most (+16 MiB)
 DEFAULT_GROUP_BYTES = 1 << 20
 
 
@@ -171,41 +180,84 @@ def decode_header(buf: bytes | memoryview, where: str) -> WalHeader:
 
 
 def _valid_at(data: memoryview, pos: int, epoch: int, min_lsn: int) -> int:
-    """End offset of a valid record at ``pos`` with lsn >= min_lsn, or -1."""
+    """End offset of a valid record at ``pos`` with lsn >= min_lsn, or -1 (:func:`_check_at`)."""
+    return _check_at(data, pos, epoch, min_lsn)[0]
+
+
+def _check_at(data: memoryview, pos: int, epoch: int, min_lsn: int,
+              max_lsn: int | None = None) -> tuple[int, int]:
+    """``(end offset or -1, payload bytes checksummed)`` for a record at ``pos`` with an lsn in
+    [min_lsn, max_lsn] (default: the lookahead window). The header fields are checked (O(1))
+    before the payload's checksum is computed."""
     end = len(data)
     if pos + RECORD_HEADER_BYTES > end:
-        return -1
+        return -1, 0
     length, crc, lsn, durable = _REC.unpack_from(data, pos)
     if length > MAX_PAYLOAD_BYTES or pos + RECORD_HEADER_BYTES + length > end:
-        return -1
-    if not min_lsn <= lsn < min_lsn + _LSN_LOOKAHEAD or durable >= lsn:
-        return -1
+        return -1, 0
+    top = min_lsn + _LSN_LOOKAHEAD - 1 if max_lsn is None else max_lsn
+    if not min_lsn <= lsn <= top or durable >= lsn:
+        return -1, 0
     payload = data[pos + RECORD_HEADER_BYTES : pos + RECORD_HEADER_BYTES + length]
     if _record_crc(epoch, lsn, durable, payload) != crc:
-        return -1
-    return pos + RECORD_HEADER_BYTES + length
+        return -1, length
+    return pos + RECORD_HEADER_BYTES + length, length
 
 
-def _candidates(data: memoryview, start: int, lsn: int) -> list[int]:
-    """Offsets >= start, ascending, where a record with an lsn in [lsn, lsn + lookahead) could
-    begin: its lsn field's upper five bytes must match, which a cheap ``bytes.find`` locates."""
-    raw = bytes(data)
-    found: set[int] = set()
-    for high in {lsn >> 24, (lsn + _LSN_LOOKAHEAD) >> 24}:
-        pattern = high.to_bytes(5, "little")
-        i = raw.find(pattern, start + 11)
-        while i >= 0:
-            found.add(i - 11)  # lsn field at rec + 8, its bytes 3..7 at rec + 11
-            i = raw.find(pattern, i + 1)
-    return sorted(found)
+class _Search:
+    """Finds the valid records after a damaged one, in one forward pass over the file.
 
+    A candidate is an offset whose lsn field's upper five bytes match the LSN window being
+    searched (``bytes.find`` on one copy of the file, made once per scan); the cursor of each
+    pattern only moves forward, because the scan asks for offsets in increasing order, so finding
+    candidates costs O(file size) in all. A candidate then passes O(1) header checks before its
+    payload is checksummed; the payload bytes checksummed for candidates that turn out invalid
+    are capped at ``SEARCH_BUDGET_FACTOR`` times the file size (plus 16 MiB), so crafted record
+    headers claiming long payloads cannot make recovery quadratic. Past the cap the search gives
+    up (``exhausted``) and the caller decides what that means for its mode.
+    """
 
-def _valid_after(data: memoryview, start: int, epoch: int, lsn: int) -> Iterator[tuple[int, int, int]]:
-    """``(offset, lsn, durable_lsn)`` of every valid record at or after ``start`` with an lsn >=
-    ``lsn``, in offset order."""
-    for probe in _candidates(data, start, lsn):
-        if _valid_at(data, probe, epoch, lsn) >= 0:
-            yield (probe, *_REC.unpack_from(data, probe)[2:])
+    def __init__(self, view: memoryview, epoch: int) -> None:
+        self.view = view
+        self.raw = bytes(view)
+        self.epoch = epoch
+        self.budget = SEARCH_BUDGET_FACTOR * len(view) + (16 << 20)
+        self.exhausted = False
+        self._hits: dict[bytes, int] = {}  # pattern -> last find() result (absolute offset of the pattern)
+
+    def _next_candidate(self, start: int, lsn: int) -> int:
+        best = -1
+        for high in {lsn >> 24, (lsn + _LSN_LOOKAHEAD) >> 24}:
+            if high >= 1 << 40:  # beyond the 64-bit LSN space: no record can carry it
+                continue
+            pattern = high.to_bytes(5, "little")
+            hit = self._hits.get(pattern)
+            if hit is None or (0 <= hit < start + 11):
+                hit = self.raw.find(pattern, start + 11)  # lsn field at rec + 8, its bytes 3..7 at rec + 11
+                self._hits[pattern] = hit
+            if hit >= 0 and (best < 0 or hit - 11 < best):
+                best = hit - 11
+        return best
+
+    def valid_after(self, damaged_at: int, lsn: int) -> Iterator[tuple[int, int, int]]:
+        """``(offset, lsn, durable_lsn)`` of every valid record after the damaged record at
+        ``damaged_at`` (whose lsn should have been ``lsn``), in offset order; stops early, setting
+        ``exhausted``, past the budget. Records are written back to back and each takes at least
+        ``RECORD_HEADER_BYTES``, so a record at ``probe`` has an lsn of at most
+        ``lsn + (probe - damaged_at) // RECORD_HEADER_BYTES``: candidates above that are skipped unread."""
+        pos = damaged_at + 1
+        while not self.exhausted:
+            probe = self._next_candidate(pos, lsn)
+            if probe < 0:
+                return
+            bound = lsn + (probe - damaged_at) // RECORD_HEADER_BYTES
+            end, checked = _check_at(self.view, probe, self.epoch, lsn, bound)
+            if end >= 0:
+                yield (probe, *_REC.unpack_from(self.view, probe)[2:])
+            else:
+                self.budget -= checked
+                self.exhausted = self.budget < 0
+            pos = probe + 1
 
 
 def scan_bytes(data: bytes | bytearray | memoryview, where: str, *,
@@ -219,6 +271,7 @@ def scan_bytes(data: bytes | bytearray | memoryview, where: str, *,
     records: list[tuple[int, bytes]] = []
     damaged: list[tuple[int, int]] = []
     reason = ""
+    search = _Search(view, header.epoch)
     while pos < len(view):
         end = _valid_at(view, pos, header.epoch, lsn)
         if end >= 0 and _REC.unpack_from(view, pos)[2] == lsn:
@@ -226,10 +279,17 @@ def scan_bytes(data: bytes | bytearray | memoryview, where: str, *,
             pos, lsn, valid_end = end, lsn + 1, end
             continue
         bad = f"bad or torn record at byte {pos} (expected lsn {lsn})"
-        later = _valid_after(view, pos + 1, header.epoch, lsn)
+        later = search.valid_after(pos, lsn)
         first = next(later, None)
+        if first is None and search.exhausted and policy.refuse_acknowledged_after:
+            raise WalCorruptionError(
+                f"{where}: {bad}, followed by more invalid record headers than recovery checks "
+                f"({SEARCH_BUDGET_FACTOR}x the file size in claimed payload bytes), so whether an acknowledged "
+                f"record follows cannot be told (mode='truncate' would drop everything from byte {pos})")
         if first is None:
-            reason = f"{bad}; {len(view) - pos} bytes dropped"
+            reason = f"{bad}; {len(view) - pos} bytes dropped" + (
+                " (gave up the search for valid records: too many invalid record headers)" if search.exhausted
+                else "")
             break
         first_off, first_lsn, _ = first
         if policy.skip_damage:
@@ -237,6 +297,10 @@ def scan_bytes(data: bytes | bytearray | memoryview, where: str, *,
             pos, lsn = first_off, first_lsn
             continue
         acked = next((r for r in itertools.chain([first], later) if r[2] >= lsn), None)
+        if search.exhausted and policy.refuse_acknowledged_after and acked is None:
+            raise WalCorruptionError(
+                f"{where}: {bad}; too many invalid record headers follow to tell whether an acknowledged "
+                f"record does (mode='truncate' would drop everything from byte {pos})")
         if policy.refuse_any_valid_after or (policy.refuse_acknowledged_after and acked is not None):
             off, later_lsn, durable = acked if acked is not None else first
             what = (f"record {later_lsn} says lsn {durable} was acknowledged" if acked is not None
@@ -288,6 +352,8 @@ class WalWriter:
                **kw) -> "WalWriter":
         """Atomically create a fresh log with a new epoch holding ``records`` (acknowledged when
         this returns): temp file, fsync, rename, fsync directory. The temp file is removed on error."""
+        if isinstance(base_lsn, bool) or not isinstance(base_lsn, int) or not 1 <= base_lsn <= MAX_LSN:
+            raise ValueError(f"WAL base_lsn must be an int in [1, 2**64 - 1], got {base_lsn!r}")
         w = cls(path, **kw)
         fs, tmp = w.fs, w.path + ".tmp"
         if fs.exists(tmp):
@@ -357,6 +423,9 @@ class WalWriter:
         if len(payload) > MAX_PAYLOAD_BYTES:
             raise ValueError(f"WAL payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
         lsn, durable = self.next_lsn, self.durable_lsn
+        if lsn > MAX_LSN:
+            raise WalError(f"{self.path}: the LSN space is exhausted (next lsn {lsn} > 2**64 - 1); "
+                           "start a new log with a lower base LSN")
         self._buf += _REC.pack(len(payload), _record_crc(self.header.epoch, lsn, durable, payload), lsn, durable)
         self._buf += payload
         self._buf_records += 1
@@ -441,6 +510,7 @@ __all__ = [
     "DEFAULT_GROUP_BYTES",
     "HEADER_BYTES",
     "MAGIC",
+    "MAX_LSN",
     "MAX_PAYLOAD_BYTES",
     "RECORD_HEADER_BYTES",
     "RECOVERY_MODES",

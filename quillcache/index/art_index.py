@@ -25,7 +25,11 @@ time any operation touches it (RocksDB-style per-block checks), so a damaged chu
 at open. A torn WAL tail (a crash during an
 unacknowledged append) is dropped; damage that is not a torn tail (a valid record after a bad
 one, a bad checkpoint crc, a gap in LSNs) is refused with :class:`IndexCorruptionError` naming the
-file and offset, and no file is modified.
+file and offset, and no file is modified. A dropped tail is never silent: it is in
+``recovery_report`` (bytes, reason) and announced with :class:`IndexRecoveryWarning` (a tail cut
+by truncation looks like a crash's torn tail, so the log alone cannot prove it held nothing
+acknowledged). A log missing next to a checkpoint is refused (it may have held acknowledged
+batches past the checkpoint) unless ``on_missing_wal="checkpoint"`` accepts the checkpoint alone.
 
 WAL payload (format ``_WAL_FORMAT``). A batch is logged as its logical operations: primary
 records and node-name entries only, since every secondary (``N``) key is a permutation of a
@@ -46,6 +50,7 @@ import functools
 import mmap
 import os
 import struct
+import warnings
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +77,11 @@ _PRIMARY_BYTE = K.PRIMARY[0]
 _WAL_FORMAT = b"\x02"  # leading byte of a WAL payload: zlib-compressed logical batch (primary + names)
 # replay needs consecutive batches, so the WAL's skipping mode ("salvage") is not offered
 WAL_RECOVERY_MODES = tuple(name for name, mode in RECOVERY_MODES.items() if not mode.skip_damage)
+ON_MISSING_WAL = ("refuse", "checkpoint")
+
+
+class IndexRecoveryWarning(UserWarning):
+    """Reopening dropped a log tail (see ``recovery_report``): normal after a crash, but said out loud."""
 
 
 class IndexCorruptionError(NotAnIndexError):
@@ -175,6 +185,7 @@ class ArtIndex(IndexBackend):
         checkpoint_min_wal_bytes: int = 64 << 20,
         wal_recovery: str = "point_in_time",
         verify_checkpoint: str = "lazy",
+        on_missing_wal: str = "refuse",
         initial_arena_bytes: int = 1 << 20,
         fs: FileSystem | None = None,
     ) -> None:
@@ -182,6 +193,7 @@ class ArtIndex(IndexBackend):
         if verify_checkpoint not in ("lazy", "eager"):
             raise ValueError(f"verify_checkpoint must be 'lazy' or 'eager', got {verify_checkpoint!r}")
         check_choice("wal_recovery", wal_recovery, WAL_RECOVERY_MODES)
+        check_choice("on_missing_wal", on_missing_wal, ON_MISSING_WAL)
         if fs is not None and not isinstance(fs, FileSystem):
             raise TypeError(f"fs must be a quillcache.durability.fs.FileSystem, got {type(fs).__name__}")
         self.fs = fs if fs is not None else RealFs()
@@ -196,12 +208,13 @@ class ArtIndex(IndexBackend):
         self._initial = initial_arena_bytes
         self.checkpoint_bytes_written = 0
         self.replayed_records = 0
+        self.recovery_report = None  # the WAL scan's RecoveryReport once a log was replayed
         self._primary = ArtTree(K.VALUE_BYTES, initial_arena_bytes=initial_arena_bytes)
         self._secondary = ArtTree(0, initial_arena_bytes=initial_arena_bytes)
         self._scan_block_packed = self._primary.scan_u64_prefix_packed
         self._scan_blocks = self._primary.scan_u64_prefix_batch
         if self.path is not None:
-            self._open_dir(wal_recovery, verify_checkpoint)
+            self._open_dir(wal_recovery, verify_checkpoint, on_missing_wal)
         self._load_node_table()
 
     # ---- opening and recovery ----------------------------------------------------------------
@@ -211,7 +224,7 @@ class ArtIndex(IndexBackend):
     def _new_wal(self, base_lsn: int) -> WalWriter:
         return WalWriter.create(self._file(WAL), base_lsn, fs=self.fs)
 
-    def _open_dir(self, wal_recovery: str, verify: str) -> None:
+    def _open_dir(self, wal_recovery: str, verify: str, on_missing_wal: str) -> None:
         assert self.path is not None
         fs, d = self.fs, str(self.path)
         if fs.exists(d) and not fs.is_dir(d):
@@ -227,6 +240,13 @@ class ArtIndex(IndexBackend):
         if fs.exists(ckpt):
             self._load_checkpoint(ckpt, verify)
         if not fs.exists(wal):
+            # a log always exists once a checkpoint does (it is replaced by rename, never removed):
+            # a missing one may have held acknowledged batches past the checkpoint
+            if on_missing_wal != "checkpoint":
+                raise IndexCorruptionError(
+                    f"{wal} is missing next to {ckpt} (which covers up to lsn {self._ckpt_lsn}): batches "
+                    f"acknowledged after the checkpoint may be lost; to reopen from the checkpoint alone pass "
+                    f"on_missing_wal='checkpoint'")
             self._wal = self._new_wal(self._ckpt_lsn + 1)
             return
         try:
@@ -248,6 +268,11 @@ class ArtIndex(IndexBackend):
             self._apply(puts, dels)
             self.replayed_records += 1
         self.recovery_report = report
+        if report.dropped_bytes:
+            warnings.warn(IndexRecoveryWarning(
+                f"{wal}: dropped {report.dropped_bytes} bytes after lsn {report.last_lsn} ({report.dropped_reason}); "
+                f"a crash during an unacknowledged append leaves such a tail, so nothing acknowledged is known "
+                f"to be lost, but a log truncated by other means looks the same"), stacklevel=4)
         if report.last_lsn < self._ckpt_lsn:
             self._wal = self._new_wal(self._ckpt_lsn + 1)
         else:
