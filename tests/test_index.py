@@ -228,3 +228,14 @@ def test_corrupt_flat_snapshot_is_refused(tmp_path):
     (tmp_path / "f" / "flat.snapshot").write_bytes(b"\x93garbage")
     with pytest.raises(NotAnIndexError, match="not a valid flat-index snapshot"):
         open_index("flat", tmp_path / "f")
+
+
+@pytest.mark.parametrize("kind", sorted(INDEX_BACKENDS))
+def test_a_regular_file_as_the_index_path_is_one_typed_refusal(tmp_path, kind):
+    from quillcache.index import NotAnIndexError
+
+    path = tmp_path / "not-an-index"
+    path.write_bytes(b"someone else's data")
+    with pytest.raises(NotAnIndexError, match=rf"is a file, not an index directory: .*{kind!r} index"):
+        open_index(kind, str(path))
+    assert path.read_bytes() == b"someone else's data"

@@ -253,3 +253,22 @@ class DramMachine(RuleBasedStateMachine):
 
 
 TestDramMachine = DramMachine.TestCase
+
+
+def test_a_numpy_object_array_is_refused_not_stored_as_pointers():
+    import numpy as np
+
+    from quillcache.store.dram import LocalKvStore
+    from quillcache.store.keys import StoreKey
+
+    store = LocalKvStore(1 << 20)
+    key = StoreKey(1, b"\x01" * 16)
+    for bad in (np.array([object(), object()], dtype=object), np.zeros(2, dtype=[("a", "O"), ("b", "i4")])):
+        with pytest.raises(TypeError, match=r"dtype .*Python object pointers"):
+            store.put(key, bad)
+        with pytest.raises(TypeError, match="Python object pointers"):
+            store.put_many([(key, bad)])
+    assert key not in store and store.used_bytes == 0
+    store.put(key, np.arange(4, dtype=np.float64))  # numeric arrays are bytes: accepted
+    assert bytes(store.get(key)) == np.arange(4, dtype=np.float64).tobytes()
+    store.close()

@@ -81,6 +81,10 @@ class IndexBackend(abc.ABC):
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path is not None else None
+        if self.path is not None and self.path.exists() and not self.path.is_dir():
+            # every backend stores a directory; a regular file here is someone else's data
+            raise NotAnIndexError(f"{self.path} is a file, not an index directory: refusing to open it as a "
+                                  f"{self.kind!r} index")
         self._closed = False
         self._node_no: dict[str, int] = {}
         self._node_name: dict[int, str] = {}

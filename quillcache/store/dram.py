@@ -102,13 +102,20 @@ class _Slot:
 def as_byte_view(data: object, what: str = "data") -> memoryview:
     """``data`` (bytes, bytearray, memoryview, numpy array, any C-contiguous buffer) as a flat
     unsigned-byte memoryview over the same memory, without copying. TypeError for a non-buffer
-    (str included), ValueError for a non-contiguous or empty buffer."""
+    (str included) and for a buffer of Python object pointers (a numpy object array), ValueError
+    for a non-contiguous or empty buffer."""
     if isinstance(data, str):
         raise TypeError(f"{what} must be a bytes-like buffer, got str (encode it first)")
+    if isinstance(data, np.ndarray) and data.dtype.hasobject:
+        # its buffer holds PyObject pointers: storing them would store addresses, not data
+        raise TypeError(f"{what} is a numpy array of dtype {data.dtype} (Python object pointers, not bytes); "
+                        "pass a numeric array or bytes")
     try:
         mv = memoryview(data)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be a bytes-like buffer, got {type(data).__name__}") from None
+    if mv.format in ("O", "P") or "O" in mv.format:
+        raise TypeError(f"{what} is a buffer of Python object pointers (format {mv.format!r}), not bytes")
     if not mv.c_contiguous:
         raise ValueError(f"{what} is a non-contiguous buffer (shape {mv.shape}, strides {mv.strides}); pass a contiguous copy")
     if mv.nbytes == 0:
