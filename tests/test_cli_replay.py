@@ -40,12 +40,18 @@ def test_replay_prints_summary_and_writes_results(tmp_path: Path) -> None:
     assert "Traceback" not in p.stderr
     assert "block hit rate" in p.stdout and "TTFT p50 / p99" in p.stdout and "goodput" in p.stdout
     rows = pd.read_csv(out / "requests.csv")
-    summary = pd.read_csv(out / "summary.csv")
+    summary = pd.read_csv(out / "replay.csv")
     assert len(rows) == 4 and list(rows["request_id"]) == [0, 1, 2, 3]
     assert summary.loc[0, "requests"] == 4
     # request 1 reuses the 3 blocks of request 0 (one engine or the other, or a peer)
     assert rows.loc[1, "hit_gpu"] + rows.loc[1, "hit_dram"] + rows.loc[1, "hit_peer"] == 3
     assert 0 < summary.loc[0, "block_hit_rate"] < 1
+    # summary.csv follows the results schema: the researcher API reads it, parameters as typed columns
+    from quillcache.results import read_summary
+
+    tidy = read_summary("out", tmp_path)
+    assert tidy.loc[tidy.metric == "block_hit_rate", "value"].item() == summary.loc[0, "block_hit_rate"]
+    assert set(tidy["engines"]) == {2} and set(tidy["profile"]) == {"custom"}
 
 
 def test_help_has_examples() -> None:

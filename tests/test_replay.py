@@ -56,9 +56,14 @@ def test_hit_rate_matches_kernel_on_one_engine_with_room() -> None:
     assert res.verify_failures == 0 and not res.account_bytes
 
 
+def _largest_prompt_blocks(trace) -> int:
+    return max(len(r.hash_ids) for r in trace)
+
+
 def test_gpu_pressure_offloads_to_dram_and_hits_are_kept() -> None:
     trace = make_trace()
-    res = replay(trace, cfg(gpu_capacity_blocks=6, dram_capacity_blocks=512))
+    # the GPU holds the largest prompt (an engine cannot prefill more) but far from every conversation
+    res = replay(trace, cfg(gpu_capacity_blocks=_largest_prompt_blocks(trace), dram_capacity_blocks=512))
     want = simulate(trace, "lru", None)
     s = res.summary
     # every block evicted from the small GPU is still on the node (DRAM): the same hits, by tier
@@ -70,8 +75,9 @@ def test_gpu_pressure_offloads_to_dram_and_hits_are_kept() -> None:
 
 def test_small_gpu_alone_matches_lru_kernel_gpu_hits_bound() -> None:
     trace = make_trace(convs=8, turns=5)
-    res = replay(trace, cfg(gpu_capacity_blocks=12, dram_capacity_blocks=1))
-    lru12 = simulate(trace, "lru", 12).hit_blocks
+    gpu = max(12, _largest_prompt_blocks(trace))
+    res = replay(trace, cfg(gpu_capacity_blocks=gpu, dram_capacity_blocks=1))
+    lru12 = simulate(trace, "lru", gpu).hit_blocks
     # GPU hits can only exceed the kernel's leading-prefix hits where DRAM filled a gap
     assert sum(r.hit_gpu for r in res.rows) >= lru12 - sum(r.hit_dram for r in res.rows)
     assert sum(r.hit_blocks for r in res.rows) <= simulate(trace, "lru", None).hit_blocks
@@ -196,3 +202,37 @@ def test_bad_requests_are_refused() -> None:
         replay([{"timestamp": 0}], cfg())  # type: ignore[list-item]
     with pytest.raises(TypeError, match="ReplayConfig"):
         replay(t, {"engines": 1})  # type: ignore[arg-type]
+
+
+def test_a_prompt_larger_than_the_gpu_kv_is_refused_or_skipped_not_replayed() -> None:
+    """A 32,000-block prompt on an engine with 833 GPU blocks used to 'replay' with a TTFT of days."""
+    from quillcache.harness.replay import RequestTooLargeError
+
+    trace = make_trace(convs=2, turns=2)
+    big = TraceRequest(trace[-1].timestamp_ms + 1, 100 * BS, 1, tuple(range(10_000, 10_100)), block_tokens=BS)
+    trace = [*trace, big]
+    with pytest.raises(RequestTooLargeError, match=r"request 4 .* needs 100 KV blocks .* GPU holds 50"):
+        replay(trace, cfg(gpu_capacity_blocks=50))
+    res = replay(trace, cfg(gpu_capacity_blocks=50, on_oversize="skip"))
+    assert res.skipped_oversize == 1 and res.summary.requests == len(trace) - 1
+    with pytest.raises(ValueError, match="on_oversize='drop' must be 'stop' or 'skip'"):
+        cfg(on_oversize="drop")
+
+
+def test_real_bytes_beyond_this_machines_ram_are_refused_before_allocating(monkeypatch) -> None:
+    import importlib
+
+    R = importlib.import_module("quillcache.harness.replay")  # the module (the package re-exports the function)
+    monkeypatch.setattr(R, "available_ram_bytes", lambda: 16 << 20)  # a 16 MiB machine
+    with pytest.raises(R.ReplayResourceError, match=r"real bytes need [\d.]+ GiB of DRAM \(1 engines x \d+ blocks "
+                                                    r"x 2 MiB\) but this machine has [\d.]+ GiB available"):
+        replay(make_trace(), cfg(model="llama-3-8b", dram_capacity_blocks=64, account_bytes=False))
+
+
+def test_result_is_a_context_manager_and_a_frame() -> None:
+    trace = make_trace(convs=2, turns=2)
+    with replay(trace, cfg(), keep_open=True) as res:
+        assert res.index is not None
+        df = res.to_frame()
+        assert len(df) == len(trace) and list(df.columns)[0] == "request_id"
+    assert res.index is not None  # closed, not dropped

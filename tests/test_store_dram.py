@@ -272,3 +272,32 @@ def test_a_numpy_object_array_is_refused_not_stored_as_pointers():
     store.put(key, np.arange(4, dtype=np.float64))  # numeric arrays are bytes: accepted
     assert bytes(store.get(key)) == np.arange(4, dtype=np.float64).tobytes()
     store.close()
+
+
+def test_account_only_bookkeeping_grows_with_use_not_with_declared_capacity():
+    from quillcache.store.dram import LocalKvStore
+    from quillcache.store.keys import StoreKey
+
+    store = LocalKvStore(1 << 50, account_only=True)  # 1 PiB declared: 2**20 segments of 1 GiB
+    assert store.num_segments == 1 << 20 and len(store._allocators) == 0  # nothing built yet
+    keys = [StoreKey(i + 1, b"\x02" * 16) for i in range(64)]
+    for k in keys:
+        store.put(k, b"x" * (64 << 10))
+    assert len(store._allocators) == 1  # one segment in use: one allocator, not a million
+    assert store.free_bytes == (1 << 50) - store.used_bytes
+    assert store.largest_free_region_bytes() == (1 << 30) - store.used_bytes or \
+        store.largest_free_region_bytes() == 1 << 30
+    store.close()
+
+
+def test_segments_open_in_order_as_blocks_need_them():
+    from quillcache.store.dram import LocalKvStore
+    from quillcache.store.errors import StoreFullError
+    from quillcache.store.keys import StoreKey
+
+    store = LocalKvStore(3 << 20, segment_bytes=1 << 20, alignment_bytes=4096)
+    locs = [store.put(StoreKey(i + 1, b"\x03" * 16), b"y" * (512 << 10)) for i in range(6)]
+    assert [loc.segment_id for loc in locs] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(StoreFullError):
+        store.put(StoreKey(99, b"\x03" * 16), b"z")
+    store.close()

@@ -361,3 +361,15 @@ def test_random_sizes_roundtrip(sizes, layout):
     assert {k.block_hash for k in t.keys()} == set(kept)
     assert all(t.get(key(i)) == content(key(i), n) for i, n in kept.items())
     t.close()
+
+
+def test_account_only_tier_bookkeeping_grows_with_use_not_with_declared_capacity():
+    from quillcache.store.keys import StoreKey
+    from quillcache.store.ssd import SsdTier
+
+    tier = SsdTier(None, capacity_bytes=1 << 52, account_only=True)  # 4 PiB declared
+    for i in range(32):
+        tier.put(StoreKey(i + 1, b"\x04" * 16), b"q" * 4096)
+    assert len(tier._layout.slabs) == 1
+    assert tier.free_bytes == (1 << 52) - 32 * 4096
+    tier.close()

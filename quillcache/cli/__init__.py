@@ -5,8 +5,9 @@ Contract:
   module that implements it); a command module exposes ``configure(parser)`` and
   ``run(args) -> int`` and imports its heavy dependencies inside ``run``, so ``quillcache info``
   never pays for the harness. A new command is one module and one line here.
-- Errors in user input exit with status 2 and a one-line message naming what was wrong, no
-  traceback (argparse's own errors exit 2 too).
+- Errors in user input exit with status 2 and a one-line message naming what was wrong (and the
+  flag the user typed), no traceback; argparse's own errors are one line too (``OneLineParser``).
+- Ctrl-C prints one line and exits 130; a command says whether partial results were written.
 """
 
 from __future__ import annotations
@@ -43,13 +44,25 @@ COMMANDS.register("gen-trace", Command("write a generated trace (multi-turn sess
                                        "workload)", "quillcache.cli.gen_trace"))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``prog: error: message (see prog --help)``, exit 2, no usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="quillcache", description="QuillCache KV-cache pool and control plane")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = OneLineParser(prog="quillcache", description="QuillCache KV-cache pool and control plane")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, command in COMMANDS.items():
         command.load().configure(sub.add_parser(name, help=command.help, description=command.help))
-    args = ap.parse_args(argv)
-    return COMMANDS[args.command].load().run(args)
+    try:
+        args = ap.parse_args(argv)
+        return COMMANDS[args.command].load().run(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, the conventional status of SIGINT (128 + 2), no traceback
+        print("quillcache: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,15 +2,19 @@
 
 Bad input (a missing or malformed trace, non-monotonic timestamps, an unknown policy, router,
 model or GPU, a capacity <= 0) prints ONE line ``quillcache replay: error: ...`` on stderr and
-exits with status 2; nothing is written. Results go under ``--out`` (default
-``results/replay/<trace stem>/``): ``requests.csv`` (one row per request), ``summary.csv`` (one
-row), and ``.parquet`` twins when pyarrow is importable; pandas reads all of them.
+exits with status 2; nothing is written. ``--out`` is checked to be writable before any work.
+Results go under ``--out`` (default ``results/replay/<trace stem>/``): ``requests.csv`` (one row
+per request), ``replay.csv`` (the summary, one wide row), ``summary.csv`` + ``meta.json`` (the
+project's results schema: ``quillcache.results.read_summary`` reads it) and ``.parquet`` twins
+when pyarrow is importable. Ctrl-C stops with exit status 130 and writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +33,7 @@ examples:
   quillcache replay trace.jsonl --on-error skip --out /tmp/replay --quiet
 
   # read the results in Python
-  python -c "import pandas as pd; print(pd.read_csv('results/replay/conversation_trace/summary.csv').T)"
+  python -c "import pandas as pd; print(pd.read_csv('results/replay/conversation_trace/replay.csv').T)"
 
 what it measures: block and token hit rates by tier (GPU of the chosen engine, its DRAM, its SSD,
 a peer node), TTFT p50/p99, goodput under the TTFT SLO, bytes moved per tier, queueing. Engine
@@ -61,7 +65,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="results directory (default results/replay/<trace stem>/)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
-                   help="a malformed trace line: stop with its line number (default) or skip it")
+                   help="a malformed trace line, or a request larger than an engine's GPU KV capacity: stop "
+                        "naming it (default) or skip it (counted in the output)")
     p.add_argument("--slo-ttft-s", type=float, default=d.ttft_slo_s,
                    help=f"TTFT SLO in seconds for goodput (default {d.ttft_slo_s})")
     p.add_argument("--model", default=d.model, help=f"model profile: {', '.join(sorted(MODELS))} (default {d.model})")
@@ -90,21 +95,25 @@ def _write_csv(path: Path, rows: list[dict[str, object]], columns: list[str]) ->
 
 
 def write_results(out: Path, result) -> list[Path]:
-    """``requests.csv`` and ``summary.csv`` (+ Parquet twins when pyarrow imports); returns the paths."""
+    """``requests.csv`` (one row per request), ``replay.csv`` (the summary as one wide row) and
+    ``summary.csv`` in the project's results schema, so ``quillcache.results.read_summary`` reads
+    it (+ Parquet twins when pyarrow imports); returns the paths."""
     from quillcache.harness.metrics import RequestRow
+    from quillcache.results import write_summary
 
     out.mkdir(parents=True, exist_ok=True)
     req_rows = [r.as_dict() for r in result.rows]
     summ = result.summary.as_dict()
-    paths = [out / "requests.csv", out / "summary.csv"]
+    paths = [out / "requests.csv", out / "replay.csv"]
     _write_csv(paths[0], req_rows, RequestRow.columns())
     _write_csv(paths[1], [summ], list(summ))
+    paths.append(write_summary(out.name, _tidy_rows(result), out.parent, profile="custom"))
     try:
         import pandas as pd
         import pyarrow  # noqa: F401
     except ImportError:
         return paths
-    for name, rows, cols in (("requests", req_rows, RequestRow.columns()), ("summary", [summ], list(summ))):
+    for name, rows, cols in (("requests", req_rows, RequestRow.columns()), ("replay", [summ], list(summ))):
         p = out / f"{name}.parquet"
         pd.DataFrame(rows, columns=cols).to_parquet(p, index=False)
         paths.append(p)
@@ -149,6 +158,55 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
     con.print("results: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
 
 
+# ReplayConfig field -> the flag a user typed, so config errors name the flag
+FLAGS = {"dram_capacity_blocks": "--capacity-blocks", "ssd_capacity_blocks": "--ssd-capacity-blocks",
+         "gpu_capacity_blocks": "--gpu-capacity-blocks", "engines": "--engines", "limit": "--limit",
+         "ttft_slo_s": "--slo-ttft-s", "time_scale": "--time-scale", "seed": "--seed", "model": "--model",
+         "gpu": "--gpu", "router": "--router", "policy": "--policy"}
+
+
+def _flagged(msg: str) -> str:
+    """A ReplayConfig message with its field names (``ttft_slo_s=...``) replaced by the flags."""
+    for field, flag in FLAGS.items():
+        msg = msg.replace(f"{field}=", f"{flag}=")
+    return msg
+
+
+def _check_out(out: Path) -> str | None:
+    """Why results could not be written under ``out``, or None: checked before any work, creating
+    nothing (the folder is made only when there are results to write)."""
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        return f"--out {out}: {probe} is a file, not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"--out {out}: {probe} is not writable"
+    return None
+
+
+def _tidy_rows(result) -> list:
+    """The replay's measured figures in the results schema (``quillcache.results``): one row per
+    metric, the configuration as typed parameter columns."""
+    from quillcache.results import SummaryRow
+
+    s = result.summary.as_dict()
+    params = {k: s[k] for k in ("engines", "router", "policy", "model", "gpu", "account_bytes", "block_tokens",
+                                "gpu_capacity_blocks", "dram_capacity_blocks", "ssd_capacity_blocks", "requests")}
+    units = {"_s": "s", "_rps": "req/s", "_per_s": "tokens/s", "rate": "fraction", "attainment": "fraction"}
+    rows = []
+    for k, v in s.items():
+        if k in params or isinstance(v, (str, bool)) or k == "slo_ttft_s":
+            continue
+        unit = next((u for suffix, u in units.items() if k.endswith(suffix) or suffix in k), "")
+        unit = "bytes" if k.startswith("bytes_") else unit or "count"
+        rows.append(SummaryRow(metric=k, subject=f"{s['router']}/{s['policy']}", value=float(v), unit=unit,
+                               params={**params, "slo_ttft_s": float(s["slo_ttft_s"])}))
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
     from quillcache.harness.config import ReplayConfig
@@ -163,21 +221,32 @@ def run(args: argparse.Namespace) -> int:
                 check_int(flag, v, lo)
         except ValueError as exc:
             return _fail(str(exc))
+    # (flag, value, low, high, low excluded): the same bounds as ReplayConfig, said with the flag's name
+    for flag, v, lo, hi, lo_open in (("--slo-ttft-s", args.slo_ttft_s, 0.0, 1e6, True),
+                                     ("--time-scale", args.time_scale, 1e-6, 1e6, False)):
+        if not math.isfinite(v) or not (lo < v if lo_open else lo <= v) or v > hi:
+            return _fail(f"{flag}={v!r} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]")
     try:
         cfg = ReplayConfig(model=args.model, gpu=args.gpu, engines=args.engines, router=args.router,
                            policy=args.policy, gpu_capacity_blocks=args.gpu_capacity_blocks,
                            dram_capacity_blocks=args.capacity_blocks, ssd_capacity_blocks=args.ssd_capacity_blocks,
                            account_bytes=args.account_bytes, ttft_slo_s=args.slo_ttft_s, time_scale=args.time_scale,
-                           seed=args.seed, limit=args.limit)
+                           seed=args.seed, limit=args.limit, on_oversize=args.on_error)
     except (ValueError, TypeError) as exc:
-        return _fail(str(exc))
+        return _fail(_flagged(str(exc)))
     trace = Path(args.trace)
+    out = Path(args.out) if args.out else Path("results") / "replay" / trace.stem
+    problem = _check_out(out)
+    if problem:
+        return _fail(problem)
     try:
         requests, report = load_trace_report(trace, limit=args.limit, on_error=args.on_error)
     except TraceError as exc:
         return _fail(str(exc))
     note = report.summary() if report.skipped else ""
     show = not args.quiet and sys.stdout.isatty()
+    if not args.quiet:
+        print(f"quillcache replay: {len(requests):,} requests from {trace.name}", file=sys.stderr, flush=True)
     try:
         if show:
             from rich.progress import (
@@ -193,13 +262,18 @@ def run(args: argparse.Namespace) -> int:
                 result = replay(requests, cfg, progress=lambda done, total: bar.update(task, completed=done))
         else:
             result = replay(requests, cfg)
-    except (ValueError, TypeError) as exc:  # e.g. a model whose weights do not fit the GPU
-        return _fail(str(exc))
-    out = Path(args.out) if args.out else Path("results") / "replay" / trace.stem
+    except KeyboardInterrupt:
+        print(f"quillcache replay: interrupted; no results were written under {out}", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError) as exc:  # e.g. a model whose weights do not fit the GPU, a request too large
+        return _fail(_flagged(str(exc)))
     try:
         paths = write_results(out, result)
     except OSError as exc:
         return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
     if not args.quiet:
+        if result.skipped_oversize:
+            note = (note + "; " if note else "") + (f"{result.skipped_oversize} request(s) larger than an engine's "
+                                                    f"GPU KV capacity were skipped (--on-error skip)")
         _print_summary(result, paths, note)
     return 0

@@ -55,6 +55,8 @@ class ReplayConfig:
     tenant: str = "default"  # tenant of trace lines that name none (Mooncake traces)
     seed: int = 0
     limit: int | None = None  # replay only the first `limit` requests
+    # a request whose prompt KV does not fit an engine's GPU KV capacity cannot be prefilled: "stop" refuses the trace naming it, "skip" leaves it out and counts it
+    on_oversize: str = "stop"
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -78,8 +80,8 @@ class ReplayConfig:
         if self.account_bytes is not None and not isinstance(self.account_bytes, bool):
             raise TypeError(f"account_bytes={self.account_bytes!r}; expected True, False or None (auto)")
         check_int("real_bytes_budget_bytes", self.real_bytes_budget_bytes, 1)
-        check_float("ttft_slo_s", self.ttft_slo_s, 0.0, lo_open=True)
-        check_float("time_scale", self.time_scale, 0.0, lo_open=True)
+        check_float("ttft_slo_s", self.ttft_slo_s, 0.0, 1e6, lo_open=True)
+        check_float("time_scale", self.time_scale, 1e-6, 1e6)  # beyond: arrival times lose their precision
         for name in ("gpu_memory_utilization", "decode_mbu", "prefill_mfu"):
             check_float(name, getattr(self, name), 0.0, 1.0, lo_open=True)
         if not isinstance(self.enable_guard, bool):
@@ -88,3 +90,5 @@ class ReplayConfig:
         check_int("seed", self.seed, 0)
         if self.limit is not None:
             check_int("limit", self.limit, 1)
+        if self.on_oversize not in ("stop", "skip"):
+            raise ValueError(f"on_oversize={self.on_oversize!r} must be 'stop' or 'skip'")

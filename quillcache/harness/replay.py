@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -89,6 +90,7 @@ class ReplayResult:
     account_bytes: bool
     verify_failures: int
     skipped_empty: int
+    skipped_oversize: int = 0  # requests larger than an engine's GPU KV (cfg.on_oversize="skip")
     index: IndexBackend | None = None
     planes: dict[str, StoreDataPlane] = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory | None = None
@@ -101,6 +103,18 @@ class ReplayResult:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+    def __enter__(self) -> "ReplayResult":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def to_frame(self):
+        """One row per replayed request (``RequestRow`` fields as columns), as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame([r.as_dict() for r in self.rows], columns=RequestRow.columns())
 
 
 @dataclass(slots=True, eq=False)
@@ -120,6 +134,41 @@ def _block_tokens(requests: Sequence[TraceRequest]) -> int:
     if len(sizes) != 1:
         raise ValueError(f"the trace mixes block sizes {sorted(sizes)}; one replay needs one block size")
     return sizes.pop()
+
+
+class RequestTooLargeError(ValueError):
+    """A request whose KV cannot fit an engine's GPU: no schedule could serve it."""
+
+
+class ReplayResourceError(ValueError):
+    """A replay that would need more of this machine (RAM) than it has; nothing was allocated."""
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable from /proc/meminfo, else the physical memory size (0 if neither is known)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _check_ram(need_bytes: int, engines: int, blocks: int, block_bytes: int) -> None:
+    """Real-bytes DRAM tiers are allocated and touched up front: refuse before allocating what
+    this machine does not have (leaving a quarter of what is available to everything else)."""
+    have = available_ram_bytes()
+    if have and need_bytes > 0.75 * have:
+        gib = 1 << 30
+        raise ReplayResourceError(
+            f"real bytes need {need_bytes / gib:,.1f} GiB of DRAM ({engines} engines x {blocks:,} blocks x "
+            f"{block_bytes / (1 << 20):,.0f} MiB) but this machine has {have / gib:,.1f} GiB available; lower "
+            f"the DRAM capacity (--capacity-blocks) or account bytes without payloads (--account-bytes)")
 
 
 def _check_requests(requests: object) -> list[TraceRequest]:
@@ -165,6 +214,7 @@ class _Replay:
         self.em = EngineModel(cost_model=cm, layout=self.layout, gpu_memory_utilization=cfg.gpu_memory_utilization,
                               decode_mbu=cfg.decode_mbu)
         self.gpu_cap = cfg.gpu_capacity_blocks or self.em.gpu_capacity_blocks
+        self.requests = requests = self._fitting(requests)
         bb = self.em.block_bytes
         distinct = len({(getattr(r, "tenant", ""), getattr(r, "model", ""), getattr(r, "adapter", ""), h)
                         for r in requests for h in r.hash_ids[: r.input_tokens // bs]})
@@ -174,6 +224,8 @@ class _Replay:
         # in real-bytes mode a tier never holds more than the distinct blocks: allocate no more
         dram_blocks = cfg.dram_capacity_blocks if self.account else min(cfg.dram_capacity_blocks, max(1, distinct))
         ssd_blocks = cfg.ssd_capacity_blocks if self.account else min(cfg.ssd_capacity_blocks, distinct)
+        if not self.account:
+            _check_ram(cfg.engines * dram_blocks * bb, cfg.engines, dram_blocks, bb)
         self.index = open_index(cfg.index)
         self.names = [f"engine-{i}" for i in range(cfg.engines)]
         self.registry = IdentityRegistry()
@@ -204,6 +256,29 @@ class _Replay:
         self.moved = dict.fromkeys(("fetched_dram", "fetched_ssd", "fetched_peer", "offloaded"), 0)
         self.verify_failures = 0
         self.skipped_empty = 0
+
+    def _fitting(self, requests: list[TraceRequest]) -> list[TraceRequest]:
+        """The requests an engine can serve at all: the prompt's KV within its GPU capacity
+        (``cfg.on_oversize``: stop naming the first that does not fit, or skip and count them)."""
+        bs, cap = self.bs, self.gpu_cap
+        out: list[TraceRequest] = []
+        self.skipped_oversize = 0
+        for i, r in enumerate(requests):
+            need = -(-r.input_tokens // bs)  # the prompt's KV must be resident for its prefill
+            if need <= cap:
+                out.append(r)
+                continue
+            if self.cfg.on_oversize == "stop":
+                raise RequestTooLargeError(
+                    f"request {i} (arrival {r.timestamp_ms} ms) needs {need:,} KV blocks of {bs} tokens for its "
+                    f"{r.input_tokens:,}-token prompt, but an engine's GPU holds "
+                    f"{cap:,} ({self.cfg.model} on {self.cfg.gpu}); skip such requests with on_oversize='skip' "
+                    f"(--on-error skip)")
+            self.skipped_oversize += 1
+        if not out:
+            raise RequestTooLargeError(f"none of the {len(requests)} requests fits an engine's GPU KV capacity "
+                                       f"({cap:,} blocks of {bs} tokens)")
+        return out
 
     # ---- plumbing ----------------------------------------------------------------------------
     def _clock(self) -> float:
@@ -438,7 +513,8 @@ def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None,
     except BaseException:
         sim.close()
         raise
-    result = ReplayResult(cfg, summary, rows, sim.em, sim.account, sim.verify_failures, sim.skipped_empty)
+    result = ReplayResult(cfg, summary, rows, sim.em, sim.account, sim.verify_failures, sim.skipped_empty,
+                          sim.skipped_oversize)
     if keep_open:
         result.index, result.planes, result._tmp = sim.index, sim.planes, sim._tmp
     else:

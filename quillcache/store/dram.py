@@ -24,6 +24,9 @@ Invariants:
 - ``used_bytes`` counts allocated bytes (block sizes rounded up to ``alignment_bytes``), so
   ``used_bytes + free_bytes == capacity_bytes``; ``stored_bytes`` counts the blocks' own sizes.
 
+Memory: a segment's allocator is made when a block first needs that segment, so bookkeeping
+costs O(segments in use + live blocks), never O(declared capacity).
+
 Accounting mode (``account_only=True``, like SGLang's ``create_simulated``: the trace harness at
 million-block scale). Offsets and sizes go through the same ``OffsetAllocator`` code path
 (``put``/``delete``/``location_of``/capacity and every error are identical), but no segment
@@ -189,9 +192,8 @@ class LocalKvStore:
                 mv = memoryview(buf)
                 self._views.append(mv)
                 self._ro_views.append(mv.toreadonly())
-            # free regions are always merged, so 2*max+1 nodes hold max live blocks at any fragmentation
-            self._allocators.append(OffsetAllocator(size, 2 * max_blocks + 1, alignment=alignment_bytes))
             remaining -= size
+        self._max_blocks = max_blocks
         self._slots: dict[StoreKey, _Slot] = {}
         self._used_bytes = 0
         self._stored_bytes = 0
@@ -216,7 +218,22 @@ class LocalKvStore:
 
     @property
     def num_segments(self) -> int:
-        return len(self._allocators)
+        return self.config.num_segments
+
+    def _segment_bytes(self, seg_id: int) -> int:
+        return min(self.config.segment_bytes, self.config.capacity_bytes - seg_id * self.config.segment_bytes)
+
+    def _open_segment(self) -> OffsetAllocator | None:
+        """The allocator of the next segment, made on first use (so a store costs memory for the
+        segments it uses, not for the capacity it declares); None when every segment is open."""
+        seg_id = len(self._allocators)
+        if seg_id >= self.config.num_segments:
+            return None
+        # free regions are always merged, so 2*max+1 nodes hold max live blocks at any fragmentation
+        alloc = OffsetAllocator(self._segment_bytes(seg_id), 2 * self._max_blocks + 1,
+                                alignment=self.config.alignment_bytes)
+        self._allocators.append(alloc)
+        return alloc
 
     @property
     def account_only(self) -> bool:
@@ -236,7 +253,11 @@ class LocalKvStore:
         return min(self.config.segment_bytes, MAX_BLOCK_BYTES)
 
     def largest_free_region_bytes(self) -> int:
-        return max(a.storage_report().largest_free_region_bytes for a in self._allocators) if not self._closed else 0
+        if self._closed:
+            return 0
+        opened = [a.storage_report().largest_free_region_bytes for a in self._allocators]
+        unopened = [self._segment_bytes(i) for i in range(len(self._allocators), self.config.num_segments)]
+        return max(opened + unopened[:1], default=0)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -252,10 +273,15 @@ class LocalKvStore:
 
     def _allocate(self, key: StoreKey, size: int) -> tuple[int, int, int]:
         """(segment_id, offset, handle) of a fresh range, or StoreFullError (nothing allocated)."""
-        for seg_id, alloc in enumerate(self._allocators):
+        seg_id = 0
+        while True:
+            alloc = self._allocators[seg_id] if seg_id < len(self._allocators) else self._open_segment()
+            if alloc is None:
+                break
             try:
                 a = alloc.allocate(size)
             except OutOfSpaceError:
+                seg_id += 1
                 continue
             return seg_id, a.offset, a.handle
         raise StoreFullError(

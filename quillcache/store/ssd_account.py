@@ -9,7 +9,8 @@ space reuse) is the same. What is skipped: the directory, files, fsyncs, the log
 Invariants: a live block's page range never overlaps another's in the same virtual slab; a
 range is reused only after ``release`` (the tier calls it once a delete is "committed", which in
 this layout is immediate). Reads return zero bytes (there are none); nothing is durable and
-nothing survives ``close`` (there is no recovery in this mode).
+nothing survives ``close`` (there is no recovery in this mode). A virtual slab's allocator is
+made when a block first needs it: memory is O(slabs in use + live blocks), never O(capacity).
 """
 
 from __future__ import annotations
@@ -41,23 +42,39 @@ class AccountLayout:
         self.capacity_bytes = capacity_bytes // PAGE_BYTES * PAGE_BYTES
         self.tuning = tuning
         max_slab = _alloc.MAX_UNITS * PAGE_BYTES
-        self.slabs: list[_alloc.OffsetAllocator] = []
-        remaining = self.capacity_bytes
-        while remaining >= PAGE_BYTES:
-            size = min(remaining, max_slab)
-            units = size // PAGE_BYTES
-            self.slabs.append(_alloc.OffsetAllocator(size, min(2 * units + 8, _MAX_NODES_PER_SLAB), alignment=PAGE_BYTES))
-            remaining -= size
+        self._max_slab = max_slab
+        self._num_slabs = -(-self.capacity_bytes // max_slab)
+        self.slabs: list[_alloc.OffsetAllocator] = []  # made on first use (see _open_slab)
         biggest = min(self.capacity_bytes, max_slab)
         self.max_block_bytes = min(tuning.max_block_bytes or biggest, biggest)
         self._zeros: memoryview | None = None
 
+    def _slab_bytes(self, no: int) -> int:
+        return min(self._max_slab, self.capacity_bytes - no * self._max_slab)
+
+    def _open_slab(self) -> "_alloc.OffsetAllocator | None":
+        """The next virtual slab's allocator, made when a block first needs it, so the layout costs
+        memory for the slabs in use, not for the capacity declared; None when all are open."""
+        no = len(self.slabs)
+        if no >= self._num_slabs:
+            return None
+        size = self._slab_bytes(no)
+        units = size // PAGE_BYTES
+        a = _alloc.OffsetAllocator(size, min(2 * units + 8, _MAX_NODES_PER_SLAB), alignment=PAGE_BYTES)
+        self.slabs.append(a)
+        return a
+
     def stage(self, key: StoreKey, data: memoryview, crc: int) -> BlockRecord:
         size = len(data)
-        for no, a in enumerate(self.slabs):
+        no = 0
+        while True:
+            a = self.slabs[no] if no < len(self.slabs) else self._open_slab()
+            if a is None:
+                break
             try:
                 x = a.allocate(size)
             except _alloc.AllocatorError:
+                no += 1
                 continue
             return BlockRecord(no, x.offset, size, crc, handle=x.handle)
         raise StoreFullError(f"SSD tier (account only): no room for a {size} B block {key.hex()} "
@@ -94,7 +111,9 @@ class AccountLayout:
         return _round_up(size_bytes)
 
     def free_bytes(self) -> int:
-        return sum(a.storage_report().total_free_bytes for a in self.slabs)
+        unopened = sum(self._slab_bytes(no) for no in range(len(self.slabs), self._num_slabs)) if \
+            len(self.slabs) < self._num_slabs else 0
+        return sum(a.storage_report().total_free_bytes for a in self.slabs) + unopened
 
     def close(self) -> None:
         self.slabs = []

@@ -153,6 +153,9 @@ def _decode(line: str | bytes) -> object:
         return json.loads(line)
     except RecursionError:
         raise SchemaError("not valid JSON (nested too deeply)") from None
+    except json.JSONDecodeError as exc:
+        # the line is one JSON document: name the column within it, not json's own line/column
+        raise SchemaError(f"not valid JSON at column {exc.pos + 1} ({exc.msg})") from None
     except ValueError as exc:
         raise SchemaError(f"not valid JSON ({str(exc)[:80]})") from None
 

@@ -67,8 +67,13 @@ class FieldSpec:
     meaning: str = ""
 
 
+MAX_TIMESTAMP_MS = 10**12
+
 FIELDS: tuple[FieldSpec, ...] = (
-    FieldSpec(name="timestamp", kind="int", required=True, meaning="arrival, ms from trace start"),
+    # arrival times become float seconds; beyond 10**12 ms (~31.7 years) a float64 can no longer
+    # resolve a microsecond, so TTFTs and queueing would be silently wrong
+    FieldSpec(name="timestamp", kind="int", hi=MAX_TIMESTAMP_MS + 1, required=True,
+              meaning="arrival, ms from trace start (<= 10**12)"),
     FieldSpec(name="input_length", kind="int", hi=_I31, required=True, meaning="prompt tokens"),
     FieldSpec(name="output_length", kind="int", hi=_I31, required=True, meaning="tokens to generate"),
     FieldSpec(name="hash_ids", kind="ids", hi=_U64, required=True,
