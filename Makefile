@@ -75,5 +75,6 @@ notebook: install
 
 clean:
 	rm -rf build *.egg-info .pytest_cache
+	rm -f $(STAMP) $(XSTAMP)  # the compiled cores go below: the next install must rebuild them
 	find quillcache \( -name '_*.c' -o -name '*.so' -o -name '_*.html' \) -delete
 	find . -name __pycache__ -prune -exec rm -rf {} +

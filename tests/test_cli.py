@@ -25,3 +25,29 @@ def test_info_runs_as_module():
     out = subprocess.run([sys.executable, "-m", "quillcache", "info"], capture_output=True, text=True)
     assert "quillcache" in out.stdout
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_hash_of_fewer_tokens_than_a_block_says_so(capsys):
+    assert main(["hash", "1", "2", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "3 token(s) make no full block of 16 tokens" in err
+
+
+def test_gen_trace_refuses_more_tenants_than_requests(tmp_path, capsys):
+    out = tmp_path / "c.jsonl"
+    assert main(["gen-trace", "collision", "--tenants", "100000", "--requests", "10", "--out", str(out)]) == 2
+    assert "--tenants 100000 is more than --requests 10" in capsys.readouterr().err and not out.exists()
+    assert main(["gen-trace", "sessions", "--sessions", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--sessions" in err and "SessionsConfig" not in err and "num_sessions" not in err
+
+
+def test_info_and_other_commands_survive_a_compiled_core_that_does_not_load():
+    code = ("import sys; sys.modules['quillcache.sketch._sketch'] = None\n"
+            "from quillcache.cli import main\n"
+            "print('info', main(['info'])); print('replay', main(['replay', 'x.jsonl']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert "quillcache.sketch._sketch: NOT AVAILABLE" in res.stdout and "quillcache.alloc._alloc: ok" in res.stdout
+    assert "info 1" in res.stdout and "replay 1" in res.stdout
+    assert "quillcache replay: unavailable (" in res.stderr

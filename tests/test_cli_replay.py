@@ -94,3 +94,92 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, args: list[str],
     assert needle in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
     assert not out.exists()  # nothing written on refused input
+
+
+# ---- hostile use: every error one line naming the flag, Ctrl-C, bounds ----------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engines", "abc"], "argument --engines: invalid int value: 'abc'"),
+    (["--slo-ttft-s", "inf"], "--slo-ttft-s=inf must be a finite number in (0, 1e+06]"),
+    (["--slo-ttft-s", "0"], "--slo-ttft-s=0.0 must be a finite number"),
+    (["--time-scale", "1e-300"], "--time-scale=1e-300 must be a finite number in [1e-06, 1e+06]"),
+    (["--capacity-blocks", "0"], "--capacity-blocks=0 must be >= 1"),
+])
+def test_argument_errors_are_one_line_naming_the_flag(tmp_path: Path, args, message) -> None:
+    trace = write(tmp_path, good_lines())
+    p = cli(str(trace), "--out", str(tmp_path / "out"), *args)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and message in errors[0], p.stderr
+    assert "usage:" not in p.stderr  # one line, not the whole usage block
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_out_is_refused_before_the_work(tmp_path: Path) -> None:
+    trace = write(tmp_path, good_lines())
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    p = cli(str(trace), "--out", str(blocker / "out"))
+    assert p.returncode == 2 and f"--out {blocker / 'out'}: {blocker} is a file, not a folder" in p.stderr
+    assert "requests from" not in p.stderr  # the trace was not even read
+
+
+def test_json_errors_name_the_file_line_and_the_column_within_it(tmp_path: Path) -> None:
+    trace = write(tmp_path, [line(0, [0]), '{"timestamp": 2,'])
+    p = cli(str(trace), "--out", str(tmp_path / "out"))
+    assert p.returncode == 2
+    assert f"{trace}:2: not valid JSON at column 17 (Expecting property name" in p.stderr
+    assert "line 1 column" not in p.stderr
+
+
+def test_a_huge_timestamp_is_one_skipped_line_not_the_rest_of_the_trace(tmp_path: Path) -> None:
+    lines = good_lines()
+    lines.insert(2, line(2**63 - 1, [7]))  # used to be accepted, then every later line was "earlier"
+    trace = write(tmp_path, lines)
+    p = cli(str(trace), "--out", str(tmp_path / "out"), "--on-error", "skip", "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert pd.read_csv(tmp_path / "out" / "replay.csv").loc[0, "requests"] == 4
+    p = cli(str(trace), "--out", str(tmp_path / "out2"))
+    assert p.returncode == 2 and ":3: field 'timestamp'" in p.stderr and "too large" in p.stderr
+
+
+def test_a_prompt_larger_than_the_gpu_is_stopped_or_skipped(tmp_path: Path) -> None:
+    lines = good_lines() + [line(6000, list(range(100, 2100)))]  # 2,000 blocks of 512 tokens: 1M tokens
+    trace = write(tmp_path, lines)
+    p = cli(str(trace), "--out", str(tmp_path / "out"), "--gpu-capacity-blocks", "833")
+    assert p.returncode == 2 and "request 4 (arrival 6000 ms) needs 2,000 KV blocks" in p.stderr
+    assert "GPU holds 833" in p.stderr
+    p = cli(str(trace), "--out", str(tmp_path / "out"), "--gpu-capacity-blocks", "833", "--on-error", "skip")
+    assert p.returncode == 0 and "1 request(s) larger than an engine's GPU KV capacity were skipped" in p.stdout
+
+
+def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path: Path) -> None:
+    import os
+    import select
+    import signal
+    import time
+
+    lines = [line(i * 50, [i % 7, 1000 + i]) for i in range(20_000)]  # long enough to interrupt mid-replay
+    trace = write(tmp_path, lines)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "quillcache", "replay", str(trace), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        seen = ""
+        while "requests from" not in seen:  # the replay has started (its first line), not a fixed sleep
+            assert time.monotonic() < deadline, "replay did not start"
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            if ready:
+                seen += os.read(proc.stderr.fileno(), 4096).decode()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = seen + err
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "interrupted" in err and not out.exists()

@@ -54,10 +54,20 @@ class OneLineParser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="quillcache", description="QuillCache KV-cache pool and control plane")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    broken: dict[str, str] = {}
     for name, command in COMMANDS.items():
-        command.load().configure(sub.add_parser(name, help=command.help, description=command.help))
+        parser = sub.add_parser(name, help=command.help, description=command.help)
+        try:
+            command.load().configure(parser)
+        except ImportError as exc:  # e.g. a compiled core that did not build: the other commands still work
+            broken[name] = f"{type(exc).__name__}: {exc}"
+            parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     try:
         args = ap.parse_args(argv)
+        if args.command in broken:
+            print(f"quillcache {args.command}: unavailable ({broken[args.command]}); `quillcache info` says which "
+                  f"compiled core is missing, `make install` rebuilds them", file=sys.stderr)
+            return 1
         return COMMANDS[args.command].load().run(args)
     except KeyboardInterrupt:
         # Ctrl-C: one line, the conventional status of SIGINT (128 + 2), no traceback

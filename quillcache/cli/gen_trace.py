@@ -123,15 +123,45 @@ def _write(reqs: list, workload: str, out: Path) -> None:
         raise
 
 
+# config field -> the flag a user typed, so a refused value is named as it was given
+FLAGS = {"SessionsConfig.num_sessions": "--sessions", "SessionsConfig.num_requests": "--requests",
+         "CollisionConfig.num_requests": "--requests", "num_sessions": "--sessions", "num_requests": "--requests",
+         "num_tenants": "--tenants", "block_tokens": "--block-tokens", "block_size_tokens": "--block-tokens",
+         "mean_turns": "--mean-turns", "max_turns": "--max-turns", "tenant_skew": "--tenant-skew",
+         "adapter_fraction": "--adapter-fraction", "session_rate_per_s": "--session-rate"}
+
+
+def _flagged(msg: str) -> str:
+    for field in sorted(FLAGS, key=len, reverse=True):
+        msg = msg.replace(field, FLAGS[field])
+    return msg
+
+
+def _tenant_problem(args: argparse.Namespace) -> str | None:
+    """More tenants than requests (or sessions) cannot all appear: say so instead of silently fewer."""
+    count, flag = ((args.requests, "--requests") if args.workload == "collision" or args.requests is not None
+                   else (args.sessions if args.sessions is not None else 1000, "--sessions"))
+    if isinstance(args.tenants, int) and isinstance(count, int) and 0 < count < args.tenants:
+        return (f"--tenants {args.tenants} is more than {flag} {count}: each {flag[2:-1]} has one tenant, so at most "
+                f"{count} tenants can appear; lower --tenants or raise {flag}")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Generate and write the trace ``args`` describe; 0 on success, 2 (with a message) on bad input."""
     prog = "quillcache gen-trace"
+    out = Path(args.out)
+    problem = _tenant_problem(args) or (f"--out {out} is a directory; it needs a file path" if out.is_dir() else
+                                        f"--out {out}: folder {out.parent} does not exist"
+                                        if not out.parent.is_dir() else None)
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
+        return 2
     try:
         reqs, what = _generate(args)
     except (TypeError, ValueError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {_flagged(str(exc))}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     try:
         _write(reqs, args.workload, out)
     except OSError as exc:

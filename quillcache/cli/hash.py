@@ -32,6 +32,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"quillcache hash: {exc}", file=sys.stderr)
         return 2
+    if not len(hashes):
+        print(f"quillcache hash: {len(tokens)} token(s) make no full block of {args.block_size} tokens, so there is "
+              f"no block hash (pass at least {args.block_size} tokens, or a smaller --block-size)", file=sys.stderr)
+        return 2
     for i, h in enumerate(hashes):
         print(f"{i}\t{int(h):016x}")
     return 0

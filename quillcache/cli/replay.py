@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import sys
+import tempfile
 from pathlib import Path
 
 __all__ = ["configure", "run"]
@@ -173,8 +173,9 @@ def _flagged(msg: str) -> str:
 
 
 def _check_out(out: Path) -> str | None:
-    """Why results could not be written under ``out``, or None: checked before any work, creating
-    nothing (the folder is made only when there are results to write)."""
+    """Why results could not be written under ``out``, or None: checked before any work, leaving
+    nothing behind (a temporary file in the deepest existing folder; the results folder itself is
+    made only when there are results to write)."""
     probe = out
     while not probe.exists():
         if probe.parent == probe:
@@ -182,8 +183,11 @@ def _check_out(out: Path) -> str | None:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         return f"--out {out}: {probe} is a file, not a folder"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"--out {out}: {probe} is not writable"
+    try:  # what access() says is not enough (root, read-only mounts, /proc): try a file there
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        return f"--out {out}: cannot write in {probe} ({exc.strerror or exc})"
     return None
 
 

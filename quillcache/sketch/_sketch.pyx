@@ -316,7 +316,7 @@ cdef class SketchCore:
                 _add_plain(self._t, self._w, self.depth, self._skey, self.conservative,
                            keys + done, NULL, chunk, &self.total)
                 done += chunk
-                self.since_aging += <uint64_t>chunk
+                self.since_aging = self.since_aging + <uint64_t>chunk  # (+= on an attribute needs the GIL when nonecheck is on)
                 if self.since_aging >= self.aging_window:
                     self._halve()
                     self.since_aging = 0

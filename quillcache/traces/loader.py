@@ -150,7 +150,7 @@ def _decode(line: str | bytes) -> object:
         except UnicodeDecodeError as exc:
             raise SchemaError(f"not UTF-8 text (byte {exc.start})") from None
     try:
-        return json.loads(line)
+        return json.loads(line.rstrip("\r\n"))  # so an error's column is within the line as the user sees it
     except RecursionError:
         raise SchemaError("not valid JSON (nested too deeply)") from None
     except json.JSONDecodeError as exc:
