@@ -15,7 +15,7 @@ export PYTHONFAULTHANDLER := 1
 PROFILE ?= quick
 
 
-.PHONY: install test bench storage store crash recovery safety hitrate replay experiments figures paper notebook clean
+.PHONY: install test bench storage store crash recovery safety hitrate replay experiments figures paper notebook fuzz clean
 
 install: $(STAMP)
 
@@ -69,6 +69,12 @@ figures: install
 paper: figures
 	$(PY) -m experiments.report
 	$(PY) notebooks/make_notebook.py --execute
+
+# Fuzz every parser of untrusted bytes (WAL, SSD log payloads, trace lines and files) and the SSD
+# tier's recovery from damaged directories with a large Hypothesis budget (a few minutes).
+FUZZ_EXAMPLES ?= 10000
+fuzz: install
+	HYPOTHESIS_PROFILE=fuzz QUILLCACHE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/fuzz tests/test_store_ssd_damage.py
 
 notebook: install
 	$(PY) notebooks/make_notebook.py --execute

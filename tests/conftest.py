@@ -25,6 +25,9 @@ from quillcache.traces.loader import default_trace_path
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=60, deadline=None)
+# `make fuzz`: the fuzz targets (tests/fuzz/) with a large budget; everything else unchanged
+settings.register_profile("fuzz", max_examples=int(os.environ.get("QUILLCACHE_FUZZ_EXAMPLES", "20000")),
+                          deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

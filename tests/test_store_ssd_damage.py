@@ -194,8 +194,14 @@ def _check_tier(t: SsdTier, where: dict, dmg: _Damage, layout: str) -> None:
         assert all(os.path.isfile(os.path.join(t.directory, q)) for q in rep.quarantined)
 
 
+# `make fuzz` scales this up (each example builds and damages a real directory, so a twentieth of
+# the parsers' budget)
+_EXAMPLES = (int(os.environ.get("QUILLCACHE_FUZZ_EXAMPLES", "20000")) // 20
+             if os.environ.get("HYPOTHESIS_PROFILE") == "fuzz" else 150)
+
+
 @pytest.mark.parametrize("layout", ["slab", "files"])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=_EXAMPLES, deadline=None)
 @given(ops=st.lists(st.tuples(st.integers(0, 50), damage_op), min_size=1, max_size=4))
 def test_damaged_directory_always_reopens(layout, ops):
     src, where = _pristine(layout)
