@@ -183,3 +183,31 @@ def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert "interrupted" in err and not out.exists()
+
+
+def test_a_billion_declared_blocks_cost_memory_for_what_is_used(tmp_path: Path) -> None:
+    """--capacity-blocks 10**9 and --ssd-capacity-blocks 10**12 used to build allocators for all of it."""
+    trace = write(tmp_path, good_lines())
+    # a fresh parent process, so its children's peak RSS is the replay's alone
+    wrapper = ("import resource, subprocess, sys; "
+               "rc = subprocess.run([sys.executable, '-m', 'quillcache', 'replay', *sys.argv[1:]]).returncode; "
+               "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    p = subprocess.run([sys.executable, "-c", wrapper, str(trace), "--out", str(tmp_path / "out"),
+                        "--capacity-blocks", str(10**9), "--ssd-capacity-blocks", str(10**12), "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    rc, peak_kib = map(int, p.stdout.split()[-2:])
+    assert rc == 0, p.stderr
+    assert peak_kib < 1 << 20, f"peak RSS {peak_kib / 1024:.0f} MiB"  # under 1 GiB
+
+
+def test_a_ten_megabyte_line_is_refused_in_seconds(tmp_path: Path) -> None:
+    import time
+
+    ids = list(range(1_200_000))
+    trace = write(tmp_path, [json.dumps({"timestamp": 0, "input_length": 512 * len(ids), "output_length": 1,
+                                         "hash_ids": ids})])
+    assert trace.stat().st_size > 9_000_000
+    t0 = time.monotonic()
+    p = cli(str(trace), "--out", str(tmp_path / "out"))
+    assert p.returncode == 2 and "needs 1,200,000 KV blocks" in p.stderr
+    assert time.monotonic() - t0 < 60  # the acceptance bound (it takes about a second); was > 5 minutes
