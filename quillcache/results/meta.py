@@ -78,7 +78,10 @@ def cpu_model() -> str:
 def collect(study: str, profile: str, *, wall_s: float | None = None) -> RunMeta:
     """The metadata of a run that is finishing now."""
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # "dirty" means the code differs from the commit: the generated outputs a run itself rewrites
+    # (results, the paper, the notebook, the README's measured block) do not count
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!paper",
+                  ":!notebooks/analysis.ipynb", ":!README.md")
     return RunMeta(
         study=study, profile=profile,
         git_commit=commit or "unknown", git_dirty=bool(status) if status is not None else False,
