@@ -301,3 +301,14 @@ def test_segments_open_in_order_as_blocks_need_them():
     with pytest.raises(StoreFullError):
         store.put(StoreKey(99, b"\x03" * 16), b"z")
     store.close()
+
+
+def test_the_store_is_a_context_manager():
+    from quillcache.store.dram import LocalKvStore
+    from quillcache.store.errors import StoreClosedError
+    from quillcache.store.keys import StoreKey
+
+    with LocalKvStore(1 << 20) as store:
+        store.put(StoreKey(1, b"\x05" * 16), b"abc")
+    with pytest.raises(StoreClosedError):
+        store.get(StoreKey(1, b"\x05" * 16))

@@ -308,3 +308,10 @@ def test_lsns_near_the_end_of_the_64_bit_space(tmp_path):
     for bad in (0, -1, top + 1, 1.0, True):
         with pytest.raises(ValueError, match="base_lsn must be an int"):
             W.WalWriter.create(tmp_path / "bad.wal", bad)
+
+
+def test_the_writer_is_a_context_manager_that_syncs_on_exit(tmp_path):
+    with W.WalWriter.create(tmp_path / "cm.wal", 1) as w:
+        w.append(b"one")
+    assert w.closed
+    assert [p for _, p in W.scan(tmp_path / "cm.wal")[1]] == [b"one"]

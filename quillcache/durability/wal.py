@@ -494,6 +494,12 @@ class WalWriter:
     def closed(self) -> bool:
         return self._fd < 0
 
+    def __enter__(self) -> "WalWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         """Sync and close (a failed log is closed without syncing)."""
         if self._fd < 0:

@@ -445,6 +445,12 @@ class LocalKvStore:
         self._used_bytes = 0
         self._stored_bytes = 0
 
+    def __enter__(self) -> "LocalKvStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         """Release the segments; every later call raises StoreClosedError. Idempotent."""
         if self._closed:
