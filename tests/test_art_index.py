@@ -226,7 +226,7 @@ def test_not_an_index(tmp_path):
     with pytest.raises(ValueError, match="not an ART index"):
         open_index("art", tmp_path / "x")
     (tmp_path / "f").write_text("file")
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="is a file, not an index directory"):
         open_index("art", tmp_path / "f")
 
 

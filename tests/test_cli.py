@@ -1,5 +1,7 @@
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from quillcache.cli import main
 from quillcache.hashing.blocks import hash_blocks
@@ -51,3 +53,30 @@ def test_info_and_other_commands_survive_a_compiled_core_that_does_not_load():
     assert "quillcache.sketch._sketch: NOT AVAILABLE" in res.stdout and "quillcache.alloc._alloc: ok" in res.stdout
     assert "info 1" in res.stdout and "replay 1" in res.stdout
     assert "quillcache replay: unavailable (" in res.stderr
+
+
+def test_info_says_a_core_was_never_built_rather_than_a_misleading_import_error(tmp_path):
+    # A copy of the package without its compiled files, as after `make clean`: the ART core's import
+    # error reads "partially initialized module (circular import)"; info must say it is not built.
+    import shutil
+
+    import quillcache
+
+    pkg = tmp_path / "quillcache"
+    shutil.copytree(Path(quillcache.__file__).parent, pkg,
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    code = "import sys; from quillcache.cli import main; sys.exit(main(['info']))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    for core in ("alloc._alloc", "sketch._sketch", "art._art"):
+        assert f"quillcache.{core}: NOT AVAILABLE (not built: no compiled _" in res.stdout, res.stdout
+    assert "circular import" not in res.stdout
+    assert "quillcache.hashing._xxh3: ok" in res.stdout
+
+
+def test_gen_trace_default_tenants_fit_a_small_trace_but_typed_ones_are_checked(tmp_path, capsys):
+    # two sessions with the default 8 tenants is fine (the default is not a request for 8 tenants)
+    assert main(["gen-trace", "sessions", "--sessions", "2", "--out", str(tmp_path / "s.jsonl")]) == 0
+    assert main(["gen-trace", "sessions", "--sessions", "2", "--tenants", "8", "--out", str(tmp_path / "t.jsonl")]) == 2
+    assert "--tenants 8 is more than --sessions 2" in capsys.readouterr().err

@@ -154,17 +154,18 @@ def test_gen_trace_sessions_and_collision(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["sessions", "--sessions", "0"], "num_sessions=0"),
+    (["sessions", "--sessions", "0"], "--sessions=0 must be >= 1"),
     (["sessions", "--kv-dtype", "fp99"], "fp99"),
-    (["sessions", "--mean-turns", "0"], "mean_turns=0"),
+    (["sessions", "--mean-turns", "0"], ": --mean-turns=0.0 must be >= 1.0"),
     (["collision", "--mix", "bogus"], "mix='bogus'"),
-    (["collision", "--requests", "-5"], "num_requests=-5"),
+    (["collision", "--requests", "-5"], "--requests=-5 must be >= 1"),
 ])
 def test_gen_trace_bad_parameters_exit_2_with_a_message(tmp_path, capsys, argv, match):
     out = tmp_path / "x.jsonl"
     assert _cli(argv + ["--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("quillcache gen-trace: ") and match in err and "Traceback" not in err
+    assert "Config." not in err and "num_" not in err and "mean_turns" not in err  # the flags typed, not fields
     assert not out.exists()
 
 

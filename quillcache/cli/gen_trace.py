@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--sessions", type=int, default=None, metavar="N", help="number of sessions, all turns (default 1000)")
     size.add_argument("--requests", type=int, default=None, metavar="N", help="exactly the first N requests by arrival instead")
     s.add_argument("--block-tokens", type=int, default=16, metavar="N", help="tokens per hash_ids block")
-    s.add_argument("--tenants", type=int, default=8, metavar="N", help="number of tenants")
+    s.add_argument("--tenants", type=int, default=None, metavar="N", help="number of tenants (default 8)")
     s.add_argument("--tenant-skew", type=float, default=0.8, metavar="X", help="Zipf exponent of tenant popularity")
     s.add_argument("--adapter-fraction", type=float, default=0.25, metavar="X",
                    help="tenants that serve a LoRA adapter")
@@ -71,7 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--requests", type=int, default=10_000, metavar="N", help="number of requests")
     c.add_argument("--mix", default="realistic", help="realistic or adversarial")
     c.add_argument("--block-tokens", type=int, default=16, metavar="N", help="tokens per hash_ids block")
-    c.add_argument("--tenants", type=int, default=16, metavar="N", help="number of tenants")
+    c.add_argument("--tenants", type=int, default=None, metavar="N", help="number of tenants (default 16)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -79,14 +80,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (same seed -> same trace)")
 
 
+# --tenants left out: the workload's own default, which may exceed a small trace's requests (only a
+# number the user typed is refused for that, see _tenant_problem)
+DEFAULT_TENANTS = {"sessions": 8, "collision": 16}
+
+
 def _generate(args: argparse.Namespace) -> tuple[list, str]:
+    tenants = DEFAULT_TENANTS[args.workload] if args.tenants is None else args.tenants
     if args.workload == "sessions":
         from quillcache.traces import sessions
 
         size = {"num_requests": args.requests} if args.requests is not None else \
             {"num_sessions": 1000 if args.sessions is None else args.sessions}
         cfg = sessions.SessionsConfig(
-            **size, seed=args.seed, block_tokens=args.block_tokens, num_tenants=args.tenants,
+            **size, seed=args.seed, block_tokens=args.block_tokens, num_tenants=tenants,
             tenant_skew=args.tenant_skew, adapter_fraction=args.adapter_fraction, num_global_prompts=args.global_prompts,
             global_prompt_tokens=args.global_prompt_tokens, global_prompt_fraction=args.global_prompt_fraction,
             prompts_per_tenant=args.tenant_prompts, tenant_prompt_tokens=args.tenant_prompt_tokens,
@@ -101,7 +108,7 @@ def _generate(args: argparse.Namespace) -> tuple[list, str]:
     from quillcache.traces import collision
 
     cfg = collision.CollisionConfig(mix=args.mix, num_requests=args.requests, seed=args.seed,
-                                    block_size_tokens=args.block_tokens, num_tenants=args.tenants)
+                                    block_size_tokens=args.block_tokens, num_tenants=tenants)
     reqs = collision.generate(cfg)
     return reqs, f"{len(reqs)} {args.mix} collision requests, {len({r.tenant for r in reqs})} tenants"
 
@@ -123,6 +130,8 @@ def _write(reqs: list, workload: str, out: Path) -> None:
         raise
 
 
+DEFAULT_TENANTS = {"sessions": 8, "collision": 16}
+
 # config field -> the flag a user typed, so a refused value is named as it was given
 FLAGS = {"SessionsConfig.num_sessions": "--sessions", "SessionsConfig.num_requests": "--requests",
          "CollisionConfig.num_requests": "--requests", "num_sessions": "--sessions", "num_requests": "--requests",
@@ -132,16 +141,17 @@ FLAGS = {"SessionsConfig.num_sessions": "--sessions", "SessionsConfig.num_reques
 
 
 def _flagged(msg: str) -> str:
+    msg = re.sub(r"\b(?:SessionsConfig|CollisionConfig)\.", "", msg)
     for field in sorted(FLAGS, key=len, reverse=True):
         msg = msg.replace(field, FLAGS[field])
-    return msg
+    return re.sub(r"\b\w+Config\.(?=--)", "", msg)  # "SessionsConfig.--mean-turns" -> "--mean-turns"
 
 
 def _tenant_problem(args: argparse.Namespace) -> str | None:
-    """More tenants than requests (or sessions) cannot all appear: say so instead of silently fewer."""
+    """More tenants typed than requests (or sessions) cannot all appear: say so instead of silently fewer."""
     count, flag = ((args.requests, "--requests") if args.workload == "collision" or args.requests is not None
                    else (args.sessions if args.sessions is not None else 1000, "--sessions"))
-    if isinstance(args.tenants, int) and isinstance(count, int) and 0 < count < args.tenants:
+    if args.tenants is not None and isinstance(count, int) and 0 < count < args.tenants:
         return (f"--tenants {args.tenants} is more than {flag} {count}: each {flag[2:-1]} has one tenant, so at most "
                 f"{count} tenants can appear; lower --tenants or raise {flag}")
     return None
