@@ -211,3 +211,20 @@ def test_a_ten_megabyte_line_is_refused_in_seconds(tmp_path: Path) -> None:
     p = cli(str(trace), "--out", str(tmp_path / "out"))
     assert p.returncode == 2 and "needs 1,200,000 KV blocks" in p.stderr
     assert time.monotonic() - t0 < 60  # the acceptance bound (it takes about a second); was > 5 minutes
+
+
+def test_a_long_trace_slowed_down_is_refused_and_a_late_one_stays_exact(tmp_path: Path) -> None:
+    # arrivals 10**12 ms apart at --time-scale 1e-6 would be 1e15 s apart, where a float's step is
+    # 0.125 s: a TTFT used to come out 0.0 despite a 50 ms prefill
+    t = 10**12
+    trace = write(tmp_path, [line(0, [0, 1, 2]), line(100, [10, 11]), line(t, [20, 21, 22])])
+    p = cli(str(trace), "--out", str(tmp_path / "out"), "--time-scale", "1e-6")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "--time-scale=1e-06: the trace's 1000000000000 ms from first to last arrival become 1e+15 s" in p.stderr
+    assert not (tmp_path / "out").exists()
+    # a trace that starts late (near the schema's bound) is timed from its first arrival: exact
+    late = write(tmp_path, [line(t - 5000, [0, 1, 2]), line(t - 4900, [10, 11]), line(t, [20, 21, 22])], "late.jsonl")
+    p = cli(str(late), "--out", str(tmp_path / "late"), "--quiet")
+    assert p.returncode == 0, p.stderr
+    rows = pd.read_csv(tmp_path / "late" / "requests.csv")
+    assert (rows["ttft_s"] >= rows["prefill_s"] - 1e-6).all() and (rows["ttft_s"] > 0).all()  # microsecond-exact

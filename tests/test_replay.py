@@ -236,3 +236,13 @@ def test_result_is_a_context_manager_and_a_frame() -> None:
         df = res.to_frame()
         assert len(df) == len(trace) and list(df.columns)[0] == "request_id"
     assert res.index is not None  # closed, not dropped
+
+
+def test_simulated_time_starts_at_the_first_arrival() -> None:
+    """A trace shifted late (timestamps near 10**12 ms) replays exactly like the same trace at 0."""
+    trace = make_trace(convs=2, turns=2)
+    late = [dataclasses.replace(r, timestamp_ms=r.timestamp_ms + 10**12) for r in trace]
+    a, b = replay(trace, cfg()), replay(late, cfg())
+    assert [r.ttft_s for r in a.rows] == [r.ttft_s for r in b.rows]
+    with pytest.raises(ValueError, match=r"time_scale=1e-06 stretches .* past 4.29e\+09 s"):
+        replay([trace[0], dataclasses.replace(trace[1], timestamp_ms=10**12)], cfg(time_scale=1e-6))

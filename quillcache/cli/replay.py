@@ -211,6 +211,22 @@ def _tidy_rows(result) -> list:
     return rows
 
 
+def _clock_problem(requests: list, time_scale: float) -> str | None:
+    """Why the trace, scaled, is longer than microsecond-exact simulated time, or None (the replay
+    checks the same; said here with the flag's name before any work)."""
+    from quillcache.harness.replay import MAX_SIMULATED_S
+
+    if not requests:
+        return None
+    span_ms = requests[-1].timestamp_ms - requests[0].timestamp_ms  # sorted: first and last arrival
+    span_s = span_ms / (1000.0 * time_scale)
+    if span_s <= MAX_SIMULATED_S:
+        return None
+    return (f"--time-scale={time_scale:g}: the trace's {span_ms} ms from first to last arrival become {span_s:.3g} s "
+            f"of simulated time, past {MAX_SIMULATED_S:.3g} s where times lose microsecond precision; raise "
+            f"--time-scale")
+
+
 def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
     from quillcache.harness.config import ReplayConfig
@@ -247,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
         requests, report = load_trace_report(trace, limit=args.limit, on_error=args.on_error)
     except TraceError as exc:
         return _fail(str(exc))
+    problem = _clock_problem(requests, args.time_scale)
+    if problem:
+        return _fail(problem)
     note = report.summary() if report.skipped else ""
     show = not args.quiet and sys.stdout.isatty()
     if not args.quiet:

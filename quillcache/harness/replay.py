@@ -136,6 +136,11 @@ def _block_tokens(requests: Sequence[TraceRequest]) -> int:
     return sizes.pop()
 
 
+# Simulated time is float seconds from the first arrival: past 2**32 s one step of a float exceeds
+# a microsecond, and a prefill of milliseconds could vanish from a TTFT.
+MAX_SIMULATED_S = float(2**32)
+
+
 class RequestTooLargeError(ValueError):
     """A request whose KV cannot fit an engine's GPU: no schedule could serve it."""
 
@@ -446,13 +451,14 @@ class _Replay:
         reqs = self.requests
         n = len(reqs)
         scale = 1000.0 * self.cfg.time_scale
+        t0_ms = reqs[0].timestamp_ms if reqs else 0  # simulated time starts at the first arrival
         heap: list[tuple[float, int, int, _Flight]] = []
         rows: list[RequestRow] = []
         seq = 0
         i = 0
         step = max(1, n // 200)
         while i < n or heap:
-            t_arr = reqs[i].timestamp_ms / scale if i < n else math.inf
+            t_arr = (reqs[i].timestamp_ms - t0_ms) / scale if i < n else math.inf
             if heap and heap[0][0] <= t_arr:
                 t, _, kind, fl = heapq.heappop(heap)
                 self.now = t
@@ -500,6 +506,11 @@ def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None,
     reqs = _check_requests(requests)
     if cfg.limit is not None:
         reqs = reqs[: cfg.limit]
+    span_s = (reqs[-1].timestamp_ms - reqs[0].timestamp_ms) / (1000.0 * cfg.time_scale)
+    if span_s > MAX_SIMULATED_S:
+        raise ValueError(f"time_scale={cfg.time_scale:g} stretches the trace's {reqs[-1].timestamp_ms - reqs[0].timestamp_ms} ms "
+                         f"to {span_s:.3g} s of simulated time, past {MAX_SIMULATED_S:.3g} s where a float no longer "
+                         f"resolves a microsecond (a TTFT would lose its prefill); raise time_scale")
     t0 = time.perf_counter()
     sim = _Replay(reqs, cfg)
     try:
