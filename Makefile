@@ -72,7 +72,7 @@ paper: figures
 
 # Fuzz every parser of untrusted bytes (WAL, SSD log payloads, trace lines and files) and the SSD
 # tier's recovery from damaged directories with a large Hypothesis budget (a few minutes).
-FUZZ_EXAMPLES ?= 10000
+FUZZ_EXAMPLES ?= 30000
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz QUILLCACHE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/fuzz tests/test_store_ssd_damage.py
 
