@@ -468,6 +468,18 @@ class LocalKvStore:
     def closed(self) -> bool:
         return self._closed
 
+    def segment_view(self, segment_id: int) -> memoryview:
+        """A writable view of a whole segment, for registering it with a transfer engine.
+
+        Whoever writes through it bypasses the allocator: a pool writes only into ranges its master
+        allocated for a block (Mooncake's two-phase put). None exists in account_only mode.
+        """
+        self._check_open()
+        if self.config.account_only:
+            raise ValueError("an account_only store has no segment buffers to register")
+        segment_id = check_int("segment_id", segment_id, 0, len(self._views) - 1)
+        return self._views[segment_id]
+
     def _segment_array(self, segment_id: int) -> np.ndarray:
         """The raw segment (tests use it to inject corruption); none in account_only mode."""
         if self.config.account_only:

@@ -1,0 +1,220 @@
+"""The serving half of the TCP backend: authenticated connections, range-checked one-sided READ/WRITE.
+
+Invariants:
+- A connection does nothing until its peer passes the HMAC challenge-response
+  (``protocol`` module); a peer that fails it, or says nothing within ``auth_timeout_s``, is closed
+  and counted in ``stats.auth_failures``. At most ``max_server_connections`` are held at once; one
+  more is closed on accept.
+- Every READ/WRITE range is checked against the registered regions before a byte moves. A READ is
+  answered with a status frame, then the bytes straight from the region (``sendmsg`` on a view);
+  a WRITE's payload is received straight into the region (``recv_into``) and acknowledged only once
+  all of it is there.
+- A malformed, truncated, oversized or out-of-range frame, or a peer that stalls past
+  ``progress_timeout_s`` mid-frame, ends THAT connection: the reason is logged (and sent back in a
+  status frame where the stream still allows it), the region in-use counts are released, and the
+  server goes on serving every other connection.
+- One thread per connection; ``close`` shuts every connection and joins every thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+
+from quillcache.transfer import protocol as P
+from quillcache.transfer.backends.sockets import TcpConfig, recv_exact, recv_exact_into, send_all
+from quillcache.transfer.regions import RegionTable
+from quillcache.transfer.types import AuthenticationError, ProtocolError, RegionError
+
+__all__ = ["ServerStats", "TcpServer"]
+
+log = logging.getLogger("quillcache.transfer.server")
+
+
+@dataclass
+class ServerStats:
+    accepted: int = 0
+    refused_busy: int = 0
+    authenticated: int = 0
+    auth_failures: int = 0
+    protocol_errors: int = 0
+    range_errors: int = 0
+    timeouts: int = 0
+    bytes_read: int = 0      # served to READ requests
+    bytes_written: int = 0   # received by WRITE requests
+    requests: int = 0
+
+
+class _Refused(Exception):
+    """A request the server answers with a non-OK status, then closes the connection."""
+
+    def __init__(self, status: P.Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class TcpServer:
+    def __init__(self, regions: RegionTable, secret: bytes, config: TcpConfig, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.regions, self.secret, self.config = regions, secret, config
+        self.stats = ServerStats()
+        self._lsock = socket.create_server((host, port), backlog=128)
+        self.host, self.port = self._lsock.getsockname()[:2]
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._closing = False
+        self._acceptor = threading.Thread(target=self._accept_loop, name=f"qc-transfer-accept:{self.port}",
+                                          daemon=True)
+        self._acceptor.start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, peer = self._lsock.accept()
+            except OSError:
+                return  # listening socket closed
+            with self._lock:
+                if self._closing:
+                    sock.close()
+                    return
+                if len(self._conns) >= self.config.max_server_connections:
+                    self.stats.refused_busy += 1
+                    log.warning("refusing %s: already serving %d connections", peer, len(self._conns))
+                    sock.close()
+                    continue
+                self.stats.accepted += 1
+                t = threading.Thread(target=self._serve, args=(sock, peer), daemon=True,
+                                     name=f"qc-transfer-conn:{peer[1]}")
+                self._conns[sock] = t
+            t.start()
+
+    def _handshake(self, sock: socket.socket) -> None:
+        cfg = self.config
+        nonce = P.new_nonce()
+        deadline = None
+        send_all(sock, P.encode_hello(nonce), None, cfg.auth_timeout_s, deadline)
+        frame = recv_exact(sock, P.PROOF.size, cfg.auth_timeout_s, first_s=cfg.auth_timeout_s)
+        client_nonce = P.decode_proof(bytes(frame), self.secret, nonce)
+        send_all(sock, P.encode_accept(P.server_proof(self.secret, nonce, client_nonce)), None, cfg.auth_timeout_s)
+
+    def _serve(self, sock: socket.socket, peer: tuple) -> None:
+        cfg = self.config
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                self._handshake(sock)
+            except (AuthenticationError, ProtocolError, OSError) as e:
+                self.stats.auth_failures += 1
+                log.warning("refused %s: authentication failed: %s", peer, e or type(e).__name__)
+                return
+            self.stats.authenticated += 1
+            hbuf = bytearray(P.REQUEST.size)
+            hview = memoryview(hbuf)
+            while True:
+                recv_exact_into(sock, hview, cfg.progress_timeout_s, first_s=cfg.server_idle_timeout_s)
+                req = P.decode_request(hbuf, cfg.max_request_bytes)
+                self.stats.requests += 1
+                self._handle(sock, req)
+        except _Refused as e:
+            self.stats.range_errors += 1
+            log.warning("closing %s: %s", peer, e)
+            self._try_refuse(sock, e.status, 0, str(e))
+        except ProtocolError as e:
+            self.stats.protocol_errors += 1
+            log.warning("closing %s: protocol error: %s", peer, e)
+            self._try_refuse(sock, P.Status.BAD_FRAME, 0, str(e))
+        except socket.timeout:
+            self.stats.timeouts += 1
+            log.warning("closing %s: no progress within %.1f s", peer, cfg.progress_timeout_s)
+        except ConnectionError as e:
+            log.debug("connection from %s ended: %s", peer, e)
+        except OSError as e:
+            if not self._closing:
+                log.debug("connection from %s failed: %s", peer, e)
+        finally:
+            try:
+                sock.close()
+            finally:
+                with self._lock:
+                    self._conns.pop(sock, None)
+
+    def _try_refuse(self, sock: socket.socket, status: P.Status, request_id: int, reason: str) -> None:
+        body = reason.encode("utf-8", "replace")[:P.MAX_REASON_BYTES]
+        try:
+            send_all(sock, P.encode_response(status, request_id, len(body)) + body, None, 1.0)
+        except OSError:
+            pass
+
+    def _checkout(self, req: P.RequestHeader, write: bool) -> memoryview:
+        try:
+            desc = self.regions.descriptor(req.region_id)
+        except RegionError as e:
+            raise _Refused(P.Status.NO_REGION, f"request {req.request_id}: {e}") from None
+        if req.offset + req.length > desc.length_bytes:
+            raise _Refused(P.Status.OUT_OF_RANGE,
+                           f"request {req.request_id}: range [{req.offset}, {req.offset + req.length}) lies outside "
+                           f"region {req.region_id} of {desc.length_bytes} bytes")
+        if write and not desc.writable:
+            raise _Refused(P.Status.READ_ONLY, f"request {req.request_id}: region {req.region_id} is read-only")
+        try:
+            return self.regions.checkout(req.region_id, req.offset, req.length, write=write)
+        except RegionError as e:  # unregistered in between
+            raise _Refused(P.Status.NO_REGION, f"request {req.request_id}: {e}") from None
+
+    def _handle(self, sock: socket.socket, req: P.RequestHeader) -> None:
+        cfg = self.config
+        op = req.opcode
+        if op is P.Opcode.READ:
+            view = self._checkout(req, write=False)
+            try:
+                send_all(sock, P.encode_response(P.Status.OK, req.request_id, req.length), view,
+                         cfg.progress_timeout_s)
+            finally:
+                view.release()
+                self.regions.release(req.region_id)
+            self.stats.bytes_read += req.length
+        elif op is P.Opcode.WRITE:
+            view = self._checkout(req, write=True)
+            try:
+                recv_exact_into(sock, view, cfg.progress_timeout_s)
+            finally:
+                view.release()
+                self.regions.release(req.region_id)
+            self.stats.bytes_written += req.length
+            send_all(sock, P.encode_response(P.Status.OK, req.request_id, 0), None, cfg.progress_timeout_s)
+        elif op is P.Opcode.LIST:
+            body = P.encode_regions(self.regions.describe())
+            send_all(sock, P.encode_response(P.Status.OK, req.request_id, len(body)) + body, None,
+                     cfg.progress_timeout_s)
+        else:  # PING
+            send_all(sock, P.encode_response(P.Status.OK, req.request_id, 0), None, cfg.progress_timeout_s)
+
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            conns = dict(self._conns)
+        try:
+            self._lsock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._lsock.close()
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._acceptor.join(timeout=5)
+        for t in conns.values():
+            t.join(timeout=5)

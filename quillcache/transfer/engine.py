@@ -1,0 +1,292 @@
+"""``TransferEngine``: register regions, open peers' segments, submit batches of one-sided READ/WRITE.
+
+``TransferEngine(backend="tcp", **backend_options)`` starts the backend (for ``tcp``: a server on
+``host:port`` answering authenticated peers, and a client pool). Then:
+``register_region(buffer)`` / ``register_store(store)`` → ``RegionDescriptor``s (nothing copied);
+``open_segment("host:port")`` → ``SegmentInfo`` (the peer's regions); ``submit([TransferRequest,
+…], timeout_s=…)`` → a ``TransferBatch`` handle; ``status(batch)``/``wait(batch, timeout_s)`` → one
+``RequestStatus`` per request; ``transfer_sync`` and ``read``/``write`` as synchronous conveniences.
+
+Invariants:
+- A request whose local or remote range is invalid (checked against this engine's regions and the
+  peer's advertised regions) ends FAILED at submit with the reason and is never sent; the peer
+  re-checks every range anyway.
+- A batch's requests to one peer are spread over at most ``backend.lanes(peer)`` concurrent lanes
+  (connections), each carrying many requests in flight; ``transfer_sync`` runs one lane on the
+  calling thread, so a single synchronous request crosses no thread.
+- At most ``max_inflight_requests`` requests are in flight per engine; a submit past that raises
+  ``TransferError`` (bounded memory), nothing of it started.
+- ``close`` stops the backend (serving and connections) and the I/O threads; it is idempotent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from quillcache._checks import check_float, check_int
+from quillcache.registry import Registry
+from quillcache.transfer.backends.base import Backend
+from quillcache.transfer.backends.local import LocalBackend
+from quillcache.transfer.backends.tcp import TcpBackend
+from quillcache.transfer.batch import Item, TransferBatch
+from quillcache.transfer.regions import RegionTable
+from quillcache.transfer.types import (
+    Op,
+    Outcome,
+    RegionDescriptor,
+    RegionError,
+    RequestStatus,
+    SegmentInfo,
+    TransferError,
+    TransferRequest,
+)
+
+__all__ = ["BACKENDS", "SECRET_ENV", "TransferEngine"]
+
+BACKENDS: Registry[type] = Registry("transfer backend")
+BACKENDS.register("local", LocalBackend)
+BACKENDS.register("tcp", TcpBackend)
+BACKENDS.register_lazy("rdma", "quillcache.transfer.backends.rdma:RdmaBackend")
+
+SECRET_ENV = "QUILLCACHE_TRANSFER_SECRET"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class TransferEngine:
+    def __init__(self, backend: str = "tcp", *, io_threads: int = 4, max_inflight_requests: int = 1 << 16,
+                 default_timeout_s: float = DEFAULT_TIMEOUT_S, **backend_options: object) -> None:
+        BACKENDS.check(backend)
+        io_threads = check_int("io_threads", io_threads, 1, 256)
+        self.max_inflight_requests = check_int("max_inflight_requests", max_inflight_requests, 1)
+        self.default_timeout_s = check_float("default_timeout_s", default_timeout_s, 0, lo_open=True)
+        if backend == "tcp" and backend_options.get("secret") is None:
+            env = os.environ.get(SECRET_ENV)
+            if not env:
+                raise ValueError(f"the tcp backend needs the cluster's shared secret: pass secret=... or set {SECRET_ENV}")
+            backend_options["secret"] = env
+        self.regions = RegionTable()
+        self.backend: Backend = BACKENDS.create(backend, **backend_options)  # type: ignore[assignment]
+        self.backend_name = backend
+        self.address = self.backend.start(self.regions)
+        self._segments: dict[int, SegmentInfo] = {}
+        self._segment_ids = itertools.count(1)
+        self._io = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="qc-transfer-io")
+        self._inflight = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ---- regions ----------------------------------------------------------------------------------------------
+
+    def register_region(self, buffer: object, *, name: str = "", writable: bool | None = None) -> RegionDescriptor:
+        """Serve ``buffer`` (any writable or read-only buffer) to peers and use it locally; nothing copied."""
+        self._check_open()
+        return self.regions.register(buffer, name=name, writable=writable)
+
+    def register_store(self, store: object, *, prefix: str = "dram") -> list[RegionDescriptor]:
+        """Register every segment of a ``LocalKvStore`` as a region named ``{prefix}-{segment id}``."""
+        from quillcache.store.dram import LocalKvStore
+
+        if not isinstance(store, LocalKvStore):
+            raise TypeError(f"register_store takes a LocalKvStore, got {type(store).__name__}")
+        return [self.register_region(store.segment_view(i), name=f"{prefix}-{i}")
+                for i in range(store.num_segments)]
+
+    def unregister_region(self, region: RegionDescriptor | int, *, timeout_s: float = 30.0) -> None:
+        self.regions.unregister(region, timeout_s=timeout_s)
+
+    # ---- segments ---------------------------------------------------------------------------------------------
+
+    def open_segment(self, address: str, *, timeout_s: float = 5.0) -> SegmentInfo:
+        """Reach the peer at ``address`` and learn the regions it serves (re-opening refreshes them)."""
+        self._check_open()
+        if not isinstance(address, str) or not address:
+            raise ValueError(f"a segment address must be a non-empty str, got {address!r}")
+        regions = self.backend.open_segment(address, timeout_s)
+        with self._lock:
+            for seg in self._segments.values():
+                if seg.address == address:
+                    seg = SegmentInfo(seg.segment_id, address, regions)
+                    self._segments[seg.segment_id] = seg
+                    return seg
+            seg = SegmentInfo(next(self._segment_ids), address, regions)
+            self._segments[seg.segment_id] = seg
+            return seg
+
+    def segment(self, segment_id: int) -> SegmentInfo:
+        with self._lock:
+            seg = self._segments.get(segment_id)
+        if seg is None:
+            raise RegionError(f"segment {segment_id} is not open")
+        return seg
+
+    # ---- transfers --------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferError("the transfer engine is closed")
+
+    def _validate(self, req: object) -> TransferRequest:
+        if not isinstance(req, TransferRequest):
+            raise TypeError(f"a batch holds TransferRequest objects, got {type(req).__name__}")
+        if not isinstance(req.op, Op):
+            raise TypeError(f"TransferRequest.op must be an Op, got {req.op!r}")
+        for name in ("local_region", "local_offset_bytes", "segment", "remote_region", "remote_offset_bytes"):
+            check_int(f"TransferRequest.{name}", getattr(req, name), 0)
+        check_int("TransferRequest.length_bytes", req.length_bytes, 1)
+        return req
+
+    def _release_for(self, batch_requests: tuple[TransferRequest, ...], held: list[bool]):
+        def release(index: int) -> None:
+            if held[index]:
+                held[index] = False
+                self.regions.release(batch_requests[index].local_region)
+            with self._lock:
+                self._inflight -= 1
+        return release
+
+    def _prepare(self, requests: Sequence[TransferRequest], timeout_s: float | None
+                 ) -> tuple[TransferBatch, dict[str, list[Item]]]:
+        self._check_open()
+        reqs = tuple(self._validate(r) for r in requests)
+        timeout_s = self.default_timeout_s if timeout_s is None else check_float("timeout_s", timeout_s, 0,
+                                                                                  lo_open=True)
+        with self._lock:
+            if self._inflight + len(reqs) > self.max_inflight_requests:
+                raise TransferError(f"{self._inflight} requests in flight; {len(reqs)} more would pass the "
+                                    f"limit of {self.max_inflight_requests}")
+            self._inflight += len(reqs)
+        held = [False] * len(reqs)
+        batch = TransferBatch(reqs, self._release_for(reqs, held))
+        deadline = batch.submitted_at_s + timeout_s
+        by_peer: dict[str, list[Item]] = {}
+        for i, req in enumerate(reqs):
+            try:
+                seg = self.segment(req.segment)
+                remote = seg.region(req.remote_region)
+                if req.remote_offset_bytes + req.length_bytes > remote.length_bytes:
+                    raise RegionError(f"remote range [{req.remote_offset_bytes}, "
+                                      f"{req.remote_offset_bytes + req.length_bytes}) lies outside region "
+                                      f"{req.remote_region} of {remote.length_bytes} bytes at {seg.address}")
+                if req.op is Op.WRITE and not remote.writable:
+                    raise RegionError(f"remote region {req.remote_region} at {seg.address} is read-only")
+                view = self.regions.checkout(req.local_region, req.local_offset_bytes, req.length_bytes,
+                                             write=req.op is Op.READ)
+            except RegionError as e:
+                batch.finish(i, Outcome.FAILED, str(e))
+                continue
+            held[i] = True
+            by_peer.setdefault(seg.address, []).append(Item(batch, i, req, view, deadline))
+        return batch, by_peer
+
+    def _lanes(self, address: str, items: list[Item]) -> list[list[Item]]:
+        """Split one peer's items into contiguous lanes of similar byte counts."""
+        total = sum(it.request.length_bytes for it in items)
+        min_bytes = getattr(getattr(self.backend, "config", None), "lane_min_bytes", 1)
+        n = max(1, min(self.backend.lanes(address), len(items), total // max(1, min_bytes)))
+        if n == 1:
+            return [items]
+        lanes: list[list[Item]] = [[] for _ in range(n)]
+        share, acc, lane = total / n, 0, 0
+        for it in items:
+            if acc >= share * (lane + 1) and lane < n - 1:
+                lane += 1
+            lanes[lane].append(it)
+            acc += it.request.length_bytes
+        return [ln for ln in lanes if ln]
+
+    def _run(self, address: str, items: list[Item]) -> None:
+        try:
+            self.backend.execute(address, items)
+        except BaseException as e:  # a backend bug must not leave requests pending forever
+            for it in items:
+                it.finish(Outcome.FAILED, f"backend {self.backend_name} failed: {type(e).__name__}: {e}")
+            if not isinstance(e, Exception):
+                raise
+
+    def submit(self, requests: Sequence[TransferRequest], *, timeout_s: float | None = None) -> TransferBatch:
+        """Start ``requests`` and return at once; each ends by ``timeout_s`` (default ``default_timeout_s``)."""
+        batch, by_peer = self._prepare(requests, timeout_s)
+        for address, items in by_peer.items():
+            for lane in self._lanes(address, items):
+                self._io.submit(self._run, address, lane)
+        return batch
+
+    def transfer_sync(self, requests: Sequence[TransferRequest], *, timeout_s: float | None = None
+                      ) -> list[RequestStatus]:
+        """Run ``requests`` to completion (first lane on this thread) and return their statuses."""
+        batch, by_peer = self._prepare(requests, timeout_s)
+        lanes = [(address, lane) for address, items in by_peer.items() for lane in self._lanes(address, items)]
+        for address, lane in lanes[1:]:
+            self._io.submit(self._run, address, lane)
+        if lanes:
+            self._run(*lanes[0])
+        return batch.wait()
+
+    def status(self, batch: TransferBatch) -> list[RequestStatus]:
+        return batch.statuses()
+
+    def wait(self, batch: TransferBatch, timeout_s: float | None = None) -> list[RequestStatus]:
+        return batch.wait(timeout_s)
+
+    def _one(self, op: Op, local: RegionDescriptor | int, local_offset_bytes: int, segment: SegmentInfo | int,
+             remote_region: int, remote_offset_bytes: int, length_bytes: int, timeout_s: float | None) -> None:
+        req = TransferRequest(op, local.region_id if isinstance(local, RegionDescriptor) else local,
+                              local_offset_bytes, segment.segment_id if isinstance(segment, SegmentInfo) else segment,
+                              remote_region, remote_offset_bytes, length_bytes)
+        (st,) = self.transfer_sync([req], timeout_s=timeout_s)
+        if st.outcome is not Outcome.COMPLETED:
+            raise TransferError(f"{op.name} of {length_bytes} bytes {st.outcome.value}: {st.reason}")
+
+    def read(self, local: RegionDescriptor | int, local_offset_bytes: int, segment: SegmentInfo | int,
+             remote_region: int, remote_offset_bytes: int, length_bytes: int, *, timeout_s: float | None = None
+             ) -> None:
+        """Synchronous READ of one range; raises ``TransferError`` with the reason unless it COMPLETED."""
+        self._one(Op.READ, local, local_offset_bytes, segment, remote_region, remote_offset_bytes, length_bytes,
+                  timeout_s)
+
+    def write(self, local: RegionDescriptor | int, local_offset_bytes: int, segment: SegmentInfo | int,
+              remote_region: int, remote_offset_bytes: int, length_bytes: int, *, timeout_s: float | None = None
+              ) -> None:
+        """Synchronous WRITE of one range, returning once the peer acknowledged the bytes in its memory."""
+        self._one(Op.WRITE, local, local_offset_bytes, segment, remote_region, remote_offset_bytes, length_bytes,
+                  timeout_s)
+
+    @property
+    def inflight_requests(self) -> int:
+        return self._inflight
+
+    # ---- lifetime ---------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._io.shutdown(wait=True, cancel_futures=False)
+        self.backend.close()
+        self.regions.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "TransferEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"TransferEngine({self.backend_name}, address={self.address!r}, {len(self.regions)} regions, "
+                f"{len(self._segments)} segments open{', closed' if self._closed else ''})")
+
+
+def wait_all(batches: Sequence[TransferBatch], timeout_s: float | None = None) -> list[list[RequestStatus]]:
+    """Wait for several batches under one overall timeout."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    return [b.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for b in batches]

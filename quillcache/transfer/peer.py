@@ -1,0 +1,151 @@
+"""A standalone serving peer: ``python -m quillcache.transfer.peer --bytes N [--seed S] [--port P]``.
+
+It registers one pre-touched region of ``N`` bytes (filled from ``--seed`` with a NumPy generator,
+so a client can recompute the expected bytes), serves it on ``127.0.0.1`` over the ``tcp`` backend
+with the secret read from ``QUILLCACHE_TRANSFER_SECRET``, and prints one JSON line
+``{"address": "host:port", "region_id": …, "bytes": …, "pid": …}`` when it is ready.
+
+Then it reads commands, one per line, from stdin and answers each with one JSON line:
+``rusage`` → this process's CPU seconds (user, system); ``crc OFFSET LENGTH`` → the crc32c of that
+range of its region; ``stats`` → the server's counters. EOF on stdin (or SIGTERM) stops it cleanly.
+Tests and the transfer study start it as a real second process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import threading
+import time
+import signal
+import sys
+
+import crc32c
+import numpy as np
+
+from quillcache.transfer.backends.sockets import TcpConfig
+from quillcache.transfer.engine import TransferEngine
+
+__all__ = ["PeerProcess", "fill_pattern", "main"]
+
+
+def fill_pattern(n_bytes: int, seed: int) -> np.ndarray:
+    """The bytes a peer started with ``--seed`` holds: deterministic, so the client can check them."""
+    return np.random.default_rng(seed).integers(0, 256, n_bytes, dtype=np.uint8)
+
+
+class PeerProcess:
+    """A peer in a child process, as a context manager that always kills it (``with PeerProcess(...) as p``).
+
+    ``address`` and ``region_id`` come from its ready line, awaited with a deadline (never a fixed
+    sleep); ``ask(command)`` sends one stdin command and returns its JSON answer; ``kill()`` SIGKILLs
+    it; ``close()`` ends it (EOF, then SIGKILL past ``timeout_s``) and reaps it.
+    """
+
+    def __init__(self, n_bytes: int, *, secret: str, seed: int | None = None, port: int = 0,
+                 timeout_s: float = 30.0, extra_args: tuple[str, ...] = ()) -> None:
+        args = [sys.executable, "-m", "quillcache.transfer.peer", "--bytes", str(n_bytes), "--port", str(port),
+                *extra_args]
+        if seed is not None:
+            args += ["--seed", str(seed)]
+        env = dict(os.environ, QUILLCACHE_TRANSFER_SECRET=secret)
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.timeout_s = timeout_s
+        try:
+            ready = self._line(timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        self.address: str = ready["address"]
+        self.region_id: int = ready["region_id"]
+        self.pid: int = ready["pid"]
+
+    def _line(self, timeout_s: float) -> dict:
+        box: list[str] = []
+        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not box or not box[0]:
+            raise RuntimeError(f"peer process (pid {self.proc.pid}) gave no answer within {timeout_s} s "
+                               f"(exit code {self.proc.poll()})")
+        return json.loads(box[0])
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._line(self.timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(self.timeout_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def __enter__(self) -> "PeerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _answer(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m quillcache.transfer.peer", description=__doc__.splitlines()[0])
+    ap.add_argument("--bytes", type=int, required=True, help="size of the served region")
+    ap.add_argument("--seed", type=int, default=None, help="fill the region from this seed (default: zeros)")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--progress-timeout-s", type=float, default=TcpConfig.progress_timeout_s)
+    ap.add_argument("--server-idle-timeout-s", type=float, default=TcpConfig.server_idle_timeout_s)
+    args = ap.parse_args(argv)
+    if args.bytes <= 0:
+        ap.error(f"--bytes must be positive, got {args.bytes}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if args.seed is None:
+        region = np.zeros(args.bytes, dtype=np.uint8)  # calloc'd: touch every page now, not during the study
+        region[::4096] = 1
+        region[::4096] = 0
+    else:
+        region = fill_pattern(args.bytes, args.seed)
+    config = TcpConfig(progress_timeout_s=args.progress_timeout_s, server_idle_timeout_s=args.server_idle_timeout_s)
+    with TransferEngine("tcp", port=args.port, config=config) as engine:
+        desc = engine.register_region(region, name="peer")
+        _answer({"address": engine.address, "region_id": desc.region_id, "bytes": args.bytes, "pid": os.getpid()})
+        for line in sys.stdin:
+            cmd, *rest = line.split() or [""]
+            if cmd == "rusage":
+                ru = resource.getrusage(resource.RUSAGE_SELF)
+                _answer({"user_s": ru.ru_utime, "system_s": ru.ru_stime})
+            elif cmd == "crc" and len(rest) == 2:
+                off, n = int(rest[0]), int(rest[1])
+                _answer({"crc": crc32c.crc32c(memoryview(region)[off:off + n])})
+            elif cmd == "stats":
+                server = getattr(engine.backend, "server", None)
+                _answer(dataclasses.asdict(server.stats) if server is not None else {})
+            else:
+                _answer({"error": f"unknown command {line.strip()!r}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
