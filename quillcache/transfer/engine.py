@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 import time
@@ -131,6 +132,12 @@ class TransferEngine:
             raise TransferError("the transfer engine is closed")
 
     def _validate(self, req: object) -> TransferRequest:
+        if (type(req) is TransferRequest and type(req.op) is Op and type(req.local_region) is int
+                and type(req.local_offset_bytes) is int and type(req.segment) is int
+                and type(req.remote_region) is int and type(req.remote_offset_bytes) is int
+                and type(req.length_bytes) is int and req.local_offset_bytes >= 0 and req.remote_offset_bytes >= 0
+                and req.length_bytes >= 1 and req.local_region >= 0 and req.remote_region >= 0):
+            return req  # the common case, checked without a call per field
         if not isinstance(req, TransferRequest):
             raise TypeError(f"a batch holds TransferRequest objects, got {type(req).__name__}")
         if not isinstance(req.op, Op):
@@ -153,8 +160,10 @@ class TransferEngine:
                  ) -> tuple[TransferBatch, dict[str, list[Item]]]:
         self._check_open()
         reqs = tuple(self._validate(r) for r in requests)
-        timeout_s = self.default_timeout_s if timeout_s is None else check_float("timeout_s", timeout_s, 0,
-                                                                                  lo_open=True)
+        if timeout_s is None:
+            timeout_s = self.default_timeout_s
+        elif not (type(timeout_s) is float and 0.0 < timeout_s < math.inf):
+            timeout_s = check_float("timeout_s", timeout_s, 0, lo_open=True)
         with self._lock:
             if self._inflight + len(reqs) > self.max_inflight_requests:
                 raise TransferError(f"{self._inflight} requests in flight; {len(reqs)} more would pass the "
@@ -164,9 +173,12 @@ class TransferEngine:
         batch = TransferBatch(reqs, self._release_for(reqs, held))
         deadline = batch.submitted_at_s + timeout_s
         by_peer: dict[str, list[Item]] = {}
+        segments = self._segments
         for i, req in enumerate(reqs):
             try:
-                seg = self.segment(req.segment)
+                seg = segments.get(req.segment)
+                if seg is None:
+                    raise RegionError(f"segment {req.segment} is not open")
                 remote = seg.region(req.remote_region)
                 if req.remote_offset_bytes + req.length_bytes > remote.length_bytes:
                     raise RegionError(f"remote range [{req.remote_offset_bytes}, "
@@ -185,6 +197,8 @@ class TransferEngine:
 
     def _lanes(self, address: str, items: list[Item]) -> list[list[Item]]:
         """Split one peer's items into contiguous lanes of similar byte counts."""
+        if len(items) == 1:
+            return [items]
         total = sum(it.request.length_bytes for it in items)
         min_bytes = getattr(getattr(self.backend, "config", None), "lane_min_bytes", 1)
         n = max(1, min(self.backend.lanes(address), len(items), total // max(1, min_bytes)))
@@ -219,13 +233,23 @@ class TransferEngine:
     def transfer_sync(self, requests: Sequence[TransferRequest], *, timeout_s: float | None = None
                       ) -> list[RequestStatus]:
         """Run ``requests`` to completion (first lane on this thread) and return their statuses."""
+        return self.run_sync(requests, timeout_s=timeout_s).wait()
+
+    def run_sync(self, requests: Sequence[TransferRequest], *, timeout_s: float | None = None) -> TransferBatch:
+        """``transfer_sync`` returning the finished batch itself (for its per-request latencies)."""
         batch, by_peer = self._prepare(requests, timeout_s)
-        lanes = [(address, lane) for address, items in by_peer.items() for lane in self._lanes(address, items)]
-        for address, lane in lanes[1:]:
-            self._io.submit(self._run, address, lane)
-        if lanes:
-            self._run(*lanes[0])
-        return batch.wait()
+        if len(by_peer) == 1 and len(batch.requests) == 1:  # one request: straight through on this thread
+            for address, items in by_peer.items():
+                self._run(address, items)
+        else:
+            lanes = [(address, lane) for address, items in by_peer.items() for lane in self._lanes(address, items)]
+            for address, lane in lanes[1:]:
+                self._io.submit(self._run, address, lane)
+            if lanes:
+                self._run(*lanes[0])
+        if not batch.done:
+            batch.wait()
+        return batch
 
     def status(self, batch: TransferBatch) -> list[RequestStatus]:
         return batch.statuses()

@@ -53,7 +53,9 @@ class RegionTable:
     def __init__(self) -> None:
         self._regions: dict[int, _Region] = {}
         self._next_id = 1
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # unregister waits on it for in-flight users
+        self._waiting = 0
 
     def register(self, buffer: object, *, name: str = "", writable: bool | None = None) -> RegionDescriptor:
         mv = as_region_view(buffer)
@@ -81,7 +83,11 @@ class RegionTable:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RegionError(f"region {rid} still has {self._regions[rid].users} transfers in flight")
-                self._cond.wait(left)
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
             self._regions.pop(rid).view.release()
 
     def describe(self) -> list[RemoteRegion]:
@@ -98,24 +104,24 @@ class RegionTable:
 
     def checkout(self, region_id: int, offset: int, length: int, *, write: bool) -> memoryview:
         """A view of ``[offset, offset+length)``; the range counts as in use until ``release(region_id)``."""
-        with self._cond:
+        with self._lock:
             r = self._regions.get(region_id)
             if r is None:
-                raise RegionError(f"no region {region_id} is registered")
+                raise RegionError(f"no region {region_id} is registered", "no_region")
             if offset < 0 or length <= 0 or offset + length > r.desc.length_bytes:
                 raise RegionError(f"range [{offset}, {offset + length}) lies outside region {region_id} "
-                                  f"of {r.desc.length_bytes} bytes")
+                                  f"of {r.desc.length_bytes} bytes", "out_of_range")
             if write and not r.desc.writable:
-                raise RegionError(f"region {region_id} is read-only")
+                raise RegionError(f"region {region_id} is read-only", "read_only")
             r.users += 1
             return r.view[offset:offset + length]
 
     def release(self, region_id: int) -> None:
-        with self._cond:
+        with self._lock:
             r = self._regions.get(region_id)
             if r is not None:
                 r.users -= 1
-                if not r.users:
+                if not r.users and self._waiting:
                     self._cond.notify_all()
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "AuthenticationError",
@@ -43,7 +44,14 @@ class TransferError(Exception):
 
 
 class RegionError(TransferError, ValueError):
-    """A region or range that is not registered, or lies outside its region."""
+    """A region or range that is not registered, or lies outside its region.
+
+    ``code`` says which: ``no_region``, ``out_of_range``, ``read_only`` (or ``""`` for others).
+    """
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ProtocolError(TransferError):
@@ -107,9 +115,13 @@ class SegmentInfo:
     regions: tuple[RemoteRegion, ...]
 
     def region(self, region_id: int) -> RemoteRegion:
-        for r in self.regions:
-            if r.region_id == region_id:
-                return r
+        by_id = self.__dict__.get("_by_id")
+        if by_id is None:
+            by_id = {r.region_id: r for r in self.regions}
+            object.__setattr__(self, "_by_id", by_id)  # a cache; the dataclass stays frozen to its users
+        r = by_id.get(region_id)
+        if r is not None:
+            return r
         raise RegionError(f"peer {self.address} serves no region {region_id} "
                           f"(it serves {[r.region_id for r in self.regions]})")
 
@@ -134,8 +146,7 @@ class TransferRequest:
     length_bytes: int
 
 
-@dataclass(frozen=True)
-class RequestStatus:
+class RequestStatus(NamedTuple):
     """Where one request of a batch stands; ``reason`` says why for FAILED and TIMEOUT."""
 
     outcome: Outcome

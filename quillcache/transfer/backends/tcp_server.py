@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 from quillcache.transfer import protocol as P
-from quillcache.transfer.backends.sockets import TcpConfig, recv_exact, recv_exact_into, send_all
+from quillcache.transfer.backends.sockets import Channel, TcpConfig
 from quillcache.transfer.regions import RegionTable
 from quillcache.transfer.types import AuthenticationError, ProtocolError, RegionError
 
@@ -50,9 +51,13 @@ class ServerStats:
 class _Refused(Exception):
     """A request the server answers with a non-OK status, then closes the connection."""
 
-    def __init__(self, status: P.Status, reason: str) -> None:
+    def __init__(self, status: P.Status, reason: str, request_id: int = 0) -> None:
         super().__init__(reason)
-        self.status = status
+        self.status, self.request_id = status, request_id
+
+
+_REGION_STATUS = {"no_region": P.Status.NO_REGION, "out_of_range": P.Status.OUT_OF_RANGE,
+                  "read_only": P.Status.READ_ONLY}
 
 
 class TcpServer:
@@ -94,21 +99,21 @@ class TcpServer:
                 self._conns[sock] = t
             t.start()
 
-    def _handshake(self, sock: socket.socket) -> None:
-        cfg = self.config
+    def _handshake(self, ch: Channel) -> None:
+        deadline = time.monotonic() + self.config.auth_timeout_s
         nonce = P.new_nonce()
-        deadline = None
-        send_all(sock, P.encode_hello(nonce), None, cfg.auth_timeout_s, deadline)
-        frame = recv_exact(sock, P.PROOF.size, cfg.auth_timeout_s, first_s=cfg.auth_timeout_s)
+        ch.send(P.encode_hello(nonce), None, deadline)
+        frame = ch.recv(P.PROOF.size, deadline)
         client_nonce = P.decode_proof(bytes(frame), self.secret, nonce)
-        send_all(sock, P.encode_accept(P.server_proof(self.secret, nonce, client_nonce)), None, cfg.auth_timeout_s)
+        ch.send(P.encode_accept(P.server_proof(self.secret, nonce, client_nonce)), None, deadline)
 
     def _serve(self, sock: socket.socket, peer: tuple) -> None:
         cfg = self.config
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ch = Channel(sock, cfg.progress_timeout_s)
             try:
-                self._handshake(sock)
+                self._handshake(ch)
             except (AuthenticationError, ProtocolError, OSError) as e:
                 self.stats.auth_failures += 1
                 log.warning("refused %s: authentication failed: %s", peer, e or type(e).__name__)
@@ -116,22 +121,32 @@ class TcpServer:
             self.stats.authenticated += 1
             hbuf = bytearray(P.REQUEST.size)
             hview = memoryview(hbuf)
+            unpack, max_len = P.REQUEST.unpack, cfg.max_request_bytes
             while True:
-                recv_exact_into(sock, hview, cfg.progress_timeout_s, first_s=cfg.server_idle_timeout_s)
-                req = P.decode_request(hbuf, cfg.max_request_bytes)
+                ch.recv_idle_into(hview, cfg.server_idle_timeout_s)
+                magic, version, opcode, flags, rid, region, reserved, offset, length = unpack(hbuf)
+                if (magic != P.REQUEST_MAGIC or version != P.PROTOCOL_VERSION or flags or reserved or opcode > 1
+                        or not 0 < length <= max_len):
+                    req = P.decode_request(hbuf, max_len)  # raises ProtocolError naming the fault, or a LIST/PING
+                    self.stats.requests += 1
+                    self._control(ch, req)
+                    continue
                 self.stats.requests += 1
-                self._handle(sock, req)
+                if opcode == 0:
+                    self._read(ch, rid, region, offset, length)
+                else:
+                    self._write(ch, rid, region, offset, length)
         except _Refused as e:
             self.stats.range_errors += 1
             log.warning("closing %s: %s", peer, e)
-            self._try_refuse(sock, e.status, 0, str(e))
+            self._try_refuse(sock, e.status, e.request_id, str(e))
         except ProtocolError as e:
             self.stats.protocol_errors += 1
             log.warning("closing %s: protocol error: %s", peer, e)
             self._try_refuse(sock, P.Status.BAD_FRAME, 0, str(e))
-        except socket.timeout:
+        except socket.timeout as e:
             self.stats.timeouts += 1
-            log.warning("closing %s: no progress within %.1f s", peer, cfg.progress_timeout_s)
+            log.warning("closing %s: timed out (%s; progress timeout %.3g s)", peer, e, cfg.progress_timeout_s)
         except ConnectionError as e:
             log.debug("connection from %s ended: %s", peer, e)
         except OSError as e:
@@ -147,53 +162,45 @@ class TcpServer:
     def _try_refuse(self, sock: socket.socket, status: P.Status, request_id: int, reason: str) -> None:
         body = reason.encode("utf-8", "replace")[:P.MAX_REASON_BYTES]
         try:
-            send_all(sock, P.encode_response(status, request_id, len(body)) + body, None, 1.0)
+            Channel(sock, 1.0).send(P.encode_response(status, request_id, len(body)) + body)
         except OSError:
             pass
 
-    def _checkout(self, req: P.RequestHeader, write: bool) -> memoryview:
+    def _checkout(self, rid: int, region: int, offset: int, length: int, write: bool) -> memoryview:
         try:
-            desc = self.regions.descriptor(req.region_id)
+            return self.regions.checkout(region, offset, length, write=write)
         except RegionError as e:
-            raise _Refused(P.Status.NO_REGION, f"request {req.request_id}: {e}") from None
-        if req.offset + req.length > desc.length_bytes:
-            raise _Refused(P.Status.OUT_OF_RANGE,
-                           f"request {req.request_id}: range [{req.offset}, {req.offset + req.length}) lies outside "
-                           f"region {req.region_id} of {desc.length_bytes} bytes")
-        if write and not desc.writable:
-            raise _Refused(P.Status.READ_ONLY, f"request {req.request_id}: region {req.region_id} is read-only")
-        try:
-            return self.regions.checkout(req.region_id, req.offset, req.length, write=write)
-        except RegionError as e:  # unregistered in between
-            raise _Refused(P.Status.NO_REGION, f"request {req.request_id}: {e}") from None
+            raise _Refused(_REGION_STATUS.get(e.code, P.Status.NO_REGION), f"request {rid}: {e}", rid) from None
 
-    def _handle(self, sock: socket.socket, req: P.RequestHeader) -> None:
-        cfg = self.config
-        op = req.opcode
-        if op is P.Opcode.READ:
-            view = self._checkout(req, write=False)
-            try:
-                send_all(sock, P.encode_response(P.Status.OK, req.request_id, req.length), view,
-                         cfg.progress_timeout_s)
-            finally:
-                view.release()
-                self.regions.release(req.region_id)
-            self.stats.bytes_read += req.length
-        elif op is P.Opcode.WRITE:
-            view = self._checkout(req, write=True)
-            try:
-                recv_exact_into(sock, view, cfg.progress_timeout_s)
-            finally:
-                view.release()
-                self.regions.release(req.region_id)
-            self.stats.bytes_written += req.length
-            send_all(sock, P.encode_response(P.Status.OK, req.request_id, 0), None, cfg.progress_timeout_s)
-        elif op is P.Opcode.LIST:
+    def _read(self, ch: Channel, rid: int, region: int, offset: int, length: int) -> None:
+        view = self._checkout(rid, region, offset, length, False)
+        try:
+            ch.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, length), view)
+        finally:
+            view.release()
+            self.regions.release(region)
+        self.stats.bytes_read += length
+
+    def _write(self, ch: Channel, rid: int, region: int, offset: int, length: int) -> None:
+        view = self._checkout(rid, region, offset, length, True)
+        try:
+            ch.recv_into(view)
+        finally:
+            view.release()
+            self.regions.release(region)
+        self.stats.bytes_written += length
+        ch.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, 0))
+
+    def _control(self, ch: Channel, req: P.RequestHeader) -> None:
+        if req.opcode is P.Opcode.LIST:
             body = P.encode_regions(self.regions.describe())
-            send_all(sock, P.encode_response(P.Status.OK, req.request_id, len(body)) + body, None,
-                     cfg.progress_timeout_s)
-        else:  # PING
-            send_all(sock, P.encode_response(P.Status.OK, req.request_id, 0), None, cfg.progress_timeout_s)
+            ch.send(P.encode_response(P.Status.OK, req.request_id, len(body)) + body)
+        elif req.opcode is P.Opcode.PING:
+            ch.send(P.encode_response(P.Status.OK, req.request_id, 0))
+        elif req.opcode is P.Opcode.READ:
+            self._read(ch, req.request_id, req.region_id, req.offset, req.length)
+        else:
+            self._write(ch, req.request_id, req.region_id, req.offset, req.length)
 
     def connections(self) -> int:
         with self._lock:
