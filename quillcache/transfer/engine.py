@@ -74,6 +74,7 @@ class TransferEngine:
         self.backend: Backend = BACKENDS.create(backend, **backend_options)  # type: ignore[assignment]
         self.backend_name = backend
         self.address = self.backend.start(self.regions)
+        self._transfer_one = getattr(self.backend, "transfer_one", None)
         self._segments: dict[int, SegmentInfo] = {}
         self._segment_ids = itertools.count(1)
         self._io = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="qc-transfer-io")
@@ -259,9 +260,40 @@ class TransferEngine:
 
     def _one(self, op: Op, local: RegionDescriptor | int, local_offset_bytes: int, segment: SegmentInfo | int,
              remote_region: int, remote_offset_bytes: int, length_bytes: int, timeout_s: float | None) -> None:
-        req = TransferRequest(op, local.region_id if isinstance(local, RegionDescriptor) else local,
-                              local_offset_bytes, segment.segment_id if isinstance(segment, SegmentInfo) else segment,
-                              remote_region, remote_offset_bytes, length_bytes)
+        local_id = local.region_id if type(local) is RegionDescriptor else local
+        segment_id = segment.segment_id if type(segment) is SegmentInfo else segment
+        one = self._transfer_one
+        if one is not None:  # the backend's lean path: no batch, no status objects
+            if self._closed:
+                raise TransferError("the transfer engine is closed")
+            if not (type(local_id) is int and type(segment_id) is int and type(remote_region) is int
+                    and type(local_offset_bytes) is int and type(remote_offset_bytes) is int
+                    and type(length_bytes) is int and local_offset_bytes >= 0 and remote_offset_bytes >= 0
+                    and length_bytes >= 1):
+                self._validate(TransferRequest(op, local_id, local_offset_bytes, segment_id, remote_region,
+                                               remote_offset_bytes, length_bytes))  # raises, naming the field
+            if timeout_s is None:
+                timeout_s = self.default_timeout_s
+            elif not (type(timeout_s) is float and 0.0 < timeout_s < math.inf):
+                timeout_s = check_float("timeout_s", timeout_s, 0, lo_open=True)
+            deadline = time.monotonic() + timeout_s
+            seg = self._segments.get(segment_id)
+            if seg is None:
+                raise RegionError(f"segment {segment_id} is not open")
+            remote = seg.region(remote_region)
+            if remote_offset_bytes + length_bytes > remote.length_bytes:
+                raise RegionError(f"remote range [{remote_offset_bytes}, {remote_offset_bytes + length_bytes}) lies "
+                                  f"outside region {remote_region} of {remote.length_bytes} bytes at {seg.address}")
+            if op is Op.WRITE and not remote.writable:
+                raise RegionError(f"remote region {remote_region} at {seg.address} is read-only")
+            view = self.regions.checkout(local_id, local_offset_bytes, length_bytes, write=op is Op.READ)
+            try:
+                one(seg.address, op, view, remote_region, remote_offset_bytes, length_bytes, deadline)
+            finally:
+                self.regions.release(local_id)
+            return
+        req = TransferRequest(op, local_id, local_offset_bytes, segment_id, remote_region, remote_offset_bytes,
+                              length_bytes)
         (st,) = self.transfer_sync([req], timeout_s=timeout_s)
         if st.outcome is not Outcome.COMPLETED:
             raise TransferError(f"{op.name} of {length_bytes} bytes {st.outcome.value}: {st.reason}")
@@ -269,7 +301,8 @@ class TransferEngine:
     def read(self, local: RegionDescriptor | int, local_offset_bytes: int, segment: SegmentInfo | int,
              remote_region: int, remote_offset_bytes: int, length_bytes: int, *, timeout_s: float | None = None
              ) -> None:
-        """Synchronous READ of one range; raises ``TransferError`` with the reason unless it COMPLETED."""
+        """Synchronous READ of one range on the calling thread; raises ``TransferError`` (or
+        ``TransferTimeoutError``, ``RegionError``) with the reason unless every byte landed."""
         self._one(Op.READ, local, local_offset_bytes, segment, remote_region, remote_offset_bytes, length_bytes,
                   timeout_s)
 

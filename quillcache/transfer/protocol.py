@@ -119,9 +119,9 @@ class ResponseHeader:
 
 def encode_request(opcode: Opcode, request_id: int, region_id: int, offset: int, length: int, flags: int = 0) -> bytes:
     """Pack a request header; fields out of their widths raise ``ProtocolError`` (never ``struct.error``)."""
-    if not (0 <= request_id <= U64_MAX and 0 <= region_id <= U32_MAX and 0 <= offset <= U64_MAX
-            and 0 <= length <= U64_MAX and 0 <= flags <= 0xFFFF):
-        raise ProtocolError(f"request fields out of range: id={request_id} region={region_id} "
+    if not (0 <= int(opcode) <= 0xFF and 0 <= request_id <= U64_MAX and 0 <= region_id <= U32_MAX
+            and 0 <= offset <= U64_MAX and 0 <= length <= U64_MAX and 0 <= flags <= 0xFFFF):
+        raise ProtocolError(f"request fields out of range: opcode={int(opcode)} id={request_id} region={region_id} "
                             f"offset={offset} length={length} flags={flags}")
     return REQUEST.pack(REQUEST_MAGIC, PROTOCOL_VERSION, int(opcode), flags, request_id, region_id, 0, offset, length)
 

@@ -69,7 +69,7 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 
 from quillcache.transfer import protocol as P
-from quillcache.transfer.backends.sockets import TcpConfig, recv_exact, send_all
+from quillcache.transfer.backends.sockets import TcpConfig
 from quillcache.transfer.backends.tcp import _secret_bytes
 from quillcache.transfer.backends.tcp_client import TcpClient, parse_address
 from quillcache.transfer.backends.tcp_server import TcpServer
@@ -135,6 +135,7 @@ _WC_STATUS = (
     "TM_RNDV_INCOMPLETE",
 )
 WC_SUCCESS, WC_WR_FLUSH_ERR = 0, 5
+_CTRL_IDLE_S = 365 * 86400.0  # a control connection waits this long for a refresh (keepalive finds dead hosts)
 
 
 # ---- finding pyverbs and a device -------------------------------------------------------------------------------
@@ -638,13 +639,13 @@ class RdmaBackend:
                            config=self.rdma_config))  # type: ignore[attr-defined]
 
     def _send_info(self, sock: socket.socket, info: QpInfo, deadline: float | None) -> None:
-        send_all(sock, encode_qp_info(info), None, self.config.progress_timeout_s, deadline)
+        send_all(sock, encode_qp_info(info), self.config.progress_timeout_s, deadline)
 
     def _recv_info(self, sock: socket.socket, deadline: float | None, first_s: float | None = None) -> QpInfo:
         cfg = self.config
-        head = bytes(recv_exact(sock, HEADER.size, cfg.progress_timeout_s, deadline, first_s))
+        head = recv_exact(sock, HEADER.size, cfg.progress_timeout_s, deadline, first_s)
         count = read_region_count(head, self.rdma_config.max_regions)
-        body = bytes(recv_exact(sock, count * REGION.size, cfg.progress_timeout_s, deadline)) if count else b""
+        body = recv_exact(sock, count * REGION.size, cfg.progress_timeout_s, deadline) if count else b""
         return decode_qp_info(head + body, self.rdma_config.max_regions)
 
     # serving side
@@ -675,14 +676,16 @@ class RdmaBackend:
         first: QpInfo | None = None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             nonce = P.new_nonce()
-            send_all(sock, P.encode_hello(nonce), None, cfg.auth_timeout_s)
+            send_all(sock, P.encode_hello(nonce), cfg.auth_timeout_s)
             proof = recv_exact(sock, P.PROOF.size, cfg.auth_timeout_s, first_s=cfg.auth_timeout_s)
-            client_nonce = P.decode_proof(bytes(proof), self.secret, nonce)
-            send_all(sock, P.encode_accept(P.server_proof(self.secret, nonce, client_nonce)), None, cfg.auth_timeout_s)
+            client_nonce = P.decode_proof(proof, self.secret, nonce)
+            send_all(sock, P.encode_accept(P.server_proof(self.secret, nonce, client_nonce)), cfg.auth_timeout_s)
             psn = secrets.randbits(24)
             while True:
-                theirs = self._recv_info(sock, None, first_s=cfg.server_idle_timeout_s)
+                # no idle timeout: RDMA traffic never touches this connection, and closing it kills the QP
+                theirs = self._recv_info(sock, None, first_s=_CTRL_IDLE_S)
                 if first is None:
                     first = theirs
                     qp = self._new_qp(self._server_cq)
@@ -729,17 +732,18 @@ class RdmaBackend:
         sock = socket.create_connection((host, ctrl), timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             hs_deadline = min(deadline, time.monotonic() + cfg.auth_timeout_s + cfg.connect_timeout_s)
-            server_nonce = P.decode_hello(bytes(recv_exact(sock, P.HELLO.size, cfg.progress_timeout_s, hs_deadline)))
+            server_nonce = P.decode_hello(recv_exact(sock, P.HELLO.size, cfg.progress_timeout_s, hs_deadline))
             client_nonce = P.new_nonce()
             send_all(sock, P.encode_proof(client_nonce, P.client_proof(self.secret, server_nonce, client_nonce)),
-                     None, cfg.progress_timeout_s, hs_deadline)
+                     cfg.progress_timeout_s, hs_deadline)
             try:
                 accept = recv_exact(sock, P.ACCEPT.size, cfg.progress_timeout_s, hs_deadline)
             except ConnectionError:
                 raise AuthenticationError(f"{peer.address} closed the control connection during authentication "
                                           "(wrong shared secret?)") from None
-            P.decode_accept(bytes(accept), self.secret, server_nonce, client_nonce)
+            P.decode_accept(accept, self.secret, server_nonce, client_nonce)
             peer.sock = sock
             peer.cq = self._v.cq.CQ(self._ctx, self.rdma_config.cq_entries)
             peer.qp = self._new_qp(peer.cq)
@@ -782,13 +786,16 @@ class RdmaBackend:
         peer = self._peer(address)
         with peer.lock:
             try:
+                if peer.qp is not None and not _alive(peer.sock):
+                    self._drop(peer)  # the peer restarted or dropped us: its QP is gone
                 if peer.qp is None:
                     self._connect(peer, deadline)
                 else:
                     self._refresh(peer, deadline)
             except (ProtocolError, AuthenticationError):
+                self._drop(peer)
                 raise
-            except (OSError, EOFError) as err:
+            except OSError as err:
                 self._drop(peer)
                 raise TransferError(f"cannot reach the RDMA control port of {address}: {err}") from err
             except Exception as err:
@@ -817,6 +824,9 @@ class RdmaBackend:
             return
         deadline = max(it.deadline_s for it in live)
         try:
+            if peer.qp is not None and not _alive(peer.sock):
+                log.info("the control connection to %s closed; reconnecting its queue pair", peer.address)
+                self._drop(peer)
             if peer.qp is None:
                 self._connect(peer, deadline)
             else:
@@ -957,6 +967,49 @@ class RdmaBackend:
                 it.finish(Outcome.TIMEOUT if it.deadline_s <= now else Outcome.FAILED,
                           f"{why} ({peer.address}); the queue pair was reset")
         pending.clear()
+
+
+def _alive(sock: socket.socket | None) -> bool:
+    """A non-blocking peek at a control socket: False when the peer closed it (or it broke)."""
+    if sock is None:
+        return False
+    try:
+        sock.settimeout(0.0)
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    return False  # EOF, or bytes nobody asked for: the connection is out of step
+
+
+def recv_exact(sock: socket.socket, n: int, progress_s: float, deadline: float | None = None,
+               first_s: float | None = None) -> bytes:
+    """``n`` bytes from a control socket; each wait bounded by ``progress_s`` (``first_s`` for the first
+    byte) and by ``deadline``; ``socket.timeout`` past them, ``ConnectionError`` on EOF mid-way."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        sock.settimeout(_wait(first_s if (got == 0 and first_s is not None) else progress_s, deadline))
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def send_all(sock: socket.socket, data: bytes, progress_s: float, deadline: float | None = None) -> None:
+    sock.settimeout(_wait(progress_s, deadline))
+    sock.sendall(data)  # control records are small
+
+
+def _wait(seconds: float, deadline: float | None) -> float:
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("deadline passed")
+        seconds = min(seconds, left)
+    return seconds
 
 
 def _close_quietly(obj: object) -> None:

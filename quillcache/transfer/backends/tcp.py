@@ -40,6 +40,7 @@ class TcpBackend:
         self.host, self.port, self.serve = host, port, serve
         self.server: TcpServer | None = None
         self.client = TcpClient(self.secret, self.config)
+        self.transfer_one = self.client.transfer_one  # the engine's lean synchronous path
 
     def start(self, regions: RegionTable) -> str:
         if not self.serve:

@@ -41,6 +41,7 @@ from quillcache.transfer.types import (
     ProtocolError,
     RemoteRegion,
     TransferError,
+    TransferTimeoutError,
 )
 
 __all__ = ["ClientStats", "TcpClient", "parse_address"]
@@ -87,6 +88,10 @@ class _Pool:
         self.cond = threading.Condition(self.lock)  # waited on only when every connection is busy
         self.waiting = 0
         self.ever_connected = False
+
+
+class _Refusal(Exception):
+    """The peer answered a request with a non-OK status (and closes the connection)."""
 
 
 class _Broken(Exception):
@@ -261,6 +266,66 @@ class TcpClient:
                 pass  # in-flight requests are finished or requeued; the rest go on a fresh connection
             finally:
                 self._checkin(conn, healthy)
+
+    def transfer_one(self, address: str, op: Op, view: memoryview, region: int, offset: int, length: int,
+                     deadline: float) -> None:
+        """One synchronous request on the calling thread, with no batch bookkeeping (the engine's ``read``
+        and ``write``). Same protocol, checks, retry and deadline rules as ``execute``; raises
+        ``TransferTimeoutError`` or ``TransferError`` with the reason instead of reporting an outcome."""
+        is_read = op is Op.READ
+        for attempt in (0, 1):
+            try:
+                conn = self._checkout(address, deadline)
+            except socket.timeout as e:
+                raise TransferTimeoutError(f"could not reach {address} before the deadline: {e}") from None
+            except OSError as e:
+                raise TransferError(f"cannot connect to {address}: {e}") from None
+            ok = False
+            try:
+                ch, hview = conn.ch, conn.hview
+                rid = next(_REQUEST_IDS)
+                try:
+                    head = P.REQUEST.pack(P.REQUEST_MAGIC, P.PROTOCOL_VERSION, int(op), 0, rid, region, 0, offset,
+                                          length)
+                except struct.error as e:
+                    raise TransferError(f"request fields do not fit the header: {e}") from None
+                ch.send(head, None if is_read else view, deadline)
+                if is_read:
+                    got = ch.recv_two(hview, view, deadline)
+                else:
+                    got = 0
+                    ch.recv_into(hview, deadline)
+                magic, ver, status, reserved, resp_id, resp_len = P.RESPONSE.unpack(conn.hbuf)
+                if magic != P.RESPONSE_MAGIC or ver != P.PROTOCOL_VERSION or reserved or status:
+                    resp = P.decode_response(conn.hbuf)  # ProtocolError naming a bad field, or a refusal
+                    reason = bytes(view[:min(got, resp.length)]) if got else b""
+                    if len(reason) < resp.length:
+                        reason += bytes(ch.recv(resp.length - len(reason), deadline))
+                    raise _Refusal(f"peer refused ({resp.status.name}): {reason.decode('utf-8', 'replace')}")
+                expect = length if is_read else 0
+                if resp_id != rid or resp_len != expect:
+                    raise ProtocolError(f"answer to request {resp_id} with {resp_len} bytes while waiting for "
+                                        f"{rid} with {expect}")
+                if got < expect:
+                    ch.recv_into(view[got:], deadline)
+                conn.answered += 1
+                ok = True
+                return
+            except socket.timeout:
+                why = "deadline passed" if deadline <= time.monotonic() else \
+                    f"no progress for {self.config.progress_timeout_s} s on the connection"
+                raise TransferTimeoutError(f"{op.name} of {length} bytes timed out: {why} ({address})") from None
+            except _Refusal as e:
+                raise TransferError(str(e)) from None
+            except ProtocolError as e:
+                raise TransferError(f"connection to {address} failed: {e}") from None
+            except OSError as e:
+                if attempt == 0 and deadline > time.monotonic():
+                    self.stats.retries += 1
+                    continue  # a connection that broke under us: once more on a fresh one
+                raise TransferError(f"connection to {address} failed: {e or type(e).__name__}") from None
+            finally:
+                self._checkin(conn, ok)
 
     def _pipeline(self, conn: _Conn, queue: deque[Item]) -> None:
         """Run ``queue`` on ``conn``; on a broken connection, requeue (or fail) what was in flight and return."""

@@ -1,0 +1,322 @@
+"""Transfer study: QuillCache's TCP transfer engine vs a raw socket pair and Mooncake's Transfer Engine.
+
+Two processes over loopback, same run. For blocks of 64 KiB, 2 MiB and 32 MiB, batches of 1, 16
+and 128 (the quick profile leaves out 128), READ and WRITE:
+
+- ``raw socket pair`` (the ceiling): ``experiments.transfer_raw``, one connection, every header of a
+  batch sent at once, data ``sendall`` from / ``recv_into`` a pre-touched buffer.
+- ``quillcache tcp``: ``TransferEngine("tcp")`` in this process against a
+  ``quillcache.transfer.peer`` child process (authenticated, pipelined, range-checked); each batch
+  through ``run_sync`` (first lane on the calling thread).
+- ``Mooncake TE tcp``: the ``mooncake-transfer-engine`` wheel from PyPI in its own virtualenv
+  (``experiments.transfer_mooncake``, recipe in REFERENCE §4); when it cannot run, the results say
+  exactly why (``mooncake_available`` = 0 and the reason).
+
+Requests of a batch go to consecutive block slots of a region of ``region_bytes`` (wrapping when
+the batch is larger). Per cell and repetition a subject moves at least ``cell_bytes``; raw and
+quillcache alternate within each repetition, Mooncake runs its repetitions right after. Reported:
+throughput (GB/s = 1e9 B/s, median over repetitions, p10/p90), per-request latency p50/p99 (µs,
+submit to that request's completion, pooled over the cell's calls; Mooncake reports per batch call
+— its Python API has no per-request completion time — so its latency rows say ``batch``), and CPU
+seconds per GB moved (user+system of both processes). Acceptance (issue 13): 2 and 32 MiB READ in
+batches of 16 ≥ 0.8× raw; every cell ≥ 2× Mooncake; 64 KiB READ p50 ≤ 2× the raw round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments.microbench import bench_main
+from experiments.transfer_raw import READ, WRITE, RawClient, RawPeer
+from quillcache.results import SummaryRow, spread, write_raw, write_summary
+from quillcache.results.writer import results_dir
+from quillcache.transfer import Op, Outcome, TransferEngine, TransferRequest
+from quillcache.transfer.peer import PeerProcess
+
+NAME = "transfer"
+GB = 1e9
+SIZES = (64 << 10, 2 << 20, 32 << 20)
+FULL = dict(reps=5, cell_bytes=1 << 30, region_bytes=512 << 20, batches=(1, 16, 128), max_calls=4000)
+QUICK = dict(reps=3, cell_bytes=64 << 20, region_bytes=128 << 20, batches=(1, 16), max_calls=300)
+RAW, OURS, MOONCAKE = "raw socket pair", "quillcache tcp", "Mooncake TE tcp"
+SECRET = "transfer-study-shared-secret-0001"
+OPS = {"read": (Op.READ, READ), "write": (Op.WRITE, WRITE)}
+
+
+def _label(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _offsets(size: int, batch: int, region_bytes: int) -> list[int]:
+    slots = max(1, region_bytes // size)
+    return [(i % slots) * size for i in range(batch)]
+
+
+def _calls(size: int, batch: int, cfg: dict) -> int:
+    return max(3, min(cfg["max_calls"], math.ceil(cfg["cell_bytes"] / (size * batch))))
+
+
+def _ours_cell(engine: TransferEngine, peer: PeerProcess, local, seg, op: Op, size: int, batch: int,
+               calls: int, region_bytes: int) -> tuple[float, list[float], float]:
+    offs = _offsets(size, batch, region_bytes)
+    reqs = [TransferRequest(op, local.region_id, off, seg.segment_id, peer.region_id, off, size) for off in offs]
+    lat: list[float] = []
+    pc = time.perf_counter
+    before_srv = sum(peer.ask("rusage").values())
+    before = _cpu_s()
+    t0 = pc()
+    if batch == 1:  # the synchronous one-block call (engine.read / engine.write), timed whole like the raw pair
+        call = engine.read if op is Op.READ else engine.write
+        rid, sid, prid, off = local.region_id, seg.segment_id, peer.region_id, offs[0]
+        for _ in range(calls):
+            t = pc()
+            call(rid, off, sid, prid, off, size, timeout_s=120.0)
+            lat.append(pc() - t)
+    for _ in range(calls if batch > 1 else 0):
+        b = engine.run_sync(reqs, timeout_s=120.0)
+        lat.extend(b.latencies_s())
+        bad = [s for s in b.statuses() if s.outcome is not Outcome.COMPLETED]
+        if bad:
+            raise RuntimeError(f"quillcache tcp {op.name} {size}x{batch}: {bad[0]}")
+    wall = pc() - t0
+    cpu = _cpu_s() - before + sum(peer.ask("rusage").values()) - before_srv
+    return wall, lat, cpu
+
+
+def _raw_cell(client: RawClient, local: memoryview, op: int, size: int, batch: int, calls: int,
+              region_bytes: int) -> tuple[float, list[float], float]:
+    offs = _offsets(size, batch, region_bytes)
+    lat: list[float] = []
+    before_srv = sum(client.rusage())
+    before = _cpu_s()
+    pc = time.perf_counter
+    t0 = pc()
+    for _ in range(calls):
+        lat.extend(client.batch(op, local, offs, size))
+    wall = pc() - t0
+    cpu = _cpu_s() - before + sum(client.rusage()) - before_srv
+    return wall, lat, cpu
+
+
+def _mooncake(cfg: dict, size: int, batch: int, op: str, placement: str) -> dict:
+    from experiments import transfer_mooncake as mk
+
+    workdir = mk.default_workdir()
+    avail = mk.prepare(workdir)
+    if not avail.ok:
+        return {"reason": avail.reason}
+    client_cpus, server_cpus = PLACEMENTS[placement]
+    return mk.run_mooncake(block_bytes=size, batch=batch, op=op, repeats=cfg["reps"], workdir=workdir,
+                           timeout_s=900, bytes_per_repeat=cfg["cell_bytes"], max_calls_per_repeat=cfg["max_calls"],
+                           max_buffer_bytes=cfg["region_bytes"], client_cpus=_cpulist(client_cpus),
+                           server_cpus=_cpulist(server_cpus))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else math.nan
+
+
+def _cpulist(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def pin_process(pid: int, cpus: frozenset[int]) -> None:
+    """Pin every thread of process ``pid`` (threads it starts later inherit the set)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass
+
+
+def _placements() -> dict[str, frozenset[int]]:
+    """The placements this machine can run: cross-core needs two CPUs."""
+    have = sorted(os.sched_getaffinity(0))
+    out = {"same_core": (frozenset(have[:1]), frozenset(have[:1]))}
+    if len(have) >= 2:
+        out["cross_core"] = (frozenset(have[:1]), frozenset(have[1:2]))
+    return out
+
+
+PLACEMENTS = _placements()
+
+
+def _cells(cfg: dict) -> list[tuple[str, str, int, int]]:
+    """(placement, op, block bytes, batch): every cell cross-core; the 64 KiB single request also same-core."""
+    main = "cross_core" if "cross_core" in PLACEMENTS else "same_core"
+    cells = [(main, op, size, batch) for op in OPS for size in SIZES for batch in cfg["batches"]]
+    if main != "same_core":
+        cells += [("same_core", op, SIZES[0], 1) for op in OPS]
+    return cells
+
+
+def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool = True) -> list[SummaryRow]:
+    cfg = QUICK if quick else FULL
+    t_start = time.monotonic()
+    region_bytes = cfg["region_bytes"]
+    rows: list[SummaryRow] = []
+    raw_rows: list[tuple] = []
+    table: list[tuple] = []
+    mk_status: dict[str, str] = {}
+    my_cpus = os.sched_getaffinity(0)
+    local_np = np.empty(region_bytes, dtype=np.uint8)
+    local_np[::4096] = 1  # pre-touched, like the peers' regions
+    local_view = memoryview(local_np)
+    placement_now = None
+    try:
+        with PeerProcess(region_bytes, secret=SECRET, timeout_s=60) as peer, RawPeer(region_bytes) as raw_peer:
+            for placement, op_name, size, batch in _cells(cfg):
+                if placement != placement_now:  # a fresh engine and raw connection per placement, made pinned
+                    if placement_now is not None:
+                        raw.close()
+                        engine.close()
+                    client_cpus, server_cpus = PLACEMENTS[placement]
+                    os.sched_setaffinity(0, client_cpus)
+                    pin_process(peer.pid, server_cpus)
+                    pin_process(raw_peer.proc.pid, server_cpus)
+                    engine = TransferEngine("tcp", secret=SECRET)
+                    raw = RawClient(raw_peer.port)
+                    local = engine.register_region(local_np, name="study")
+                    seg = engine.open_segment(peer.address)
+                    placement_now = placement
+                op, raw_op = OPS[op_name]
+                calls = _calls(size, batch, cfg)
+                moved = calls * batch * size
+                # warm-up (untimed): connections, code paths, pages
+                _ours_cell(engine, peer, local, seg, op, size, batch, 2, region_bytes)
+                _raw_cell(raw, local_view, raw_op, size, batch, 2, region_bytes)
+                res: dict[str, dict] = {s: {"gbps": [], "lat": [], "cpu": []} for s in (RAW, OURS)}
+                for rep in range(cfg["reps"]):
+                    for subject in ((RAW, OURS) if rep % 2 == 0 else (OURS, RAW)):
+                        if subject == RAW:
+                            wall, lat, cpu = _raw_cell(raw, local_view, raw_op, size, batch, calls, region_bytes)
+                        else:
+                            wall, lat, cpu = _ours_cell(engine, peer, local, seg, op, size, batch, calls,
+                                                        region_bytes)
+                        r = res[subject]
+                        r["gbps"].append(moved / wall / GB)
+                        r["lat"].extend(lat)
+                        r["cpu"].append(cpu / (moved / GB))
+                        raw_rows.append((placement, op_name, size, batch, subject, rep, calls, moved, f"{wall:.6f}",
+                                         f"{cpu:.4f}"))
+                mk = (_mooncake(cfg, size, batch, op_name, placement) if mooncake
+                      else {"reason": "not run (mooncake=False)"})
+                if mk.get("reason"):
+                    mk_status[f"{placement}/{op_name}/{size}/{batch}"] = mk["reason"]
+                else:
+                    res[MOONCAKE] = {"gbps": mk["gbps"], "lat": mk["latency_s"], "cpu": mk["cpu_s_per_gb"],
+                                     "unit": mk.get("latency_unit", "batch")}
+                    for rep, g in enumerate(mk["gbps"]):
+                        raw_rows.append((placement, op_name, size, batch, MOONCAKE, rep, mk.get("calls_per_repeat", ""),
+                                         "", "", ""))
+                rows += _cell_rows(placement, op_name, size, batch, calls, moved, res)
+                table.append((placement, op_name, size, batch,
+                              {s: spread(v["gbps"])["median"] for s, v in res.items()},
+                              {s: _pct(v["lat"], 50) * 1e6 for s, v in res.items()}))
+            raw.close()
+            engine.close()
+    finally:
+        os.sched_setaffinity(0, my_cpus)
+    avail_reason = "; ".join(sorted(set(mk_status.values())))
+    rows.append(SummaryRow(metric="mooncake_available", subject=MOONCAKE, value=float(not mk_status), unit="bool",
+                           notes=(f"not measured: {avail_reason}" if mk_status else
+                                  "mooncake-transfer-engine from PyPI, TCP transport, two processes")))
+    write_summary(NAME, rows, results_root, profile="quick" if quick else "full", started_at=t_start)
+    write_raw(NAME, "raw.csv", ("placement", "op", "block_bytes", "batch", "subject", "rep", "calls", "bytes",
+                                "seconds", "cpu_s"), raw_rows, results_root)
+    (results_dir(NAME, results_root) / "mooncake_status.json").write_text(json.dumps(mk_status, indent=1) + "\n")
+    print(f"{'placement':<10} {'op':<5} {'block':>7} {'batch':>5} "
+          + " ".join(f"{s[:14]:>15}" for s in (RAW, OURS, MOONCAKE)) + "   p50 us raw/ours/mooncake")
+    for placement, op_name, size, batch, gb, p50 in table:
+        print(f"{placement:<10} {op_name:<5} {_label(size):>7} {batch:>5} "
+              + " ".join(f"{gb.get(s, math.nan):15.2f}" for s in (RAW, OURS, MOONCAKE))
+              + f"   {p50.get(RAW, math.nan):.0f}/{p50.get(OURS, math.nan):.0f}/{p50.get(MOONCAKE, math.nan):.0f}")
+    return rows
+
+
+def _cell_rows(placement: str, op: str, size: int, batch: int, calls: int, moved: int, res: dict
+               ) -> list[SummaryRow]:
+    batch_latency = batch > 1
+    params = {"placement": placement, "op": op, "block_bytes": size, "batch": batch}
+    out: list[SummaryRow] = []
+    raw_gb = spread(res[RAW]["gbps"])
+    raw_lat = res[RAW]["lat"]
+    raw_cpu = spread(res[RAW]["cpu"])
+    notes = f"{calls} calls x {batch} requests x {_label(size)} per repetition ({moved / GB:.2f} GB)"
+    for subject, r in res.items():
+        base = {} if subject == RAW else {"baseline": RAW}
+        gb = spread(r["gbps"])
+        out.append(SummaryRow.from_spread(gb, metric="throughput", subject=subject, unit="GB/s", n=len(r["gbps"]),
+                                          baseline_value=raw_gb["median"] if base else math.nan, notes=notes,
+                                          params=params, **base))
+        lat_unit = r.get("unit", "request")
+        for q in (50, 99):
+            out.append(SummaryRow(metric=f"latency_p{q}", subject=subject, value=_pct(r["lat"], q) * 1e6, unit="us",
+                                  n=len(r["lat"]), baseline_value=_pct(raw_lat, q) * 1e6 if base else math.nan,
+                                  notes=f"per {lat_unit}" + ("; submit to completion within a batch"
+                                                             if batch_latency and lat_unit == "request" else ""),
+                                  params=params, **base))
+        cpu = spread(r["cpu"])
+        out.append(SummaryRow.from_spread(cpu, metric="cpu_s_per_gb", subject=subject, unit="s/GB", n=len(r["cpu"]),
+                                          baseline_value=raw_cpu["median"] if base else math.nan,
+                                          notes="user+system CPU of both processes per GB moved", params=params,
+                                          **base))
+    if MOONCAKE in res:
+        ours, mk = spread(res[OURS]["gbps"])["median"], spread(res[MOONCAKE]["gbps"])["median"]
+        out.append(SummaryRow(metric="speedup_over_mooncake", subject=OURS, value=ours / mk, unit="x",
+                              n=len(res[OURS]["gbps"]), notes=f"median throughput {ours:.3f} vs {mk:.3f} GB/s",
+                              params=params))
+    return out
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """``transfer.png``: GB/s per block size and batch, READ and WRITE side by side, all subjects."""
+    from experiments.plotstyle import BASELINE as BASE_COLOUR
+    from experiments.plotstyle import OURS as OURS_COLOUR
+    from experiments.plotstyle import PALETTE, figure, legend, save, style_axes
+    from quillcache.results import read_summary
+
+    df = read_summary(NAME, results_root)
+    main = "cross_core" if (df["placement"] == "cross_core").any() else "same_core"
+    df = df[(df["metric"] == "throughput") & (df["placement"] == main)]
+    subjects = [(RAW, "raw socket pair (ceiling)", BASE_COLOUR), (OURS, "QuillCache TCP engine", OURS_COLOUR),
+                (MOONCAKE, "Mooncake TE (TCP)", PALETTE[3])]
+    fig, axes = figure(9.0, 3.6, ncols=2, sharey=True)
+    for ax, op in zip(axes, ("read", "write")):
+        part = df[df["op"] == op]
+        cells = sorted({(int(b), int(n)) for b, n in zip(part["block_bytes"], part["batch"])})
+        x = np.arange(len(cells))
+        w = 0.8 / len(subjects)
+        for i, (subject, label, colour) in enumerate(subjects):
+            sub = part[part["subject"] == subject].set_index(["block_bytes", "batch"])
+            vals = [float(sub.loc[c, "value"]) if c in sub.index else np.nan for c in cells]
+            lo = [v - float(sub.loc[c, "p10"]) if c in sub.index else 0 for v, c in zip(vals, cells)]
+            hi = [float(sub.loc[c, "p90"]) - v if c in sub.index else 0 for v, c in zip(vals, cells)]
+            ax.bar(x + (i - 1) * w, vals, w, yerr=np.clip(np.nan_to_num([lo, hi]), 0, None), capsize=2, label=label,
+                   color=colour)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{_label(b)}\nx{n}" for b, n in cells], fontsize=7)
+        style_axes(ax, ylabel="GB/s (median, p10-p90)" if op == "read" else "",
+                   title=f"{op.upper()} over loopback ({main.replace('_', '-')})")
+    legend(axes[0], ncol=3, loc="upper center", bbox_to_anchor=(1.05, -0.2))
+    return save(fig, Path(out_dir) / "transfer.png")
+
+
+def main(argv: list[str] | None = None) -> None:
+    bench_main(run, __doc__, argv)
+
+
+if __name__ == "__main__":
+    main()
