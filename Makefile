@@ -15,7 +15,7 @@ export PYTHONFAULTHANDLER := 1
 PROFILE ?= quick
 
 
-.PHONY: install test bench storage store crash recovery safety hitrate replay experiments figures paper notebook fuzz clean
+.PHONY: install test bench storage store crash recovery safety hitrate replay transfer experiments figures paper notebook fuzz clean
 
 install: $(STAMP)
 
@@ -59,6 +59,11 @@ hitrate: $(XSTAMP)
 
 replay: install
 	$(RUN) replay
+
+# Our TCP engine vs a raw socket pair and Mooncake's Transfer Engine (prepared on first use in its own
+# virtualenv under ~/.cache/quillcache/mooncake: PyPI wheels plus Debian's libibverbs1 when root).
+transfer: install
+	$(RUN) transfer
 
 experiments: $(XSTAMP)
 	$(PY) -m experiments --profile $(PROFILE)

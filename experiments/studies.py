@@ -52,5 +52,7 @@ for _s in (
           make_target="hitrate", needs_extra=True),
     Study(name="replay", module="experiments.replay_study", title="Routers on the trace replay",
           make_target="replay"),
+    Study(name="transfer", module="experiments.transfer_study", title="Transfer engine over TCP",
+          make_target="transfer"),
 ):
     STUDIES.register(_s.name, _s)

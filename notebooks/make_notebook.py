@@ -90,6 +90,12 @@ read_anchors("hitrate", RESULTS)'''),
     ("replay", "Router study: TTFT, goodput and hit rate per routing/policy cell (engine compute is the engine model, a stand-in).",
      '''df = read_summary("replay", RESULTS)
 df.pivot_table(index=["tiers", "subject"], columns="metric", values="value")'''),
+    ("transfer", "Transfer engine: GB/s per op, block size and batch (cross-core), QuillCache's TCP engine against a raw socket pair and Mooncake's Transfer Engine in the same run; then the 64 KiB single-block p50 latency (us) in both placements.",
+     '''df = read_summary("transfer", RESULTS)
+gb = df[(df.metric == "throughput") & (df.placement == "cross_core")]
+display(gb.pivot_table(index=["op", "block_bytes", "batch"], columns="subject", values="value"))
+lat = df[(df.metric == "latency_p50") & (df.block_bytes == 65536) & (df.batch == 1)]
+lat.pivot_table(index=["placement", "op"], columns="subject", values="value")'''),
 ]
 
 
