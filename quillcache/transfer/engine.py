@@ -65,10 +65,10 @@ class TransferEngine:
         io_threads = check_int("io_threads", io_threads, 1, 256)
         self.max_inflight_requests = check_int("max_inflight_requests", max_inflight_requests, 1)
         self.default_timeout_s = check_float("default_timeout_s", default_timeout_s, 0, lo_open=True)
-        if backend == "tcp" and backend_options.get("secret") is None:
+        if backend in ("tcp", "rdma") and backend_options.get("secret") is None:
             env = os.environ.get(SECRET_ENV)
             if not env:
-                raise ValueError(f"the tcp backend needs the cluster's shared secret: pass secret=... or set {SECRET_ENV}")
+                raise ValueError(f"the {backend} backend needs the cluster's shared secret: pass secret=... or set {SECRET_ENV}")
             backend_options["secret"] = env
         self.regions = RegionTable()
         self.backend: Backend = BACKENDS.create(backend, **backend_options)  # type: ignore[assignment]

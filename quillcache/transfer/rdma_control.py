@@ -1,0 +1,125 @@
+"""The RDMA backend's control connection: an authenticated TCP socket that carries QP records.
+
+The ``rdma`` backend exchanges queue-pair information (``rdma_info``) over a SEPARATE small control
+socket of its own (``rdma://HOST:TCP_PORT/CTRL_PORT``: the ``CTRL_PORT`` part), not over a new
+opcode of the TCP transfer protocol. The connection first passes exactly the TCP protocol's HMAC
+challenge-response, with ``protocol``'s helpers: the server sends HELLO (``encode_hello``), the
+client answers PROOF (``client_proof``/``encode_proof``), the server checks it in constant time
+(``decode_proof``) and answers ACCEPT (``server_proof``/``encode_accept``), which the client checks
+(``decode_accept``). Both sides prove the cluster's secret; neither sends it. Then the client sends
+its QP record and the server answers with its own; a later record on the same connection is a
+refresh.
+
+Invariants:
+- Every read is bounded: a record's header is validated (``read_region_count``) before its region
+  entries are read, so a peer cannot make us read more than ``max_regions`` entries.
+- Every wait is bounded by ``progress_s`` per call (``first_s`` for a first byte) and by the
+  caller's deadline; ``socket.timeout`` past it, ``ConnectionError`` on EOF mid-record.
+- A control connection has no idle timeout on the serving side (``CTRL_IDLE_S``): RDMA traffic never
+  touches it, and closing it destroys the peer's QP. TCP keepalive finds a dead host instead.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from quillcache.transfer import protocol as P
+from quillcache.transfer.rdma_info import HEADER, REGION, QpInfo, decode_qp_info, encode_qp_info, read_region_count
+from quillcache.transfer.types import AuthenticationError
+
+__all__ = ["CTRL_IDLE_S", "accept_peer", "alive", "connect_peer", "recv_exact", "recv_info", "send_all", "send_info"]
+
+CTRL_IDLE_S = 365 * 86400.0
+
+
+def _wait(seconds: float, deadline: float | None) -> float:
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("deadline passed")
+        seconds = min(seconds, left)
+    return seconds
+
+
+def recv_exact(sock: socket.socket, n: int, progress_s: float, deadline: float | None = None,
+               first_s: float | None = None) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        sock.settimeout(_wait(first_s if (got == 0 and first_s is not None) else progress_s, deadline))
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def send_all(sock: socket.socket, data: bytes, progress_s: float, deadline: float | None = None) -> None:
+    sock.settimeout(_wait(progress_s, deadline))
+    sock.sendall(data)  # control records are small
+
+
+def alive(sock: socket.socket | None) -> bool:
+    """A non-blocking peek: False when the peer closed the connection (or it broke, or is out of step)."""
+    if sock is None:
+        return False
+    try:
+        sock.settimeout(0.0)
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
+def accept_peer(sock: socket.socket, secret: bytes, auth_timeout_s: float) -> None:
+    """The serving half of the handshake; ``AuthenticationError``/``ProtocolError``/``OSError`` refuse."""
+    _tune(sock)
+    nonce = P.new_nonce()
+    send_all(sock, P.encode_hello(nonce), auth_timeout_s)
+    proof = recv_exact(sock, P.PROOF.size, auth_timeout_s, first_s=auth_timeout_s)
+    client_nonce = P.decode_proof(proof, secret, nonce)
+    send_all(sock, P.encode_accept(P.server_proof(secret, nonce, client_nonce)), auth_timeout_s)
+
+
+def connect_peer(host: str, port: int, secret: bytes, *, connect_timeout_s: float, auth_timeout_s: float,
+                 progress_s: float, deadline: float) -> socket.socket:
+    """Connect (bounded by ``connect_timeout_s`` and ``deadline``) and authenticate; the caller owns the socket."""
+    timeout = max(0.001, min(connect_timeout_s, deadline - time.monotonic()))
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        _tune(sock)
+        hs_deadline = min(deadline, time.monotonic() + auth_timeout_s + connect_timeout_s)
+        server_nonce = P.decode_hello(recv_exact(sock, P.HELLO.size, progress_s, hs_deadline))
+        client_nonce = P.new_nonce()
+        send_all(sock, P.encode_proof(client_nonce, P.client_proof(secret, server_nonce, client_nonce)),
+                 progress_s, hs_deadline)
+        try:
+            accept = recv_exact(sock, P.ACCEPT.size, progress_s, hs_deadline)
+        except ConnectionError:
+            raise AuthenticationError(f"{host}:{port} closed the control connection during authentication "
+                                      "(wrong shared secret?)") from None
+        P.decode_accept(accept, secret, server_nonce, client_nonce)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def send_info(sock: socket.socket, info: QpInfo, progress_s: float, deadline: float | None) -> None:
+    send_all(sock, encode_qp_info(info), progress_s, deadline)
+
+
+def recv_info(sock: socket.socket, progress_s: float, max_regions: int, deadline: float | None,
+              first_s: float | None = None) -> QpInfo:
+    head = recv_exact(sock, HEADER.size, progress_s, deadline, first_s)
+    count = read_region_count(head, max_regions)
+    body = recv_exact(sock, count * REGION.size, progress_s, deadline) if count else b""
+    return decode_qp_info(head + body, max_regions)
