@@ -1,0 +1,27 @@
+"""A small request/response RPC: one object's whitelisted methods served over TCP (pyzmq + msgpack).
+
+Layers, one per module: ``errors`` (what can go wrong, ``RpcErrorCode``), ``codec`` (msgpack + the registry of
+dataclasses, enums and exceptions that may cross the wire), ``wire`` (the versioned request and reply frames and
+the exception mapping), ``server`` (``RpcServer``: a ROUTER socket, one serving thread), ``client`` (``RpcClient``:
+a DEALER socket, timeouts, leader retries; ``InProcessClient``: the same API without sockets).
+
+pyzmq + msgpack was chosen over grpcio by ``experiments/rpc_choice.py`` (single-key round trips from one client
+and batched keys per second, two processes on loopback).
+
+Usage::
+
+    register_type(ReplicaDescriptor); register_type(ErrorCode); register_error(MasterError)
+    with RpcServer(master, ["put_start", "put_end"]) as server, RpcClient(server.address) as client:
+        replicas = client.put_start(key, size)
+"""
+
+from quillcache.rpc.client import InProcessClient, RpcClient
+from quillcache.rpc.codec import DEFAULT_CODEC, Codec, register_error, register_type
+from quillcache.rpc.errors import (RpcConnectionError, RpcEncodeError, RpcError, RpcErrorCode, RpcProtocolError,
+                                   RpcRejectedError, RpcRemoteError, RpcTimeoutError)
+from quillcache.rpc.server import RpcServer
+from quillcache.rpc.wire import PROTOCOL_VERSION
+
+__all__ = ["Codec", "DEFAULT_CODEC", "InProcessClient", "PROTOCOL_VERSION", "RpcClient", "RpcConnectionError",
+           "RpcEncodeError", "RpcError", "RpcErrorCode", "RpcProtocolError", "RpcRejectedError", "RpcRemoteError",
+           "RpcServer", "RpcTimeoutError", "register_error", "register_type"]

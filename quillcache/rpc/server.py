@@ -1,0 +1,208 @@
+"""``RpcServer``: serve a whitelist of one object's methods over TCP (a ZeroMQ ROUTER socket).
+
+Contract:
+- ``RpcServer(target, methods)`` serves exactly ``methods`` of ``target``: each must be a public (no leading
+  ``_``) callable attribute, checked at construction (``ValueError`` naming the offenders). A request for any other
+  name is refused with ``UNKNOWN_METHOD`` listing the served ones.
+- ``start()`` binds ``tcp://host:port`` (``port=0``: a free port; see ``address`` / ``port``) and starts ONE serving
+  thread that decodes, calls and replies. Calls therefore reach ``target`` one at a time, in arrival order: the
+  target needs no lock for calls that come through one server (in-process callers are its own business).
+  ``close()`` stops the thread and unbinds, so a new server can bind the same port at once; the context manager
+  starts on enter and closes on exit.
+- Every request gets exactly one reply unless no reply is possible: a refused frame (``RpcErrorCode``: bad frame,
+  wrong version, missing field, frame past ``max_frame_bytes``, unknown method, arguments that do not bind) gets an
+  error reply naming the problem; an exception from the method gets an error reply (``wire.error_to_wire``); a
+  result the codec cannot encode gets ``UNENCODABLE_RESULT``. A frame past ``drop_frame_bytes`` is cut by libzmq
+  (``ZMQ_MAXMSGSIZE``: the peer is disconnected, never buffered); a message with no identity frame is dropped with a
+  log line. Nothing a peer sends stops the serving thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+
+import zmq
+
+from quillcache._checks import check_int
+from quillcache.rpc.codec import DEFAULT_CODEC, Codec
+from quillcache.rpc.errors import RpcEncodeError, RpcErrorCode, RpcRejectedError
+from quillcache.rpc.wire import Request, encode_error_reply, encode_ok_reply, parse_request
+
+__all__ = ["DEFAULT_MAX_FRAME_BYTES", "RpcServer"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_FRAME_BYTES = 64 << 20
+
+
+class RpcServer:
+    """Serves ``target``'s whitelisted ``methods``; see the module docstring for the contract."""
+
+    def __init__(self, target: object, methods: list[str], host: str = "127.0.0.1", port: int = 0, *,
+                 codec: Codec | None = None, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 drop_frame_bytes: int | None = None, name: str = "rpc") -> None:
+        if isinstance(methods, str) or not methods:
+            raise ValueError(f"methods must be a non-empty list of method names, got {methods!r}")
+        bad = sorted(m for m in methods if not isinstance(m, str) or not m or m.startswith("_")
+                     or not callable(getattr(target, m, None)))
+        if bad:
+            raise ValueError(f"cannot serve {bad} of {type(target).__name__}: each method must be a public callable "
+                             f"attribute")
+        self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
+        self.drop_frame_bytes = check_int("drop_frame_bytes", 4 * self.max_frame_bytes if drop_frame_bytes is None
+                                          else drop_frame_bytes, self.max_frame_bytes)
+        self.port = check_int("port", port, 0, 65535)
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"host must be a non-empty str, got {host!r}")
+        self.host = host
+        self.name = name
+        self.codec = DEFAULT_CODEC if codec is None else codec
+        self._handlers = {m: getattr(target, m) for m in methods}
+        self._signatures: dict[str, inspect.Signature | None] = {}
+        for m, fn in self._handlers.items():
+            try:
+                self._signatures[m] = inspect.signature(fn)
+            except (TypeError, ValueError):
+                self._signatures[m] = None
+        self._served = sorted(self._handlers)
+        self._ctx: zmq.Context | None = None
+        self._thread: threading.Thread | None = None
+        self._wake: zmq.Socket | None = None
+        self._stop_id = b""
+        self._close_lock = threading.Lock()
+        self.num_requests = 0  # frames received (served, refused or failed)
+        self.num_refused = 0  # frames answered with an RpcErrorCode
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        if self._thread is None:
+            raise RuntimeError("the server is not started; call start() (or use it as a context manager)")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+    def start(self) -> RpcServer:
+        if self._thread is not None:
+            raise RuntimeError(f"server {self.name!r} is already started at {self.address}")
+        ctx = zmq.Context()
+        try:
+            router = ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            router.setsockopt(zmq.MAXMSGSIZE, self.drop_frame_bytes)
+            if ":" in self.host:
+                router.setsockopt(zmq.IPV6, 1)
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            router.bind(f"tcp://{host}:{self.port or '*'}")
+            self.port = int(router.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+            # close() stops the serving thread with a message on an inproc endpoint of the same socket, from a
+            # routing id no TCP peer can guess, so the thread can block in recv with no poller in the hot path.
+            stop_addr = f"inproc://rpc-stop-{id(self)}-{self.port}"
+            router.bind(stop_addr)
+            self._stop_id = b"stop-" + os.urandom(16)
+            self._wake = ctx.socket(zmq.DEALER)
+            self._wake.setsockopt(zmq.LINGER, 0)
+            self._wake.setsockopt(zmq.ROUTING_ID, self._stop_id)
+            self._wake.connect(stop_addr)
+        except BaseException:
+            ctx.destroy(linger=0)
+            raise
+        self._ctx = ctx
+        self._thread = threading.Thread(target=self._serve, args=(router,), daemon=True,
+                                        name=f"{self.name}-server:{self.port}")
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving and unbind (idempotent)."""
+        with self._close_lock:
+            if self._ctx is None:
+                return
+            assert self._wake is not None and self._thread is not None
+            self._wake.send(b"")
+            self._thread.join()
+            self._wake.close()
+            self._ctx.term()
+            self._ctx = None
+
+    def __enter__(self) -> RpcServer:
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.address if self._thread is not None else "not started"
+        return f"RpcServer({self.name!r}, {where}, methods={self._served})"
+
+    # --- serving thread -----------------------------------------------------------------------------
+
+    def _serve(self, router: zmq.Socket) -> None:
+        stop_id = self._stop_id
+        try:
+            while True:
+                frames = router.recv_multipart()
+                if frames[0] == stop_id:
+                    return
+                try:
+                    self._handle(router, frames)
+                except Exception:  # never let one request end the serving thread
+                    log.exception("%s: failed handling a request", self.name)
+        finally:
+            router.close(linger=0)
+
+    def _bind_error(self, req: Request) -> RpcRejectedError | None:
+        """``BAD_ARGUMENTS`` when ``req``'s arguments do not bind to its method (checked only after a TypeError,
+        so the hot path pays nothing); None when they bind, i.e. the TypeError was the method's own."""
+        sig = self._signatures[req.method]
+        if sig is None:
+            return None
+        try:
+            sig.bind(*req.args, **req.kwargs)
+        except TypeError as e:
+            self.num_refused += 1
+            return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS, f"{req.method}: {e}")
+        return None
+
+    def _handle(self, router: zmq.Socket, frames: list) -> None:
+        self.num_requests += 1
+        if len(frames) < 2:
+            log.warning("%s: dropped a message of %d frame(s) with no identity and body", self.name, len(frames))
+            return
+        ident = frames[0]
+        if len(frames) != 2:
+            self.num_refused += 1
+            router.send_multipart([ident, encode_error_reply(self.codec, None, RpcRejectedError(
+                RpcErrorCode.BAD_FRAME, f"a request is one frame, got {len(frames) - 1}"))])
+            return
+        req = None
+        try:
+            req = parse_request(self.codec, frames[1], self.max_frame_bytes)
+            fn = self._handlers.get(req.method)
+            if fn is None:
+                raise RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
+                                       f"method {req.method!r} is not served here; served: {self._served}")
+        except RpcRejectedError as e:
+            self.num_refused += 1
+            log.warning("%s: refused a request: %s", self.name, e)
+            rid = getattr(e, "request_id", None) if req is None else req.request_id
+            router.send_multipart([ident, encode_error_reply(self.codec, rid, e)])
+            return
+        try:
+            value = fn(*req.args, **req.kwargs)
+        except TypeError as e:  # arguments that do not bind, or a TypeError of the method's own
+            reply = encode_error_reply(self.codec, req.request_id, self._bind_error(req) or e)
+        except Exception as e:
+            reply = encode_error_reply(self.codec, req.request_id, e)
+        else:
+            try:
+                reply = encode_ok_reply(self.codec, req.request_id, value)
+            except RpcEncodeError as e:
+                reply = encode_error_reply(self.codec, req.request_id, RpcRejectedError(
+                    RpcErrorCode.UNENCODABLE_RESULT, f"{req.method} returned a value the codec cannot encode: {e}"))
+        router.send_multipart([ident, reply])
