@@ -15,9 +15,13 @@ export PYTHONFAULTHANDLER := 1
 PROFILE ?= quick
 
 
-.PHONY: install test bench storage store crash recovery safety hitrate replay transfer experiments figures paper notebook fuzz clean
+.PHONY: install etcd-server test bench storage store crash recovery safety hitrate replay transfer experiments figures paper notebook fuzz clean
 
-install: $(STAMP)
+install: $(STAMP) etcd-server
+
+# The cluster tests run a real etcd (Debian's etcd-server): installed with apt when root (CI), else they skip saying how.
+etcd-server:
+	@command -v etcd >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; else echo "etcd not found and not root: the etcd tests will be skipped (apt-get install etcd-server)"; fi; }
 
 $(STAMP): setup.py pyproject.toml $(PYX)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
