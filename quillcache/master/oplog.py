@@ -1,0 +1,138 @@
+"""The master's operation log: msgpack records over the project's WAL, group-committed.
+
+Record format. Every state change is one record, a msgpack array ``[op, epoch, now_s, *fields]``
+(:class:`Op` and the field lists below): the epoch of the writer (fencing: ``apply`` refuses a
+record of an older epoch than the newest it has seen) and the clock value the operation used, so
+replaying a record does exactly what the original call did. The fields carry every decision the
+service took (e.g. the replica placement of a ``PUT_START``), never something to decide again.
+
+    MOUNT      node_id, segment_id, capacity_bytes, endpoint, transport, [region_ids], tier
+    UNMOUNT    segment_id
+    PUT_START  key, size_bytes, alloc_bytes, pin, soft_pin_ttl_s, digest|nil, put_id, [[segment_id, offset], ...]
+    PUT_END    key
+    PUT_REVOKE key
+    REMOVE     key
+    EVICT      [key, ...]
+    EXPIRE     node_id
+    RECLAIM    (reclaim every zombie whose deadline is <= now_s)
+    EPOCH      (the writer's epoch starts here)
+
+Durability contract (:class:`OpLog`): ``append`` buffers a record and returns its LSN; ``commit``
+writes and fsyncs everything appended (one fsync for a whole batch: group commit) — a call of the
+service returns (acknowledges) only after its records were committed. A failed write or fsync
+turns the log failed for good (the WAL's own rule: never retry an fsync) and the service then
+refuses every state change with ``LOG_FAILED``. ``rotate(lsn)`` replaces the log, atomically, by an
+empty one whose next LSN is ``lsn + 1`` (used right after a snapshot covering ``lsn`` is durable).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+import msgpack
+
+from quillcache.durability.fs import FileSystem
+from quillcache.durability.wal import WalWriter, scan
+
+__all__ = ["Op", "OpLog", "decode_record", "encode_record"]
+
+WAL_NAME = "master.wal"
+
+
+class Op(enum.IntEnum):
+    MOUNT = 1
+    UNMOUNT = 2
+    PUT_START = 3
+    PUT_END = 4
+    PUT_REVOKE = 5
+    REMOVE = 6
+    EVICT = 7
+    EXPIRE = 8
+    RECLAIM = 9
+    EPOCH = 10
+
+
+_NUM_FIELDS = {Op.MOUNT: 7, Op.UNMOUNT: 1, Op.PUT_START: 8, Op.PUT_END: 1, Op.PUT_REVOKE: 1, Op.REMOVE: 1,
+               Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0}
+
+_packb = msgpack.Packer(use_bin_type=True).pack
+
+
+def encode_record(record: list) -> bytes:
+    return _packb(record)
+
+
+def decode_record(payload: bytes) -> list:
+    """A record as a list ``[Op, epoch, now_s, *fields]``; ValueError naming what is malformed."""
+    try:
+        rec = msgpack.unpackb(payload, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ValueError(f"master log record is not msgpack ({exc})") from None
+    if not isinstance(rec, list) or len(rec) < 3:
+        raise ValueError(f"master log record must be an array [op, epoch, now, ...], got {rec!r:.80}")
+    try:
+        op = Op(rec[0])
+    except ValueError:
+        raise ValueError(f"master log record has unknown op {rec[0]!r}") from None
+    if len(rec) != 3 + _NUM_FIELDS[op]:
+        raise ValueError(f"master log record {op.name} has {len(rec) - 3} fields, expected {_NUM_FIELDS[op]}")
+    rec[0] = op
+    return rec
+
+
+class OpLog:
+    """The WAL file ``<data_dir>/master.wal`` (see the module docstring)."""
+
+    def __init__(self, data_dir: str, fs: FileSystem) -> None:
+        self.path = os.path.join(data_dir, WAL_NAME)
+        self.fs = fs
+        self._wal: WalWriter | None = None
+        self.records_since_rotate = 0
+
+    def recover(self, after_lsn: int, *, mode: str = "point_in_time") -> list[tuple[int, bytes]]:
+        """Open the log for appending and return its records past ``after_lsn`` (the snapshot's),
+        in LSN order. A missing log starts a fresh one at ``after_lsn + 1``; a log whose first LSN
+        leaves a gap after the snapshot is refused (records would be missing)."""
+        if not self.fs.exists(self.path):
+            self._wal = WalWriter.create(self.path, after_lsn + 1, fs=self.fs)
+            return []
+        report, records = scan(self.path, mode=mode, fs=self.fs)
+        if report.header.base_lsn > after_lsn + 1:
+            raise ValueError(f"{self.path}: log starts at lsn {report.header.base_lsn} but the snapshot covers only "
+                             f"up to lsn {after_lsn}: records {after_lsn + 1}..{report.header.base_lsn - 1} are missing")
+        self._wal = WalWriter.reopen(self.path, report, fs=self.fs)
+        if report.last_lsn < after_lsn:  # the snapshot is newer than everything in the log: start past it
+            self.rotate(after_lsn)
+        tail = [(lsn, p) for lsn, p in records if lsn > after_lsn]
+        self.records_since_rotate = len(tail)
+        return tail
+
+    @property
+    def next_lsn(self) -> int:
+        assert self._wal is not None
+        return self._wal.next_lsn
+
+    @property
+    def failed(self) -> BaseException | None:
+        return None if self._wal is None else self._wal.failed
+
+    def append(self, payload: bytes) -> int:
+        assert self._wal is not None
+        self.records_since_rotate += 1
+        return self._wal.append(payload)
+
+    def commit(self) -> int:
+        assert self._wal is not None
+        return self._wal.sync()
+
+    def rotate(self, covered_lsn: int) -> None:
+        """Replace the log by an empty one continuing at ``covered_lsn + 1`` (atomic rename)."""
+        assert self._wal is not None
+        self._wal.close()
+        self._wal = WalWriter.create(self.path, covered_lsn + 1, fs=self.fs)
+        self.records_since_rotate = 0
+
+    def close(self) -> None:
+        if self._wal is not None and not self._wal.closed:
+            self._wal.close()

@@ -1,0 +1,97 @@
+"""The master's side of the residency-index seam: object key → index records.
+
+The master is the only writer of the residency records of the objects it manages, and it writes
+them in the same ``apply`` that changes its own tables, so the planner (which reads the index) and
+the master (which answers ``get_replicas`` from its tables) never disagree about a COMPLETE object:
+
+- an object's replicas enter the index at ``put_end`` (a PENDING object is never located), and
+  leave it when the object is removed, evicted or reclaimed, or its segment is unmounted/expired;
+- each replica is one :class:`~quillcache.index.ResidencyEntry`: ``block_hash`` and ``identity``
+  come from the key (:func:`residency_key`), node = the segment's node, tier = the segment's tier,
+  and the segment id, offset and size are the replica's.
+
+Key mapping. A key made by :func:`kv_object_key` (``"kv:<16 hex block hash>:<32 hex identity>"``)
+maps to exactly that block hash and identity, so the planner locates KV blocks the master stores
+under the identity that governs their reuse. Any other key maps to a 24-byte BLAKE2b digest of its
+UTF-8 bytes split 8 / 16 (block hash / identity): a 192-bit name, so two keys meet in the index
+only with negligible probability (2**-96 by the birthday bound at 2**48 keys).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from quillcache.index import IndexBackend, ReplicaKey, ResidencyEntry
+from quillcache.types import CacheTier
+
+__all__ = ["IndexProjection", "kv_object_key", "residency_key"]
+
+_KV_PREFIX = "kv:"
+_KV_LEN = len(_KV_PREFIX) + 16 + 1 + 32
+
+
+def kv_object_key(block_hash: int, identity: bytes) -> str:
+    """The object key of a KV block: ``residency_key`` maps it back to ``(block_hash, identity)``."""
+    if not 0 <= block_hash < 1 << 64 or len(identity) != 16:
+        raise ValueError(f"block_hash={block_hash} must be u64 and identity 16 bytes (got {len(identity)})")
+    return f"{_KV_PREFIX}{block_hash:016x}:{identity.hex()}"
+
+
+def residency_key(key: str) -> tuple[int, bytes]:
+    """``(block_hash, identity)`` under which ``key``'s replicas are recorded in the index."""
+    if len(key) == _KV_LEN and key.startswith(_KV_PREFIX) and key[19] == ":":
+        try:
+            return int(key[3:19], 16), bytes.fromhex(key[20:])
+        except ValueError:
+            pass
+    d = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=24).digest()
+    return int.from_bytes(d[:8], "big"), d[8:]
+
+
+class IndexProjection:
+    """Writes replica residency into an :class:`IndexBackend` (see the module docstring).
+
+    ``add``/``drop`` only queue the change; ``publish`` writes the queue to the index in order and
+    ``discard`` forgets it. The service publishes after its log records are committed, so the index
+    never shows a replica whose ``PUT_END`` could still be lost by a crash."""
+
+    def __init__(self, index: IndexBackend) -> None:
+        self.index = index
+        self._queue: list[tuple[bool, list]] = []
+
+    def add(self, key: str, replicas: Iterable[tuple[str, CacheTier, int, int, int]]) -> None:
+        """Record ``(node_id, tier, segment_id, offset_bytes, size_bytes)`` replicas of ``key``."""
+        h, ident = residency_key(key)
+        rows = [ResidencyEntry(h, node, tier, ident, seg, off, size) for node, tier, seg, off, size in replicas]
+        if self._queue and self._queue[-1][0]:
+            self._queue[-1][1].extend(rows)
+        else:
+            self._queue.append((True, rows))
+
+    def drop(self, key: str, replicas: Iterable[tuple[str, CacheTier]]) -> None:
+        """Forget the ``(node_id, tier)`` replicas of ``key`` (absent ones are ignored)."""
+        h, ident = residency_key(key)
+        rows = [ReplicaKey(h, node, tier, ident) for node, tier in replicas]
+        if self._queue and not self._queue[-1][0]:
+            self._queue[-1][1].extend(rows)
+        else:
+            self._queue.append((False, rows))
+
+    def publish(self) -> None:
+        queue, self._queue = self._queue, []
+        for is_add, rows in queue:
+            if is_add:
+                self.index.put(rows)
+            else:
+                self.index.remove(rows)
+
+    def discard(self) -> None:
+        self._queue = []
+
+    def flush(self) -> None:
+        self.publish()
+        self.index.flush()
+
+    def is_empty(self) -> bool:
+        return not self.index.nodes()

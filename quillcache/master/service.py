@@ -1,0 +1,592 @@
+"""``MasterService``: Mooncake's master semantics over a logged, deterministic state machine.
+
+Semantics (REFERENCE §4/§9, issue 14 item 1):
+- ``mount_segment`` registers the segment's node as a client (and re-registers an expired one);
+  ``unmount_segment`` drops the replicas on the segment; an object left with none is removed.
+- ``put_start(key, size, config)`` places up to ``replica_num`` replicas on DISTINCT nodes, best
+  effort: the preferred segment first, then segments by most free bytes (ties by segment id); fewer
+  replicas rather than failure; only when none fits does it evict (below) and try once more, then
+  NO_SPACE. ``put_end`` makes the object readable and immutable; ``put_revoke`` cancels it.
+- Same key again: a COMPLETE object, or a PENDING one younger than ``zombie_preempt_s``, with the
+  same content digest is returned (``existing=True``); otherwise OBJECT_ALREADY_EXISTS. A PENDING
+  put older than ``zombie_preempt_s`` is a zombie: a new put_start pre-empts it (its ranges stay
+  allocated until ``started + zombie_reclaim_s``, since its writer may still be writing); a pending
+  put never finished is reclaimed at ``started + zombie_reclaim_s``.
+- ``get_replicas(keys)`` grants read leases ``lease_end = max(old, now + lease_ttl_s)`` and
+  refreshes the last access; ``exists(keys)`` touches nothing (probes must not block eviction).
+- ``remove`` is refused while the object is PENDING (OBJECT_NOT_READY) or leased (LEASE_HELD,
+  unless ``force``); pins do not block an explicit remove.
+- Eviction (``tick`` above ``high_watermark`` of capacity, or a ``put_start`` that found no space)
+  frees at least ``evict_fraction`` of capacity: COMPLETE objects whose lease is over and that are
+  not hard-pinned, in order of (last access, key) — exact LRU — taking soft-pinned objects (pin
+  still within its TTL) only in a second pass.
+- Clients heartbeat; ``tick`` expires a client unseen for more than ``client_ttl_s``: its
+  segments are unmounted (as above) and its later calls answer NEED_REMOUNT until it mounts again.
+- Time comes only from the injected ``clock``; timers run in ``tick()``.
+
+Durability (``data_dir``): every state change is an operation-log record (:mod:`.oplog`) applied
+by :class:`~.state.MasterState`; a call returns only after its records are fsynced (one fsync per
+call: group commit for batches). Snapshots (:mod:`.snapshot`) every ``snapshot_every_records``
+records or ``snapshot_every_s`` seconds, and at ``close``; the log restarts after each.
+``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators.
+
+Residency: the state machine writes every COMPLETE object's replicas into the residency index
+(:mod:`.residency`) after the records are committed, so the planner sees what ``get_replicas``
+answers. Default index: ``config.index_kind`` (ART), persistent under ``D/index`` with a data dir.
+
+Batch forms return per-key results (the value or the :class:`MasterError`); single-key forms raise.
+A log that fails to write or sync turns the service read-only for state changes (LOG_FAILED).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from quillcache.durability.fs import FileSystem, RealFs
+from quillcache.durability.wal import WalError, WalIOError
+from quillcache.index import IndexBackend, open_index
+from quillcache.master.errors import (
+    InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
+    ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, SegmentExistsError, SegmentNotFoundError,
+    StaleEpochError,
+)
+from quillcache.master.oplog import Op, OpLog, decode_record, encode_record
+from quillcache.master.residency import IndexProjection
+from quillcache.master.snapshot import recover, write_snapshot
+from quillcache.master.state import MasterState, SegmentRecord
+from quillcache.master.table import ObjectRecord
+from quillcache.master.eviction import choose_victims
+from quillcache.master.types import (
+    MasterConfig, MasterStats, ObjectInfo, ObjectStatus, PinKind, PutRequest, PutStartResult, ReplicaConfig,
+    ReplicaDescriptor, SegmentDescriptor, TickReport,
+)
+from quillcache.master.validate import check_config, check_key, check_put, check_segment, key_error
+
+__all__ = ["MasterService"]
+
+_PENDING = int(ObjectStatus.PENDING)
+_COMPLETE = int(ObjectStatus.COMPLETE)
+
+
+class MasterService:
+    """The master (module docstring). Not thread-safe: callers serialise calls (the RPC layer does)."""
+
+    def __init__(self, config: MasterConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
+                 index: IndexBackend | None = None, data_dir: str | os.PathLike | None = None,
+                 fs: FileSystem | None = None) -> None:
+        self.config = config = config if config is not None else MasterConfig()
+        check_config(config)
+        if not callable(clock):
+            raise TypeError(f"clock must be callable, got {type(clock).__name__}")
+        self._clock = clock
+        self._fs = fs if fs is not None else RealFs()
+        self.data_dir = os.fspath(data_dir) if data_dir is not None else None
+        self._owns_index = index is None
+        if index is None:
+            path = os.path.join(self.data_dir, "index") if self.data_dir is not None else None
+            opts = {"fs": self._fs} if config.index_kind == "art" and path is not None else {}
+            if self.data_dir is not None and not self._fs.is_dir(self.data_dir):
+                self._fs.mkdir(self.data_dir)
+            index = open_index(config.index_kind, path, **opts)
+        self.index = index
+        self._projection = IndexProjection(index)
+        self._state = MasterState(alignment=config.alignment_bytes, max_allocs=config.max_allocs_per_segment,
+                                  index=self._projection, lease_ttl_s=config.lease_ttl_s)
+        self._state._reclaim_s = float(config.zombie_reclaim_s)
+        self._log: OpLog | None = None
+        self._failed: BaseException | None = None
+        self._closed = False
+        self.recovery_s = 0.0
+        self.recovered_records = 0
+        if self.data_dir is not None:
+            self._recover()
+        else:
+            self._epoch = config.epoch or 1  # seen (state.epoch) with this master's first record
+        self._last_snapshot_s = self._now()
+
+    # ================================================================ recovery / snapshots
+    def _recover(self) -> None:
+        t0 = time.perf_counter()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # recovery allocates many long-lived objects: no collection passes over them
+        try:
+            self._recover_state()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        self.recovery_s = time.perf_counter() - t0
+
+    def _recover_state(self) -> None:
+        st = self._state
+        now = self._now()
+        self._log, self.recovered_records = recover(st, self._projection, self._fs, self.data_dir, now=now,
+                                                    lease_ttl_s=self.config.lease_ttl_s)
+        want = self.config.epoch
+        if want is not None and want < st.epoch:
+            raise StaleEpochError(f"configured epoch {want} is older than epoch {st.epoch} found in "
+                                  f"{self.data_dir}: a newer master has written this log")
+        self._epoch = max(want or 1, st.epoch, 1)
+        if self._epoch > st.epoch:
+            self._record([Op.EPOCH, self._epoch, now])
+            self._commit()
+
+    def snapshot(self) -> int:
+        """Publish a snapshot now and restart the log after it; returns the snapshot's bytes."""
+        self._check_writable()
+        if self._log is None:
+            raise InvalidParamsError("snapshot() needs a data_dir (this master keeps no log)")
+        self._commit()
+        try:
+            self._projection.flush()  # the index holds everything the snapshot covers
+            n = write_snapshot(self._fs, self.data_dir, self._state)
+            self._log.rotate(self._state.lsn)
+        except (OSError, WalError) as exc:
+            self._failed = exc
+            raise LogFailedError(f"snapshot of {self.data_dir} failed ({exc}); the master is read-only") from exc
+        self._last_snapshot_s = self._now()
+        return n
+
+    def _maybe_snapshot(self) -> None:
+        log = self._log
+        if log is None or log.records_since_rotate == 0:
+            return
+        if (log.records_since_rotate >= self.config.snapshot_every_records
+                or self._now() - self._last_snapshot_s >= self.config.snapshot_every_s):
+            self.snapshot()
+
+    def close(self) -> None:
+        """Commit, snapshot (if anything was logged since the last one), close the log and the index."""
+        if self._closed:
+            return
+        try:
+            if self._log is not None and self._failed is None and self._log.records_since_rotate:
+                self.snapshot()
+        finally:
+            self._closed = True
+            if self._log is not None:
+                try:
+                    self._log.close()
+                except (OSError, WalError):
+                    pass
+            if self._owns_index:
+                self.index.close()
+
+    def __enter__(self) -> "MasterService":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _now(self) -> float:
+        return float(self._clock())
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def lsn(self) -> int:
+        return self._state.lsn
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogFailedError("the master service is closed")
+        if self._failed is not None:
+            raise LogFailedError(f"the operation log failed earlier ({self._failed}); the master is read-only")
+        if not self._state.space_attached:
+            self._state.attach_space()
+        if self._state.epoch > self._epoch:
+            raise StaleEpochError(f"this master writes epoch {self._epoch} but epoch {self._state.epoch} was seen: "
+                                  f"it has been deposed and may not change state")
+
+    def _record(self, rec: list) -> None:
+        """Log (buffered) and apply one record."""
+        lsn = self._state.lsn + 1
+        if self._log is not None:
+            try:
+                lsn = self._log.append(encode_record(rec))
+            except (OSError, WalError) as exc:
+                self._failed = exc
+                raise LogFailedError(f"appending to the operation log failed ({exc}); the master is read-only") from exc
+        self._state.apply(rec, lsn)
+
+    def _commit(self) -> None:
+        if self._log is not None:
+            try:
+                self._log.commit()
+            except (WalIOError, OSError, WalError) as exc:
+                self._failed = exc
+                self._projection.discard()
+                raise LogFailedError(f"syncing the operation log failed ({exc}); nothing since the last "
+                                     f"acknowledged call is durable and the master is read-only") from exc
+        self._projection.publish()
+
+    def _finish(self) -> None:
+        self._commit()
+        self._maybe_snapshot()
+
+    def apply_record(self, payload: bytes, lsn: int | None = None) -> None:
+        """Apply a record written by another master (a standby following the leader's log). The
+        allocators are detached while following (records carry the placements) and rebuilt from
+        the tables at this master's first own write."""
+        if self._state.space_attached:
+            self._state.detach_space()
+        self._state.apply(decode_record(payload), lsn if lsn is not None else self._state.lsn + 1)
+        self._projection.publish()
+
+    def observe_epoch(self, epoch: int) -> None:
+        """A newer epoch exists (e.g. told by the election): from now on this master may not write."""
+        self._state.epoch = max(self._state.epoch, int(epoch))
+
+    def _check_client(self, client_id: str | None) -> None:
+        if client_id is not None and client_id not in self._state.clients:
+            raise NeedRemountError(f"client {client_id!r} is not registered (expired or never mounted): "
+                                   f"mount its segments again")
+
+    def _descriptors(self, obj: ObjectRecord) -> tuple[ReplicaDescriptor, ...]:
+        segs = self._state.segments
+        out = []
+        for s, off in obj.replicas:
+            d = segs[s].desc
+            out.append(ReplicaDescriptor(d.node_id, s, d.endpoint, d.transport, d.region_ids[0] if d.region_ids else 0,
+                                         off, obj.size_bytes))
+        return tuple(out)
+
+    # ================================================================ segments and clients
+    def mount_segment(self, segment: SegmentDescriptor) -> None:
+        """Add a segment (and register its node as a live client)."""
+        self._check_writable()
+        d = segment
+        tier = check_segment(d, self.config.alignment_bytes)
+        if d.segment_id in self._state.segments:
+            raise SegmentExistsError(f"segment {d.segment_id} is already mounted "
+                                     f"(by {self._state.segments[d.segment_id].desc.node_id!r})")
+        self._record([Op.MOUNT, self._epoch, self._now(), d.node_id, d.segment_id, d.capacity_bytes, d.endpoint,
+                      d.transport, list(d.region_ids), tier])
+        self._finish()
+
+    def unmount_segment(self, segment_id: int, *, client_id: str | None = None) -> None:
+        """Remove a segment: its replicas are dropped; objects left without a replica are removed."""
+        self._check_writable()
+        self._check_client(client_id)
+        seg = self._state.segments.get(segment_id) if isinstance(segment_id, int) else None
+        if seg is None:
+            raise SegmentNotFoundError(f"segment {segment_id!r} is not mounted")
+        if client_id is not None and seg.desc.node_id != client_id:
+            raise InvalidParamsError(f"segment {segment_id} belongs to {seg.desc.node_id!r}, not to {client_id!r}")
+        self._record([Op.UNMOUNT, self._epoch, self._now(), segment_id])
+        self._finish()
+
+    def heartbeat(self, client_id: str) -> None:
+        """A client's ping; NEED_REMOUNT if it is unknown or was expired (it must mount again)."""
+        if client_id not in self._state.clients:
+            raise NeedRemountError(f"client {client_id!r} is not registered (expired or never mounted): "
+                                   f"mount its segments again")
+        self._state.last_seen[client_id] = self._now()
+
+    # ================================================================ puts
+    def put_start(self, key: str, size_bytes: int, config: ReplicaConfig | None = None, *,
+                  pin: PinKind = PinKind.NONE, digest: bytes | None = None,
+                  client_id: str | None = None) -> PutStartResult:
+        """Allocate replicas for a new object (module docstring); raises a :class:`MasterError`."""
+        out = self.batch_put_start([PutRequest(key=key, size_bytes=size_bytes, config=config or ReplicaConfig(),
+                                               pin=pin, digest=digest)], client_id=client_id)[0]
+        if isinstance(out, MasterError):
+            raise out
+        return out
+
+    def batch_put_start(self, requests: Sequence[PutRequest], *,
+                        client_id: str | None = None) -> list[PutStartResult | MasterError]:
+        self._check_writable()
+        self._check_client(client_id)
+        now = self._now()
+        out: list[PutStartResult | MasterError] = []
+        try:
+            for req in requests:
+                try:
+                    if not isinstance(req, PutRequest):
+                        raise InvalidParamsError(f"batch_put_start takes PutRequest items, got {type(req).__name__}")
+                    out.append(self._put_start(req, now))
+                except (LogFailedError, StaleEpochError):
+                    raise
+                except MasterError as exc:
+                    out.append(exc)
+        finally:
+            if self._failed is None:
+                self._finish()
+        return out
+
+    def _put_start(self, req: PutRequest, now: float) -> PutStartResult:
+        key, size, replica_num, pin, digest = check_put(req, self.config.max_object_bytes)
+        st = self._state
+        obj = st.objects.get(key)
+        if obj is not None:
+            same = digest is not None and obj.digest == digest
+            if obj.status == _COMPLETE:
+                if same:
+                    return PutStartResult(self._descriptors(obj), obj.put_id, True)
+                raise ObjectExistsError(f"object {key!r} already exists (complete; "
+                                        f"{'no digest given' if digest is None else 'a different digest'})")
+            if now - obj.started_s < self.config.zombie_preempt_s:
+                if same:
+                    return PutStartResult(self._descriptors(obj), obj.put_id, True)
+                raise ObjectExistsError(f"object {key!r} is being written (put {obj.put_id} started "
+                                        f"{now - obj.started_s:.3f} s ago; pre-emptible after "
+                                        f"{self.config.zombie_preempt_s} s)")
+        a = self.config.alignment_bytes
+        alloc = -(-size // a) * a
+        placed = self._place(alloc, replica_num, req.config.preferred_segment)
+        if not placed and st.segments:
+            self._evict(now, self._evict_target())
+            placed = self._place(alloc, replica_num, req.config.preferred_segment)
+        if not placed:
+            if not st.segments:
+                raise NoSpaceError(f"put_start({key!r}, {size} bytes): no segment is mounted")
+            biggest = max(s.capacity_bytes for s in st.segments.values())
+            why = (f"larger than every segment (largest {biggest} bytes)" if alloc > biggest
+                   else f"no segment has {alloc} free bytes after eviction "
+                        f"(used {st.used_bytes} of {st.capacity_bytes} bytes)")
+            raise NoSpaceError(f"put_start({key!r}, {size} bytes): {why}")
+        put_id = st.next_put_id
+        soft_ttl = float(self.config.soft_pin_ttl_s)
+        try:
+            self._record([Op.PUT_START, self._epoch, now, key, size, alloc, pin, soft_ttl, digest, put_id,
+                          [[s, o] for s, o in placed]])
+        except BaseException:
+            if self._failed is not None:  # nothing was applied: give the ranges back
+                for s, o in placed:
+                    if o in st.segments[s].handles:
+                        st.undo_allocate(s, o)
+            raise
+        return PutStartResult(self._descriptors(st.objects[key]), put_id, False)
+
+    def _place(self, alloc: int, replica_num: int, preferred: int | None) -> list[tuple[int, int]]:
+        st = self._state
+        segs = sorted(st.segments.values(), key=lambda s: (-s.free_bytes, s.desc.segment_id))
+        if preferred is not None and preferred in st.segments:
+            first = st.segments[preferred]
+            segs.remove(first)
+            segs.insert(0, first)
+        placed: list[tuple[int, int]] = []
+        nodes: set[str] = set()
+        for seg in segs:
+            if len(placed) == replica_num:
+                break
+            if seg.desc.node_id in nodes or seg.free_bytes < alloc:
+                continue
+            off = st.try_allocate(seg, alloc)
+            if off is not None:
+                placed.append((seg.desc.segment_id, off))
+                nodes.add(seg.desc.node_id)
+        return placed
+
+    def _pending(self, key: object, put_id: int | None, what: str) -> ObjectRecord:
+        key = check_key(key)
+        obj = self._state.objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError(f"{what}({key!r}): no such object")
+        if put_id is not None and obj.put_id != put_id:
+            raise ObjectNotFoundError(f"{what}({key!r}): put {put_id} is not the key's current put "
+                                      f"({obj.put_id}); it was pre-empted or reclaimed")
+        return obj
+
+    def put_end(self, key: str, *, put_id: int | None = None) -> None:
+        """Mark the object COMPLETE (readable, immutable)."""
+        out = self.batch_put_end([key], put_ids=None if put_id is None else [put_id])[0]
+        if isinstance(out, MasterError):
+            raise out
+
+    def batch_put_end(self, keys: Sequence[str], *, put_ids: Sequence[int | None] | None = None) -> list[None | MasterError]:
+        return self._batch(keys, put_ids, self._put_end_one)
+
+    def _put_end_one(self, key: str, put_id: int | None, now: float) -> None:
+        obj = self._pending(key, put_id, "put_end")
+        if obj.status == _COMPLETE:
+            raise ObjectExistsError(f"put_end({key!r}): the object is already complete")
+        self._record([Op.PUT_END, self._epoch, now, key])
+
+    def put_revoke(self, key: str, *, put_id: int | None = None) -> None:
+        """Cancel an in-flight put (its space is freed at once)."""
+        out = self.batch_put_revoke([key], put_ids=None if put_id is None else [put_id])[0]
+        if isinstance(out, MasterError):
+            raise out
+
+    def batch_put_revoke(self, keys: Sequence[str], *,
+                         put_ids: Sequence[int | None] | None = None) -> list[None | MasterError]:
+        return self._batch(keys, put_ids, self._put_revoke_one)
+
+    def _put_revoke_one(self, key: str, put_id: int | None, now: float) -> None:
+        obj = self._pending(key, put_id, "put_revoke")
+        if obj.status == _COMPLETE:
+            raise InvalidParamsError(f"put_revoke({key!r}): the object is complete; revoke cancels only an "
+                                     f"in-flight put (use remove)")
+        self._record([Op.PUT_REVOKE, self._epoch, now, key])
+
+    def _batch(self, keys: Sequence, extra: Sequence | None, one: Callable) -> list:
+        self._check_writable()
+        if extra is not None and len(extra) != len(keys):
+            raise InvalidParamsError(f"{len(keys)} keys but {len(extra)} put_ids")
+        now = self._now()
+        out: list = []
+        try:
+            for i, key in enumerate(keys):
+                try:
+                    out.append(one(key, None if extra is None else extra[i], now))
+                except (LogFailedError, StaleEpochError):
+                    raise
+                except MasterError as exc:
+                    out.append(exc)
+        finally:
+            if self._failed is None:
+                self._finish()
+        return out
+
+    # ================================================================ reads
+    def get_replicas(self, keys: Sequence[str]) -> list[tuple[ReplicaDescriptor, ...] | MasterError]:
+        """Per key: its replicas (granting a read lease) or OBJECT_NOT_FOUND / OBJECT_NOT_READY."""
+        now = self._now()
+        lease_end = now + self.config.lease_ttl_s
+        objects = self._state.objects
+        out: list = []
+        for key in keys:
+            obj = objects.get(key) if isinstance(key, str) else None
+            if obj is None:
+                out.append(ObjectNotFoundError(f"get_replicas({key!r}): no such object") if isinstance(key, str)
+                           else key_error(key))
+            elif obj.status != _COMPLETE:
+                out.append(ObjectNotReadyError(f"get_replicas({key!r}): put {obj.put_id} has not ended"))
+            else:
+                if lease_end > obj.lease_end_s:
+                    obj.lease_end_s = lease_end
+                obj.last_access_s = now
+                out.append(self._descriptors(obj))
+        return out
+
+    def get_replica_list(self, key: str) -> tuple[ReplicaDescriptor, ...]:
+        out = self.get_replicas([key])[0]
+        if isinstance(out, MasterError):
+            raise out
+        return out
+
+    def exists(self, keys: Sequence[str]) -> list[bool | MasterError]:
+        """Per key: is it COMPLETE? Touches no lease and no access time."""
+        objects = self._state.objects
+        out: list = []
+        for key in keys:
+            if not isinstance(key, str):
+                out.append(key_error(key))
+                continue
+            obj = objects.get(key)
+            out.append(obj is not None and obj.status == _COMPLETE)
+        return out
+
+    def exist_key(self, key: str) -> bool:
+        out = self.exists([key])[0]
+        if isinstance(out, MasterError):
+            raise out
+        return out
+
+    # ================================================================ remove / evict
+    def remove(self, key: str, *, force: bool = False) -> None:
+        out = self.batch_remove([key], force=force)[0]
+        if isinstance(out, MasterError):
+            raise out
+
+    def batch_remove(self, keys: Sequence[str], *, force: bool = False) -> list[None | MasterError]:
+        return self._batch(keys, None, lambda k, _, now: self._remove_one(k, force, now))
+
+    def _remove_one(self, key: str, force: bool, now: float) -> None:
+        key = check_key(key)
+        obj = self._state.objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError(f"remove({key!r}): no such object")
+        if obj.status != _COMPLETE:
+            raise ObjectNotReadyError(f"remove({key!r}): put {obj.put_id} is in flight (revoke it instead)")
+        if not force and now < obj.lease_end_s:
+            raise LeaseHeldError(f"remove({key!r}): a read lease is held until t={obj.lease_end_s:.3f} "
+                                 f"(now {now:.3f}); pass force=True to remove anyway")
+        self._record([Op.REMOVE, self._epoch, now, key])
+
+    def _evict_target(self) -> int:
+        return math.ceil(self.config.evict_fraction * self._state.capacity_bytes)
+
+    def _evict(self, now: float, target_bytes: int) -> list[str]:
+        chosen = choose_victims(self._state.objects.values(), now, target_bytes)
+        if chosen:
+            self._record([Op.EVICT, self._epoch, now, chosen])
+        return chosen
+
+    def evict(self, target_bytes: int | None = None) -> list[str]:
+        """Run eviction now (default target: ``evict_fraction`` of capacity); returns the evicted keys."""
+        self._check_writable()
+        now = self._now()
+        try:
+            return self._evict(now, self._evict_target() if target_bytes is None else int(target_bytes))
+        finally:
+            if self._failed is None:
+                self._finish()
+
+    # ================================================================ timers
+    def tick(self) -> TickReport:
+        """Run the timers: client expiry, zombie reclaim, watermark eviction (in that order)."""
+        self._check_writable()
+        now = self._now()
+        st, cfg = self._state, self.config
+        expired = sorted(c for c in st.clients if now - st.last_seen.get(c, now) > cfg.client_ttl_s)
+        reclaimed: list[str] = []
+        reclaimed_bytes = 0
+        evicted: list[str] = []
+        try:
+            for node in expired:
+                self._record([Op.EXPIRE, self._epoch, now, node])
+            due = [d for d in st.discarded if d[0] <= now]
+            stale = [o for o in (st.objects[k] for k in sorted(st.pending))
+                     if o.started_s + cfg.zombie_reclaim_s <= now]
+            if due or stale:
+                reclaimed = sorted(o.key for o in stale)
+                reclaimed_bytes = sum(d[3] for d in due) + sum(o.alloc_bytes * len(o.replicas) for o in stale)
+                self._record([Op.RECLAIM, self._epoch, now])
+            if st.capacity_bytes and st.used_bytes > cfg.high_watermark * st.capacity_bytes:
+                evicted = self._evict(now, self._evict_target())
+        finally:
+            if self._failed is None:
+                self._finish()
+        return TickReport(tuple(expired), tuple(reclaimed), reclaimed_bytes, tuple(evicted))
+
+    # ================================================================ introspection
+    def object_info(self, key: str) -> ObjectInfo:
+        key = check_key(key)
+        obj = self._state.objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError(f"object_info({key!r}): no such object")
+        return ObjectInfo(obj.key, obj.size_bytes, ObjectStatus(obj.status), self._descriptors(obj), obj.put_id,
+                          obj.lease_end_s, obj.last_access_s, PinKind(obj.pin), obj.soft_pin_end_s, obj.digest)
+
+    def keys(self) -> list[str]:
+        return list(self._state.objects)
+
+    def segments(self) -> list[SegmentDescriptor]:
+        return [s.desc for s in self._state.segments.values()]
+
+    def segment_usage(self, segment_id: int) -> tuple[int, int]:
+        """``(used_bytes, capacity_bytes)`` of a mounted segment."""
+        seg: SegmentRecord | None = self._state.segments.get(segment_id)
+        if seg is None:
+            raise SegmentNotFoundError(f"segment {segment_id!r} is not mounted")
+        return seg.used_bytes, seg.capacity_bytes
+
+    def clients(self) -> list[str]:
+        return sorted(self._state.clients)
+
+    def stats(self) -> MasterStats:
+        st = self._state
+        pending = len(st.pending)
+        return MasterStats(len(st.objects), pending, len(st.segments), len(st.clients), st.capacity_bytes,
+                           st.used_bytes, st.lsn, self._epoch)
+
+    def check_invariants(self) -> None:
+        self._state.check_invariants()  # tests

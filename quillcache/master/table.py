@@ -1,0 +1,215 @@
+"""The object table: a dict of :class:`ObjectRecord` that a snapshot fills lazily, from columns.
+
+A restart must not build a million Python objects before serving, so a loaded snapshot stays in
+its columns (numpy arrays + the key list) and the table maps each key to its row; a row becomes an
+:class:`ObjectRecord` the first time it is looked up, changed or iterated over (``get``, ``pop``,
+``values``...). Invariants: a key is in exactly one of ``_rows`` (not yet materialized) and
+``_objs``; a materialized row is never read from the columns again; ``columns()`` gives the
+current table as columns (unmaterialized rows copied with numpy, the others from their records),
+which is what a snapshot writes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+__all__ = ["COLUMN_DTYPES", "ObjectRecord", "ObjectTable"]
+
+_COMPLETE = 2  # ObjectStatus.COMPLETE (types.py; not imported to keep this module a leaf)
+
+# column name -> dtype of the per-object columns of a snapshot
+COLUMN_DTYPES = {"size": "<i8", "alloc": "<i8", "status": "u1", "put_id": "<i8", "started": "<f8",
+                 "completed": "<f8", "pin": "u1", "soft_pin_end": "<f8"}
+
+
+class ObjectRecord:
+    """One object (hot record: plain ``__slots__`` class, positional constructor)."""
+
+    __slots__ = ("key", "size_bytes", "alloc_bytes", "status", "replicas", "put_id", "started_s", "completed_s",
+                 "lease_end_s", "last_access_s", "pin", "soft_pin_end_s", "digest")
+
+    def __init__(self, key: str, size_bytes: int, alloc_bytes: int, status: int, replicas: list, put_id: int,
+                 started_s: float, completed_s: float, lease_end_s: float, last_access_s: float, pin: int,
+                 soft_pin_end_s: float, digest: bytes | None) -> None:
+        self.key = key
+        self.size_bytes = size_bytes
+        self.alloc_bytes = alloc_bytes
+        self.status = status
+        self.replicas = replicas  # [(segment_id, offset_bytes), ...]
+        self.put_id = put_id
+        self.started_s = started_s
+        self.completed_s = completed_s
+        self.lease_end_s = lease_end_s
+        self.last_access_s = last_access_s
+        self.pin = pin
+        self.soft_pin_end_s = soft_pin_end_s
+        self.digest = digest
+
+
+class ObjectTable:
+    """Dict-like ``key -> ObjectRecord`` (module docstring)."""
+
+    def __init__(self) -> None:
+        self._objs: dict[str, ObjectRecord] = {}
+        self._rows: dict[str, int] = {}
+        self._cols: dict[str, np.ndarray] = {}
+        self._keys: list[str] = []
+        self._digests: dict[int, bytes] = {}
+        self._rep_start = np.zeros(1, dtype=np.int64)
+        self.lease_floor_s = -math.inf  # lease_end of rows materialized from the snapshot
+
+    # ---------------------------------------------------------------- loading
+    def load_columns(self, keys: list[str], cols: dict[str, np.ndarray], rep_count: np.ndarray,
+                     rep_seg: np.ndarray, rep_off: np.ndarray, digests: dict[int, bytes]) -> None:
+        assert not self._objs and not self._rows
+        self._keys = keys
+        self._cols = dict(cols, rep_seg=rep_seg, rep_off=rep_off, rep_count=rep_count)
+        self._rep_start = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(rep_count, out=self._rep_start[1:])
+        self._digests = digests
+        self._rows = dict(zip(keys, range(len(keys))))
+
+    def _materialize(self, key: str, row: int) -> ObjectRecord:
+        c = self._cols
+        a, b = int(self._rep_start[row]), int(self._rep_start[row + 1])
+        replicas = list(zip(c["rep_seg"][a:b].tolist(), c["rep_off"][a:b].tolist()))
+        completed = float(c["completed"][row])
+        status = int(c["status"][row])
+        lease_end = self.lease_floor_s if status == _COMPLETE else -math.inf
+        obj = ObjectRecord(key, int(c["size"][row]), int(c["alloc"][row]), status, replicas,
+                           int(c["put_id"][row]), float(c["started"][row]), completed, lease_end,
+                           completed, int(c["pin"][row]), float(c["soft_pin_end"][row]), self._digests.get(row))
+        self._objs[key] = obj
+        return obj
+
+    def _materialize_all(self) -> None:
+        for key, row in list(self._rows.items()):
+            self._materialize(key, row)
+        self._rows.clear()
+
+    # ---------------------------------------------------------------- dict protocol
+    def get(self, key: str, default=None):
+        obj = self._objs.get(key)
+        if obj is not None:
+            return obj
+        row = self._rows.pop(key, None) if self._rows else None
+        return default if row is None else self._materialize(key, row)
+
+    def __getitem__(self, key: str) -> ObjectRecord:
+        obj = self.get(key)
+        if obj is None:
+            raise KeyError(key)
+        return obj
+
+    def __setitem__(self, key: str, obj: ObjectRecord) -> None:
+        if self._rows:
+            self._rows.pop(key, None)
+        self._objs[key] = obj
+
+    def pop(self, key: str) -> ObjectRecord:
+        obj = self.get(key)
+        if obj is None:
+            raise KeyError(key)
+        return self._objs.pop(key)
+
+    def __delitem__(self, key: str) -> None:
+        self.pop(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._objs or key in self._rows
+
+    def __len__(self) -> int:
+        return len(self._objs) + len(self._rows)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._objs) + list(self._rows))
+
+    def keys(self) -> list[str]:
+        return list(self)
+
+    def values(self):
+        self._materialize_all()
+        return self._objs.values()
+
+    def items(self):
+        self._materialize_all()
+        return self._objs.items()
+
+    @property
+    def num_materialized(self) -> int:
+        return len(self._objs)
+
+    def materialized(self):
+        """The records built so far (not the unmaterialized rows)."""
+        return self._objs.values()
+
+    # ---------------------------------------------------------------- columns
+    def unmaterialized_rows(self) -> np.ndarray:
+        return np.fromiter(self._rows.values(), dtype=np.int64, count=len(self._rows))
+
+    def count_status(self, status: int) -> int:
+        n = sum(1 for o in self._objs.values() if o.status == status)
+        if self._rows:
+            n += int(np.count_nonzero(self._cols["status"][self.unmaterialized_rows()] == status))
+        return n
+
+    def replica_ranges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(segment_ids, offsets, alloc_bytes)`` of every replica in the table, as arrays."""
+        segs, offs, allocs = [], [], []
+        for o in self._objs.values():
+            for s, off in o.replicas:
+                segs.append(s)
+                offs.append(off)
+                allocs.append(o.alloc_bytes)
+        parts = [(np.asarray(segs, dtype=np.int64), np.asarray(offs, dtype=np.int64),
+                  np.asarray(allocs, dtype=np.int64))]
+        if self._rows:
+            c = self._cols
+            rows = np.sort(self.unmaterialized_rows())
+            counts = c["rep_count"][rows].astype(np.int64)
+            starts = self._rep_start[rows]
+            idx = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+            parts.append((c["rep_seg"][idx].astype(np.int64), c["rep_off"][idx].astype(np.int64),
+                          np.repeat(c["alloc"][rows], counts)))
+        return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+    def columns(self) -> tuple[list[str], dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[int, bytes]]:
+        """The whole table as ``(keys, cols, rep_count, rep_seg, rep_off, digests)`` (rows: materialized
+        records first, then the unmaterialized rows in their snapshot order)."""
+        objs = list(self._objs.values())
+        keys = [o.key for o in objs]
+        cols = {
+            "size": np.fromiter((o.size_bytes for o in objs), "<i8", len(objs)),
+            "alloc": np.fromiter((o.alloc_bytes for o in objs), "<i8", len(objs)),
+            "status": np.fromiter((o.status for o in objs), "u1", len(objs)),
+            "put_id": np.fromiter((o.put_id for o in objs), "<i8", len(objs)),
+            "started": np.fromiter((o.started_s for o in objs), "<f8", len(objs)),
+            "completed": np.fromiter((o.completed_s for o in objs), "<f8", len(objs)),
+            "pin": np.fromiter((o.pin for o in objs), "u1", len(objs)),
+            "soft_pin_end": np.fromiter((o.soft_pin_end_s for o in objs), "<f8", len(objs)),
+        }
+        rep_count = np.fromiter((len(o.replicas) for o in objs), "u1", len(objs))
+        rep_seg = np.asarray([s for o in objs for s, _ in o.replicas], dtype="<u4")
+        rep_off = np.asarray([off for o in objs for _, off in o.replicas], dtype="<i8")
+        digests = {i: o.digest for i, o in enumerate(objs) if o.digest is not None}
+        if self._rows:
+            c = self._cols
+            rows = np.sort(self.unmaterialized_rows())
+            base = len(objs)
+            keys += [self._keys[r] for r in rows.tolist()]
+            for name in cols:
+                cols[name] = np.concatenate([cols[name], c[name][rows]])
+            counts = c["rep_count"][rows]
+            starts = self._rep_start[rows]
+            n64 = counts.astype(np.int64)
+            idx = np.repeat(starts - np.concatenate(([0], np.cumsum(n64)[:-1])), n64) + np.arange(n64.sum())
+            rep_count = np.concatenate([rep_count, counts])
+            rep_seg = np.concatenate([rep_seg, c["rep_seg"][idx]])
+            rep_off = np.concatenate([rep_off, c["rep_off"][idx]])
+            if self._digests:
+                pos = {r: base + i for i, r in enumerate(rows.tolist())}
+                digests.update({pos[r]: d for r, d in self._digests.items() if r in pos})
+        return keys, cols, rep_count, rep_seg, rep_off, digests

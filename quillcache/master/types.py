@@ -1,0 +1,179 @@
+"""The master's boundary types: segments, replica descriptors, replica configs, pins, results.
+
+Invariants:
+- A segment is owned by exactly one node (``node_id``), which is also the client that mounted it
+  and whose heartbeats keep it alive; ``segment_id`` is unique in the whole pool (u32, because the
+  residency index stores it as one).
+- A :class:`ReplicaDescriptor` says where one copy of an object's bytes is:
+  ``[offset_bytes, offset_bytes + size_bytes)`` of segment ``segment_id`` on node ``node_id``,
+  reachable at ``endpoint`` over ``transport``. The replicas of one object are on distinct nodes.
+- Configs are frozen; hot records are slotted. Times are seconds of the master's injected clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+from quillcache.types import CacheTier
+
+__all__ = [
+    "ClientId",
+    "MasterConfig",
+    "MasterStats",
+    "ObjectInfo",
+    "ObjectKey",
+    "ObjectStatus",
+    "PinKind",
+    "PutRequest",
+    "PutStartResult",
+    "ReplicaConfig",
+    "ReplicaDescriptor",
+    "SegmentDescriptor",
+    "TickReport",
+]
+
+# The name of a stored object (Mooncake's key): a non-empty str. A KV block's key made by
+# ``quillcache.master.residency.kv_object_key`` carries its block hash and identity.
+ObjectKey = NewType("ObjectKey", str)
+# A client = the node that mounts segments and heartbeats (one id for both roles, as in Mooncake).
+ClientId = NewType("ClientId", str)
+
+MAX_KEY_CHARS = 4096
+MAX_DIGEST_BYTES = 64
+MAX_REPLICAS = 16
+U32_MAX = (1 << 32) - 1
+
+
+class ObjectStatus(enum.IntEnum):
+    """PENDING: put_start done, bytes being written, never readable. COMPLETE: put_end done, immutable."""
+
+    PENDING = 1
+    COMPLETE = 2
+
+
+class PinKind(enum.IntEnum):
+    """NONE: evictable. SOFT: evicted only after every unpinned candidate, and only until the soft
+    pin's TTL ends (then it is unpinned). HARD: never evicted (an explicit remove still works)."""
+
+    NONE = 0
+    SOFT = 1
+    HARD = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SegmentDescriptor:
+    """A memory segment a node contributes: capacity, and how peers reach it."""
+
+    node_id: str
+    segment_id: int
+    capacity_bytes: int
+    endpoint: str = ""
+    transport: str = "tcp"
+    region_ids: tuple[int, ...] = ()
+    tier: CacheTier = CacheTier.DRAM
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDescriptor:
+    """One copy of an object's bytes (Mooncake's memory replica descriptor plus node/segment ids)."""
+
+    node_id: str
+    segment_id: int
+    endpoint: str
+    transport: str
+    region_id: int
+    offset_bytes: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaConfig:
+    """How many copies (on distinct nodes, best effort) and where to try first."""
+
+    replica_num: int = 1
+    preferred_segment: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PutRequest:
+    """One ``put_start`` of a batch."""
+
+    key: str
+    size_bytes: int
+    config: ReplicaConfig = field(default_factory=ReplicaConfig)
+    pin: PinKind = PinKind.NONE
+    digest: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutStartResult:
+    """Where to write the object's bytes. ``existing`` is True when a put of the same key with the
+    same content digest is already in flight or complete: then the caller writes nothing and calls
+    neither put_end nor put_revoke (it waits for the object to become readable). ``put_id``
+    identifies this put; put_end/put_revoke given a ``put_id`` refuse any other put of the key (a
+    pre-empted zombie writer's late put_end cannot complete its successor)."""
+
+    replicas: tuple[ReplicaDescriptor, ...]
+    put_id: int
+    existing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """A read-only view of one object's metadata."""
+
+    key: str
+    size_bytes: int
+    status: ObjectStatus
+    replicas: tuple[ReplicaDescriptor, ...]
+    put_id: int
+    lease_end_s: float
+    last_access_s: float
+    pin: PinKind
+    soft_pin_end_s: float
+    digest: bytes | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MasterConfig:
+    """Mooncake's defaults (REFERENCE §4/§9). ``alignment_bytes`` is the allocation unit of every
+    segment (sizes round up to it); ``epoch`` None = continue the newest epoch found in the log."""
+
+    lease_ttl_s: float = 10.0
+    client_ttl_s: float = 10.0
+    zombie_preempt_s: float = 30.0
+    zombie_reclaim_s: float = 600.0
+    soft_pin_ttl_s: float = 1800.0
+    high_watermark: float = 0.90
+    evict_fraction: float = 0.05
+    alignment_bytes: int = 64
+    max_allocs_per_segment: int = 1 << 20
+    max_object_bytes: int = U32_MAX
+    snapshot_every_records: int = 100_000
+    snapshot_every_s: float = 600.0
+    index_kind: str = "art"
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickReport:
+    """What one ``tick()`` did."""
+
+    expired_clients: tuple[str, ...] = ()
+    reclaimed_puts: tuple[str, ...] = ()
+    reclaimed_bytes: int = 0
+    evicted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MasterStats:
+    num_objects: int
+    num_pending: int
+    num_segments: int
+    num_clients: int
+    capacity_bytes: int
+    used_bytes: int
+    lsn: int
+    epoch: int

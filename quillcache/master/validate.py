@@ -1,0 +1,109 @@
+"""Argument checks of the master's public calls: each refusal is an ``InvalidParamsError`` naming
+the argument, its value and the allowed range (a bad key, size, replica count, pin, digest,
+segment descriptor or config never reaches the state machine)."""
+
+from __future__ import annotations
+
+import math
+
+from quillcache.master.errors import InvalidParamsError
+from quillcache.master.types import (
+    MAX_DIGEST_BYTES, MAX_KEY_CHARS, MAX_REPLICAS, U32_MAX, MasterConfig, PinKind, PutRequest, ReplicaConfig,
+    SegmentDescriptor,
+)
+from quillcache.types import CacheTier
+
+__all__ = ["check_config", "check_key", "check_put", "check_segment", "key_error"]
+
+MAX_NODE_BYTES = 200  # the residency index's limit on node names
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_config(c: MasterConfig) -> None:
+    if not isinstance(c, MasterConfig):
+        raise TypeError(f"config must be a MasterConfig, got {type(c).__name__}")
+    for name in ("lease_ttl_s", "client_ttl_s", "zombie_preempt_s", "zombie_reclaim_s", "soft_pin_ttl_s",
+                 "snapshot_every_s"):
+        v = getattr(c, name)
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)):
+            raise InvalidParamsError(f"MasterConfig.{name}={v!r} must be a positive finite number of seconds")
+    if not 0 < c.high_watermark <= 1 or not 0 < c.evict_fraction <= 1:
+        raise InvalidParamsError(f"MasterConfig high_watermark={c.high_watermark} and evict_fraction="
+                                 f"{c.evict_fraction} must be in (0, 1]")
+    a = c.alignment_bytes
+    if not _is_int(a) or a < 1 or a & (a - 1) or a > 1 << 30:
+        raise InvalidParamsError(f"MasterConfig.alignment_bytes={a!r} must be a power of two in [1, 2**30]")
+    if not _is_int(c.max_object_bytes) or not 1 <= c.max_object_bytes <= U32_MAX:
+        raise InvalidParamsError(f"MasterConfig.max_object_bytes={c.max_object_bytes!r} must be in [1, 2**32-1]")
+    if not _is_int(c.snapshot_every_records) or c.snapshot_every_records < 1:
+        raise InvalidParamsError(f"MasterConfig.snapshot_every_records={c.snapshot_every_records!r} must be >= 1")
+    if c.epoch is not None and (not _is_int(c.epoch) or c.epoch < 1):
+        raise InvalidParamsError(f"MasterConfig.epoch={c.epoch!r} must be a positive int or None")
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+        shown = f"{key!r:.60}" if isinstance(key, str) else f"{type(key).__name__} {key!r:.60}"
+        raise InvalidParamsError(f"key {shown} must be a non-empty str of at most {MAX_KEY_CHARS} characters")
+    return key
+
+
+def key_error(key: object) -> InvalidParamsError:
+    """The error ``check_key`` raises for a bad key (batch calls return it in the key's slot)."""
+    try:
+        check_key(key)
+    except InvalidParamsError as exc:
+        return exc
+    raise ValueError(f"key {key!r} is valid")
+
+
+def check_put(req: PutRequest, max_object_bytes: int) -> tuple[str, int, int, int, bytes | None]:
+    """``(key, size_bytes, replica_num, pin, digest)`` of a valid request."""
+    key = check_key(req.key)
+    size = req.size_bytes
+    if not _is_int(size):
+        raise InvalidParamsError(f"put_start({key!r}): size_bytes must be an int, got {type(size).__name__}")
+    if not 0 < size <= max_object_bytes:
+        raise InvalidParamsError(f"put_start({key!r}): size_bytes={size} must be in [1, {max_object_bytes}]")
+    cfg = req.config
+    if not isinstance(cfg, ReplicaConfig):
+        raise InvalidParamsError(f"put_start({key!r}): config must be a ReplicaConfig, got {type(cfg).__name__}")
+    n = cfg.replica_num
+    if not _is_int(n) or not 1 <= n <= MAX_REPLICAS:
+        raise InvalidParamsError(f"put_start({key!r}): replica_num={n!r} must be an int in [1, {MAX_REPLICAS}]")
+    if cfg.preferred_segment is not None and not _is_int(cfg.preferred_segment):
+        raise InvalidParamsError(f"put_start({key!r}): preferred_segment={cfg.preferred_segment!r} must be an int")
+    try:
+        pin = int(PinKind(req.pin))
+    except ValueError:
+        raise InvalidParamsError(f"put_start({key!r}): pin={req.pin!r} is not a PinKind") from None
+    digest = req.digest
+    if digest is not None:
+        if not isinstance(digest, (bytes, bytearray)) or not 0 < len(digest) <= MAX_DIGEST_BYTES:
+            raise InvalidParamsError(f"put_start({key!r}): digest must be 1..{MAX_DIGEST_BYTES} bytes or None")
+        digest = bytes(digest)
+    return key, size, n, pin, digest
+
+
+def check_segment(d: object, alignment: int) -> int:
+    """Validate a descriptor to mount; returns its tier as an int."""
+    if not isinstance(d, SegmentDescriptor):
+        raise InvalidParamsError(f"mount_segment takes a SegmentDescriptor, got {type(d).__name__}")
+    if not isinstance(d.node_id, str) or not d.node_id or "\x00" in d.node_id \
+            or len(d.node_id.encode("utf-8", "surrogatepass")) > MAX_NODE_BYTES:
+        raise InvalidParamsError(f"segment node_id={d.node_id!r} must be 1..{MAX_NODE_BYTES} UTF-8 bytes, no NUL")
+    if not _is_int(d.segment_id) or not 0 <= d.segment_id <= U32_MAX:
+        raise InvalidParamsError(f"segment_id={d.segment_id!r} must be an int in [0, 2**32-1]")
+    if not _is_int(d.capacity_bytes) or not alignment <= d.capacity_bytes <= U32_MAX * alignment:
+        raise InvalidParamsError(f"segment {d.segment_id}: capacity_bytes={d.capacity_bytes!r} must be an int in "
+                                 f"[{alignment}, {U32_MAX * alignment}] (alignment_bytes={alignment})")
+    if not isinstance(d.endpoint, str) or not isinstance(d.transport, str) \
+            or not all(_is_int(r) for r in d.region_ids):
+        raise InvalidParamsError(f"segment {d.segment_id}: endpoint and transport must be str, region_ids ints")
+    try:
+        return int(CacheTier(d.tier))
+    except ValueError:
+        raise InvalidParamsError(f"segment {d.segment_id}: tier={d.tier!r} is not a CacheTier") from None
