@@ -108,7 +108,12 @@ class TransferEngine:
         self._check_open()
         if not isinstance(address, str) or not address:
             raise ValueError(f"a segment address must be a non-empty str, got {address!r}")
-        regions = self.backend.open_segment(address, timeout_s)
+        try:
+            regions = self.backend.open_segment(address, timeout_s)
+        except TransferError:
+            raise
+        except OSError as e:  # unreachable, refused, stalled: one error type for callers
+            raise TransferError(f"cannot open the segment at {address}: {e or type(e).__name__}") from e
         with self._lock:
             for seg in self._segments.values():
                 if seg.address == address:
@@ -286,11 +291,20 @@ class TransferEngine:
                                   f"outside region {remote_region} of {remote.length_bytes} bytes at {seg.address}")
             if op is Op.WRITE and not remote.writable:
                 raise RegionError(f"remote region {remote_region} at {seg.address} is read-only")
-            view = self.regions.checkout(local_id, local_offset_bytes, length_bytes, write=op is Op.READ)
+            with self._lock:
+                if self._inflight >= self.max_inflight_requests:
+                    raise TransferError(f"{self._inflight} requests in flight; one more would pass the limit of "
+                                        f"{self.max_inflight_requests}")
+                self._inflight += 1
             try:
-                one(seg.address, op, view, remote_region, remote_offset_bytes, length_bytes, deadline)
+                view = self.regions.checkout(local_id, local_offset_bytes, length_bytes, write=op is Op.READ)
+                try:
+                    one(seg.address, op, view, remote_region, remote_offset_bytes, length_bytes, deadline)
+                finally:
+                    self.regions.release(local_id)
             finally:
-                self.regions.release(local_id)
+                with self._lock:
+                    self._inflight -= 1
             return
         req = TransferRequest(op, local_id, local_offset_bytes, segment_id, remote_region, remote_offset_bytes,
                               length_bytes)
@@ -302,7 +316,8 @@ class TransferEngine:
              remote_region: int, remote_offset_bytes: int, length_bytes: int, *, timeout_s: float | None = None
              ) -> None:
         """Synchronous READ of one range on the calling thread; raises ``TransferError`` (or
-        ``TransferTimeoutError``, ``RegionError``) with the reason unless every byte landed."""
+        ``TransferTimeoutError``, ``RegionError``) with the reason unless every byte landed. After a
+        failed READ the destination range holds undefined bytes (part of the data, or the peer's reason)."""
         self._one(Op.READ, local, local_offset_bytes, segment, remote_region, remote_offset_bytes, length_bytes,
                   timeout_s)
 

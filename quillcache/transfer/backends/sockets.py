@@ -111,8 +111,10 @@ class Channel:
 
     def recv_idle_into(self, view: memoryview, idle_s: float) -> None:
         """Fill ``view``, waiting up to ``idle_s`` for its first byte without re-arming the kernel timeout
-        (a server waiting for the next request pays no system call for it)."""
+        unless ``idle_s`` is the shorter (a server waiting for the next request pays no system call for it)."""
         start = time.monotonic()
+        if idle_s < self._armed_s:  # a longer kernel timeout would hold an idle peer past idle_s
+            self._set(idle_s)
         while True:
             try:
                 k = self.sock.recv_into(view)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import socket
 import struct
 import threading
@@ -194,6 +195,8 @@ class TcpClient:
             else:
                 conn.ch.close()
                 pool.open -= 1
+                for idle in pool.idle:  # a broken one often means a peer restart: probe the rest before reuse
+                    idle.last_used_s = -math.inf
             if pool.waiting:
                 pool.cond.notify()
 

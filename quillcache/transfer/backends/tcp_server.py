@@ -163,6 +163,13 @@ class TcpServer:
         body = reason.encode("utf-8", "replace")[:P.MAX_REASON_BYTES]
         try:
             Channel(sock, 1.0).send(P.encode_response(status, request_id, len(body)) + body)
+            # A lingering close: closing with the peer's bytes unread (a WRITE's payload, pipelined requests)
+            # resets the connection, which destroys the answers and the reason the peer has yet to read. So
+            # stop sending, then discard what still comes until the peer closes, for a second at most.
+            sock.shutdown(socket.SHUT_WR)
+            scratch, deadline = bytearray(1 << 16), time.monotonic() + 1.0
+            while time.monotonic() < deadline and sock.recv_into(scratch):
+                pass
         except OSError:
             pass
 
