@@ -40,6 +40,8 @@ COMMANDS.register("hash", Command("print the chained block hashes of a token seq
                                   "quillcache.cli.hash"))
 COMMANDS.register("replay", Command("replay a request trace through the router, planner, store tiers and an "
                                     "engine model", "quillcache.cli.replay"))
+COMMANDS.register("master", Command("serve the master (object metadata) over the network, alone or as an HA "
+                                    "candidate through etcd", "quillcache.cli.master"))
 COMMANDS.register("gen-trace", Command("write a generated trace (multi-turn sessions, or the identity-collision "
                                        "workload)", "quillcache.cli.gen_trace"))
 

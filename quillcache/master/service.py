@@ -36,6 +36,8 @@ answers. Default index: ``config.index_kind`` (ART), persistent under ``D/index`
 
 Batch forms return per-key results (the value or the :class:`MasterError`); single-key forms raise.
 A log that fails to write or sync turns the service read-only for state changes (LOG_FAILED).
+
+Replicated mode (HA): ``MasterService(..., replicate=fn)``, see :mod:`quillcache.master.replicated`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from quillcache.master.errors import (
     StaleEpochError,
 )
 from quillcache.master.oplog import Op, OpLog, decode_record, encode_record
+from quillcache.master.replicated import ReplicatedMode
 from quillcache.master.residency import IndexProjection
 from quillcache.master.snapshot import recover, write_snapshot
 from quillcache.master.state import MasterState, SegmentRecord
@@ -72,12 +75,13 @@ _PENDING = int(ObjectStatus.PENDING)
 _COMPLETE = int(ObjectStatus.COMPLETE)
 
 
-class MasterService:
+class MasterService(ReplicatedMode):
     """The master (module docstring). Not thread-safe: callers serialise calls (the RPC layer does)."""
 
     def __init__(self, config: MasterConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
                  index: IndexBackend | None = None, data_dir: str | os.PathLike | None = None,
-                 fs: FileSystem | None = None) -> None:
+                 fs: FileSystem | None = None,
+                 replicate: Callable[[list[tuple[int, bytes]]], None] | None = None) -> None:
         self.config = config = config if config is not None else MasterConfig()
         check_config(config)
         if not callable(clock):
@@ -100,6 +104,7 @@ class MasterService:
         self._log: OpLog | None = None
         self._failed: BaseException | None = None
         self._closed = False
+        self._init_replicated(replicate)
         self.recovery_s = 0.0
         self.recovered_records = 0
         if self.data_dir is not None:
@@ -130,13 +135,14 @@ class MasterService:
             raise StaleEpochError(f"configured epoch {want} is older than epoch {st.epoch} found in "
                                   f"{self.data_dir}: a newer master has written this log")
         self._epoch = max(want or 1, st.epoch, 1)
-        if self._epoch > st.epoch:
+        self.last_snapshot_lsn = st.lsn - self.recovered_records
+        if self._epoch > st.epoch and not self._following:
             self._record([Op.EPOCH, self._epoch, now])
             self._commit()
 
     def snapshot(self) -> int:
         """Publish a snapshot now and restart the log after it; returns the snapshot's bytes."""
-        self._check_writable()
+        self._check_open()
         if self._log is None:
             raise InvalidParamsError("snapshot() needs a data_dir (this master keeps no log)")
         self._commit()
@@ -148,6 +154,7 @@ class MasterService:
             self._failed = exc
             raise LogFailedError(f"snapshot of {self.data_dir} failed ({exc}); the master is read-only") from exc
         self._last_snapshot_s = self._now()
+        self.last_snapshot_lsn = self._state.lsn
         return n
 
     def _maybe_snapshot(self) -> None:
@@ -193,10 +200,7 @@ class MasterService:
         return self._state.lsn
 
     def _check_writable(self) -> None:
-        if self._closed:
-            raise LogFailedError("the master service is closed")
-        if self._failed is not None:
-            raise LogFailedError(f"the operation log failed earlier ({self._failed}); the master is read-only")
+        self._check_leading()
         if not self._state.space_attached:
             self._state.attach_space()
         if self._state.epoch > self._epoch:
@@ -206,7 +210,9 @@ class MasterService:
     def _record(self, rec: list) -> None:
         """Log (buffered) and apply one record."""
         lsn = self._state.lsn + 1
-        if self._log is not None:
+        if self._replicate is not None:  # the local log gets it once the replicated log has it (_commit)
+            self._unreplicated.append((lsn, encode_record(rec)))
+        elif self._log is not None:
             try:
                 lsn = self._log.append(encode_record(rec))
             except (OSError, WalError) as exc:
@@ -215,6 +221,8 @@ class MasterService:
         self._state.apply(rec, lsn)
 
     def _commit(self) -> None:
+        if self._unreplicated:
+            self._replicate_pending()
         if self._log is not None:
             try:
                 self._log.commit()

@@ -1,0 +1,87 @@
+"""``quillcache master``: serve the master over the network (the same as ``python -m quillcache.master``).
+
+Single mode: ``quillcache master --data-dir D [--host 127.0.0.1] [--port 0]``. HA mode adds
+``--etcd HOST:PORT --name NAME --candidate ID --ttl-s 5``. Prints one JSON line
+``{"address", "pid", "role", "epoch"}`` when serving or standing by; logs go to stderr; SIGTERM stops it.
+See :mod:`quillcache.master.server` and :mod:`quillcache.master.ha`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not in [0, 65535]")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", required=True, help="directory of the operation log, snapshots and index")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=0, help="port to listen on (default 0: a free one)")
+    ha = parser.add_argument_group("high availability (etcd)")
+    ha.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint: run as one candidate of an HA group")
+    ha.add_argument("--name", default="master", help="the HA group's name (default 'master')")
+    ha.add_argument("--candidate", help="this candidate's id (default HOSTNAME-PID)")
+    ha.add_argument("--ttl-s", type=_positive_int, default=5, help="leader lease TTL in seconds (default 5)")
+    ha.add_argument("--prefix", default="/quillcache", help="etcd key prefix (default /quillcache)")
+    ha.add_argument("--warmup-s", type=_non_negative_float, default=0.5,
+                    help="wait after winning the election before serving (default 0.5; see quillcache.master.ha)")
+    ha.add_argument("--log-margin", type=_positive_int, default=10_000,
+                    help="log records kept in etcd below the leader's last snapshot (default 10000)")
+    parser.add_argument("--snapshot-every-records", type=_positive_int, default=None,
+                        help="snapshot after this many log records (default: MasterConfig's)")
+    parser.add_argument("--tick-s", type=_non_negative_float, default=1.0,
+                        help="seconds between timer runs: client expiry, zombie reclaim, eviction (default 1)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="stderr log level (default info)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    if not args.etcd and (args.candidate is not None):
+        print("quillcache master: --candidate needs --etcd (HA mode)", file=sys.stderr)
+        return 2
+    if args.tick_s <= 0:
+        print(f"quillcache master: --tick-s must be > 0, got {args.tick_s}", file=sys.stderr)
+        return 2
+    if args.etcd:
+        from quillcache.cluster.client import parse_endpoint
+        from quillcache.cluster.descriptors import election_key
+
+        try:
+            parse_endpoint(args.etcd)
+            election_key(args.name, args.prefix)  # the checks the etcd keys get
+        except ValueError as e:
+            print(f"quillcache master: {e} (--etcd / --name / --prefix)", file=sys.stderr)
+            return 2
+    from quillcache.master.server import run_server
+
+    return run_server(args)

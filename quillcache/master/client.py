@@ -1,0 +1,217 @@
+"""``MasterClient``: the master's client library (typed methods mirroring ``MasterService``).
+
+Contract:
+- ``MasterClient(address | [addresses] | etcd="HOST:PORT", timeout_s=5.0)``: over the network (an
+  :class:`~quillcache.rpc.RpcClient`); ``MasterClient.embedded(service)``: the same calls on an in-process
+  service, no sockets (values and errors still pass through the codec, so embedded behaves as remote).
+- With ``etcd`` the client finds the leader through the election record (``{prefix}/election/{name}``),
+  waiting up to ``retry_s`` for one to exist; with several addresses it rotates through them.
+- Retries, until ``retry_s`` has passed, with exponential backoff: NOT_LEADER answers (the call did not
+  run) for every method, moving to the leader the record names; timeouts (connection loss: the server
+  died, or is paused) for reads and heartbeats. A state-changing call that timed out is NOT resent
+  (it may have run): ``RpcTimeoutError`` says so, and the next call goes to the leader found anew;
+  ``retry_writes=True`` resends those as well (at-least-once: a repeated ``put_end(put_id=...)`` answers
+  OBJECT_ALREADY_EXISTS "already complete", a repeated ``put_start`` with a digest ``existing=True``).
+- Errors arrive typed: a master refusal as its :class:`~quillcache.master.MasterError` subclass (batch
+  results hold those instances per key), RPC refusals as :class:`~quillcache.rpc.RpcRejectedError`.
+- Thread-safe (one request in flight at a time; threads take turns). A context manager.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from quillcache.cluster.client import Backoff
+from quillcache.cluster.descriptors import DEFAULT_PREFIX
+from quillcache.master.errors import NotLeaderError
+from quillcache.master.types import (MasterStats, ObjectInfo, PinKind, PutRequest, PutStartResult, ReplicaConfig,
+                                     ReplicaDescriptor, SegmentDescriptor, TickReport)
+from quillcache.master.wire import (BATCH_METHODS, NODE_METHODS, SERVICE_METHODS, WRITE_METHODS, decode_batch,
+                                    register_master_types)
+from quillcache.master.errors import MasterError
+from quillcache.rpc import InProcessClient, RpcClient, RpcTimeoutError
+
+__all__ = ["MasterClient"]
+
+
+class MasterClient:
+    """See the module docstring."""
+
+    def __init__(self, address: str | Sequence[str] | None = None, *, etcd: str | None = None, name: str = "master",
+                 prefix: str = DEFAULT_PREFIX, timeout_s: float = 5.0, retry_s: float = 30.0,
+                 retry_writes: bool = False, backoff: Backoff = Backoff(initial_s=0.05, max_s=1.0),
+                 _rpc=None) -> None:
+        register_master_types()
+        self.retry_s = float(retry_s)
+        self.retry_writes = bool(retry_writes)
+        self.backoff = backoff
+        self._etcd = None
+        self._leader_key = None
+        if _rpc is not None:
+            self._rpc = _rpc
+            return
+        finder = None
+        if etcd is not None:
+            from quillcache.cluster.client import EtcdClient
+            from quillcache.cluster.descriptors import election_key
+
+            self._etcd = EtcdClient(etcd, connect_timeout_s=min(10.0, self.retry_s))
+            self._leader_key = election_key(name, prefix)
+            finder = self._find_leader
+            if address is None:
+                address = self._wait_for_leader()
+        if address is None or (not isinstance(address, str) and not list(address)):
+            raise ValueError("MasterClient needs an address, a list of addresses, or etcd=")
+        self._rpc = RpcClient(address, timeout_s, leader_finder=finder, retry_codes={"NOT_LEADER"}, max_retries=3,
+                              backoff_s=backoff.initial_s, max_backoff_s=backoff.max_s)
+
+    @classmethod
+    def embedded(cls, service) -> MasterClient:
+        """The same API on an in-process ``MasterService`` (no sockets); calls are serialised by a lock."""
+        from quillcache.master.server import MasterEndpoint, SingleMaster
+
+        endpoint = MasterEndpoint(SingleMaster(service))
+        return cls(_rpc=InProcessClient(endpoint, [*SERVICE_METHODS, *NODE_METHODS]))
+
+    # ------------------------------------------------------------------ leader discovery
+    def _find_leader(self) -> str | None:
+        from quillcache.cluster.descriptors import LeaderInfo
+
+        kv = self._etcd.get(self._leader_key)  # type: ignore[union-attr]
+        if kv is None:
+            return None
+        return LeaderInfo.decode(kv.value, kv.create_revision).address
+
+    def _wait_for_leader(self) -> str:
+        deadline = time.monotonic() + self.retry_s
+        delays = self.backoff.delays()
+        while True:
+            found = self._find_leader()
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:
+                raise NotLeaderError(f"no master leads {self._leader_key} (waited {self.retry_s} s)")
+            time.sleep(next(delays))
+
+    @property
+    def address(self) -> str | None:
+        return getattr(self._rpc, "address", None)
+
+    # ------------------------------------------------------------------ calls
+    def call(self, method: str, *args, **kwargs):
+        """Call ``method`` with the retries of the module docstring."""
+        resend_on_timeout = method not in WRITE_METHODS or self.retry_writes
+        deadline = time.monotonic() + self.retry_s
+        delays = self.backoff.delays()
+        while True:
+            try:
+                out = self._rpc.call(method, *args, **kwargs)
+                return decode_batch(out) if method in BATCH_METHODS else out
+            except NotLeaderError:
+                if time.monotonic() >= deadline:
+                    raise
+            except RpcTimeoutError:
+                if not resend_on_timeout or time.monotonic() >= deadline:
+                    raise
+            time.sleep(next(delays))
+
+    def close(self) -> None:
+        self._rpc.close()
+        if self._etcd is not None:
+            self._etcd.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MasterClient({self._rpc!r})"
+
+    # ------------------------------------------------------------------ segments and clients
+    def mount_segment(self, segment: SegmentDescriptor) -> None:
+        return self.call("mount_segment", segment)
+
+    def unmount_segment(self, segment_id: int, *, client_id: str | None = None) -> None:
+        return self.call("unmount_segment", segment_id, client_id=client_id)
+
+    def heartbeat(self, client_id: str) -> None:
+        return self.call("heartbeat", client_id)
+
+    # ------------------------------------------------------------------ puts
+    def put_start(self, key: str, size_bytes: int, config: ReplicaConfig | None = None, *,
+                  pin: PinKind = PinKind.NONE, digest: bytes | None = None,
+                  client_id: str | None = None) -> PutStartResult:
+        return self.call("put_start", key, size_bytes, config, pin=pin, digest=digest, client_id=client_id)
+
+    def batch_put_start(self, requests: Sequence[PutRequest], *,
+                        client_id: str | None = None) -> list[PutStartResult | MasterError]:
+        return self.call("batch_put_start", list(requests), client_id=client_id)
+
+    def put_end(self, key: str, *, put_id: int | None = None) -> None:
+        return self.call("put_end", key, put_id=put_id)
+
+    def batch_put_end(self, keys: Sequence[str], *,
+                      put_ids: Sequence[int | None] | None = None) -> list[None | MasterError]:
+        return self.call("batch_put_end", list(keys), put_ids=None if put_ids is None else list(put_ids))
+
+    def put_revoke(self, key: str, *, put_id: int | None = None) -> None:
+        return self.call("put_revoke", key, put_id=put_id)
+
+    def batch_put_revoke(self, keys: Sequence[str], *,
+                         put_ids: Sequence[int | None] | None = None) -> list[None | MasterError]:
+        return self.call("batch_put_revoke", list(keys), put_ids=None if put_ids is None else list(put_ids))
+
+    # ------------------------------------------------------------------ reads
+    def get_replicas(self, keys: Sequence[str]) -> list[tuple[ReplicaDescriptor, ...] | MasterError]:
+        return self.call("get_replicas", list(keys))
+
+    def get_replica_list(self, key: str) -> tuple[ReplicaDescriptor, ...]:
+        return self.call("get_replica_list", key)
+
+    def exists(self, keys: Sequence[str]) -> list[bool | MasterError]:
+        return self.call("exists", list(keys))
+
+    def exist_key(self, key: str) -> bool:
+        return self.call("exist_key", key)
+
+    # ------------------------------------------------------------------ remove / evict / timers
+    def remove(self, key: str, *, force: bool = False) -> None:
+        return self.call("remove", key, force=force)
+
+    def batch_remove(self, keys: Sequence[str], *, force: bool = False) -> list[None | MasterError]:
+        return self.call("batch_remove", list(keys), force=force)
+
+    def evict(self, target_bytes: int | None = None) -> list[str]:
+        return self.call("evict", target_bytes)
+
+    def tick(self) -> TickReport:
+        return self.call("tick")
+
+    # ------------------------------------------------------------------ introspection
+    def object_info(self, key: str) -> ObjectInfo:
+        return self.call("object_info", key)
+
+    def keys(self) -> list[str]:
+        return self.call("keys")
+
+    def segments(self) -> list[SegmentDescriptor]:
+        return self.call("segments")
+
+    def segment_usage(self, segment_id: int) -> tuple[int, int]:
+        return self.call("segment_usage", segment_id)
+
+    def clients(self) -> list[str]:
+        return self.call("clients")
+
+    def stats(self) -> MasterStats:
+        return self.call("stats")
+
+    def master_status(self) -> dict:
+        """The server's role, epoch, lsn, leader address (answered by any role)."""
+        return self.call("master_status")
+
+    def snapshot_bytes(self) -> bytes:
+        return self.call("snapshot_bytes")

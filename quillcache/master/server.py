@@ -1,0 +1,222 @@
+"""The master as a network service: ``python -m quillcache.master`` / ``quillcache master``.
+
+Contract:
+- ``run_server(args)`` (the argument list is :func:`quillcache.cli.master.configure`'s) opens the master
+  over ``--data-dir`` (restart = snapshot + log tail), binds an :class:`~quillcache.rpc.RpcServer` on
+  ``--host``/``--port`` (0: a free port) and, once serving (single mode or leader) or standing by (HA
+  standby), prints ONE line of JSON to stdout: ``{"address": "tcp://HOST:PORT", "pid": N, "role":
+  "leader"|"standby"|"single", "epoch": E}``; everything else goes to stderr (logging). SIGTERM or SIGINT
+  stops it cleanly (the RPC server closes, an HA leader resigns, the service snapshots and closes), exit 0.
+- Single mode (no ``--etcd``): the local WAL is the log, as ``MasterService(data_dir=D)``. HA mode
+  (``--etcd HOST:PORT --name N --candidate ID --ttl-s T``): :class:`~quillcache.master.ha.HaMaster`.
+  etcd down at start is one error line per attempt, retried with backoff until it answers.
+- Served (whitelist): every ``MasterService`` method in :data:`~quillcache.master.wire.SERVICE_METHODS`
+  (each per-key operation and its batch form) plus ``master_status()`` (role, epoch, lsn, leader, any
+  role) and ``snapshot_bytes()`` (leader/single: the state for a standby too far behind). Calls reach the
+  service one at a time (the node lock, shared with the ``tick()`` timer thread and the HA follower).
+- Bad input from the network gets a typed error: a master refusal as its :class:`MasterError` class;
+  arguments that do not bind as the RPC layer's BAD_ARGUMENTS; anything else the service raises on
+  malformed values (TypeError, ValueError, ...) as INVALID_PARAMS naming the method. Batch results carry
+  per-key errors as :class:`~quillcache.master.wire.BatchError` (the client turns them back).
+- Time is ``time.time`` (wall clock): records carry the writer's clock and another process (a restart, a
+  standby on another host) compares its own clock with them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from quillcache.master.errors import InvalidParamsError, MasterError
+from quillcache.master.service import MasterService
+from quillcache.master.types import MasterConfig
+from quillcache.master.wire import (BATCH_METHODS, NODE_METHODS, SERVICE_METHODS, encode_batch,
+                                    register_master_types)
+
+__all__ = ["MasterEndpoint", "SingleMaster", "run_server"]
+
+log = logging.getLogger(__name__)
+
+_KEYS_ARG = {"get_replicas": "keys", "exists": "keys", "batch_put_start": "requests", "batch_put_end": "keys",
+             "batch_put_revoke": "keys", "batch_remove": "keys"}
+
+
+class SingleMaster:
+    """A master without HA: the service, its lock, always serving."""
+
+    role = "single"
+
+    def __init__(self, service: MasterService) -> None:
+        self.service = service
+        self.lock = threading.RLock()
+
+    @classmethod
+    def open(cls, data_dir: str | None, config: MasterConfig, clock: Callable[[], float] = time.time) -> SingleMaster:
+        return cls(MasterService(config, clock=clock, data_dir=data_dir))
+
+    def admit(self, method: str) -> None:
+        pass
+
+    def after_call(self) -> None:
+        pass  # a failed log keeps answering LOG_FAILED for state changes (reads go on)
+
+    def status(self) -> dict:
+        st = self.service.stats()
+        return {"role": "single", "epoch": self.service.epoch, "lsn": st.lsn, "leader": None, "address": None,
+                "objects": st.num_objects}
+
+    def tick(self) -> None:
+        with self.lock:
+            self.service.tick()
+
+    def request_stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        with self.lock:
+            self.service.close()
+
+
+class MasterEndpoint:
+    """The RPC target: the whitelisted service methods, each under the node lock, admitted by the node's role."""
+
+    def __init__(self, node) -> None:
+        self._node = node
+        for name in SERVICE_METHODS:
+            setattr(self, name, self._wrap(name))
+
+    def _wrap(self, name: str) -> Callable:
+        node = self._node
+        batch = name in BATCH_METHODS
+        keys_arg = _KEYS_ARG.get(name)
+        sig = inspect.signature(getattr(node.service, name))
+
+        def call(*args, **kwargs):
+            if keys_arg is not None:
+                keys = args[0] if args else kwargs.get(keys_arg)
+                if not isinstance(keys, (list, tuple)):
+                    raise InvalidParamsError(f"{name}: {keys_arg} must be a list, got {type(keys).__name__}")
+            with node.lock:
+                node.admit(name)
+                try:
+                    out = getattr(node.service, name)(*args, **kwargs)
+                except MasterError:
+                    raise
+                except TypeError as e:
+                    try:
+                        sig.bind(*args, **kwargs)
+                    except TypeError:
+                        raise e from None  # the RPC layer answers BAD_ARGUMENTS
+                    raise InvalidParamsError(f"{name}: bad arguments ({e})") from None
+                except (ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
+                    raise InvalidParamsError(f"{name}: bad arguments ({type(e).__name__}: {e})") from None
+                finally:
+                    node.after_call()
+            return encode_batch(out) if batch else out
+
+        call.__name__ = name
+        call.__doc__ = getattr(MasterService, name).__doc__
+        call.__signature__ = sig  # type: ignore[attr-defined]
+        return call
+
+    def master_status(self) -> dict:
+        with self._node.lock:
+            return self._node.status()
+
+    def snapshot_bytes(self) -> bytes:
+        with self._node.lock:
+            self._node.admit("snapshot_bytes")
+            return self._node.service.snapshot_bytes()
+
+
+def _config(args) -> MasterConfig:
+    kw = {}
+    if getattr(args, "snapshot_every_records", None):
+        kw["snapshot_every_records"] = args.snapshot_every_records
+    return MasterConfig(**kw)
+
+
+def run_server(args) -> int:
+    """The process (module docstring); returns the exit status."""
+    import zmq
+
+    from quillcache.rpc import RpcServer
+    from quillcache.master.snapshot import SnapshotError
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    node = None
+
+    def on_signal(signum, _frame) -> None:
+        stop.set()
+        if node is not None:
+            node.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    os.makedirs(args.data_dir, exist_ok=True)
+    try:
+        if args.etcd:
+            from quillcache.master.ha import HaMaster
+
+            candidate = args.candidate or f"{socket.gethostname()}-{os.getpid()}"
+            node = HaMaster(args.data_dir, _config(args), etcd=args.etcd, name=args.name, candidate=candidate,
+                            ttl_s=args.ttl_s, prefix=args.prefix, warmup_s=args.warmup_s, log_margin=args.log_margin)
+        else:
+            node = SingleMaster.open(args.data_dir, _config(args))
+    except (MasterError, SnapshotError, OSError, ValueError) as e:
+        print(f"quillcache master: cannot open the master in {args.data_dir}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+    register_master_types()
+    server = RpcServer(MasterEndpoint(node), [*SERVICE_METHODS, *NODE_METHODS], args.host, args.port, name="master")
+    try:
+        server.start()
+    except zmq.ZMQError as e:
+        print(f"quillcache master: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        node.close()
+        return 1
+    ticker = None
+    try:
+        if args.etcd:
+            if not node.start(f"{args.host}:{server.port}"):
+                return 0  # stopped before etcd answered
+            role = node.wait_decided(timeout_s=4.0 * args.ttl_s + 30.0)
+            epoch = node.status()["epoch"] if role == "standby" else node.epoch
+        else:
+            role, epoch = "single", node.service.epoch
+        if stop.is_set():
+            return 0
+        print(json.dumps({"address": server.address, "pid": os.getpid(), "role": role, "epoch": epoch}), flush=True)
+        log.info("master serving at %s as %s (epoch %s, lsn %d)", server.address, role, epoch, node.service.lsn)
+
+        def tick_loop() -> None:
+            while not stop.wait(args.tick_s):
+                try:
+                    node.tick()
+                except MasterError as e:
+                    log.warning("tick: %s", e)
+                except Exception:
+                    log.exception("tick failed")
+
+        ticker = threading.Thread(target=tick_loop, name="master-tick", daemon=True)
+        ticker.start()
+        while not stop.wait(0.5):
+            pass
+        log.info("master at %s stopping", server.address)
+        return 0
+    finally:
+        stop.set()
+        server.close()
+        if ticker is not None:
+            ticker.join(timeout=5)
+        node.close()
