@@ -15,7 +15,7 @@ export PYTHONFAULTHANDLER := 1
 PROFILE ?= quick
 
 
-.PHONY: install etcd-server test bench storage store crash recovery safety hitrate replay transfer experiments figures paper notebook fuzz clean
+.PHONY: install etcd-server test bench storage store crash recovery safety hitrate replay transfer master kvquant experiments figures paper notebook fuzz clean
 
 install: $(STAMP) etcd-server
 
@@ -68,6 +68,16 @@ replay: install
 # virtualenv under ~/.cache/quillcache/mooncake: PyPI wheels plus Debian's libibverbs1 when root).
 transfer: install
 	$(RUN) transfer
+
+# The master's metadata ops/s against Mooncake's master (mooncake_master from the same prepared wheel as
+# `make transfer`), restart time at 10k-1M objects, SIGKILLs of the master process, failover through etcd.
+master: install
+	$(RUN) master
+
+# KV-cache codecs: relMSE / bytes per element against REFERENCE §12's table, a random-weight decoder's
+# attention error, the Numba int8 kernels' GB/s against a NumPy copy (GPU rows only where one is lent).
+kvquant: install
+	$(RUN) kvquant
 
 experiments: $(XSTAMP)
 	$(PY) -m experiments --profile $(PROFILE)

@@ -54,5 +54,9 @@ for _s in (
           make_target="replay"),
     Study(name="transfer", module="experiments.transfer_study", title="Transfer engine over TCP",
           make_target="transfer"),
+    Study(name="master", module="experiments.master_study", title="Master service: metadata throughput, restarts, kills",
+          make_target="master"),
+    Study(name="kvquant", module="experiments.kvquant_study", title="KV-cache quantization: error, size, kernel throughput",
+          make_target="kvquant"),
 ):
     STUDIES.register(_s.name, _s)

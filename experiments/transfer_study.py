@@ -296,6 +296,11 @@ def _cell_rows(placement: str, op: str, size: int, batch: int, calls: int, moved
         out.append(SummaryRow(metric="speedup_over_mooncake", subject=OURS, value=ours / mk, unit="x",
                               n=len(res[OURS]["gbps"]), notes=f"median throughput {ours:.3f} vs {mk:.3f} GB/s",
                               params=params))
+        raw = raw_gb["median"]
+        out.append(SummaryRow(metric="ceiling_over_mooncake", subject=RAW, value=raw / mk, unit="x",
+                              n=len(res[RAW]["gbps"]),
+                              notes="the most any engine bounded by the raw socket pair could reach over Mooncake here",
+                              params=params))
     return out
 
 

@@ -96,6 +96,20 @@ gb = df[(df.metric == "throughput") & (df.placement == "cross_core")]
 display(gb.pivot_table(index=["op", "block_bytes", "batch"], columns="subject", values="value"))
 lat = df[(df.metric == "latency_p50") & (df.block_bytes == 65536) & (df.batch == 1)]
 lat.pivot_table(index=["placement", "op"], columns="subject", values="value")'''),
+    ("master", "Master service: metadata objects/s per subject, operation and batch (Mooncake's master in the same run), restart seconds by objects and state, and the SIGKILL study's counts (lost must be 0).",
+     '''df = read_summary("master", RESULTS)
+display(df[df.metric == "ops_per_s"].pivot_table(index=["op", "batch"], columns="subject", values="value"))
+display(df[df.metric == "restart_s"].pivot_table(index=["objects"], columns=["start", "state"], values="value"))
+df[df.metric.isin(["kills", "acknowledged_objects", "objects_checked", "objects_lost", "half_finished_visible",
+                   "failover_s", "failover_objects_lost", "failover_available"])][["metric", "value", "notes"]]'''),
+    ("kvquant", "KV quantization: relMSE and bytes per element per codec on REFERENCE §12's synthetic tensors (anchors: its table), attention-output error on a random-weight decoder, and the Numba int8 kernels' GB/s against a NumPy copy.",
+     '''df = read_summary("kvquant", RESULTS)
+display(df[df.metric.isin(["relmse", "relmse_vs_reference", "bytes_per_element"])].pivot_table(
+    index=["data", "subject"], columns="metric", values="value"))
+display(df[df.metric.str.endswith("relmse") & (df.data == "random_weight_decoder")].pivot_table(
+    index="subject", columns="metric", values="value"))
+display(df[df.metric == "throughput"][["subject", "bytes_counted", "threads", "value", "baseline_value", "ratio"]])
+read_anchors("kvquant", RESULTS)'''),
 ]
 
 

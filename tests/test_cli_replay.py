@@ -228,3 +228,45 @@ def test_a_long_trace_slowed_down_is_refused_and_a_late_one_stays_exact(tmp_path
     assert p.returncode == 0, p.stderr
     rows = pd.read_csv(tmp_path / "late" / "requests.csv")
     assert (rows["ttft_s"] >= rows["prefill_s"] - 1e-6).all() and (rows["ttft_s"] > 0).all()  # microsecond-exact
+
+
+# ---- --kv-codec: quantized DRAM/SSD tiers -------------------------------------------------------------
+
+
+def test_kv_codec_replay_names_the_codec_and_reports_hits_ttft_and_bytes(tmp_path: Path) -> None:
+    trace = write(tmp_path, good_lines())
+    runs = {}
+    for codec in ("fp16", "int8"):
+        out = tmp_path / codec
+        p = cli(str(trace), "--out", str(out), "--engines", "2", "--model", "llama-3.2-1b", "--kv-codec", codec,
+                "--capacity-blocks", "4", "--ssd-capacity-blocks", "0")
+        assert p.returncode == 0, p.stderr
+        text = " ".join(p.stdout.split())  # the table may wrap its title
+        assert f"KV codec {codec}" in text and "TTFT p90" in text and "fetched DRAM / SSD / peer" in text
+        runs[codec] = pd.read_csv(out / "replay.csv").loc[0]
+    f, q = runs["fp16"], runs["int8"]
+    assert f.kv_codec == "fp16" and q.kv_codec == "int8"
+    assert q.dram_capacity_bytes == f.dram_capacity_bytes and q.dram_capacity_blocks > f.dram_capacity_blocks
+    assert q.tier_block_bytes < 0.55 * f.tier_block_bytes
+    assert q.block_hit_rate >= f.block_hit_rate
+    for col in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "bytes_offloaded_gpu_to_dram", "bytes_fetched_dram"):
+        assert col in q.index
+    from quillcache.results import read_summary
+
+    tidy = read_summary("int8", tmp_path)
+    assert set(tidy["kv_codec"]) == {"int8"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-codec", "int3"], "--kv-codec='int3' is not a KV codec; known: fp16, int8, fp8_e4m3, int4, int2"),
+    (["--dram-capacity-bytes", "0"], "--dram-capacity-bytes=0 must be >= 1"),
+    (["--ssd-capacity-bytes", "-5"], "--ssd-capacity-bytes=-5 must be >= 0"),
+    (["--kv-codec", "int8", "--dram-capacity-bytes", "4096"], "holds no block"),
+])
+def test_kv_codec_errors_are_one_line(tmp_path: Path, args, message) -> None:
+    trace = write(tmp_path, good_lines())
+    p = cli(str(trace), "--out", str(tmp_path / "out"), "--model", "llama-3.2-1b", *args)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and message in errors[0], p.stderr
+    assert not (tmp_path / "out").exists()

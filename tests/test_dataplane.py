@@ -684,3 +684,89 @@ def test_touch_and_request_hints(tmp_path):
         hinted.put(k, 4096, tier=CacheTier.GPU)
     with pytest.raises(ValueError, match="num_hit"):  # the policy's own check: the hint reaches the policy
         hinted.begin_request(keys, 9)
+
+
+# ---- quantized tiers: a kvquant codec's blocks through DRAM and SSD (quillcache.store.tier_codec) ---------
+
+
+def _kv(tc, seed: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(tc.shape, dtype=np.float32).astype(np.float16) for _ in range(2))
+
+
+@pytest.mark.parametrize("codec", ["int8", "fp8_e4m3", "int4", "int2"])
+def test_quantized_block_round_trips_through_dram_ssd_demotion_and_promotion(tmp_path, codec: str) -> None:
+    import numpy as np
+
+    from quillcache.kvquant import KVBlockError
+    from quillcache.store.tier_codec import REL_MSE_BOUND, TierCodec
+
+    tc = TierCodec(codec, tokens=16, layers=2, kv_heads=2, head_dim=64)
+    foot = -(-tc.block_bytes // 4096) * 4096
+    dp = make_plane(str(tmp_path / "ssd"), dram_bytes=4 * foot, ssd_bytes=4 * foot)
+    try:
+        kv = {h: _kv(tc, h) for h in range(3)}
+        for h, (k, v) in kv.items():  # GPU -> DRAM: quantize real 16-bit K/V, store encode_block bytes
+            assert dp.put(K(h), tc.encode(k, v), tier=DRAM) == DRAM
+        assert dp.demote(K(0)) == SSD and K(0) not in dp.dram  # DRAM -> SSD moves the quantized bytes
+        assert dp.stats().bytes_dram_to_ssd == tc.block_bytes
+        for h, (k, v) in kv.items():
+            data = dp.get(K(h))  # K(0): an SSD read, promoted back to DRAM with the same bytes
+            assert len(data) == tc.block_bytes
+            k2, v2 = tc.decode(data)  # each half's crc32c checked, then dequantized
+            assert k2.dtype == np.float16 and k2.shape == k.shape
+            for a, b in ((k2, k), (v2, v)):
+                a64, b64 = a.astype(np.float64), b.astype(np.float64)
+                assert ((a64 - b64) ** 2).sum() / (b64**2).sum() < REL_MSE_BOUND[codec]
+            if codec == "int8":  # symmetric per token x head: every error within half a step (+ fp16 rounding)
+                step = np.abs(k.astype(np.float32)).max(axis=2, keepdims=True) / 127
+                assert (np.abs(k2.astype(np.float32) - k) <= step / 2 + np.abs(k) * 2**-10 + 1e-6).all()
+        assert K(0) in dp.dram and dp.stats().bytes_ssd_to_dram == tc.block_bytes
+        bad = bytearray(dp.get(K(1)))
+        bad[100] ^= 0x01  # one flipped bit in the key half, then in the value half
+        with pytest.raises(KVBlockError, match="crc32c"):
+            tc.decode(bad)
+        bad[100] ^= 0x01
+        bad[tc.key_block_bytes + 100] ^= 0x10
+        with pytest.raises(KVBlockError, match="crc32c"):
+            tc.decode(bad)
+        with pytest.raises(ValueError, match="bytes, got"):
+            tc.decode(bytes(bad[:-1]))
+    finally:
+        dp.close()
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_a_quantized_tier_holds_more_blocks_in_the_same_bytes(tmp_path, codec: str) -> None:
+    from quillcache.store.tier_codec import TierCodec
+
+    tc = TierCodec(codec, tokens=16, layers=2, kv_heads=2, head_dim=64)
+    assert tc.fp16_block_bytes == 16 << 10 and tc.ratio < 0.6
+    budget = 8 * tc.fp16_block_bytes  # eight 16-bit blocks' worth of DRAM
+    for stored, want in ((tc.fp16_block_bytes, 8), (tc.block_bytes, tc.blocks_in(budget, 64))):
+        dp = make_plane(str(tmp_path / f"ssd{stored}"), dram_bytes=budget, with_ssd=False)
+        try:
+            for h in range(40):
+                dp.put(K(h), blob(h, stored), tier=DRAM)
+            assert sum(1 for k in dp if k in dp.dram) == want
+        finally:
+            dp.close()
+    assert tc.blocks_in(budget, 64) >= 14  # ~1.9x: the codes plus float32 scales (and int32 zero points)
+
+
+def test_tier_codec_refuses_fp16_and_unknown_names_and_wrong_shapes() -> None:
+    from quillcache.store.tier_codec import TierCodec, check_tier_codec
+
+    with pytest.raises(ValueError, match="fp16 is no codec"):
+        TierCodec("fp16", tokens=16, layers=1, kv_heads=1, head_dim=64)
+    with pytest.raises(ValueError, match="known: fp16, int8, fp8_e4m3, int4, int2"):
+        check_tier_codec("int3")
+    tc = TierCodec("int8", tokens=16, layers=1, kv_heads=1, head_dim=64)
+    k, v = _kv(tc, 0)
+    with pytest.raises(ValueError, match="is not the block's"):
+        tc.encode(k[:8], v)
+    # KIVI groups fit the block: gcd(32, tokens, head_dim)
+    assert TierCodec("int4", tokens=48, layers=1, kv_heads=1, head_dim=64).codec.group_size == 16
+    assert TierCodec("int4", tokens=512, layers=1, kv_heads=1, head_dim=128).codec.group_size == 32

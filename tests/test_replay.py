@@ -246,3 +246,113 @@ def test_simulated_time_starts_at_the_first_arrival() -> None:
     assert [r.ttft_s for r in a.rows] == [r.ttft_s for r in b.rows]
     with pytest.raises(ValueError, match=r"time_scale=1e-06 stretches .* past 4.29e\+09 s"):
         replay([trace[0], dataclasses.replace(trace[1], timestamp_ms=10**12)], cfg(time_scale=1e-6))
+
+
+# ---- quantized host tiers (ReplayConfig.kv_codec) --------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"kv_codec": "int9"}, r"kv_codec='int9' is not a KV codec; known: fp16, int8, fp8_e4m3, int4, int2"),
+    ({"kv_codec": None}, "is not a KV codec"),
+    ({"kv_codec": "int8", "kv_dtype": "float32"}, "quantizes 16-bit KV"),
+    ({"dram_capacity_bytes": 0}, "dram_capacity_bytes=0"),
+    ({"ssd_capacity_bytes": -1}, "ssd_capacity_bytes=-1"),
+    ({"dequant_hbm_share": 0.0}, "dequant_hbm_share"),
+])
+def test_bad_codec_config_is_refused(kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ReplayConfig(**kw)
+
+
+def test_every_kvquant_codec_is_a_tier_codec() -> None:
+    from quillcache.kvquant import CODECS
+
+    for name in ("fp16", *CODECS.names()):
+        assert ReplayConfig(kv_codec=name).kv_codec == name
+
+
+def test_a_budget_that_holds_no_block_is_refused() -> None:
+    with pytest.raises(ValueError, match="holds no block"):
+        replay(make_trace(convs=2, turns=2), cfg(kv_codec="int8", dram_capacity_bytes=4096))
+
+
+def _pressured(**kw) -> ReplayConfig:
+    trace = make_trace(convs=12, turns=6)
+    return trace, cfg(gpu_capacity_blocks=_largest_prompt_blocks(trace), dram_capacity_blocks=20,
+                      account_bytes=True, **kw)
+
+
+def test_a_quantized_tier_holds_more_blocks_in_the_same_bytes_and_hits_at_least_as_often() -> None:
+    from quillcache.kvquant.block import HEADER_BYTES
+    from quillcache.store.tier_codec import TierCodec
+
+    trace, _ = _pressured()
+    runs = {c: replay(trace, _pressured(kv_codec=c)[1]).summary for c in ("fp16", "int8", "fp8_e4m3", "int4", "int2")}
+    f = runs["fp16"]
+    assert f.kv_codec == "fp16" and f.dram_capacity_blocks == 20 and f.tier_block_bytes == 512 << 10
+    for c, s in runs.items():
+        assert s.kv_codec == c
+        assert s.dram_capacity_bytes == f.dram_capacity_bytes == 20 * (512 << 10)  # equal tier bytes
+        if c == "fp16":
+            continue
+        # bytes per block from the codec itself: fp16 bytes x its bytes per element / 2, plus two
+        # self-describing block headers and crc32cs (K and V)
+        tc = TierCodec(c, tokens=BS, layers=16, kv_heads=8, head_dim=64)
+        want = f.tier_block_bytes * tc.bytes_per_element / 2 + 2 * (HEADER_BYTES + 4)
+        assert s.tier_block_bytes == tc.block_bytes == pytest.approx(want, abs=1e-6)
+        assert s.dram_capacity_blocks == f.dram_capacity_bytes // (-(-tc.block_bytes // 4096) * 4096) > 20
+        assert s.block_hit_rate >= f.block_hit_rate
+        # every host-tier byte moved is quantized: fewer bytes per offloaded block
+        assert s.bytes_offloaded_gpu_to_dram % s.tier_block_bytes == 0
+    assert runs["int8"].block_hit_rate > f.block_hit_rate  # this trace's DRAM is too small for fp16
+    assert runs["int2"].dram_capacity_blocks > runs["int4"].dram_capacity_blocks >= runs["int8"].dram_capacity_blocks
+
+
+def test_explicit_byte_budgets_override_block_counts() -> None:
+    trace, c = _pressured(kv_codec="int8")
+    s = replay(trace, dataclasses.replace(c, dram_capacity_bytes=40 << 20, ssd_capacity_bytes=0)).summary
+    assert s.dram_capacity_bytes == 40 << 20 and s.ssd_capacity_bytes == 0 and s.ssd_capacity_blocks == 0
+    assert s.dram_capacity_blocks == (40 << 20) // (-(-s.tier_block_bytes // 4096) * 4096)
+
+
+def test_fetch_time_charges_quantized_bytes_and_a_dequantize_per_block() -> None:
+    trace, c = _pressured()
+    f = replay(trace, c).engine_model
+    q = replay(trace, dataclasses.replace(c, kv_codec="int8")).engine_model
+    assert f.dequantize_block_s == 0.0 and f.fetch_s([1, 1]) == f.cost_model.fetch_s([1, 1], f.block_bytes)
+    hbm = q.cost_model.gpu.hbm_bytes_per_s
+    assert q.dequantize_block_s == pytest.approx((q.tier_block_bytes + q.block_bytes) / (hbm * 0.7))
+    host = q.cost_model.fetch_s([1, 2], q.tier_block_bytes) + 2 * q.dequantize_block_s
+    assert q.fetch_s([1, 2]) == pytest.approx(host)
+    assert q.fetch_s([3]) == f.fetch_s([3])  # a peer GPU's block stays 16-bit, nothing to dequantize
+    assert q.fetch_s([1]) < f.fetch_s([1])  # half the PCIe bytes outweigh the dequantize
+
+
+def test_real_bytes_quantize_on_offload_and_dequantize_on_fetch_like_accounting() -> None:
+    trace = make_trace(convs=6, turns=4, gap_ms=5)
+    kw = dict(engines=2, gpu_capacity_blocks=_largest_prompt_blocks(trace), dram_capacity_blocks=6,
+              ssd_capacity_blocks=8, kv_codec="int8")
+    real = replay(trace, cfg(**kw), keep_open=True)
+    acct = replay(trace, cfg(account_bytes=True, **kw))
+    try:
+        assert not real.account_bytes and real.verify_failures == 0 and real.dequantized_blocks > 0
+        sr, sa = real.summary.as_dict(), acct.summary.as_dict()
+        for d in (sr, sa):
+            d.pop("wall_s"), d.pop("account_bytes")
+        assert sr == sa  # the same decisions and bytes whether the payloads exist or not
+        assert real.summary.bytes_fetched_dram + real.summary.bytes_fetched_ssd > 0
+        from quillcache.harness.replay import _block_kv
+        from quillcache.store.tier_codec import TierCodec
+
+        tc = TierCodec("int8", tokens=BS, layers=16, kv_heads=8, head_dim=64)
+        dp = real.planes["engine-0"]
+        checked = 0
+        for key in list(dp):  # the stored bytes are the codec's blocks of the key's K/V
+            if key in dp.dram:  # (a read of an SSD block promotes it and may evict another)
+                k2, _ = tc.decode(dp.get(key))
+                k, _ = _block_kv(key, tc.shape)
+                assert float(abs(k2.astype("f4") - k.astype("f4")).max()) < 0.05
+                checked += 1
+        assert checked
+    finally:
+        real.close()

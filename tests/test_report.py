@@ -27,7 +27,7 @@ RESULTS = ROOT / "results"
 # A number as prose shows it: not part of a word, an identifier or a code span; optionally signed,
 # with thousands separators and a %/x suffix.
 NUMBER = re.compile(r"(?<![\w.'§/#@-])(-?\d[\d,]*(?:\.\d+)?)(?=[x×%]?(?:[\s,;:)\]|*]|\.(?:\s|$)|$))")
-TRANSFORMS = (1.0, 100.0, 1e-3, 1e3, 1e-6, 1 / 2**20)
+TRANSFORMS = (1.0, 100.0, 1e-3, 1e3, 1e-6, 1 / 2**20, 1 / 2**30)
 
 
 def _known_values() -> list[float]:

@@ -29,6 +29,10 @@ examples:
   # the first 2,000 requests, round-robin routing, QuillHD eviction, 2,000 DRAM blocks per node
   quillcache replay trace.jsonl --limit 2000 --router round_robin --policy quillhd --capacity-blocks 2000
 
+  # int8 KV in the DRAM and SSD tiers (the GPU keeps 16-bit KV) at the same tier BYTES as fp16:
+  # the byte budget is --capacity-blocks 16-bit blocks, which now hold ~1.9x as many int8 blocks
+  quillcache replay trace.jsonl --kv-codec int8 --capacity-blocks 512 --ssd-capacity-blocks 1024
+
   # skip malformed lines instead of stopping, write elsewhere, no progress bar
   quillcache replay trace.jsonl --on-error skip --out /tmp/replay --quiet
 
@@ -40,6 +44,10 @@ a peer node), TTFT p50/p99, goodput under the TTFT SLO, bytes moved per tier, qu
 compute is an engine MODEL (cited FLOP/bandwidth figures), everything else is the real router,
 planner, identity guard, residency index and store tiers. With --account-bytes (the default for
 traces whose blocks do not fit in RAM) the DRAM/SSD tiers allocate offsets without payloads.
+--kv-codec quantizes every block leaving a GPU for DRAM/SSD (quillcache.kvquant); tier capacity is a
+byte budget (--dram-capacity-bytes / --ssd-capacity-bytes, else the --capacity-blocks /
+--ssd-capacity-blocks of 16-bit blocks), bytes moved are the quantized bytes, and the engine model
+charges a dequantize per block fetched from a host tier (an assumed 70% of HBM bandwidth).
 """
 
 
@@ -47,6 +55,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     from quillcache.harness.config import REPLAY_POLICIES, ReplayConfig
     from quillcache.planner.profiles import GPUS, MODELS
     from quillcache.routing import ROUTERS
+    from quillcache.store.tier_codec import TIER_CODECS
 
     d = ReplayConfig()
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -58,6 +67,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"DRAM capacity per node, in blocks (default {d.dram_capacity_blocks})")
     p.add_argument("--ssd-capacity-blocks", type=int, default=d.ssd_capacity_blocks,
                    help=f"SSD capacity per node, in blocks; 0 = no SSD tier (default {d.ssd_capacity_blocks})")
+    p.add_argument("--dram-capacity-bytes", type=int, default=None,
+                   help="DRAM byte budget per node (default: --capacity-blocks 16-bit blocks)")
+    p.add_argument("--ssd-capacity-bytes", type=int, default=None,
+                   help="SSD byte budget per node; 0 = no SSD tier (default: --ssd-capacity-blocks 16-bit blocks)")
+    p.add_argument("--kv-codec", default=d.kv_codec,
+                   help=f"codec of the DRAM and SSD tiers: {', '.join(TIER_CODECS)} (default {d.kv_codec}: none)")
     p.add_argument("--gpu-capacity-blocks", type=int, default=None,
                    help="GPU KV capacity per engine, in blocks (default: from the engine model)")
     p.add_argument("--router", default=d.router, help=f"router: {', '.join(sorted(ROUTERS))} (default {d.router})")
@@ -127,7 +142,7 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
     s = result.summary
     con = Console()
     t = Table(title=f"quillcache replay: {s.requests} requests, {s.engines} engines, router {s.router}, "
-                    f"policy {s.policy}")
+                    f"policy {s.policy}, KV codec {s.kv_codec}")
     t.add_column("metric")
     t.add_column("value", justify="right")
     mib = 1 << 20
@@ -140,6 +155,7 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
         add(f"  from {tier.upper()}", f"{getattr(s, f'block_hit_rate_{tier}'):.3f}")
     add("token hit rate", f"{s.token_hit_rate:.3f}")
     add("TTFT p50 / p99 (s)", f"{s.ttft_p50_s:.3f} / {s.ttft_p99_s:.3f}")
+    add("TTFT p90 (s)", f"{s.ttft_p90_s:.3f}")
     add(f"SLO attainment (TTFT <= {s.slo_ttft_s:g} s)", f"{s.slo_attainment:.3f}")
     add("goodput (req/s, tokens/s)", f"{s.goodput_rps:.3f}, {s.goodput_tokens_per_s:,.0f}")
     add("queue mean / p99 (s)", f"{s.queue_mean_s:.3f} / {s.queue_p99_s:.3f}")
@@ -147,6 +163,9 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
         f"{s.bytes_fetched_dram / mib:,.0f} / {s.bytes_fetched_ssd / mib:,.0f} / {s.bytes_fetched_peer / mib:,.0f}")
     add("offloaded GPU->DRAM, DRAM->SSD (MiB)", f"{s.bytes_offloaded_gpu_to_dram / mib:,.0f}, {s.bytes_dram_to_ssd / mib:,.0f}")
     add("capacity GPU / DRAM / SSD (blocks)", f"{s.gpu_capacity_blocks} / {s.dram_capacity_blocks} / {s.ssd_capacity_blocks}")
+    add("DRAM / SSD budget per node (MiB)", f"{s.dram_capacity_bytes / mib:,.0f} / {s.ssd_capacity_bytes / mib:,.0f}")
+    codec = "none (16-bit)" if s.kv_codec == "fp16" else s.kv_codec
+    add("KV codec of DRAM/SSD, bytes per block", f"{codec}, {s.tier_block_bytes:,}")
     add("block size (tokens), model, GPU", f"{s.block_tokens}, {s.model}, {s.gpu}")
     add("bytes", "accounted (no payloads)" if s.account_bytes else "real")
     add("simulated time / wall time (s)", f"{s.duration_s:,.1f} / {s.wall_s:,.1f}")
@@ -162,7 +181,8 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
 FLAGS = {"dram_capacity_blocks": "--capacity-blocks", "ssd_capacity_blocks": "--ssd-capacity-blocks",
          "gpu_capacity_blocks": "--gpu-capacity-blocks", "engines": "--engines", "limit": "--limit",
          "ttft_slo_s": "--slo-ttft-s", "time_scale": "--time-scale", "seed": "--seed", "model": "--model",
-         "gpu": "--gpu", "router": "--router", "policy": "--policy"}
+         "gpu": "--gpu", "router": "--router", "policy": "--policy", "kv_codec": "--kv-codec",
+         "dram_capacity_bytes": "--dram-capacity-bytes", "ssd_capacity_bytes": "--ssd-capacity-bytes"}
 
 
 def _flagged(msg: str) -> str:
@@ -198,7 +218,8 @@ def _tidy_rows(result) -> list:
 
     s = result.summary.as_dict()
     params = {k: s[k] for k in ("engines", "router", "policy", "model", "gpu", "account_bytes", "block_tokens",
-                                "gpu_capacity_blocks", "dram_capacity_blocks", "ssd_capacity_blocks", "requests")}
+                                "gpu_capacity_blocks", "dram_capacity_blocks", "ssd_capacity_blocks", "requests",
+                                "kv_codec", "tier_block_bytes", "dram_capacity_bytes", "ssd_capacity_bytes")}
     units = {"_s": "s", "_rps": "req/s", "_per_s": "tokens/s", "rate": "fraction", "attainment": "fraction"}
     rows = []
     for k, v in s.items():
@@ -231,11 +252,13 @@ def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
     from quillcache.harness.config import ReplayConfig
     from quillcache.harness.replay import replay
+    from quillcache.store.tier_codec import check_tier_codec
     from quillcache.traces.loader import TraceError, load_trace_report
 
     for flag, v, lo in (("--capacity-blocks", args.capacity_blocks, 1), ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0),
                         ("--gpu-capacity-blocks", args.gpu_capacity_blocks, 1), ("--engines", args.engines, 1),
-                        ("--limit", args.limit, 1)):
+                        ("--limit", args.limit, 1), ("--dram-capacity-bytes", args.dram_capacity_bytes, 1),
+                        ("--ssd-capacity-bytes", args.ssd_capacity_bytes, 0)):
         try:
             if v is not None:
                 check_int(flag, v, lo)
@@ -247,11 +270,16 @@ def run(args: argparse.Namespace) -> int:
         if not math.isfinite(v) or not (lo < v if lo_open else lo <= v) or v > hi:
             return _fail(f"{flag}={v!r} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]")
     try:
+        check_tier_codec(args.kv_codec, "--kv-codec")
+    except ValueError as exc:
+        return _fail(str(exc))
+    try:
         cfg = ReplayConfig(model=args.model, gpu=args.gpu, engines=args.engines, router=args.router,
                            policy=args.policy, gpu_capacity_blocks=args.gpu_capacity_blocks,
                            dram_capacity_blocks=args.capacity_blocks, ssd_capacity_blocks=args.ssd_capacity_blocks,
                            account_bytes=args.account_bytes, ttft_slo_s=args.slo_ttft_s, time_scale=args.time_scale,
-                           seed=args.seed, limit=args.limit, on_oversize=args.on_error)
+                           seed=args.seed, limit=args.limit, on_oversize=args.on_error, kv_codec=args.kv_codec,
+                           dram_capacity_bytes=args.dram_capacity_bytes, ssd_capacity_bytes=args.ssd_capacity_bytes)
     except (ValueError, TypeError) as exc:
         return _fail(_flagged(str(exc)))
     trace = Path(args.trace)

@@ -10,6 +10,15 @@ Byte accounting (``account_bytes``): ``True`` = DRAM/SSD tiers allocate offsets 
 (``LocalKvStore(account_only=True)``, ``SsdTier(account_only=True)``); ``False`` = real bytes
 (DRAM segments, SSD slab files in a temporary directory); ``None`` (default) = real bytes only
 when the trace's distinct blocks fit in ``real_bytes_budget_bytes`` (2 GiB), else accounting.
+
+Quantized tiers (``kv_codec``): ``"fp16"`` (default) stores the GPU's 16-bit KV as is; ``"int8"``,
+``"fp8_e4m3"``, ``"int4"``, ``"int2"`` (``quillcache.kvquant``) quantize every block that leaves a GPU
+for DRAM and SSD (the GPU keeps 16-bit KV, like vLLM's offloading), see
+``quillcache.store.tier_codec``. Tier capacity is a BYTE budget per node: ``dram_capacity_bytes`` /
+``ssd_capacity_bytes`` when given, else ``dram_capacity_blocks`` / ``ssd_capacity_blocks`` x the
+footprint of one 16-bit block in that tier. So "equal tier bytes" is the same budget whatever the
+codec: an fp16 tier holds exactly ``*_capacity_blocks`` blocks, a quantized tier
+``budget // quantized footprint`` (about 1.94x for int8, 2.67x for int4 at Llama-3-8B shapes).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from quillcache.index import INDEX_BACKENDS
 from quillcache.planner.profiles import DTYPE_BYTES, GPUS, MODELS
 from quillcache.policies import POLICIES
 from quillcache.routing import ROUTERS
+from quillcache.store.tier_codec import FP16, check_tier_codec
 
 __all__ = ["REPLAY_POLICIES", "ReplayConfig"]
 
@@ -43,6 +53,13 @@ class ReplayConfig:
     gpu_capacity_blocks: int | None = None  # None: from the engine model
     dram_capacity_blocks: int = 8192  # per node (the CLI's --capacity-blocks)
     ssd_capacity_blocks: int = 32768  # per node; 0 = no SSD tier
+    # byte budgets per node (None: the *_capacity_blocks of 16-bit blocks; module docstring)
+    dram_capacity_bytes: int | None = None
+    ssd_capacity_bytes: int | None = None  # 0 = no SSD tier
+    kv_codec: str = FP16  # codec of the DRAM and SSD tiers: fp16 (none), int8, fp8_e4m3, int4, int2
+    # ASSUMPTION (stand-in): share of the GPU's HBM bandwidth a dequantize kernel reaches, reading the
+    # quantized block and writing 16-bit KV (issue 17's GPU target: >= 70% of a device-to-device copy)
+    dequant_hbm_share: float = 0.7
     account_bytes: bool | None = None  # None = auto (module docstring)
     real_bytes_budget_bytes: int = 2 << 30
     ttft_slo_s: float = 2.0
@@ -77,12 +94,20 @@ class ReplayConfig:
             check_int("gpu_capacity_blocks", self.gpu_capacity_blocks, 1)
         check_int("dram_capacity_blocks", self.dram_capacity_blocks, 1)
         check_int("ssd_capacity_blocks", self.ssd_capacity_blocks, 0)
+        if self.dram_capacity_bytes is not None:
+            check_int("dram_capacity_bytes", self.dram_capacity_bytes, 1)
+        if self.ssd_capacity_bytes is not None:
+            check_int("ssd_capacity_bytes", self.ssd_capacity_bytes, 0)
+        check_tier_codec(self.kv_codec)
+        if self.kv_codec != FP16 and DTYPE_BYTES[self.kv_dtype] != 2:
+            raise ValueError(f"kv_codec={self.kv_codec!r} quantizes 16-bit KV; kv_dtype={self.kv_dtype!r} is "
+                             f"{DTYPE_BYTES[self.kv_dtype]} byte(s) per element (use float16 or bfloat16)")
         if self.account_bytes is not None and not isinstance(self.account_bytes, bool):
             raise TypeError(f"account_bytes={self.account_bytes!r}; expected True, False or None (auto)")
         check_int("real_bytes_budget_bytes", self.real_bytes_budget_bytes, 1)
         check_float("ttft_slo_s", self.ttft_slo_s, 0.0, 1e6, lo_open=True)
         check_float("time_scale", self.time_scale, 1e-6, 1e6)  # beyond: arrival times lose their precision
-        for name in ("gpu_memory_utilization", "decode_mbu", "prefill_mfu"):
+        for name in ("gpu_memory_utilization", "decode_mbu", "prefill_mfu", "dequant_hbm_share"):
             check_float(name, getattr(self, name), 0.0, 1.0, lo_open=True)
         if not isinstance(self.enable_guard, bool):
             raise TypeError(f"enable_guard={self.enable_guard!r}; expected a bool")

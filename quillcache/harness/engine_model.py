@@ -21,6 +21,18 @@ fetch formulas), so the planner's predictions and the replay's "actual" times us
   stays ``batch_kv_tokens`` (closed form; :meth:`EngineModel.decode_s_reference` is the
   step-by-step specification it is tested against).
 
+- Fetching from quantized tiers (``tier_block_bytes`` > 0: the DRAM/SSD tiers hold a
+  ``quillcache.kvquant`` codec's blocks of that many bytes, see ``quillcache.store.tier_codec``):
+  a block from a host tier (local or peer DRAM/SSD) moves ``tier_block_bytes`` over its links and is
+  then dequantized on the GPU, ``dequantize_block_s = (tier_block_bytes + block_bytes) /
+  (hbm_bytes_per_s x dequant_hbm_share)`` (the kernel reads the codes and scales and writes 16-bit
+  KV: memory bound). ``hbm_bytes_per_s`` is the GPU datasheet's figure (``profiles.GPUS``);
+  ``dequant_hbm_share`` (0.7) is an ASSUMPTION, a stand-in like the rest of this model: issue 17's
+  target for the ``numba.cuda`` kernels (>= 70% of a device-to-device copy), not a measurement. A
+  peer GPU's block is 16-bit KV (``block_bytes``, no dequantize). Fetch and dequantize add up (no
+  overlap: a conservative figure). Quantizing on the way out (GPU -> DRAM offload) is off the
+  request's path and not charged.
+
 GPU memory capacities (``GPU_MEMORY``) are the datasheets' figures (cited per GPU).
 """
 
@@ -44,6 +56,7 @@ GPU_MEMORY: dict[str, tuple[float, str]] = {
 assert set(GPU_MEMORY) == set(GPUS), "every GPU profile needs a memory figure"
 
 WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
+_GPU_KINDS = (0, 3)  # local GPU, peer GPU (CostModel.SOURCE_NAMES): 16-bit KV, never quantized
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +67,8 @@ class EngineModel:
     layout: KvLayout = field(default_factory=KvLayout)
     gpu_memory_utilization: float = 0.9
     decode_mbu: float = 0.6  # ASSUMPTION
+    tier_block_bytes: int = 0  # bytes of a block in the DRAM/SSD tiers; 0 = block_bytes (no codec)
+    dequant_hbm_share: float = 0.7  # ASSUMPTION (module docstring)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost_model, CostModel):
@@ -62,6 +77,8 @@ class EngineModel:
             raise TypeError(f"layout must be a KvLayout, got {type(self.layout).__name__}")
         check_float("EngineModel.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         check_float("EngineModel.decode_mbu", self.decode_mbu, 0.0, 1.0, lo_open=True)
+        check_int("EngineModel.tier_block_bytes", self.tier_block_bytes, 0)
+        check_float("EngineModel.dequant_hbm_share", self.dequant_hbm_share, 0.0, 1.0, lo_open=True)
         if self.cost_model.gpu.name not in GPU_MEMORY:
             raise ValueError(f"no memory figure for GPU {self.cost_model.gpu.name!r}; known: {sorted(GPU_MEMORY)}")
 
@@ -146,6 +163,24 @@ class EngineModel:
         """Step-by-step specification of :meth:`decode_s`."""
         return sum(self.decode_step_s(batch_kv_tokens + context_tokens + i) for i in range(output_tokens))
 
+    @property
+    def dequantize_block_s(self) -> float:
+        """Seconds to dequantize one block from a quantized tier on the GPU (0 without a codec)."""
+        if not self.tier_block_bytes:
+            return 0.0
+        rate = self.cost_model.gpu.hbm_bytes_per_s * self.dequant_hbm_share
+        return (self.tier_block_bytes + self.block_bytes) / rate
+
     def fetch_s(self, kinds: list[int]) -> float:
-        """Seconds to bring one block from each source kind (``CostModel.SOURCE_NAMES`` order)."""
-        return self.cost_model.fetch_s(kinds, self.block_bytes) if kinds else 0.0
+        """Seconds to bring one block from each source kind (``CostModel.SOURCE_NAMES`` order); with
+        quantized tiers, host-tier blocks move ``tier_block_bytes`` and are dequantized (docstring)."""
+        if not kinds:
+            return 0.0
+        if not self.tier_block_bytes:
+            return self.cost_model.fetch_s(kinds, self.block_bytes)
+        gpu = [k for k in kinds if k in _GPU_KINDS]
+        host = [k for k in kinds if k not in _GPU_KINDS]
+        t = self.cost_model.fetch_s(gpu, self.block_bytes) if gpu else 0.0
+        if host:
+            t += self.cost_model.fetch_s(host, self.tier_block_bytes) + len(host) * self.dequantize_block_s
+        return t

@@ -5,11 +5,13 @@ engine, its DRAM, its SSD, a peer node, or recomputed), bytes fetched, and the t
 ``arrival -> (fetch) -> queue -> prefill -> first token -> decode -> finish``.
 
 Summary (:func:`summarize`): block hit rate by tier = blocks served from that tier / all full
-prompt blocks; token hit rate = cached prompt tokens / all prompt tokens; TTFT p50/p99 (seconds);
+prompt blocks; token hit rate = cached prompt tokens / all prompt tokens; TTFT p50/p90/p99 (seconds);
 goodput = requests meeting the TTFT SLO per second of replayed time (first arrival to last
 finish), and prompt+output tokens of those requests per second; queueing (mean and p99 of the
 wait for the engine's prefill); bytes moved per tier (from the data planes' own counters and the
-harness's peer/offload counters). Invariants: the tier hit counts and recomputed blocks of a row
+harness's peer/offload counters; quantized bytes when the DRAM/SSD tiers hold a codec's blocks:
+``kv_codec``, ``tier_block_bytes`` = bytes of one block there, ``dram/ssd_capacity_bytes`` = the
+per-node byte budgets, ``dram/ssd_capacity_blocks`` = the blocks those budgets hold). Invariants: the tier hit counts and recomputed blocks of a row
 add up to its full blocks; each request appears exactly once.
 """
 
@@ -78,6 +80,10 @@ class ReplaySummary:
     gpu_capacity_blocks: int
     dram_capacity_blocks: int
     ssd_capacity_blocks: int
+    kv_codec: str
+    tier_block_bytes: int
+    dram_capacity_bytes: int
+    ssd_capacity_bytes: int
     full_blocks: int
     block_hit_rate: float
     block_hit_rate_gpu: float
@@ -86,6 +92,7 @@ class ReplaySummary:
     block_hit_rate_peer: float
     token_hit_rate: float
     ttft_p50_s: float
+    ttft_p90_s: float
     ttft_p99_s: float
     ttft_mean_s: float
     slo_ttft_s: float
@@ -134,7 +141,7 @@ def summarize(rows: list[RequestRow], *, setup: dict[str, object], bytes_moved: 
         block_hit_rate_dram=rate(tier_hits["dram"]), block_hit_rate_ssd=rate(tier_hits["ssd"]),
         block_hit_rate_peer=rate(tier_hits["peer"]),
         token_hit_rate=sum(r.cached_tokens for r in rows) / tokens if tokens else 0.0,
-        ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), ttft_mean_s=float(ttft.mean()) if n else 0.0,
+        ttft_p50_s=_pct(ttft, 50), ttft_p90_s=_pct(ttft, 90), ttft_p99_s=_pct(ttft, 99), ttft_mean_s=float(ttft.mean()) if n else 0.0,
         slo_ttft_s=slo_ttft_s, slo_attainment=len(ok) / n if n else 0.0,
         goodput_rps=per(len(ok)), goodput_tokens_per_s=per(sum(r.input_tokens + r.output_tokens for r in ok)),
         queue_mean_s=float(queue.mean()) if n else 0.0, queue_p99_s=_pct(queue, 99), duration_s=dur,

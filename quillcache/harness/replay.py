@@ -34,6 +34,17 @@ Bytes: real bytes (each block's payload is its 24-byte ``StoreKey`` repeated, ch
 fetch: a wrong byte counts in ``verify_failures``) or accounting only (``account_bytes``: the same
 allocator code path without payloads; see ``quillcache.store.dram``/``ssd``).
 
+Quantized tiers (``cfg.kv_codec`` other than fp16; ``quillcache.store.tier_codec``): the DRAM and SSD
+tiers hold the codec's blocks (``TierCodec.block_bytes`` each) within the same per-node byte budget
+(``ReplayConfig``), so they hold more blocks; every byte count of a host tier (offloads, DRAM/SSD and
+peer fetches, demotions, promotions) is quantized bytes, a peer GPU's block stays 16-bit, and the
+engine model charges the host-tier fetch at the quantized size plus a dequantize per block
+(``EngineModel.dequantize_block_s``). With real bytes, a block leaving a GPU is quantized from real
+16-bit K/V (deterministic Gaussian values drawn from its key: the GPU tier is accounting only, so
+the engine's KV is synthesized) with the codec's Numba kernels and stored as ``encode_block`` bytes;
+every fetch decodes it (crc32c-checked) and dequantizes it, and a block whose values are not within
+the codec's error of its key's K/V (``TierCodec.within_error``) counts in ``verify_failures``.
+
 Invariants (tested): every request completes exactly once; TTFT >= its prefill time; at the end
 the index holds exactly what the data planes report as resident (``StoreDataPlane.residency``).
 """
@@ -68,6 +79,7 @@ from quillcache.store import (
     StoreKey,
 )
 from quillcache.store.ssd_format import PAGE_BYTES
+from quillcache.store.tier_codec import FP16, TierCodec
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from quillcache.types import CacheTier, Identity, KvLayout
 
@@ -91,6 +103,7 @@ class ReplayResult:
     verify_failures: int
     skipped_empty: int
     skipped_oversize: int = 0  # requests larger than an engine's GPU KV (cfg.on_oversize="skip")
+    dequantized_blocks: int = 0  # real bytes with a codec: blocks decoded + dequantized on fetch
     index: IndexBackend | None = None
     planes: dict[str, StoreDataPlane] = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory | None = None
@@ -193,6 +206,27 @@ def _check_requests(requests: object) -> list[TraceRequest]:
     return list(requests)
 
 
+def _tier_blocks(tier: str, budget_bytes: int | None, fp16_blocks: int, fp16_bytes: int,
+                 stored_bytes: int) -> tuple[int, int]:
+    """(byte budget, blocks it holds) of one host tier per node: ``budget_bytes``, else
+    ``fp16_blocks`` 16-bit blocks; footprints rounded to whole pages (so an fp16 tier holds exactly
+    ``fp16_blocks``, in real-bytes and accounting modes alike)."""
+    page = lambda n: -(-n // PAGE_BYTES) * PAGE_BYTES  # noqa: E731
+    budget = fp16_blocks * page(fp16_bytes) if budget_bytes is None else budget_bytes
+    blocks = budget // page(stored_bytes)
+    if budget and not blocks:
+        raise ValueError(f"a {tier} capacity of {budget:,} bytes holds no block of {stored_bytes:,} bytes")
+    return budget, blocks
+
+
+def _block_kv(key: StoreKey, shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Stand-in 16-bit K and V of a block: standard Gaussian float16 values drawn from its key, so
+    the same key always has the same KV (the GPU tier holds no bytes to quantize)."""
+    rng = np.random.default_rng(np.frombuffer(key.to_bytes(), dtype=np.uint32))
+    return (rng.standard_normal(shape, dtype=np.float32).astype(np.float16),
+            rng.standard_normal(shape, dtype=np.float32).astype(np.float16))
+
+
 def _dram_store(cap_blocks: int, block_bytes: int, account: bool) -> LocalKvStore:
     align = PAGE_BYTES if account else 64
     foot = -(-block_bytes // align) * align
@@ -216,21 +250,30 @@ class _Replay:
         self.bs = bs = _block_tokens(requests)
         self.layout = KvLayout(dtype=cfg.kv_dtype, block_size_tokens=bs, tp_size=cfg.tp_size)
         cm = CostModel(model=MODELS[cfg.model], gpu=GPUS[cfg.gpu], prefill_mfu=cfg.prefill_mfu)
+        mp = MODELS[cfg.model]
+        self.tc = None if cfg.kv_codec == FP16 else TierCodec(
+            cfg.kv_codec, tokens=bs, layers=mp.num_layers, kv_heads=max(1, -(-mp.num_kv_heads // cfg.tp_size)),
+            head_dim=mp.head_dim)
         self.em = EngineModel(cost_model=cm, layout=self.layout, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                              decode_mbu=cfg.decode_mbu)
+                              decode_mbu=cfg.decode_mbu, tier_block_bytes=self.tc.block_bytes if self.tc else 0,
+                              dequant_hbm_share=cfg.dequant_hbm_share)
         self.gpu_cap = cfg.gpu_capacity_blocks or self.em.gpu_capacity_blocks
         self.requests = requests = self._fitting(requests)
         bb = self.em.block_bytes
+        self.tb = tb = self.tc.block_bytes if self.tc else bb  # bytes of a block in DRAM / SSD
+        self.dram_budget, self.dram_cap_blocks = _tier_blocks("DRAM", cfg.dram_capacity_bytes,
+                                                              cfg.dram_capacity_blocks, bb, tb)
+        self.ssd_budget, self.ssd_cap_blocks = _tier_blocks("SSD", cfg.ssd_capacity_bytes, cfg.ssd_capacity_blocks,
+                                                            bb, tb)
         distinct = len({(getattr(r, "tenant", ""), getattr(r, "model", ""), getattr(r, "adapter", ""), h)
                         for r in requests for h in r.hash_ids[: r.input_tokens // bs]})
-        real_bytes = cfg.engines * (min(cfg.dram_capacity_blocks, distinct)
-                                    + min(cfg.ssd_capacity_blocks, distinct)) * bb
+        real_bytes = cfg.engines * (min(self.dram_cap_blocks, distinct) + min(self.ssd_cap_blocks, distinct)) * tb
         self.account = cfg.account_bytes if cfg.account_bytes is not None else real_bytes > cfg.real_bytes_budget_bytes
         # in real-bytes mode a tier never holds more than the distinct blocks: allocate no more
-        dram_blocks = cfg.dram_capacity_blocks if self.account else min(cfg.dram_capacity_blocks, max(1, distinct))
-        ssd_blocks = cfg.ssd_capacity_blocks if self.account else min(cfg.ssd_capacity_blocks, distinct)
+        dram_blocks = self.dram_cap_blocks if self.account else min(self.dram_cap_blocks, max(1, distinct))
+        ssd_blocks = self.ssd_cap_blocks if self.account else min(self.ssd_cap_blocks, distinct)
         if not self.account:
-            _check_ram(cfg.engines * dram_blocks * bb, cfg.engines, dram_blocks, bb)
+            _check_ram(cfg.engines * dram_blocks * tb, cfg.engines, dram_blocks, tb)
         self.index = open_index(cfg.index)
         self.names = [f"engine-{i}" for i in range(cfg.engines)]
         self.registry = IdentityRegistry()
@@ -244,15 +287,15 @@ class _Replay:
         for name in self.names:
             ssd = None
             if ssd_blocks:
-                foot = -(-bb // PAGE_BYTES) * PAGE_BYTES
+                foot = -(-tb // PAGE_BYTES) * PAGE_BYTES
                 if self.account:
                     ssd = SsdTier(None, capacity_bytes=ssd_blocks * foot, account_only=True)
                 else:
                     assert self._tmp is not None
                     ssd = SsdTier(f"{self._tmp.name}/{name}", capacity_bytes=ssd_blocks * foot,
-                                  slab_bytes=max(foot, min(256 << 20, ssd_blocks * foot)))
+                                  slab_bytes=foot * max(1, min((256 << 20) // foot, ssd_blocks)))
             self.planes[name] = StoreDataPlane(
-                name, dram=_dram_store(dram_blocks, bb, self.account), ssd=ssd, gpu_capacity_blocks=self.gpu_cap,
+                name, dram=_dram_store(dram_blocks, tb, self.account), ssd=ssd, gpu_capacity_blocks=self.gpu_cap,
                 index=self.index, policy=cfg.policy, clock=self._clock, on_evict=self._evicted)
         self.dps = [self.planes[n] for n in self.names]
         self.free_at = [0.0] * cfg.engines
@@ -261,6 +304,7 @@ class _Replay:
         self.moved = dict.fromkeys(("fetched_dram", "fetched_ssd", "fetched_peer", "offloaded"), 0)
         self.verify_failures = 0
         self.skipped_empty = 0
+        self.dequantized = 0  # blocks decoded and dequantized on fetch (real bytes with a codec)
 
     def _fitting(self, requests: list[TraceRequest]) -> list[TraceRequest]:
         """The requests an engine can serve at all: the prompt's KV within its GPU capacity
@@ -305,23 +349,41 @@ class _Replay:
         return ident
 
     def _payload(self, key: StoreKey, size: int) -> object:
+        """The bytes a host tier stores for ``key``: ``size`` zeros (accounting), the key repeated
+        (real bytes, fp16), or the codec's stored block of the key's K/V (real bytes, a codec)."""
         if self.account:
             z = self._zeros.get(size)
             if z is None:
                 z = self._zeros[size] = memoryview(np.zeros(size, dtype=np.uint8)).toreadonly()
             return z
+        if self.tc is not None:
+            return self.tc.encode(*_block_kv(key, self.tc.shape))
         return np.resize(np.frombuffer(key.to_bytes(), dtype=np.uint8), size)
 
     def _check_bytes(self, key: StoreKey, data: object) -> None:
-        if not self.account:
-            raw = key.to_bytes()
-            if bytes(memoryview(data)[: len(raw)]) != raw:
+        if self.account:
+            return
+        if self.tc is not None:  # the promotion to GPU: decode (crc32c) and dequantize
+            self.dequantized += 1
+            try:
+                k2, v2 = self.tc.decode(data)
+            except ValueError:  # KVBlockError (a KVQuantError, a ValueError) or a wrong length
                 self.verify_failures += 1
+                return
+            k, v = _block_kv(key, self.tc.shape)
+            self.verify_failures += not (self.tc.within_error(k2, k) and self.tc.within_error(v2, v))
+            return
+        raw = key.to_bytes()
+        if bytes(memoryview(data)[: len(raw)]) != raw:
+            self.verify_failures += 1
 
     def _offload(self, dp: StoreDataPlane, key: StoreKey, size: int) -> None:
-        """A block leaving the GPU: keep its KV in the node's DRAM (the data plane demotes/drops)."""
+        """A block leaving the GPU: keep its KV in the node's DRAM (the data plane demotes/drops);
+        ``size`` is its 16-bit size on the GPU, the DRAM copy is ``self.tb`` bytes (quantized with a
+        codec)."""
         if key in dp.dram or (dp.ssd is not None and key in dp.ssd):
             return
+        size = self.tb if self.tc is not None else size
         try:
             placed = dp.put(key, self._payload(key, size), tier=DRAM)
         except StoreFullError:  # every DRAM/SSD block is pinned: the KV is dropped
@@ -518,14 +580,16 @@ def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None,
         wall = time.perf_counter() - t0
         setup = {"engines": cfg.engines, "router": cfg.router, "policy": cfg.policy, "model": cfg.model,
                  "gpu": cfg.gpu, "account_bytes": sim.account, "block_tokens": sim.bs,
-                 "gpu_capacity_blocks": sim.gpu_cap, "dram_capacity_blocks": cfg.dram_capacity_blocks,
-                 "ssd_capacity_blocks": cfg.ssd_capacity_blocks}
+                 "gpu_capacity_blocks": sim.gpu_cap, "dram_capacity_blocks": sim.dram_cap_blocks,
+                 "ssd_capacity_blocks": sim.ssd_cap_blocks, "kv_codec": cfg.kv_codec,
+                 "tier_block_bytes": sim.tb, "dram_capacity_bytes": sim.dram_budget,
+                 "ssd_capacity_bytes": sim.ssd_budget}
         summary = summarize(rows, setup=setup, bytes_moved=sim.bytes_moved(), slo_ttft_s=cfg.ttft_slo_s, wall_s=wall)
     except BaseException:
         sim.close()
         raise
     result = ReplayResult(cfg, summary, rows, sim.em, sim.account, sim.verify_failures, sim.skipped_empty,
-                          sim.skipped_oversize)
+                          sim.skipped_oversize, sim.dequantized)
     if keep_open:
         result.index, result.planes, result._tmp = sim.index, sim.planes, sim._tmp
     else:

@@ -1,0 +1,880 @@
+"""Master study: metadata throughput against Mooncake's master, restart time, SIGKILLs and failover (issue 14 item 5).
+
+Everything in one run on this machine:
+
+1. **Restart time** at 10k, 100k and 1M objects (the quick profile leaves out 1M): a data dir is filled
+   through ``MasterService`` (8 segments on 8 nodes, one replica of ``SIZE_BYTES`` per object, batches of
+   2,000) and closed cleanly (which snapshots). Then, each in a fresh forked process: the time of
+   ``MasterService(data_dir=D)`` (load the snapshot, replay the log, rebuild allocators and the residency
+   index) until it returns, serving, with every object back (checked). **clean**: after the clean close.
+   **sigkill**: after a child that wrote a log tail of ``tail_objects`` more objects (two records each,
+   below the default snapshot interval, so it is all replayed) was SIGKILLed. When the master server
+   process exists (``python -m quillcache.master``), the same two states are also timed from process start
+   to its ready line (``server process``: interpreter start and imports included).
+2. **SIGKILL study**: ``kills`` SIGKILLs of a master process (forked from this one, so its start costs no
+   interpreter) at seeded random points of a put/get/remove workload (the one of
+   ``tests/master_kill_child.py``: batches of 1-8 puts with 1-3 replicas on 3 nodes, one put in five left
+   in flight, one batch in ten followed by a forced remove; a snapshot every 50 records so kills land in
+   snapshots, log rotations and appends alike). The child appends one line per acknowledged ``put_end``
+   to a file with ``os.write`` (visible after the kill). After each kill a fresh process recovers the data
+   dir and checks: every acknowledged object (not removed since) COMPLETE with the same replicas
+   (``lost``), no PENDING object readable or in the residency index, no put left in flight COMPLETE.
+3. **Metadata operations per second**, single-key (batch 1) and batched (batch 1,000): ``put`` =
+   put_start + put_end of one new object (single-key: two calls), ``get_replicas`` (grants a read lease)
+   and ``exists`` (no lease) of objects put before. Subjects: ``quillcache embedded (log)`` (a
+   ``MasterService`` with a data dir in this process: every state-changing call returns after its fsync),
+   ``quillcache embedded (no log)`` (no data dir: nothing is durable, like Mooncake's master without its
+   operation log), ``quillcache rpc`` (the master server process with a data dir, ``MasterClient`` over TCP
+   loopback; when helper E's server exists) and ``Mooncake master`` (``mooncake_master`` from the PyPI
+   wheel and its Python client in another process, metadata calls only: ``experiments.master_mooncake``;
+   every call is one master RPC, counted from its metrics). One segment of ``SEGMENT_BYTES`` on one node,
+   one replica, objects of ``SIZE_BYTES``; ops/s = keys / wall time of the loop; median over ``reps``
+   repetitions (p10/p90), after an untimed warm-up.
+4. **Failover** through etcd (``EtcdProcess``), when the master's HA mode exists (otherwise a
+   ``failover_available`` = 0 row says why): per repetition two server processes with ``--etcd`` (a leader, a
+   standby), a writer thread acknowledging batches of puts through the leader for a second, then SIGKILL of the
+   leader; failover time = the kill to the standby's first acknowledged put_start + put_end (probed every 20 ms);
+   then every object the old leader acknowledged is looked up on the new one (same replicas, else lost).
+
+Acceptance (issue 14): 0 objects lost; restart with 1M objects ≤ 2 s; ≥ 10,000 single-key round trips/s
+from one client; batched throughput ≥ Mooncake's master in the same run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from experiments.microbench import bench_main
+from quillcache.master import (MasterConfig, MasterService, ObjectNotReadyError, ObjectStatus, PutRequest,
+                               ReplicaConfig, SegmentDescriptor, SegmentExistsError, residency_key)
+from quillcache.results import SummaryRow, spread, write_raw, write_summary
+
+NAME = "master"
+SIZE_BYTES = 4096
+SEGMENT_BYTES = 1 << 30
+BATCH = 1000
+FULL = dict(reps=5, single_calls=5000, put_single_calls=1000, batch_calls=20, restart_objects=(10_000, 100_000,
+            1_000_000), restart_reps=5, tail_objects=45_000, kills=1000, kill_wait_s=0.03, failover_reps=5,
+            failover_ttls=(2, 5))
+QUICK = dict(reps=3, single_calls=1000, put_single_calls=200, batch_calls=5, restart_objects=(10_000, 100_000),
+             restart_reps=3, tail_objects=10_000, kills=20, kill_wait_s=0.1, failover_reps=2,
+             failover_ttls=(2,))
+EMB_LOG, EMB_MEM, RPC, MOONCAKE = ("quillcache embedded (log)", "quillcache embedded (no log)", "quillcache rpc",
+                                   "Mooncake master")
+OPS = ("put", "get_replicas", "exists")
+SEED = 14
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ============================================================================ helpers: forked children
+
+def _fork_call(fn, *args, timeout_s: float = 600.0) -> dict:
+    """Run ``fn(*args) -> dict`` in a forked child; return its dict (the child exits with ``os._exit``: no
+    close, no snapshot, nothing flushed that ``fn`` did not commit itself)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            out = json.dumps(fn(*args)).encode()
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            out = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
+            code = 1
+        try:
+            os.write(w, out)
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + timeout_s
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                raise RuntimeError(f"{fn.__name__} did not finish within {timeout_s:.0f} s")
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    out = json.loads(b"".join(chunks) or b"{}")
+    if "error" in out:
+        raise RuntimeError(f"{fn.__name__} failed in its child process: {out['error']}")
+    return out
+
+
+def _server_process_available() -> bool:
+    return importlib.util.find_spec("quillcache.master.__main__") is not None
+
+
+def _server_available() -> tuple[bool, str]:
+    """Helper E's master server process and client (``python -m quillcache.master``, ``MasterClient``)."""
+    if importlib.util.find_spec("quillcache.master.__main__") is None:
+        return False, "the master server process (python -m quillcache.master) does not exist in this checkout"
+    if importlib.util.find_spec("quillcache.master.client") is None:
+        return False, "quillcache.master.client (MasterClient) does not exist in this checkout"
+    return True, "python -m quillcache.master + MasterClient over TCP loopback"
+
+
+class ServerProcess:
+    """``python -m quillcache.master --data-dir D --port 0 [extra]``; ``ready_s``: Popen to its JSON line."""
+
+    def __init__(self, data_dir: Path, extra: list[str] | None = None, timeout_s: float = 60.0,
+                 log_path: Path | None = None) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.log_path = log_path or Path(data_dir).with_suffix(".server.log")
+        self._log = open(self.log_path, "ab")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-m", "quillcache.master", "--data-dir", str(data_dir),
+                                      "--port", "0", *(extra or [])], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=str(REPO),
+                                     start_new_session=True)
+        self.info = self._ready_line(timeout_s)
+        self.ready_s = time.perf_counter() - t0
+        self.address = self.info["address"]
+
+    def _ready_line(self, timeout_s: float) -> dict:
+        fd, buf, deadline = self.proc.stdout.fileno(), b"", time.monotonic() + timeout_s
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                self.kill()
+                raise RuntimeError(f"master server gave no ready line ({'exited' if self.proc.poll() is not None else 'timeout'}); "
+                                   f"log: {self.log_path.read_text(errors='replace')[-600:]}")
+            if select.select([fd], [], [], min(left, 0.5))[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    continue
+                buf += chunk
+        return json.loads(buf.split(b"\n", 1)[0])
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+# ============================================================================ 1. restart time
+
+def _segments(svc: MasterService, n_nodes: int, capacity: int) -> None:
+    for i in range(n_nodes):
+        try:
+            svc.mount_segment(SegmentDescriptor(node_id=f"n{i}", segment_id=i, capacity_bytes=capacity))
+        except SegmentExistsError:
+            pass
+
+
+def _restart_config() -> MasterConfig:
+    """The defaults, as the server process runs them. Recovery rebuilds every segment's allocator, whose cost grows
+    with the segment's capacity in allocation units, so segments are sized to the objects (25% headroom)."""
+    return MasterConfig()
+
+
+def _fill(data_dir: str, n: int, prefix: str, capacity_objects: int, n_nodes: int = 8) -> dict:
+    """Open (or create) the master at ``data_dir`` (segments for ``capacity_objects`` objects with 25% headroom,
+    8 nodes) and put ``n`` objects in batches of 2,000."""
+    svc = MasterService(_restart_config(), data_dir=data_dir)
+    _segments(svc, n_nodes, math.ceil(capacity_objects * 1.25 / n_nodes) * SIZE_BYTES)
+    lsn0 = svc.lsn
+    t0 = time.perf_counter()
+    for j in range(0, n, 2000):
+        keys = [f"{prefix}-{i:08d}" for i in range(j, min(n, j + 2000))]
+        res = svc.batch_put_start([PutRequest(key=k, size_bytes=SIZE_BYTES) for k in keys])
+        assert not any(isinstance(x, Exception) for x in res), res[:3]
+        svc.batch_put_end(keys)
+    return {"load_s": time.perf_counter() - t0, "records": svc.lsn - lsn0, "svc": svc}
+
+
+def _build(data_dir: str, n: int, capacity_objects: int) -> dict:
+    out = _fill(data_dir, n, "key", capacity_objects)
+    out.pop("svc").close()  # a clean shutdown: snapshot, log restarted
+    return out
+
+
+def _tail_then_wait(data_dir: str, n_tail: int, wfd: int) -> None:
+    """Child: recover, write a tail of ``n_tail`` objects (all in the log, no snapshot), report, wait for SIGKILL."""
+    out = _fill(data_dir, n_tail, "tail", n_tail)
+    out.pop("svc")
+    os.write(wfd, (json.dumps(out) + "\n").encode())
+    while True:
+        time.sleep(60)
+
+
+def _timed_open(data_dir: str) -> dict:
+    t0 = time.perf_counter()
+    svc = MasterService(_restart_config(), data_dir=data_dir)
+    el = time.perf_counter() - t0
+    return {"restart_s": el, "objects": svc.stats().num_objects, "recovery_s": svc.recovery_s}
+
+
+def _sigkill_with_tail(data_dir: str, n_tail: int) -> dict:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            _tail_then_wait(data_dir, n_tail, w)
+        finally:
+            os._exit(1)
+    os.close(w)
+    try:
+        if not select.select([r], [], [], 600)[0]:
+            raise RuntimeError("the log-tail child did not report within 600 s")
+        line = os.read(r, 65536)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+    return json.loads(line.split(b"\n")[0])
+
+
+def _restart_study(cfg: dict, work: Path, server_ok: bool, raw: list) -> list[SummaryRow]:
+    rows: list[SummaryRow] = []
+    for n in cfg["restart_objects"]:
+        d = work / f"restart-{n}"
+        tail = cfg["tail_objects"]
+        built = _fork_call(_build, str(d), n, n + tail, timeout_s=1200)
+        states = {}
+        for state in ("clean", "sigkill"):
+            expect = n
+            if state == "sigkill":
+                t = _sigkill_with_tail(str(d), tail)
+                expect = n + tail
+                states[state] = f"SIGKILL after a log tail of {tail:,} objects ({t['records']:,} records)"
+            else:
+                states[state] = f"clean close (snapshot) after loading {n:,} objects in {built['load_s']:.1f} s"
+            times, proc_times = [], []
+            for rep in range(cfg["restart_reps"]):
+                got = _fork_call(_timed_open, str(d))
+                if got["objects"] != expect:
+                    raise AssertionError(f"restart of {d.name} ({state}) found {got['objects']} objects, not {expect}")
+                times.append(got["restart_s"])
+                raw.append(("restart", "in-process", state, n, rep, f"{got['restart_s']:.6f}", got["objects"]))
+            rows.append(SummaryRow.from_spread(spread(times), metric="restart_s", subject="quillcache MasterService",
+                                               unit="s", n=len(times), notes=f"{states[state]}; MasterService(data_dir=D) "
+                                               "in a fresh forked process until it returns", params={
+                                                   "objects": n, "state": state, "start": "in-process",
+                                                   "tail_objects": tail if state == "sigkill" else 0}))
+            if server_ok:
+                for rep in range(cfg["restart_reps"]):
+                    srv = ServerProcess(d, log_path=work / f"restart-{n}-{state}-{rep}.log")
+                    proc_times.append(srv.ready_s)
+                    srv.kill()  # SIGKILL: nothing written at exit, the next start sees the same state
+                    raw.append(("restart", "process", state, n, rep, f"{srv.ready_s:.6f}", expect))
+                rows.append(SummaryRow.from_spread(spread(proc_times), metric="restart_s", subject="quillcache server process",
+                                                   unit="s", n=len(proc_times), notes=f"{states[state]}; Popen of python -m "
+                                                   "quillcache.master until its ready line (interpreter start, imports, "
+                                                   "recovery, bind)", params={"objects": n, "state": state,
+                                                                             "start": "process",
+                                                                             "tail_objects": tail if state == "sigkill" else 0}))
+        shutil.rmtree(d, ignore_errors=True)
+        print(f"[master] restart {n:>9,} objects: " + ", ".join(
+            f"{r.params['state']}/{r.params['start']} {r.value * 1e3:.0f} ms" for r in rows if r.params["objects"] == n),
+            flush=True)
+    return rows
+
+
+# ============================================================================ 2. SIGKILL study
+
+def _kill_workload(data_dir: str, seed: int, start: int, ack_path: str, ready_fd: int) -> None:
+    """Child: the put/get/remove workload of tests/master_kill_child.py; one ``os.write`` per line to ``ack_path``."""
+    rng = random.Random(seed)
+    svc = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50), data_dir=data_dir)
+    for seg, node in enumerate("abc"):
+        try:
+            svc.mount_segment(SegmentDescriptor(node_id=node, segment_id=seg, capacity_bytes=1 << 30))
+        except SegmentExistsError:
+            pass
+    fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(ready_fd, b"R")
+    i = start
+    while True:
+        keys = [f"obj-{i + j}" for j in range(rng.randint(1, 8))]
+        i += len(keys)
+        res = svc.batch_put_start([PutRequest(key=k, size_bytes=rng.randint(1, 4096),
+                                              config=ReplicaConfig(replica_num=rng.randint(1, 3))) for k in keys])
+        ok = [(k, r) for k, r in zip(keys, res) if not isinstance(r, Exception)]
+        if rng.random() < 0.2 and ok:  # one put left in flight: it must never become readable
+            os.write(fd, f"INFLIGHT {ok[-1][0]}\n".encode())
+            ok = ok[:-1]
+        ends = svc.batch_put_end([k for k, _ in ok])
+        acks = "".join(f"ACK {k} " + ",".join(f"{d.segment_id}:{d.offset_bytes}" for d in r.replicas) + "\n"
+                       for (k, r), e in zip(ok, ends) if e is None)
+        if acks:
+            os.write(fd, acks.encode())
+        svc.get_replicas([k for k, _ in ok])
+        if rng.random() < 0.1 and ok:
+            os.write(fd, f"REMOVING {ok[0][0]}\n".encode())  # from here on the object may be gone
+            svc.batch_remove([ok[0][0]], force=True)
+
+
+def _kill_check(data_dir: str, acked: dict, removed: set, inflight: set) -> dict:
+    """Recover ``data_dir`` (in a fresh process) and compare with what the killed children acknowledged."""
+    svc = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50), data_dir=data_dir)
+    svc.check_invariants()
+    lost, checked = [], 0
+    for key, reps in acked.items():
+        if key in removed:
+            continue
+        checked += 1
+        try:
+            info = svc.object_info(key)
+        except Exception as exc:  # noqa: BLE001 - a missing object is a loss, named below
+            lost.append(f"{key}: {type(exc).__name__}")
+            continue
+        got = ",".join(f"{d.segment_id}:{d.offset_bytes}" for d in info.replicas)
+        if info.status != ObjectStatus.COMPLETE or got != reps:
+            lost.append(f"{key}: {info.status.name} {got} != {reps}")
+    pending_visible = inflight_complete = unacked_complete = pending = 0
+    for key in svc.keys():
+        info = svc.object_info(key)
+        if info.status == ObjectStatus.PENDING:
+            pending += 1
+            visible = not isinstance(svc.get_replicas([key])[0], ObjectNotReadyError)
+            indexed = svc.index.locate([residency_key(key)[0]]) != [[]]
+            pending_visible += visible or indexed
+        else:
+            inflight_complete += key in inflight
+            unacked_complete += key not in acked and key not in removed
+    return {"checked": checked, "lost": len(lost), "lost_first": lost[:5], "pending": pending,
+            "pending_visible": pending_visible, "inflight_complete": inflight_complete,
+            "unacked_complete": unacked_complete, "recovery_s": svc.recovery_s, "objects": svc.stats().num_objects}
+
+
+def _kill_study(cfg: dict, work: Path, raw: list) -> list[SummaryRow]:
+    rng = random.Random(SEED)
+    data_dir, ack_path = work / "kill", work / "kill-acks.log"
+    acked: dict[str, str] = {}
+    removed: set[str] = set()
+    inflight: set[str] = set()
+    start = offset = 0
+    tot = dict(checked=0, lost=0, pending_visible=0, inflight_complete=0, unacked_complete=0)
+    lost_examples: list[str] = []
+    t0 = time.monotonic()
+    for kill in range(cfg["kills"]):
+        r, w = os.pipe()
+        seed = rng.getrandbits(32)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                _kill_workload(str(data_dir), seed, start, str(ack_path), w)
+            finally:
+                os._exit(1)
+        os.close(w)
+        try:
+            if not select.select([r], [], [], 120)[0] or os.read(r, 1) != b"R":
+                raise RuntimeError(f"kill {kill}: the workload child never became ready")
+            time.sleep(rng.uniform(0.0, cfg["kill_wait_s"]))
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+        with open(ack_path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+        complete = data[:data.rfind(b"\n") + 1]  # a line cut by the kill is not an acknowledgement
+        offset += len(complete)
+        for line in complete.decode().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == "ACK":
+                acked[parts[1]] = parts[2]
+                start = max(start, int(parts[1].split("-")[1]) + 100)
+            elif len(parts) == 2 and parts[0] == "REMOVING":
+                removed.add(parts[1])
+            elif len(parts) == 2 and parts[0] == "INFLIGHT":
+                inflight.add(parts[1])
+        start += 1000  # keys of a put killed before its ack line are never reused
+        res = _fork_call(_kill_check, str(data_dir), acked, removed, inflight)
+        for k in tot:
+            tot[k] += res[k]
+        tot["unacked_complete"] = res["unacked_complete"]  # distinct objects in the last recovery, not a sum
+        lost_examples += res["lost_first"]
+        if (kill + 1) % 100 == 0:
+            print(f"[master] kill {kill + 1}/{cfg['kills']}: {len(acked):,} acknowledged, {tot['lost']} lost "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+        raw.append(("kill", kill, seed, res["checked"], res["lost"], res["pending"], res["pending_visible"],
+                    res["unacked_complete"], f"{res['recovery_s']:.6f}", res["objects"]))
+    wall = time.monotonic() - t0
+    kills = cfg["kills"]
+    notes = (f"{kills} SIGKILLs of a forked master process at seeded random points (0-{cfg['kill_wait_s'] * 1e3:.0f} ms "
+             f"into a put/get/remove workload); after each, a fresh process recovers and checks every acknowledged "
+             f"object; {wall:.0f} s")
+    p = {"kills": kills, "kill_wait_ms": round(cfg["kill_wait_s"] * 1e3)}
+    rows = [SummaryRow(metric="kills", subject="quillcache MasterService", value=kills, unit="count", notes=notes,
+                       params=p),
+            SummaryRow(metric="acknowledged_objects", subject="quillcache MasterService", value=len(acked),
+                       unit="count", notes="distinct objects whose put_end was acknowledged", params=p),
+            SummaryRow(metric="objects_checked", subject="quillcache MasterService", value=tot["checked"],
+                       unit="count", notes="acknowledged objects checked, summed over the restarts", params=p),
+            SummaryRow(metric="objects_lost", subject="quillcache MasterService", value=tot["lost"], unit="count",
+                       notes=("missing or with other replicas after a restart: " + "; ".join(lost_examples[:3]))
+                       if tot["lost"] else "missing or with other replicas after a restart (must be 0)", params=p),
+            SummaryRow(metric="half_finished_visible", subject="quillcache MasterService",
+                       value=tot["pending_visible"] + tot["inflight_complete"], unit="count",
+                       notes="PENDING objects readable or in the residency index, plus puts left in flight that "
+                             "came back COMPLETE (must be 0)", params=p),
+            SummaryRow(metric="committed_unacknowledged", subject="quillcache MasterService",
+                       value=tot["unacked_complete"], unit="count",
+                       notes="distinct COMPLETE objects (at the last recovery) whose ack line a kill cut off: committed before "
+                             "the kill, allowed",
+                       params=p)]
+    print(f"[master] kill study: {kills} kills, {len(acked):,} acknowledged objects, {tot['checked']:,} checks, "
+          f"{tot['lost']} lost, {tot['pending_visible'] + tot['inflight_complete']} half-finished visible "
+          f"({wall:.0f} s)", flush=True)
+    return rows
+
+
+# ============================================================================ 3. operations per second
+
+class _Embedded:
+    """A ``MasterService`` in this process; calls go straight to it."""
+
+    def __init__(self, data_dir: Path | None) -> None:
+        self.svc = MasterService(MasterConfig(), data_dir=data_dir)
+        self.svc.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0, capacity_bytes=SEGMENT_BYTES))
+
+    def run(self, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
+        return _run_calls(self.svc, op, batch, keys)
+
+    def close(self) -> None:
+        self.svc.close()
+
+
+class _Remote:
+    """The master server process (``python -m quillcache.master``) through ``MasterClient``."""
+
+    def __init__(self, work: Path) -> None:
+        from quillcache.master.client import MasterClient
+
+        self.server = ServerProcess(work / "rpc-data", log_path=work / "rpc-server.log")
+        try:
+            self.client = MasterClient(self.server.address, timeout_s=60.0)
+            self.client.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0, capacity_bytes=SEGMENT_BYTES))
+        except BaseException:
+            self.server.kill()
+            raise
+
+    def run(self, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
+        self.client.heartbeat("bench")  # untimed: the server's tick expires a node unseen for client_ttl_s
+        return _run_calls(self.client, op, batch, keys)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            self.server.kill(signal.SIGTERM)
+
+
+def _run_calls(m, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
+    """``op`` over ``keys`` in calls of ``batch`` on a MasterService or a MasterClient: (seconds, bad results)."""
+    pc = time.perf_counter
+    bad = 0
+    if batch == 1:
+        if op == "put":
+            start, end = m.put_start, m.put_end
+            t0 = pc()
+            for k in keys:
+                start(k, SIZE_BYTES)
+                end(k)
+            return pc() - t0, 0
+        call = m.get_replica_list if op == "get_replicas" else m.exist_key
+        t0 = pc()
+        for k in keys:
+            if not call(k):
+                bad += 1
+        return pc() - t0, bad
+    calls = [keys[i:i + batch] for i in range(0, len(keys), batch)]
+    t0 = pc()
+    for ks in calls:
+        if op == "put":
+            res = m.batch_put_start([PutRequest(key=k, size_bytes=SIZE_BYTES) for k in ks])
+            ends = m.batch_put_end(ks)
+            bad += sum(isinstance(x, Exception) for x in res) + sum(e is not None for e in ends)
+        elif op == "get_replicas":
+            bad += sum(isinstance(x, Exception) or not x for x in m.get_replicas(ks))
+        else:
+            bad += sum(x is not True for x in m.exists(ks))
+    return pc() - t0, bad
+
+
+def _cells(cfg: dict) -> list[tuple[str, int, int]]:
+    """(op, batch, keys per repetition) in the order each repetition runs them: puts first."""
+    out = []
+    for op in OPS:
+        out.append((op, 1, cfg["put_single_calls"] if op == "put" else cfg["single_calls"]))
+        out.append((op, BATCH, cfg["batch_calls"] * BATCH))
+    return out
+
+
+def _measure(subject: str, runner, cfg: dict, raw: list) -> dict[tuple[str, int], dict]:
+    """Every cell ``reps`` times (after a warm-up); ``{(op, batch): {"ops": [...], "notes": str}}``."""
+    rng = random.Random(SEED)
+    written: list[str] = []
+    counter = [0]
+
+    def fresh(n: int) -> list[str]:
+        ks = [f"obj-{counter[0] + i:09d}" for i in range(n)]
+        counter[0] += n
+        written.extend(ks)
+        return ks
+
+    # warm-up (untimed): connections, code paths; its keys are readable afterwards
+    for op, batch, n in _cells(cfg):
+        keys = fresh(min(n, 2 * batch if batch > 1 else 50)) if op == "put" else rng.sample(written, min(len(written), 50 if batch == 1 else batch))
+        runner.run(op, batch, keys)
+    out: dict[tuple[str, int], dict] = {}
+    for rep in range(cfg["reps"]):
+        for op, batch, n in _cells(cfg):
+            keys = fresh(n) if op == "put" else rng.sample(written, n)
+            secs, bad, extra = _unpack(runner.run(op, batch, keys))
+            if bad:
+                raise AssertionError(f"{subject} {op} batch {batch}: {bad} of {n} results were errors or misses")
+            cell = out.setdefault((op, batch), {"ops": [], "rpcs_per_call": extra})
+            cell["ops"].append(n / secs)
+            raw.append(("ops", subject, op, batch, rep, n, f"{secs:.6f}", extra if extra is not None else ""))
+    runner.written = written
+    return out
+
+
+def _unpack(res) -> tuple[float, int, float | None]:
+    if isinstance(res, dict):  # the Mooncake client's reply
+        calls = res["calls"]
+        return res["seconds"], res["bad"], res["rpcs"] / calls if calls else None
+    secs, bad = res
+    return secs, bad, None
+
+
+class _Mooncake:
+    def __init__(self) -> None:
+        from experiments.master_mooncake import MooncakeMasterRun
+
+        self.run_ = MooncakeMasterRun(segment_bytes=SEGMENT_BYTES).start()
+
+    def run(self, op: str, batch: int, keys: list[str]) -> dict:
+        return self.run_.run(op, batch, keys, SIZE_BYTES)
+
+    def close(self) -> None:
+        self.run_.close()
+
+
+def _mooncake_restart(runner: "_Mooncake") -> SummaryRow:
+    keys = runner.written
+    res = runner.run_.restart_master(keys)
+    print(f"[master] Mooncake master SIGKILLed and restarted: {res['found']:,} of {len(keys):,} objects found "
+          f"({res['errors']} errors)", flush=True)
+    return SummaryRow(metric="objects_after_restart", subject=MOONCAKE, value=res["found"], unit="count",
+                      notes="mooncake_master SIGKILLed and started again on the same port with its defaults (no "
+                            "operation log, no snapshot); its client, still running, asks batch_is_exist of every "
+                            "object it had put", params={"objects": len(keys), "state": "sigkill"})
+
+
+OP_NOTES = {"put": "put_start + put_end of a new object ({how})", "get_replicas": "replica list of an existing "
+            "object, read lease granted ({how})", "exists": "existence of an existing object, no lease ({how})"}
+HOW = {EMB_LOG: "MasterService methods in-process; state changes fsynced to the log before returning",
+       EMB_MEM: "MasterService methods in-process, no data dir: nothing durable",
+       RPC: "MasterClient over TCP loopback to the server process (data dir: fsynced)",
+       MOONCAKE: "MooncakeDistributedStore metadata calls to mooncake_master over TCP loopback; no operation log"}
+
+
+def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, str, str | None], raw: list
+               ) -> tuple[list[SummaryRow], dict[str, str]]:
+    results: dict[str, dict] = {}
+    status: dict[str, str] = {}
+    lost_rows: list[SummaryRow] = []
+    makers = {EMB_LOG: lambda: _Embedded(work / "emb-data"), EMB_MEM: lambda: _Embedded(None),
+              RPC: (lambda: _Remote(work)) if server[0] else None, MOONCAKE: _Mooncake if mk[0] else None}
+    for subject, make in makers.items():
+        if make is None:
+            status[subject] = server[1] if subject == RPC else mk[1]
+            continue
+        t0 = time.monotonic()
+        try:
+            runner = make()
+        except Exception as exc:  # noqa: BLE001 - the subject is reported as not measured, with the reason
+            status[subject] = f"could not start: {type(exc).__name__}: {exc}"
+            print(f"[master] {subject}: {status[subject]}", flush=True)
+            continue
+        try:
+            results[subject] = _measure(subject, runner, cfg, raw)
+            if subject == MOONCAKE:  # its defaults keep no log: what a restart leaves of what was put
+                lost_rows.append(_mooncake_restart(runner))
+        except Exception as exc:  # noqa: BLE001 - same
+            status[subject] = f"failed while measuring: {type(exc).__name__}: {exc}"
+            print(f"[master] {subject}: {status[subject]}", flush=True)
+        finally:
+            runner.close()
+        if subject in results:
+            print(f"[master] {subject}: " + ", ".join(f"{op}/{b} {spread(c['ops'])['median']:,.0f}"
+                                                       for (op, b), c in results[subject].items())
+                  + f" ops/s ({time.monotonic() - t0:.0f} s)", flush=True)
+    rows: list[SummaryRow] = []
+    base = results.get(MOONCAKE)
+    for subject, cells in results.items():
+        for (op, batch), cell in cells.items():
+            s = spread(cell["ops"])
+            b = {} if subject == MOONCAKE or base is None else {"baseline": MOONCAKE,
+                                                                 "baseline_value": spread(base[(op, batch)]["ops"])["median"]}
+            notes = OP_NOTES[op].format(how=HOW[subject])
+            if cell["rpcs_per_call"] is not None:
+                notes += f"; {cell['rpcs_per_call']:.3g} master RPCs per call, counted from its metrics"
+            rows.append(SummaryRow.from_spread(s, metric="ops_per_s", subject=subject, unit="ops/s",
+                                               n=len(cell["ops"]), notes=notes, params={
+                                                   "op": op, "batch": batch, "size_bytes": SIZE_BYTES,
+                                                   "durable": subject in (EMB_LOG, RPC),
+                                                   "transport": "in-process" if subject in (EMB_LOG, EMB_MEM) else "tcp"},
+                                               **b))
+    rows += lost_rows
+    rows.append(SummaryRow(metric="mooncake_available", subject=MOONCAKE, value=float(MOONCAKE in results),
+                           unit="bool", notes=(f"mooncake-transfer-engine {mk[2]} from PyPI: mooncake_master and "
+                                               "MooncakeDistributedStore, same run" if MOONCAKE in results
+                                               else f"not measured: {status.get(MOONCAKE, mk[1])}")))
+    rows.append(SummaryRow(metric="rpc_available", subject=RPC, value=float(RPC in results), unit="bool",
+                           notes=server[1] if RPC in results else f"not measured: {status.get(RPC, server[1])}"))
+    return rows, status
+
+
+# ============================================================================ 4. failover
+
+def _failover_available() -> tuple[bool, str]:
+    ok, why = _server_available()
+    if not ok:
+        return False, why
+    if importlib.util.find_spec("quillcache.master.ha") is None:
+        return False, "the master's HA mode (quillcache.master.ha: etcd election, log following) does not exist in this checkout"
+    from quillcache.cluster.etcd import ETCD_INSTALL_HINT, find_etcd
+
+    if find_etcd() is None:
+        return False, ETCD_INSTALL_HINT
+    return True, "etcd on 127.0.0.1; masters started with --etcd"
+
+
+def _probe_write(address: str, key: str, timeout_s: float) -> bool:
+    """One put_start + put_end through ``address`` alone (no retries): True when both were acknowledged."""
+    from quillcache.master.client import MasterClient
+
+    try:
+        with MasterClient(address, timeout_s=timeout_s, retry_s=0.0) as c:
+            c.put_start(key, SIZE_BYTES)
+            c.put_end(key)
+            return True
+    except Exception:  # noqa: BLE001 - not serving yet (NOT_LEADER, a timeout, a refused connection)
+        return False
+
+
+def _one_failover(etcd: str, group: str, ttl_s: int, rep: int, work: Path, raw: list) -> tuple[float, int, int]:
+    """Leader + standby; a writer acknowledges puts through the leader; SIGKILL the leader; time until the standby
+    acknowledges a write; then check every acknowledged object on it. Returns (seconds, acked, lost)."""
+    import threading
+
+    from quillcache.master.client import MasterClient
+
+    extra = ["--etcd", etcd, "--name", group, "--ttl-s", str(ttl_s)]
+    leader = ServerProcess(work / f"fo-{group}-a", extra + ["--candidate", "a"], timeout_s=4 * ttl_s + 60,
+                           log_path=work / f"fo-{group}-a.log")
+    procs = [leader]
+    try:
+        if leader.info["role"] != "leader":
+            raise RuntimeError(f"the first master of {group} came up as {leader.info['role']}")
+        standby = ServerProcess(work / f"fo-{group}-b", extra + ["--candidate", "b"], timeout_s=4 * ttl_s + 60,
+                                log_path=work / f"fo-{group}-b.log")
+        procs.append(standby)
+        if standby.info["role"] != "standby":
+            raise RuntimeError(f"the second master of {group} came up as {standby.info['role']}")
+        acked: dict[str, str] = {}
+        with MasterClient(leader.address, timeout_s=2.0, retry_s=0.0) as c:
+            c.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0, capacity_bytes=SEGMENT_BYTES))
+        stop = threading.Event()
+
+        def writer() -> None:
+            i = 0
+            with MasterClient(leader.address, timeout_s=1.0, retry_s=0.0) as c:
+                while not stop.is_set():
+                    keys = [f"fo-{i + j}" for j in range(20)]
+                    i += 20
+                    try:
+                        c.heartbeat("bench")
+                        res = c.batch_put_start([PutRequest(key=k, size_bytes=SIZE_BYTES) for k in keys])
+                        ends = c.batch_put_end(keys)
+                    except Exception:  # noqa: BLE001 - the leader is gone: stop writing
+                        return
+                    for k, r, e in zip(keys, res, ends):
+                        if not isinstance(r, Exception) and e is None:
+                            acked[k] = ",".join(f"{d.segment_id}:{d.offset_bytes}" for d in r.replicas)
+
+        th = threading.Thread(target=writer, daemon=True)
+        th.start()
+        time.sleep(1.0)
+        t_kill = time.perf_counter()
+        leader.kill()  # SIGKILL
+        stop.set()
+        th.join(timeout=10)
+        deadline = time.monotonic() + 6 * ttl_s + 30
+        n = 0
+        while not _probe_write(standby.address, f"probe-{rep}-{n}", 0.2):
+            n += 1
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no standby served within {6 * ttl_s + 30} s of the leader's SIGKILL")
+            time.sleep(0.02)
+        took = time.perf_counter() - t_kill
+        lost = 0
+        with MasterClient(standby.address, timeout_s=10.0, retry_s=0.0) as c:
+            c.heartbeat("bench")
+            keys = list(acked)
+            for j in range(0, len(keys), 1000):
+                for k, reps in zip(keys[j:j + 1000], c.get_replicas(keys[j:j + 1000])):
+                    got = None if isinstance(reps, Exception) else ",".join(f"{d.segment_id}:{d.offset_bytes}"
+                                                                            for d in reps)
+                    lost += got != acked[k]
+        raw.append(("failover", ttl_s, rep, f"{took:.6f}", len(acked), lost, n))
+        return took, len(acked), lost
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def _failover_study(cfg: dict, work: Path, raw: list) -> list[SummaryRow]:
+    ok, why = _failover_available()
+    if not ok:
+        return [SummaryRow(metric="failover_available", subject="quillcache HA", value=0.0, unit="bool",
+                           notes=f"not measured: {why}")]
+    from quillcache.cluster.etcd import EtcdProcess
+
+    rows: list[SummaryRow] = []
+    lost_total = acked_total = 0
+    try:
+        with EtcdProcess() as etcd:
+            for ttl_s in cfg["failover_ttls"]:
+                times = []
+                for rep in range(cfg["failover_reps"]):
+                    took, acked, lost = _one_failover(etcd.endpoint, f"study-{ttl_s}-{rep}", ttl_s, rep, work, raw)
+                    times.append(took)
+                    acked_total += acked
+                    lost_total += lost
+                rows.append(SummaryRow.from_spread(spread(times), metric="failover_s", subject="quillcache HA",
+                                                   unit="s", n=len(times), params={"ttl_s": ttl_s},
+                                                   notes="leader SIGKILL to the standby's first acknowledged "
+                                                         "put_start + put_end (a probe every 20 ms, each with a 0.2 s timeout); "
+                                                         "two masters, "
+                                                         "etcd on 127.0.0.1"))
+                print(f"[master] failover at TTL {ttl_s} s: " + ", ".join(f"{t:.2f}" for t in times) + " s", flush=True)
+    except Exception as exc:  # noqa: BLE001 - reported, the rest of the study stands
+        print(f"[master] failover failed: {type(exc).__name__}: {exc}", flush=True)
+        return [SummaryRow(metric="failover_available", subject="quillcache HA", value=0.0, unit="bool",
+                           notes=f"not measured: failed: {type(exc).__name__}: {exc}")]
+    rows.append(SummaryRow(metric="failover_objects_lost", subject="quillcache HA", value=lost_total, unit="count",
+                           notes="acknowledged objects missing or with other replicas on the new leader"))
+    rows.append(SummaryRow(metric="failover_objects_checked", subject="quillcache HA", value=acked_total,
+                           unit="count", notes="objects acknowledged by the old leader before its SIGKILL"))
+    rows.append(SummaryRow(metric="failover_available", subject="quillcache HA", value=1.0, unit="bool",
+                           notes=why))
+    return rows
+
+
+# ============================================================================ run / plot
+
+def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool = True) -> list[SummaryRow]:
+    cfg = QUICK if quick else FULL
+    t_start = time.monotonic()
+    raw: list[tuple] = []
+    server = _server_available()
+    work = Path(tempfile.mkdtemp(prefix="quillcache-master-study-"))
+    try:
+        # fork-based parts first, while this process runs no threads
+        rows = _restart_study(cfg, work, _server_process_available(), raw)
+        rows += _kill_study(cfg, work, raw)
+        if mooncake:
+            from experiments.master_mooncake import availability
+
+            mk = availability()
+        else:
+            mk = (False, "not run (mooncake=False)", None)
+        ops_rows, _ = _ops_study(cfg, work, server, mk, raw)
+        rows += ops_rows
+        rows += _failover_study(cfg, work, raw)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_summary(NAME, rows, results_root, profile="quick" if quick else "full", started_at=t_start)
+    headers = {"restart": ("start", "state", "objects", "rep", "seconds", "objects_found"),
+               "kill": ("kill", "seed", "objects_checked", "objects_lost", "pending", "pending_visible",
+                        "committed_unacknowledged", "recovery_s", "objects"),
+               "ops": ("subject", "op", "batch", "rep", "keys", "seconds", "master_rpcs_per_call"),
+               "failover": ("ttl_s", "rep", "seconds", "objects_acknowledged", "objects_lost", "probes")}
+    for part, header in headers.items():
+        write_raw(NAME, f"raw_{part}.csv", header, [r[1:] for r in raw if r[0] == part], results_root)
+    return rows
+
+
+def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
+    """``master.png``: ops/s per subject, op and batch (log scale); restart time against objects."""
+    import numpy as np
+
+    from experiments.plotstyle import BASELINE, OURS, PALETTE, figure, save, style_axes
+    from quillcache.results import read_summary
+
+    df = read_summary(NAME, results_root)
+    fig, (ax1, ax2) = figure(10.0, 3.8, ncols=2)
+    ops = df[df["metric"] == "ops_per_s"]
+    subjects = [(EMB_MEM, "QuillCache embedded, no log", PALETTE[5]), (EMB_LOG, "QuillCache embedded, log", OURS),
+                (RPC, "QuillCache server (RPC)", PALETTE[2]), (MOONCAKE, "Mooncake master", BASELINE)]
+    subjects = [s for s in subjects if (ops["subject"] == s[0]).any()]
+    cells = [(op, b) for op in OPS for b in sorted({int(x) for x in ops["batch"]})]
+    x = np.arange(len(cells))
+    w = 0.8 / max(1, len(subjects))
+    for i, (subject, label, colour) in enumerate(subjects):
+        sub = ops[ops["subject"] == subject].set_index(["op", "batch"])
+        vals = [float(sub.loc[(o, b), "value"]) if (o, b) in sub.index else np.nan for o, b in cells]
+        lo = [v - float(sub.loc[c, "p10"]) if c in sub.index else 0 for v, c in zip(vals, cells)]
+        hi = [float(sub.loc[c, "p90"]) - v if c in sub.index else 0 for v, c in zip(vals, cells)]
+        ax1.bar(x + (i - (len(subjects) - 1) / 2) * w, vals, w, label=label, color=colour,
+                yerr=np.clip(np.nan_to_num([lo, hi]), 0, None), capsize=1.5)
+    ax1.set_yscale("log")
+    ax1.set_xticks(x)
+    ax1.set_xticklabels([f"{o.replace('_', ' ')}\nx{b}" for o, b in cells], fontsize=7)
+    style_axes(ax1, ylabel="objects per second (median, p10-p90)", title="Metadata operations")
+    ax1.legend(fontsize=6.5, frameon=False, loc="upper left")
+    rs = df[df["metric"] == "restart_s"]
+    styles = {("in-process", "clean"): ("-", "o"), ("in-process", "sigkill"): ("--", "s"),
+              ("process", "clean"): ("-", "^"), ("process", "sigkill"): ("--", "v")}
+    for (start, state), (ls, mark) in styles.items():
+        part = rs[(rs["start"] == start) & (rs["state"] == state)].sort_values("objects")
+        if len(part):
+            ax2.errorbar(part["objects"], part["value"], yerr=np.clip([part["value"] - part["p10"],
+                                                                       part["p90"] - part["value"]], 0, None),
+                         ls=ls, marker=mark, color=OURS if start == "in-process" else PALETTE[2], capsize=2,
+                         label=f"{'MasterService' if start == 'in-process' else 'server process'}, {state}")
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    style_axes(ax2, xlabel="objects", ylabel="seconds to serving (median)", title="Restart time")
+    ax2.legend(fontsize=6.5, frameon=False)
+    return save(fig, Path(out_dir) / "master.png")
+
+
+def main(argv: list[str] | None = None) -> None:
+    bench_main(run, __doc__, argv)
+
+
+if __name__ == "__main__":
+    main()

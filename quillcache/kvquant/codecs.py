@@ -1,0 +1,307 @@
+"""KV-cache codecs by name (``CODECS``) and the quantized tensor they produce (``QuantizedKV``).
+
+A codec quantizes one KV tensor of shape ``(tokens, heads, head_dim)`` (float16 or float32; a
+layer's keys or its values) and dequantizes it back to the same dtype and shape:
+
+- ``int8``: symmetric, one scale per token x head (``granularity="token_head"``, the default) or
+  one per tensor (``"tensor"``); codes in [-127, 127].
+- ``fp8_e4m3``: OCP e4m3fn codes, one scale per head (``"head"``, default) or per tensor
+  (``"tensor"``); the scale is ``amax / 448`` of the tensor (calibrated per call) unless a fixed
+  ``scale`` is given (vLLM's ``k_scale``/``v_scale``; its default 1.0 is uncalibrated). Values are
+  divided by the scale, clamped to ±448 and cast with saturation, round half to even.
+- ``int4`` / ``int2``: KIVI's layout, asymmetric with an integer zero point per group, codes
+  bit-packed: keys per channel in groups of ``group_size`` (32) tokens, values per token in
+  groups of ``group_size`` channels (``axis`` overrides: ``"channel"`` or ``"token"``).
+
+Every codec takes ``window_tokens``: the most recent tokens kept in full precision (KIVI's
+residual window; ``0`` = none, must be < tokens). The formulas are ``reference.py``'s.
+
+Input contract (checked before any kernel runs, each error naming the value): a NumPy array (CuPy
+array for the ``cuda`` backend) of dtype float16 or float32 (``KVQuantDtypeError``), 3-D with
+every extent >= 1, tokens minus window divisible by the group for per-channel groups, head_dim
+divisible by the group for per-token groups (``KVQuantShapeError``); every value finite:
+NaN / ±inf are refused with ``NonFiniteError`` naming the first (token, head, channel), never
+saturated; a magnitude above ``MAX_ABS = 2**127`` with ``OutOfRangeError`` (its dequantized value
+could overflow). float16 input is always in range. Inputs are never modified.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Union
+
+import numpy as np
+
+from quillcache._checks import check_choice, check_float, check_int
+from quillcache.kvquant.errors import (KVQuantDtypeError, KVQuantError, KVQuantShapeError, NonFiniteError,
+                                       OutOfRangeError)
+from quillcache.kvquant.kernels import KernelBackend, backend
+from quillcache.registry import Registry
+
+__all__ = ["CODECS", "DTYPES", "MAX_ABS", "Fp8E4M3Codec", "Int8Codec", "KINDS", "KiviCodec", "QuantizedKV", "Codec",
+           "make_codec"]
+
+KINDS = ("key", "value")
+DTYPES = ("float16", "float32")
+MAX_GROUP = 65535
+MAX_ABS = 2.0**127  # the largest magnitude quantized (see reference.py)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class QuantizedKV:
+    """One quantized tensor: everything needed to dequantize it (and what a block serializes).
+
+    ``payload`` is the codes as uint8 (int8 codes viewed as uint8; int4/int2 packed), ``scales``
+    float32 and ``zeros`` int32 (empty for symmetric codecs) in the codec's group grid,
+    ``window`` the last ``window_tokens`` tokens in the original dtype.
+    """
+
+    codec: str
+    kind: str
+    granularity: str
+    dtype: str
+    shape: tuple[int, int, int]
+    group_size: int
+    window_tokens: int
+    scales: np.ndarray
+    zeros: np.ndarray
+    payload: np.ndarray
+    window: np.ndarray
+    scale_option: float = math.nan  # fp8's fixed scale; NaN = calibrated per call
+
+    @property
+    def num_elements(self) -> int:
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays (the block adds a fixed header and a crc32c)."""
+        return int(self.payload.nbytes + self.scales.nbytes + self.zeros.nbytes + self.window.nbytes)
+
+    def codec_object(self) -> "Codec":
+        return make_codec(self.codec, **_options_of(self))
+
+    def dequantize(self, backend_name: str = "numba") -> np.ndarray:
+        return self.codec_object().dequantize(self, backend=backend_name)
+
+
+def _xp(a):
+    return np if isinstance(a, np.ndarray) else __import__(type(a).__module__.split(".")[0])
+
+
+def _check_tensor(x, codec: "Codec", kind: str) -> None:
+    check_choice("kind", kind, KINDS, error=KVQuantError)
+    if not (isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__")):
+        raise KVQuantDtypeError(f"x must be a NumPy (or CuPy) array, got {type(x).__name__}")
+    if str(x.dtype) not in DTYPES:
+        raise KVQuantDtypeError(f"x.dtype={x.dtype} is not supported; KV tensors must be one of {list(DTYPES)}")
+    if x.ndim != 3 or min(x.shape) < 1:
+        raise KVQuantShapeError(f"x.shape={tuple(x.shape)} must be (tokens, heads, head_dim), each >= 1")
+    t, _, d = x.shape
+    w = codec.window_tokens
+    if w >= t:
+        raise KVQuantShapeError(f"window_tokens={w} must be < tokens={t}")
+    gt, gd = codec.group_extents(kind)
+    if (t - w) % gt:
+        raise KVQuantShapeError(f"{codec.name}: tokens - window_tokens = {t} - {w} = {t - w} is not divisible by "
+                                f"group_size={gt} (per-channel groups of {gt} tokens)")
+    if d % gd:
+        raise KVQuantShapeError(f"{codec.name}: head_dim={d} is not divisible by group_size={gd} "
+                                f"(per-token groups of {gd} channels)")
+    xp = _xp(x)
+    amax = float(xp.abs(x).max())  # NaN and inf propagate: one pass checks both rules
+    if not math.isfinite(amax):
+        idx = _first(xp, ~xp.isfinite(x))
+        raise NonFiniteError(f"x{list(idx)}={float(x[idx])} is not finite; NaN and inf are refused (a KV cache "
+                             f"holding them is already corrupt)")
+    if amax > MAX_ABS:
+        idx = _first(xp, xp.abs(x) > MAX_ABS)
+        raise OutOfRangeError(f"|x{list(idx)}|={float(x[idx])!r} exceeds MAX_ABS=2**127; it could not be "
+                              f"dequantized without overflow")
+
+
+def _first(xp, mask) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(int(xp.argmax(mask.reshape(-1))), mask.shape))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Codec:
+    """What every codec has: a name, a window of full-precision recent tokens."""
+
+    name: ClassVar[str] = ""
+    window_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("window_tokens", self.window_tokens, 0, 2**31 - 1, error=KVQuantError, type_error=KVQuantError)
+
+    def group_extents(self, kind: str) -> tuple[int, int]:
+        """(tokens, channels) per scale group for the shape checks (1, 1: no divisibility rule)."""
+        return 1, 1
+
+    # --- the codec-specific part
+    def _encode(self, k: KernelBackend, x, kind: str) -> dict:
+        raise NotImplementedError
+
+    def _decode(self, k: KernelBackend, q: QuantizedKV):
+        raise NotImplementedError
+
+    # --- shared
+    def quantize(self, x, *, kind: str = "key", backend: str = "numba") -> QuantizedKV:
+        """Quantize ``x`` (tokens, heads, head_dim); ``kind`` picks KIVI's grouping (key / value)."""
+        _check_tensor(x, self, kind)
+        k = _backend(backend)
+        xp = _xp(x)
+        t_q = x.shape[0] - self.window_tokens
+        xq = xp.ascontiguousarray(x[:t_q], dtype=np.float32)
+        parts = self._encode(k, xq, kind)
+        return QuantizedKV(codec=self.name, kind=kind, dtype=str(x.dtype), shape=tuple(int(n) for n in x.shape),
+                           window_tokens=self.window_tokens, window=xp.ascontiguousarray(x[t_q:]), **parts)
+
+    def dequantize(self, q: QuantizedKV, *, backend: str = "numba"):
+        """The tensor back, in its original dtype and shape (window tokens exact)."""
+        if q.codec != self.name:
+            raise KVQuantError(f"a {q.codec!r} tensor cannot be dequantized by codec {self.name!r}")
+        k = _backend(backend)
+        xp = _xp(q.payload)
+        out = xp.empty(q.shape, dtype=q.dtype)
+        t_q = q.shape[0] - q.window_tokens
+        out[:t_q] = self._decode(k, q)
+        out[t_q:] = q.window
+        return out
+
+    def bytes_per_element(self, shape: tuple[int, int, int], kind: str = "key") -> float:
+        """Array bytes per element of a ``shape`` tensor (scales, zero points and window included)."""
+        x = np.zeros(shape, np.float16)
+        return self.quantize(x, kind=kind, backend="reference").nbytes / x.size
+
+
+def _backend(name: str) -> KernelBackend:
+    try:
+        return backend(name)
+    except (KeyError, ValueError) as e:
+        raise KVQuantError(str(e)) from None
+
+
+def _f32_shape(q: QuantizedKV) -> tuple[int, int, int]:
+    return (q.shape[0] - q.window_tokens, q.shape[1], q.shape[2])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int8Codec(Codec):
+    name: ClassVar[str] = "int8"
+    granularity: str = "token_head"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("granularity", self.granularity, ("token_head", "tensor"), error=KVQuantError)
+
+    def _encode(self, k, x, kind):
+        q, s = k.int8_quantize(x, self.granularity == "tensor")
+        return dict(granularity=self.granularity, group_size=0, scales=s, zeros=_xp(q).empty((0,), np.int32),
+                    payload=q.reshape(-1).view(np.uint8))
+
+    def _decode(self, k, q):
+        return k.int8_dequantize(q.payload.view(np.int8).reshape(_f32_shape(q)), q.scales)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fp8E4M3Codec(Codec):
+    name: ClassVar[str] = "fp8_e4m3"
+    granularity: str = "head"
+    scale: Union[float, None] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("granularity", self.granularity, ("head", "tensor"), error=KVQuantError)
+        if self.scale is not None:
+            check_float("scale", self.scale, 0.0, lo_open=True, error=KVQuantError, type_error=KVQuantError)
+            if not np.isfinite(np.float32(self.scale)) or np.float32(self.scale) == 0:
+                raise KVQuantError(f"scale={self.scale} is not a positive finite float32")
+
+    def _encode(self, k, x, kind):
+        c, s = k.fp8_quantize(x, self.granularity == "head", self.scale)
+        return dict(granularity=self.granularity, group_size=0, scales=s, zeros=_xp(c).empty((0,), np.int32),
+                    payload=c.reshape(-1), scale_option=math.nan if self.scale is None else float(self.scale))
+
+    def _decode(self, k, q):
+        return k.fp8_dequantize(q.payload.reshape(_f32_shape(q)), q.scales)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KiviCodec(Codec):
+    """``int4`` / ``int2``: asymmetric groups with integer zero points, bit-packed (KIVI's layout)."""
+
+    bits: int = 4
+    group_size: int = 32
+    axis: Union[str, None] = None  # None: keys per channel, values per token (KIVI)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"int{self.bits}"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bits not in (2, 4):
+            raise KVQuantError(f"bits={self.bits!r} must be 2 or 4")
+        check_int("group_size", self.group_size, 1, MAX_GROUP, error=KVQuantError, type_error=KVQuantError)
+        if self.axis is not None:
+            check_choice("axis", self.axis, ("channel", "token"), error=KVQuantError)
+
+    def grouping(self, kind: str) -> str:
+        return self.axis or ("channel" if kind == "key" else "token")
+
+    def group_extents(self, kind: str) -> tuple[int, int]:
+        return (self.group_size, 1) if self.grouping(kind) == "channel" else (1, self.group_size)
+
+    def _encode(self, k, x, kind):
+        gt, gd = self.group_extents(kind)
+        q, s, z = k.asym_quantize(x, self.bits, gt, gd)
+        return dict(granularity=self.grouping(kind), group_size=self.group_size, scales=s, zeros=z,
+                    payload=k.pack_bits(q, self.bits))
+
+    def _decode(self, k, q):
+        gt, gd = (q.group_size, 1) if q.granularity == "channel" else (1, q.group_size)
+        shape = _f32_shape(q)
+        codes = k.unpack_bits(q.payload, self.bits, shape[0] * shape[1] * shape[2]).reshape(shape)
+        return k.asym_dequantize(codes, q.scales, q.zeros, gt, gd)
+
+
+def _int8(*, granularity: str = "token_head", window_tokens: int = 0) -> Int8Codec:
+    return Int8Codec(granularity=granularity, window_tokens=window_tokens)
+
+
+def _fp8(*, granularity: str = "head", scale: float | None = None, window_tokens: int = 0) -> Fp8E4M3Codec:
+    return Fp8E4M3Codec(granularity=granularity, scale=scale, window_tokens=window_tokens)
+
+
+def _int4(*, group_size: int = 32, axis: str | None = None, window_tokens: int = 0) -> KiviCodec:
+    return KiviCodec(bits=4, group_size=group_size, axis=axis, window_tokens=window_tokens)
+
+
+def _int2(*, group_size: int = 32, axis: str | None = None, window_tokens: int = 0) -> KiviCodec:
+    return KiviCodec(bits=2, group_size=group_size, axis=axis, window_tokens=window_tokens)
+
+
+CODECS: Registry = Registry("kv codec")
+CODECS.register("int8", _int8)
+CODECS.register("fp8_e4m3", _fp8)
+CODECS.register("int4", _int4)
+CODECS.register("int2", _int2)
+
+
+def make_codec(name: str, **options) -> Codec:
+    """``CODECS.create(name, **options)``; an unknown name or option raises, naming it."""
+    try:
+        return CODECS.create(name, **options)  # type: ignore[return-value]
+    except TypeError as e:
+        raise KVQuantError(str(e)) from None
+
+
+def _options_of(q: QuantizedKV) -> dict:
+    if q.codec == "int8":
+        return dict(granularity=q.granularity, window_tokens=q.window_tokens)
+    if q.codec == "fp8_e4m3":
+        return dict(granularity=q.granularity, window_tokens=q.window_tokens,
+                    scale=None if math.isnan(q.scale_option) else q.scale_option)
+    return dict(group_size=q.group_size, window_tokens=q.window_tokens, axis=q.granularity)
