@@ -2,8 +2,8 @@
 
 A block decodes with no outside context. Layout (all integers little-endian)::
 
-    header (56 bytes, struct "<4sHHBBBBBBHIIIIQQQQf"):
-      magic "QKVB" | version u16 (1) | header_bytes u16 (56)
+    header (68 bytes, struct "<4sHHBBBBBBHIIIIQQQQf"):
+      magic "QKVB" | version u16 (1) | header_bytes u16 (68)
       codec u8 (1 int8, 2 fp8_e4m3, 3 int4, 4 int2) | kind u8 (0 key, 1 value)
       layout u8 (0: (tokens, heads, head_dim), C order) | dtype u8 (0 float16, 1 float32)
       granularity u8 (0 token_head, 1 tensor, 2 head, 3 channel, 4 token) | bits u8
