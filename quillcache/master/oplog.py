@@ -16,6 +16,9 @@ service took (e.g. the replica placement of a ``PUT_START``), never something to
     EXPIRE     node_id
     RECLAIM    (reclaim every zombie whose deadline is <= now_s)
     EPOCH      (the writer's epoch starts here)
+    BATCH      [record, ...]: the records of one service call, each a whole record as above (not a BATCH),
+               applied in order; one WAL record (one LSN) per call, so replay decodes one msgpack document
+               per call instead of one per state change, and a call's records are durable all or none
 
 Durability contract (:class:`OpLog`): ``append`` buffers a record and returns its LSN; ``commit``
 writes and fsyncs everything appended (one fsync for a whole batch: group commit) — a call of the
@@ -35,7 +38,7 @@ import msgpack
 from quillcache.durability.fs import FileSystem
 from quillcache.durability.wal import WalWriter, scan
 
-__all__ = ["Op", "OpLog", "decode_record", "encode_record"]
+__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record"]
 
 WAL_NAME = "master.wal"
 
@@ -51,10 +54,11 @@ class Op(enum.IntEnum):
     EXPIRE = 8
     RECLAIM = 9
     EPOCH = 10
+    BATCH = 11
 
 
 _NUM_FIELDS = {Op.MOUNT: 7, Op.UNMOUNT: 1, Op.PUT_START: 8, Op.PUT_END: 1, Op.PUT_REVOKE: 1, Op.REMOVE: 1,
-               Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0}
+               Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0, Op.BATCH: 1}
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 
@@ -78,7 +82,25 @@ def decode_record(payload: bytes) -> list:
     if len(rec) != 3 + _NUM_FIELDS[op]:
         raise ValueError(f"master log record {op.name} has {len(rec) - 3} fields, expected {_NUM_FIELDS[op]}")
     rec[0] = op
+    if op == Op.BATCH:
+        subs = rec[3]
+        if not isinstance(subs, list) or not subs:
+            raise ValueError("master log record BATCH must hold a non-empty array of records")
+        nf = _NUM_FIELDS
+        for sub in subs:
+            n = nf.get(sub[0], -1) if isinstance(sub, list) and sub and type(sub[0]) is int else -1
+            if n < 0 or sub[0] == Op.BATCH or len(sub) != 3 + n:
+                raise ValueError(f"master log record BATCH holds a malformed record {sub!r:.80}")
     return rec
+
+
+def encode_batch(records: list) -> tuple[bytes, int]:
+    """One WAL payload for the records of one call (a BATCH record when there are several) and
+    the number of state changes it holds."""
+    if len(records) == 1:
+        return _packb(records[0]), 1
+    last = records[-1]
+    return _packb([Op.BATCH, last[1], last[2], records]), len(records)
 
 
 class OpLog:
@@ -117,9 +139,11 @@ class OpLog:
     def failed(self) -> BaseException | None:
         return None if self._wal is None else self._wal.failed
 
-    def append(self, payload: bytes) -> int:
+    def append(self, payload: bytes, changes: int = 1) -> int:
+        """Buffer one record holding ``changes`` state changes (a BATCH holds several; the
+        snapshot cadence counts state changes, not WAL records); returns its LSN."""
         assert self._wal is not None
-        self.records_since_rotate += 1
+        self.records_since_rotate += changes
         return self._wal.append(payload)
 
     def commit(self) -> int:

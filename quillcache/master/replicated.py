@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from quillcache.durability.wal import WalError
+from quillcache.durability.wal import WalError, WalIOError
 from quillcache.master.errors import InvalidParamsError, LogFailedError, MasterError, NotLeaderError, StaleEpochError
-from quillcache.master.oplog import Op, decode_record
+from quillcache.master.oplog import Op, decode_record, encode_batch
 from quillcache.master.snapshot import encode_state
 from quillcache.master.types import ObjectStatus
 
@@ -32,11 +32,13 @@ _COMPLETE = int(ObjectStatus.COMPLETE)
 
 
 class ReplicatedMode:
-    """Mixed into ``MasterService``: uses its tables, log and projection (module docstring)."""
+    """Mixed into ``MasterService``: uses its tables, log and projection (module docstring); also the
+    log plumbing of every mode (``_record``, ``_commit``)."""
 
     def _init_replicated(self, replicate: Callable[[list[tuple[int, bytes]]], None] | None) -> None:
         self._replicate = replicate
         self._unreplicated: list[tuple[int, bytes]] = []  # this call's records, not yet replicated
+        self._unreplicated_changes = 0  # state changes in them beyond one per record (BATCH records)
         self._following = replicate is not None
         self.last_snapshot_lsn = 0  # the LSN the last local snapshot covers
 
@@ -67,8 +69,51 @@ class ReplicatedMode:
             raise NotLeaderError("this master is a standby following the leader's log: it changes no state "
                                  "until it is promoted")
 
+    def _record(self, rec: list) -> None:
+        """Apply one record and keep it for this call's WAL record (written by ``_commit``: one
+        record, one LSN, per call; a BATCH when the call made several state changes)."""
+        recs = self._call_recs
+        lsn = self._state.lsn + 1 if not recs else self._call_lsn
+        self._state.apply(rec, lsn)
+        if not recs:
+            self._call_lsn = lsn
+        recs.append(rec)
+
+    def _commit(self) -> None:
+        if self._call_recs:
+            self._log_call()
+        if self._unreplicated:
+            self._replicate_pending()
+        if self._log is not None:
+            try:
+                self._log.commit()
+            except (WalIOError, OSError, WalError) as exc:
+                self._failed = exc
+                self._projection.discard()
+                raise LogFailedError(f"syncing the operation log failed ({exc}); nothing since the last "
+                                     f"acknowledged call is durable and the master is read-only") from exc
+        self._projection.publish()
+
+    def _log_call(self) -> None:
+        recs, self._call_recs = self._call_recs, []
+        payload, changes = encode_batch(recs)
+        lsn = self._call_lsn
+        if self._replicate is not None:  # the local log gets it once the replicated log has it (_commit)
+            self._unreplicated.append((lsn, payload))
+            self._unreplicated_changes += changes - 1
+        elif self._log is not None:
+            try:
+                got = self._log.append(payload, changes)
+                if got != lsn:
+                    raise WalError(f"operation log is at lsn {got}, expected {lsn}")
+            except (OSError, WalError) as exc:
+                self._failed = exc
+                self._projection.discard()
+                raise LogFailedError(f"appending to the operation log failed ({exc}); the master is read-only") from exc
+
     def _replicate_pending(self) -> None:
         batch, self._unreplicated = self._unreplicated, []
+        extra, self._unreplicated_changes = self._unreplicated_changes, 0
         try:
             self._replicate(batch)  # type: ignore[misc]
         except Exception as exc:
@@ -83,6 +128,7 @@ class ReplicatedMode:
                 for lsn, payload in batch:
                     if self._log.append(payload) != lsn:
                         raise WalError(f"local log is at lsn {self._log.next_lsn - 1}, expected {lsn}")
+                self._log.records_since_rotate += extra
             except (OSError, WalError) as exc:
                 self._failed = exc
                 self._projection.discard()
@@ -109,7 +155,8 @@ class ReplicatedMode:
                 rec = decode_record(payload)
                 try:
                     st.apply(rec, lsn)
-                    if self._log is not None and self._log.append(payload) != lsn:
+                    changes = len(rec[3]) if rec[0] == Op.BATCH else 1
+                    if self._log is not None and self._log.append(payload, changes) != lsn:
                         raise WalError(f"local log is at lsn {self._log.next_lsn - 1}, expected {lsn}")
                 except Exception as exc:
                     self._failed = exc

@@ -49,18 +49,18 @@ import time
 from collections.abc import Callable, Sequence
 
 from quillcache.durability.fs import FileSystem, RealFs
-from quillcache.durability.wal import WalError, WalIOError
+from quillcache.durability.wal import WalError
 from quillcache.index import IndexBackend, open_index
 from quillcache.master.errors import (
     InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
     ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, SegmentExistsError, SegmentNotFoundError,
     StaleEpochError,
 )
-from quillcache.master.oplog import Op, OpLog, decode_record, encode_record
+from quillcache.master.oplog import Op, OpLog, decode_record
 from quillcache.master.replicated import ReplicatedMode
 from quillcache.master.residency import IndexProjection
 from quillcache.master.snapshot import recover, write_snapshot
-from quillcache.master.state import MasterState, SegmentRecord
+from quillcache.master.state import MasterState, SegmentRecord, pause_gc as _pause_gc
 from quillcache.master.table import ObjectRecord
 from quillcache.master.eviction import choose_victims
 from quillcache.master.types import (
@@ -102,6 +102,8 @@ class MasterService(ReplicatedMode):
                                   index=self._projection, lease_ttl_s=config.lease_ttl_s)
         self._state._reclaim_s = float(config.zombie_reclaim_s)
         self._log: OpLog | None = None
+        self._call_recs: list[list] = []  # this call's records, applied, not yet in the log (_commit)
+        self._call_lsn = 0
         self._failed: BaseException | None = None
         self._closed = False
         self._init_replicated(replicate)
@@ -207,32 +209,6 @@ class MasterService(ReplicatedMode):
             raise StaleEpochError(f"this master writes epoch {self._epoch} but epoch {self._state.epoch} was seen: "
                                   f"it has been deposed and may not change state")
 
-    def _record(self, rec: list) -> None:
-        """Log (buffered) and apply one record."""
-        lsn = self._state.lsn + 1
-        if self._replicate is not None:  # the local log gets it once the replicated log has it (_commit)
-            self._unreplicated.append((lsn, encode_record(rec)))
-        elif self._log is not None:
-            try:
-                lsn = self._log.append(encode_record(rec))
-            except (OSError, WalError) as exc:
-                self._failed = exc
-                raise LogFailedError(f"appending to the operation log failed ({exc}); the master is read-only") from exc
-        self._state.apply(rec, lsn)
-
-    def _commit(self) -> None:
-        if self._unreplicated:
-            self._replicate_pending()
-        if self._log is not None:
-            try:
-                self._log.commit()
-            except (WalIOError, OSError, WalError) as exc:
-                self._failed = exc
-                self._projection.discard()
-                raise LogFailedError(f"syncing the operation log failed ({exc}); nothing since the last "
-                                     f"acknowledged call is durable and the master is read-only") from exc
-        self._projection.publish()
-
     def _finish(self) -> None:
         self._commit()
         self._maybe_snapshot()
@@ -313,6 +289,7 @@ class MasterService(ReplicatedMode):
         self._check_client(client_id)
         now = self._now()
         out: list[PutStartResult | MasterError] = []
+        gc_on = _pause_gc(len(requests))
         try:
             for req in requests:
                 try:
@@ -324,6 +301,8 @@ class MasterService(ReplicatedMode):
                 except MasterError as exc:
                     out.append(exc)
         finally:
+            if gc_on:
+                gc.enable()
             if self._failed is None:
                 self._finish()
         return out
@@ -440,6 +419,7 @@ class MasterService(ReplicatedMode):
             raise InvalidParamsError(f"{len(keys)} keys but {len(extra)} put_ids")
         now = self._now()
         out: list = []
+        gc_on = _pause_gc(len(keys))
         try:
             for i, key in enumerate(keys):
                 try:
@@ -449,6 +429,8 @@ class MasterService(ReplicatedMode):
                 except MasterError as exc:
                     out.append(exc)
         finally:
+            if gc_on:
+                gc.enable()
             if self._failed is None:
                 self._finish()
         return out

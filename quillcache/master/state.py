@@ -22,6 +22,7 @@ and every registered client is considered seen at the restart time.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterable
 
@@ -35,11 +36,20 @@ from quillcache.master.table import ObjectRecord, ObjectTable
 from quillcache.master.types import ObjectStatus, PinKind, SegmentDescriptor
 from quillcache.types import CacheTier
 
-__all__ = ["MasterState", "ObjectRecord", "SegmentRecord"]
+__all__ = ["MasterState", "ObjectRecord", "SegmentRecord", "pause_gc"]
 
 _PENDING = int(ObjectStatus.PENDING)
 _COMPLETE = int(ObjectStatus.COMPLETE)
 _SOFT = int(PinKind.SOFT)
+
+
+def pause_gc(n: int) -> bool:
+    """Pause the cyclic collector for a batch call of ``n`` items (its records are acyclic; collections
+    in the middle of a batch only rescan the tables); True when the caller must re-enable it."""
+    if n > 64 and gc.isenabled():
+        gc.disable()
+        return True
+    return False
 
 
 class SegmentHandles:
@@ -208,6 +218,11 @@ class MasterState:
     def _epoch(self, now: float) -> None:
         pass
 
+    def _batch(self, now: float, records: list) -> None:
+        apply = self.apply
+        for rec in records:  # the batch's LSN is already set
+            apply(rec)
+
     _reclaim_s = 600.0  # set by the service from its config (zombie_reclaim_s)
 
     # ---------------------------------------------------------------- helpers
@@ -356,4 +371,4 @@ class MasterState:
 
 _HANDLERS = {Op.MOUNT: "_mount", Op.UNMOUNT: "_unmount", Op.PUT_START: "_put_start", Op.PUT_END: "_put_end",
              Op.PUT_REVOKE: "_put_revoke", Op.REMOVE: "_remove", Op.EVICT: "_evict", Op.EXPIRE: "_expire",
-             Op.RECLAIM: "_reclaim", Op.EPOCH: "_epoch"}
+             Op.RECLAIM: "_reclaim", Op.EPOCH: "_epoch", Op.BATCH: "_batch"}
