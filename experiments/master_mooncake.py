@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import socket
 import subprocess
 import time
@@ -29,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from experiments import transfer_mooncake as tm
+from quillcache.cluster.etcd import free_port
 
 HERE = Path(__file__).resolve().parent
 PEER_SCRIPT = HERE / "master_mooncake_peer.py"
@@ -55,12 +55,6 @@ def availability(workdir: Path | None = None) -> tuple[bool, str, str | None]:
     if not os.access(binary, os.X_OK):
         return False, f"the prepared Mooncake venv has no mooncake_master binary ({binary.name} missing)", av.version
     return True, f"mooncake-transfer-engine {av.version}: mooncake_master + MooncakeDistributedStore", av.version
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, proc: subprocess.Popen, deadline: float) -> bool:
@@ -101,7 +95,7 @@ class MooncakeMasterRun:
         tag = f"master-{os.getpid()}-{time.time_ns()}"
         self.master_log_path = logdir / f"{tag}-master.log"
         self.peer_log_path = logdir / f"{tag}-client.log"
-        self.rpc_port, self.metrics_port = _free_port(), _free_port()
+        self.rpc_port, self.metrics_port = free_port(), free_port()
         binary = str(Path(stamp["venv_python"]).parent / "mooncake_master")
         deadline = time.monotonic() + self.timeout_s
         with open(self.master_log_path, "wb") as log:
@@ -169,10 +163,9 @@ class MooncakeMasterRun:
     @staticmethod
     def _tail(path: Path, n: int = 600) -> str:
         try:
-            text = path.read_text(errors="replace").strip()
+            return tm._tail(path.read_text(errors="replace"), n)
         except OSError:
             return ""
-        return text if len(text) <= n else "..." + text[-n:]
 
     def _fail(self, what: str) -> MooncakeError:
         return MooncakeError(f"Mooncake client (pid {self.peer.pid if self.peer else '?'}): {what} "
@@ -180,24 +173,7 @@ class MooncakeMasterRun:
                              f"{self._tail(self.peer_log_path)}; master log: {self._tail(self.master_log_path, 300)}")
 
     def _read(self, deadline: float, what: str) -> dict:
-        fd = self.peer.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._fail(f"no reply to {what!r} before the deadline")
-            r, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not r:
-                if self.peer.poll() is not None:
-                    raise self._fail(f"died while waiting for the reply to {what!r}")
-                continue
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                raise self._fail(f"closed its pipe while waiting for the reply to {what!r}")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        msg = json.loads(line)
-        if not msg.get("ok"):
-            raise self._fail(f"{what!r} failed: {msg.get('error')}")
+        msg, self._buf = tm.read_reply(self.peer, self._buf, deadline, what, self._fail)
         return msg
 
     def request(self, msg: dict, timeout_s: float | None = None) -> dict:

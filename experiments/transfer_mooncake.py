@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -350,6 +351,31 @@ def _prepare_locked(workdir: Path, t0: float) -> MooncakeAvailability:
 # run
 # ------------------------------------------------------------------------------------------
 
+def read_reply(proc: subprocess.Popen, buf: bytes, deadline: float, what: str,
+               fail: Callable[[str], Exception]) -> tuple[dict, bytes]:
+    """The next JSON line a child wrote (``{"ok": ...}``) and the bytes left after it; every wait bounded by
+    ``deadline``. A child that died, closed its pipe, answered ``ok: false`` or was late raises ``fail(reason)``."""
+    fd = proc.stdout.fileno()
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise fail(f"no reply to {what!r} before the deadline")
+        r, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if not r:
+            if proc.poll() is not None:
+                raise fail(f"died while waiting for the reply to {what!r}")
+            continue
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            raise fail(f"closed its pipe while waiting for the reply to {what!r}")
+        buf += chunk
+    line, buf = buf.split(b"\n", 1)
+    msg = json.loads(line)
+    if not msg.get("ok"):
+        raise fail(f"{what!r} failed: {msg.get('error')}")
+    return msg, buf
+
+
 class PeerError(RuntimeError):
     pass
 
@@ -386,24 +412,7 @@ class _Peer:
         return self.read(deadline, msg.get("cmd", "?"))
 
     def read(self, deadline: float, what: str) -> dict:
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._fail(f"no reply to {what!r} before the deadline")
-            r, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not r:
-                if self.proc.poll() is not None:
-                    raise self._fail(f"died while waiting for the reply to {what!r}")
-                continue
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                raise self._fail(f"closed its pipe while waiting for the reply to {what!r}")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        msg = json.loads(line)
-        if not msg.get("ok"):
-            raise self._fail(f"{what!r} failed: {msg.get('error')}")
+        msg, self._buf = read_reply(self.proc, self._buf, deadline, what, self._fail)
         return msg
 
     def kill(self) -> None:
@@ -493,7 +502,7 @@ def run_mooncake(*, block_bytes: int, batch: int, op: str, repeats: int, workdir
         src_fill, dst_fill = "pattern", "zero"
         srv = server.request({"cmd": "setup", "block": block_bytes, "slots": slots,
                               "fill": src_fill if op == "read" else dst_fill, "seed": seed}, deadline)
-        cli = client.request({"cmd": "setup", "block": block_bytes, "slots": slots,
+        client.request({"cmd": "setup", "block": block_bytes, "slots": slots,
                               "fill": dst_fill if op == "read" else src_fill, "seed": seed}, deadline)
         run_msg = {"cmd": "run", "target": srv["segment"], "remote_addr": srv["addr"], "op": op}
         client.request(dict(run_msg, batch=min(batch, slots), iters=1), deadline)  # warm-up, not measured

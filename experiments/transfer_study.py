@@ -6,20 +6,25 @@ and 128 (the quick profile leaves out 128), READ and WRITE:
 - ``raw socket pair`` (the ceiling): ``experiments.transfer_raw``, one connection, every header of a
   batch sent at once, data ``sendall`` from / ``recv_into`` a pre-touched buffer.
 - ``quillcache tcp``: ``TransferEngine("tcp")`` in this process against a
-  ``quillcache.transfer.peer`` child process (authenticated, pipelined, range-checked); each batch
-  through ``run_sync`` (first lane on the calling thread).
+  ``quillcache.transfer.peer`` child process (authenticated, pipelined, range-checked); a single block
+  through ``engine.read``/``write``, a batch through ``run_sync`` (first lane on the calling thread).
 - ``Mooncake TE tcp``: the ``mooncake-transfer-engine`` wheel from PyPI in its own virtualenv
   (``experiments.transfer_mooncake``, recipe in REFERENCE §4); when it cannot run, the results say
   exactly why (``mooncake_available`` = 0 and the reason).
 
-Requests of a batch go to consecutive block slots of a region of ``region_bytes`` (wrapping when
+Placement: every cell runs "cross-core" (this process pinned to one CPU, both peers to another: like
+two nodes); the 64 KiB single block also runs "same-core" (all on one CPU), where nothing overlaps and
+each side's software cost shows. Requests of a batch go to consecutive block slots of a region of ``region_bytes`` (wrapping when
 the batch is larger). Per cell and repetition a subject moves at least ``cell_bytes``; raw and
 quillcache alternate within each repetition, Mooncake runs its repetitions right after. Reported:
 throughput (GB/s = 1e9 B/s, median over repetitions, p10/p90), per-request latency p50/p99 (µs,
-submit to that request's completion, pooled over the cell's calls; Mooncake reports per batch call
+submit to that request's completion, or the whole call for a single block, pooled over the cell's
+calls; Mooncake reports per batch call
 — its Python API has no per-request completion time — so its latency rows say ``batch``), and CPU
-seconds per GB moved (user+system of both processes). Acceptance (issue 13): 2 and 32 MiB READ in
-batches of 16 ≥ 0.8× raw; every cell ≥ 2× Mooncake; 64 KiB READ p50 ≤ 2× the raw round trip.
+seconds per GB moved (user+system of both processes); per cell also QuillCache's speedup over
+Mooncake and the raw pair's own rate over Mooncake (``ceiling_over_mooncake``: the most any engine on
+the same sockets could reach). Acceptance (issue 13): 2 and 32 MiB READ in batches of 16 ≥ 0.8× raw;
+every cell ≥ 2× Mooncake; 64 KiB READ p50 ≤ 2× the raw round trip.
 """
 
 from __future__ import annotations
@@ -192,6 +197,8 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
     local_np[::4096] = 1  # pre-touched, like the peers' regions
     local_view = memoryview(local_np)
     placement_now = None
+    engine: TransferEngine | None = None
+    raw: RawClient | None = None
     try:
         with PeerProcess(region_bytes, secret=SECRET, timeout_s=60) as peer, RawPeer(region_bytes) as raw_peer:
             for placement, op_name, size, batch in _cells(cfg):
@@ -235,9 +242,10 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                 else:
                     res[MOONCAKE] = {"gbps": mk["gbps"], "lat": mk["latency_s"], "cpu": mk["cpu_s_per_gb"],
                                      "unit": mk.get("latency_unit", "batch")}
-                    for rep, g in enumerate(mk["gbps"]):
-                        raw_rows.append((placement, op_name, size, batch, MOONCAKE, rep, mk.get("calls_per_repeat", ""),
-                                         "", "", ""))
+                    mk_bytes = mk["bytes_per_repeat"]
+                    for rep, (g, c) in enumerate(zip(mk["gbps"], mk["cpu_s_per_gb"])):
+                        raw_rows.append((placement, op_name, size, batch, MOONCAKE, rep, mk["calls_per_repeat"],
+                                         mk_bytes, f"{mk_bytes / (g * GB):.6f}", f"{c * mk_bytes / GB:.4f}"))
                 rows += _cell_rows(placement, op_name, size, batch, calls, moved, res)
                 table.append((placement, op_name, size, batch,
                               {s: spread(v["gbps"])["median"] for s, v in res.items()},

@@ -8,7 +8,7 @@ RDMA hardware). Shaped like Mooncake's Transfer Engine and NIXL.
 
 from quillcache.transfer.backends.sockets import TcpConfig
 from quillcache.transfer.batch import TransferBatch
-from quillcache.transfer.engine import BACKENDS, SECRET_ENV, TransferEngine, wait_all
+from quillcache.transfer.engine import BACKENDS, SECRET_ENV, TransferEngine
 from quillcache.transfer.types import (
     AuthenticationError,
     Op,
@@ -42,5 +42,4 @@ __all__ = [
     "TransferError",
     "TransferRequest",
     "TransferTimeoutError",
-    "wait_all",
 ]

@@ -153,6 +153,35 @@ class TransferEngine:
         check_int("TransferRequest.length_bytes", req.length_bytes, 1)
         return req
 
+    def _timeout_s(self, timeout_s: float | None) -> float:
+        if timeout_s is None:
+            return self.default_timeout_s
+        if type(timeout_s) is float and 0.0 < timeout_s < math.inf:
+            return timeout_s
+        return check_float("timeout_s", timeout_s, 0, lo_open=True)
+
+    def _reserve(self, n: int) -> None:
+        """Count ``n`` more requests in flight, or refuse them all (``TransferError``) past the bound."""
+        with self._lock:
+            if self._inflight + n > self.max_inflight_requests:
+                raise TransferError(f"{self._inflight} requests in flight; {n} more would pass the "
+                                    f"limit of {self.max_inflight_requests}")
+            self._inflight += n
+
+    def _remote(self, segment_id: int, region_id: int, offset: int, length: int, op: Op) -> SegmentInfo:
+        """The open segment a request targets, after checking its range against the peer's advertised region
+        (``RegionError`` naming the range otherwise); the peer re-checks every range anyway."""
+        seg = self._segments.get(segment_id)
+        if seg is None:
+            raise RegionError(f"segment {segment_id} is not open")
+        remote = seg.region(region_id)
+        if offset + length > remote.length_bytes:
+            raise RegionError(f"remote range [{offset}, {offset + length}) lies outside region {region_id} "
+                              f"of {remote.length_bytes} bytes at {seg.address}")
+        if op is Op.WRITE and not remote.writable:
+            raise RegionError(f"remote region {region_id} at {seg.address} is read-only")
+        return seg
+
     def _release_for(self, batch_requests: tuple[TransferRequest, ...], held: list[bool]):
         def release(index: int) -> None:
             if held[index]:
@@ -166,32 +195,15 @@ class TransferEngine:
                  ) -> tuple[TransferBatch, dict[str, list[Item]]]:
         self._check_open()
         reqs = tuple(self._validate(r) for r in requests)
-        if timeout_s is None:
-            timeout_s = self.default_timeout_s
-        elif not (type(timeout_s) is float and 0.0 < timeout_s < math.inf):
-            timeout_s = check_float("timeout_s", timeout_s, 0, lo_open=True)
-        with self._lock:
-            if self._inflight + len(reqs) > self.max_inflight_requests:
-                raise TransferError(f"{self._inflight} requests in flight; {len(reqs)} more would pass the "
-                                    f"limit of {self.max_inflight_requests}")
-            self._inflight += len(reqs)
+        timeout_s = self._timeout_s(timeout_s)
+        self._reserve(len(reqs))
         held = [False] * len(reqs)
         batch = TransferBatch(reqs, self._release_for(reqs, held))
         deadline = batch.submitted_at_s + timeout_s
         by_peer: dict[str, list[Item]] = {}
-        segments = self._segments
         for i, req in enumerate(reqs):
             try:
-                seg = segments.get(req.segment)
-                if seg is None:
-                    raise RegionError(f"segment {req.segment} is not open")
-                remote = seg.region(req.remote_region)
-                if req.remote_offset_bytes + req.length_bytes > remote.length_bytes:
-                    raise RegionError(f"remote range [{req.remote_offset_bytes}, "
-                                      f"{req.remote_offset_bytes + req.length_bytes}) lies outside region "
-                                      f"{req.remote_region} of {remote.length_bytes} bytes at {seg.address}")
-                if req.op is Op.WRITE and not remote.writable:
-                    raise RegionError(f"remote region {req.remote_region} at {seg.address} is read-only")
+                seg = self._remote(req.segment, req.remote_region, req.remote_offset_bytes, req.length_bytes, req.op)
                 view = self.regions.checkout(req.local_region, req.local_offset_bytes, req.length_bytes,
                                              write=req.op is Op.READ)
             except RegionError as e:
@@ -277,25 +289,9 @@ class TransferEngine:
                     and length_bytes >= 1):
                 self._validate(TransferRequest(op, local_id, local_offset_bytes, segment_id, remote_region,
                                                remote_offset_bytes, length_bytes))  # raises, naming the field
-            if timeout_s is None:
-                timeout_s = self.default_timeout_s
-            elif not (type(timeout_s) is float and 0.0 < timeout_s < math.inf):
-                timeout_s = check_float("timeout_s", timeout_s, 0, lo_open=True)
-            deadline = time.monotonic() + timeout_s
-            seg = self._segments.get(segment_id)
-            if seg is None:
-                raise RegionError(f"segment {segment_id} is not open")
-            remote = seg.region(remote_region)
-            if remote_offset_bytes + length_bytes > remote.length_bytes:
-                raise RegionError(f"remote range [{remote_offset_bytes}, {remote_offset_bytes + length_bytes}) lies "
-                                  f"outside region {remote_region} of {remote.length_bytes} bytes at {seg.address}")
-            if op is Op.WRITE and not remote.writable:
-                raise RegionError(f"remote region {remote_region} at {seg.address} is read-only")
-            with self._lock:
-                if self._inflight >= self.max_inflight_requests:
-                    raise TransferError(f"{self._inflight} requests in flight; one more would pass the limit of "
-                                        f"{self.max_inflight_requests}")
-                self._inflight += 1
+            deadline = time.monotonic() + self._timeout_s(timeout_s)
+            seg = self._remote(segment_id, remote_region, remote_offset_bytes, length_bytes, op)
+            self._reserve(1)
             try:
                 view = self.regions.checkout(local_id, local_offset_bytes, length_bytes, write=op is Op.READ)
                 try:
@@ -356,9 +352,3 @@ class TransferEngine:
     def __repr__(self) -> str:
         return (f"TransferEngine({self.backend_name}, address={self.address!r}, {len(self.regions)} regions, "
                 f"{len(self._segments)} segments open{', closed' if self._closed else ''})")
-
-
-def wait_all(batches: Sequence[TransferBatch], timeout_s: float | None = None) -> list[list[RequestStatus]]:
-    """Wait for several batches under one overall timeout."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    return [b.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for b in batches]

@@ -20,7 +20,6 @@ import os
 import resource
 import subprocess
 import threading
-import time
 import signal
 import sys
 

@@ -95,13 +95,6 @@ class RegionTable:
             return [RemoteRegion(r.desc.region_id, r.desc.length_bytes, r.desc.name, r.desc.writable)
                     for r in self._regions.values()]
 
-    def descriptor(self, region_id: int) -> RegionDescriptor:
-        with self._cond:
-            r = self._regions.get(region_id)
-            if r is None:
-                raise RegionError(f"no region {region_id} is registered")
-            return r.desc
-
     def checkout(self, region_id: int, offset: int, length: int, *, write: bool) -> memoryview:
         """A view of ``[offset, offset+length)``; the range counts as in use until ``release(region_id)``."""
         with self._lock:

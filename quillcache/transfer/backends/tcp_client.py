@@ -30,7 +30,7 @@ import struct
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from quillcache.transfer import protocol as P
 from quillcache.transfer.backends.sockets import Channel, TcpConfig
@@ -70,14 +70,13 @@ class ClientStats:
 
 
 class _Conn:
-    __slots__ = ("ch", "address", "last_used_s", "answered", "hbuf", "hview")
+    __slots__ = ("ch", "address", "last_used_s", "hbuf", "hview")
 
     def __init__(self, ch: Channel, address: str) -> None:
         self.ch, self.address = ch, address
         self.hbuf = bytearray(P.RESPONSE.size)
         self.hview = memoryview(self.hbuf)
         self.last_used_s = time.monotonic()
-        self.answered = 0
 
 
 class _Pool:
@@ -93,6 +92,10 @@ class _Pool:
 
 class _Refusal(Exception):
     """The peer answered a request with a non-OK status (and closes the connection)."""
+
+
+class _Unsendable(Exception):
+    """A request whose fields do not fit the wire header; it fails alone, nothing is sent."""
 
 
 class _Broken(Exception):
@@ -224,27 +227,7 @@ class TcpClient:
             self._checkin(conn, ok)
 
     def execute(self, address: str, items: list[Item]) -> None:
-        if len(items) == 1:  # the synchronous single request: skip the deadline scan
-            it = items[0]
-            if it.deadline_s > time.monotonic():
-                try:
-                    conn = self._checkout(address, it.deadline_s)
-                except (OSError, TransferError):
-                    pass  # the general path below reports it
-                else:
-                    queue: deque[Item] = deque(items)
-                    healthy = False
-                    try:
-                        self._pipeline(conn, queue)
-                        healthy = True
-                    except (_Broken, socket.timeout):
-                        pass
-                    finally:
-                        self._checkin(conn, healthy)
-                    if not queue:
-                        return
-                    items = list(queue)
-        queue = deque(items)
+        queue: deque[Item] = deque(items)
         while queue:
             head = queue[0]
             if head.remaining_s() <= 0:
@@ -270,6 +253,39 @@ class TcpClient:
             finally:
                 self._checkin(conn, healthy)
 
+    @staticmethod
+    def _head(op: Op, rid: int, region: int, offset: int, length: int) -> bytes:
+        """The packed request header; fields that do not fit raise ``_Unsendable`` (the request fails alone)."""
+        try:
+            return P.REQUEST.pack(P.REQUEST_MAGIC, P.PROTOCOL_VERSION, int(op), 0, rid, region, 0, offset, length)
+        except struct.error as e:
+            raise _Unsendable(f"request fields do not fit the header: {e}") from None
+
+    @staticmethod
+    def _answer(conn: _Conn, rid: int, view: memoryview, is_read: bool, length: int, deadline: float) -> None:
+        """Read the answer to request ``rid`` (for a READ, its data straight into ``view``). A refusal raises
+        ``_Refusal`` with the peer's reason (it may have landed in ``view``: a failed READ's bytes are undefined);
+        an answer out of step raises ``ProtocolError``."""
+        ch, hbuf = conn.ch, conn.hbuf
+        if is_read:
+            got = ch.recv_two(conn.hview, view, deadline)
+        else:
+            got = 0
+            ch.recv_into(conn.hview, deadline)
+        magic, ver, status, reserved, resp_id, resp_len = P.RESPONSE.unpack(hbuf)
+        if magic != P.RESPONSE_MAGIC or ver != P.PROTOCOL_VERSION or reserved or status:
+            resp = P.decode_response(hbuf)  # ProtocolError naming a bad field, or a refusal with its reason
+            reason = bytes(view[:min(got, resp.length)]) if got else b""
+            if len(reason) < resp.length:
+                reason += bytes(ch.recv(resp.length - len(reason), deadline))
+            raise _Refusal(f"peer refused ({resp.status.name}): {reason.decode('utf-8', 'replace')}")
+        expect = length if is_read else 0
+        if resp_id != rid or resp_len != expect:
+            raise ProtocolError(f"answer to request {resp_id} with {resp_len} bytes while waiting for {rid} "
+                                f"with {expect}")
+        if got < expect:
+            ch.recv_into(view[got:], deadline)
+
     def transfer_one(self, address: str, op: Op, view: memoryview, region: int, offset: int, length: int,
                      deadline: float) -> None:
         """One synchronous request on the calling thread, with no batch bookkeeping (the engine's ``read``
@@ -285,40 +301,16 @@ class TcpClient:
                 raise TransferError(f"cannot connect to {address}: {e}") from None
             ok = False
             try:
-                ch, hview = conn.ch, conn.hview
                 rid = next(_REQUEST_IDS)
-                try:
-                    head = P.REQUEST.pack(P.REQUEST_MAGIC, P.PROTOCOL_VERSION, int(op), 0, rid, region, 0, offset,
-                                          length)
-                except struct.error as e:
-                    raise TransferError(f"request fields do not fit the header: {e}") from None
-                ch.send(head, None if is_read else view, deadline)
-                if is_read:
-                    got = ch.recv_two(hview, view, deadline)
-                else:
-                    got = 0
-                    ch.recv_into(hview, deadline)
-                magic, ver, status, reserved, resp_id, resp_len = P.RESPONSE.unpack(conn.hbuf)
-                if magic != P.RESPONSE_MAGIC or ver != P.PROTOCOL_VERSION or reserved or status:
-                    resp = P.decode_response(conn.hbuf)  # ProtocolError naming a bad field, or a refusal
-                    reason = bytes(view[:min(got, resp.length)]) if got else b""
-                    if len(reason) < resp.length:
-                        reason += bytes(ch.recv(resp.length - len(reason), deadline))
-                    raise _Refusal(f"peer refused ({resp.status.name}): {reason.decode('utf-8', 'replace')}")
-                expect = length if is_read else 0
-                if resp_id != rid or resp_len != expect:
-                    raise ProtocolError(f"answer to request {resp_id} with {resp_len} bytes while waiting for "
-                                        f"{rid} with {expect}")
-                if got < expect:
-                    ch.recv_into(view[got:], deadline)
-                conn.answered += 1
+                conn.ch.send(self._head(op, rid, region, offset, length), None if is_read else view, deadline)
+                self._answer(conn, rid, view, is_read, length, deadline)
                 ok = True
                 return
             except socket.timeout:
                 why = "deadline passed" if deadline <= time.monotonic() else \
                     f"no progress for {self.config.progress_timeout_s} s on the connection"
                 raise TransferTimeoutError(f"{op.name} of {length} bytes timed out: {why} ({address})") from None
-            except _Refusal as e:
+            except (_Refusal, _Unsendable) as e:
                 raise TransferError(str(e)) from None
             except ProtocolError as e:
                 raise TransferError(f"connection to {address} failed: {e}") from None
@@ -336,9 +328,6 @@ class TcpClient:
         ch = conn.ch
         window = cfg.window
         pending: deque[tuple[Item, int]] = deque()
-        hbuf, hview = conn.hbuf, conn.hview
-        pack_req, unpack_resp = P.REQUEST.pack, P.RESPONSE.unpack
-        magic_req, magic_resp, version = P.REQUEST_MAGIC, P.RESPONSE_MAGIC, P.PROTOCOL_VERSION
         READ, COMPLETED = Op.READ, Outcome.COMPLETED
         monotonic = time.monotonic
         try:
@@ -351,10 +340,9 @@ class TcpClient:
                     req = it.request
                     rid = next(_REQUEST_IDS)
                     try:
-                        head = pack_req(magic_req, version, int(req.op), 0, rid, req.remote_region, 0,
-                                        req.remote_offset_bytes, req.length_bytes)
-                    except struct.error as e:
-                        queue.popleft().finish(Outcome.FAILED, f"request fields do not fit the header: {e}")
+                        head = self._head(req.op, rid, req.remote_region, req.remote_offset_bytes, req.length_bytes)
+                    except _Unsendable as e:
+                        queue.popleft().finish(Outcome.FAILED, str(e))
                         continue
                     queue.popleft()
                     pending.append((it, rid))
@@ -363,34 +351,13 @@ class TcpClient:
                     break
                 it, rid = pending[0]
                 req = it.request
-                if req.op is READ:
-                    is_read, got = True, ch.recv_two(hview, it.local_view, it.deadline_s)
-                else:
-                    is_read, got = False, 0
-                    ch.recv_into(hview, it.deadline_s)
-                magic, ver, status, reserved, resp_id, length = unpack_resp(hbuf)
-                if magic != magic_resp or ver != version or reserved or status > len(P.Status) - 1:
-                    P.decode_response(hbuf)  # raises ProtocolError naming the bad field
-                if status:
-                    st = P.Status(status)
-                    if length > P.MAX_REASON_BYTES:
-                        raise ProtocolError(f"response {resp_id}: reason of {length} bytes exceeds "
-                                            f"{P.MAX_REASON_BYTES}")
-                    reason = bytes(it.local_view[:min(got, length)]) if got else b""  # came with the header
-                    if len(reason) < length:
-                        reason += bytes(ch.recv(length - len(reason), it.deadline_s))
+                try:
+                    self._answer(conn, rid, it.local_view, req.op is READ, req.length_bytes, it.deadline_s)
+                except _Refusal as e:
                     pending.popleft()
-                    it.finish(Outcome.FAILED, f"peer refused ({st.name}): {reason.decode('utf-8', 'replace')}")
-                    raise _Broken("the peer closes a connection after refusing a request")
-                if resp_id != rid:
-                    raise ProtocolError(f"answer to request {resp_id} while waiting for {rid}")
-                expect = req.length_bytes if is_read else 0
-                if length != expect:
-                    raise ProtocolError(f"answer to request {rid} carries {length} bytes, expected {expect}")
-                if got < expect:
-                    ch.recv_into(it.local_view[got:], it.deadline_s)
+                    it.finish(Outcome.FAILED, str(e))
+                    raise _Broken("the peer closes a connection after refusing a request") from None
                 pending.popleft()
-                conn.answered += 1
                 it.batch.finish(it.index, COMPLETED, "", req.length_bytes)
         except socket.timeout:
             now = monotonic()
