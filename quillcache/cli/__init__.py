@@ -42,6 +42,10 @@ COMMANDS.register("replay", Command("replay a request trace through the router, 
                                     "engine model", "quillcache.cli.replay"))
 COMMANDS.register("master", Command("serve the master (object metadata) over the network, alone or as an HA "
                                     "candidate through etcd", "quillcache.cli.master"))
+COMMANDS.register("node", Command("contribute DRAM (and an SSD tier) to the pool as a node of a master",
+                                  "quillcache.cli.node"))
+COMMANDS.register("cluster", Command("run a master and N pool nodes on this machine (up), or show a pool (status)",
+                                     "quillcache.cli.cluster"))
 COMMANDS.register("gen-trace", Command("write a generated trace (multi-turn sessions, or the identity-collision "
                                        "workload)", "quillcache.cli.gen_trace"))
 

@@ -57,6 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="log records kept in etcd below the leader's last snapshot (default 10000)")
     parser.add_argument("--snapshot-every-records", type=_positive_int, default=None,
                         help="snapshot after this many log records (default: MasterConfig's)")
+    parser.add_argument("--lease-ttl-s", type=_non_negative_float, default=None,
+                        help="read lease TTL in seconds (default: MasterConfig's)")
+    parser.add_argument("--client-ttl-s", type=_non_negative_float, default=None,
+                        help="seconds without a heartbeat before a node is expired (default: MasterConfig's)")
     parser.add_argument("--tick-s", type=_non_negative_float, default=1.0,
                         help="seconds between timer runs: client expiry, zombie reclaim, eviction (default 1)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

@@ -141,6 +141,9 @@ def _config(args) -> MasterConfig:
     kw = {}
     if getattr(args, "snapshot_every_records", None):
         kw["snapshot_every_records"] = args.snapshot_every_records
+    for name in ("lease_ttl_s", "client_ttl_s"):
+        if getattr(args, name, None):
+            kw[name] = getattr(args, name)
     return MasterConfig(**kw)
 
 

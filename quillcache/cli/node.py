@@ -1,0 +1,121 @@
+"""``quillcache node``: contribute DRAM (and an SSD tier) to the pool (a :class:`~quillcache.pool.node.PoolNode`).
+
+``quillcache node --master ADDR --dram SIZE [--ssd DIR] [--ssd-size SIZE] [--etcd HOST:PORT] [--host H]
+[--port P] [--control-port P] [--node-id ID] [--heartbeat-s S]``. SIZE is bytes or a number with a unit
+(``256MiB``, ``1GiB``, ``512KiB``, ``2MB``). The transfer secret comes from ``QUILLCACHE_TRANSFER_SECRET``.
+Prints ONE JSON line when serving: ``{"node_id", "segment_id", "transfer", "control", "pid"}``; logs go to
+stderr; SIGTERM/SIGINT stop it cleanly (it unmounts), exit 0. Bad flags: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
+          "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``"256MiB"`` -> 268435456; ``ValueError`` naming the text otherwise."""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size (bytes, or a number with B/KiB/MiB/GiB/TiB/KB/MB/GB/TB)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def size_arg(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value < 4096:
+        raise argparse.ArgumentTypeError(f"{text!r} is below the minimum of 4096 bytes")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not in [0, 65535]")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", required=True, metavar="ADDR", help="the master's address (tcp://HOST:PORT)")
+    parser.add_argument("--dram", required=True, type=size_arg, metavar="SIZE", help="DRAM to contribute, e.g. 1GiB")
+    parser.add_argument("--ssd", metavar="DIR", help="SSD tier directory (write-behind; re-announced at restart)")
+    parser.add_argument("--ssd-size", type=size_arg, metavar="SIZE", help="SSD tier capacity (default 4x --dram)")
+    parser.add_argument("--etcd", metavar="HOST:PORT", help="register in the etcd node registry")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=0, help="transfer engine port (default 0: a free one)")
+    parser.add_argument("--control-port", type=_port, default=0, help="control RPC port (default 0: a free one)")
+    parser.add_argument("--node-id", help="this node's id (default node-HOST-PID-RANDOM); keep it across restarts")
+    parser.add_argument("--heartbeat-s", type=_positive_float, default=1.0,
+                        help="seconds between heartbeats (keep <= the master's client TTL / 3; default 1)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import os
+    import signal
+    import sys
+    import threading
+
+    from quillcache.transfer import SECRET_ENV
+
+    if args.ssd_size is not None and not args.ssd:
+        print("quillcache node: --ssd-size needs --ssd DIR", file=sys.stderr)
+        return 2
+    if args.etcd:
+        from quillcache.cluster.client import parse_endpoint
+
+        try:
+            parse_endpoint(args.etcd)
+        except ValueError as e:
+            print(f"quillcache node: --etcd: {e}", file=sys.stderr)
+            return 2
+    if not os.environ.get(SECRET_ENV):
+        print(f"quillcache node: set {SECRET_ENV} (the cluster's shared transfer secret, >= 16 bytes)",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    from quillcache.pool.node import PoolNode
+
+    try:
+        node = PoolNode(args.master, dram_bytes=args.dram, ssd_dir=args.ssd, ssd_bytes=args.ssd_size, etcd=args.etcd,
+                        node_id=args.node_id, host=args.host, port=args.port, control_port=args.control_port,
+                        heartbeat_s=args.heartbeat_s)
+    except Exception as e:
+        print(f"quillcache node: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    try:
+        print(json.dumps({"node_id": node.node_id, "segment_id": node.segment_id, "transfer": node.transfer_address,
+                          "control": node.control_address, "pid": os.getpid(),
+                          "reannounced": node.counters.reannounced}), flush=True)
+        while not stop.wait(0.5):
+            pass
+        return 0
+    finally:
+        node.close()

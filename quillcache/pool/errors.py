@@ -1,0 +1,30 @@
+"""Typed errors of the pool client and nodes (one class per failure; all are :class:`PoolError`).
+
+A refused call names the key (or node) and why; nothing a :class:`PoolError` reports leaves a
+half-written object readable: a failed put is revoked at the master before the error is raised.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CorruptObjectError", "MasterUnavailableError", "PoolClosedError", "PoolError", "PutFailedError"]
+
+
+class PoolError(Exception):
+    """Base class of the pool's errors."""
+
+
+class CorruptObjectError(PoolError):
+    """Stored bytes that do not verify as the object they should be (trailer or crc32c mismatch)."""
+
+
+class PutFailedError(PoolError):
+    """A put that did not complete: the master refused it, or a WRITE to a replica failed (then the
+    put was revoked: nothing of it is readable)."""
+
+
+class PoolClosedError(PoolError):
+    """The store or node is closed."""
+
+
+class MasterUnavailableError(PoolError):
+    """The master did not answer (down, paused, restarting) within the client's retry window."""

@@ -1,0 +1,452 @@
+"""``PoolNode``: one node of the pool: a DRAM segment served over the transfer engine, an SSD tier behind it.
+
+Mooncake's model (REFERENCE §4): the master allocates offsets inside each node's mounted segment;
+clients move the bytes one-sided with the transfer engine; the node is passive for data.
+
+What a node does:
+- Maps ONE anonymous DRAM buffer of ``dram_bytes`` (rounded down to 64), writes every page once at start
+  (no first-touch faults during transfers), registers it writable with its ``TransferEngine`` and mounts
+  it at the master as ``SegmentDescriptor(node_id, segment_id, capacity, endpoint=engine address,
+  transport, region_ids=(region,))``. ``segment_id`` is drawn at random in u32 (retried on
+  SEGMENT_ALREADY_EXISTS) so ids are unique in the pool. Before mounting, every segment the master still
+  lists under this ``node_id`` (a previous incarnation that was killed) is unmounted: its replicas point
+  into memory this process does not hold.
+- The DRAM region's name carries the node's control address (``pool-dram;ctl=tcp://HOST:PORT``): a client
+  that opened the segment to move bytes also knows where to send ``persist`` (no directory needed).
+- Heartbeats the master every ``heartbeat_s`` (keep it <= client_ttl_s / 3). On NEED_REMOUNT (the master
+  expired this node, or lost it) it mounts again and re-announces its SSD blocks (below); the master then
+  holds nothing in this node's DRAM, so the whole segment starts free. While the master is unreachable it
+  retries with backoff and keeps serving transfers.
+- Control RPC (``quillcache.rpc``): ``info()`` -> dict (node id, segment id, capacity/used bytes, SSD block
+  count, transfer and control addresses, pid, counters); ``persist(items)`` with ``items = [(key, offset,
+  size)]`` queues write-behind of completed objects to the SSD tier and returns how many it queued: a worker
+  copies each range out of the DRAM buffer ONCE into its SSD record, verifies the frame (trailer + crc32c over
+  key and payload) and ``SsdTier.put_async``s it; a range that does not verify (its object was evicted and
+  the range reused, a bad offset) is skipped and counted, never stored; ``flush()`` waits until every
+  queued persist has been handled and makes them durable (returns the counters).
+- With an SSD directory, at start: SSD recovery (the tier's own crash recovery), then re-announce every
+  recovered block: keys the master already has are skipped; the others are ``batch_put_start``-ed with one
+  replica preferring this segment, copied into the DRAM buffer (a local memcpy) and ``batch_put_end``-ed.
+  It stops when the segment has no room for the next block (counted in ``reannounce_unfit``): re-announcing
+  never makes the master evict live objects.
+- Registers in a ``NodeRegistry`` (etcd, under a lease) when ``etcd`` is given.
+- ``close()`` unmounts (best effort) and stops everything (idempotent).
+
+What the SSD tier guarantees here (write-behind): a persist acknowledged by ``flush()`` survives a crash of
+the node process and comes back to the pool when the node restarts with the same SSD directory (if the
+master does not already hold the key). Objects not yet flushed may or may not survive. The DRAM content of
+a killed node is gone; the master drops its replicas when the node's client TTL runs out. Keys name
+immutable content (content-addressed KV blocks): an SSD block is never updated in place, and a key removed
+from the pool can come back from a node's SSD at its next restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import queue
+import random
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from quillcache.master.client import MasterClient
+from quillcache.master.errors import MasterError, NeedRemountError, NoSpaceError, SegmentExistsError
+from quillcache.master.types import PutRequest, ReplicaConfig, SegmentDescriptor
+from quillcache.pool.errors import CorruptObjectError, PoolClosedError
+from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
+from quillcache.pool.keys import decode_record, record_header, store_key
+from quillcache.rpc import RpcServer
+
+__all__ = ["CONTROL_METHODS", "PoolNode", "control_address_of", "region_name"]
+
+log = logging.getLogger(__name__)
+
+CONTROL_METHODS = ["info", "persist", "flush"]
+PAGE_BYTES = 4096
+ALIGN_BYTES = 64
+U32_MAX = (1 << 32) - 1
+REGION_PREFIX = "pool-dram;ctl="
+REANNOUNCE_CHUNK = 256
+
+
+def region_name(control_address: str) -> str:
+    return f"{REGION_PREFIX}{control_address}"
+
+
+def control_address_of(name: str) -> str | None:
+    """The control address a pool node's region name carries, or None for another region."""
+    return name[len(REGION_PREFIX):] if name.startswith(REGION_PREFIX) else None
+
+
+@dataclass
+class NodeCounters:
+    persisted: int = 0
+    persist_skipped: int = 0  # did not verify (range reused / bad offset) or the SSD tier refused it
+    persist_failed: int = 0  # a commit failed (callback error)
+    reannounced: int = 0
+    reannounce_skipped: int = 0  # already in the pool, or the record did not verify
+    reannounce_unfit: int = 0
+    remounts: int = 0
+
+
+class _Control:
+    """The RPC target (only these three methods are served)."""
+
+    def __init__(self, node: PoolNode) -> None:
+        self._node = node
+
+    def info(self) -> dict:
+        return self._node.info()
+
+    def persist(self, items: list) -> int:
+        return self._node.persist(items)
+
+    def flush(self) -> dict:
+        return self._node.flush()
+
+
+class PoolNode:
+    """See the module docstring."""
+
+    def __init__(self, master: MasterClient | str, *, dram_bytes: int, ssd_dir: str | os.PathLike | None = None,
+                 ssd_bytes: int | None = None, etcd: str | None = None, node_id: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0, control_port: int = 0, secret: str | bytes | None = None,
+                 heartbeat_s: float = 1.0, backend: str = "tcp", master_timeout_s: float = 2.0) -> None:
+        from quillcache.transfer import TransferEngine
+
+        if not isinstance(dram_bytes, int) or dram_bytes < PAGE_BYTES:
+            raise ValueError(f"dram_bytes must be an int >= {PAGE_BYTES}, got {dram_bytes!r}")
+        if not heartbeat_s > 0:
+            raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
+        self.node_id = node_id or f"node-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.heartbeat_s = float(heartbeat_s)
+        self.capacity_bytes = dram_bytes // ALIGN_BYTES * ALIGN_BYTES
+        self.counters = NodeCounters()
+        self._closed = False
+        self._stop = threading.Event()
+        self._lock = threading.RLock()  # mount state
+        self._owns_master = not isinstance(master, MasterClient)
+        self.master = (MasterClient(master, timeout_s=master_timeout_s, retry_s=master_timeout_s)
+                       if self._owns_master else master)
+        self.engine = None
+        self.server = None
+        self.ssd = None
+        self.registry = None
+        self.segment_id: int | None = None
+        self._threads: list[threading.Thread] = []
+        self._persist_q: queue.Queue = queue.Queue()
+        try:
+            self._mm = mmap.mmap(-1, self.capacity_bytes)
+            self._buf = memoryview(self._mm)
+            for off in range(0, self.capacity_bytes, PAGE_BYTES):  # touch every page now
+                self._mm[off] = 0
+            self.server = RpcServer(_Control(self), CONTROL_METHODS, host, control_port, name=f"node-{self.node_id}")
+            self.server.start()
+            self.control_address = self.server.address
+            opts: dict = {} if backend == "local" else {"secret": secret, "host": host, "port": port}
+            self.engine = TransferEngine(backend, **opts)
+            self.transfer_address = self.engine.address
+            self.region = self.engine.register_region(self._buf, name=region_name(self.control_address),
+                                                      writable=True)
+            if ssd_dir is not None:
+                from quillcache.store.ssd import SsdTier
+
+                cap = ssd_bytes if ssd_bytes is not None else 4 * self.capacity_bytes
+                cap = max(PAGE_BYTES * 16, cap // PAGE_BYTES * PAGE_BYTES)
+                os.makedirs(ssd_dir, exist_ok=True)
+                self.ssd = SsdTier(ssd_dir, capacity_bytes=cap, slab_bytes=min(64 << 20, cap))
+            self._mount()
+            if self.ssd is not None:
+                self.reannounce()
+            if etcd is not None:
+                self._register(etcd)
+            self._start_thread(self._heartbeat_loop, "heartbeat")
+            self._start_thread(self._persist_loop, "persist")
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ lifetime
+    def _start_thread(self, fn, what: str) -> None:
+        t = threading.Thread(target=fn, name=f"pool-node-{what}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._persist_q.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.segment_id is not None:
+            try:
+                self.master.unmount_segment(self.segment_id, client_id=self.node_id)
+            except Exception as e:  # best effort: the master expires us anyway
+                log.info("node %s: unmount of segment %s at close failed: %s", self.node_id, self.segment_id, e)
+        if self.registry is not None:
+            try:
+                self.registry.close()
+            except Exception as e:
+                log.info("node %s: registry close failed: %s", self.node_id, e)
+        if self.server is not None:
+            self.server.close()
+        if self.engine is not None:
+            self.engine.close()
+        if self.ssd is not None:
+            try:
+                self.ssd.close()
+            except Exception as e:
+                log.warning("node %s: SSD tier close failed: %s", self.node_id, e)
+        if self._owns_master:
+            self.master.close()
+
+    def __enter__(self) -> PoolNode:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"PoolNode({self.node_id!r}, segment {self.segment_id}, {self.capacity_bytes} bytes, "
+                f"transfer {getattr(self, 'transfer_address', None)})")
+
+    # ------------------------------------------------------------------ master membership
+    def _descriptor(self, segment_id: int) -> SegmentDescriptor:
+        return SegmentDescriptor(node_id=self.node_id, segment_id=segment_id, capacity_bytes=self.capacity_bytes,
+                                 endpoint=self.transfer_address, transport=self.engine.backend_name,
+                                 region_ids=(self.region.region_id,))
+
+    def _mount(self) -> None:
+        """Unmount this node id's stale segments, then mount the buffer under a fresh random id."""
+        with self._lock:
+            for seg in self.master.segments():
+                if seg.node_id == self.node_id:
+                    try:
+                        self.master.unmount_segment(seg.segment_id)
+                    except MasterError as e:
+                        log.info("node %s: stale segment %s: %s", self.node_id, seg.segment_id, e)
+            rng = random.SystemRandom()
+            for _ in range(64):
+                sid = rng.randint(1, U32_MAX)
+                try:
+                    self.master.mount_segment(self._descriptor(sid))
+                except SegmentExistsError:
+                    continue
+                self.segment_id = sid
+                log.info("node %s: mounted segment %d (%d bytes) at %s", self.node_id, sid, self.capacity_bytes,
+                         self.transfer_address)
+                return
+            raise RuntimeError("64 random segment ids were all taken")
+
+    def _heartbeat_loop(self) -> None:
+        delay = 0.05
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.master.heartbeat(self.node_id)
+                delay = 0.05
+            except NeedRemountError:
+                log.warning("node %s: the master asks for a remount (expired or lost); mounting again", self.node_id)
+                try:
+                    self._mount()
+                    self.counters.remounts += 1
+                    if self.ssd is not None:
+                        self.reannounce()
+                except Exception as e:
+                    log.warning("node %s: remount failed: %s", self.node_id, e)
+                    self._stop.wait(delay)
+                    delay = min(1.0, delay * 2)
+            except Exception as e:  # master unreachable / paused / restarting: keep serving, keep trying
+                log.info("node %s: heartbeat failed (%s: %s); retrying", self.node_id, type(e).__name__, e)
+                self._stop.wait(delay)
+                delay = min(1.0, delay * 2)
+
+    def _register(self, etcd: str) -> None:
+        from quillcache.cluster.descriptors import RegionInfo
+        from quillcache.cluster.descriptors import SegmentDescriptor as RegistryDescriptor
+        from quillcache.cluster.registry import EtcdRegistry
+
+        ttl = max(1, int(round(3 * self.heartbeat_s)))
+        self.registry = EtcdRegistry(etcd, ttl_s=ttl)
+        self.registry.register(RegistryDescriptor(node_id=self.node_id, endpoint=self.transfer_address,
+                                                  transport=self.engine.backend_name,
+                                                  regions=(RegionInfo(self.region.region_id, self.capacity_bytes),),
+                                                  capacity_bytes=self.capacity_bytes))
+
+    # ------------------------------------------------------------------ SSD: re-announce
+    def reannounce(self) -> tuple[int, int]:
+        """Bring the SSD tier's blocks back into the pool (module docstring); returns (announced, unfit)."""
+        ssd = self.ssd
+        if ssd is None:
+            return 0, 0
+        keys = list(ssd.keys())
+        announced = unfit = 0
+        for i in range(0, len(keys), REANNOUNCE_CHUNK):
+            if self._stop.is_set():
+                break
+            records: list[tuple[str, memoryview]] = []
+            for sk in keys[i:i + REANNOUNCE_CHUNK]:
+                try:
+                    key, framed = decode_record(ssd.get(sk))
+                    if store_key(key) != sk:
+                        raise ValueError("record key does not hash to its block name")
+                    check(framed, key)
+                except Exception as e:  # a block the tier verified but that is not a pool record of ours
+                    log.warning("node %s: SSD block %s skipped: %s", self.node_id, sk.hex(), e)
+                    self.counters.reannounce_skipped += 1
+                    continue
+                records.append((key, framed))
+            if not records:
+                continue
+            have = self.master.exists([k for k, _ in records])
+            todo = [(k, f) for (k, f), h in zip(records, have) if h is not True]
+            self.counters.reannounce_skipped += len(records) - len(todo)
+            used, cap = self.master.segment_usage(self.segment_id)
+            free = cap - used
+            fit: list[tuple[str, memoryview]] = []
+            for k, f in todo:
+                need = -(-f.nbytes // ALIGN_BYTES) * ALIGN_BYTES
+                if need > free:
+                    break
+                free -= need
+                fit.append((k, f))
+            unfit += len(todo) - len(fit)
+            if len(fit) < len(todo):  # the segment is full: the remaining chunks are not tried
+                unfit += max(0, len(keys) - i - REANNOUNCE_CHUNK)
+                stop_after = True
+            else:
+                stop_after = False
+            if not fit:
+                break
+            reqs = [PutRequest(key=k, size_bytes=f.nbytes, digest=digest_of(f[f.nbytes - TRAILER_BYTES:]),
+                               config=ReplicaConfig(replica_num=1, preferred_segment=self.segment_id))
+                    for k, f in fit]
+            results = self.master.batch_put_start(reqs, client_id=self.node_id)
+            ends, ids, revoke, revoke_ids = [], [], [], []
+            for (k, f), r in zip(fit, results):
+                if isinstance(r, MasterError):
+                    if isinstance(r, NoSpaceError):
+                        unfit += 1
+                    else:
+                        self.counters.reannounce_skipped += 1
+                    continue
+                if r.existing:
+                    self.counters.reannounce_skipped += 1
+                    continue
+                rep = r.replicas[0] if len(r.replicas) == 1 else None
+                if rep is None or rep.segment_id != self.segment_id:
+                    revoke.append(k)
+                    revoke_ids.append(r.put_id)
+                    unfit += 1
+                    continue
+                self._buf[rep.offset_bytes:rep.offset_bytes + f.nbytes] = f
+                ends.append(k)
+                ids.append(r.put_id)
+            if revoke:
+                self.master.batch_put_revoke(revoke, put_ids=revoke_ids)
+            if ends:
+                out = self.master.batch_put_end(ends, put_ids=ids)
+                announced += sum(1 for o in out if o is None)
+            if stop_after:
+                break
+        self.counters.reannounced += announced
+        self.counters.reannounce_unfit += unfit
+        log.info("node %s: re-announced %d SSD blocks (%d did not fit)", self.node_id, announced, unfit)
+        return announced, unfit
+
+    # ------------------------------------------------------------------ SSD: write-behind
+    def persist(self, items: list) -> int:
+        """Queue ``[(key, offset, size)]`` for write-behind (module docstring); returns how many were queued."""
+        if self._closed:
+            raise PoolClosedError(f"node {self.node_id} is closed")
+        if self.ssd is None:
+            return 0
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"persist takes a list of (key, offset, size), got {type(items).__name__}")
+        good = []
+        for it in items:
+            if (isinstance(it, (list, tuple)) and len(it) == 3 and isinstance(it[0], str) and it[0]
+                    and all(isinstance(x, int) and x >= 0 for x in it[1:])
+                    and TRAILER_BYTES <= it[2] and it[1] + it[2] <= self.capacity_bytes):
+                good.append((it[0], it[1], it[2]))
+            else:
+                self.counters.persist_skipped += 1
+        if good:
+            self._persist_q.put(good)
+        return len(good)
+
+    def _on_commit(self, _key, err) -> None:
+        if err is not None:
+            self.counters.persist_failed += 1
+
+    def _persist_loop(self) -> None:
+        from quillcache.store.errors import StoreError
+
+        while True:
+            batch = self._persist_q.get()
+            try:
+                if batch is None:
+                    return
+                if isinstance(batch, threading.Event):
+                    try:
+                        self.ssd.flush()
+                    finally:
+                        batch.set()
+                    continue
+                for key, off, size in batch:
+                    sk = store_key(key)
+                    if sk in self.ssd:
+                        continue
+                    head = record_header(key)
+                    rec = bytearray(len(head) + size)
+                    rec[:len(head)] = head
+                    rec[len(head):] = self._buf[off:off + size]
+                    try:
+                        check(memoryview(rec)[len(head):], key)
+                    except CorruptObjectError:
+                        self.counters.persist_skipped += 1
+                        continue
+                    try:
+                        self.ssd.put_async(sk, rec, self._on_commit)
+                        self.counters.persisted += 1
+                    except StoreError as e:
+                        log.info("node %s: persist of %r refused by the SSD tier: %s", self.node_id, key, e)
+                        self.counters.persist_skipped += 1
+            except Exception:
+                log.exception("node %s: persist worker", self.node_id)
+            finally:
+                self._persist_q.task_done()
+
+    def flush(self) -> dict:
+        """Wait for every queued persist and make them durable; returns :meth:`info`."""
+        if self.ssd is not None and not self._closed:
+            done = threading.Event()
+            self._persist_q.put(done)
+            done.wait()
+        return self.info()
+
+    # ------------------------------------------------------------------ introspection
+    def info(self) -> dict:
+        used = None
+        try:
+            used = self.master.segment_usage(self.segment_id)[0] if self.segment_id is not None else None
+        except Exception:
+            pass
+        c = self.counters
+        return {"node_id": self.node_id, "segment_id": self.segment_id, "capacity_bytes": self.capacity_bytes,
+                "used_bytes": used, "ssd_blocks": len(self.ssd) if self.ssd is not None else 0,
+                "transfer_address": self.transfer_address, "control_address": self.control_address,
+                "pid": os.getpid(), "persisted": c.persisted, "persist_skipped": c.persist_skipped,
+                "persist_failed": c.persist_failed, "reannounced": c.reannounced,
+                "reannounce_skipped": c.reannounce_skipped, "reannounce_unfit": c.reannounce_unfit,
+                "remounts": c.remounts}
+
+    def view(self) -> memoryview:
+        """The node's DRAM buffer (tests inject corruption through it)."""
+        return self._buf
+

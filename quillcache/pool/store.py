@@ -1,0 +1,610 @@
+"""``PooledStore``: the pool's client (what the engines' connectors and the harness use).
+
+Protocol (Mooncake's, REFERENCE §4): the master places and indexes objects; the bytes move one-sided
+between this process's registered buffer and the nodes' DRAM segments over the transfer engine.
+
+- ``put(key, data)``: frame the payload (:mod:`quillcache.pool.frame`: the object the master sizes is
+  ``payload + 24``), ``put_start`` (content digest = the trailer's length and crc32c, so a repeated put of
+  the same content answers ``existing``), ONE batched WRITE to every replica, ``put_end``. Any failed WRITE
+  revokes the put (``put_revoke``) and raises :class:`PutFailedError`: nothing half-written is ever
+  readable. Fewer replicas than asked is accepted when the master placed fewer (best effort).
+  With ``persist=True`` each replica's node is then told to write the object behind to its SSD tier
+  (batched per node, sent by a background thread: never on the put's critical path).
+- ``get(key)``: a hit in the local cache, else ``get_replicas`` (one RPC; the read lease is taken as
+  ending ``lease_ttl_s`` after a clock reading made BEFORE the RPC, i.e. never later than the master's),
+  ONE READ straight into this process's registered buffer, frame check (crc32c over key + payload). If
+  the read completed after the lease ended the bytes are discarded and the key is looked up again once;
+  any failure (transfer FAILED/TIMEOUT, corrupt bytes, an unreachable node) falls back to the next
+  replica; ``None`` when no replica answers correctly or the key is not in the pool. Bytes that did not
+  verify are never returned.
+- Returned views are read-only memoryviews of this process's buffer, valid for as long as they are
+  referenced (the range is pinned until the last view of it goes: :mod:`quillcache.pool.cache`); there is
+  no copy between the wire and the caller.
+- Batch forms: ``put_many``/``get_many`` make ONE master call per phase and ONE transfer batch for all
+  their blocks (fallbacks add a round each); ``prefetch(keys)`` runs ``get_many`` on a background thread
+  and fills the local cache; ``contains`` asks ``exists`` (no lease, no access-time change).
+- Replica order: replicas on nodes that failed recently (``suspect_s``) are tried last.
+- Thread-safe: the master client, the engine and the cache are; counters are under a lock.
+
+Parameters: ``lease_ttl_s`` must not exceed the master's lease TTL (default: ``MasterConfig``'s);
+``local_cache_bytes`` is the LRU budget of verified objects kept in this process (0: no cache),
+``staging_bytes`` more of the same registered buffer for reads and puts in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+
+from quillcache.master.client import MasterClient
+from quillcache.master.errors import MasterError, ObjectNotFoundError, ObjectNotReadyError
+from quillcache.master.types import MasterConfig, PutRequest, ReplicaConfig, ReplicaDescriptor
+from quillcache.pool.cache import Alloc, LocalCache
+from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, PoolClosedError, PoolError,
+                                    PutFailedError)
+from quillcache.pool.frame import TRAILER_BYTES, check, digest_of, encode_trailer
+from quillcache.pool.node import control_address_of
+
+__all__ = ["PoolStats", "PooledStore", "PutOutcome"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class PutOutcome:
+    """One completed put: how many replicas hold it now, or ``existing`` (same content already there,
+    nothing written)."""
+
+    key: str
+    replicas_written: int
+    existing: bool
+    bytes_moved: int
+    transfer_s: float
+
+
+@dataclass
+class PoolStats:
+    puts: int = 0
+    put_failures: int = 0
+    gets: int = 0
+    local_hits: int = 0
+    remote_hits: int = 0
+    misses: int = 0
+    fallbacks: int = 0
+    corrupt_discarded: int = 0
+    lease_expired_discards: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    transfer_s: float = 0.0
+    persist_sent: int = 0
+    persist_errors: int = 0
+
+    def copy(self) -> PoolStats:
+        return PoolStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+class _Dest:
+    """Where one object's framed bytes live locally: a cache range, or a temporary registered buffer."""
+
+    __slots__ = ("alloc", "region", "offset", "size", "temp", "temp_region")
+
+    def __init__(self, alloc: Alloc | None, region: int, offset: int, size: int, temp=None, temp_region=None):
+        self.alloc, self.region, self.offset, self.size = alloc, region, offset, size
+        self.temp, self.temp_region = temp, temp_region
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a pool key is a non-empty str, got {key!r:.80}")
+    return key
+
+
+class PooledStore:
+    """See the module docstring."""
+
+    def __init__(self, master: MasterClient | str, engine=None, *, local_cache_bytes: int = 256 * MiB,
+                 staging_bytes: int = 64 * MiB, replicas: int = 2, persist: bool = False, timeout_s: float = 5.0,
+                 lease_ttl_s: float | None = None, secret: str | bytes | None = None, backend: str = "tcp",
+                 master_timeout_s: float = 5.0, master_retry_s: float = 10.0, suspect_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        from quillcache.transfer import TransferEngine
+
+        if not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.replicas = replicas
+        self.persist_on = bool(persist)
+        self.timeout_s = float(timeout_s)
+        self.lease_ttl_s = float(lease_ttl_s if lease_ttl_s is not None else MasterConfig().lease_ttl_s)
+        self.suspect_s = float(suspect_s)
+        self.clock = clock
+        self._closed = False
+        self._owned: list = []  # closed with the store (an embedded pool: quillcache.pool.embedded)
+        self.pool = None
+        self._owns_master = not isinstance(master, MasterClient)
+        self.master = (MasterClient(master, timeout_s=master_timeout_s, retry_s=master_retry_s)
+                       if self._owns_master else master)
+        self._owns_engine = engine is None
+        if engine is None:
+            engine = TransferEngine(backend, **({} if backend == "local" else {"secret": secret, "serve": False}))
+        self.engine = engine
+        self.cache = LocalCache(local_cache_bytes + staging_bytes, local_cache_bytes)
+        self.region = engine.register_region(self.cache.view, name=f"pool-client-{id(self):x}", writable=True)
+        self._segments: dict[str, tuple[int, str | None]] = {}  # endpoint -> (engine segment id, control address)
+        self._seg_lock = threading.Lock()
+        self._suspect: dict[str, float] = {}
+        self._stats = PoolStats()
+        self._stats_lock = threading.Lock()
+        self._persist_q: collections.deque = collections.deque()
+        self._persist_cv = threading.Condition()
+        self._persist_busy = False
+        self._persist_clients: dict[str, object] = {}
+        self._persist_thread: threading.Thread | None = None
+        self._prefetcher: ThreadPoolExecutor | None = None
+
+    # ================================================================ lifetime
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._persist_cv:
+            self._persist_cv.notify_all()
+        if self._persist_thread is not None:
+            self._persist_thread.join(timeout=10)
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True, cancel_futures=True)
+        for c in self._persist_clients.values():
+            c.close()
+        if self._owns_engine:
+            self.engine.close()
+        else:
+            try:
+                self.engine.unregister_region(self.region, timeout_s=5.0)
+            except Exception:
+                pass
+        self.cache.close()
+        if self._owns_master:
+            self.master.close()
+        for o in reversed(self._owned):
+            o.close()
+
+    def __enter__(self) -> PooledStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError("the PooledStore is closed")
+
+    def _count(self, **kw) -> None:
+        with self._stats_lock:
+            s = self._stats
+            for k, v in kw.items():
+                setattr(s, k, getattr(s, k) + v)
+
+    def stats(self) -> PoolStats:
+        with self._stats_lock:
+            return self._stats.copy()
+
+    def _master(self, fn, *args, **kwargs):
+        from quillcache.rpc import RpcConnectionError, RpcTimeoutError
+
+        try:
+            return fn(*args, **kwargs)
+        except (RpcTimeoutError, RpcConnectionError) as e:
+            raise MasterUnavailableError(f"the master did not answer {getattr(fn, '__name__', fn)}: {e}") from e
+
+    # ================================================================ segments
+    def _segment(self, endpoint: str) -> tuple[int, str | None]:
+        with self._seg_lock:
+            got = self._segments.get(endpoint)
+        if got is not None:
+            return got
+        info = self.engine.open_segment(endpoint, timeout_s=min(self.timeout_s, 2.0))
+        ctl = next((c for c in (control_address_of(r.name) for r in info.regions) if c), None)
+        got = (info.segment_id, ctl)
+        with self._seg_lock:
+            self._segments[endpoint] = got
+        return got
+
+    def _mark_failed(self, endpoint: str) -> None:
+        with self._seg_lock:
+            self._segments.pop(endpoint, None)  # re-open (fresh region list) next time
+            self._suspect[endpoint] = self.clock()
+
+    def _order(self, reps: Sequence[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
+        if not self._suspect:
+            return list(reps)
+        now = self.clock()
+        sus = self._suspect
+        return sorted(reps, key=lambda r: now - sus.get(r.endpoint, -1e18) < self.suspect_s)
+
+    # ================================================================ local buffers
+    def _dest(self, size: int) -> _Dest:
+        a = self.cache.allocate(size)
+        if a is not None:
+            return _Dest(a, self.region.region_id, a.offset, size)
+        buf = bytearray(size)  # everything pinned or too big: a buffer of its own, registered for this op
+        reg = self.engine.register_region(buf, writable=True)
+        return _Dest(None, reg.region_id, 0, size, buf, reg)
+
+    def _dest_view(self, d: _Dest) -> memoryview:
+        return self.cache.writable(d.alloc) if d.alloc is not None else memoryview(d.temp)
+
+    def _drop_temp(self, d: _Dest) -> None:
+        if d.temp_region is not None:
+            self.engine.unregister_region(d.temp_region)
+            d.temp_region = None
+
+    def _release(self, d: _Dest) -> None:
+        if d.alloc is not None:
+            self.cache.release(d.alloc)
+        self._drop_temp(d)
+
+    def _transfer(self, reqs: list) -> tuple[list[tuple[bool, str]], float]:
+        """Run requests as ONE batch (a lone request on this thread); ``[(ok, reason)]`` and seconds."""
+        from quillcache.transfer import Op, Outcome, TransferError
+
+        t0 = time.perf_counter()
+        if len(reqs) == 1:
+            r = reqs[0]
+            fn = self.engine.read if r.op is Op.READ else self.engine.write
+            try:
+                fn(r.local_region, r.local_offset_bytes, r.segment, r.remote_region, r.remote_offset_bytes,
+                   r.length_bytes, timeout_s=self.timeout_s)
+                out = [(True, "")]
+            except TransferError as e:
+                out = [(False, f"{type(e).__name__}: {e}")]
+        else:
+            sts = self.engine.transfer_sync(reqs, timeout_s=self.timeout_s)
+            out = [(s.outcome is Outcome.COMPLETED, f"{s.outcome.value}: {s.reason}") for s in sts]
+        dt = time.perf_counter() - t0
+        self._count(transfer_s=dt)
+        return out, dt
+
+    # ================================================================ puts
+    def put(self, key: str, data, *, replicas: int | None = None) -> PutOutcome:
+        """Store ``data`` under ``key`` (module docstring); raises :class:`PutFailedError` (or
+        :class:`MasterUnavailableError`)."""
+        out = self.put_many([(key, data)], replicas=replicas)[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def put_many(self, items: Iterable[tuple[str, object]], *, replicas: int | None = None
+                 ) -> list[PutOutcome | PoolError]:
+        """Batch put: per item its :class:`PutOutcome` or the :class:`PoolError` a single put would raise."""
+        from quillcache.transfer import Op, TransferError, TransferRequest
+
+        self._check_open()
+        r = self.replicas if replicas is None else replicas
+        if not isinstance(r, int) or r < 1:
+            raise ValueError(f"replicas must be an int >= 1, got {r!r}")
+        keys, views, trailers = [], [], []
+        for key, data in items:
+            keys.append(_check_key(key))
+            try:
+                mv = memoryview(data)
+            except TypeError:
+                raise TypeError(f"put({key!r:.80}): data must support the buffer protocol, "
+                                f"got {type(data).__name__}") from None
+            if not mv.c_contiguous:
+                raise ValueError(f"put({key!r:.80}): data must be C-contiguous")
+            mv = mv.cast("B") if (mv.ndim != 1 or mv.format != "B") else mv
+            views.append(mv)
+            trailers.append(encode_trailer(key, mv))
+        if not keys:
+            return []
+        if len(set(keys)) != len(keys):
+            raise ValueError("put_many: a key appears twice in one batch")
+        reqs = [PutRequest(key=k, size_bytes=v.nbytes + TRAILER_BYTES, config=ReplicaConfig(replica_num=r),
+                           digest=digest_of(t)) for k, v, t in zip(keys, views, trailers)]
+        started = self._master(self.master.batch_put_start, reqs)
+        out: list = [None] * len(keys)
+        dests: dict[int, _Dest] = {}
+        treqs: list = []
+        owners: list[tuple[int, ReplicaDescriptor]] = []
+        revoke: dict[int, str] = {}
+        try:
+            for i, res in enumerate(started):
+                k = keys[i]
+                if isinstance(res, MasterError):
+                    out[i] = PutFailedError(f"put({k!r:.120}): the master refused it: {res!r}")
+                    continue
+                if res.existing:
+                    out[i] = PutOutcome(k, len(res.replicas), True, 0, 0.0)
+                    continue
+                size = views[i].nbytes + TRAILER_BYTES
+                d = dests[i] = self._dest(size)
+                dv = self._dest_view(d)
+                n = views[i].nbytes
+                dv[:n] = views[i]
+                dv[n:size] = trailers[i]
+                for rep in res.replicas:
+                    try:
+                        seg, _ = self._segment(rep.endpoint)
+                    except (TransferError, OSError) as e:
+                        self._mark_failed(rep.endpoint)
+                        revoke[i] = f"replica on {rep.node_id} ({rep.endpoint}) unreachable: {e}"
+                        break
+                    treqs.append(TransferRequest(Op.WRITE, d.region, d.offset, seg, rep.region_id,
+                                                 rep.offset_bytes, size))
+                    owners.append((i, rep))
+            live = [(q, o) for q, o in zip(treqs, owners) if o[0] not in revoke]
+            dt = 0.0
+            if live:
+                results, dt = self._transfer([q for q, _ in live])
+                for (q, (i, rep)), (ok, why) in zip(live, results):
+                    if not ok and i not in revoke:
+                        self._mark_failed(rep.endpoint)
+                        revoke[i] = f"WRITE to {rep.node_id} ({rep.endpoint}) failed: {why}"
+            ends = [i for i in dests if i not in revoke]
+            if revoke:
+                idx = sorted(revoke)
+                rv = self._master(self.master.batch_put_revoke, [keys[i] for i in idx],
+                                  put_ids=[started[i].put_id for i in idx])
+                for i, res in zip(idx, rv):
+                    extra = f" (revoke: {res!r})" if isinstance(res, MasterError) else " (revoked)"
+                    out[i] = PutFailedError(f"put({keys[i]!r:.120}): {revoke[i]}{extra}")
+            if ends:
+                done = self._master(self.master.batch_put_end, [keys[i] for i in ends],
+                                    put_ids=[started[i].put_id for i in ends])
+                persist: dict[str, list] = {}
+                for i, res in zip(ends, done):
+                    reps = started[i].replicas
+                    size = views[i].nbytes + TRAILER_BYTES
+                    if isinstance(res, MasterError):
+                        out[i] = PutFailedError(f"put({keys[i]!r:.120}): put_end refused: {res!r}")
+                        continue
+                    out[i] = PutOutcome(keys[i], len(reps), False, size * len(reps), dt)
+                    if self.persist_on:
+                        for rep in reps:
+                            ctl = self._segments.get(rep.endpoint, (0, None))[1]
+                            if ctl:
+                                persist.setdefault(ctl, []).append((keys[i], rep.offset_bytes, size))
+                    d = dests[i]
+                    if d.alloc is not None and self.cache.insert(keys[i], d.alloc, views[i].nbytes):
+                        dests[i] = None  # now the cache's
+                if persist:
+                    self._queue_persist(persist)
+        finally:
+            for d in dests.values():
+                if d is not None:
+                    self._release(d)
+        ok = [o for o in out if isinstance(o, PutOutcome)]
+        self._count(puts=len(ok), put_failures=len(out) - len(ok),
+                    bytes_written=sum(o.bytes_moved for o in ok))
+        return out
+
+    # ================================================================ persist (write-behind, off the critical path)
+    def _queue_persist(self, by_node: dict[str, list]) -> None:
+        with self._persist_cv:
+            self._persist_q.append(by_node)
+            if self._persist_thread is None:
+                self._persist_thread = threading.Thread(target=self._persist_loop, name="pool-persist", daemon=True)
+                self._persist_thread.start()
+            self._persist_cv.notify()
+
+    def _persist_loop(self) -> None:
+        from quillcache.rpc import RpcClient
+
+        while True:
+            with self._persist_cv:
+                while not self._persist_q and not self._closed:
+                    self._persist_busy = False
+                    self._persist_cv.notify_all()
+                    self._persist_cv.wait()
+                if self._closed and not self._persist_q:
+                    self._persist_busy = False
+                    self._persist_cv.notify_all()
+                    return
+                self._persist_busy = True
+                merged: dict[str, list] = {}
+                while self._persist_q:
+                    for ctl, items in self._persist_q.popleft().items():
+                        merged.setdefault(ctl, []).extend(items)
+            for ctl, items in merged.items():
+                try:
+                    c = self._persist_clients.get(ctl)
+                    if c is None:
+                        c = self._persist_clients[ctl] = RpcClient(ctl, timeout_s=2.0)
+                    c.call("persist", items)
+                    self._count(persist_sent=len(items))
+                except Exception as e:
+                    log.info("persist to %s failed: %s", ctl, e)
+                    self._count(persist_errors=len(items))
+                    c = self._persist_clients.pop(ctl, None)
+                    if c is not None:
+                        c.close()
+
+    def flush_persist(self, timeout_s: float = 30.0) -> dict[str, dict]:
+        """Wait until every queued persist was sent, then ask every node this store sent one to make them
+        durable (``flush``); returns each node's info by control address (tests, shutdown)."""
+        from quillcache.rpc import RpcClient
+
+        deadline = time.monotonic() + timeout_s
+        with self._persist_cv:
+            while self._persist_q or self._persist_busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"persist queue not drained within {timeout_s} s")
+                self._persist_cv.wait(left)
+        out = {}
+        for ctl in list(self._persist_clients):
+            with RpcClient(ctl, timeout_s=timeout_s) as c:
+                out[ctl] = c.call("flush")
+        return out
+
+    # ================================================================ gets
+    def get(self, key: str) -> memoryview | None:
+        """The payload stored under ``key`` (a read-only view), or None when the pool does not hold it
+        (or no replica answered with bytes that verify)."""
+        _check_key(key)
+        self._check_open()
+        v = self.cache.lookup(key)
+        if v is not None:
+            self._count(gets=1, local_hits=1)
+            return v
+        self._count(gets=1)
+        return self._fetch([key])[0]
+
+    def get_many(self, keys: Sequence[str]) -> list[memoryview | None]:
+        """``get`` of every key: local hits, then ONE ``get_replicas`` and ONE transfer batch for the rest."""
+        self._check_open()
+        keys = [_check_key(k) for k in keys]
+        out: list = [None] * len(keys)
+        remote: list[int] = []
+        for i, k in enumerate(keys):
+            v = self.cache.lookup(k)
+            if v is not None:
+                out[i] = v
+            else:
+                remote.append(i)
+        self._count(gets=len(keys), local_hits=len(keys) - len(remote))
+        if remote:
+            # a key asked twice is fetched once
+            uniq = list(dict.fromkeys(keys[i] for i in remote))
+            got = dict(zip(uniq, self._fetch(uniq)))
+            for i in remote:
+                out[i] = got[keys[i]]
+        return out
+
+    def _fetch(self, keys: list[str]) -> list[memoryview | None]:
+        from quillcache.transfer import Op, TransferError, TransferRequest
+
+        n = len(keys)
+        out: list = [None] * n
+        t0 = self.clock()
+        answers = self._master(self.master.get_replicas, keys)
+        reps: list[list[ReplicaDescriptor]] = [[] for _ in range(n)]
+        lease_end = [t0 + self.lease_ttl_s] * n
+        relookup_left = [1] * n
+        for i, a in enumerate(answers):
+            if isinstance(a, (ObjectNotFoundError, ObjectNotReadyError)):
+                continue
+            if isinstance(a, MasterError):
+                raise PoolError(f"get({keys[i]!r:.120}): the master refused it: {a!r}")
+            reps[i] = self._order(a)
+        dests: dict[int, _Dest] = {}
+        pos = [0] * n
+        hits = fallbacks = corrupt = expired = nbytes = 0
+        try:
+            while True:
+                active = [i for i in range(n) if out[i] is None and pos[i] < len(reps[i])]
+                if not active:
+                    break
+                treqs, owners = [], []
+                for i in active:
+                    rep = reps[i][pos[i]]
+                    d = dests.get(i)
+                    if d is not None and d.size != rep.size_bytes:
+                        self._release(d)
+                        d = None
+                    if d is None:
+                        d = dests[i] = self._dest(rep.size_bytes)
+                    try:
+                        seg, _ = self._segment(rep.endpoint)
+                    except (TransferError, OSError):
+                        self._mark_failed(rep.endpoint)
+                        pos[i] += 1
+                        fallbacks += 1
+                        continue
+                    treqs.append(TransferRequest(Op.READ, d.region, d.offset, seg, rep.region_id, rep.offset_bytes,
+                                                 rep.size_bytes))
+                    owners.append((i, rep))
+                if not treqs:
+                    continue
+                results, _ = self._transfer(treqs)
+                now = self.clock()
+                again: list[int] = []
+                for (i, rep), (ok, _why) in zip(owners, results):
+                    if not ok:
+                        self._mark_failed(rep.endpoint)
+                        pos[i] += 1
+                        fallbacks += 1
+                        continue
+                    if now > lease_end[i]:  # the object may have been evicted and its range reused mid-read
+                        expired += 1
+                        if relookup_left[i]:
+                            relookup_left[i] = 0
+                            again.append(i)
+                        else:
+                            pos[i] += 1
+                        continue
+                    d = dests[i]
+                    try:
+                        payload_view = check(self._dest_view(d)[:rep.size_bytes], keys[i])
+                    except CorruptObjectError as e:
+                        log.warning("get(%r): replica on %s: %s", keys[i], rep.node_id, e)
+                        corrupt += 1
+                        fallbacks += 1
+                        pos[i] += 1
+                        continue
+                    m = payload_view.nbytes
+                    del payload_view
+                    out[i] = self._deliver(keys[i], d, m)
+                    dests.pop(i)
+                    hits += 1
+                    nbytes += rep.size_bytes
+                if again:
+                    t1 = self.clock()
+                    fresh = self._master(self.master.get_replicas, [keys[i] for i in again])
+                    for i, a in zip(again, fresh):
+                        reps[i] = self._order(a) if not isinstance(a, MasterError) else []
+                        pos[i] = 0
+                        lease_end[i] = t1 + self.lease_ttl_s
+        finally:
+            for d in dests.values():
+                self._release(d)
+        self._count(remote_hits=hits, misses=n - hits, fallbacks=fallbacks, corrupt_discarded=corrupt,
+                    lease_expired_discards=expired, bytes_read=nbytes)
+        return out
+
+    def _deliver(self, key: str, d: _Dest, payload_bytes: int) -> memoryview:
+        if d.alloc is None:  # a temporary buffer: the caller's now
+            self._drop_temp(d)
+            return memoryview(d.temp)[:payload_bytes].toreadonly()
+        self.cache.insert(key, d.alloc, payload_bytes)
+        return self.cache.export(d.alloc, payload_bytes)
+
+    def prefetch(self, keys: Sequence[str]) -> Future:
+        """Fetch ``keys`` into the local cache in the background; the future's value is, per key, whether
+        the pool had it (a later ``get`` of a found key is a local hit while the cache keeps it)."""
+        self._check_open()
+        keys = [_check_key(k) for k in keys]
+        if self._prefetcher is None:
+            self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-prefetch")
+        return self._prefetcher.submit(lambda: [v is not None for v in self.get_many(keys)])
+
+    # ================================================================ other calls
+    def contains(self, keys: Sequence[str]) -> list[bool]:
+        """Per key: is it complete in the pool? (master ``exists``: no lease, no access-time change)."""
+        self._check_open()
+        keys = [_check_key(k) for k in keys]
+        return [a is True for a in self._master(self.master.exists, keys)]
+
+    def remove(self, key: str, *, force: bool = False) -> bool:
+        """Remove ``key`` from the pool (and this process's cache); False when the pool did not hold it.
+        A live read lease refuses it (``LeaseHeldError`` from the master) unless ``force``."""
+        _check_key(key)
+        self._check_open()
+        self.cache.drop(key)
+        try:
+            self._master(self.master.remove, key, force=force)
+            return True
+        except ObjectNotFoundError:
+            return False
+
+    def __repr__(self) -> str:
+        return (f"PooledStore(master={self.master.address}, replicas={self.replicas}, "
+                f"cache {self.cache.cached_bytes}/{self.cache.cache_bytes} bytes)")
