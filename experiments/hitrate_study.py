@@ -29,6 +29,7 @@ Quick mode (smoke test) uses the first 2,500 requests, fewer capacities and 2 re
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -47,7 +48,8 @@ from quillcache.results import Anchor, SummaryRow, print_table, spread, write_ra
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, default_trace_path
 
 NAME = "hitrate"
-POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "lengthaware", "tinylfu", "quillhd", "belady"]
+POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "sieve", "arc", "2q", "lengthaware", "tinylfu", "lhd", "lrb", "quillhd",
+                "quillchain", "belady"]
 FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000}
 QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300}
 POOL_TOKENS = [3_000_000, 50_000_000]
@@ -358,7 +360,7 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
     finite = sorted(int(c) for c in hr["capacity_blocks"].dropna().unique())
     inf_x = (finite[-1] * 3) if finite else 1
     fig, ax = figure(7.0, 3.8)
-    colours = iter([PALETTE[2], PALETTE[3], PALETTE[4], PALETTE[5], GREY, PALETTE[7]])
+    colours = itertools.cycle([PALETTE[2], PALETTE[3], PALETTE[4], PALETTE[5], GREY, PALETTE[7], PALETTE[1], PALETTE[6]])
     for pol in POLICY_ORDER:
         part = hr[hr["policy"] == pol]
         if part.empty:

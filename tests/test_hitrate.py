@@ -94,6 +94,15 @@ def conversation_traces(draw, max_requests: int = 40):
 
 
 def _options(draw, pol: str) -> dict:
+    if pol == "quillchain":
+        return {"period": draw(st.sampled_from([3, 8, 4096])), "mode": draw(st.sampled_from(["adaptive", "hd", "lru"]))}
+    if pol == "lhd":
+        return {"period": draw(st.sampled_from([3, 8, 4096])), "decay": draw(st.sampled_from([0.5, 0.9]))}
+    if pol == "lrb":
+        return {"sample_size": draw(st.sampled_from([1, 4, 64])), "window_mult": draw(st.sampled_from([1, 8])),
+                "seed": draw(st.integers(0, 3))}
+    if pol == "2q":
+        return {"kin_ratio": draw(st.sampled_from([0.1, 0.25, 0.5])), "kout_ratio": draw(st.sampled_from([0.0, 0.5, 2.0]))}
     if pol == "quillhd":
         return {"period": draw(st.sampled_from([3, 8, 32, 4096])), "mode": draw(st.sampled_from(["adaptive", "hd", "lru"])),
                 "decay": draw(st.sampled_from([0.5, 0.9])), "quantile": draw(st.sampled_from([0.5, 0.95]))}

@@ -25,7 +25,8 @@ CORE = ("fifo", "lfu", "lru", "s3fifo")
 
 
 def test_registry_lists_every_policy():
-    assert set(POLICIES) == {*CORE, "lengthaware", "tinylfu", "quillhd", "belady"}
+    assert set(POLICIES) == {*CORE, "lengthaware", "tinylfu", "quillhd", "belady", "sieve", "arc", "2q", "lhd", "lrb",
+                             "quillchain"}
     for name, cls in POLICIES.items():
         if name == "belady":
             with pytest.raises(TypeError, match="belady"):

@@ -212,3 +212,123 @@ def test_quillhd_options_and_remove():
         p.evict("k")
     with pytest.raises(ValueError, match="num_hit=5"):
         p.begin_request(["a"], 5)
+
+
+# ---------------------------------------------------------------- sieve, arc, 2q, lhd, lrb, quillchain
+
+
+def test_sieve_hand_skips_visited_keys_without_moving_them():
+    from quillcache.policies.sieve import SievePolicy
+
+    p = SievePolicy()
+    for k in "abc":
+        p.insert(k, 1)
+    p.touch("a")
+    assert p.victim() == "b" and not p.visited("a")  # the hand cleared a's bit on the way
+    p.evict("b")
+    assert p.hand == "c"
+    p.insert("d", 1)
+    p.touch("c")
+    assert p.victim() == "d"  # c was visited: cleared, d is next
+    p.evict("d")
+    assert p.hand is None  # d was the newest: the next scan starts at the oldest
+    p.insert("e", 1)
+    assert p.victim(lambda k: k != "a") == "c"  # a refused: passed over
+    assert p.hand == "c"
+    assert p.eviction_order() == ["c", "e", "a"]  # from the hand on, wrapping to the oldest
+
+
+def test_arc_adapts_its_target_on_ghost_hits():
+    from quillcache.policies.arc import ArcPolicy
+
+    p = ArcPolicy(capacity_keys=2)
+    for k in "ab":
+        assert p.admit(k, 1)
+        p.insert(k, 1)
+    p.touch("a")  # a -> T2
+    assert p.admit("c", 1) and p.victim() == "b"  # |T1| = 1 > p = 0
+    p.evict("b")
+    p.insert("c", 1)
+    assert p.list_of("b") == "b1"
+    assert p.admit("b", 1) and p.p == 1.0  # ghost hit in B1 grows T1's target
+    assert p.victim() == "a"  # |T1| = 1 is not > p: T2's LRU
+    p.evict("a")
+    p.insert("b", 1)
+    assert (p.list_of("a"), p.list_of("b"), p.list_of("c")) == ("b2", "t2", "t1")
+    assert p.admit("a", 1) and p.p == 0.0  # ghost hit in B2 shrinks it
+    assert p.victim() == "c"
+
+
+def test_twoq_ghost_hits_go_to_am_and_a1in_drains_first():
+    from quillcache.policies.twoq import TwoQPolicy
+
+    p = TwoQPolicy(capacity_keys=4)
+    for k in "abcd":
+        p.insert(k, 1)
+    assert p.victim() == "a"  # |A1in| = 4 > kin = 1
+    p.evict("a")
+    p.insert("e", 1)
+    p.evict(p.victim())  # b
+    p.insert("a", 1)  # remembered in A1out
+    assert p.queue_of("a") == "am" and p.queue_of("e") == "a1in"
+    p.touch("e")  # a hit in A1in changes nothing
+    p.evict(p.victim())  # c goes to A1out, which keeps kout = 2 keys
+    p.insert("f", 1)
+    assert p.eviction_order() == ["d", "e", "a", "f"]
+
+
+def test_lhd_classes_by_reuse_distance_and_ignores_prefix_hints():
+    from quillcache.policies.lhd import LhdPolicy
+    from quillcache.policies.quillhd import reuse_class
+
+    assert [reuse_class(g) for g in (0, 1, 63, 64, 255, 256, 1023, 1024, 1 << 14, 1 << 16, 1 << 30)] == \
+        [0, 1, 1, 1, 2, 2, 3, 3, 5, 6, 7]
+    p = LhdPolicy(capacity_keys=8)
+    p.begin_request(["a", "b"], 0, 700)  # b is a partial tail: LHD does not know it
+    p.insert("a", 1)
+    p.insert("b", 1)
+    assert p.class_of("a") == p.class_of("b") == 0
+    p.begin_request(["a"], 1, 512)
+    p.touch("a")
+    assert p.class_of("a") == 1  # gap 2
+
+
+def test_lrb_learns_a_regular_gap_and_samples_reproducibly():
+    import math
+
+    from quillcache._mix import splitmix64
+    from quillcache.policies.lrb import LrbPolicy
+
+    p = LrbPolicy(capacity_keys=100)
+    keys = list(range(5))
+    for k in keys:
+        p.insert(k, 1)
+    for i in range(3000):
+        p.touch(keys[i % 5])
+    k = keys[-1]
+    predicted_gap = p.predicted_next(k) - (5 + 3000)
+    assert abs(math.log2(predicted_gap) - 3) < 0.3, predicted_gap  # bit_length(5) = 3
+    q = LrbPolicy(capacity_keys=3, sample_size=1, seed=7)
+    for k in "xyz":
+        q.insert(k, 1)
+    assert q.victim() == "xyz"[splitmix64(7) % 3]
+
+
+def test_quillchain_evicts_a_chain_leaf_first_and_counts_turns():
+    from quillcache.policies.quillchain import QuillChainPolicy
+
+    p = QuillChainPolicy(capacity_keys=16)
+    p.begin_request(["s", "a1", "a2", "t1"], 0, 3 * 512 + 10)  # t1: partial tail
+    for k in ("s", "a1", "a2", "t1"):
+        p.insert(k, 1)
+    assert p.class_of("t1") == 0 and p.class_of("a2") == 1  # turn 0 on this chain
+    p.begin_request(["s", "a1", "a2", "a3", "t2"], 3, 4 * 512 + 10)  # the next turn
+    for k in ("s", "a1", "a2"):
+        p.touch(k)
+    for k in ("a3", "t2"):
+        p.insert(k, 1)
+    assert p.class_of("a3") == p.class_of("a1") == 2  # one earlier turn ended on this chain
+    order = p.eviction_order()
+    assert order[0] == "t1"  # nothing learned yet: the oldest class head goes first
+    chain = [k for k in order if k in ("s", "a1", "a2", "a3")]
+    assert chain == ["a3", "a2", "a1", "s"]  # leaves before their ancestors

@@ -95,11 +95,27 @@ def _run_tinylfu(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> i
                            p.doorkeeper_bits, np.uint64(seed_key(DOORKEEPER_SEED)))
 
 
-def _run_quillhd(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
-    mode = {"adaptive": 0, "hd": 1, "lru": 2}[opts["mode"]]
-    return kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
-                           int(opts["block_tokens"]), int(opts["period"]), float(opts["decay"]), kernels.NUM_BUCKETS,
-                           float(opts["quantile"]), float(opts["che_mult"]), mode)
+def _hd_runner(classes: int, leaf_first: bool, fixed: dict | None = None):
+    """The runner of a policy on the QuillHD kernel: ``classes`` and ``leaf_first`` fixed per policy."""
+    fixed = fixed or {}
+
+    def run(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
+        o = {**fixed, **opts}
+        mode = {"adaptive": 0, "hd": 1, "lru": 2}[o["mode"]]
+        return kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
+                               int(o["block_tokens"]), int(o["period"]), float(o["decay"]), kernels.NUM_BUCKETS,
+                               float(o["quantile"]), float(o["che_mult"]), mode, classes, leaf_first)
+
+    return run
+
+
+_run_quillhd = _hd_runner(kernels.CLS_PREFIX, False)
+
+
+def _run_lrb(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
+    return kernels.lrb(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
+                       int(opts["block_tokens"]), int(opts["sample_size"]), int(opts["window_mult"]),
+                       float(opts["learning_rate"]), int(opts["seed"]))
 
 
 def _plain(kernel: Callable) -> Callable[[TraceArrays, int, np.ndarray, dict], int]:
@@ -126,6 +142,22 @@ HITRATE_KERNELS.register("belady", HitRateKernel(
 HITRATE_KERNELS.register("quillhd", HitRateKernel(
     _run_quillhd, _online_defaults("quillhd", "mode", "period", "decay", "quantile", "che_mult", "block_tokens"),
     _check_by_building("quillhd")))
+HITRATE_KERNELS.register("quillchain", HitRateKernel(
+    _hd_runner(kernels.CLS_CHAIN, True),
+    _online_defaults("quillchain", "mode", "period", "decay", "quantile", "che_mult", "block_tokens"),
+    _check_by_building("quillchain")))
+HITRATE_KERNELS.register("lhd", HitRateKernel(
+    _hd_runner(kernels.CLS_REUSE, False, {"mode": "hd", "block_tokens": 512}),
+    _online_defaults("lhd", "period", "decay", "quantile", "che_mult"), _check_by_building("lhd")))
+HITRATE_KERNELS.register("sieve", HitRateKernel(_plain(kernels.sieve), {}))
+HITRATE_KERNELS.register("arc", HitRateKernel(_plain(kernels.arc), {}))
+HITRATE_KERNELS.register("2q", HitRateKernel(
+    lambda arrs, cap, hits, opts: kernels.twoq(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits,
+                                               float(opts["kin_ratio"]), float(opts["kout_ratio"])),
+    _online_defaults("2q", "kin_ratio", "kout_ratio"), _check_by_building("2q")))
+HITRATE_KERNELS.register("lrb", HitRateKernel(
+    _run_lrb, _online_defaults("lrb", "sample_size", "window_mult", "learning_rate", "seed", "block_tokens"),
+    _check_by_building("lrb")))
 
 
 @dataclass(frozen=True, eq=False)

@@ -32,8 +32,14 @@ from quillcache.hitrate._klib import (
     _unlink,
 )
 
-# the two learned policies live in their own modules; re-exported so callers use one namespace
+# the learned policies and the list-based baselines live in their own modules; re-exported so
+# callers use one namespace
+from quillcache.hitrate.kernels_classic import arc, sieve, twoq
+from quillcache.hitrate.kernels_lrb import lrb
 from quillcache.hitrate.kernels_quillhd import (
+    CLS_CHAIN,
+    CLS_PREFIX,
+    CLS_REUSE,
     NUM_BUCKETS,
     age_bucket,
     bucket_mid,
@@ -41,8 +47,8 @@ from quillcache.hitrate.kernels_quillhd import (
 )
 from quillcache.hitrate.kernels_tinylfu import mix64, tinylfu
 
-__all__ = ["NUM_BUCKETS", "age_bucket", "belady", "bucket_mid", "fifo", "lengthaware", "lfu", "lru", "mix64",
-           "quillhd", "s3fifo", "tinylfu"]
+__all__ = ["CLS_CHAIN", "CLS_PREFIX", "CLS_REUSE", "NUM_BUCKETS", "age_bucket", "arc", "belady", "bucket_mid", "fifo",
+           "lengthaware", "lfu", "lrb", "lru", "mix64", "quillhd", "s3fifo", "sieve", "tinylfu", "twoq"]
 
 # ---------------------------------------------------------------- LRU and FIFO
 

@@ -1,5 +1,8 @@
 """Numba kernel of QuillHD (``quillcache.policies.quillhd``): per-class LRU lists, ghost-learned
-hit densities, and two metadata-only shadow caches that pick the eviction rule.
+hit densities, and two metadata-only shadow caches that pick the eviction rule. The same kernel
+runs its two relatives, which differ only in how a reference is classified and in the order of a
+request's blocks: LHD (``classes=CLS_REUSE``, ``quillcache.policies.lhd``) and QuillChain
+(``classes=CLS_CHAIN`` with ``leaf_first``, ``quillcache.policies.quillchain``).
 
 Same replay definition and invariants as ``quillcache.hitrate.kernels``; the float operations are
 those of the online class, in the same order, so the two agree hit for hit.
@@ -55,6 +58,43 @@ def _hd_recompute(hh, ee, hd, mids, decay):
             hh[c, i] *= decay
             ee[c, i] *= decay
 
+
+CLS_PREFIX = 0  # QuillHD: partial tail / prefix hit or not x reference count
+CLS_REUSE = 1  # LHD: first reference, then the log-spaced gap since the previous reference
+CLS_CHAIN = 2  # QuillChain: partial tail / hot prefix / turns seen on the request's chain
+
+
+@njit(cache=True, nogil=True)
+def bitlen(x):
+    n = 0
+    while x > 0:
+        x >>= 1
+        n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def reuse_class(gap):
+    """LHD's class of a reference: 0 = first reference, 1 = a gap below 128, then one class per
+    factor of 4 of the gap (at most 7)."""
+    if gap <= 0:
+        return 0
+    return min(7, 1 + max(0, bitlen(gap) - 6) // 2)
+
+
+@njit(cache=True, nogil=True)
+def turn_class(turns):
+    """QuillChain's class of a request's blocks from the turns seen on its chain (1..6)."""
+    if turns < 3:
+        return 1 + turns
+    if turns < 5:
+        return 4
+    if turns < 9:
+        return 5
+    return 6
+
+
+HOT_REFS = 4  # QuillChain: a prefix-hit block referenced this often is "hot" (class 7)
 
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
@@ -125,10 +165,14 @@ def _quantile_age(rd, q):
 
 
 @njit(cache=True, nogil=True)
-def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode):
+def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode,
+            classes, leaf_first):
     """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
-    metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only."""
+    metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only.
+    ``classes``: CLS_PREFIX, CLS_REUSE or CLS_CHAIN; ``leaf_first``: after each request, its cached
+    blocks are re-queued deepest first, so within a class a chain loses its leaves before its root."""
     ncls = 8
+    ends = np.zeros(u, np.int32)  # requests whose last full block was this block (CLS_CHAIN)
     last = np.zeros(u, np.int64)  # time of last reference (0 = never)
     lastc = np.zeros(u, np.int8)
     refs = np.zeros(u, np.int64)
@@ -171,6 +215,14 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
             score[2] += _prefix_hits(off, blocks, r, inc2)
         s, e = off[r], off[r + 1]
         partial = input_tokens[r] % block_tokens != 0
+        tcls = 0
+        if classes == CLS_CHAIN:
+            turns = 0
+            for p in range(s, e):
+                if last[blocks[p]] == 0:
+                    break
+                turns += min(ends[blocks[p]], 1)
+            tcls = turn_class(turns)
         for p in range(s, e):
             b = blocks[p]
             t += 1
@@ -183,6 +235,7 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                     ee[lastc[x], hb] += 1.0
                     expired[x] = True
                 exp_pos += 1
+            gap = t - last[b] if last[b] != 0 else 0
             if last[b] != 0:
                 bi = age_bucket(t - last[b])
                 if bi >= nb:
@@ -193,8 +246,12 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
             expired[b] = False
             refs[b] += 1
             j = p - s
-            if j == e - s - 1 and partial:
+            if classes == CLS_REUSE:
+                c = reuse_class(gap)
+            elif j == e - s - 1 and partial:
                 c = 0
+            elif classes == CLS_CHAIN:
+                c = 7 if (j < k and refs[b] >= HOT_REFS) else tcls
             else:
                 n = min(4, refs[b])
                 c = n if j >= k else 3 + n
@@ -219,4 +276,22 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                     rule = RULE_HD if score[2] >= score[1] else RULE_LRU
                     score[1] *= decay
                     score[2] *= decay
+        if classes == CLS_CHAIN:
+            lf = e - 2 if partial else e - 1
+            if lf >= s:
+                ends[blocks[lf]] += 1
+        if leaf_first:
+            for p in range(e - 1, s - 1, -1):
+                b = blocks[p]
+                c = lastc[b]
+                if inc0[b]:
+                    _unlink(c, b, prev0, nxt0, head0, tail0, size0)
+                    _push(c, b, prev0, nxt0, head0, tail0, size0)
+                if mode == 0:
+                    if inc1[b]:
+                        _unlink(c, b, prev1, nxt1, head1, tail1, size1)
+                        _push(c, b, prev1, nxt1, head1, tail1, size1)
+                    if inc2[b]:
+                        _unlink(c, b, prev2, nxt2, head2, tail2, size2)
+                        _push(c, b, prev2, nxt2, head2, tail2, size2)
     return total

@@ -13,7 +13,8 @@ registry ``quillcache.policies.POLICIES``) and applies the prefix-aware definiti
             policy.insert(b, 1)
 
 Harness-provided options (the caller may not override them): ``s3fifo`` gets
-``capacity_bytes=capacity``; ``tinylfu``, ``quillhd`` and ``belady`` get ``capacity_keys``;
+``capacity_bytes=capacity``; ``tinylfu``, ``quillhd``, ``quillchain``, ``lhd``, ``arc``, ``2q``,
+``lrb`` and ``belady`` get ``capacity_keys``;
 ``belady`` gets ``next_use_oracle``, which returns ``arrays.next_use[p]`` for the reference being
 made now (position ``p``; the harness moves the cursor before each block).
 
@@ -33,6 +34,11 @@ HARNESS_OPTIONS = {
     "s3fifo": ("capacity_bytes",),
     "tinylfu": ("capacity_keys",),
     "quillhd": ("capacity_keys",),
+    "quillchain": ("capacity_keys",),
+    "lhd": ("capacity_keys",),
+    "arc": ("capacity_keys",),
+    "2q": ("capacity_keys",),
+    "lrb": ("capacity_keys",),
     "belady": ("capacity_keys", "next_use_oracle"),
 }
 
@@ -43,7 +49,7 @@ def build_policy(name: str, capacity_blocks: int, arrs: TraceArrays, cursor: lis
         raise ValueError(f"options {sorted(given)} are set by the replay harness for policy {name!r}")
     if name == "s3fifo":
         options["capacity_bytes"] = capacity_blocks
-    elif name in ("tinylfu", "quillhd"):
+    elif name in ("tinylfu", "quillhd", "quillchain", "lhd", "arc", "2q", "lrb"):
         options["capacity_keys"] = capacity_blocks
     elif name == "belady":
         nu = arrs.next_use

@@ -62,6 +62,27 @@ HD_SUB = 8
 NUM_BUCKETS = 320
 RULE_LRU, RULE_HD = 0, 1
 MODES = ("adaptive", "hd", "lru")
+CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.lhd), QuillChain's
+HOT_REFS = 4  # chain classes: a prefix-hit block referenced this often is "hot" (class 7)
+
+
+def reuse_class(gap: int) -> int:
+    """LHD's class of a reference: 0 = first reference, 1 = a gap below 128, then one class per
+    factor of 4 of the gap (at most 7)."""
+    if gap <= 0:
+        return 0
+    return min(7, 1 + max(0, gap.bit_length() - 6) // 2)
+
+
+def turn_class(turns: int) -> int:
+    """The class of a request's blocks from the turns seen on its chain (1..6)."""
+    if turns < 3:
+        return 1 + turns
+    if turns < 5:
+        return 4
+    if turns < 9:
+        return 5
+    return 6
 
 
 def age_bucket(a: int) -> int:
@@ -115,9 +136,15 @@ class QuillHdPolicy(EvictionPolicy):
     name = "quillhd"
 
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
-                 decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512) -> None:
+                 decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
+                 classes: str = "prefix", leaf_first: bool = False) -> None:
         super().__init__()
         check_choice("mode", mode, MODES)
+        check_choice("classes", classes, CLASSES)
+        if not isinstance(leaf_first, bool):
+            raise TypeError(f"leaf_first must be bool, got {leaf_first!r}")
+        self.classes = classes
+        self.leaf_first = leaf_first
         if capacity_keys is not None:
             capacity_keys = check_int("capacity_keys", capacity_keys, 1)
         period = check_int("period", period, 1)
@@ -155,6 +182,9 @@ class QuillHdPolicy(EvictionPolicy):
         self._req_pos = 0
         self._req_hits = 0
         self._req_partial = False
+        self._req_turn_class = 1
+        self._req_closed = True
+        self._ends: dict[Key, int] = {}  # chain classes: requests whose last full block was the key
 
     # ---- introspection --------------------------------------------------------------------
     @property
@@ -185,6 +215,14 @@ class QuillHdPolicy(EvictionPolicy):
         self._req_pos = 0
         self._req_hits = num_hit
         self._req_partial = input_tokens is not None and input_tokens % self.block_tokens != 0
+        self._req_closed = False
+        if self.classes == "chain":
+            turns = 0
+            for key in keys:
+                if key not in self._last:
+                    break
+                turns += min(self._ends.get(key, 0), 1)
+            self._req_turn_class = turn_class(turns)
         for i, shadow in enumerate(self._shadows):
             n = 0
             for key in keys:
@@ -195,16 +233,24 @@ class QuillHdPolicy(EvictionPolicy):
             self._score[i] += n
 
     # ---- the learning step ----------------------------------------------------------------
-    def _classify(self, key: Key, touched: bool) -> int:
+    def _classify(self, key: Key, touched: bool, gap: int) -> int:
         req = self._req
-        n = self._refs[key]
-        n = min(4, n)
+        refs = self._refs[key]
+        n = min(4, refs)
+        if self.classes == "reuse":
+            if req is not None and self._req_pos < len(req) and req[self._req_pos] == key:
+                self._req_pos += 1
+            return reuse_class(gap)
         if req is not None and self._req_pos < len(req) and req[self._req_pos] == key:
             j = self._req_pos
             self._req_pos += 1
             if j == len(req) - 1 and self._req_partial:
                 return 0
+            if self.classes == "chain":
+                return 7 if (j < self._req_hits and refs >= HOT_REFS) else self._req_turn_class
             return n if j >= self._req_hits else 3 + n
+        if self.classes == "chain":
+            return 7 if (touched and refs >= HOT_REFS) else (2 if touched else 1)
         return 3 + max(n, 2) if touched else n
 
     def _observe(self, key: Key, touched: bool) -> tuple[int, int | None]:
@@ -220,6 +266,7 @@ class QuillHdPolicy(EvictionPolicy):
                 self._ee[self._lastc[x]][hb] += 1.0
                 self._expired.add(x)
         lt = self._last.get(key)
+        gap = t - lt if lt is not None else 0
         if lt is not None:
             bi = _clamp(age_bucket(t - lt))
             self._rd[bi] += 1.0
@@ -227,7 +274,7 @@ class QuillHdPolicy(EvictionPolicy):
                 self._hh[self._lastc[key]][bi] += 1.0
         self._expired.discard(key)
         self._refs[key] = self._refs.get(key, 0) + 1
-        c = self._classify(key, touched)
+        c = self._classify(key, touched, gap)
         return c, self._lastc.get(key)
 
     def _shadow_access(self, key: Key, c: int) -> None:
@@ -249,6 +296,23 @@ class QuillHdPolicy(EvictionPolicy):
         if self._t >= self._next_upd:
             self._next_upd += self.period
             self._update()
+        req = self._req
+        if req is not None and not self._req_closed and self._req_pos == len(req):
+            self._close_request(req)
+
+    def _close_request(self, req: Sequence[Key]) -> None:
+        """After a hinted request's last key: count where its chain ended (chain classes) and,
+        with ``leaf_first``, re-queue its blocks deepest first (ancestors end most recent)."""
+        self._req_closed = True
+        if self.classes == "chain":
+            lf = len(req) - 2 if self._req_partial else len(req) - 1
+            if lf >= 0:
+                self._ends[req[lf]] = self._ends.get(req[lf], 0) + 1
+        if self.leaf_first:
+            for key in reversed(req):
+                for inst in (self._real, *self._shadows):
+                    if inst.cls.get(key) is not None:
+                        inst.lists[inst.cls[key]].move_to_end(key)
 
     def _update(self) -> None:
         cap = self._capacity()
@@ -346,6 +410,7 @@ class QuillHdPolicy(EvictionPolicy):
         self._last.pop(key, None)
         self._lastc.pop(key, None)
         self._refs.pop(key, None)
+        self._ends.pop(key, None)
         self._expired.discard(key)
 
     def evict(self, key: Key) -> None:
