@@ -46,6 +46,10 @@ COMMANDS.register("node", Command("contribute DRAM (and an SSD tier) to the pool
                                   "quillcache.cli.node"))
 COMMANDS.register("cluster", Command("run a master and N pool nodes on this machine (up), or show a pool (status)",
                                      "quillcache.cli.cluster"))
+COMMANDS.register("gateway", Command("serve the OpenAI-compatible streaming gateway (cache-aware, identity-guarded "
+                                     "routing over engines)", "quillcache.cli.gateway"))
+COMMANDS.register("engine-sim", Command("serve a STAND-IN engine (OpenAI-compatible, engine-model timing, block "
+                                        "cache, vLLM KV events, fault knobs)", "quillcache.cli.engine_sim"))
 COMMANDS.register("gen-trace", Command("write a generated trace (multi-turn sessions, or the identity-collision "
                                        "workload)", "quillcache.cli.gen_trace"))
 

@@ -1,0 +1,65 @@
+"""``quillcache gateway``: the OpenAI-compatible streaming proxy with cache-aware, identity-guarded routing.
+
+``quillcache gateway --engines URL[,URL...] [--config FILE] [--keys FILE] [--host 127.0.0.1] [--port 8000]``.
+API keys come from ``--keys FILE`` (``{"keys": [{"key", "tenant", "max_concurrency"?}]}``) or the environment
+(``QUILLCACHE_GATEWAY_KEYS=key=tenant,...``); ``QUILLCACHE_GATEWAY_SECRET`` keys the per-tenant cache salts (give
+every replica the same one). Prints one JSON line ``{"address", "url", "pid", "engines", "models"}`` when serving;
+SIGTERM stops it. See :mod:`quillcache.gateway`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not in [0, 65535]")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engines", metavar="URL[,URL...]",
+                        help="engine base URLs (replace the config file's engines; prefix state then approximate)")
+    parser.add_argument("--config", metavar="FILE", help="JSON gateway config (engines, models, limits, timeouts...)")
+    parser.add_argument("--keys", metavar="FILE", help="JSON key file; default: QUILLCACHE_GATEWAY_KEYS")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000; 0: a free one)")
+    parser.add_argument("--tokenizer", help="'bytes' or a tokenizer.json path (the engines' tokenizer)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="stderr log level (default warning)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    import sys
+
+    from quillcache.gateway.config import ConfigError, load_config, parse_engine_urls
+    from quillcache.gateway.tenants import SECRET_ENV, TenantTable
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.engines and not args.config:
+        print("quillcache gateway: give --engines URL[,URL...] or --config FILE", file=sys.stderr)
+        return 2
+    try:
+        engines = parse_engine_urls(args.engines) if args.engines else ()
+        config = load_config(args.config, engines=engines, tokenizer=args.tokenizer)
+        tenants = TenantTable.from_file(args.keys) if args.keys else TenantTable.from_env()
+    except ConfigError as exc:
+        print(f"quillcache gateway: {exc}", file=sys.stderr)
+        return 2
+    from quillcache.gateway.server import serve
+    from quillcache.textproc import TokenizerError
+
+    try:
+        return serve(config, tenants, host=args.host, port=args.port,
+                     secret=os.environ.get(SECRET_ENV, "").encode(), log_level=args.log_level)
+    except (TokenizerError, ValueError, OSError) as exc:
+        print(f"quillcache gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,539 @@
+"""The gateway's ASGI application: an OpenAI-compatible streaming proxy with cache-aware routing.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming and not),
+``GET /v1/models``, ``GET /health`` (liveness: the process serves), ``GET /ready`` (readiness: at
+least one engine answered its last health probe), ``GET /metrics`` (:mod:`.metrics`).
+
+Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"message", "type",
+"code"}}`` with the status named; never a traceback or an internal detail):
+
+1. API key -> tenant (401 when missing or unknown);
+2. the body, at most ``limits.max_body_bytes`` (413), parsed as a JSON object nested at most
+   ``limits.max_json_depth`` deep (400);
+3. ``model`` -> base model and LoRA adapter (404 when not served); a client ``cache_salt``
+   narrows the tenant's scope to ``tenant:salt``;
+4. the tenant's in-flight limit (429);
+5. prompt tokens exactly as the engine computes them (:mod:`quillcache.textproc`, 400 when the
+   prompt is malformed);
+6. the decision (:mod:`.decision`): plan over the residency index, load counted before the call;
+7. the body forwarded with ``cache_salt`` set to the scope's salt (:func:`.tenants.salt_for`), so
+   the engine's blocks and its ``usage.prompt_tokens_details.cached_tokens`` are per scope;
+8. a failure before the first byte retries on the next-best worker after a backoff
+   (``retry.max_retries``), else 502 (the engines failed) or 503 (no engine available);
+9. a stream is passed through event by event; the response headers - ``x-quillcache-worker``,
+   ``x-quillcache-cached-tokens``, ``x-quillcache-timing-class``, ``x-quillcache-request-id`` -
+   leave as soon as the engine's headers arrive, before the first token (no compression
+   middleware); a failure mid-stream ends the stream with one SSE error event; a client
+   disconnect cancels the stream, which closes the upstream connection (the engine sees it).
+
+Invariants: the load lease and the tenant's in-flight slot are released exactly once per admitted
+request, whatever ends it (``_Exchange.finish`` runs from ``finally`` and from the response's own
+``finally``); headers and errors name only the tenant's own scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from quillcache.gateway.config import GatewayConfig, ModelConfig
+from quillcache.gateway.decision import Decider, Decision, NoWorkerError
+from quillcache.gateway.metrics import GatewayMetrics
+from quillcache.gateway.residency import EntryState, EventSink, ResidencyTracker
+from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, salt_for, scope_tenant
+from quillcache.gateway.upstream import Upstream, UpstreamFailure
+from quillcache.identity.scope import make_identity
+from quillcache.index import open_index
+from quillcache.textproc import PromptError, load_chat_template, load_tokenizer, prompt_tokens
+from quillcache.types import Identity, KvLayout
+
+__all__ = ["Gateway", "build_app"]
+
+log = logging.getLogger("quillcache.gateway")
+
+_CHAT = "/v1/chat/completions"
+_COMPLETIONS = "/v1/completions"
+
+
+class GatewayError(Exception):
+    """A refusal with an HTTP status and a client-safe message."""
+
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def _error_body(status: int, message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def _json_depth_ok(value: Any, max_depth: int) -> bool:
+    """Whether arrays/objects nest at most ``max_depth`` deep (iterative; strings are not walked)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > max_depth:
+            return False
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values() if isinstance(x, (dict, list)))
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+    return True
+
+
+class _ProxyStream(StreamingResponse):
+    """A streaming response whose ``finish`` runs however the response ends (also when the
+    client is gone before the body started, when the body iterator never runs its ``finally``)."""
+
+    def __init__(self, content, *, finish, **kw) -> None:
+        super().__init__(content, **kw)
+        self._finish = finish
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._finish()
+
+
+class _Exchange:
+    """One admitted request's resources: released exactly once by ``finish``."""
+
+    __slots__ = ("decision", "done", "endpoint", "gw", "resp", "status", "tenant")
+
+    def __init__(self, gw: Gateway, endpoint: str, tenant: str) -> None:
+        self.gw = gw
+        self.endpoint = endpoint
+        self.tenant = tenant
+        self.decision: Decision | None = None
+        self.resp = None
+        self.status = 0
+        self.done = False
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.resp is not None:
+            self.resp.close()
+        if self.decision is not None:
+            self.decision.lease.release()
+        self.gw.limiter.release(self.tenant)
+        self.gw.metrics.request_done(self.endpoint, self.status)
+
+
+class Gateway:
+    """State of one gateway: configuration, tenants, the planner, the residency tracker, the
+    upstream pool, health, metrics. ``app`` is its Starlette application."""
+
+    def __init__(self, config: GatewayConfig, tenants: TenantTable, *, secret: bytes = b"") -> None:
+        self.config = config
+        self.tenants = tenants
+        self.secret = secret
+        self.engines = {e.name: e for e in config.engines}
+        names = [e.name for e in config.engines]
+        self.urls = [e.url for e in config.engines]
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.template = load_chat_template(config.chat_template)
+        self.layout = KvLayout(block_size_tokens=config.block_size_tokens)
+        self.index = open_index(config.index_kind)
+        self.tracker = ResidencyTracker(
+            self.index, {e.name: e.prefix_state for e in config.engines}, ttl_s=config.speculative_ttl_s,
+            approx_capacity_blocks={e.name: e.approx_capacity_blocks for e in config.engines})
+        self.decider = Decider(self.index, names, self.tracker, block_size_tokens=config.block_size_tokens,
+                               router=config.router, seed=config.seed)
+        self.limiter = TenantLimiter(config.limits.tenant_max_concurrency)
+        self.upstream = Upstream(config.timeouts, config.limits)
+        self.metrics = GatewayMetrics(names)
+        self.healthy = [False] * len(names)
+        self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
+        self._discover = not config.models
+        self._identities: dict[tuple[str, str], Identity] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._subscribers: list[Any] = []
+        self.metrics.attach_live(self._inflight_by_worker, self._health_by_worker, self._residency_counts)
+        self.app = Starlette(
+            routes=[
+                Route(_COMPLETIONS, self.completions, methods=["POST"]),
+                Route(_CHAT, self.chat_completions, methods=["POST"]),
+                Route("/v1/models", self.list_models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/ready", self.ready, methods=["GET"]),
+                Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+            exception_handlers={Exception: self._internal_error, 404: self._not_found, 405: self._not_allowed},
+        )
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app) -> AsyncIterator[None]:
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        await self._probe_all()
+        loop = asyncio.get_running_loop()
+        for e in self.config.engines:
+            if e.prefix_state == "events":
+                self._subscribers.append(self._subscribe(e, loop))
+        self._tasks.append(asyncio.create_task(self._health_loop()))
+
+    def _subscribe(self, engine, loop):
+        from quillcache.kvevents import KvEventSubscriber
+
+        sink = EventSink(self.tracker, loop, on_event=lambda w, k: self.metrics.kv_events.labels(w, k).inc())
+        sub = KvEventSubscriber(engine.kv_events, replay_endpoint=engine.kv_events_replay, engine_id=engine.name,
+                                sink=sink)
+        sub.start()
+        return sub
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        for sub in self._subscribers:
+            await asyncio.to_thread(sub.close)
+        self._subscribers.clear()
+        await self.upstream.close()
+        self.index.close()
+
+    async def _probe_all(self) -> None:
+        results = await asyncio.gather(*(self.upstream.probe(u + "/health") for u in self.urls))
+        self.healthy = list(results)
+        if self._discover:
+            await self._discover_models()
+
+    async def _discover_models(self) -> None:
+        for url, ok in zip(self.urls, self.healthy):
+            if not ok:
+                continue
+            data = await self.upstream.get_json(url + "/v1/models")
+            items = data.get("data") if isinstance(data, dict) else None
+            if not isinstance(items, list):
+                continue
+            for m in items:
+                mid = m.get("id") if isinstance(m, dict) else None
+                if not isinstance(mid, str) or not mid or mid in self.models:
+                    continue
+                parent = m.get("parent")
+                try:
+                    if isinstance(parent, str) and parent and parent != mid:
+                        self.models[mid] = ModelConfig(name=mid, base=parent, adapter=mid)
+                    else:
+                        self.models[mid] = ModelConfig(name=mid)
+                except ValueError:
+                    continue
+
+    async def _health_loop(self) -> None:
+        interval = self.config.timeouts.health_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._probe_all()
+                self.tracker.expire()
+            except Exception:  # a probe must never stop the loop
+                log.exception("health probe round failed")
+
+    # ---- live metrics ------------------------------------------------------------------------
+    def _inflight_by_worker(self) -> dict[str, int]:
+        loads = self.decider.planner.loads
+        return {n: int(v) for n, v in zip(loads.names, loads.inflight)}
+
+    def _health_by_worker(self) -> dict[str, bool]:
+        return dict(zip(self.decider.names, self.healthy))
+
+    def _residency_counts(self) -> dict[tuple[str, str], int]:
+        out = {}
+        for w in self.decider.names:
+            for st in (EntryState.PENDING, EntryState.CONFIRMED, EntryState.APPROX):
+                out[(w, st.value)] = self.tracker.count(w, st)
+        return out
+
+    # ---- small endpoints ---------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        n = sum(self.healthy)
+        if n:
+            return JSONResponse({"status": "ready", "healthy_engines": n})
+        return JSONResponse({"status": "not ready", "healthy_engines": 0}, status_code=503)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def list_models(self, request: Request) -> Response:
+        if self.tenants.lookup(request.headers.get("authorization")) is None:
+            return self._error_response(401, "missing or unknown API key (Authorization: Bearer <key>)",
+                                        "authentication_error")
+        data = [{"id": m.name, "object": "model", "owned_by": "quillcache-gateway",
+                 "root": m.base, "parent": m.base if m.adapter else None} for m in self.models.values()]
+        return JSONResponse({"object": "list", "data": data})
+
+    def _error_response(self, status: int, message: str, kind: str, headers: dict | None = None) -> Response:
+        return JSONResponse(_error_body(status, message, kind), status_code=status, headers=headers)
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        log.error("internal error on %s: %r", request.url.path, exc)
+        return self._error_response(500, "internal gateway error", "internal_error")
+
+    async def _not_found(self, request: Request, exc: Exception) -> Response:
+        return self._error_response(404, f"no route {request.url.path}", "not_found")
+
+    async def _not_allowed(self, request: Request, exc: Exception) -> Response:
+        return self._error_response(405, f"method {request.method} not allowed on {request.url.path}",
+                                    "method_not_allowed")
+
+    # ---- the proxy ---------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        return await self._proxy(request, _COMPLETIONS, "completion")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._proxy(request, _CHAT, "chat")
+
+    async def _read_body(self, request: Request) -> dict:
+        cap = self.config.limits.max_body_bytes
+        cl = request.headers.get("content-length")
+        if cl is not None:
+            try:
+                n = int(cl)
+            except ValueError:
+                raise GatewayError(400, "malformed Content-Length header", "invalid_request_error") from None
+            if n > cap:
+                raise GatewayError(413, f"request body of {n} bytes is over the limit of {cap} bytes",
+                                   "request_too_large")
+        chunks = []
+        total = 0
+        try:
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > cap:
+                    raise GatewayError(413, f"request body is over the limit of {cap} bytes", "request_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise GatewayError(400, "client disconnected while sending the body", "invalid_request_error") from None
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise GatewayError(400, "request body is not valid JSON (UTF-8)", "invalid_request_error") from None
+        if not isinstance(body, dict):
+            raise GatewayError(400, f"request body must be a JSON object, got {type(body).__name__}",
+                               "invalid_request_error")
+        if not _json_depth_ok(body, self.config.limits.max_json_depth):
+            raise GatewayError(400, f"request body nests deeper than {self.config.limits.max_json_depth} levels",
+                               "invalid_request_error")
+        return body
+
+    def _identity(self, model: ModelConfig, tenant_scope: str) -> Identity:
+        key = (model.name, tenant_scope)
+        ident = self._identities.get(key)
+        if ident is None:
+            ident = make_identity(model=model.base, tenant=tenant_scope, tokenizer=self.config.tokenizer
+                                  if self.config.tokenizer == "bytes" else "hf", adapter=model.adapter,
+                                  layout=self.layout)
+            self.decider.scope(ident)  # validated and registered once
+            if len(self._identities) < 100_000:
+                self._identities[key] = ident
+        return ident
+
+    def _excluded(self) -> set[int]:
+        return {i for i, ok in enumerate(self.healthy) if not ok}
+
+    async def _proxy(self, request: Request, endpoint: str, kind: str) -> Response:
+        t0 = time.perf_counter()
+        metrics = self.metrics
+        tk: TenantKey | None = self.tenants.lookup(request.headers.get("authorization"))
+        if tk is None:
+            metrics.request_done(endpoint, 401)
+            return self._error_response(401, "missing or unknown API key (Authorization: Bearer <key>)",
+                                        "authentication_error")
+        try:
+            body = await self._read_body(request)
+            model_name = body.get("model")
+            if not isinstance(model_name, str):
+                raise GatewayError(400, "'model' must be a string", "invalid_request_error")
+            model = self.models.get(model_name)
+            if model is None:
+                raise GatewayError(404, f"the model {model_name[:100]!r} is not served here", "model_not_found")
+            client_salt = body.get("cache_salt")
+            if client_salt is not None and not isinstance(client_salt, str):
+                raise GatewayError(400, "'cache_salt' must be a string", "invalid_request_error")
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise GatewayError(400, "'stream' must be true or false", "invalid_request_error")
+            try:
+                tenant_scope = scope_tenant(tk.tenant, client_salt)
+            except ValueError as exc:
+                raise GatewayError(400, f"'cache_salt' is malformed: {exc}", "invalid_request_error") from None
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+            out_tokens = max_tokens if type(max_tokens) is int and 0 <= max_tokens <= 1 << 24 else 0
+            try:
+                pt = prompt_tokens(kind, body, self.tokenizer, self.template)
+            except PromptError as exc:
+                raise GatewayError(400, str(exc), "invalid_request_error") from None
+            identity = self._identity(model, tenant_scope)
+        except GatewayError as exc:
+            metrics.request_done(endpoint, exc.status)
+            return self._error_response(exc.status, str(exc), exc.kind)
+        if not self.limiter.try_acquire(tk.tenant, tk.max_concurrency):
+            metrics.request_done(endpoint, 429)
+            return self._error_response(429, "too many concurrent requests for this API key's tenant",
+                                        "rate_limit_error", headers={"retry-after": "1"})
+        ex = _Exchange(self, endpoint, tk.tenant)
+        try:
+            return await self._forward(ex, body, pt.token_ids, out_tokens, identity, tenant_scope, stream, t0)
+        except BaseException:
+            ex.finish()
+            raise
+
+    async def _forward(self, ex: _Exchange, body: dict, token_ids, out_tokens: int, identity: Identity,
+                       tenant_scope: str, stream: bool, t0: float) -> Response:
+        metrics = self.metrics
+        excluded = self._excluded()
+        why = "unhealthy"
+        body["cache_salt"] = salt_for(tenant_scope, self.secret)
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        request_id = f"qc-{uuid.uuid4().hex}"
+        up_headers = {"content-type": "application/json", "x-request-id": request_id}
+        retry = self.config.retry
+        last: UpstreamFailure | None = None
+        for attempt in range(retry.max_retries + 1):
+            try:
+                d = self.decider.decide(identity, token_ids, out_tokens, excluded, why)
+            except NoWorkerError:
+                break
+            except ValueError as exc:
+                ex.status = 400
+                ex.finish()
+                return self._error_response(400, f"the prompt cannot be routed: {exc}", "invalid_request_error")
+            ex.decision = d
+            metrics.routed(d.worker, d.reason)
+            try:
+                ex.resp = await self.upstream.open(self.urls[d.worker_index] + ex.endpoint, payload, up_headers)
+                break
+            except UpstreamFailure as f:
+                last = f
+                metrics.upstream_error(d.worker, f.kind)
+                if f.kind == "connect":
+                    self.healthy[d.worker_index] = False
+                d.lease.release()
+                ex.decision = None
+                excluded.add(d.worker_index)
+                why = "retry"
+                if attempt < retry.max_retries:
+                    metrics.retried(d.worker)
+                    if retry.backoff_s:
+                        await asyncio.sleep(retry.backoff_s * (2 ** attempt))
+        if ex.resp is None:
+            if last is None or last.kind == "connect" and not any(self.healthy):
+                ex.status = 503
+                ex.finish()
+                return self._error_response(503, "no engine is available to serve this request",
+                                            "service_unavailable")
+            ex.status = 502
+            ex.finish()
+            return self._error_response(502, f"the engines failed to answer: {last}", "upstream_error")
+        d = ex.decision
+        assert d is not None
+        metrics.prompt_tokens.inc(d.prompt_tokens)
+        metrics.cached_tokens.inc(d.cached_tokens)
+        resp = ex.resp
+        headers = {
+            "x-quillcache-worker": d.worker,
+            "x-quillcache-cached-tokens": str(d.cached_tokens),
+            "x-quillcache-timing-class": d.timing_class,
+            "x-quillcache-request-id": request_id,
+        }
+        metrics.decision.observe(time.perf_counter() - t0)
+        ex.status = resp.status
+        if not stream or resp.status != 200:
+            try:
+                data = await resp.read()
+            except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - any read failure is a 502
+                metrics.upstream_error(d.worker, "mid_stream")
+                ex.status = 502
+                ex.finish()
+                log.info("upstream %s failed mid-response: %r", d.worker, exc)
+                return self._error_response(502, "the engine failed while answering", "upstream_error",
+                                            headers=headers)
+            ctype = resp.headers.get("content-type", "application/json")
+            ex.finish()
+            metrics.ttft.observe(time.perf_counter() - t0)
+            return Response(data, status_code=resp.status, headers=headers, media_type=ctype)
+        headers["cache-control"] = "no-cache"
+        return _ProxyStream(self._relay(ex, resp, t0), finish=ex.finish, headers=headers,
+                            media_type="text/event-stream")
+
+    async def _relay(self, ex: _Exchange, resp, t0: float) -> AsyncIterator[bytes]:
+        """Pass the engine's SSE stream through, whole events at a time (a partial event at a
+        failure is dropped and replaced by one error event)."""
+        metrics = self.metrics
+        lease = ex.decision.lease
+        first = True
+        last_t = 0.0
+        pending = b""
+        completed = False
+        try:
+            async for chunk in resp.content.iter_any():
+                if pending:
+                    chunk = pending + chunk
+                    pending = b""
+                cut = chunk.rfind(b"\n\n")
+                if cut < 0:
+                    pending = chunk
+                    continue
+                if cut + 2 < len(chunk):
+                    pending = chunk[cut + 2:]
+                    chunk = chunk[:cut + 2]
+                now = time.perf_counter()
+                if first:
+                    first = False
+                    lease.prefill_done()
+                    metrics.ttft.observe(now - t0)
+                else:
+                    metrics.itl.observe(now - last_t)
+                last_t = now
+                yield chunk
+            completed = True
+        except asyncio.CancelledError:
+            metrics.disconnects.inc()
+            ex.status = 499
+            raise
+        except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - any upstream failure mid-stream
+            metrics.upstream_error(ex.decision.worker, "mid_stream")
+            log.info("upstream %s failed mid-stream: %r", ex.decision.worker, exc)
+            err = _error_body(502, "the engine failed mid-stream; the response is incomplete", "upstream_error")
+            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        finally:
+            if completed:
+                resp.release()
+                ex.resp = None
+            ex.finish()
+
+
+def build_app(config: GatewayConfig, tenants: TenantTable, *, secret: bytes = b"") -> Starlette:
+    """The Starlette app of a new :class:`Gateway` (``app.state.gateway`` is the gateway)."""
+    gw = Gateway(config, tenants, secret=secret)
+    gw.app.state.gateway = gw
+    return gw.app

@@ -1,0 +1,153 @@
+"""Per-request routing decision: identity scope -> block hashes -> the real planner -> an admitted lease.
+
+``Decider.decide(identity, token_ids, output_tokens, excluded)`` hashes the prompt's full blocks
+(Dynamo chain, ``hash_lora=False``: the identity digest carries tenant and adapter), plans with
+:class:`quillcache.planner.Planner` (Dynamo cost router + identity guard over the residency
+index), counts the chosen worker's load BEFORE the upstream call (``Planner.admit``) and records a
+speculative residency entry for the blocks the plan did not find there
+(:meth:`ResidencyTracker.speculate`).
+
+When the planner's choice is excluded (unhealthy, or failed earlier in this request), the
+next-best worker is chosen by the planner's own router over the remaining workers, fed with each
+worker's consecutive GPU overlap computed from the plan's located replicas through the same
+guard rule (own scope, or a registered public block under the public scope), and the live loads.
+
+Invariants:
+- Every ``Decision`` holds a live lease; the caller releases it exactly once (``finally``).
+- ``cached_tokens`` and ``timing_class`` are computed only from the request's own scope, public
+  blocks and aggregate load (the planner's guard; the fallback applies the same rule), so they
+  reveal nothing about another tenant's cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from quillcache.gateway.residency import ResidencyTracker
+from quillcache.identity.scope import IdentityRegistry, RequestScope
+from quillcache.index.base import IndexBackend
+from quillcache.planner import Planner, PlannerConfig
+from quillcache.planner.plan import BlockAction, Plan, TimingClass
+from quillcache.routing import Lease, RouteRequest
+from quillcache.types import CacheTier, Identity
+
+__all__ = ["Decider", "Decision", "NoWorkerError"]
+
+_GPU = int(CacheTier.GPU)
+_LOCAL_HIT = int(BlockAction.LOCAL_HIT)
+
+
+def _local_prefix(plan: Plan) -> int:
+    """Leading blocks the plan serves from the worker's own GPU. The planner may also plan fetches
+    from another node (a peer engine's GPU); an OpenAI upstream cannot import KV, so the gateway
+    counts only local hits as cached (the rest is recomputed by the engine)."""
+    a = plan.actions[: plan.reused_blocks]
+    if not len(a):
+        return 0
+    miss = np.flatnonzero(a != _LOCAL_HIT)
+    return int(miss[0]) if len(miss) else len(a)
+
+
+class NoWorkerError(RuntimeError):
+    """No engine may take the request (all excluded or unhealthy)."""
+
+
+@dataclass(slots=True)
+class Decision:
+    worker: str
+    worker_index: int
+    cached_tokens: int
+    timing_class: str
+    reason: str  # prefix_hit, no_hit, retry, unhealthy (metrics label)
+    lease: Lease
+    prompt_tokens: int
+
+
+class Decider:
+    def __init__(self, index: IndexBackend, workers: Sequence[str], tracker: ResidencyTracker, *,
+                 block_size_tokens: int, router: str = "dynamo", seed: int | None = None) -> None:
+        self.planner = Planner(index, list(workers), router=router, registry=IdentityRegistry(),
+                               config=PlannerConfig(block_size_tokens=block_size_tokens, seed=seed))
+        self.tracker = tracker
+        self.index = index
+        self.names = self.planner.loads.names
+        self._bs = block_size_tokens
+
+    def scope(self, identity: Identity) -> RequestScope:
+        return self.planner.scope(identity)
+
+    def decide(self, identity: Identity, token_ids: Sequence[int], output_tokens: int,
+               excluded: frozenset[int] | set[int] = frozenset(), why_excluded: str = "unhealthy") -> Decision:
+        planner = self.planner
+        self.tracker.expire()
+        req = planner.request(identity, token_ids, output_tokens=output_tokens)
+        plan = planner.plan(req)
+        w = plan.worker_index
+        if w in excluded:
+            w, reused = self._fallback(plan, excluded)
+            cached = reused * self._bs
+            new_prefill = req.input_tokens - cached
+            lease = planner.loads.acquire(w, prefill_tokens=new_prefill, decode_blocks=plan.decode_blocks)
+            cm = planner.config.cost_model
+            tc = (TimingClass.WITHIN_SLO if cm.prefill_s(cached, req.input_tokens) <= plan.ttft_slo_s
+                  else TimingClass.OVER_SLO).value
+            reason = why_excluded
+        else:
+            lease = planner.admit(plan)
+            reused = _local_prefix(plan)
+            cached = reused * self._bs
+            tc = plan.timing_class.value
+            reason = "prefix_hit" if reused else "no_hit"
+        # engines recompute at least the prompt's last token (vLLM): a fully cached prompt reports one block less
+        cached = min(cached, (req.input_tokens - 1) // self._bs * self._bs)
+        name = self.names[w]
+        hashes = req.block_hashes
+        if len(hashes) > reused:
+            self.tracker.speculate(name, hashes, req.scope.write_digests(hashes), reused_blocks=reused)
+        return Decision(name, w, cached, tc, reason, lease, req.input_tokens)
+
+    def _fallback(self, plan: Plan, excluded) -> tuple[int, int]:
+        """(worker, consecutive GPU blocks it holds for this scope) among the non-excluded workers."""
+        loads = self.planner.loads
+        n = len(loads)
+        eligible = np.ones(n, dtype=np.bool_)
+        for w in excluded:
+            eligible[w] = False
+        if not eligible.any():
+            raise NoWorkerError("no engine is available (all unhealthy or failed for this request)")
+        scope = plan.request.scope
+        hashes = plan.request.block_hashes
+        allowed = {bytes(r) for r in scope.allowed}
+        public = scope.public_digest
+        public_blocks = scope.policy.public_blocks
+        loc = plan.located
+        overlaps = np.zeros((3, n), dtype=np.int64)
+        alive = eligible.copy()
+        if loc is not None:
+            keys, offs = loc.keys, loc.offsets
+            for j in range(len(hashes)):
+                holders = set()
+                for r in range(int(offs[j]), int(offs[j + 1])):
+                    k = keys[r]
+                    if int(k["tier"]) != _GPU:
+                        continue
+                    d = bytes(k["identity"])
+                    if d not in allowed or (d == public and int(hashes[j]) not in public_blocks):
+                        continue
+                    wi = loads.index_of.get(self.index.node_name(int(k["node_no"])))
+                    if wi is not None:
+                        holders.add(wi)
+                for wi in np.flatnonzero(alive):
+                    if wi in holders:
+                        overlaps[0, wi] += 1
+                    else:
+                        alive[wi] = False
+                if not alive.any():
+                    break
+        route = RouteRequest(overlaps, plan.request.input_tokens, self._bs, loads.active_prefill_tokens,
+                             loads.decode_blocks, eligible)
+        w = self.planner.router.select(route)
+        return w, int(overlaps[0, w])

@@ -1,0 +1,352 @@
+"""Prefix state of the engines in the residency index: speculative, confirmed and approximate entries.
+
+The gateway's planner reads GPU-tier residency per engine from the index (node = engine name,
+tier ``GPU``, identity = the request scope's digest, block hash = the Dynamo chain hash of the
+prompt's tokens with no LoRA/namespace seed: the planner runs with ``hash_lora=False`` because the
+identity digest already carries the adapter and the tenant). This module is the only writer.
+
+Two sources, chosen per engine (``EngineConfig.prefix_state``):
+
+``events`` (exact). At routing time :meth:`ResidencyTracker.speculate` writes a SPECULATIVE entry
+per prompt block the plan did not already find on that engine, which expires after
+``ttl_s`` (llm-d's 2 s) unless the engine's ``BlockStored`` event for the same unscoped chain hash
+CONFIRMS it (:meth:`stored`). Events carry no tenant (vLLM's ``cache_salt`` only enters the
+engine's own hash), so a stored block is attributed to a scope by, in order: (1) its parent's
+scope - a child of a block attributed to scope S on that engine is S's, because the engine's hash
+chain carries the salt onward - preferring a pending speculation of S for that chain hash, then
+(2) the oldest pending speculation on that engine for that chain hash (FIFO). A stored block
+neither explains stays UNATTRIBUTED: counted, never written (safety over hit rate). A confirmed
+entry remembers its engine hash, so ``BlockRemoved`` deletes exactly it; ``AllBlocksCleared`` and
+a replay gap (resync) delete every entry of that engine, speculative ones included.
+
+``approximate`` (engines without events). The gateway's own record of what it routed, stated as
+approximate: entries never expire by time; an LRU of ``approx_capacity_blocks`` per engine (hits
+refresh it) stands in for the engine's eviction, so the record drifts from the engine's real
+cache whenever the engine's capacity or eviction order differs.
+
+Invariants:
+- At most one entry per (engine, block hash, scope digest); the index holds exactly the entries
+  this tracker holds as pending, confirmed or approximate (``check()`` verifies it in tests).
+- Nothing is ever written under a scope that no request of that scope routed (attribution only
+  through the gateway's own speculation or a parent already attributed to that scope).
+- Confined to one thread (the gateway's event loop): the KV-event subscriber's thread hands its
+  calls over with ``loop.call_soon_threadsafe`` (:class:`EventSink`).
+
+Two gateway replicas share prefix state by each subscribing to every engine's events: confirmed
+entries converge, because attribution by parent needs only the chain's root to have been routed by
+this replica; a root block routed by the OTHER replica stays unattributed here until this replica
+routes that scope's prompt itself (one speculation, then confirmed by the next event of that chain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from quillcache.index.base import IndexBackend
+from quillcache.index.keys import ReplicaKey, ResidencyEntry
+from quillcache.types import CacheTier
+
+__all__ = ["EntryState", "EventSink", "ResidencyStats", "ResidencyTracker"]
+
+_GPU = CacheTier.GPU
+
+
+class EntryState(enum.Enum):
+    PENDING = "pending"  # speculative, waiting for a BlockStored
+    CONFIRMED = "confirmed"  # an engine event stored it
+    APPROX = "approximate"  # routed to an engine without events
+    DROPPED = "dropped"  # expired or removed (kept only by stale queue references)
+
+
+class _Rec:
+    __slots__ = ("digest", "engine", "engine_hash", "expires_s", "h", "state")
+
+    def __init__(self, engine: str, h: int, digest: bytes, state: EntryState, expires_s: float) -> None:
+        self.engine = engine
+        self.h = h
+        self.digest = digest
+        self.state = state
+        self.expires_s = expires_s
+        self.engine_hash: int | None = None
+
+
+@dataclass(slots=True)
+class ResidencyStats:
+    speculated: int = 0
+    confirmed: int = 0
+    inherited: int = 0  # confirmed through the parent's scope without a speculation
+    expired: int = 0
+    removed: int = 0
+    cleared: int = 0
+    unattributed: int = 0
+    approx_evicted: int = 0
+    unknown_removals: int = 0
+    by_engine: dict[str, int] = field(default_factory=dict)
+
+
+class ResidencyTracker:
+    """Writes engine GPU residency into ``index`` (see module doc)."""
+
+    def __init__(self, index: IndexBackend, engines: dict[str, str], *, ttl_s: float = 2.0,
+                 block_bytes: int = 0, approx_capacity_blocks: dict[str, int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``engines``: engine name -> ``"events"`` or ``"approximate"``."""
+        self.index = index
+        self.modes = dict(engines)
+        self.ttl_s = float(ttl_s)
+        self.block_bytes = int(block_bytes)
+        self.clock = clock
+        caps = approx_capacity_blocks or {}
+        self._cap = {e: int(caps.get(e, 65536)) for e in self.modes}
+        self._live: dict[str, dict[tuple[int, bytes], _Rec]] = {e: {} for e in self.modes}
+        self._approx: dict[str, OrderedDict[tuple[int, bytes], _Rec]] = {
+            e: OrderedDict() for e, m in self.modes.items() if m == "approximate"}
+        self._pending: dict[tuple[str, int], deque[_Rec]] = {}
+        self._expiry: deque[_Rec] = deque()
+        self._by_engine_hash: dict[str, dict[int, _Rec]] = {e: {} for e in self.modes}
+        self.stats = ResidencyStats()
+
+    # ---- routing-time side (event loop) ------------------------------------------------------
+    def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
+                  reused_blocks: int = 0) -> int:
+        """Record that the blocks ``[reused_blocks:]`` of a routed request will be on ``engine``
+        (the first ``reused_blocks`` the plan found there are refreshed in approximate mode).
+        Returns how many new entries were written."""
+        live = self._live[engine]
+        approx = self._approx.get(engine)
+        if approx is not None:
+            for j in range(min(reused_blocks, len(block_hashes))):
+                k = (int(block_hashes[j]), digests[j])
+                if k in approx:
+                    approx.move_to_end(k)
+        state = EntryState.APPROX if approx is not None else EntryState.PENDING
+        expires = self.clock() + self.ttl_s
+        puts: list[ResidencyEntry] = []
+        for j in range(reused_blocks, len(block_hashes)):
+            h = int(block_hashes[j])
+            d = digests[j]
+            k = (h, d)
+            if k in live:
+                if approx is not None:
+                    approx.move_to_end(k)
+                continue
+            rec = _Rec(engine, h, d, state, expires)
+            live[k] = rec
+            puts.append(ResidencyEntry(h, engine, _GPU, d, 0, 0, self.block_bytes))
+            if approx is not None:
+                approx[k] = rec
+            else:
+                self._pending.setdefault((engine, h), deque()).append(rec)
+                self._expiry.append(rec)
+        if puts:
+            self.index.put(puts)
+            self.stats.speculated += len(puts)
+        if approx is not None and len(approx) > self._cap[engine]:
+            self._evict_approx(engine, approx)
+        return len(puts)
+
+    def _evict_approx(self, engine: str, approx: OrderedDict) -> None:
+        live = self._live[engine]
+        gone = []
+        while len(approx) > self._cap[engine]:
+            k, rec = approx.popitem(last=False)
+            del live[k]
+            rec.state = EntryState.DROPPED
+            gone.append(ReplicaKey(rec.h, engine, _GPU, rec.digest))
+        self.index.remove(gone)
+        self.stats.approx_evicted += len(gone)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop speculative entries whose TTL ran out unconfirmed; returns how many."""
+        q = self._expiry
+        if not q:
+            return 0
+        now = self.clock() if now is None else now
+        if q[0].expires_s > now:
+            return 0
+        gone = []
+        while q and q[0].expires_s <= now:
+            rec = q.popleft()
+            if rec.state is EntryState.PENDING:
+                rec.state = EntryState.DROPPED
+                del self._live[rec.engine][(rec.h, rec.digest)]
+                gone.append(ReplicaKey(rec.h, rec.engine, _GPU, rec.digest))
+                pq = self._pending.get((rec.engine, rec.h))
+                if pq is not None:
+                    while pq and pq[0].state is not EntryState.PENDING:
+                        pq.popleft()
+                    if not pq:
+                        del self._pending[(rec.engine, rec.h)]
+        if gone:
+            self.index.remove(gone)
+            self.stats.expired += len(gone)
+        return len(gone)
+
+    # ---- engine-event side (event loop, handed over from the subscriber thread) --------------
+    def _pop_pending(self, engine: str, h: int, digest: bytes | None) -> _Rec | None:
+        pq = self._pending.get((engine, h))
+        if not pq:
+            return None
+        found = None
+        if digest is None:
+            while pq:
+                rec = pq.popleft()
+                if rec.state is EntryState.PENDING:
+                    found = rec
+                    break
+        else:
+            for rec in pq:
+                if rec.state is EntryState.PENDING and rec.digest == digest:
+                    found = rec
+                    break
+            if found is not None:
+                pq.remove(found)
+        if not pq:
+            del self._pending[(engine, h)]
+        return found
+
+    def stored(self, engine: str, engine_hashes: Sequence[int], chain_hashes: Sequence[int],
+               parent_engine_hash: int | None) -> int:
+        """A ``BlockStored`` of ``engine``: per block its engine hash and its unscoped chain hash,
+        in chain order after ``parent_engine_hash``. Returns how many blocks were attributed."""
+        if self.modes.get(engine) != "events":
+            return 0
+        if len(engine_hashes) != len(chain_hashes):
+            raise ValueError(f"{len(engine_hashes)} engine hashes for {len(chain_hashes)} chain hashes")
+        by_e = self._by_engine_hash[engine]
+        live = self._live[engine]
+        parent = by_e.get(parent_engine_hash) if parent_engine_hash is not None else None
+        puts: list[ResidencyEntry] = []
+        n = 0
+        for e, h in zip(engine_hashes, chain_hashes):
+            e, h = int(e), int(h)
+            if parent is not None and parent.state is EntryState.CONFIRMED:
+                rec = self._pop_pending(engine, h, parent.digest)
+                if rec is None:
+                    k = (h, parent.digest)
+                    rec = live.get(k)
+                    if rec is None:
+                        rec = _Rec(engine, h, parent.digest, EntryState.CONFIRMED, 0.0)
+                        live[k] = rec
+                        puts.append(ResidencyEntry(h, engine, _GPU, parent.digest, 0, 0, self.block_bytes))
+                        self.stats.inherited += 1
+            else:
+                rec = self._pop_pending(engine, h, None)
+            if rec is None:
+                self.stats.unattributed += 1
+                parent = None
+                continue
+            rec.state = EntryState.CONFIRMED
+            rec.engine_hash = e
+            by_e[e] = rec
+            parent = rec
+            n += 1
+        if puts:
+            self.index.put(puts)
+        self.stats.confirmed += n
+        return n
+
+    def removed(self, engine: str, engine_hashes: Iterable[int]) -> int:
+        """A ``BlockRemoved`` of ``engine``: delete the entries those engine hashes confirmed."""
+        by_e = self._by_engine_hash.get(engine)
+        if by_e is None:
+            return 0
+        live = self._live[engine]
+        gone = []
+        for e in engine_hashes:
+            rec = by_e.pop(int(e), None)
+            if rec is None or rec.engine_hash != int(e) or rec.state is not EntryState.CONFIRMED:
+                self.stats.unknown_removals += 1
+                continue
+            rec.state = EntryState.DROPPED
+            del live[(rec.h, rec.digest)]
+            gone.append(ReplicaKey(rec.h, engine, _GPU, rec.digest))
+        if gone:
+            self.index.remove(gone)
+            self.stats.removed += len(gone)
+        return len(gone)
+
+    def cleared(self, engine: str) -> int:
+        """``AllBlocksCleared`` or a resync of ``engine``: delete every entry of that engine."""
+        live = self._live.get(engine)
+        if live is None:
+            return 0
+        gone = [ReplicaKey(rec.h, engine, _GPU, rec.digest) for rec in live.values()]
+        for rec in live.values():
+            rec.state = EntryState.DROPPED
+        live.clear()
+        self._by_engine_hash[engine].clear()
+        if engine in self._approx:
+            self._approx[engine].clear()
+        for key in [k for k in self._pending if k[0] == engine]:
+            del self._pending[key]
+        if gone:
+            self.index.remove(gone)
+        self.stats.cleared += len(gone)
+        return len(gone)
+
+    # ---- introspection -----------------------------------------------------------------------
+    def count(self, engine: str, state: EntryState | None = None) -> int:
+        live = self._live[engine]
+        return len(live) if state is None else sum(1 for r in live.values() if r.state is state)
+
+    def check(self) -> None:
+        """Assert the index holds exactly this tracker's entries (tests)."""
+        for engine, live in self._live.items():
+            held = {(e.block_hash, e.identity) for e in self.index.entries_on_node(engine)}
+            assert held == set(live), f"engine {engine}: index {len(held)} entries, tracker {len(live)}"
+            for rec in live.values():
+                assert rec.state in (EntryState.PENDING, EntryState.CONFIRMED, EntryState.APPROX)
+
+
+class EventSink:
+    """The sink of :class:`quillcache.kvevents.KvEventSubscriber`: hands each call from the
+    subscriber's thread to the event loop that owns the tracker (``call_soon_threadsafe``)."""
+
+    def __init__(self, tracker: ResidencyTracker, loop: asyncio.AbstractEventLoop, *,
+                 on_event: Callable[[str, str], None] | None = None) -> None:
+        self.tracker = tracker
+        self.loop = loop
+        self.on_event = on_event
+
+    def _post(self, fn, *args) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the gateway is shutting down
+            pass
+
+    def _count(self, engine: str, kind: str) -> None:
+        if self.on_event is not None:
+            self.on_event(engine, kind)
+
+    def on_stored(self, engine_id: str, stored) -> None:
+        engine_hashes = list(stored.block_hashes)
+        chain_hashes = list(stored.chain_hashes)
+        parent = stored.parent_block_hash
+        self._post(self._stored, engine_id, engine_hashes, chain_hashes, parent)
+
+    def _stored(self, engine_id, engine_hashes, chain_hashes, parent) -> None:
+        self.tracker.stored(engine_id, engine_hashes, chain_hashes, parent)
+        self._count(engine_id, "stored")
+
+    def on_removed(self, engine_id: str, hashes) -> None:
+        self._post(self._removed, engine_id, list(hashes))
+
+    def _removed(self, engine_id, hashes) -> None:
+        self.tracker.removed(engine_id, hashes)
+        self._count(engine_id, "removed")
+
+    def on_cleared(self, engine_id: str) -> None:
+        self._post(self._cleared, engine_id, "cleared")
+
+    def on_resync(self, engine_id: str) -> None:
+        self._post(self._cleared, engine_id, "resync")
+
+    def _cleared(self, engine_id, kind) -> None:
+        self.tracker.cleared(engine_id)
+        self._count(engine_id, kind)

@@ -1,0 +1,177 @@
+"""Run a gateway: in this process (``serve``, what ``quillcache gateway`` does) or as a child process
+(``GatewayProcess``, for tests and studies).
+
+``serve`` binds the listening socket itself (so ``--port 0`` gets a free port), runs uvicorn with
+uvloop and httptools (``uvicorn[standard]``), prints ONE JSON line ``{"address", "url", "pid",
+"engines", "models"}`` on stdout once the gateway serves (after its first health probe), logs to
+stderr, and stops on SIGTERM/SIGINT (uvicorn's handlers: in-flight streams are cancelled, every
+lease released).
+
+``GatewayProcess(engines=[url...], keys={key: tenant}, **config)`` writes a key file and a config
+file into a temporary directory, starts ``python -m quillcache gateway`` on 127.0.0.1 port 0,
+waits for its JSON line and ``/ready`` with a deadline (never a fixed sleep), and always stops it
+(SIGTERM, then SIGKILL after a grace period) on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GatewayProcess", "serve"]
+
+
+def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: bytes = b"",
+          log_level: str = "warning", backlog: int = 4096) -> int:
+    """Serve until signalled (module doc); returns the exit status."""
+    import uvicorn
+
+    from quillcache.gateway.app import Gateway
+
+    gw = Gateway(config, tenants, secret=secret)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        print(f"quillcache gateway: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    bound = sock.getsockname()
+    ucfg = uvicorn.Config(gw.app, loop="uvloop", http="httptools", lifespan="on", log_level=log_level,
+                          access_log=False, backlog=backlog, timeout_keep_alive=30, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(ucfg)
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            addr = f"{bound[0]}:{bound[1]}"
+            print(json.dumps({"address": addr, "url": f"http://{addr}", "pid": os.getpid(),
+                              "engines": {e.name: e.url for e in config.engines},
+                              "models": sorted(gw.models)}), flush=True)
+        await task
+
+    import uvloop
+
+    uvloop.run(main())
+    return 0 if server.started else 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GatewayProcess:
+    """A gateway in a child process (module doc). ``url`` is its base URL once entered."""
+
+    def __init__(self, engines: list[str] | None = None, *, keys: dict[str, str] | None = None,
+                 key_limits: dict[str, int] | None = None, config: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None, start_timeout_s: float = 30.0,
+                 log_level: str = "warning") -> None:
+        self.config = dict(config or {})
+        if engines is not None:
+            self.config["engines"] = [e if isinstance(e, dict) else {"url": e, "name": f"e{i}"}
+                                      for i, e in enumerate(engines)]
+        self.keys = keys or {"sk-test-tenant-a": "tenant-a"}
+        self.key_limits = key_limits or {}
+        self.env = env or {}
+        self.start_timeout_s = start_timeout_s
+        self.log_level = log_level
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.info: dict[str, Any] = {}
+        self._dir: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> GatewayProcess:
+        self._dir = tempfile.TemporaryDirectory(prefix="qc-gateway-")
+        d = Path(self._dir.name)
+        (d / "config.json").write_text(json.dumps(self.config))
+        keys = [{"key": k, "tenant": t, **({"max_concurrency": self.key_limits[k]} if k in self.key_limits else {})}
+                for k, t in self.keys.items()]
+        (d / "keys.json").write_text(json.dumps({"keys": keys}))
+        cmd = [sys.executable, "-m", "quillcache", "gateway", "--config", str(d / "config.json"),
+               "--keys", str(d / "keys.json"), "--host", "127.0.0.1", "--port", "0", "--log-level", self.log_level]
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(d / "stderr.log", "wb"), env=env,
+                                     text=True)
+        try:
+            self._wait_started()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_started(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        import selectors
+
+        deadline = time.monotonic() + self.start_timeout_s
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        line = ""
+        try:
+            while time.monotonic() < deadline and not line:
+                if sel.select(timeout=0.05):
+                    line = self.proc.stdout.readline()
+                if not line and self.proc.poll() is not None:
+                    raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.stderr_tail()}")
+        finally:
+            sel.close()
+        if not line:
+            raise TimeoutError(f"gateway did not start within {self.start_timeout_s} s: {self.stderr_tail()}")
+        self.info = json.loads(line)
+        self.url = self.info["url"]
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.02)
+        raise TimeoutError(f"gateway not ready within {self.start_timeout_s} s: {self.stderr_tail()}")
+
+    def stderr_tail(self, n_bytes: int = 2000) -> str:
+        if self._dir is None:
+            return ""
+        p = Path(self._dir.name) / "stderr.log"
+        return p.read_bytes()[-n_bytes:].decode(errors="replace") if p.exists() else ""
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        if p is not None and p.stdout is not None:
+            p.stdout.close()
+        self.proc = None
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None

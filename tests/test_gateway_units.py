@@ -1,0 +1,265 @@
+"""Gateway pieces without servers: config and key-file errors, tenant salts and limits, the residency
+tracker's speculative / confirmed / approximate entries (injected clock, no sleeps), and the decision
+path's isolation and next-best fallback over the real planner and index."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from quillcache.gateway.config import ConfigError, EngineConfig, config_from_dict, load_config, parse_engine_urls
+from quillcache.gateway.decision import Decider, NoWorkerError
+from quillcache.gateway.residency import EntryState, ResidencyTracker
+from quillcache.gateway.tenants import TenantLimiter, TenantTable, salt_for, scope_tenant
+from quillcache.hashing import hash_blocks
+from quillcache.identity.scope import SALT_RE, make_identity
+from quillcache.index import open_index
+from quillcache.types import KvLayout
+
+BS = 4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---------------------------------------------------------------------------------------------- config
+def test_engine_urls_and_config_errors_name_the_field(tmp_path):
+    engines = parse_engine_urls("http://127.0.0.1:8001, http://127.0.0.1:8002")
+    assert [e.name for e in engines] == ["e0", "e1"] and engines[0].prefix_state == "approximate"
+    with pytest.raises(ConfigError, match="not a http/https URL"):
+        parse_engine_urls("ftp://x:1")
+    with pytest.raises(ConfigError, match="duplicate engine urls"):
+        config_from_dict({}, engines=parse_engine_urls("http://a:1,http://a:1"))
+    with pytest.raises(ConfigError, match=r"limits: limits.max_body_bytes=0"):
+        config_from_dict({"limits": {"max_body_bytes": 0}}, engines=engines)
+    with pytest.raises(ConfigError, match=r"unknown config keys \['bogus'\]"):
+        config_from_dict({"bogus": 1}, engines=engines)
+    with pytest.raises(ConfigError, match="kv_events_replay needs kv_events"):
+        EngineConfig(url="http://a:1", kv_events_replay="tcp://127.0.0.1:5")
+    e = EngineConfig(url="http://a:1", kv_events="tcp://127.0.0.1:5")
+    assert e.prefix_state == "events" and e.name == "a:1"
+    p = tmp_path / "c.json"
+    p.write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        load_config(p)
+    p.write_text(json.dumps({"engines": [{"url": "http://127.0.0.1:9"}], "models": {"m": {}, "m-sql": {
+        "base": "m", "adapter": "m-sql"}}, "timeouts": {"first_byte_s": 0.5}}))
+    cfg = load_config(p)
+    assert cfg.timeouts.first_byte_s == 0.5 and [m.adapter for m in cfg.models] == ["", "m-sql"]
+
+
+def test_key_table_from_file_and_env(tmp_path):
+    p = tmp_path / "keys.json"
+    p.write_text(json.dumps({"keys": [{"key": "sk-aaaaaaaa", "tenant": "acme", "max_concurrency": 3},
+                                      {"key": "sk-bbbbbbbb", "tenant": "beta"}]}))
+    t = TenantTable.from_file(p)
+    assert t.lookup("Bearer sk-aaaaaaaa").tenant == "acme" and t.lookup("Bearer sk-aaaaaaaa").max_concurrency == 3
+    assert t.lookup("Bearer sk-nope0000") is None and t.lookup(None) is None and t.lookup("sk-aaaaaaaa") is None
+    p.write_text(json.dumps({"keys": [{"key": "sk-aaaaaaaa", "tenant": "a:b"}]}))
+    with pytest.raises(ConfigError, match="tenant 'a:b'"):
+        TenantTable.from_file(p)
+    env = TenantTable.from_env({"QUILLCACHE_GATEWAY_KEYS": "sk-cccccccc=gamma,sk-dddddddd=delta"})
+    assert env.tenants == ["delta", "gamma"]
+    with pytest.raises(ConfigError, match="no API keys"):
+        TenantTable.from_env({})
+
+
+def test_salts_are_per_scope_valid_and_keyed():
+    a, b = salt_for("acme"), salt_for("beta")
+    assert a != b and SALT_RE.fullmatch(a) and salt_for("acme") == a
+    assert salt_for("acme", b"secret") != a
+    assert scope_tenant("acme", None) == "acme" and scope_tenant("acme", "s1") == "acme:s1"
+    with pytest.raises(ValueError, match="salt"):
+        scope_tenant("acme", "bad salt")
+
+
+def test_tenant_limiter_never_exceeds_its_limit():
+    lim = TenantLimiter(2)
+    assert lim.try_acquire("a", None) and lim.try_acquire("a", None) and not lim.try_acquire("a", None)
+    assert lim.try_acquire("a", 3) and lim.try_acquire("b", 1) and not lim.try_acquire("b", 1)
+    for _ in range(3):
+        lim.release("a")
+    lim.release("b")
+    assert lim.total == 0
+
+
+# ---------------------------------------------------------------------------------------------- residency
+def _tracker(modes=None, ttl_s=2.0, cap=None):
+    clock = Clock()
+    index = open_index("flat")
+    modes = modes or {"e0": "events", "e1": "events"}
+    tr = ResidencyTracker(index, modes, ttl_s=ttl_s, clock=clock, approx_capacity_blocks=cap)
+    return tr, index, clock
+
+
+D_A = make_identity(model="m", tenant="a", layout=KvLayout(block_size_tokens=BS)).digest()
+D_B = make_identity(model="m", tenant="b", layout=KvLayout(block_size_tokens=BS)).digest()
+
+
+def test_speculation_expires_unless_confirmed():
+    tr, index, clock = _tracker()
+    h = [11, 12, 13]
+    assert tr.speculate("e0", h, [D_A] * 3) == 3
+    assert tr.count("e0", EntryState.PENDING) == 3
+    assert tr.stored("e0", [901, 902], [11, 12], None) == 2  # the engine stored two of the three
+    clock.t += 2.0
+    assert tr.expire() == 1  # block 13 was never stored
+    assert {(e.block_hash, e.identity) for e in index.entries_on_node("e0")} == {(11, D_A), (12, D_A)}
+    tr.check()
+    assert tr.removed("e0", [902]) == 1 and tr.removed("e0", [999]) == 0
+    assert [e.block_hash for e in index.entries_on_node("e0")] == [11]
+    tr.check()
+
+
+def test_events_attribute_by_parent_and_fifo_never_across_engines():
+    tr, index, clock = _tracker()
+    tr.speculate("e0", [1, 2], [D_A, D_A])
+    tr.speculate("e0", [1, 2], [D_B, D_B])  # same prompt, other tenant, same engine
+    # tenant B's blocks happen to be stored first: the root goes to the OLDEST speculation (A's) by FIFO,
+    # its child follows the parent's scope
+    assert tr.stored("e0", [50], [1], None) == 1
+    assert tr.stored("e0", [51], [2], 50) == 1
+    assert tr.stored("e0", [60, 61], [1, 2], None) == 2
+    assert tr.count("e0", EntryState.CONFIRMED) == 4
+    # a store on e1 confirms nothing of e0 and writes nothing (no speculation there)
+    assert tr.stored("e1", [70], [1], None) == 0 and tr.stats.unattributed == 1
+    assert index.entries_on_node("e1") == []
+    # a continuation the gateway never routed inherits its parent's scope
+    assert tr.stored("e0", [52], [3], 51) == 1 and tr.stats.inherited == 1
+    tr.check()
+    assert tr.cleared("e0") == 5 and index.entries_on_node("e0") == []
+    tr.check()
+
+
+def test_already_held_blocks_are_not_speculated_again():
+    tr, index, clock = _tracker()
+    tr.speculate("e0", [1, 2], [D_A, D_A])
+    tr.stored("e0", [50, 51], [1, 2], None)
+    assert tr.speculate("e0", [1, 2, 3], [D_A] * 3) == 1  # only the new block
+    clock.t += 5
+    assert tr.expire() == 1
+    assert tr.count("e0", EntryState.CONFIRMED) == 2
+    tr.check()
+
+
+def test_approximate_engines_keep_an_lru_of_what_was_routed():
+    tr, index, clock = _tracker({"e0": "approximate"}, cap={"e0": 4})
+    tr.speculate("e0", [1, 2, 3], [D_A] * 3)
+    clock.t += 100
+    assert tr.expire() == 0 and tr.count("e0", EntryState.APPROX) == 3  # no TTL
+    tr.speculate("e0", [1, 9], [D_A, D_A], reused_blocks=1)  # block 1 was a hit: refreshed
+    tr.speculate("e0", [7], [D_B])
+    held = {e.block_hash for e in index.entries_on_node("e0")}
+    assert held == {1, 3, 9, 7}  # block 2, the least recently used, was evicted
+    assert tr.stored("e0", [5], [1], None) == 0  # events are ignored for an approximate engine
+    tr.check()
+
+
+def test_random_event_sequences_keep_index_and_tracker_equal():
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    tr, index, clock = _tracker()
+    next_e = [1000]
+    stored_by_engine = {"e0": [], "e1": []}
+    for _ in range(400):
+        op = rng.random()
+        eng = rng.choice(["e0", "e1"])
+        if op < 0.35:
+            n = rng.randint(1, 4)
+            tr.speculate(eng, [rng.randint(1, 12) for _ in range(n)], [rng.choice([D_A, D_B])] * n)
+        elif op < 0.6:
+            n = rng.randint(1, 3)
+            es = list(range(next_e[0], next_e[0] + n))
+            next_e[0] += n
+            parent = rng.choice(stored_by_engine[eng]) if stored_by_engine[eng] and rng.random() < 0.5 else None
+            tr.stored(eng, es, [rng.randint(1, 12) for _ in range(n)], parent)
+            stored_by_engine[eng].extend(es)
+        elif op < 0.8 and stored_by_engine[eng]:
+            tr.removed(eng, rng.sample(stored_by_engine[eng], min(2, len(stored_by_engine[eng]))))
+        elif op < 0.85:
+            tr.cleared(eng)
+        else:
+            clock.t += rng.random()
+            tr.expire()
+        try:
+            tr.check()
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+def _decider(n=3, modes=None):
+    index = open_index("flat")
+    names = [f"e{i}" for i in range(n)]
+    clock = Clock()
+    tr = ResidencyTracker(index, modes or {w: "events" for w in names}, clock=clock)
+    return Decider(index, names, tr, block_size_tokens=BS, seed=7), tr, clock
+
+
+def _ident(tenant):
+    return make_identity(model="m", tenant=tenant, layout=KvLayout(block_size_tokens=BS))
+
+
+def test_fully_cached_prompt_reports_one_block_less_like_the_engine():
+    dec, tr, clock = _decider(1)
+    tokens = list(range(1, 3 * BS + 1))  # exactly three blocks
+    tr.speculate("e0", hash_blocks(tokens, BS), [dec.scope(_ident("a")).digest] * 3)
+    d = dec.decide(_ident("a"), tokens, 0)
+    assert d.cached_tokens == 2 * BS  # the engine recomputes the last token, hence the last block
+    d.lease.release()
+
+
+def test_decision_counts_load_and_speculates_then_hits():
+    dec, tr, clock = _decider()
+    tokens = list(range(1, 4 * BS + 3))
+    d1 = dec.decide(_ident("a"), tokens, 8)
+    assert d1.cached_tokens == 0 and d1.reason == "no_hit" and d1.lease.live
+    assert int(dec.planner.loads.inflight[d1.worker_index]) == 1
+    d1.lease.release()
+    hashes = hash_blocks(tokens, BS)
+    tr.stored(d1.worker, list(range(500, 504)), list(hashes), None)
+    d2 = dec.decide(_ident("a"), tokens, 8)
+    assert d2.worker == d1.worker and d2.cached_tokens == 4 * BS and d2.reason == "prefix_hit"
+    d2.lease.release()
+    assert dec.planner.loads.inflight.sum() == 0
+
+
+def test_other_tenants_history_changes_nothing_a_tenant_sees():
+    tokens = list(range(1, 6 * BS))
+    seen = []
+    for a_history in (False, True):
+        dec, tr, clock = _decider()
+        if a_history:  # tenant a has the prompt cached on every engine
+            for w in dec.names:
+                tr.speculate(w, hash_blocks(tokens, BS), [dec.scope(_ident("a")).digest] * 5)
+        d = dec.decide(_ident("b"), tokens, 4)
+        seen.append((d.worker, d.cached_tokens, d.timing_class, d.reason))
+        d.lease.release()
+    assert seen[0] == seen[1] and seen[0][1] == 0
+
+
+def test_excluded_planner_choice_falls_back_to_next_best_with_own_overlap():
+    dec, tr, clock = _decider(3)
+    tokens = list(range(1, 4 * BS + 2))
+    h = hash_blocks(tokens, BS)
+    dig = dec.scope(_ident("a")).digest
+    tr.speculate("e1", h, [dig] * 4)  # all four blocks on e1
+    tr.speculate("e2", h[:2], [dig] * 2)  # two on e2
+    d = dec.decide(_ident("a"), tokens, 0)
+    assert d.worker == "e1" and d.cached_tokens == 4 * BS
+    d.lease.release()
+    d = dec.decide(_ident("a"), tokens, 0, excluded={1}, why_excluded="retry")
+    assert d.worker == "e2" and d.cached_tokens == 2 * BS and d.reason == "retry"
+    assert int(dec.planner.loads.active_prefill_tokens[2]) == 2 * BS + 1
+    d.lease.release()
+    with pytest.raises(NoWorkerError):
+        dec.decide(_ident("a"), tokens, 0, excluded={0, 1, 2})
+    assert dec.planner.loads.inflight.sum() == 0 and np.all(dec.planner.loads.active_prefill_tokens == 0)
