@@ -141,12 +141,14 @@ class PooledStore:
         self._segments: dict[str, tuple[int, str | None]] = {}  # endpoint -> (engine segment id, control address)
         self._seg_lock = threading.Lock()
         self._suspect: dict[str, float] = {}
+        self._ctl_failed: set[str] = set()  # control addresses of nodes whose transfers failed
         self._stats = PoolStats()
         self._stats_lock = threading.Lock()
         self._persist_q: collections.deque = collections.deque()
         self._persist_cv = threading.Condition()
         self._persist_busy = False
         self._persist_clients: dict[str, object] = {}
+        self._persist_targets: set[str] = set()
         self._persist_thread: threading.Thread | None = None
         self._prefetcher: ThreadPoolExecutor | None = None
 
@@ -219,8 +221,10 @@ class PooledStore:
 
     def _mark_failed(self, endpoint: str) -> None:
         with self._seg_lock:
-            self._segments.pop(endpoint, None)  # re-open (fresh region list) next time
+            got = self._segments.pop(endpoint, None)  # re-open (fresh region list) next time
             self._suspect[endpoint] = self.clock()
+            if got is not None and got[1]:
+                self._ctl_failed.add(got[1])
 
     def _order(self, reps: Sequence[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
         if not self._suspect:
@@ -414,6 +418,7 @@ class PooledStore:
                     for ctl, items in self._persist_q.popleft().items():
                         merged.setdefault(ctl, []).extend(items)
             for ctl, items in merged.items():
+                self._persist_targets.add(ctl)
                 try:
                     c = self._persist_clients.get(ctl)
                     if c is None:
@@ -429,7 +434,8 @@ class PooledStore:
 
     def flush_persist(self, timeout_s: float = 30.0) -> dict[str, dict]:
         """Wait until every queued persist was sent, then ask every node this store sent one to make them
-        durable (``flush``); returns each node's info by control address (tests, shutdown)."""
+        durable (``flush``); returns each node's info by control address, or ``{"error": why}`` for a node
+        that failed (its transfers failed earlier: it is not asked) or did not answer (tests, shutdown)."""
         from quillcache.rpc import RpcClient
 
         deadline = time.monotonic() + timeout_s
@@ -439,10 +445,16 @@ class PooledStore:
                 if left <= 0:
                     raise TimeoutError(f"persist queue not drained within {timeout_s} s")
                 self._persist_cv.wait(left)
-        out = {}
-        for ctl in list(self._persist_clients):
-            with RpcClient(ctl, timeout_s=timeout_s) as c:
-                out[ctl] = c.call("flush")
+        out: dict[str, dict] = {}
+        for ctl in sorted(set(self._persist_clients) | self._persist_targets):
+            if ctl in self._ctl_failed:
+                out[ctl] = {"error": "the node's transfers failed; not asked"}
+                continue
+            try:
+                with RpcClient(ctl, timeout_s=max(0.1, deadline - time.monotonic())) as c:
+                    out[ctl] = c.call("flush")
+            except Exception as e:
+                out[ctl] = {"error": f"{type(e).__name__}: {e}"}
         return out
 
     # ================================================================ gets
