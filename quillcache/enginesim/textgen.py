@@ -1,0 +1,61 @@
+"""Deterministic output of the stand-in engine: seeded words, tokenized by the shared tokenizer.
+
+A request's output is a sequence of words from :data:`WORDS`, drawn by ``random.Random(seed)`` with ``seed =
+sha256(engine seed, request seed, prompt token ids)``: the same prompt (and ``seed`` field) always gives the same
+text. The text is tokenized with the engine's tokenizer and cut to ``max_tokens`` ids; each decode step emits one
+id, and its text delta is the growth of ``decode(ids[:k])`` (incremental detokenization, as engines do), so the
+concatenated deltas are exactly ``decode(ids)`` and ``completion_tokens`` counts real tokenizer ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Sequence
+
+from quillcache.textproc.tokenizer import Tokenizer
+
+__all__ = ["WORDS", "OutputPlan", "plan_output"]
+
+WORDS = ("the", "cache", "block", "token", "prefix", "engine", "router", "quill", "memory", "tenant", "model",
+         "stream", "reuse", "layer", "batch", "query", "value", "key", "scope", "tier", "fast", "safe", "exact",
+         "chain", "hash", "event", "worker", "gateway", "latency", "prefill", "decode")
+
+
+class OutputPlan:
+    """Token ids and per-step text deltas of one request's output."""
+
+    __slots__ = ("token_ids", "deltas")
+
+    def __init__(self, token_ids: list[int], deltas: list[str]) -> None:
+        assert len(token_ids) == len(deltas)
+        self.token_ids = token_ids
+        self.deltas = deltas
+
+    @property
+    def text(self) -> str:
+        return "".join(self.deltas)
+
+
+def plan_output(tokenizer: Tokenizer, prompt_ids: Sequence[int], max_tokens: int, *, engine_seed: int,
+                request_seed: int | None) -> OutputPlan:
+    h = hashlib.sha256(f"{engine_seed}:{request_seed}:".encode() + bytes(str(list(prompt_ids)), "ascii")).digest()
+    rng = random.Random(int.from_bytes(h[:8], "little"))
+    ids: list[int] = []
+    words: list[str] = []
+    while len(ids) < max_tokens:  # a word is at least one token: this ends
+        words.extend(rng.choice(WORDS) for _ in range(max(8, max_tokens - len(ids))))
+        ids = tokenizer.encode(" " + " ".join(words))
+    ids = ids[:max_tokens]
+    deltas: list[str] = []
+    prev = ""
+    for k in range(1, len(ids) + 1):
+        cur = tokenizer.decode(ids[:k])
+        if cur.startswith(prev):
+            deltas.append(cur[len(prev):])
+        else:  # a decoder that rewrites earlier text (rare): emit nothing until it is stable, then the rest
+            deltas.append("")
+            continue
+        prev = cur
+    deltas[-1] += tokenizer.decode(ids)[len(prev):] if tokenizer.decode(ids).startswith(prev) else ""
+    return OutputPlan(ids, deltas)
