@@ -245,3 +245,42 @@ def test_embedded_store_owns_its_pool():
         assert bytes(s.get("e")) == b"embedded"
         nodes = list(s.pool.nodes)
     assert all(n._closed for n in nodes)
+
+
+def test_expired_nodes_remount_and_reannounce(tmp_path):
+    """The master (injected clock) expires every node: each heartbeat then answers NEED_REMOUNT, the nodes
+    mount again and re-announce their SSD blocks, and every persisted object is readable again."""
+    import time
+
+    from quillcache.master.types import MasterConfig
+
+    offset = [0.0]
+    clock = lambda: time.monotonic() + offset[0]  # noqa: E731
+    dirs = [tmp_path / f"ssd-{i}" for i in range(3)]
+    rng = np.random.default_rng(SEED + 7)
+    with EmbeddedPool(3, 8 * MiB, ssd_dirs=dirs, config=MasterConfig(client_ttl_s=5.0), clock=clock,
+                      heartbeat_s=0.05, tick_s=0.05) as pool:
+        s = pool.store(local_cache_bytes=0, staging_bytes=4 * MiB, persist=True, replicas=1)
+        data = {f"r-{i}": _blob(rng, 1000, 100_000) for i in range(24)}
+        for k, v in data.items():
+            s.put(k, v)
+        s.flush_persist()
+        old_segments = {n.segment_id for n in pool.nodes}
+        for n in pool.nodes:
+            n.suspend_heartbeats()
+        offset[0] += 60.0  # every node is now far past its client TTL
+        deadline = time.monotonic() + 20
+        while pool.master.clients():  # the master's timer expires them all
+            assert time.monotonic() < deadline, "the master did not expire the silent nodes"
+            time.sleep(0.02)
+        assert s.contains(list(data)) == [False] * len(data)  # their segments went with them
+        for n in pool.nodes:
+            n.resume_heartbeats()
+        while not (all(n.counters.remounts >= 1 for n in pool.nodes)
+                   and all(s.contains(list(data)))):
+            assert time.monotonic() < deadline, f"nodes did not remount and re-announce: {pool.nodes}"
+            time.sleep(0.02)
+        assert {n.segment_id for n in pool.nodes}.isdisjoint(old_segments)
+        for k, v in data.items():
+            assert bytes(s.get(k)) == v, f"seed {SEED + 7}: {k}"
+        s.close()

@@ -128,6 +128,8 @@ class PoolNode:
         self.counters = NodeCounters()
         self._closed = False
         self._stop = threading.Event()
+        self._hb_on = threading.Event()
+        self._hb_on.set()
         self._lock = threading.RLock()  # mount state
         self._owns_master = not isinstance(master, MasterClient)
         self.master = (MasterClient(master, timeout_s=master_timeout_s, retry_s=master_timeout_s)
@@ -244,9 +246,19 @@ class PoolNode:
                 return
             raise RuntimeError("64 random segment ids were all taken")
 
+    def suspend_heartbeats(self) -> None:
+        """Stop heartbeating (the node keeps serving transfers): a failure-injection hook that stands for a
+        process stalled longer than the master's client TTL, for in-process pools."""
+        self._hb_on.clear()
+
+    def resume_heartbeats(self) -> None:
+        self._hb_on.set()
+
     def _heartbeat_loop(self) -> None:
         delay = 0.05
         while not self._stop.wait(self.heartbeat_s):
+            if not self._hb_on.is_set():
+                continue
             try:
                 self.master.heartbeat(self.node_id)
                 delay = 0.05
