@@ -163,7 +163,8 @@ class Gateway:
         self._identities: dict[tuple[str, str], Identity] = {}
         self._tasks: list[asyncio.Task] = []
         self._subscribers: list[Any] = []
-        self.metrics.attach_live(self._inflight_by_worker, self._health_by_worker, self._residency_counts)
+        self.metrics.attach_live(self._inflight_by_worker, self._health_by_worker, self._residency_counts,
+                                 lambda: self.limiter.total)
         self.app = Starlette(
             routes=[
                 Route(_COMPLETIONS, self.completions, methods=["POST"]),

@@ -132,6 +132,7 @@ class TimeoutsConfig:
     first_byte_s: float = 30.0  # request sent -> the engine's response headers
     idle_s: float = 60.0  # longest silence between two chunks of a streaming response
     health_interval_s: float = 1.0  # between /health probes of each engine
+    keepalive_s: float = 15.0  # an idle pooled upstream connection is closed after this
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -16,6 +16,7 @@ upstream_errors_total                       counter    worker, kind (connect, st
 upstream_retries_total                      counter    worker (the worker retried away from)
 client_disconnects_total                    counter    streams the client closed before the end
 inflight_requests                           gauge      worker (read from the live load counters at scrape)
+tenant_inflight_requests                    gauge      admitted requests of all tenants not yet finished
 engine_healthy                              gauge      worker (1 healthy, 0 not)
 kv_events_total                             counter    worker, kind (stored, removed, cleared, resync)
 residency_entries                           gauge      worker, state (pending, confirmed, approximate)
@@ -44,8 +45,9 @@ class _LiveCollector:
     """Gauges read at scrape time from callables (no per-request cost)."""
 
     def __init__(self, inflight: Callable[[], dict[str, int]], healthy: Callable[[], dict[str, bool]],
-                 residency: Callable[[], dict[tuple[str, str], int]]) -> None:
+                 residency: Callable[[], dict[tuple[str, str], int]], tenant_inflight: Callable[[], int]) -> None:
         self._inflight, self._healthy, self._residency = inflight, healthy, residency
+        self._tenant_inflight = tenant_inflight
 
     def collect(self):
         g = GaugeMetricFamily(_P + "inflight_requests", "Requests in flight per worker (live load counter)",
@@ -62,6 +64,8 @@ class _LiveCollector:
         for (w, s), n in self._residency().items():
             r.add_metric([w, s], n)
         yield r
+        yield GaugeMetricFamily(_P + "tenant_inflight_requests", "Admitted requests not yet finished (all tenants)",
+                                value=self._tenant_inflight())
 
 
 class GatewayMetrics:
@@ -90,8 +94,8 @@ class GatewayMetrics:
         self._retries = {w: self.retries.labels(w) for w in workers}
         self._requests: dict[tuple[str, int], object] = {}
 
-    def attach_live(self, inflight, healthy, residency) -> None:
-        self.registry.register(_LiveCollector(inflight, healthy, residency))
+    def attach_live(self, inflight, healthy, residency, tenant_inflight) -> None:
+        self.registry.register(_LiveCollector(inflight, healthy, residency, tenant_inflight))
 
     def request_done(self, endpoint: str, status: int) -> None:
         c = self._requests.get((endpoint, status))

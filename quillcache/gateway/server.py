@@ -78,12 +78,13 @@ def _free_port() -> int:
 
 
 class GatewayProcess:
-    """A gateway in a child process (module doc). ``url`` is its base URL once entered."""
+    """A gateway in a child process (module doc). ``url`` is its base URL once entered; ``wait_ready=False``
+    returns once it serves, before any engine is healthy."""
 
     def __init__(self, engines: list[str] | None = None, *, keys: dict[str, str] | None = None,
                  key_limits: dict[str, int] | None = None, config: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, start_timeout_s: float = 30.0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", wait_ready: bool = True) -> None:
         self.config = dict(config or {})
         if engines is not None:
             self.config["engines"] = [e if isinstance(e, dict) else {"url": e, "name": f"e{i}"}
@@ -93,6 +94,7 @@ class GatewayProcess:
         self.env = env or {}
         self.start_timeout_s = start_timeout_s
         self.log_level = log_level
+        self.wait_ready = wait_ready
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.info: dict[str, Any] = {}
@@ -137,6 +139,8 @@ class GatewayProcess:
             raise TimeoutError(f"gateway did not start within {self.start_timeout_s} s: {self.stderr_tail()}")
         self.info = json.loads(line)
         self.url = self.info["url"]
+        if not self.wait_ready:
+            return
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:

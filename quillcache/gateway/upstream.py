@@ -58,7 +58,7 @@ class Upstream:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.limits.max_upstream_connections, limit_per_host=0,
-                                         keepalive_timeout=30.0)
+                                         keepalive_timeout=self.timeouts.keepalive_s)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self._req_timeout,
                                              auto_decompress=False, skip_auto_headers=("User-Agent",))
 

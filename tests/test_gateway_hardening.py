@@ -1,0 +1,236 @@
+"""Gateway hardening, each case with its status and message, against real processes on 127.0.0.1: body cap (413),
+malformed / deeply nested JSON (400), unknown model (404), missing / unknown key (401), tenant concurrency (429),
+upstream connect failure and errors before the first byte (retry on the next-best worker, else 502/503), timeouts
+(hang before headers), a failure mid-stream (one SSE error event, stream closed), and no traceback or internal
+detail in any response. Faults are the STAND-IN engine's seeded knobs; which engine dies in the retry test is
+drawn from a seeded RNG (seed in the assertion messages)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from quillcache.enginesim.process import EngineSimProcess, parse_metrics
+from quillcache.gateway.server import GatewayProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "quillcache-sim"
+KEY, KEY_LIMITED = "sk-hardening-0001", "sk-limited-00001"
+KEYS = {KEY: "tenant-h", KEY_LIMITED: "tenant-lim"}
+FAST = ["--fixed-ttft-ms", "20", "--decode-ms-per-token", "1", "--model", MODEL]
+
+
+def _post(url: str, body: bytes | None = None, *, key: str | None = KEY, data=None, chunked=False):
+    """(status, parsed or raw body, headers) of one POST."""
+
+    async def main():
+        headers = {"content-type": "application/json"}
+        if key is not None:
+            headers["authorization"] = f"Bearer {key}"
+        async with aiohttp.ClientSession() as s:
+            payload = body
+            if chunked:
+                async def gen():
+                    for i in range(0, len(body), 65536):
+                        yield body[i:i + 65536]
+                payload = gen()
+            async with s.post(url, data=payload, headers=headers) as r:
+                raw = await r.read()
+                return r.status, raw, dict(r.headers)
+
+    return asyncio.run(main())
+
+
+def _assert_clean_error(status_body, status: int, fragment: str):
+    got, raw, _ = status_body
+    text = raw.decode(errors="replace")
+    assert got == status, (got, text)
+    err = json.loads(raw)["error"]
+    assert fragment in err["message"], err
+    assert err["code"] == status
+    for leak in ("Traceback", "File \"", "quillcache/", "Exception", "aiohttp", "starlette"):
+        assert leak not in text, text
+
+
+@pytest.fixture(scope="module")
+def gw():
+    with EngineSimProcess(FAST) as e0:
+        config = {"limits": {"max_body_bytes": 65536, "max_json_depth": 16}}
+        with GatewayProcess([e0.url], keys=KEYS, key_limits={KEY_LIMITED: 1}, config=config) as g:
+            yield g
+
+
+def test_body_over_the_cap_is_413(gw):
+    big = json.dumps({"model": MODEL, "prompt": "x" * 70000}).encode()
+    _assert_clean_error(_post(gw.url + "/v1/completions", big), 413, "over the limit of 65536 bytes")
+    _assert_clean_error(_post(gw.url + "/v1/completions", big, chunked=True), 413, "over the limit of 65536 bytes")
+
+
+def test_malformed_and_deep_json_is_400(gw):
+    url = gw.url + "/v1/completions"
+    _assert_clean_error(_post(url, b"{not json"), 400, "not valid JSON")
+    _assert_clean_error(_post(url, b"\xff\xfe{}"), 400, "not valid JSON")
+    _assert_clean_error(_post(url, b"[1, 2]"), 400, "must be a JSON object")
+    deep = b'{"model": "m", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    _assert_clean_error(_post(url, deep), 400, "")
+    nested = json.dumps({"model": MODEL, "prompt": "hi", "x": [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]}).encode()
+    _assert_clean_error(_post(url, nested), 400, "nests deeper than 16 levels")
+    _assert_clean_error(_post(url, json.dumps({"model": MODEL, "prompt": ["a", "b"]}).encode()), 400,
+                        "batched prompts are not supported")
+    _assert_clean_error(_post(url, json.dumps({"model": MODEL}).encode()), 400, "'prompt' is missing")
+    _assert_clean_error(_post(url, json.dumps({"model": MODEL, "prompt": "x", "stream": "yes"}).encode()), 400,
+                        "'stream' must be true or false")
+    _assert_clean_error(_post(gw.url + "/v1/chat/completions",
+                              json.dumps({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}).encode()),
+                        400, "wizard")
+
+
+def test_unknown_model_is_404_and_unknown_route_too(gw):
+    c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="is not served here"):
+        c.completions.create(model="no-such-model", prompt="hi")
+    _assert_clean_error(_post(gw.url + "/v1/nothing", b"{}"), 404, "no route")
+
+
+def test_missing_or_unknown_key_is_401(gw):
+    c = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-not-a-real-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="missing or unknown API key"):
+        c.completions.create(model=MODEL, prompt="hi")
+    _assert_clean_error(_post(gw.url + "/v1/completions", b"{}", key=None), 401, "missing or unknown API key")
+    with pytest.raises(openai.AuthenticationError):
+        c.models.list()
+
+
+def test_tenant_over_its_concurrency_limit_is_429(gw):
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            h = {"authorization": f"Bearer {KEY_LIMITED}"}
+            body = {"model": MODEL, "prompt": "hold " * 10, "max_tokens": 400, "stream": True}
+            first = await s.post(gw.url + "/v1/completions", json=body, headers=h)
+            assert first.status == 200
+            async with s.post(gw.url + "/v1/completions", json=body, headers=h) as second:
+                out = second.status, await second.read()
+            # another tenant is not limited by it
+            async with s.post(gw.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 1},
+                              headers={"authorization": f"Bearer {KEY}"}) as other:
+                assert other.status == 200
+            first.close()
+            return out
+
+    status, raw = asyncio.run(main())
+    _assert_clean_error((status, raw, {}), 429, "too many concurrent requests")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connect_failure_retries_on_the_next_best_worker():
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    with EngineSimProcess(FAST) as e0, EngineSimProcess(FAST) as e1:
+        config = {"timeouts": {"health_interval_s": 60}, "retry": {"max_retries": 2, "backoff_s": 0.01}}
+        with GatewayProcess([e0.url, e1.url], keys=KEYS, config=config) as gw:
+            c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+            prompt = f"Sticky prompt {seed} " * 10
+            victim = None
+            for _ in range(2):  # route the prompt so the gateway knows where it is cached
+                r = c.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=1)
+                victim = r.headers["x-quillcache-worker"]
+            if rng.random() < 0.5:  # the engine holding the prefix dies (a retry), or the other one (no retry)
+                dead = victim
+            else:
+                dead = "e1" if victim == "e0" else "e0"
+            {"e0": e0, "e1": e1}[dead].stop()
+            r = c.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=1)
+            assert r.headers["x-quillcache-worker"] != dead, f"seed {seed}"
+            assert r.parse().usage.completion_tokens == 1
+            m = parse_metrics(gw.metrics_text())
+            retries = m[f'quillcache_gateway_upstream_retries_total{{worker="{dead}"}}']
+            assert retries == (1.0 if dead == victim else 0.0), f"seed {seed}: dead={dead} victim={victim}"
+            if dead == victim:
+                assert m[f'quillcache_gateway_upstream_errors_total{{kind="connect",worker="{dead}"}}'] == 1
+            # every engine gone: 503 with a message, no traceback
+            {"e0": e0, "e1": e1}["e1" if dead == "e0" else "e0"].stop()
+            _assert_clean_error(_post(gw.url + "/v1/completions",
+                                      json.dumps({"model": MODEL, "prompt": prompt}).encode()),
+                                503, "no engine is available")
+
+
+def test_no_engine_reachable_at_all_is_503_and_not_ready():
+    with GatewayProcess([f"http://127.0.0.1:{_free_port()}"], keys=KEYS, wait_ready=False,
+                        config={"models": {MODEL: {}}}) as gw:
+        st, raw, _ = _post(gw.url + "/v1/completions", json.dumps({"model": MODEL, "prompt": "x"}).encode())
+        _assert_clean_error((st, raw, {}), 503, "no engine is available")
+        import urllib.error
+        import urllib.request
+
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(gw.url + "/ready", timeout=5)
+        assert ei.value.code == 503
+
+
+def test_engine_errors_before_the_first_byte_are_retried_then_502():
+    err = [*FAST, "--error-rate", "1.0", "--fault-seed", "11"]
+    with EngineSimProcess(err) as e0, EngineSimProcess(err) as e1:
+        config = {"retry": {"max_retries": 1, "backoff_s": 0.01}}
+        with GatewayProcess([e0.url, e1.url], keys=KEYS, config=config) as gw:
+            st = _post(gw.url + "/v1/completions", json.dumps({"model": MODEL, "prompt": "boom " * 8}).encode())
+            _assert_clean_error(st, 502, "engine answered HTTP 500")
+            m = parse_metrics(gw.metrics_text())
+            assert sum(v for k, v in m.items() if k.startswith("quillcache_gateway_upstream_errors_total")
+                       and 'kind="status"' in k) == 2
+            assert sum(v for k, v in m.items() if k.startswith("quillcache_gateway_upstream_retries_total")) == 1
+
+
+def test_hang_before_headers_hits_the_first_byte_timeout():
+    with EngineSimProcess([*FAST, "--hang-before-headers-s", "30"]) as e0:
+        config = {"timeouts": {"first_byte_s": 0.3}, "retry": {"max_retries": 0}}
+        with GatewayProcess([e0.url], keys=KEYS, config=config) as gw:
+            t0 = time.monotonic()
+            st = _post(gw.url + "/v1/completions", json.dumps({"model": MODEL, "prompt": "hang " * 8}).encode())
+            assert time.monotonic() - t0 < 5
+            _assert_clean_error(st, 502, "no response within 0.3 s")
+            assert _wait_loads_zero(gw)
+
+
+def _wait_loads_zero(gw, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        m = parse_metrics(gw.metrics_text())
+        inflight = sum(v for k, v in m.items() if k.startswith("quillcache_gateway_inflight_requests{"))
+        if inflight == 0 and m["quillcache_gateway_tenant_inflight_requests"] == 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_failure_mid_stream_ends_with_one_sse_error_event():
+    with EngineSimProcess([*FAST, "--die-mid-stream-after-tokens", "3"]) as e0:
+        with GatewayProcess([e0.url], keys=KEYS) as gw:
+            st, raw, headers = _post(gw.url + "/v1/completions", json.dumps(
+                {"model": MODEL, "prompt": "die " * 8, "max_tokens": 20, "stream": True}).encode())
+            assert st == 200 and headers["x-quillcache-worker"] == "e0"
+            events = [e for e in raw.decode().split("\n\n") if e.strip()]
+            assert all(e.startswith("data: ") for e in events), events
+            payloads = [json.loads(e[6:]) for e in events]
+            assert len(payloads) >= 2 and "error" in payloads[-1] and "[DONE]" not in raw.decode()
+            assert payloads[-1]["error"]["message"] == "the engine failed mid-stream; the response is incomplete"
+            assert all("error" not in p for p in payloads[:-1])
+            c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+            with pytest.raises(openai.APIError, match="failed mid-stream"):
+                for _ in c.completions.create(model=MODEL, prompt="die " * 8, max_tokens=20, stream=True):
+                    pass
+            assert _wait_loads_zero(gw)
+            m = parse_metrics(gw.metrics_text())
+            assert m['quillcache_gateway_upstream_errors_total{kind="mid_stream",worker="e0"}'] == 2
