@@ -129,3 +129,28 @@ def test_parse_size():
     assert parse_size("2MB") == 2_000_000
     with pytest.raises(ValueError):
         parse_size("12 parsecs")
+
+
+def test_cluster_up_runs_until_sigterm_and_stops_its_children(tmp_path):
+    import signal
+
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "2", "--dram", "8MiB",
+                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        line = json.loads(proc.stdout.readline())
+        assert len(line["nodes"]) == 2 and line["master"].startswith("tcp://127.0.0.1:")
+        pids = [n["pid"] for n in line["nodes"]]
+        out = subprocess.run([sys.executable, "-m", "quillcache", "cluster", "status", "--master", line["master"]],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "node-0" in out.stdout and "node-1" in out.stdout, out.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        for pid in pids:
+            _poll(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or
+                  open(f"/proc/{pid}/stat").read().split()[2] == "Z", 10, f"node pid {pid} exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

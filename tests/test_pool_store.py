@@ -284,3 +284,32 @@ def test_expired_nodes_remount_and_reannounce(tmp_path):
         for k, v in data.items():
             assert bytes(s.get(k)) == v, f"seed {SEED + 7}: {k}"
         s.close()
+
+
+def test_a_port_reused_by_another_node_is_never_read_or_written(pool, store):
+    """Node 0's transfer server dies while its segment is still mounted, and a NEW node takes its port: the
+    client sees another node id behind the endpoint and neither reads nor writes there."""
+    from quillcache.pool.node import PoolNode
+
+    rng = np.random.default_rng(SEED + 8)
+    data = {f"s-{i}": _blob(rng, 1000, 100_000) for i in range(10)}
+    for k, v in data.items():
+        store.put(k, v, replicas=3)
+    old = pool.nodes[0]
+    port = int(old.transfer_address.rsplit(":", 1)[1])
+    old.engine.close()
+    impostor = PoolNode(pool.master, dram_bytes=4 * MiB, secret=pool.secret, port=port, node_id="impostor")
+    try:
+        assert impostor.transfer_address == old.transfer_address
+        before = bytes(impostor.view())
+        fresh = pool.store(local_cache_bytes=0, staging_bytes=4 * MiB)
+        try:
+            for k, v in data.items():
+                assert bytes(fresh.get(k)) == v
+            with pytest.raises(PutFailedError, match="not by"):
+                fresh.put("x", b"x" * 5000, replicas=4)  # 4 nodes now: one replica lands on old node 0
+        finally:
+            fresh.close()
+        assert bytes(impostor.view()) == before  # nothing was written into the impostor's memory
+    finally:
+        impostor.close()

@@ -11,8 +11,10 @@ What a node does:
   SEGMENT_ALREADY_EXISTS) so ids are unique in the pool. Before mounting, every segment the master still
   lists under this ``node_id`` (a previous incarnation that was killed) is unmounted: its replicas point
   into memory this process does not hold.
-- The DRAM region's name carries the node's control address (``pool-dram;ctl=tcp://HOST:PORT``): a client
-  that opened the segment to move bytes also knows where to send ``persist`` (no directory needed).
+- The DRAM region's name carries the node's control address and id (``pool-dram;ctl=tcp://HOST:PORT;node=ID``):
+  a client that opened the segment to move bytes also knows where to send ``persist`` (no directory
+  needed), and checks that the endpoint still belongs to the replica's node (a port reused by another
+  node after a crash is refused before any byte moves).
 - Heartbeats the master every ``heartbeat_s`` (keep it <= client_ttl_s / 3). On NEED_REMOUNT (the master
   expired this node, or lost it) it mounts again and re-announces its SSD blocks (below); the master then
   holds nothing in this node's DRAM, so the whole segment starts free. While the master is unreachable it
@@ -50,7 +52,6 @@ import random
 import secrets
 import socket
 import threading
-import time
 from dataclasses import dataclass
 
 from quillcache.master.client import MasterClient
@@ -61,7 +62,7 @@ from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, record_header, store_key
 from quillcache.rpc import RpcServer
 
-__all__ = ["CONTROL_METHODS", "PoolNode", "control_address_of", "region_name"]
+__all__ = ["CONTROL_METHODS", "PoolNode", "parse_region_name", "region_name"]
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +70,22 @@ CONTROL_METHODS = ["info", "persist", "flush"]
 PAGE_BYTES = 4096
 ALIGN_BYTES = 64
 U32_MAX = (1 << 32) - 1
-REGION_PREFIX = "pool-dram;ctl="
 REANNOUNCE_CHUNK = 256
+REGION_PREFIX = "pool-dram;ctl="
+_NODE_SEP = ";node="
 
 
-def region_name(control_address: str) -> str:
-    return f"{REGION_PREFIX}{control_address}"
+def region_name(control_address: str, node_id: str) -> str:
+    """The DRAM region's name: ``pool-dram;ctl=<control address>;node=<node id>``."""
+    return f"{REGION_PREFIX}{control_address}{_NODE_SEP}{node_id}"
 
 
-def control_address_of(name: str) -> str | None:
-    """The control address a pool node's region name carries, or None for another region."""
-    return name[len(REGION_PREFIX):] if name.startswith(REGION_PREFIX) else None
+def parse_region_name(name: str) -> tuple[str, str] | None:
+    """``(control address, node id)`` a pool node's region name carries, or None for another region."""
+    if not name.startswith(REGION_PREFIX) or _NODE_SEP not in name:
+        return None
+    ctl, _, node = name[len(REGION_PREFIX):].partition(_NODE_SEP)
+    return ctl, node
 
 
 @dataclass
@@ -152,7 +158,7 @@ class PoolNode:
             opts: dict = {} if backend == "local" else {"secret": secret, "host": host, "port": port}
             self.engine = TransferEngine(backend, **opts)
             self.transfer_address = self.engine.address
-            self.region = self.engine.register_region(self._buf, name=region_name(self.control_address),
+            self.region = self.engine.register_region(self._buf, name=region_name(self.control_address, self.node_id),
                                                       writable=True)
             if ssd_dir is not None:
                 from quillcache.store.ssd import SsdTier

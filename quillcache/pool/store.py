@@ -48,7 +48,7 @@ from quillcache.pool.cache import Alloc, LocalCache
 from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, PoolClosedError, PoolError,
                                     PutFailedError)
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of, encode_trailer
-from quillcache.pool.node import control_address_of
+from quillcache.pool.node import parse_region_name
 
 __all__ = ["PoolStats", "PooledStore", "PutOutcome"]
 
@@ -138,7 +138,7 @@ class PooledStore:
         self.engine = engine
         self.cache = LocalCache(local_cache_bytes + staging_bytes, local_cache_bytes)
         self.region = engine.register_region(self.cache.view, name=f"pool-client-{id(self):x}", writable=True)
-        self._segments: dict[str, tuple[int, str | None]] = {}  # endpoint -> (engine segment id, control address)
+        self._segments: dict[str, tuple] = {}  # endpoint -> (engine segment id, control address, node id)
         self._seg_lock = threading.Lock()
         self._suspect: dict[str, float] = {}
         self._ctl_failed: set[str] = set()  # control addresses of nodes whose transfers failed
@@ -207,17 +207,28 @@ class PooledStore:
             raise MasterUnavailableError(f"the master did not answer {getattr(fn, '__name__', fn)}: {e}") from e
 
     # ================================================================ segments
-    def _segment(self, endpoint: str) -> tuple[int, str | None]:
+    def _segment(self, rep: ReplicaDescriptor) -> int:
+        """The engine's segment id for ``rep``'s endpoint (opened on first use); ``TransferError`` when the
+        endpoint is unreachable or is served by another node than ``rep``'s (a port reused after a crash)."""
+        from quillcache.transfer import TransferError
+
+        endpoint = rep.endpoint
         with self._seg_lock:
             got = self._segments.get(endpoint)
-        if got is not None:
-            return got
-        info = self.engine.open_segment(endpoint, timeout_s=min(self.timeout_s, 2.0))
-        ctl = next((c for c in (control_address_of(r.name) for r in info.regions) if c), None)
-        got = (info.segment_id, ctl)
-        with self._seg_lock:
-            self._segments[endpoint] = got
-        return got
+        if got is None:
+            info = self.engine.open_segment(endpoint, timeout_s=min(self.timeout_s, 2.0))
+            ctl = node = None
+            for r in info.regions:
+                parsed = parse_region_name(r.name)
+                if parsed is not None:
+                    ctl, node = parsed
+                    break
+            got = (info.segment_id, ctl, node)
+            with self._seg_lock:
+                self._segments[endpoint] = got
+        if got[2] != rep.node_id:
+            raise TransferError(f"{endpoint} is served by node {got[2]!r}, not by {rep.node_id!r} (a stale replica)")
+        return got[0]
 
     def _mark_failed(self, endpoint: str) -> None:
         with self._seg_lock:
@@ -336,7 +347,7 @@ class PooledStore:
                 dv[n:size] = trailers[i]
                 for rep in res.replicas:
                     try:
-                        seg, _ = self._segment(rep.endpoint)
+                        seg = self._segment(rep)
                     except (TransferError, OSError) as e:
                         self._mark_failed(rep.endpoint)
                         revoke[i] = f"replica on {rep.node_id} ({rep.endpoint}) unreachable: {e}"
@@ -373,7 +384,7 @@ class PooledStore:
                     out[i] = PutOutcome(keys[i], len(reps), False, size * len(reps), dt)
                     if self.persist_on:
                         for rep in reps:
-                            ctl = self._segments.get(rep.endpoint, (0, None))[1]
+                            ctl = self._segments.get(rep.endpoint, (0, None, None))[1]
                             if ctl:
                                 persist.setdefault(ctl, []).append((keys[i], rep.offset_bytes, size))
                     d = dests[i]
@@ -525,7 +536,7 @@ class PooledStore:
                     if d is None:
                         d = dests[i] = self._dest(rep.size_bytes)
                     try:
-                        seg, _ = self._segment(rep.endpoint)
+                        seg = self._segment(rep)
                     except (TransferError, OSError):
                         self._mark_failed(rep.endpoint)
                         pos[i] += 1
