@@ -154,3 +154,22 @@ def test_cluster_up_runs_until_sigterm_and_stops_its_children(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_nodes_register_in_etcd_and_leave_when_killed(tmp_path):
+    from quillcache.cluster.etcd import ETCD_INSTALL_HINT, find_etcd
+    from quillcache.cluster.registry import EtcdRegistry
+
+    if find_etcd() is None:
+        pytest.skip(ETCD_INSTALL_HINT)
+    with LocalCluster(2, dram_bytes=8 * MiB, etcd=True, base_dir=tmp_path, client_ttl_s=2.0) as c:
+        reg = EtcdRegistry(c.etcd.endpoint)
+        try:
+            nodes = {d.node_id: d for d in reg.nodes()}
+            assert sorted(nodes) == ["node-0", "node-1"]
+            assert nodes["node-1"].endpoint == c.nodes[1].transfer_address
+            assert nodes["node-1"].capacity_bytes == 8 * MiB
+            c.kill_node(0)
+            _poll(lambda: [d.node_id for d in reg.nodes()] == ["node-1"], 15, "node-0 leaving the registry")
+        finally:
+            reg.close()
