@@ -15,6 +15,7 @@ What a node does:
   a client that opened the segment to move bytes also knows where to send ``persist`` (no directory
   needed), and checks that the endpoint still belongs to the replica's node (a port reused by another
   node after a crash is refused before any byte moves).
+- At start, mounting is retried with backoff for ``mount_timeout_s`` while the master does not answer.
 - Heartbeats the master every ``heartbeat_s`` (keep it <= client_ttl_s / 3). On NEED_REMOUNT (the master
   expired this node, or lost it) it mounts again and re-announces its SSD blocks (below); the master then
   holds nothing in this node's DRAM, so the whole segment starts free. While the master is unreachable it
@@ -52,6 +53,7 @@ import random
 import secrets
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 from quillcache.master.client import MasterClient
@@ -121,7 +123,8 @@ class PoolNode:
     def __init__(self, master: MasterClient | str, *, dram_bytes: int, ssd_dir: str | os.PathLike | None = None,
                  ssd_bytes: int | None = None, etcd: str | None = None, node_id: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, control_port: int = 0, secret: str | bytes | None = None,
-                 heartbeat_s: float = 1.0, backend: str = "tcp", master_timeout_s: float = 2.0) -> None:
+                 heartbeat_s: float = 1.0, backend: str = "tcp", master_timeout_s: float = 2.0,
+                 mount_timeout_s: float = 30.0) -> None:
         from quillcache.transfer import TransferEngine
 
         if not isinstance(dram_bytes, int) or dram_bytes < PAGE_BYTES:
@@ -167,7 +170,7 @@ class PoolNode:
                 cap = max(PAGE_BYTES * 16, cap // PAGE_BYTES * PAGE_BYTES)
                 os.makedirs(ssd_dir, exist_ok=True)
                 self.ssd = SsdTier(ssd_dir, capacity_bytes=cap, slab_bytes=min(64 << 20, cap))
-            self._mount()
+            self._mount_at_start(mount_timeout_s)
             if self.ssd is not None:
                 self.reannounce()
             if etcd is not None:
@@ -259,6 +262,22 @@ class PoolNode:
 
     def resume_heartbeats(self) -> None:
         self._hb_on.set()
+
+    def _mount_at_start(self, timeout_s: float) -> None:
+        """``_mount``, retried with backoff while the master does not answer (it may be restarting)."""
+        from quillcache.rpc import RpcConnectionError, RpcTimeoutError
+
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return self._mount()
+            except (RpcTimeoutError, RpcConnectionError) as e:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.info("node %s: the master does not answer (%s); retrying", self.node_id, e)
+                time.sleep(delay)
+                delay = min(1.0, 2 * delay)
 
     def _heartbeat_loop(self) -> None:
         delay = 0.05
