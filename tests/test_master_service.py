@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -580,3 +581,66 @@ def test_standby_follows_the_log_then_writes(clock, tmp_path):
     standby.check_invariants()
     assert standby.lsn > leader.lsn
     leader.close()
+
+
+# ---------------------------------------------------------------------------------------- residency at recovery
+def test_publish_missing_ends_like_publish_and_skips_what_the_index_has():
+    """Random add/drop sequences over a few replicas, on an index that already holds a random part of
+    them: ``publish_missing`` leaves the index exactly as ``publish`` does, writing only the difference."""
+    from quillcache.index import open_index
+    from quillcache.master.residency import IndexProjection
+    from quillcache.types import CacheTier
+
+    seed = 1414
+    rng = random.Random(seed)
+    for trial in range(60):
+        keys = [f"k{i}" for i in range(rng.randint(1, 6))]
+        nodes = ["a", "b", "c"]
+        pre = [(rng.choice(keys), rng.choice(nodes), rng.randrange(3)) for _ in range(rng.randint(0, 6))]
+        ops = [(rng.random() < 0.6, rng.choice(keys), rng.choice(nodes), rng.randrange(3))
+               for _ in range(rng.randint(0, 12))]
+        results = []
+        for publish in ("publish", "publish_missing"):
+            idx = open_index("flat", None)
+            p = IndexProjection(idx)
+            for key, node, off in pre:
+                p.add(key, [(node, CacheTier.DRAM, 1, off * 64, 64)])
+            p.publish()
+            before = idx.logical_bytes_written
+            for is_add, key, node, off in ops:
+                if is_add:
+                    p.add(key, [(node, CacheTier.DRAM, 1, off * 64, 64)])
+                else:
+                    p.drop(key, [(node, CacheTier.DRAM)])
+            getattr(p, publish)()
+            results.append(([idx.locate([residency_key(k)[0]]) for k in keys], idx.logical_bytes_written - before))
+        (want, wrote_all), (got, wrote_missing) = results
+        assert got == want, f"seed {seed} trial {trial}: {ops} over {pre}"
+        assert wrote_missing <= wrote_all
+
+
+def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path):
+    """A master that stops without a snapshot (its index holds the tail's replicas) restarts twice: the
+    tail is replayed into the tables each time but nothing is written to the index again."""
+    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10**9)
+    m = MasterService(cfg, clock=clock, data_dir=tmp_path)
+    for i in range(2):
+        m.mount_segment(seg(f"n{i}", i, 1 << 10))
+    m.snapshot()
+    keys = [f"k{i}" for i in range(200)]
+    m.batch_put_start([PutRequest(key=k, size_bytes=UNIT, config=ReplicaConfig(replica_num=2)) for k in keys])
+    m.batch_put_end(keys)
+    m.remove(keys[0], force=True)
+    m.index.flush()  # the index's own log has the tail's records (as after a SIGKILL past its write)
+    want = {k: m.index.locate([residency_key(k)[0]]) for k in keys}
+    for _ in range(2):  # no close: the log tail stays
+        r = MasterService(cfg, clock=clock, data_dir=tmp_path)
+        assert r.recovered_records == 3
+        assert r.index.logical_bytes_written == 0
+        assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
+        assert want[keys[0]] == [[]] and len(want[keys[1]][0]) == 2
+        r.check_invariants()
+    shutil.rmtree(tmp_path / "index")  # an index that lost everything is refilled from the tables
+    r = MasterService(cfg, clock=clock, data_dir=tmp_path)
+    assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
+    r.close()

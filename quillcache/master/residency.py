@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+import numpy as np
+
 from quillcache.index import IndexBackend, ReplicaKey, ResidencyEntry
 from quillcache.types import CacheTier
 
@@ -85,6 +87,51 @@ class IndexProjection:
                 self.index.put(rows)
             else:
                 self.index.remove(rows)
+
+    def publish_missing(self) -> tuple[int, int]:
+        """Publish only what the index lacks (recovery): the queue is reduced to each replica's last
+        change (a put replaces, a drop deletes, so the last one decides the replica's final state),
+        then replicas already present with the same segment, offset and size, and drops of replicas
+        already absent, are left out. The index ends in the state ``publish`` would give, without
+        writing again what a previous recovery of the same log tail already wrote (each write is
+        also a record in a persistent index's own log). Returns ``(written, skipped)``."""
+        queue, self._queue = self._queue, []
+        final: dict[tuple, ResidencyEntry | ReplicaKey | None] = {}
+        for is_add, rows in queue:
+            for r in rows:
+                final[(r.block_hash, r.node, int(r.tier), r.identity)] = r if is_add else None
+        if not final:
+            return 0, 0
+        present = self._present({k[0] for k in final})
+        puts, drops = [], []
+        for k, r in final.items():
+            have = present.get(k)
+            if r is None:
+                if have is not None:
+                    drops.append(ReplicaKey(k[0], k[1], CacheTier(k[2]), k[3]))
+            elif have != (r.segment_id, r.offset_bytes, r.size_bytes):
+                puts.append(r)
+        if puts:
+            self.index.put(puts)
+        if drops:
+            self.index.remove(drops)
+        return len(puts) + len(drops), len(final) - len(puts) - len(drops)
+
+    def _present(self, hashes: set[int]) -> dict[tuple, tuple[int, int, int]]:
+        """``(block_hash, node, tier, identity) -> (segment_id, offset, size)`` of every replica the
+        index holds for ``hashes`` (one batched lookup)."""
+        arr = np.fromiter(hashes, dtype=np.uint64, count=len(hashes))
+        res = self.index.locate_arrays(arr)
+        keys, vals = res.keys, res.values
+        if not len(keys):
+            return {}
+        names = {no: self.index.node_name(no) for no in np.unique(keys["node_no"]).tolist()}
+        idents = keys["identity"].tobytes()
+        w = keys.dtype["identity"].itemsize
+        return {(h, names[no], t, idents[i * w:(i + 1) * w]): (s, o, z)
+                for i, (h, no, t, s, o, z) in enumerate(zip(
+                    keys["block_hash"].tolist(), keys["node_no"].tolist(), keys["tier"].tolist(),
+                    vals["segment_id"].tolist(), vals["offset_bytes"].tolist(), vals["size_bytes"].tolist()))}
 
     def discard(self) -> None:
         self._queue = []

@@ -164,8 +164,10 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
     every client seen ``now``). Returns the reopened log and the number of records replayed.
 
     The index (if persistent) was flushed when the snapshot was taken, so replaying the tail
-    brings it up to date (index puts and removes are idempotent); an empty index (in-memory, or
-    new) is filled from the tables first, O(objects)."""
+    brings it up to date; only the replicas the index lacks (or still holds after a drop) are
+    written (``IndexProjection.publish_missing``), so restarting again and again on the same tail
+    does not grow the index's own log. An empty index (in-memory, or new) is filled from the
+    tables first, O(objects)."""
     state.detach_space()
     lease_end = now + lease_ttl_s
     state.objects.lease_floor_s = lease_end
@@ -179,7 +181,7 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
     tail = log.recover(state.lsn)
     for lsn, payload in tail:
         state.apply(decode_record(payload), lsn)
-    projection.publish()
+    projection.publish_missing()  # a tail replayed before (a restart since the snapshot) is in the index already
     state.attach_space()
     for obj in state.objects.materialized():
         if obj.status == _COMPLETE:
