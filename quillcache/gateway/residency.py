@@ -54,6 +54,7 @@ from quillcache.types import CacheTier
 __all__ = ["EntryState", "EventSink", "ResidencyStats", "ResidencyTracker"]
 
 _GPU = CacheTier.GPU
+_GPU_MEDIA = (None, "GPU", "gpu")  # vLLM's medium field (absent in older builds)
 
 
 class EntryState(enum.Enum):
@@ -210,10 +211,11 @@ class ResidencyTracker:
             del self._pending[(engine, h)]
         return found
 
-    def stored(self, engine: str, engine_hashes: Sequence[int], chain_hashes: Sequence[int],
+    def stored(self, engine: str, engine_hashes: Sequence[int], chain_hashes: Sequence[int | None],
                parent_engine_hash: int | None) -> int:
-        """A ``BlockStored`` of ``engine``: per block its engine hash and its unscoped chain hash,
-        in chain order after ``parent_engine_hash``. Returns how many blocks were attributed."""
+        """A ``BlockStored`` of ``engine``: per block its engine hash and its unscoped chain hash
+        (None where the subscriber could not compute it), in chain order after
+        ``parent_engine_hash``. Returns how many blocks were attributed."""
         if self.modes.get(engine) != "events":
             return 0
         if len(engine_hashes) != len(chain_hashes):
@@ -224,6 +226,10 @@ class ResidencyTracker:
         puts: list[ResidencyEntry] = []
         n = 0
         for e, h in zip(engine_hashes, chain_hashes):
+            if h is None:  # the subscriber does not know this block's prefix: it cannot be matched
+                self.stats.unattributed += 1
+                parent = None
+                continue
             e, h = int(e), int(h)
             if parent is not None and parent.state is EntryState.CONFIRMED:
                 rec = self._pop_pending(engine, h, parent.digest)
@@ -325,6 +331,8 @@ class EventSink:
             self.on_event(engine, kind)
 
     def on_stored(self, engine_id: str, stored) -> None:
+        if stored.medium not in _GPU_MEDIA:  # only the engine's GPU blocks are its prefix cache
+            return
         engine_hashes = list(stored.block_hashes)
         chain_hashes = list(stored.chain_hashes)
         parent = stored.parent_block_hash
@@ -335,6 +343,8 @@ class EventSink:
         self._count(engine_id, "stored")
 
     def on_removed(self, engine_id: str, hashes) -> None:
+        if getattr(hashes, "medium", None) not in _GPU_MEDIA:
+            return
         self._post(self._removed, engine_id, list(hashes))
 
     def _removed(self, engine_id, hashes) -> None:

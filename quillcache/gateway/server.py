@@ -83,7 +83,7 @@ class GatewayProcess:
 
     def __init__(self, engines: list[str] | None = None, *, keys: dict[str, str] | None = None,
                  key_limits: dict[str, int] | None = None, config: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, start_timeout_s: float = 30.0,
+                 env: dict[str, str] | None = None, start_timeout_s: float = 60.0,
                  log_level: str = "warning", wait_ready: bool = True) -> None:
         self.config = dict(config or {})
         if engines is not None:

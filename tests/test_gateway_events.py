@@ -1,0 +1,99 @@
+"""Exact prefix state from vLLM-format KV events: the gateway subscribes to a STAND-IN engine's ZMQ events (real
+processes, 127.0.0.1), confirms its speculative entries with BlockStored, drops them on BlockRemoved, and so its
+``x-quillcache-cached-tokens`` equals the engine's own ``usage.prompt_tokens_details.cached_tokens`` even while a
+tiny GPU cache evicts under a seeded random prompt mix (seed in the assertion messages)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import openai
+import pytest
+
+from quillcache.enginesim.process import EngineSimProcess, parse_metrics
+from quillcache.gateway.server import GatewayProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "quillcache-sim"
+KEYS = {"sk-events-a-0001": "tenant-a", "sk-events-b-0001": "tenant-b"}
+
+
+def _residency(gw) -> dict[str, float]:
+    m = parse_metrics(gw.metrics_text())
+    out = {}
+    for state in ("pending", "confirmed", "approximate"):
+        out[state] = sum(v for k, v in m.items()
+                         if k.startswith("quillcache_gateway_residency_entries{") and f'state="{state}"' in k)
+    return out
+
+
+def _settle(gw, engine, seed) -> dict[str, float]:
+    """Wait until every speculation is confirmed and the gateway holds exactly the engine's blocks."""
+    deadline = time.monotonic() + 10
+    while True:
+        r = _residency(gw)
+        cached = parse_metrics(_get(engine.url + "/metrics"))["quillcache_sim_cached_blocks"]
+        if r["pending"] == 0 and r["confirmed"] == cached:
+            return r
+        if time.monotonic() > deadline:
+            raise AssertionError(f"seed {seed}: gateway residency {r} never matched the engine's {cached} blocks")
+        time.sleep(0.02)
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+@pytest.mark.parametrize("encoding,signedness", [("tagged", "u64"), ("positional", "i64")])
+def test_headers_equal_the_engines_cached_tokens_under_eviction(encoding, signedness):
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    args = ["--fixed-ttft-ms", "5", "--decode-ms-per-token", "1", "--model", MODEL, "--gpu-blocks", "40",
+            "--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0",
+            "--kv-events-encoding", encoding, "--hash-signedness", signedness]
+    with EngineSimProcess(args) as e0:
+        engine = {"url": e0.url, "name": "e0", "kv_events": e0.info["kv_events"],
+                  "kv_events_replay": e0.info["kv_events_replay"]}
+        with GatewayProcess([engine], keys=KEYS) as gw:
+            clients = [openai.OpenAI(base_url=gw.url + "/v1", api_key=k, max_retries=0) for k in KEYS]
+            # 6 conversations whose prompts share prefixes (a system prompt, then turns), 3-9 blocks each
+            system = "System: you are a careful assistant. "  # 37 byte tokens
+            prompts = [system + "".join(f"turn {c}.{t} " * 3 for t in range(rng.randint(1, 5))) for c in range(6)]
+            hits = 0
+            for step in range(30):
+                c = rng.randrange(2)
+                prompt = rng.choice(prompts)
+                r = clients[c].completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=2)
+                header = int(r.headers["x-quillcache-cached-tokens"])
+                engine_cached = r.parse().usage.prompt_tokens_details.cached_tokens
+                assert header == engine_cached, f"seed {seed} step {step}: header {header} engine {engine_cached}"
+                hits += header > 0
+                _settle(gw, e0, seed)
+            assert hits >= 5, f"seed {seed}: only {hits} cache hits; the mix is too cold to test anything"
+            m = parse_metrics(gw.metrics_text())
+            assert m['quillcache_gateway_kv_events_total{kind="removed",worker="e0"}'] > 0, f"seed {seed}: no eviction"
+            assert _residency(gw)["approximate"] == 0
+
+
+def test_reset_prefix_cache_clears_the_gateways_state():
+    args = ["--fixed-ttft-ms", "5", "--model", MODEL, "--kv-events", "tcp://127.0.0.1:0"]
+    with EngineSimProcess(args) as e0:
+        engine = {"url": e0.url, "name": "e0", "kv_events": e0.info["kv_events"]}
+        with GatewayProcess([engine], keys=KEYS) as gw:
+            c = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-events-a-0001", max_retries=0)
+            c.completions.create(model=MODEL, prompt="to be cleared " * 10, max_tokens=1)
+            assert _settle(gw, e0, 0)["confirmed"] > 0
+            import urllib.request
+
+            urllib.request.urlopen(urllib.request.Request(e0.url + "/reset_prefix_cache", method="POST"), timeout=5)
+            deadline = time.monotonic() + 10
+            while _residency(gw)["confirmed"] != 0:
+                assert time.monotonic() < deadline, "AllBlocksCleared did not clear the gateway's entries"
+                time.sleep(0.02)
+            r = c.completions.with_raw_response.create(model=MODEL, prompt="to be cleared " * 10, max_tokens=1)
+            assert r.headers["x-quillcache-cached-tokens"] == "0" == str(r.parse().usage.prompt_tokens_details.cached_tokens)
