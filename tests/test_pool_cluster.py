@@ -108,18 +108,29 @@ def test_cluster_status_command(cluster, capsys):
     assert doc["segments"] == 3 and len(doc["nodes"]) == 3 and doc["capacity_bytes"] == 3 * 160 * MiB
 
 
-def test_node_command_refuses_bad_flags():
+def _exit_status(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse errors exit from inside the parser
+        return e.code
+
+
+def test_node_command_refuses_bad_flags(capsys, monkeypatch):
+    monkeypatch.setenv("QUILLCACHE_TRANSFER_SECRET", "x" * 32)
     for argv, needle in ((["node", "--master", "tcp://127.0.0.1:1", "--dram", "lots"], "is not a size"),
                          (["node", "--master", "tcp://127.0.0.1:1", "--dram", "1GiB", "--port", "70000"],
                           "not in [0, 65535]"),
                          (["node", "--dram", "1GiB"], "--master"),
+                         (["node", "--master", "tcp://127.0.0.1:1", "--dram", "100"], "below the minimum"),
                          (["node", "--master", "tcp://127.0.0.1:1", "--dram", "1GiB", "--ssd-size", "1GiB"],
-                          "--ssd-size needs --ssd")):
-        env = dict(os.environ, QUILLCACHE_TRANSFER_SECRET="x" * 32)
-        out = subprocess.run([sys.executable, "-m", "quillcache", *argv], capture_output=True, text=True, env=env,
-                             timeout=60)
-        assert out.returncode == 2, (argv, out.stderr)
-        assert needle in out.stderr and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+                          "--ssd-size needs --ssd"),
+                         (["node", "--master", "tcp://127.0.0.1:1", "--dram", "1GiB", "--etcd", "nohost"], "--etcd")):
+        assert _exit_status(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+    monkeypatch.delenv("QUILLCACHE_TRANSFER_SECRET")
+    assert _exit_status(["node", "--master", "tcp://127.0.0.1:1", "--dram", "1GiB"]) == 2
+    assert "QUILLCACHE_TRANSFER_SECRET" in capsys.readouterr().err
 
 
 def test_parse_size():

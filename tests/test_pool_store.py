@@ -266,6 +266,7 @@ def test_expired_nodes_remount_and_reannounce(tmp_path):
             s.put(k, v)
         s.flush_persist()
         old_segments = {n.segment_id for n in pool.nodes}
+        stale = pool.master.get_replica_list("r-0")[0]
         for n in pool.nodes:
             n.suspend_heartbeats()
         offset[0] += 60.0  # every node is now far past its client TTL
@@ -281,6 +282,12 @@ def test_expired_nodes_remount_and_reannounce(tmp_path):
             assert time.monotonic() < deadline, f"nodes did not remount and re-announce: {pool.nodes}"
             time.sleep(0.02)
         assert {n.segment_id for n in pool.nodes}.isdisjoint(old_segments)
+        # a descriptor of the expired mount names a region the node no longer serves: refused, nothing written
+        from quillcache.transfer import TransferError
+
+        seg = s.engine.open_segment(stale.endpoint)
+        with pytest.raises(TransferError):
+            s.engine.write(s.region, 0, seg, stale.region_id, stale.offset_bytes, stale.size_bytes)
         for k, v in data.items():
             assert bytes(s.get(k)) == v, f"seed {SEED + 7}: {k}"
         s.close()

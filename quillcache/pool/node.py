@@ -11,7 +11,10 @@ What a node does:
   SEGMENT_ALREADY_EXISTS) so ids are unique in the pool. Before mounting, every segment the master still
   lists under this ``node_id`` (a previous incarnation that was killed) is unmounted: its replicas point
   into memory this process does not hold.
-- The DRAM region's name carries the node's control address and id (``pool-dram;ctl=tcp://HOST:PORT;node=ID``):
+- Each (re)mount registers the buffer as a NEW region (and unregisters the previous one): a client still
+  holding replica descriptors of the expired mount names a region this node no longer serves, so its stale
+  READ or WRITE is refused by the node instead of touching memory the master has handed out again.
+- The DRAM region's name carries the node's control address and id (``pool-dram;gen=G;ctl=tcp://HOST:PORT;node=ID``):
   a client that opened the segment to move bytes also knows where to send ``persist`` (no directory
   needed), and checks that the endpoint still belongs to the replica's node (a port reused by another
   node after a crash is refused before any byte moves).
@@ -73,21 +76,23 @@ PAGE_BYTES = 4096
 ALIGN_BYTES = 64
 U32_MAX = (1 << 32) - 1
 REANNOUNCE_CHUNK = 256
-REGION_PREFIX = "pool-dram;ctl="
+REGION_PREFIX = "pool-dram;"
 _NODE_SEP = ";node="
 
 
-def region_name(control_address: str, node_id: str) -> str:
-    """The DRAM region's name: ``pool-dram;ctl=<control address>;node=<node id>``."""
-    return f"{REGION_PREFIX}{control_address}{_NODE_SEP}{node_id}"
+def region_name(control_address: str, node_id: str, generation: int = 0) -> str:
+    """The DRAM region's name: ``pool-dram;gen=<mount generation>;ctl=<control address>;node=<node id>``."""
+    return f"{REGION_PREFIX}gen={generation};ctl={control_address}{_NODE_SEP}{node_id}"
 
 
 def parse_region_name(name: str) -> tuple[str, str] | None:
     """``(control address, node id)`` a pool node's region name carries, or None for another region."""
     if not name.startswith(REGION_PREFIX) or _NODE_SEP not in name:
         return None
-    ctl, _, node = name[len(REGION_PREFIX):].partition(_NODE_SEP)
-    return ctl, node
+    head, _, node = name[len(REGION_PREFIX):].partition(_NODE_SEP)
+    fields = dict(f.partition("=")[::2] for f in head.split(";"))
+    ctl = fields.get("ctl")
+    return (ctl, node) if ctl else None
 
 
 @dataclass
@@ -138,6 +143,7 @@ class PoolNode:
         self._closed = False
         self._stop = threading.Event()
         self._hb_on = threading.Event()
+        self._generation = 0  # mounts so far (the region of mount g is named gen=g)
         self._hb_on.set()
         self._lock = threading.RLock()  # mount state
         self._owns_master = not isinstance(master, MasterClient)
@@ -242,6 +248,14 @@ class PoolNode:
                         self.master.unmount_segment(seg.segment_id)
                     except MasterError as e:
                         log.info("node %s: stale segment %s: %s", self.node_id, seg.segment_id, e)
+            if self._generation:  # a remount: stale descriptors must not reach the buffer through the old region
+                old = self.region
+                self.region = self.engine.register_region(
+                    self._buf, name=region_name(self.control_address, self.node_id, self._generation), writable=True)
+                try:
+                    self.engine.unregister_region(old, timeout_s=5.0)
+                except Exception as e:
+                    log.warning("node %s: old region %d not unregistered: %s", self.node_id, old.region_id, e)
             rng = random.SystemRandom()
             for _ in range(64):
                 sid = rng.randint(1, U32_MAX)
@@ -250,6 +264,7 @@ class PoolNode:
                 except SegmentExistsError:
                     continue
                 self.segment_id = sid
+                self._generation += 1
                 log.info("node %s: mounted segment %d (%d bytes) at %s", self.node_id, sid, self.capacity_bytes,
                          self.transfer_address)
                 return

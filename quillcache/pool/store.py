@@ -138,7 +138,7 @@ class PooledStore:
         self.engine = engine
         self.cache = LocalCache(local_cache_bytes + staging_bytes, local_cache_bytes)
         self.region = engine.register_region(self.cache.view, name=f"pool-client-{id(self):x}", writable=True)
-        self._segments: dict[str, tuple] = {}  # endpoint -> (engine segment id, control address, node id)
+        self._segments: dict[str, tuple] = {}  # endpoint -> (engine segment id, control address, node id, region ids)
         self._seg_lock = threading.Lock()
         self._suspect: dict[str, float] = {}
         self._ctl_failed: set[str] = set()  # control addresses of nodes whose transfers failed
@@ -215,7 +215,7 @@ class PooledStore:
         endpoint = rep.endpoint
         with self._seg_lock:
             got = self._segments.get(endpoint)
-        if got is None:
+        if got is None or rep.region_id not in got[3]:  # new, or the node re-registered its region (remount)
             info = self.engine.open_segment(endpoint, timeout_s=min(self.timeout_s, 2.0))
             ctl = node = None
             for r in info.regions:
@@ -223,7 +223,7 @@ class PooledStore:
                 if parsed is not None:
                     ctl, node = parsed
                     break
-            got = (info.segment_id, ctl, node)
+            got = (info.segment_id, ctl, node, frozenset(r.region_id for r in info.regions))
             with self._seg_lock:
                 self._segments[endpoint] = got
         if got[2] != rep.node_id:
@@ -384,7 +384,7 @@ class PooledStore:
                     out[i] = PutOutcome(keys[i], len(reps), False, size * len(reps), dt)
                     if self.persist_on:
                         for rep in reps:
-                            ctl = self._segments.get(rep.endpoint, (0, None, None))[1]
+                            ctl = self._segments.get(rep.endpoint, (0, None, None, ()))[1]
                             if ctl:
                                 persist.setdefault(ctl, []).append((keys[i], rep.offset_bytes, size))
                     d = dests[i]
