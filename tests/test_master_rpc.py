@@ -327,3 +327,35 @@ def test_quillcache_master_serves_like_python_m(tmp_path):
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_compact_forms_on_the_wire_and_the_fallback_to_plain_methods(server, tmp_path):
+    """MasterClient's reads and puts travel in the compact forms (native msgpack arrays: segment rows named
+    once) and come back as the plain methods' values; bad compact rows are per-row typed errors; a server
+    that does not serve the compact forms (UNKNOWN_METHOD) gets the plain methods, with the same values."""
+    from quillcache.master.server import MasterEndpoint, SingleMaster
+    from quillcache.master.wire import COMPACT_METHODS, NODE_METHODS, SERVICE_METHODS
+    from quillcache.rpc import InProcessClient
+
+    with MasterClient(server.address, timeout_s=5) as c:
+        mount_three(c)
+        reqs = [PutRequest(key=f"c{i}", size_bytes=1 + i, config=ReplicaConfig(replica_num=1 + i % 3)) for i in range(9)]
+        started = c.batch_put_start(reqs)
+        c.batch_put_end([r.key for r in reqs])
+        segs, rows = c.call("get_replicas_compact", ["c4", "nope"])
+        assert [s[0] for s in segs] == sorted({d.segment_id for d in started[4].replicas})
+        assert rows[0][0] == 5 and len(rows[0]) == 1 + 2 * len(started[4].replicas)
+        assert c.get_replicas(["c4", "nope"])[0] == started[4].replicas
+        assert c.get_replica_list("c8") == started[8].replicas
+        _, bad = c.call("batch_put_start_compact", [["x", 1], ["y", 1, 1, None, 7, None], "z", ["ok", 5, 1, None, 0, None]])
+        assert [b.code.name for b in bad[:3]] == ["INVALID_PARAMS"] * 3 and bad[3][:3] == [started[-1].put_id + 1, False, 5]
+        with pytest.raises(InvalidParamsError, match="rows must be a list"):
+            c.call("batch_put_start_compact", "abc")
+    with MasterService(MasterConfig(), data_dir=tmp_path / "plain") as svc:
+        served = [m for m in (*SERVICE_METHODS, *NODE_METHODS) if m not in COMPACT_METHODS]
+        old = MasterClient(_rpc=InProcessClient(MasterEndpoint(SingleMaster(svc)), served))
+        mount_three(old)
+        r = old.put_start("k", 10, ReplicaConfig(replica_num=2))
+        assert not old._compact and len(r.replicas) == 2
+        old.put_end("k")
+        assert old.get_replicas(["k"]) == [r.replicas] and old.get_replica_list("k") == r.replicas

@@ -14,6 +14,9 @@ Contract:
   OBJECT_ALREADY_EXISTS "already complete", a repeated ``put_start`` with a digest ``existing=True``).
 - Errors arrive typed: a master refusal as its :class:`~quillcache.master.MasterError` subclass (batch
   results hold those instances per key), RPC refusals as :class:`~quillcache.rpc.RpcRejectedError`.
+- ``get_replicas``, ``get_replica_list``, ``put_start`` and ``batch_put_start`` travel in the compact
+  forms (:mod:`quillcache.master.wire`, ``COMPACT_METHODS``) and are rebuilt into the same values
+  and typed errors; a server that does not serve those (UNKNOWN_METHOD) gets the plain methods.
 - Thread-safe (one request in flight at a time; threads take turns). A context manager.
 """
 
@@ -28,9 +31,9 @@ from quillcache.master.errors import NotLeaderError
 from quillcache.master.types import (MasterStats, ObjectInfo, PinKind, PutRequest, PutStartResult, ReplicaConfig,
                                      ReplicaDescriptor, SegmentDescriptor, TickReport)
 from quillcache.master.wire import (BATCH_METHODS, NODE_METHODS, SERVICE_METHODS, WRITE_METHODS, decode_batch,
-                                    register_master_types)
+                                    expand_put_results, expand_replicas, put_rows, register_master_types)
 from quillcache.master.errors import MasterError
-from quillcache.rpc import InProcessClient, RpcClient, RpcTimeoutError
+from quillcache.rpc import InProcessClient, RpcClient, RpcErrorCode, RpcRejectedError, RpcTimeoutError
 
 __all__ = ["MasterClient"]
 
@@ -48,6 +51,7 @@ class MasterClient:
         self.backoff = backoff
         self._etcd = None
         self._leader_key = None
+        self._compact = True  # False once a server answered that it does not serve the compact forms
         if _rpc is not None:
             self._rpc = _rpc
             return
@@ -116,6 +120,18 @@ class MasterClient:
                     raise
             time.sleep(next(delays))
 
+    def _call_compact(self, method: str, *args, **kwargs):
+        """``method`` (a compact form), or None when the server does not serve the compact forms (the
+        caller then uses the plain method)."""
+        if self._compact:
+            try:
+                return self.call(method, *args, **kwargs)
+            except RpcRejectedError as e:
+                if e.code != RpcErrorCode.UNKNOWN_METHOD:
+                    raise
+                self._compact = False
+        return None
+
     def close(self) -> None:
         self._rpc.close()
         if self._etcd is not None:
@@ -144,11 +160,26 @@ class MasterClient:
     def put_start(self, key: str, size_bytes: int, config: ReplicaConfig | None = None, *,
                   pin: PinKind = PinKind.NONE, digest: bytes | None = None,
                   client_id: str | None = None) -> PutStartResult:
+        rows = put_rows([PutRequest(key=key, size_bytes=size_bytes, config=config or ReplicaConfig(), pin=pin,
+                                    digest=digest)]) if config is None or type(config) is ReplicaConfig else None
+        if rows is not None:
+            out = self._call_compact("batch_put_start_compact", rows, client_id=client_id)
+            if out is not None:
+                res = expand_put_results(out[0], decode_batch(out[1]))[0]
+                if isinstance(res, MasterError):
+                    raise res
+                return res
         return self.call("put_start", key, size_bytes, config, pin=pin, digest=digest, client_id=client_id)
 
     def batch_put_start(self, requests: Sequence[PutRequest], *,
                         client_id: str | None = None) -> list[PutStartResult | MasterError]:
-        return self.call("batch_put_start", list(requests), client_id=client_id)
+        requests = list(requests)
+        rows = put_rows(requests)
+        if rows is not None:
+            out = self._call_compact("batch_put_start_compact", rows, client_id=client_id)
+            if out is not None:
+                return expand_put_results(out[0], decode_batch(out[1]))
+        return self.call("batch_put_start", requests, client_id=client_id)
 
     def put_end(self, key: str, *, put_id: int | None = None) -> None:
         return self.call("put_end", key, put_id=put_id)
@@ -166,10 +197,17 @@ class MasterClient:
 
     # ------------------------------------------------------------------ reads
     def get_replicas(self, keys: Sequence[str]) -> list[tuple[ReplicaDescriptor, ...] | MasterError]:
-        return self.call("get_replicas", list(keys))
+        keys = list(keys)
+        out = self._call_compact("get_replicas_compact", keys)
+        if out is None:
+            return self.call("get_replicas", keys)
+        return expand_replicas(out[0], decode_batch(out[1]))
 
     def get_replica_list(self, key: str) -> tuple[ReplicaDescriptor, ...]:
-        return self.call("get_replica_list", key)
+        out = self._call_compact("get_replica_list_compact", key)
+        if out is None:
+            return self.call("get_replica_list", key)
+        return expand_replicas(out[0], [out[1]])[0]
 
     def exists(self, keys: Sequence[str]) -> list[bool | MasterError]:
         return self.call("exists", list(keys))

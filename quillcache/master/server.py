@@ -17,7 +17,8 @@ Contract:
 - Bad input from the network gets a typed error: a master refusal as its :class:`MasterError` class;
   arguments that do not bind as the RPC layer's BAD_ARGUMENTS; anything else the service raises on
   malformed values (TypeError, ValueError, ...) as INVALID_PARAMS naming the method. Batch results carry
-  per-key errors as :class:`~quillcache.master.wire.BatchError` (the client turns them back).
+  per-key errors as :class:`~quillcache.master.wire.BatchError` (the client turns them back); the
+  compact methods' ``(segments, rows)`` go as one array ``[segments, rows]`` (wire.py).
 - Time is ``time.time`` (wall clock): records carry the writer's clock and another process (a restart, a
   standby on another host) compares its own clock with them.
 """
@@ -38,15 +39,16 @@ from collections.abc import Callable
 from quillcache.master.errors import InvalidParamsError, MasterError
 from quillcache.master.service import MasterService
 from quillcache.master.types import MasterConfig
-from quillcache.master.wire import (BATCH_METHODS, NODE_METHODS, SERVICE_METHODS, encode_batch,
-                                    register_master_types)
+from quillcache.master.wire import (BATCH_METHODS, COMPACT_BATCH_METHODS, COMPACT_METHODS, NODE_METHODS,
+                                    SERVICE_METHODS, encode_batch, register_master_types)
 
 __all__ = ["MasterEndpoint", "SingleMaster", "run_server"]
 
 log = logging.getLogger(__name__)
 
 _KEYS_ARG = {"get_replicas": "keys", "exists": "keys", "batch_put_start": "requests", "batch_put_end": "keys",
-             "batch_put_revoke": "keys", "batch_remove": "keys"}
+             "batch_put_revoke": "keys", "batch_remove": "keys", "get_replicas_compact": "keys",
+             "batch_put_start_compact": "rows"}
 
 
 class SingleMaster:
@@ -96,6 +98,7 @@ class MasterEndpoint:
     def _wrap(self, name: str) -> Callable:
         node = self._node
         batch = name in BATCH_METHODS
+        compact, compact_batch = name in COMPACT_METHODS, name in COMPACT_BATCH_METHODS
         keys_arg = _KEYS_ARG.get(name)
         sig = inspect.signature(getattr(node.service, name))
 
@@ -120,6 +123,8 @@ class MasterEndpoint:
                     raise InvalidParamsError(f"{name}: bad arguments ({type(e).__name__}: {e})") from None
                 finally:
                     node.after_call()
+            if compact:  # (segments, rows) as one native array; per-key errors as BatchError
+                return [out[0], encode_batch(out[1]) if compact_batch else out[1]]
             return encode_batch(out) if batch else out
 
         call.__name__ = name

@@ -67,7 +67,7 @@ from quillcache.master.types import (
     MasterConfig, MasterStats, ObjectInfo, ObjectStatus, PinKind, PutRequest, PutStartResult, ReplicaConfig,
     ReplicaDescriptor, SegmentDescriptor, TickReport,
 )
-from quillcache.master.validate import check_config, check_key, check_put, check_segment, key_error
+from quillcache.master.validate import check_config, check_key, check_put, check_put_row, check_segment, key_error
 
 __all__ = ["MasterService"]
 
@@ -101,6 +101,7 @@ class MasterService(ReplicatedMode):
         self._state = MasterState(alignment=config.alignment_bytes, max_allocs=config.max_allocs_per_segment,
                                   index=self._projection, lease_ttl_s=config.lease_ttl_s)
         self._state._reclaim_s = float(config.zombie_reclaim_s)
+        self._soft_ttl = float(config.soft_pin_ttl_s)
         self._log: OpLog | None = None
         self._call_recs: list[list] = []  # this call's records, applied, not yet in the log (_commit)
         self._call_lsn = 0
@@ -285,17 +286,50 @@ class MasterService(ReplicatedMode):
 
     def batch_put_start(self, requests: Sequence[PutRequest], *,
                         client_id: str | None = None) -> list[PutStartResult | MasterError]:
+        max_bytes = self.config.max_object_bytes
+
+        def one(req: PutRequest, now: float) -> PutStartResult:
+            if not isinstance(req, PutRequest):
+                raise InvalidParamsError(f"batch_put_start takes PutRequest items, got {type(req).__name__}")
+            obj, existing = self._put_start(*check_put(req, max_bytes), now)
+            return PutStartResult(self._descriptors(obj), obj.put_id, existing)
+
+        return self._put_batch(requests, client_id, one)
+
+    def batch_put_start_compact(self, rows: Sequence[Sequence], *,
+                                client_id: str | None = None) -> tuple[list[list], list[list | MasterError]]:
+        """``batch_put_start`` in the compact form of the RPC's hot path (no per-object boundary
+        objects): each request is a row ``[key, size_bytes, replica_num, preferred_segment, pin,
+        digest]``; returns ``(segments, results)``, ``results[i]`` = ``[put_id, existing, size_bytes,
+        segment_id, offset_bytes, ...]`` (one pair per replica) or the request's MasterError, and
+        ``segments`` = ``[segment_id, node_id, endpoint, transport, region_id]`` of every segment the
+        results name. Same checks, placement, records and errors as ``batch_put_start``
+        (:func:`quillcache.master.wire.expand_put_results` rebuilds its results exactly)."""
+        max_bytes = self.config.max_object_bytes
+        segs: set[int] = set()
+
+        def one(row: Sequence, now: float) -> list:
+            obj, existing = self._put_start(*check_put_row(row, max_bytes), now)
+            out = [obj.put_id, existing, obj.size_bytes]
+            for s, off in obj.replicas:
+                out.append(s)
+                out.append(off)
+                segs.add(s)
+            return out
+
+        results = self._put_batch(rows, client_id, one)
+        return self._segment_rows(segs), results
+
+    def _put_batch(self, items: Sequence, client_id: str | None, one: Callable) -> list:
         self._check_writable()
         self._check_client(client_id)
         now = self._now()
-        out: list[PutStartResult | MasterError] = []
-        gc_on = _pause_gc(len(requests))
+        out: list = []
+        gc_on = _pause_gc(len(items))
         try:
-            for req in requests:
+            for item in items:
                 try:
-                    if not isinstance(req, PutRequest):
-                        raise InvalidParamsError(f"batch_put_start takes PutRequest items, got {type(req).__name__}")
-                    out.append(self._put_start(req, now))
+                    out.append(one(item, now))
                 except (LogFailedError, StaleEpochError):
                     raise
                 except MasterError as exc:
@@ -307,29 +341,38 @@ class MasterService(ReplicatedMode):
                 self._finish()
         return out
 
-    def _put_start(self, req: PutRequest, now: float) -> PutStartResult:
-        key, size, replica_num, pin, digest = check_put(req, self.config.max_object_bytes)
+    def _segment_rows(self, seg_ids: set[int]) -> list[list]:
+        segs = self._state.segments
+        rows = []
+        for s in sorted(seg_ids):
+            d = segs[s].desc
+            rows.append([s, d.node_id, d.endpoint, d.transport, d.region_ids[0] if d.region_ids else 0])
+        return rows
+
+    def _put_start(self, key: str, size: int, replica_num: int, preferred: int | None, pin: int,
+                   digest: bytes | None, now: float) -> tuple[ObjectRecord, bool]:
+        """(Checked fields) the object placed (a new PENDING one, or the existing one and True)."""
         st = self._state
         obj = st.objects.get(key)
         if obj is not None:
             same = digest is not None and obj.digest == digest
             if obj.status == _COMPLETE:
                 if same:
-                    return PutStartResult(self._descriptors(obj), obj.put_id, True)
+                    return obj, True
                 raise ObjectExistsError(f"object {key!r} already exists (complete; "
                                         f"{'no digest given' if digest is None else 'a different digest'})")
             if now - obj.started_s < self.config.zombie_preempt_s:
                 if same:
-                    return PutStartResult(self._descriptors(obj), obj.put_id, True)
+                    return obj, True
                 raise ObjectExistsError(f"object {key!r} is being written (put {obj.put_id} started "
                                         f"{now - obj.started_s:.3f} s ago; pre-emptible after "
                                         f"{self.config.zombie_preempt_s} s)")
         a = self.config.alignment_bytes
         alloc = -(-size // a) * a
-        placed = self._place(alloc, replica_num, req.config.preferred_segment)
+        placed = self._place(alloc, replica_num, preferred)
         if not placed and st.segments:
             self._evict(now, self._evict_target())
-            placed = self._place(alloc, replica_num, req.config.preferred_segment)
+            placed = self._place(alloc, replica_num, preferred)
         if not placed:
             if not st.segments:
                 raise NoSpaceError(f"put_start({key!r}, {size} bytes): no segment is mounted")
@@ -339,9 +382,8 @@ class MasterService(ReplicatedMode):
                         f"(used {st.used_bytes} of {st.capacity_bytes} bytes)")
             raise NoSpaceError(f"put_start({key!r}, {size} bytes): {why}")
         put_id = st.next_put_id
-        soft_ttl = float(self.config.soft_pin_ttl_s)
         try:
-            self._record([Op.PUT_START, self._epoch, now, key, size, alloc, pin, soft_ttl, digest, put_id,
+            self._record([Op.PUT_START, self._epoch, now, key, size, alloc, pin, self._soft_ttl, digest, put_id,
                           [[s, o] for s, o in placed]])
         except BaseException:
             if self._failed is not None:  # nothing was applied: give the ranges back
@@ -349,10 +391,20 @@ class MasterService(ReplicatedMode):
                     if o in st.segments[s].handles:
                         st.undo_allocate(s, o)
             raise
-        return PutStartResult(self._descriptors(st.objects[key]), put_id, False)
+        return st.objects[key], False
 
     def _place(self, alloc: int, replica_num: int, preferred: int | None) -> list[tuple[int, int]]:
         st = self._state
+        if replica_num == 1 and preferred is None:  # the common case: the first segment of the order below
+            best = None
+            for seg in st.segments.values():
+                if best is None or seg.free_bytes > best.free_bytes or (
+                        seg.free_bytes == best.free_bytes and seg.desc.segment_id < best.desc.segment_id):
+                    best = seg
+            if best is not None:
+                off = st.try_allocate(best, alloc)
+                if off is not None:
+                    return [(best.desc.segment_id, off)]
         segs = sorted(st.segments.values(), key=lambda s: (-s.free_bytes, s.desc.segment_id))
         if preferred is not None and preferred in st.segments:
             first = st.segments[preferred]
@@ -438,6 +490,44 @@ class MasterService(ReplicatedMode):
     # ================================================================ reads
     def get_replicas(self, keys: Sequence[str]) -> list[tuple[ReplicaDescriptor, ...] | MasterError]:
         """Per key: its replicas (granting a read lease) or OBJECT_NOT_FOUND / OBJECT_NOT_READY."""
+        descriptors = self._descriptors
+        return [obj if isinstance(obj, MasterError) else descriptors(obj) for obj in self._read(keys)]
+
+    def get_replica_list(self, key: str) -> tuple[ReplicaDescriptor, ...]:
+        out = self.get_replicas([key])[0]
+        if isinstance(out, MasterError):
+            raise out
+        return out
+
+    def get_replicas_compact(self, keys: Sequence[str]) -> tuple[list[list], list[list | MasterError]]:
+        """``get_replicas`` in the compact form of the RPC's hot path: ``(segments, rows)``, ``rows[i]``
+        = ``[size_bytes, segment_id, offset_bytes, ...]`` (one pair per replica) or the key's
+        MasterError, ``segments`` = ``[segment_id, node_id, endpoint, transport, region_id]`` of every
+        segment the rows name. Same leases and errors as ``get_replicas``
+        (:func:`quillcache.master.wire.expand_replicas` rebuilds its descriptors exactly)."""
+        rows: list = []
+        segs: set[int] = set()
+        for obj in self._read(keys):
+            if isinstance(obj, MasterError):
+                rows.append(obj)
+                continue
+            row = [obj.size_bytes]
+            for s, off in obj.replicas:
+                row.append(s)
+                row.append(off)
+                segs.add(s)
+            rows.append(row)
+        return self._segment_rows(segs), rows
+
+    def get_replica_list_compact(self, key: str) -> tuple[list[list], list]:
+        """``get_replica_list`` in the compact form: ``(segments, row)`` (see ``get_replicas_compact``)."""
+        segs, rows = self.get_replicas_compact([key])
+        if isinstance(rows[0], MasterError):
+            raise rows[0]
+        return segs, rows[0]
+
+    def _read(self, keys: Sequence[str]) -> list[ObjectRecord | MasterError]:
+        """The COMPLETE objects of ``keys`` (each leased and accessed now) or each key's error."""
         now = self._now()
         lease_end = now + self.config.lease_ttl_s
         objects = self._state.objects
@@ -453,13 +543,7 @@ class MasterService(ReplicatedMode):
                 if lease_end > obj.lease_end_s:
                     obj.lease_end_s = lease_end
                 obj.last_access_s = now
-                out.append(self._descriptors(obj))
-        return out
-
-    def get_replica_list(self, key: str) -> tuple[ReplicaDescriptor, ...]:
-        out = self.get_replicas([key])[0]
-        if isinstance(out, MasterError):
-            raise out
+                out.append(obj)
         return out
 
     def exists(self, keys: Sequence[str]) -> list[bool | MasterError]:

@@ -13,7 +13,8 @@ from quillcache.master.types import (
 )
 from quillcache.types import CacheTier
 
-__all__ = ["check_config", "check_key", "check_put", "check_segment", "key_error"]
+__all__ = ["check_config", "check_key", "check_put", "check_put_fields", "check_put_row", "check_segment",
+           "key_error"]
 
 MAX_NODE_BYTES = 200  # the residency index's limit on node names
 
@@ -60,32 +61,51 @@ def key_error(key: object) -> InvalidParamsError:
     raise ValueError(f"key {key!r} is valid")
 
 
-def check_put(req: PutRequest, max_object_bytes: int) -> tuple[str, int, int, int, bytes | None]:
-    """``(key, size_bytes, replica_num, pin, digest)`` of a valid request."""
-    key = check_key(req.key)
-    size = req.size_bytes
+def check_put(req: PutRequest, max_object_bytes: int) -> tuple[str, int, int, int | None, int, bytes | None]:
+    """``(key, size_bytes, replica_num, preferred_segment, pin, digest)`` of a valid request."""
+    cfg = req.config
+    if isinstance(cfg, ReplicaConfig):
+        return check_put_fields(req.key, req.size_bytes, cfg.replica_num, cfg.preferred_segment, req.pin,
+                                req.digest, max_object_bytes)
+    key, _, _, _, _, _ = check_put_fields(req.key, req.size_bytes, 1, None, 0, None, max_object_bytes)
+    raise InvalidParamsError(f"put_start({key!r}): config must be a ReplicaConfig, got {type(cfg).__name__}")
+
+
+def check_put_row(row: object, max_object_bytes: int) -> tuple[str, int, int, int | None, int, bytes | None]:
+    """``check_put`` of a compact request row ``[key, size_bytes, replica_num, preferred_segment, pin,
+    digest]`` (what ``MasterService.batch_put_start_compact`` takes)."""
+    if not isinstance(row, (list, tuple)) or len(row) != 6:
+        raise InvalidParamsError(f"a compact put_start row is [key, size_bytes, replica_num, preferred_segment, "
+                                 f"pin, digest], got {row!r:.80}")
+    return check_put_fields(*row, max_object_bytes)
+
+
+_PINS = {int(p): int(p) for p in PinKind}
+
+
+def check_put_fields(key: object, size: object, n: object, preferred: object, pin: object, digest: object,
+                     max_object_bytes: int) -> tuple[str, int, int, int | None, int, bytes | None]:
+    """The checks of ``check_put`` on the request's fields, in the same order with the same messages."""
+    key = check_key(key)
     if not _is_int(size):
         raise InvalidParamsError(f"put_start({key!r}): size_bytes must be an int, got {type(size).__name__}")
     if not 0 < size <= max_object_bytes:
         raise InvalidParamsError(f"put_start({key!r}): size_bytes={size} must be in [1, {max_object_bytes}]")
-    cfg = req.config
-    if not isinstance(cfg, ReplicaConfig):
-        raise InvalidParamsError(f"put_start({key!r}): config must be a ReplicaConfig, got {type(cfg).__name__}")
-    n = cfg.replica_num
     if not _is_int(n) or not 1 <= n <= MAX_REPLICAS:
         raise InvalidParamsError(f"put_start({key!r}): replica_num={n!r} must be an int in [1, {MAX_REPLICAS}]")
-    if cfg.preferred_segment is not None and not _is_int(cfg.preferred_segment):
-        raise InvalidParamsError(f"put_start({key!r}): preferred_segment={cfg.preferred_segment!r} must be an int")
-    try:
-        pin = int(PinKind(req.pin))
-    except ValueError:
-        raise InvalidParamsError(f"put_start({key!r}): pin={req.pin!r} is not a PinKind") from None
-    digest = req.digest
+    if preferred is not None and not _is_int(preferred):
+        raise InvalidParamsError(f"put_start({key!r}): preferred_segment={preferred!r} must be an int")
+    p = _PINS.get(pin) if type(pin) in (int, PinKind) else None
+    if p is None:
+        try:
+            p = int(PinKind(pin))
+        except (ValueError, TypeError):
+            raise InvalidParamsError(f"put_start({key!r}): pin={pin!r} is not a PinKind") from None
     if digest is not None:
         if not isinstance(digest, (bytes, bytearray)) or not 0 < len(digest) <= MAX_DIGEST_BYTES:
             raise InvalidParamsError(f"put_start({key!r}): digest must be 1..{MAX_DIGEST_BYTES} bytes or None")
         digest = bytes(digest)
-    return key, size, n, pin, digest
+    return key, size, n, preferred, p, digest
 
 
 def check_segment(d: object, alignment: int) -> int:
