@@ -188,6 +188,8 @@ class Gateway:
             await self.stop()
 
     async def start(self) -> None:
+        self.decider.warm_up()
+        prompt_tokens("chat", {"messages": [{"role": "user", "content": "warm-up"}]}, self.tokenizer, self.template)
         await self.upstream.start()
         await self._probe_all()
         loop = asyncio.get_running_loop()

@@ -76,6 +76,19 @@ class Decider:
         self.names = self.planner.loads.names
         self._bs = block_size_tokens
 
+    def warm_up(self) -> None:
+        """Load the compiled hashing and planning kernels now, not on the first request: one plan of a
+        throwaway request on a throwaway planner over an empty in-memory index (nothing is admitted,
+        recorded or registered here)."""
+        from quillcache.index import open_index
+        from quillcache.types import KvLayout
+
+        with open_index("flat") as scratch:
+            p = Planner(scratch, list(self.names), router=self.planner.router.clone(0),
+                        config=self.planner.config)
+            ident = Identity(model="warm-up", tenant="warm-up", layout=KvLayout(block_size_tokens=self._bs))
+            p.plan(p.request(ident, list(range(4 * self._bs + 1)), output_tokens=1))
+
     def scope(self, identity: Identity) -> RequestScope:
         return self.planner.scope(identity)
 

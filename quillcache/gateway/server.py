@@ -42,6 +42,9 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
     gw = Gateway(config, tenants, secret=secret)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it (Linux): without it Nagle holds each small SSE event behind the
+    # client's delayed ACK of the headers (tens of ms per stream)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
