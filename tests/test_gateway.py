@@ -158,7 +158,8 @@ def test_decision_headers_arrive_long_before_the_first_token(slow_stack):
     times = asyncio.run(main())
     for t_headers, t_first in times:
         assert t_first >= 0.45, times
-        assert t_headers < 0.1, times  # generous bound; the study measures the real number
+        assert t_headers < 0.25, times  # generous (a loaded 2-core machine); the study measures the real number
+    assert min(t for t, _ in times) < 0.1, times
     # the SDK sees the headers before iterating the stream, too
     c = _client(gw)
     t0 = time.perf_counter()
