@@ -33,6 +33,10 @@ examples:
   # the byte budget is --capacity-blocks 16-bit blocks, which now hold ~1.9x as many int8 blocks
   quillcache replay trace.jsonl --kv-codec int8 --capacity-blocks 512 --ssd-capacity-blocks 1024
 
+  # the same replay over a real pool: a master and 3 `quillcache node` processes on loopback; every
+  # offload and peer DRAM/SSD fetch moves --block-bytes of real bytes through PooledStore (verified)
+  quillcache replay ../shared/traces/conversation_trace.jsonl --cluster 3 --limit 2000
+
   # skip malformed lines instead of stopping, write elsewhere, no progress bar
   quillcache replay trace.jsonl --on-error skip --out /tmp/replay --quiet
 
@@ -48,6 +52,12 @@ traces whose blocks do not fit in RAM) the DRAM/SSD tiers allocate offsets witho
 byte budget (--dram-capacity-bytes / --ssd-capacity-bytes, else the --capacity-blocks /
 --ssd-capacity-blocks of 16-bit blocks), bytes moved are the quantized bytes, and the engine model
 charges a dequantize per block fetched from a host tier (an assumed 70% of HBM bandwidth).
+--cluster N starts a master and N node processes (127.0.0.1) and mirrors the replay's host tiers into
+that pool: each offloaded block is one pool object of --block-bytes deterministic pseudo-random bytes
+(the model's KV block scaled down so the trace fits this machine), each peer DRAM/SSD fetch reads it
+back over the transfer engine and compares it byte for byte. The replay's decisions and summary are
+the same as without --cluster; the table adds the bytes moved, the measured time and the engine
+model's prediction for the same bytes, and misses/corrupt (0 unless the pool lost data).
 """
 
 
@@ -94,7 +104,36 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--real-bytes", dest="account_bytes", action="store_const", const=False,
                    help="DRAM/SSD tiers hold real bytes (SSD in a temporary directory)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of every random choice (default {d.seed})")
+    from quillcache.harness.cluster_pool import DEFAULT_BLOCK_BYTES, MAX_BLOCK_BYTES, MAX_CLUSTER_NODES
+
+    p.add_argument("--cluster", type=int, default=None, metavar="N",
+                   help=f"move the offloaded and peer-fetched blocks' bytes through a real pool of N node "
+                        f"processes (1..{MAX_CLUSTER_NODES}; default: accounting only)")
+    p.add_argument("--block-bytes", type=int, default=None, metavar="B",
+                   help=f"with --cluster: bytes of one block in the pool (1..{MAX_BLOCK_BYTES}; default "
+                        f"{DEFAULT_BLOCK_BYTES} = a 64 MiB Llama-3-8B block scaled 1/4096, so --limit 2000 needs "
+                        f"about 1 GiB of node DRAM)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table (the files are still written)")
+
+
+def _run(requests, cfg, args, progress=None):
+    """The replay, over a ``LocalCluster`` when ``--cluster`` is given (stopped before returning)."""
+    from quillcache.harness.replay import replay
+
+    if args.cluster is None:
+        return replay(requests, cfg, progress=progress)
+    from quillcache.harness.cluster_pool import DEFAULT_BLOCK_BYTES, cluster_replay
+
+    def started(plan, cluster) -> None:
+        if not args.quiet:
+            print(f"quillcache replay: pool of {plan.nodes} node processes ({plan.dram_bytes_per_node >> 20} MiB DRAM "
+                  f"each) at master {cluster.master_address}, {plan.block_bytes:,} bytes per block",
+                  file=sys.stderr, flush=True)
+
+    block = args.block_bytes if args.block_bytes is not None else DEFAULT_BLOCK_BYTES
+    result, _plan = cluster_replay(requests, cfg, nodes=args.cluster, block_bytes=block, progress=progress,
+                                   on_start=started)
+    return result
 
 
 def _fail(msg: str) -> int:
@@ -122,6 +161,10 @@ def write_results(out: Path, result) -> list[Path]:
     paths = [out / "requests.csv", out / "replay.csv"]
     _write_csv(paths[0], req_rows, RequestRow.columns())
     _write_csv(paths[1], [summ], list(summ))
+    if result.pool is not None and result.pool.real_bytes:
+        pool = result.pool.as_dict()
+        paths.append(out / "pool.csv")
+        _write_csv(paths[-1], [pool], list(pool))
     paths.append(write_summary(out.name, _tidy_rows(result), out.parent, profile="custom"))
     try:
         import pandas as pd
@@ -169,6 +212,17 @@ def _print_summary(result, paths: list[Path], load_note: str) -> None:
     add("block size (tokens), model, GPU", f"{s.block_tokens}, {s.model}, {s.gpu}")
     add("bytes", "accounted (no payloads)" if s.account_bytes else "real")
     add("simulated time / wall time (s)", f"{s.duration_s:,.1f} / {s.wall_s:,.1f}")
+    pr = result.pool
+    if pr is not None and pr.real_bytes:
+        add(f"pool: {pr.nodes} node processes, bytes per block", f"{pr.block_bytes:,}")
+        add("pool: blocks offloaded / dropped / fetched", f"{pr.blocks_offloaded:,} / {pr.blocks_dropped:,} / "
+                                                          f"{pr.blocks_fetched:,}")
+        add("pool: bytes written / read (MiB)", f"{pr.bytes_written / mib:,.1f} / {pr.bytes_read / mib:,.1f}")
+        add("pool: measured offload / fetch (s)", f"{pr.measured_offload_s:.3f} / {pr.measured_fetch_s:.3f}")
+        add("pool: of which transfer engine (s)", f"{pr.measured_transfer_s:.3f}")
+        add("pool: engine model for the same bytes (s)", f"{pr.predicted_offload_s:.6f} / {pr.predicted_fetch_s:.6f}")
+        add("pool: misses / fallbacks / corrupt", f"{pr.misses} / {pr.fallbacks} / {pr.corrupt}")
+        add("pool: puts refused / removes refused", f"{pr.offload_failures} / {pr.drop_failures}")
     con.print(t)
     if load_note:
         con.print(load_note, markup=False, highlight=False)
@@ -229,6 +283,13 @@ def _tidy_rows(result) -> list:
         unit = "bytes" if k.startswith("bytes_") else unit or "count"
         rows.append(SummaryRow(metric=k, subject=f"{s['router']}/{s['policy']}", value=float(v), unit=unit,
                                params={**params, "slo_ttft_s": float(s["slo_ttft_s"])}))
+    if result.pool is not None and result.pool.real_bytes:  # --cluster: what the real pool moved
+        for k, v in result.pool.as_dict().items():
+            if isinstance(v, (str, bool)) or k in ("nodes", "block_bytes", "replicas"):
+                continue
+            unit = "s" if k.endswith("_s") else "bytes" if k.startswith("bytes_") else "count"
+            rows.append(SummaryRow(metric=f"pool_{k}", subject=f"{s['router']}/{s['policy']}", value=float(v),
+                                   unit=unit, params={**params, "slo_ttft_s": float(s["slo_ttft_s"])}))
     return rows
 
 
@@ -250,9 +311,11 @@ def _clock_problem(requests: list, time_scale: float) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
+    from quillcache.harness.cluster_pool import MAX_BLOCK_BYTES, MAX_CLUSTER_NODES
     from quillcache.harness.config import ReplayConfig
     from quillcache.harness.replay import replay
     from quillcache.store.tier_codec import check_tier_codec
+    from quillcache.pool.cluster import ClusterError
     from quillcache.traces.loader import TraceError, load_trace_report
 
     for flag, v, lo in (("--capacity-blocks", args.capacity_blocks, 1), ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0),
@@ -269,6 +332,15 @@ def run(args: argparse.Namespace) -> int:
                                      ("--time-scale", args.time_scale, 1e-6, 1e6, False)):
         if not math.isfinite(v) or not (lo < v if lo_open else lo <= v) or v > hi:
             return _fail(f"{flag}={v!r} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]")
+    if args.block_bytes is not None and args.cluster is None:
+        return _fail(f"--block-bytes={args.block_bytes} is the pool's block size: it needs --cluster N")
+    try:
+        if args.cluster is not None:
+            check_int("--cluster", args.cluster, 1, MAX_CLUSTER_NODES)
+        if args.block_bytes is not None:
+            check_int("--block-bytes", args.block_bytes, 1, MAX_BLOCK_BYTES)
+    except ValueError as exc:
+        return _fail(str(exc))
     try:
         check_tier_codec(args.kv_codec, "--kv-codec")
     except ValueError as exc:
@@ -310,14 +382,16 @@ def run(args: argparse.Namespace) -> int:
             with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), transient=True) as bar:
                 task = bar.add_task(f"replaying {trace.name}", total=len(requests))
-                result = replay(requests, cfg, progress=lambda done, total: bar.update(task, completed=done))
+                result = _run(requests, cfg, args, progress=lambda done, total: bar.update(task, completed=done))
         else:
-            result = replay(requests, cfg)
+            result = _run(requests, cfg, args)
     except KeyboardInterrupt:
         print(f"quillcache replay: interrupted; no results were written under {out}", file=sys.stderr)
         return 130
     except (ValueError, TypeError) as exc:  # e.g. a model whose weights do not fit the GPU, a request too large
         return _fail(_flagged(str(exc)))
+    except ClusterError as exc:  # a node or the master did not start
+        return _fail(f"--cluster {args.cluster}: the pool did not start: {str(exc).splitlines()[0]}")
     try:
         paths = write_results(out, result)
     except OSError as exc:

@@ -45,12 +45,20 @@ the engine's KV is synthesized) with the codec's Numba kernels and stored as ``e
 every fetch decodes it (crc32c-checked) and dequantizes it, and a block whose values are not within
 the codec's error of its key's K/V (``TierCodec.within_error``) counts in ``verify_failures``.
 
+Bytes in a pool (``quillcache.harness.bytepool``): at each offload to a host tier, each drop of a
+block's host bytes from a node and each peer DRAM/SSD fetch, the replay also tells its ``BytePool``,
+one batch per event, in order. The default ``AccountingPool`` moves nothing (the counters above are
+the accounting); ``ClusterPool`` moves each block's bytes through ``PooledStore`` between node
+processes. A pool never changes a decision: the rows and summary are the same whatever the pool;
+what it did is ``ReplayResult.pool``.
+
 Invariants (tested): every request completes exactly once; TTFT >= its prefill time; at the end
 the index holds exactly what the data planes report as resident (``StoreDataPlane.residency``).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import os
@@ -61,6 +69,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from quillcache.harness.bytepool import (
+    PEER_DRAM_KIND,
+    PEER_SSD_KIND,
+    AccountingPool,
+    BytePool,
+    PoolBlock,
+    PoolReport,
+)
 from quillcache.harness.config import ReplayConfig
 from quillcache.harness.engine_model import EngineModel
 from quillcache.harness.metrics import ReplaySummary, RequestRow, summarize
@@ -104,6 +120,7 @@ class ReplayResult:
     skipped_empty: int
     skipped_oversize: int = 0  # requests larger than an engine's GPU KV (cfg.on_oversize="skip")
     dequantized_blocks: int = 0  # real bytes with a codec: blocks decoded + dequantized on fetch
+    pool: PoolReport | None = None  # what the BytePool did (quillcache.harness.bytepool)
     index: IndexBackend | None = None
     planes: dict[str, StoreDataPlane] = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory | None = None
@@ -244,7 +261,7 @@ def _dram_store(cap_blocks: int, block_bytes: int, account: bool) -> LocalKvStor
 class _Replay:
     """One run's state (see the module docstring for the event model)."""
 
-    def __init__(self, requests: list[TraceRequest], cfg: ReplayConfig) -> None:
+    def __init__(self, requests: list[TraceRequest], cfg: ReplayConfig, pool: BytePool | None = None) -> None:
         self.cfg = cfg
         self.requests = requests
         self.bs = bs = _block_tokens(requests)
@@ -296,7 +313,8 @@ class _Replay:
                                   slab_bytes=foot * max(1, min((256 << 20) // foot, ssd_blocks)))
             self.planes[name] = StoreDataPlane(
                 name, dram=_dram_store(dram_blocks, tb, self.account), ssd=ssd, gpu_capacity_blocks=self.gpu_cap,
-                index=self.index, policy=cfg.policy, clock=self._clock, on_evict=self._evicted)
+                index=self.index, policy=cfg.policy, clock=self._clock,
+                on_evict=functools.partial(self._evicted, name))
         self.dps = [self.planes[n] for n in self.names]
         self.free_at = [0.0] * cfg.engines
         self._identities: dict[tuple[str, str, str, str, str], Identity] = {}
@@ -305,6 +323,11 @@ class _Replay:
         self.verify_failures = 0
         self.skipped_empty = 0
         self.dequantized = 0  # blocks decoded and dequantized on fetch (real bytes with a codec)
+        self.pool: BytePool = AccountingPool() if pool is None else pool
+        bind = getattr(self.pool, "bind", None)
+        if bind is not None:
+            bind(cm, self.tb)
+        self._pool_ops: list[tuple[str, PoolBlock]] = []  # this event's seam points, in order
 
     def _fitting(self, requests: list[TraceRequest]) -> list[TraceRequest]:
         """The requests an engine can serve at all: the prompt's KV within its GPU capacity
@@ -333,9 +356,26 @@ class _Replay:
     def _clock(self) -> float:
         return self.now
 
-    def _evicted(self, key: StoreKey, tier: CacheTier) -> None:
+    def _evicted(self, node: str, key: StoreKey, tier: CacheTier) -> None:
         if tier == GPU:
             self._victims.append(key)
+        else:  # a DRAM or SSD drop: bytes are exclusive between the two, so they left the node
+            self._pool_ops.append(("drop", PoolBlock(key, node, self.tb)))
+
+    def _flush_pool(self) -> None:
+        """Hand this event's seam points to the pool: runs of the same operation as one batch each,
+        in the order they happened (a block fetched, then dropped, is fetched first)."""
+        ops = self._pool_ops
+        if not ops:
+            return
+        self._pool_ops = []
+        pool = self.pool
+        start = 0
+        for i in range(1, len(ops) + 1):
+            if i == len(ops) or ops[i][0] != ops[start][0]:
+                batch = [b for _, b in ops[start:i]]
+                getattr(pool, ops[start][0])(batch)
+                start = i
 
     def _identity(self, r: TraceRequest) -> Identity:
         cfg = self.cfg
@@ -390,6 +430,7 @@ class _Replay:
             return
         if placed is not None:
             self.moved["offloaded"] += size
+            self._pool_ops.append(("offload", PoolBlock(key, dp.node, size)))
 
     def _drain_victims(self, dp: StoreDataPlane, size: int) -> None:
         while self._victims:
@@ -447,6 +488,9 @@ class _Replay:
                 hits["peer"] += 1
                 kinds.append(4 if tier == DRAM else 5)
                 self.moved["fetched_peer"] += size
+                self._pool_ops.append(("fetch", PoolBlock(key, e.node, size,
+                                                          PEER_DRAM_KIND if tier == DRAM else PEER_SSD_KIND)))
+        self._flush_pool()
         k = len(kinds)
         cached = min(k * bs, r.input_tokens - 1)
         fetch_s = em.fetch_s(kinds)
@@ -496,6 +540,7 @@ class _Replay:
                 dp.pin(key)
                 fl.pins.append(key)
                 fl.pinned.add(key)
+        self._flush_pool()
         r = fl.row
         own = -(-r.input_tokens // self.bs) * self.bs
         batch = max(0, int(self.planner.loads.decode_blocks[fl.engine]) * self.bs - own)
@@ -557,15 +602,19 @@ class _Replay:
 
 
 def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None, *,
-           progress: Progress | None = None, keep_open: bool = False) -> ReplayResult:
+           progress: Progress | None = None, keep_open: bool = False, pool: BytePool | None = None) -> ReplayResult:
     """Replay ``requests`` (sorted by arrival) under ``config``; see the module docstring.
 
     ``progress(done, total)`` is called every 0.5% of arrivals. ``keep_open=True`` keeps the index
-    and data planes open in the result (for inspection; ``result.close()`` them)."""
+    and data planes open in the result (for inspection; ``result.close()`` them). ``pool``: where
+    offloads, drops and peer fetches move bytes (default ``AccountingPool``: nowhere); the caller
+    owns it (closes it), the replay only calls it."""
     cfg = config if config is not None else ReplayConfig()
     if not isinstance(cfg, ReplayConfig):
         raise TypeError(f"config must be a ReplayConfig, got {type(cfg).__name__}")
     reqs = _check_requests(requests)
+    if pool is not None and not isinstance(pool, BytePool):
+        raise TypeError(f"pool must be a BytePool (offload, drop, fetch, report, close), got {type(pool).__name__}")
     if cfg.limit is not None:
         reqs = reqs[: cfg.limit]
     span_s = (reqs[-1].timestamp_ms - reqs[0].timestamp_ms) / (1000.0 * cfg.time_scale)
@@ -574,7 +623,7 @@ def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None,
                          f"to {span_s:.3g} s of simulated time, past {MAX_SIMULATED_S:.3g} s where a float no longer "
                          f"resolves a microsecond (a TTFT would lose its prefill); raise time_scale")
     t0 = time.perf_counter()
-    sim = _Replay(reqs, cfg)
+    sim = _Replay(reqs, cfg, pool)
     try:
         rows = sim.run(progress)
         wall = time.perf_counter() - t0
@@ -589,7 +638,7 @@ def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None,
         sim.close()
         raise
     result = ReplayResult(cfg, summary, rows, sim.em, sim.account, sim.verify_failures, sim.skipped_empty,
-                          sim.skipped_oversize, sim.dequantized)
+                          sim.skipped_oversize, sim.dequantized, sim.pool.report())
     if keep_open:
         result.index, result.planes, result._tmp = sim.index, sim.planes, sim._tmp
     else:
