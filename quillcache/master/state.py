@@ -132,6 +132,7 @@ class MasterState:
         self.space_attached = True
         self.capacity_bytes = 0
         self.used_bytes = 0
+        self._handlers = {op: getattr(self, name) for op, name in _HANDLERS.items()}  # op -> bound handler
 
     # ---------------------------------------------------------------- apply
     def apply(self, rec: list, lsn: int = 0) -> None:
@@ -143,7 +144,7 @@ class MasterState:
         self.epoch = epoch
         if lsn:
             self.lsn = lsn
-        getattr(self, _HANDLERS[op])(now, *rec[3:])
+        self._handlers[op](now, *rec[3:])
 
     def _mount(self, now: float, node_id: str, segment_id: int, capacity: int, endpoint: str, transport: str,
                region_ids: list, tier: int) -> None:
@@ -169,8 +170,9 @@ class MasterState:
             for seg_id, off in old.replicas:
                 self.discarded.append((deadline, seg_id, off, old.alloc_bytes))
         reps = [(s, o) for s, o in replicas]
+        segments = self.segments
         for seg_id, off in reps:
-            seg = self.segments[seg_id]
+            seg = segments[seg_id]
             seg.used_bytes += alloc
             self.used_bytes += alloc
             if seg.alloc is not None and off not in seg.handles:  # replay: the allocator decides the same way

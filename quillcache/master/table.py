@@ -93,9 +93,9 @@ class ObjectTable:
     # ---------------------------------------------------------------- dict protocol
     def get(self, key: str, default=None):
         obj = self._objs.get(key)
-        if obj is not None:
-            return obj
-        row = self._rows.pop(key, None) if self._rows else None
+        if obj is not None or not self._rows:
+            return default if obj is None else obj
+        row = self._rows.pop(key, None)
         return default if row is None else self._materialize(key, row)
 
     def __getitem__(self, key: str) -> ObjectRecord:
