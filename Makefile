@@ -15,7 +15,7 @@ export PYTHONFAULTHANDLER := 1
 PROFILE ?= quick
 
 
-.PHONY: install etcd-server test bench storage store crash recovery safety hitrate replay transfer master kvquant experiments figures paper notebook fuzz clean
+.PHONY: install etcd-server test bench storage store crash recovery safety hitrate replay transfer master kvquant gateway experiments figures paper notebook fuzz clean
 
 install: $(STAMP) etcd-server
 
@@ -31,7 +31,7 @@ $(STAMP): setup.py pyproject.toml $(PYX)
 
 # The studies' extra baselines (libCacheSim) on top of the dev install; tests never need them.
 $(XSTAMP): $(STAMP)
-	$(PIP) install --quiet -e '.[dev,experiments]'
+	$(PIP) install --quiet -e '.[dev,experiments,gateway-baselines]'
 	touch $(XSTAMP)
 
 test: install
@@ -78,6 +78,11 @@ master: install
 # attention error, the Numba int8 kernels' GB/s against a NumPy copy (GPU rows only where one is lent).
 kvquant: install
 	$(RUN) kvquant
+
+# The QuillCache gateway vs sglang-router / vllm-router (the gateway-baselines extra), round-robin and direct, in
+# front of four stand-in engines (quillcache engine-sim); overhead, hit rate and TTFT per request rate.
+gateway: $(XSTAMP)
+	$(RUN) gateway
 
 experiments: $(XSTAMP)
 	$(PY) -m experiments --profile $(PROFILE)

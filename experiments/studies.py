@@ -58,5 +58,8 @@ for _s in (
           make_target="master"),
     Study(name="kvquant", module="experiments.kvquant_study", title="KV-cache quantization: error, size, kernel throughput",
           make_target="kvquant"),
+    Study(name="gateway", module="experiments.gateway_study",
+          title="OpenAI-compatible gateway: overhead, prefix-cache hit rate and TTFT against sglang-router",
+          make_target="gateway"),
 ):
     STUDIES.register(_s.name, _s)
