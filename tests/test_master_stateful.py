@@ -21,6 +21,7 @@ from quillcache.master import (
     MasterConfig, MasterError, MasterService, ObjectStatus, PinKind, ReplicaConfig, SegmentDescriptor,
     residency_key,
 )
+from quillcache.master.wire import expand_put_results, expand_replicas
 
 UNIT = 64
 NODES = ["a", "b", "c", "d"]
@@ -84,12 +85,18 @@ class MasterMachine(RuleBasedStateMachine):
         assert got == exp
 
     @rule(key=keys, size=st.integers(1, UNIT), n=st.integers(1, 3), preferred=st.none() | seg_ids, pin=pins,
-          digest=digests)
-    def put_start(self, key, size, n, preferred, pin, digest) -> None:
+          digest=digests, compact=st.booleans())
+    def put_start(self, key, size, n, preferred, pin, digest, compact=False) -> None:
         exp = self.model.put_start(self.now, key, size, n, preferred, int(pin), digest)
         try:
-            r = self.svc.put_start(key, size, ReplicaConfig(replica_num=n, preferred_segment=preferred), pin=pin,
-                                   digest=digest)
+            if compact:  # the RPC's hot form, expanded as MasterClient does
+                segs, rows = self.svc.batch_put_start_compact([[key, size, n, preferred, int(pin), digest]])
+                r = expand_put_results(segs, rows)[0]
+                if isinstance(r, MasterError):
+                    raise r
+            else:
+                r = self.svc.put_start(key, size, ReplicaConfig(replica_num=n, preferred_segment=preferred), pin=pin,
+                                       digest=digest)
             got = ([d.segment_id for d in r.replicas], r.put_id, r.existing)
             assert len({d.node_id for d in r.replicas}) == len(r.replicas)
             assert all(d.size_bytes == (size if not r.existing else d.size_bytes) for d in r.replicas)
@@ -117,10 +124,11 @@ class MasterMachine(RuleBasedStateMachine):
         exp = self.model.put_revoke(self.now, key, None)
         assert code(self.svc.batch_put_revoke([key])[0]) == exp
 
-    @rule(ks=st.lists(keys, max_size=4))
-    def get(self, ks) -> None:
+    @rule(ks=st.lists(keys, max_size=4), compact=st.booleans())
+    def get(self, ks, compact) -> None:
         exp = self.model.get(self.now, ks)
-        got = [code(o) if isinstance(o, MasterError) else [d.segment_id for d in o] for o in self.svc.get_replicas(ks)]
+        out = expand_replicas(*self.svc.get_replicas_compact(ks)) if compact else self.svc.get_replicas(ks)
+        got = [code(o) if isinstance(o, MasterError) else [d.segment_id for d in o] for o in out]
         assert got == exp
 
     @rule(ks=st.lists(keys, max_size=4))
