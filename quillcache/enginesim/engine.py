@@ -148,6 +148,7 @@ class SimEngine:
                 run.digests, run.parent, tuple(tokens[lo:lo + len(run.digests) * bs]), bs,  # type: ignore[arg-type]
                 self._lora_ids.get(req.lora_name) if req.lora_name else None, MEDIUM_GPU, req.lora_name))
         self.publisher.publish(EventBatch(time.time(), tuple(events), 0))
+        self.metrics.kv_event_batches.inc()
 
     def reset_prefix_cache(self) -> int:
         """Drop every unpinned block and publish ``AllBlocksCleared`` when nothing is pinned, else the removals."""
@@ -158,6 +159,7 @@ class SimEngine:
         if self.publisher is not None and (gone or not pinned):
             ev = AllBlocksCleared() if not pinned else BlockRemoved(tuple(gone), MEDIUM_GPU)  # type: ignore[arg-type]
             self.publisher.publish(EventBatch(time.time(), (ev,), 0))
+            self.metrics.kv_event_batches.inc()
         self._update_gauges()
         return len(gone)
 

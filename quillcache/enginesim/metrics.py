@@ -7,7 +7,7 @@ blocks / capacity, 0..1 like vLLM), ``vllm:prefix_cache_queries_total`` / ``vllm
 ``vllm:generation_tokens_total``, ``vllm:request_success_total``, ``vllm:time_to_first_token_seconds`` and
 ``vllm:e2e_request_latency_seconds`` (histograms). The stand-in's own: ``quillcache_sim_cancelled_total``
 (requests whose client went away before the end), ``quillcache_sim_injected_faults_total{kind}``,
-``quillcache_sim_cached_blocks``. Every vLLM metric carries ``model_name`` like vLLM's.
+``quillcache_sim_cached_blocks``, ``quillcache_sim_kv_event_batches_total``. Every vLLM metric carries ``model_name`` like vLLM's.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class SimMetrics:
         self.cancelled = Counter("quillcache_sim_cancelled", "Requests cancelled by a client disconnect", registry=r)
         self.faults = Counter("quillcache_sim_injected_faults", "Faults injected by the fault knobs", ["kind"],
                               registry=r)
+        self.kv_event_batches = Counter("quillcache_sim_kv_event_batches", "KV-event batches handed to the publisher "
+                                        "(numbered from 0; the last one's seq is this count minus one)", registry=r)
         self.cached_blocks = Gauge("quillcache_sim_cached_blocks", "Blocks in the stand-in's prefix cache", registry=r)
         self.model_name = model_name
         for g in (self.running, self.waiting, self.kv_usage):

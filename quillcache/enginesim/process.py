@@ -1,6 +1,7 @@
 """``EngineSimProcess``: run one STAND-IN engine (``quillcache engine-sim``) in a subprocess, for tests and studies.
 
-Contract: ``with EngineSimProcess(["--fixed-ttft-ms", "500"]) as sim:`` starts ``python -m quillcache engine-sim
+Contract: ``with EngineSimProcess(["--fixed-ttft-ms", "500"]) as sim:`` (or ``EngineSimProcess(fixed_ttft_ms=500)``:
+keyword options become flags, ``options_to_args``) starts ``python -m quillcache engine-sim
 --host 127.0.0.1 --port 0 ARGS``, reads its JSON line (the bound address, KV-event endpoints) and polls
 ``GET /health`` until it answers 200, both within ``start_timeout_s`` (else ``RuntimeError`` with the tail of its
 stderr). On exit it is ALWAYS stopped: SIGTERM, then SIGKILL after ``stop_timeout_s``. ``sim.url`` is
@@ -21,7 +22,22 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["EngineSimProcess", "parse_metrics"]
+__all__ = ["EngineSimProcess", "options_to_args", "parse_metrics"]
+
+
+def options_to_args(options: dict[str, object]) -> list[str]:
+    """``{"fixed_ttft_ms": 500, "lora": ["a", "b"]}`` -> ``["--fixed-ttft-ms", "500", "--lora", "a", "--lora", "b"]``
+    (None is left out; a value of True is not accepted: every engine-sim option takes a value)."""
+    out: list[str] = []
+    for key, value in options.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            raise TypeError(f"engine-sim option {key}={value!r}: every option takes a value")
+        flag = "--" + key.replace("_", "-")
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            out += [flag, str(v)]
+    return out
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -37,8 +53,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 class EngineSimProcess:
     def __init__(self, args: Sequence[str] = (), *, start_timeout_s: float = 20.0, stop_timeout_s: float = 5.0,
-                 env: dict[str, str] | None = None) -> None:
-        self.args = [str(a) for a in args]
+                 env: dict[str, str] | None = None, **options: object) -> None:
+        self.args = [str(a) for a in args] + options_to_args(options)
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.env = env

@@ -3,6 +3,14 @@ stand-in engine uses, and the subscriber the gateway uses (gap detection, replay
 
 from quillcache.kvevents.codec import ENCODINGS, HASH_FORMS, KvEventDecodeError, decode_batch, encode_batch
 from quillcache.kvevents.publisher import KvEventPublisher
+from quillcache.kvevents.subscriber import (
+    KvEventSink,
+    KvEventSubscriber,
+    RemovedHashes,
+    StoredBlocks,
+    SubscriberStats,
+    chain_step,
+)
 from quillcache.kvevents.types import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -26,6 +34,12 @@ __all__ = [
     "KvEvent",
     "KvEventDecodeError",
     "KvEventPublisher",
+    "KvEventSink",
+    "KvEventSubscriber",
+    "RemovedHashes",
+    "StoredBlocks",
+    "SubscriberStats",
+    "chain_step",
     "decode_batch",
     "encode_batch",
     "normalize_hash",

@@ -1,0 +1,381 @@
+"""``KvEventSubscriber``: follow one engine's vLLM KV events (ZeroMQ SUB + replay) and feed a sink.
+
+Protocol handling (``publisher`` states the wire side):
+
+- Frames: exactly 3, ``(topic, seq, payload)`` with an 8-byte big-endian ``seq``; anything else is counted as
+  malformed and skipped. A payload that does not decode (``codec.decode_batch``) is counted and skipped whole: its
+  ``seq`` is not trusted and nothing advances, so if it was a real batch the next one shows a gap and the replay is
+  asked for it.
+- Start: with a replay socket, the subscriber first asks it for everything from seq 0 (the engine's history
+  before this subscriber connected; ``on_resync`` first if the buffer no longer reaches back to 0). Live batches
+  that repeat a replayed one (same seq, same bytes) are counted as duplicates and skipped.
+- Sequence: one publisher numbers its batches 0, 1, 2... A first batch with ``seq > 0``, or ``seq > last + 1``, is a
+  GAP: the subscriber asks the replay socket (a DEALER sends ``(b"", start)``) for ``[start, seq)``, applies the
+  replayed batches in order, then the current one. When there is no replay socket, the replay does not answer
+  within ``replay_timeout_s``, or the buffer no longer holds part of the range (or holds garbage there), the sink
+  gets ``on_resync`` (forget this engine's state) and only batches after the last hole are applied. A ``seq <=
+  last`` on the PUB socket (other than a start-up duplicate) means the publisher restarted (a PUB never repeats a
+  number): ``on_resync``, then the
+  batch is handled as a first one.
+- Nothing a peer sends crashes the thread: every failure is counted in :class:`SubscriberStats` and skipped; an
+  exception raised by the sink is counted (``sink_errors``) and does not stop the subscriber.
+
+Sink calls (from the subscriber's thread, in event order; a sink that owns an event loop hops with
+``call_soon_threadsafe``):
+
+- ``on_stored(engine_id, StoredBlocks)``; ``on_removed(engine_id, RemovedHashes)`` — iterating a ``RemovedHashes``
+  yields the engine hashes; ``on_cleared(engine_id)``; ``on_resync(engine_id)``.
+
+Hash mapping (for the gateway, which keys residency by its own hashes): for every stored block the subscriber
+computes the **Dynamo-compatible UNSCOPED chain hash** of the block's whole token prefix (REFERENCE section 1:
+``hashing.hash_blocks(prefix_tokens, block_size)`` with no LoRA and no namespace, seed 1337), block by block from the
+parent's chain hash: ``chain[0] = local[0]`` for a root block, else ``chain = xxh3_64(le_u64(parent_chain) ||
+le_u64(local), 1337)``. The LoRA adapter is NOT mixed in: ``StoredBlocks.lora_name`` carries it, and the gateway's
+identity scope is what separates adapters. The map ``engine hash -> chain hash`` is kept per engine (this
+subscriber) as a bounded LRU of ``max_mapped_blocks``: the relation is a function of the block's content (an engine
+hash commits to its whole prefix), so an entry stays valid after the block's removal and is kept, so that a
+removal, and a later store under that parent, can be mapped. When a stored run's parent is not in the map (stored
+before this subscriber saw it, or aged out of the LRU), its chain hashes are ``None``; ``RemovedHashes.chain_hashes``
+is ``None`` for an engine hash never seen stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+import xxhash
+import zmq
+
+from quillcache.hashing import DYNAMO_BASE_SEED, local_hashes
+from quillcache.kvevents.codec import KvEventDecodeError, decode_batch
+from quillcache.kvevents.types import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+
+__all__ = ["KvEventSink", "KvEventSubscriber", "RemovedHashes", "StoredBlocks", "SubscriberStats",
+           "chain_step"]
+
+log = logging.getLogger(__name__)
+_END = -1
+
+
+def chain_step(parent_chain: int | None, local: int) -> int:
+    """One link of Dynamo's sequence-hash chain (module docstring)."""
+    if parent_chain is None:
+        return local
+    return xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent_chain, local), seed=DYNAMO_BASE_SEED)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlocks:
+    """A ``BlockStored`` event with the gateway's view added: ``local_hashes`` (Dynamo's per-block ``tokens_hash``,
+    no LoRA) and ``chain_hashes`` (unscoped Dynamo chain hashes, ``None`` when the parent's chain is unknown)."""
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None
+    lora_name: str | None
+    medium: str | None
+    local_hashes: tuple[int, ...]
+    chain_hashes: tuple[int | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedHashes:
+    """A ``BlockRemoved`` event: engine ``block_hashes`` (what iteration yields), their ``chain_hashes`` where
+    known, and the ``medium``."""
+
+    block_hashes: tuple[int, ...]
+    chain_hashes: tuple[int | None, ...]
+    medium: str | None
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.block_hashes)
+
+    def __len__(self) -> int:
+        return len(self.block_hashes)
+
+
+class KvEventSink(Protocol):
+    def on_stored(self, engine_id: str, stored: StoredBlocks) -> None: ...
+
+    def on_removed(self, engine_id: str, removed: RemovedHashes) -> None: ...
+
+    def on_cleared(self, engine_id: str) -> None: ...
+
+    def on_resync(self, engine_id: str) -> None: ...
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    batches: int = 0  # applied, live or replayed
+    events: int = 0
+    unknown_events: int = 0
+    malformed: int = 0  # frames or payloads refused
+    duplicates: int = 0  # live batches the start-up replay had already applied
+    gaps: int = 0
+    replayed: int = 0  # batches applied from the replay socket
+    replay_timeouts: int = 0
+    resyncs: int = 0
+    restarts: int = 0
+    sink_errors: int = 0
+    internal_errors: int = 0
+
+
+class KvEventSubscriber:
+    """Follow one engine's KV events in a thread (module docstring). ``start()``/``close()`` or ``with``."""
+
+    def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, engine_id: str, sink: KvEventSink,
+                 topic: str = "", replay_timeout_s: float = 2.0, max_mapped_blocks: int = 1 << 21,
+                 poll_interval_s: float = 0.05) -> None:
+        if max_mapped_blocks < 1:
+            raise ValueError(f"max_mapped_blocks must be >= 1, got {max_mapped_blocks}")
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.engine_id = engine_id
+        self.sink = sink
+        self._topic = topic.encode("utf-8")
+        self.replay_timeout_s = replay_timeout_s
+        self._max_mapped = max_mapped_blocks
+        self._poll_ms = max(1, int(poll_interval_s * 1000))
+        self._chain: OrderedDict[int, int] = OrderedDict()
+        self._caught_up: dict[int, bytes] = {}  # seq -> payload digest of batches the start-up replay applied
+        self.last_seq: int | None = None
+        self.stats = SubscriberStats()
+        self._ctx = zmq.Context.instance()
+        self._sub: zmq.Socket | None = None
+        self._replay: zmq.Socket | None = None
+        self._running = threading.Event()
+        self._connected = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._progress = threading.Condition()
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> KvEventSubscriber:
+        if self._thread is not None:
+            raise RuntimeError("KvEventSubscriber already started")
+        self._running.set()
+        self._thread = threading.Thread(target=self._run, name=f"kv-events-{self.engine_id}", daemon=True)
+        self._thread.start()
+        self._connected.wait(5.0)
+        return self
+
+    def close(self) -> None:
+        self._running.clear()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def __enter__(self) -> KvEventSubscriber:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def chain_hash(self, engine_hash: int) -> int | None:
+        """The unscoped chain hash mapped to ``engine_hash`` (None if never seen stored). Thread-safe enough for
+        reads (a dict lookup); for tests and diagnostics."""
+        return self._chain.get(engine_hash)
+
+    def wait_for_seq(self, seq: int, timeout_s: float) -> bool:
+        """Block until a batch with sequence number >= ``seq`` was handled (True) or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        with self._progress:
+            while self.last_seq is None or self.last_seq < seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._progress.wait(left)
+        return True
+
+    # ---- thread ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        self._sub = sub
+        try:
+            sub.connect(self.endpoint)
+        except zmq.ZMQError as e:
+            log.error("kv events %s: cannot connect to %s: %s", self.engine_id, self.endpoint, e)
+            self._connected.set()
+            sub.close(0)
+            return
+        self._connected.set()
+        try:
+            if self.replay_endpoint is not None:
+                try:
+                    self._catch_up()
+                except Exception:
+                    self.stats.internal_errors += 1
+                    log.exception("kv events %s: catch-up replay failed (continuing live)", self.engine_id)
+            while self._running.is_set():
+                if not sub.poll(self._poll_ms):
+                    continue
+                frames = sub.recv_multipart()
+                try:
+                    self._handle(frames)
+                except Exception:  # never let a bug or a peer's bytes stop the stream
+                    self.stats.internal_errors += 1
+                    log.exception("kv events %s: internal error on a batch (skipped)", self.engine_id)
+                with self._progress:
+                    self._progress.notify_all()
+        finally:
+            sub.close(0)
+            if self._replay is not None:
+                self._replay.close(0)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.stats.malformed += 1
+            return
+        seq = int.from_bytes(frames[1], "big")
+        try:
+            batch = decode_batch(frames[2])
+        except KvEventDecodeError as e:  # ignored whole: its seq is not trusted, nothing advances
+            self.stats.malformed += 1
+            log.debug("kv events %s: seq %d refused: %s", self.engine_id, seq, e)
+            return
+        if self.last_seq is not None and seq <= self.last_seq:
+            if self._caught_up.get(seq) == hashlib.blake2b(frames[2], digest_size=16).digest():
+                self.stats.duplicates += 1  # a batch the catch-up replay already applied
+                return
+            self.stats.restarts += 1
+            self._resync()
+            self.last_seq = None
+        start = 0 if self.last_seq is None else self.last_seq + 1
+        if seq > start:
+            self._fill_gap(start, seq)
+        self._apply(batch)
+        self.last_seq = seq
+        self._caught_up.clear()
+
+    def _catch_up(self) -> None:
+        """At start: replay whatever the publisher still buffers (the engine's history before this subscriber
+        connected); ``on_resync`` first when the buffer no longer starts at seq 0."""
+        got = self._request_replay(0)
+        if not got:
+            return
+        decoded: list[tuple[int, EventBatch]] = []
+        for s, payload in got:
+            if decoded and s != decoded[-1][0] + 1:
+                break
+            try:
+                decoded.append((s, decode_batch(payload)))
+            except KvEventDecodeError:
+                self.stats.malformed += 1
+                break
+            self._caught_up[s] = hashlib.blake2b(payload, digest_size=16).digest()
+        if not decoded:
+            return
+        if decoded[0][0] != 0:
+            self._resync()
+        for s, b in decoded:
+            self._apply(b)
+            self.stats.replayed += 1
+        self.last_seq = decoded[-1][0]
+
+    def _fill_gap(self, start: int, end: int) -> None:
+        """Replay ``[start, end)`` (module docstring); resync when any part of it cannot be had."""
+        self.stats.gaps += 1
+        got = self._request_replay(start) if self.replay_endpoint is not None else None
+        batches: dict[int, EventBatch | None] = {}
+        if got is not None:
+            for s, payload in got:
+                if start <= s < end and s not in batches:
+                    try:
+                        batches[s] = decode_batch(payload)
+                    except KvEventDecodeError:
+                        self.stats.malformed += 1
+                        batches[s] = None
+        holes = [s for s in range(start, end) if batches.get(s) is None]
+        after = start
+        if holes:
+            self._resync()
+            after = holes[-1] + 1
+        for s in range(after, end):
+            b = batches[s]
+            assert b is not None
+            self._apply(b)
+            self.stats.replayed += 1
+
+    def _request_replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        if self._replay is None:
+            self._replay = self._ctx.socket(zmq.DEALER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.connect(self.replay_endpoint)  # type: ignore[arg-type]
+        sock = self._replay
+        sock.send_multipart((b"", start.to_bytes(8, "big", signed=True)))
+        out: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + self.replay_timeout_s
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not sock.poll(left_ms):
+                # no (complete) answer: drop the socket so a late answer cannot be read as the next one's
+                self.stats.replay_timeouts += 1
+                sock.close(0)
+                self._replay = None
+                return None
+            frames = sock.recv_multipart()
+            if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != 8:
+                self.stats.malformed += 1
+                continue
+            s = int.from_bytes(frames[1], "big", signed=True)
+            if s == _END:
+                return out
+            out.append((s, frames[2]))
+
+    # ---- applying events ------------------------------------------------------------------------------
+    def _call(self, method: str, *args: object) -> None:
+        try:
+            getattr(self.sink, method)(self.engine_id, *args)
+        except Exception:
+            self.stats.sink_errors += 1
+            log.exception("kv events %s: sink.%s raised (ignored)", self.engine_id, method)
+
+    def _resync(self) -> None:
+        self.stats.resyncs += 1
+        self._call("on_resync")
+
+    def _remember(self, engine_hash: int, chain: int) -> None:
+        self._chain[engine_hash] = chain
+        self._chain.move_to_end(engine_hash)
+        if len(self._chain) > self._max_mapped:
+            self._chain.popitem(last=False)
+
+    def _stored(self, ev: BlockStored) -> StoredBlocks:
+        local = [int(h) for h in local_hashes(list(ev.token_ids), ev.block_size)] if ev.block_hashes else []
+        prev: int | None = None
+        known = True
+        if ev.parent_block_hash is not None:
+            prev = self._chain.get(ev.parent_block_hash)
+            known = prev is not None
+        chains: list[int | None] = []
+        for eh, lh in zip(ev.block_hashes, local):
+            if not known:
+                chains.append(None)
+                continue
+            prev = chain_step(prev, lh)
+            chains.append(prev)
+            self._remember(eh, prev)
+        return StoredBlocks(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.lora_id,
+                            ev.lora_name, ev.medium, tuple(local), tuple(chains))
+
+    def _apply(self, batch: EventBatch) -> None:
+        self.stats.batches += 1
+        self.stats.unknown_events += batch.unknown_events
+        for ev in batch.events:
+            self.stats.events += 1
+            if isinstance(ev, BlockStored):
+                self._call("on_stored", self._stored(ev))
+            elif isinstance(ev, BlockRemoved):
+                self._call("on_removed", RemovedHashes(ev.block_hashes,
+                                                       tuple(self._chain.get(h) for h in ev.block_hashes), ev.medium))
+            elif isinstance(ev, AllBlocksCleared):
+                self._call("on_cleared")
