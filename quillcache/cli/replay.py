@@ -313,9 +313,8 @@ def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
     from quillcache.harness.cluster_pool import MAX_BLOCK_BYTES, MAX_CLUSTER_NODES
     from quillcache.harness.config import ReplayConfig
-    from quillcache.harness.replay import replay
-    from quillcache.store.tier_codec import check_tier_codec
     from quillcache.pool.cluster import ClusterError
+    from quillcache.store.tier_codec import check_tier_codec
     from quillcache.traces.loader import TraceError, load_trace_report
 
     for flag, v, lo in (("--capacity-blocks", args.capacity_blocks, 1), ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0),
