@@ -110,6 +110,38 @@ def synthetic_conversation_trace(n_conversations: int, seed: int = 7, duration_s
                              block_tokens=block_tokens)
 
 
+# ---------------------------------------------------------------- generated traces of other shapes
+
+# ``quillcache gen-trace sessions`` shapes (quillcache.traces.sessions.SessionsConfig fields), all at
+# 512-token blocks with Mooncake-like long prompts (token sizes x8 of the generator's defaults);
+# each differs from "base" in one or two knobs: session length, prompt sharing, arrival rate, think time
+GEN_BASE = {"block_tokens": 512, "global_prompt_tokens": 8192, "tenant_prompt_tokens": 4096,
+            "first_user_tokens_mean": 3200.0, "turn_user_tokens_mean": 960.0, "output_tokens_mean": 2000.0,
+            "max_input_tokens": 131072}
+GEN_SHAPES: dict[str, dict] = {
+    "gen_base": {},
+    "gen_long_sessions": {"mean_turns": 12.0, "max_turns": 64, "think_time_median_s": 60.0},
+    "gen_single_turn": {"mean_turns": 1.3},
+    "gen_shared_prompts": {"global_prompt_fraction": 0.95, "global_prompt_tokens": 32768, "num_tenants": 32,
+                           "tenant_prompt_tokens": 16384},
+    "gen_high_rate": {"session_rate_per_s": 6.0, "think_time_median_s": 8.0},
+    "gen_slow_think": {"think_time_median_s": 240.0, "think_time_sigma": 1.5, "session_rate_per_s": 0.5},
+}
+GEN_SEEDS_FULL = (1, 2, 3)
+GEN_SEEDS_QUICK = (1,)
+
+
+def generated_trace(shape: str, seed: int, num_sessions: int) -> TraceArrays:
+    """The ``GEN_SHAPES[shape]`` session trace (``quillcache.traces.sessions``) as arrays."""
+    from quillcache.traces.sessions import SessionsConfig, generate
+
+    cfg = SessionsConfig(num_sessions=num_sessions, seed=seed, **{**GEN_BASE, **GEN_SHAPES[shape]})
+    reqs = generate(cfg)
+    return arrays_from_lists([q.hash_ids for q in reqs], timestamps_ms=[q.timestamp for q in reqs],
+                             input_tokens=[q.input_length for q in reqs], output_tokens=[q.output_length for q in reqs],
+                             block_tokens=cfg.block_tokens)
+
+
 # ---------------------------------------------------------------- cells
 
 

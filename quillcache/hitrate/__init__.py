@@ -101,7 +101,7 @@ def _hd_runner(classes: int, leaf_first: bool, fixed: dict | None = None):
 
     def run(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
         o = {**fixed, **opts}
-        mode = {"adaptive": 0, "hd": 1, "lru": 2}[o["mode"]]
+        mode = {"adaptive": 0, "hd": 1, "lru": 2, "challenger": 3}[o["mode"]]
         return kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
                                int(o["block_tokens"]), int(o["period"]), float(o["decay"]), kernels.NUM_BUCKETS,
                                float(o["quantile"]), float(o["che_mult"]), mode, classes, leaf_first)

@@ -131,19 +131,19 @@ def _qhd_victim(rule, t, last, head, hd, nb):
 
 
 @njit(cache=True, nogil=True)
-def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb):
-    """One reference in one cache instance (real or shadow); returns +1 on insert, 0 on touch."""
+def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb, cnt, inst):
+    """One reference in one cache instance (real or shadow; ``cnt[inst]`` counts its blocks);
+    returns +1 on insert, 0 on touch."""
     if incache[b]:
         _unlink(c_old, b, prev, nxt, head, tail, size)
         _push(c, b, prev, nxt, head, tail, size)
         return 0
-    n = 0
-    for q in range(size.shape[0]):
-        n += size[q]
-    if n >= cap:
+    if cnt[inst] >= cap:
         v = _qhd_victim(rule, t, last, head, hd, nb)
         _unlink(lastc[v], v, prev, nxt, head, tail, size)
         incache[v] = False
+    else:
+        cnt[inst] += 1
     incache[b] = True
     _push(c, b, prev, nxt, head, tail, size)
     return 1
@@ -168,7 +168,9 @@ def _quantile_age(rd, q):
 def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode,
             classes, leaf_first):
     """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
-    metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only.
+    metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only,
+    3 = challenger (one shadow runs the rule the real cache does not; the two swap when the shadow
+    had more decayed prefix hits over a period).
     ``classes``: CLS_PREFIX, CLS_REUSE or CLS_CHAIN; ``leaf_first``: after each request, its cached
     blocks are re-queued deepest first, so within a class a chain loses its leaves before its root."""
     ncls = 8
@@ -198,9 +200,12 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     head0, head1, head2 = head[0], head[1], head[2]
     tail0, tail1, tail2 = tail[0], tail[1], tail[2]
     size0, size1, size2 = size[0], size[1], size[2]
+    cnt = np.zeros(3, np.int64)  # blocks held by the real cache and the two shadows
     score = np.zeros(3, np.float64)  # decayed prefix hits of shadow LRU (1), shadow HD (2)
     horizon = 2 * cap
+    hb = min(age_bucket(horizon), nb - 1)  # the age bucket of the horizon (expired lifetimes)
     rule = RULE_HD if mode != 2 else RULE_LRU
+    shadow_rule = RULE_LRU  # mode 3: the rule the one shadow runs (the one the real cache does not)
     t = 0
     exp_pos = 0
     next_upd = period
@@ -213,6 +218,9 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
         if mode == 0:
             score[1] += _prefix_hits(off, blocks, r, inc1)
             score[2] += _prefix_hits(off, blocks, r, inc2)
+        elif mode == 3:
+            score[0] += k
+            score[1] += _prefix_hits(off, blocks, r, inc1)
         s, e = off[r], off[r + 1]
         partial = input_tokens[r] % block_tokens != 0
         tcls = 0
@@ -226,9 +234,6 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
         for p in range(s, e):
             b = blocks[p]
             t += 1
-            hb = age_bucket(horizon)
-            if hb >= nb:
-                hb = nb - 1
             while exp_pos < p and t - (exp_pos + 1) > horizon:
                 x = blocks[exp_pos]
                 if last[x] == exp_pos + 1 and not expired[x]:
@@ -257,10 +262,15 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                 c = n if j >= k else 3 + n
             c_old = lastc[b]
             n_ins += _qhd_access(b, c_old, c, cap, rule, t, last, lastc, inc0, prev0, nxt0, head0, tail0, size0,
-                                 hd, nb)
+                                 hd, nb, cnt, 0)
             if mode == 0:
-                _qhd_access(b, c_old, c, cap, RULE_LRU, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd, nb)
-                _qhd_access(b, c_old, c, cap, RULE_HD, t, last, lastc, inc2, prev2, nxt2, head2, tail2, size2, hd, nb)
+                _qhd_access(b, c_old, c, cap, RULE_LRU, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd, nb,
+                            cnt, 1)
+                _qhd_access(b, c_old, c, cap, RULE_HD, t, last, lastc, inc2, prev2, nxt2, head2, tail2, size2, hd, nb,
+                            cnt, 2)
+            elif mode == 3:
+                _qhd_access(b, c_old, c, cap, shadow_rule, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd,
+                            nb, cnt, 1)
             last[b] = t
             lastc[b] = c
             if t >= next_upd:
@@ -269,6 +279,7 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                 n_ins = 0
                 qa = _quantile_age(rd, quantile)
                 horizon = int(max(che, qa, 1.0))
+                hb = min(age_bucket(horizon), nb - 1)
                 _hd_recompute(hh, ee, hd, mids, decay)
                 for i in range(nb):
                     rd[i] *= decay
@@ -276,6 +287,14 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                     rule = RULE_HD if score[2] >= score[1] else RULE_LRU
                     score[1] *= decay
                     score[2] *= decay
+                elif mode == 3:
+                    if score[1] > score[0]:  # the shadow's rule did better: swap the rules, start over
+                        rule, shadow_rule = shadow_rule, rule
+                        score[0] = 0.0
+                        score[1] = 0.0
+                    else:
+                        score[0] *= decay
+                        score[1] *= decay
         if classes == CLS_CHAIN:
             lf = e - 2 if partial else e - 1
             if lf >= s:
@@ -287,11 +306,4 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                 if inc0[b]:
                     _unlink(c, b, prev0, nxt0, head0, tail0, size0)
                     _push(c, b, prev0, nxt0, head0, tail0, size0)
-                if mode == 0:
-                    if inc1[b]:
-                        _unlink(c, b, prev1, nxt1, head1, tail1, size1)
-                        _push(c, b, prev1, nxt1, head1, tail1, size1)
-                    if inc2[b]:
-                        _unlink(c, b, prev2, nxt2, head2, tail2, size2)
-                        _push(c, b, prev2, nxt2, head2, tail2, size2)
     return total

@@ -61,7 +61,7 @@ NUM_CLASSES = 8
 HD_SUB = 8
 NUM_BUCKETS = 320
 RULE_LRU, RULE_HD = 0, 1
-MODES = ("adaptive", "hd", "lru")
+MODES = ("adaptive", "hd", "lru", "challenger")
 CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.lhd), QuillChain's
 HOT_REFS = 4  # chain classes: a prefix-hit block referenced this often is "hot" (class 7)
 
@@ -160,9 +160,13 @@ class QuillHdPolicy(EvictionPolicy):
         self.che_mult = float(che_mult)
         self.block_tokens = block_tokens
         self._real = _Instance()
-        self._shadows = (_Instance(), _Instance()) if mode == "adaptive" else ()
-        self._score = [0.0, 0.0]  # decayed prefix hits of the LRU shadow, the HD shadow
+        self._shadows = ((_Instance(), _Instance()) if mode == "adaptive" else (_Instance(),) if mode == "challenger"
+                         else ())
+        # decayed prefix hits: adaptive: of the LRU shadow, the HD shadow; challenger: of the real
+        # cache, its one shadow (which runs ``_shadow_rule``, the rule the real cache does not)
+        self._score = [0.0, 0.0]
         self._rule = RULE_LRU if mode == "lru" else RULE_HD
+        self._shadow_rule = RULE_LRU
         self._last: dict[Key, int] = {}
         self._lastc: dict[Key, int] = {}
         self._refs: dict[Key, int] = {}
@@ -223,6 +227,8 @@ class QuillHdPolicy(EvictionPolicy):
                     break
                 turns += min(self._ends.get(key, 0), 1)
             self._req_turn_class = turn_class(turns)
+        if self.mode == "challenger":
+            self._score[0] += num_hit
         for i, shadow in enumerate(self._shadows):
             n = 0
             for key in keys:
@@ -230,7 +236,7 @@ class QuillHdPolicy(EvictionPolicy):
                     n += 1
                 else:
                     break
-            self._score[i] += n
+            self._score[i + (self.mode == "challenger")] += n
 
     # ---- the learning step ----------------------------------------------------------------
     def _classify(self, key: Key, touched: bool, gap: int) -> int:
@@ -279,14 +285,16 @@ class QuillHdPolicy(EvictionPolicy):
 
     def _shadow_access(self, key: Key, c: int) -> None:
         cap = self._capacity()
+        challenger = self.mode == "challenger"
         for i, shadow in enumerate(self._shadows):
+            rule = self._shadow_rule if challenger else RULE_LRU if i == 0 else RULE_HD
             if key not in shadow.cls:
                 if len(shadow) >= cap:
-                    v = self._choose(shadow, RULE_LRU if i == 0 else RULE_HD, always, self._t)
+                    v = self._choose(shadow, rule, always, self._t)
                     assert v is not None
                     shadow.drop(v)
             elif self._req is None:  # unhinted: score per-reference hits instead of prefix hits
-                self._score[i] += 1
+                self._score[i + challenger] += 1
             shadow.place(key, c)
 
     def _finish(self, key: Key, c: int) -> None:
@@ -302,17 +310,19 @@ class QuillHdPolicy(EvictionPolicy):
 
     def _close_request(self, req: Sequence[Key]) -> None:
         """After a hinted request's last key: count where its chain ended (chain classes) and,
-        with ``leaf_first``, re-queue its blocks deepest first (ancestors end most recent)."""
+        with ``leaf_first``, re-queue its blocks in the real cache deepest first (ancestors end
+        most recent)."""
         self._req_closed = True
         if self.classes == "chain":
             lf = len(req) - 2 if self._req_partial else len(req) - 1
             if lf >= 0:
                 self._ends[req[lf]] = self._ends.get(req[lf], 0) + 1
-        if self.leaf_first:
+        if self.leaf_first:  # the real cache only: the shadows compare the two rules, not the order
+            real = self._real
             for key in reversed(req):
-                for inst in (self._real, *self._shadows):
-                    if inst.cls.get(key) is not None:
-                        inst.lists[inst.cls[key]].move_to_end(key)
+                c = real.cls.get(key)
+                if c is not None:
+                    real.lists[c].move_to_end(key)
 
     def _update(self) -> None:
         cap = self._capacity()
@@ -337,7 +347,14 @@ class QuillHdPolicy(EvictionPolicy):
         rd = self._rd
         for i in range(NUM_BUCKETS):
             rd[i] *= decay
-        if self._shadows:
+        if self.mode == "challenger":
+            if self._score[1] > self._score[0]:
+                self._rule, self._shadow_rule = self._shadow_rule, self._rule
+                self._score = [0.0, 0.0]
+            else:
+                self._score[0] *= decay
+                self._score[1] *= decay
+        elif self._shadows:
             self._rule = RULE_HD if self._score[1] >= self._score[0] else RULE_LRU
             self._score[0] *= decay
             self._score[1] *= decay
@@ -396,6 +413,8 @@ class QuillHdPolicy(EvictionPolicy):
 
     def touch(self, key: Key) -> None:
         self._require(key)
+        if self._req is None and self.mode == "challenger":
+            self._score[0] += 1  # unhinted: the real cache's per-reference hits
         c, _ = self._observe(key, touched=True)
         self._real.place(key, c)
         self._shadow_access(key, c)
