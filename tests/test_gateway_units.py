@@ -107,7 +107,7 @@ D_B = make_identity(model="m", tenant="b", layout=KvLayout(block_size_tokens=BS)
 def test_speculation_expires_unless_confirmed():
     tr, index, clock = _tracker()
     h = [11, 12, 13]
-    assert tr.speculate("e0", h, [D_A] * 3) == 3
+    assert len(tr.speculate("e0", h, [D_A] * 3)) == 3
     assert tr.count("e0", EntryState.PENDING) == 3
     assert tr.stored("e0", [901, 902], [11, 12], None) == 2  # the engine stored two of the three
     clock.t += 2.0
@@ -139,11 +139,23 @@ def test_events_attribute_by_parent_and_fifo_never_across_engines():
     tr.check()
 
 
+def test_retract_takes_back_only_unconfirmed_entries():
+    tr, index, clock = _tracker({"e0": "events", "e1": "approximate"})
+    recs = tr.speculate("e0", [1, 2, 3], [D_A] * 3)
+    tr.stored("e0", [50], [1], None)  # block 1 confirmed meanwhile: it stays
+    assert tr.retract(recs) == 2
+    assert [e.block_hash for e in index.entries_on_node("e0")] == [1]
+    assert tr.retract(tr.speculate("e1", [7, 8], [D_B] * 2)) == 2 and index.entries_on_node("e1") == []
+    clock.t += 10
+    assert tr.expire() == 0  # the retracted speculations left nothing to expire
+    tr.check()
+
+
 def test_already_held_blocks_are_not_speculated_again():
     tr, index, clock = _tracker()
     tr.speculate("e0", [1, 2], [D_A, D_A])
     tr.stored("e0", [50, 51], [1, 2], None)
-    assert tr.speculate("e0", [1, 2, 3], [D_A] * 3) == 1  # only the new block
+    assert len(tr.speculate("e0", [1, 2, 3], [D_A] * 3)) == 1  # only the new block
     clock.t += 5
     assert tr.expire() == 1
     assert tr.count("e0", EntryState.CONFIRMED) == 2

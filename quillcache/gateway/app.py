@@ -420,10 +420,11 @@ class Gateway:
         request_id = f"qc-{uuid.uuid4().hex}"
         up_headers = {"content-type": "application/json", "x-request-id": request_id}
         retry = self.config.retry
+        loop = asyncio.get_running_loop()
         last: UpstreamFailure | None = None
         for attempt in range(retry.max_retries + 1):
             try:
-                d = self.decider.decide(identity, token_ids, out_tokens, excluded, why)
+                d = self.decider.decide(identity, token_ids, out_tokens, excluded, why, record=False)
             except NoWorkerError:
                 break
             except ValueError as exc:
@@ -432,6 +433,8 @@ class Gateway:
                 return self._error_response(400, f"the prompt cannot be routed: {exc}", "invalid_request_error")
             ex.decision = d
             metrics.routed(d.worker, d.reason)
+            if d.speculation is not None:  # index writes run while the request is in flight
+                loop.call_soon(self.decider.record, d)
             try:
                 ex.resp = await self.upstream.open(self.urls[d.worker_index] + ex.endpoint, payload, up_headers)
                 break
@@ -441,6 +444,7 @@ class Gateway:
                 if f.kind == "connect":
                     self.healthy[d.worker_index] = False
                 d.lease.release()
+                self.decider.retract(d)
                 ex.decision = None
                 excluded.add(d.worker_index)
                 why = "retry"

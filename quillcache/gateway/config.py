@@ -157,7 +157,7 @@ class GatewayConfig:
     tokenizer: str = "bytes"  # "bytes" or a tokenizer.json path (must be the engine's)
     chat_template: str | None = None  # a tokenizer_config.json path, or None for the built-in ChatML
     block_size_tokens: int = 16
-    index_kind: str = "flat"  # residency index backend (quillcache.index.INDEX_BACKENDS), in memory
+    index_kind: str = "art"  # residency index backend (quillcache.index.INDEX_BACKENDS), in memory
     router: str = "dynamo"
     speculative_ttl_s: float = 2.0  # llm-d's TTL of a routing-time entry an event has not confirmed
     limits: LimitsConfig = field(default_factory=LimitsConfig)

@@ -64,6 +64,8 @@ class Decision:
     reason: str  # prefix_hit, no_hit, retry, unhealthy (metrics label)
     lease: Lease
     prompt_tokens: int
+    speculation: tuple | None = None  # (engine, hashes, digests, reused) until recorded
+    speculated: list | None = None  # the entries written (for retract)
 
 
 class Decider:
@@ -93,7 +95,10 @@ class Decider:
         return self.planner.scope(identity)
 
     def decide(self, identity: Identity, token_ids: Sequence[int], output_tokens: int,
-               excluded: frozenset[int] | set[int] = frozenset(), why_excluded: str = "unhealthy") -> Decision:
+               excluded: frozenset[int] | set[int] = frozenset(), why_excluded: str = "unhealthy", *,
+               record: bool = True) -> Decision:
+        """Plan, admit and (with ``record``) speculate; ``record=False`` leaves the speculation to a
+        later :meth:`record` (the gateway runs it while the upstream request is in flight)."""
         planner = self.planner
         self.tracker.expire()
         req = planner.request(identity, token_ids, output_tokens=output_tokens)
@@ -118,9 +123,28 @@ class Decider:
         cached = min(cached, (req.input_tokens - 1) // self._bs * self._bs)
         name = self.names[w]
         hashes = req.block_hashes
-        if len(hashes) > reused:
-            self.tracker.speculate(name, hashes, req.scope.write_digests(hashes), reused_blocks=reused)
-        return Decision(name, w, cached, tc, reason, lease, req.input_tokens)
+        d = Decision(name, w, cached, tc, reason, lease, req.input_tokens)
+        if len(hashes) > reused or self.tracker.modes[name] == "approximate":
+            d.speculation = (name, hashes, req.scope, reused)
+            if record:
+                self.record(d)
+        return d
+
+    def record(self, d: Decision) -> None:
+        """Write the decision's speculative entries (once; nothing after ``retract``)."""
+        spec = d.speculation
+        if spec is None:
+            return
+        d.speculation = None
+        name, hashes, scope, reused = spec
+        d.speculated = self.tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused)
+
+    def retract(self, d: Decision) -> None:
+        """The request failed before its engine took it: drop what it speculated (or would have)."""
+        d.speculation = None
+        if d.speculated:
+            self.tracker.retract(d.speculated)
+            d.speculated = None
 
     def _fallback(self, plan: Plan, excluded) -> tuple[int, int]:
         """(worker, consecutive GPU blocks it holds for this scope) among the non-excluded workers."""

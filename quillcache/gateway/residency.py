@@ -114,10 +114,10 @@ class ResidencyTracker:
 
     # ---- routing-time side (event loop) ------------------------------------------------------
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
-                  reused_blocks: int = 0) -> int:
+                  reused_blocks: int = 0) -> list[_Rec]:
         """Record that the blocks ``[reused_blocks:]`` of a routed request will be on ``engine``
         (the first ``reused_blocks`` the plan found there are refreshed in approximate mode).
-        Returns how many new entries were written."""
+        Returns the new entries (``retract`` takes them back if the request fails)."""
         live = self._live[engine]
         approx = self._approx.get(engine)
         if approx is not None:
@@ -128,6 +128,7 @@ class ResidencyTracker:
         state = EntryState.APPROX if approx is not None else EntryState.PENDING
         expires = self.clock() + self.ttl_s
         puts: list[ResidencyEntry] = []
+        recs: list[_Rec] = []
         for j in range(reused_blocks, len(block_hashes)):
             h = int(block_hashes[j])
             d = digests[j]
@@ -138,6 +139,7 @@ class ResidencyTracker:
                 continue
             rec = _Rec(engine, h, d, state, expires)
             live[k] = rec
+            recs.append(rec)
             puts.append(ResidencyEntry(h, engine, _GPU, d, 0, 0, self.block_bytes))
             if approx is not None:
                 approx[k] = rec
@@ -149,7 +151,23 @@ class ResidencyTracker:
             self.stats.speculated += len(puts)
         if approx is not None and len(approx) > self._cap[engine]:
             self._evict_approx(engine, approx)
-        return len(puts)
+        return recs
+
+    def retract(self, recs: Iterable[_Rec]) -> int:
+        """Take back entries a failed request speculated (those no event confirmed meanwhile)."""
+        gone = []
+        for rec in recs:
+            if rec.state is EntryState.PENDING or rec.state is EntryState.APPROX:
+                k = (rec.h, rec.digest)
+                del self._live[rec.engine][k]
+                approx = self._approx.get(rec.engine)
+                if approx is not None:
+                    approx.pop(k, None)
+                rec.state = EntryState.DROPPED
+                gone.append(ReplicaKey(rec.h, rec.engine, _GPU, rec.digest))
+        if gone:
+            self.index.remove(gone)
+        return len(gone)
 
     def _evict_approx(self, engine: str, approx: OrderedDict) -> None:
         live = self._live[engine]
