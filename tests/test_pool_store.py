@@ -27,7 +27,7 @@ def _blob(rng, lo=1, hi=MiB) -> bytes:
 
 @pytest.fixture
 def pool():
-    p = EmbeddedPool(3, 16 * MiB)
+    p = EmbeddedPool(3, 32 * MiB)  # 96 MiB: no test here fills it past the eviction watermark
     try:
         yield p
     finally:
@@ -314,9 +314,30 @@ def test_a_port_reused_by_another_node_is_never_read_or_written(pool, store):
             for k, v in data.items():
                 assert bytes(fresh.get(k)) == v
             with pytest.raises(PutFailedError, match="not by"):
-                fresh.put("x", b"x" * 5000, replicas=4)  # 4 nodes now: one replica lands on old node 0
+                fresh.put("x", b"x" * 5000, replicas=3)  # the 3 big nodes (most free bytes), old node 0 among them
         finally:
             fresh.close()
         assert bytes(impostor.view()) == before  # nothing was written into the impostor's memory
     finally:
         impostor.close()
+
+
+def test_min_replicas_ends_a_put_that_reached_enough_nodes(pool):
+    """Opt-in ``min_replicas``: a put whose WRITE reached 2 of 3 nodes ends with 2 replicas written; gets skip
+    the unwritten replica (it never verifies) and never return wrong bytes; without it the put is revoked."""
+    pool.nodes[0].engine.close()
+    s = pool.store(local_cache_bytes=0, staging_bytes=4 * MiB, min_replicas=2)
+    strict = pool.store(local_cache_bytes=0, staging_bytes=4 * MiB)
+    try:
+        with pytest.raises(PutFailedError):
+            strict.put("m-strict", b"s" * 10_000, replicas=3)
+        out = s.put("m", b"m" * 10_000, replicas=3)
+        assert out.replicas_written == 2 and out.bytes_moved == 2 * (10_000 + 24)
+        assert len(pool.master.get_replica_list("m")) == 3  # the dead node's range stays until its TTL
+        for _ in range(3):
+            assert bytes(s.get("m")) == b"m" * 10_000
+        with pytest.raises(ValueError):
+            pool.store(min_replicas=0)
+    finally:
+        s.close()
+        strict.close()

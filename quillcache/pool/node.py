@@ -60,7 +60,8 @@ import time
 from dataclasses import dataclass
 
 from quillcache.master.client import MasterClient
-from quillcache.master.errors import MasterError, NeedRemountError, NoSpaceError, SegmentExistsError
+from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceError, SegmentExistsError,
+                                     SegmentNotFoundError)
 from quillcache.master.types import PutRequest, ReplicaConfig, SegmentDescriptor
 from quillcache.pool.errors import CorruptObjectError, PoolClosedError
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
@@ -75,7 +76,7 @@ CONTROL_METHODS = ["info", "persist", "flush"]
 PAGE_BYTES = 4096
 ALIGN_BYTES = 64
 U32_MAX = (1 << 32) - 1
-REANNOUNCE_CHUNK = 256
+REANNOUNCE_CHUNK = 32
 REGION_PREFIX = "pool-dram;"
 _NODE_SEP = ";node="
 
@@ -143,6 +144,7 @@ class PoolNode:
         self._closed = False
         self._stop = threading.Event()
         self._hb_on = threading.Event()
+        self._reannounce_wanted = threading.Event()
         self._generation = 0  # mounts so far (the region of mount g is named gen=g)
         self._hb_on.set()
         self._lock = threading.RLock()  # mount state
@@ -177,11 +179,12 @@ class PoolNode:
                 os.makedirs(ssd_dir, exist_ok=True)
                 self.ssd = SsdTier(ssd_dir, capacity_bytes=cap, slab_bytes=min(64 << 20, cap))
             self._mount_at_start(mount_timeout_s)
+            self._start_thread(self._heartbeat_loop, "heartbeat")  # before re-announcing: that may take a while
             if self.ssd is not None:
                 self.reannounce()
+                self._start_thread(self._reannounce_loop, "reannounce")
             if etcd is not None:
                 self._register(etcd)
-            self._start_thread(self._heartbeat_loop, "heartbeat")
             self._start_thread(self._persist_loop, "persist")
         except BaseException:
             self.close()
@@ -307,8 +310,7 @@ class PoolNode:
                 try:
                     self._mount()
                     self.counters.remounts += 1
-                    if self.ssd is not None:
-                        self.reannounce()
+                    self._reannounce_wanted.set()  # on its own thread: heartbeats go on meanwhile
                 except Exception as e:
                     log.warning("node %s: remount failed: %s", self.node_id, e)
                     self._stop.wait(delay)
@@ -317,6 +319,16 @@ class PoolNode:
                 log.info("node %s: heartbeat failed (%s: %s); retrying", self.node_id, type(e).__name__, e)
                 self._stop.wait(delay)
                 delay = min(1.0, delay * 2)
+
+    def _reannounce_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._reannounce_wanted.wait(0.2):
+                continue
+            self._reannounce_wanted.clear()
+            try:
+                self.reannounce()
+            except Exception as e:
+                log.warning("node %s: re-announce failed: %s", self.node_id, e)
 
     def _register(self, etcd: str) -> None:
         from quillcache.cluster.descriptors import RegionInfo
@@ -332,7 +344,11 @@ class PoolNode:
 
     # ------------------------------------------------------------------ SSD: re-announce
     def reannounce(self) -> tuple[int, int]:
-        """Bring the SSD tier's blocks back into the pool (module docstring); returns (announced, unfit)."""
+        """Bring the SSD tier's blocks back into the pool (module docstring); returns (announced, unfit).
+
+        Runs chunk by chunk under the mount lock (a remount waits for the chunk in progress, so no block is
+        copied to an offset of a segment that is no longer ours); stops early when the master forgets this
+        node meanwhile (the heartbeat thread then remounts and asks for a new pass)."""
         ssd = self.ssd
         if ssd is None:
             return 0, 0
@@ -341,75 +357,86 @@ class PoolNode:
         for i in range(0, len(keys), REANNOUNCE_CHUNK):
             if self._stop.is_set():
                 break
-            records: list[tuple[str, memoryview]] = []
-            for sk in keys[i:i + REANNOUNCE_CHUNK]:
-                try:
-                    key, framed = decode_record(ssd.get(sk))
-                    if store_key(key) != sk:
-                        raise ValueError("record key does not hash to its block name")
-                    check(framed, key)
-                except Exception as e:  # a block the tier verified but that is not a pool record of ours
-                    log.warning("node %s: SSD block %s skipped: %s", self.node_id, sk.hex(), e)
-                    self.counters.reannounce_skipped += 1
-                    continue
-                records.append((key, framed))
-            if not records:
-                continue
-            have = self.master.exists([k for k, _ in records])
-            todo = [(k, f) for (k, f), h in zip(records, have) if h is not True]
-            self.counters.reannounce_skipped += len(records) - len(todo)
-            used, cap = self.master.segment_usage(self.segment_id)
-            free = cap - used
-            fit: list[tuple[str, memoryview]] = []
-            for k, f in todo:
-                need = -(-f.nbytes // ALIGN_BYTES) * ALIGN_BYTES
-                if need > free:
-                    break
-                free -= need
-                fit.append((k, f))
-            unfit += len(todo) - len(fit)
-            if len(fit) < len(todo):  # the segment is full: the remaining chunks are not tried
-                unfit += max(0, len(keys) - i - REANNOUNCE_CHUNK)
-                stop_after = True
-            else:
-                stop_after = False
-            if not fit:
+            try:
+                with self._lock:
+                    a, u, full = self._reannounce_chunk(keys[i:i + REANNOUNCE_CHUNK])
+            except (NeedRemountError, SegmentNotFoundError) as e:
+                log.warning("node %s: re-announce interrupted (%s); it resumes after the remount", self.node_id, e)
                 break
-            reqs = [PutRequest(key=k, size_bytes=f.nbytes, digest=digest_of(f[f.nbytes - TRAILER_BYTES:]),
-                               config=ReplicaConfig(replica_num=1, preferred_segment=self.segment_id))
-                    for k, f in fit]
-            results = self.master.batch_put_start(reqs, client_id=self.node_id)
-            ends, ids, revoke, revoke_ids = [], [], [], []
-            for (k, f), r in zip(fit, results):
-                if isinstance(r, MasterError):
-                    if isinstance(r, NoSpaceError):
-                        unfit += 1
-                    else:
-                        self.counters.reannounce_skipped += 1
-                    continue
-                if r.existing:
-                    self.counters.reannounce_skipped += 1
-                    continue
-                rep = r.replicas[0] if len(r.replicas) == 1 else None
-                if rep is None or rep.segment_id != self.segment_id:
-                    revoke.append(k)
-                    revoke_ids.append(r.put_id)
-                    unfit += 1
-                    continue
-                self._buf[rep.offset_bytes:rep.offset_bytes + f.nbytes] = f
-                ends.append(k)
-                ids.append(r.put_id)
-            if revoke:
-                self.master.batch_put_revoke(revoke, put_ids=revoke_ids)
-            if ends:
-                out = self.master.batch_put_end(ends, put_ids=ids)
-                announced += sum(1 for o in out if o is None)
-            if stop_after:
+            announced += a
+            unfit += u
+            if full:  # the segment is full: the remaining chunks are not tried
+                unfit += max(0, len(keys) - i - REANNOUNCE_CHUNK)
                 break
         self.counters.reannounced += announced
         self.counters.reannounce_unfit += unfit
         log.info("node %s: re-announced %d SSD blocks (%d did not fit)", self.node_id, announced, unfit)
         return announced, unfit
+
+    def _reannounce_chunk(self, chunk: list) -> tuple[int, int, bool]:
+        ssd = self.ssd
+        records: list[tuple[str, memoryview]] = []
+        for sk in chunk:
+            try:
+                key, framed = decode_record(ssd.get(sk))
+                if store_key(key) != sk:
+                    raise ValueError("record key does not hash to its block name")
+                check(framed, key)
+            except Exception as e:  # a block the tier verified but that is not a pool record of ours
+                log.warning("node %s: SSD block %s skipped: %s", self.node_id, sk.hex(), e)
+                self.counters.reannounce_skipped += 1
+                continue
+            records.append((key, framed))
+        if not records:
+            return 0, 0, False
+        have = self.master.exists([k for k, _ in records])
+        todo = [(k, f) for (k, f), h in zip(records, have) if h is not True]
+        self.counters.reannounce_skipped += len(records) - len(todo)
+        seg_id = self.segment_id
+        used, cap = self.master.segment_usage(seg_id)
+        free = cap - used
+        fit: list[tuple[str, memoryview]] = []
+        for k, f in todo:
+            need = -(-f.nbytes // ALIGN_BYTES) * ALIGN_BYTES
+            if need > free:
+                break
+            free -= need
+            fit.append((k, f))
+        unfit = len(todo) - len(fit)
+        full = len(fit) < len(todo)
+        if not fit:
+            return 0, unfit, full
+        reqs = [PutRequest(key=k, size_bytes=f.nbytes, digest=digest_of(f[f.nbytes - TRAILER_BYTES:]),
+                           config=ReplicaConfig(replica_num=1, preferred_segment=seg_id))
+                for k, f in fit]
+        results = self.master.batch_put_start(reqs, client_id=self.node_id)
+        ends, ids, revoke, revoke_ids = [], [], [], []
+        for (k, f), r in zip(fit, results):
+            if isinstance(r, MasterError):
+                if isinstance(r, NoSpaceError):
+                    unfit += 1
+                else:
+                    self.counters.reannounce_skipped += 1
+                continue
+            if r.existing:
+                self.counters.reannounce_skipped += 1
+                continue
+            rep = r.replicas[0] if len(r.replicas) == 1 else None
+            if rep is None or rep.segment_id != seg_id:
+                revoke.append(k)
+                revoke_ids.append(r.put_id)
+                unfit += 1
+                continue
+            self._buf[rep.offset_bytes:rep.offset_bytes + f.nbytes] = f
+            ends.append(k)
+            ids.append(r.put_id)
+        if revoke:
+            self.master.batch_put_revoke(revoke, put_ids=revoke_ids)
+        announced = 0
+        if ends:
+            out = self.master.batch_put_end(ends, put_ids=ids)
+            announced = sum(1 for o in out if o is None)
+        return announced, unfit, full
 
     # ------------------------------------------------------------------ SSD: write-behind
     def persist(self, items: list) -> int:

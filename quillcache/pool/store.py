@@ -8,7 +8,12 @@ between this process's registered buffer and the nodes' DRAM segments over the t
   the same content answers ``existing``), ONE batched WRITE to every replica, ``put_end``. Any failed WRITE
   revokes the put (``put_revoke``) and raises :class:`PutFailedError`: nothing half-written is ever
   readable. Fewer replicas than asked is accepted when the master placed fewer (best effort).
-  With ``persist=True`` each replica's node is then told to write the object behind to its SSD tier
+  ``min_replicas=k`` (opt-in; default None = the rule above) instead ends a put whose WRITEs completed on at
+  least ``k`` replicas even if others failed (``replicas_written`` says how many hold it): the failed
+  replicas' ranges stay in the index holding bytes that never verify (a get skips them: crc32c), until
+  the master drops them with their node at its client TTL. It trades a replica for availability while a
+  dead node is still mounted (the master places new replicas on it until then).
+  With ``persist=True`` each written replica's node is then told to write the object behind to its SSD tier
   (batched per node, sent by a background thread: never on the put's critical path).
 - ``get(key)``: a hit in the local cache, else ``get_replicas`` (one RPC; the read lease is taken as
   ending ``lease_ttl_s`` after a clock reading made BEFORE the RPC, i.e. never later than the master's),
@@ -113,14 +118,17 @@ class PooledStore:
                  staging_bytes: int = 64 * MiB, replicas: int = 2, persist: bool = False, timeout_s: float = 5.0,
                  lease_ttl_s: float | None = None, secret: str | bytes | None = None, backend: str = "tcp",
                  master_timeout_s: float = 5.0, master_retry_s: float = 10.0, suspect_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 min_replicas: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         from quillcache.transfer import TransferEngine
 
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if min_replicas is not None and (not isinstance(min_replicas, int) or min_replicas < 1):
+            raise ValueError(f"min_replicas must be None or an int >= 1, got {min_replicas!r}")
         self.replicas = replicas
+        self.min_replicas = min_replicas
         self.persist_on = bool(persist)
         self.timeout_s = float(timeout_s)
         self.lease_ttl_s = float(lease_ttl_s if lease_ttl_s is not None else MasterConfig().lease_ttl_s)
@@ -329,7 +337,8 @@ class PooledStore:
         dests: dict[int, _Dest] = {}
         treqs: list = []
         owners: list[tuple[int, ReplicaDescriptor]] = []
-        revoke: dict[int, str] = {}
+        failed: dict[int, list[str]] = {}  # item -> why each failed replica failed
+        written: dict[int, list[ReplicaDescriptor]] = {}
         try:
             for i, res in enumerate(started):
                 k = keys[i]
@@ -345,24 +354,29 @@ class PooledStore:
                 n = views[i].nbytes
                 dv[:n] = views[i]
                 dv[n:size] = trailers[i]
+                written[i] = []
                 for rep in res.replicas:
                     try:
                         seg = self._segment(rep)
                     except (TransferError, OSError) as e:
                         self._mark_failed(rep.endpoint)
-                        revoke[i] = f"replica on {rep.node_id} ({rep.endpoint}) unreachable: {e}"
-                        break
+                        failed.setdefault(i, []).append(f"replica on {rep.node_id} ({rep.endpoint}) unreachable: {e}")
+                        continue
                     treqs.append(TransferRequest(Op.WRITE, d.region, d.offset, seg, rep.region_id,
                                                  rep.offset_bytes, size))
                     owners.append((i, rep))
-            live = [(q, o) for q, o in zip(treqs, owners) if o[0] not in revoke]
             dt = 0.0
-            if live:
-                results, dt = self._transfer([q for q, _ in live])
-                for (q, (i, rep)), (ok, why) in zip(live, results):
-                    if not ok and i not in revoke:
+            if treqs:
+                results, dt = self._transfer(treqs)
+                for (i, rep), (ok, why) in zip(owners, results):
+                    if ok:
+                        written[i].append(rep)
+                    else:
                         self._mark_failed(rep.endpoint)
-                        revoke[i] = f"WRITE to {rep.node_id} ({rep.endpoint}) failed: {why}"
+                        failed.setdefault(i, []).append(f"WRITE to {rep.node_id} ({rep.endpoint}) failed: {why}")
+            need = self.min_replicas
+            revoke = {i: "; ".join(why) for i, why in failed.items()
+                      if need is None or len(written[i]) < need}
             ends = [i for i in dests if i not in revoke]
             if revoke:
                 idx = sorted(revoke)
@@ -376,7 +390,7 @@ class PooledStore:
                                     put_ids=[started[i].put_id for i in ends])
                 persist: dict[str, list] = {}
                 for i, res in zip(ends, done):
-                    reps = started[i].replicas
+                    reps = written[i]
                     size = views[i].nbytes + TRAILER_BYTES
                     if isinstance(res, MasterError):
                         out[i] = PutFailedError(f"put({keys[i]!r:.120}): put_end refused: {res!r}")
