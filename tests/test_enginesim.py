@@ -327,3 +327,38 @@ def test_fault_knobs_follow_the_seed(faulty_sim):
     assert m['quillcache_sim_injected_faults_total{kind="error"}'] == seen["error"]
     assert m['quillcache_sim_injected_faults_total{kind="die_mid_stream"}'] == seen["die"]
     assert m["quillcache_sim_cancelled_total"] == 0  # an injected death is not a client's cancellation
+
+
+# ---- a HuggingFace tokenizer and a Jinja chat template ------------------------------------------------------
+def test_hf_tokenizer_and_jinja_template_count_like_the_gateway(tmp_path):
+    """engine-sim with a real tokenizer.json (trained here) and a tokenizer_config.json chat template: its usage
+    counts equal what quillcache.textproc computes for the same request (what the gateway uses)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from quillcache.textproc import load_chat_template, load_tokenizer, prompt_tokens
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["the cache block token prefix engine router", "hello there, how are you", "a b c d e f g"] * 30
+    tok.train_from_iterator(corpus, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    tokenizer, tpl = load_tokenizer(str(tmp_path / "tokenizer.json")), load_chat_template(str(tmp_path))
+    msgs = [{"role": "user", "content": "hello there, how is the cache?"}]
+    expected = prompt_tokens("chat", {"messages": msgs}, tokenizer, tpl)
+    with EngineSimProcess(tokenizer=tmp_path / "tokenizer.json", chat_template=tmp_path, fixed_ttft_ms=1,
+                          decode_ms_per_token=0) as s:
+        r = _client(s).chat.completions.create(model="quillcache-sim", messages=msgs, max_tokens=6)
+        assert r.usage.prompt_tokens == expected.num_tokens and r.usage.completion_tokens == 6
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in _client(s).chat.completions.create(
+            model="quillcache-sim", messages=msgs, max_tokens=6, stream=True) if ch.choices)
+        assert streamed == r.choices[0].message.content and streamed.strip()
+        status, body = _post(s.url + "/tokenize", json.dumps({"messages": msgs}).encode())
+        assert body["tokens"] == list(expected.token_ids)
+        status, body = _post(s.url + "/tokenize", json.dumps({"prompt": "hello there"}).encode())
+        assert body["tokens"] == tokenizer.encode("hello there", add_special_tokens=True)

@@ -16,7 +16,8 @@ Routes (vLLM's shapes unless noted):
 
 Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` with the status in ``code``: 400 for
 malformed JSON or fields (the message names the field), 404 for an unknown model, 413 over the body cap, 500 for
-an injected error (``--error-rate``). No traceback ever reaches a client. Headers of a streaming response are sent
+an injected error (``--error-rate``). ``--die-mid-stream-after-tokens`` applies to streaming responses only (a
+non-streaming response has no middle to die in). No traceback ever reaches a client. Headers of a streaming response are sent
 before prefill starts (and after ``--hang-before-headers-s`` when that fault is drawn); a client that disconnects
 cancels its request at once (the response races the request against ``http.disconnect``).
 """
