@@ -50,6 +50,8 @@ COMMANDS.register("gateway", Command("serve the OpenAI-compatible streaming gate
                                      "routing over engines)", "quillcache.cli.gateway"))
 COMMANDS.register("engine-sim", Command("serve a STAND-IN engine (OpenAI-compatible, engine-model timing, block "
                                         "cache, vLLM KV events, fault knobs)", "quillcache.cli.engine_sim"))
+COMMANDS.register("hitrate", Command("hit rate of eviction policies at several capacities and the share of the "
+                                     "LRU-to-Belady gap each closes", "quillcache.cli.hitrate"))
 COMMANDS.register("gen-trace", Command("write a generated trace (multi-turn sessions, or the identity-collision "
                                        "workload)", "quillcache.cli.gen_trace"))
 

@@ -5,16 +5,21 @@ unlimited), ``hit_rate``, ``hit_blocks``, ``total_blocks``, ``refs_per_s`` (kern
 JIT excluded), and ``gap_closed``: the share of the LRU→Belady gap the policy closes at that
 capacity, ``(hit - lru) / (belady - lru)``, computed when both ``lru`` and ``belady`` are in the
 sweep and the gap is positive (NA otherwise). The trace is converted to arrays once.
+
+``options`` gives kernel options per policy (e.g. ``{"quillchain": {"block_tokens": 16}}``);
+``progress(policy, capacity)`` is called after each cell (for a progress bar).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from quillcache.hitrate import as_arrays, simulate
 
 
-def sweep(trace_or_arrays: object, policies: Sequence[str], capacities: Sequence[int | None]):
+def sweep(trace_or_arrays: object, policies: Sequence[str], capacities: Sequence[int | None], *,
+          options: Mapping[str, Mapping[str, object]] | None = None,
+          progress: Callable[[str, int | None], None] | None = None):
     """Run every policy at every capacity (None = unlimited) and return the tidy frame."""
     import pandas as pd
 
@@ -23,12 +28,15 @@ def sweep(trace_or_arrays: object, policies: Sequence[str], capacities: Sequence
     if isinstance(capacities, (str, int)) or not capacities:
         raise ValueError(f"capacities must be a non-empty list of block counts (None = unlimited), got {capacities!r}")
     arrs = as_arrays(trace_or_arrays)
+    options = options or {}
     records = []
     for policy in dict.fromkeys(policies):
         for cap in dict.fromkeys(capacities):
-            r = simulate(arrs, policy, cap)
+            r = simulate(arrs, policy, cap, **dict(options.get(policy, {})))
             records.append({"policy": policy, "capacity_blocks": cap, "hit_rate": r.hit_rate,
                             "hit_blocks": r.hit_blocks, "total_blocks": r.total_blocks, "refs_per_s": r.refs_per_s})
+            if progress is not None:
+                progress(policy, cap)
     df = pd.DataFrame.from_records(records)
     df["capacity_blocks"] = df["capacity_blocks"].astype("Int64")
     df["gap_closed"] = pd.Series(pd.NA, index=df.index, dtype="Float64")

@@ -1,0 +1,216 @@
+"""``quillcache hitrate TRACE``: hit rate of eviction policies at several capacities, and the share
+of the LRU→Belady gap each closes (the hit-rate-only replay of :mod:`quillcache.hitrate`).
+
+Bad input (a missing or malformed trace, unsorted timestamps, an unknown policy, a capacity that
+is not a positive integer or ``inf``) prints ONE line ``quillcache hitrate: error: ...`` on stderr
+and exits with status 2; nothing is written. ``--out`` is checked to be writable before any work.
+Results go under ``--out`` (default ``results/hitrate_cli/<trace stem>/``): ``hitrate.csv`` (one
+row per policy and capacity: hit rate, hit blocks, gap closed, replay speed), ``summary.csv`` +
+``meta.json`` in the project's results schema (``quillcache.results.read_summary`` reads them)
+and a ``hitrate.parquet`` twin when pyarrow is importable. Ctrl-C stops with exit status 130 and
+writes nothing. ``lru`` and ``belady`` (the offline bound) always run: the gap needs both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["DEFAULT_CAPACITIES", "configure", "parse_capacities", "run"]
+
+DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
+DEFAULT_OUT = Path("results") / "hitrate_cli"
+
+EPILOG = """\
+examples:
+  # every policy at 1k, 10k, 30k, 50k, 100k blocks and unlimited on the Mooncake conversation trace
+  quillcache hitrate ../shared/traces/conversation_trace.jsonl
+
+  # two policies (lru and belady are always added), three capacities, results elsewhere
+  quillcache hitrate trace.jsonl --policies quillchain,s3fifo --capacities 2000,20k,inf --out /tmp/hr
+
+  # a generated trace of 16-token blocks (the size is read from its lines), malformed lines skipped
+  quillcache gen-trace sessions --out s.jsonl --sessions 500
+  quillcache hitrate s.jsonl --on-error skip
+
+hit rate: the prefix-aware block hit rate of REFERENCE §5 (a request hits its leading cached
+blocks up to the first miss); "gap closed" = (policy - lru) / (belady - lru) at that capacity.
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
+    p.add_argument("trace", help="a JSON-Lines trace (Mooncake format or the project's generated schemas)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policy names (default: every policy with a hit-rate kernel)")
+    p.add_argument("--capacities", default=DEFAULT_CAPACITIES,
+                   help=f"comma-separated capacities in blocks; k/M suffixes; inf = unlimited "
+                        f"(default {DEFAULT_CAPACITIES})")
+    p.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT}/<trace stem>/)")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
+                   help="a malformed trace line: stop naming it (default) or skip it (counted in the output)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no table (the files are still written)")
+
+
+def _fail(msg: str) -> int:
+    print(f"quillcache hitrate: error: {msg}", file=sys.stderr)
+    return 2
+
+
+_CAP_RE = re.compile(r"^(\d+)([kKmM]?)$")
+
+
+def parse_capacities(text: str) -> list[int | None]:
+    """``"1k,10000,inf"`` -> ``[1000, 10000, None]``; ValueError naming the bad item."""
+    out: list[int | None] = []
+    for item in text.split(","):
+        s = item.strip()
+        if s.lower() in ("inf", "unlimited"):
+            out.append(None)
+            continue
+        m = _CAP_RE.match(s)
+        if not m:
+            raise ValueError(f"--capacities: {item!r} is not a block count (e.g. 1000, 10k, 2M) or inf")
+        n = int(m.group(1)) * {"": 1, "k": 1000, "m": 1_000_000}[m.group(2).lower()]
+        if n < 1:
+            raise ValueError(f"--capacities: {item!r} must be >= 1 block")
+        out.append(n)
+    return list(dict.fromkeys(out))
+
+
+def _policies(text: str | None) -> list[str]:
+    from quillcache.hitrate import HITRATE_KERNELS
+
+    names = list(HITRATE_KERNELS) if text is None else [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ValueError("--policies: no policy named")
+    unknown = [n for n in names if n not in HITRATE_KERNELS]
+    if unknown:
+        raise ValueError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(sorted(HITRATE_KERNELS))}")
+    rest = [n for n in names if n not in ("lru", "belady")]
+    return ["lru", *dict.fromkeys(rest), "belady"]
+
+
+def _tidy_rows(df, trace: str, block_tokens: int) -> list:
+    import pandas as pd
+
+    from quillcache.results import SummaryRow
+
+    rows = []
+    for r in df.itertuples(index=False):
+        cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
+        params = {"trace": trace, "block_tokens": block_tokens, **({} if cap is None else {"capacity_blocks": cap})}
+        rows.append(SummaryRow(metric="hit_rate", subject=r.policy, value=float(r.hit_rate), unit="fraction",
+                               params=params))
+        if not pd.isna(r.gap_closed):
+            rows.append(SummaryRow(metric="gap_closed", subject=r.policy, value=float(r.gap_closed),
+                                   unit="fraction of the LRU-to-Belady gap", params=params))
+    return rows
+
+
+def write_results(out: Path, df, trace: str, block_tokens: int) -> list[Path]:
+    from quillcache.results import write_summary
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "hitrate.csv"]
+    df.to_csv(paths[0], index=False)
+    paths.append(write_summary(out.name, _tidy_rows(df, trace, block_tokens), out.parent, profile="custom"))
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return paths
+    p = out / "hitrate.parquet"
+    df.to_parquet(p, index=False)
+    paths.append(p)
+    return paths
+
+
+def _print_table(df, title: str, paths: list[Path], note: str) -> None:
+    import pandas as pd
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console() if sys.stdout.isatty() else Console(width=160)  # a file or pipe: no wrapping at 80
+    caps = list(dict.fromkeys(df["capacity_blocks"].tolist()))
+    t = Table(title=title)
+    t.add_column("policy", no_wrap=True)
+    for c in caps:
+        t.add_column("unlimited" if pd.isna(c) else f"{int(c):,}", justify="right")
+    for pol, part in df.groupby("policy", sort=False):
+        cells = []
+        for c in caps:
+            r = part[part["capacity_blocks"].isna()] if pd.isna(c) else part[part["capacity_blocks"] == c]
+            hr, g = float(r["hit_rate"].iloc[0]), r["gap_closed"].iloc[0]
+            cells.append(f"{hr:.4f}" + ("" if pd.isna(g) or pol in ("lru", "belady") else f" {g * 100:+.1f}%"))
+        t.add_row(pol + (" (offline bound)" if pol == "belady" else ""), *cells)
+    con.print(t)
+    con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity", markup=False)
+    if note:
+        con.print(note, markup=False, highlight=False)
+    con.print("results: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from quillcache._checks import check_int
+    from quillcache.cli.replay import _check_out
+    from quillcache.traces.loader import TraceError, load_trace_report
+
+    try:
+        if args.limit is not None:
+            check_int("--limit", args.limit, 1)
+        caps = parse_capacities(args.capacities)
+        policies = _policies(args.policies)
+    except ValueError as exc:
+        return _fail(str(exc))
+    trace = Path(args.trace)
+    out = Path(args.out) if args.out else DEFAULT_OUT / trace.stem
+    problem = _check_out(out)
+    if problem:
+        return _fail(problem)
+    try:
+        requests, report = load_trace_report(trace, limit=args.limit, on_error=args.on_error)
+    except TraceError as exc:
+        return _fail(str(exc))
+    if not requests:
+        return _fail(f"{trace}: no requests to replay")
+    sizes = {q.block_tokens for q in requests}
+    if len(sizes) > 1:
+        return _fail(f"{trace}: lines use different block sizes {sorted(sizes)}; one trace needs one block size")
+    block_tokens = sizes.pop()
+    from quillcache.hitrate import HITRATE_KERNELS
+    from quillcache.hitrate.arrays import arrays_from_requests
+    from quillcache.hitrate.sweep import sweep
+
+    arrs = arrays_from_requests(requests, block_tokens=block_tokens)
+    options = {p: {"block_tokens": block_tokens} for p in policies if "block_tokens" in HITRATE_KERNELS[p].options}
+    show = not args.quiet and sys.stdout.isatty()
+    if not args.quiet:
+        print(f"quillcache hitrate: {len(requests):,} requests, {arrs.num_refs:,} block references from {trace.name}",
+              file=sys.stderr, flush=True)
+    try:
+        if show:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), transient=True) as bar:
+                task = bar.add_task(f"replaying {trace.name}", total=len(policies) * len(caps), cell="")
+                df = sweep(arrs, policies, caps, options=options,
+                           progress=lambda p, c: bar.update(task, advance=1, cell=f"{p} @ {c or 'inf'}"))
+        else:
+            df = sweep(arrs, policies, caps, options=options)
+    except KeyboardInterrupt:
+        print(f"quillcache hitrate: interrupted; no results were written under {out}", file=sys.stderr)
+        return 130
+    try:
+        paths = write_results(out, df, trace.stem, block_tokens)
+    except OSError as exc:
+        return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
+    if not args.quiet:
+        note = report.summary() if report.skipped else ""
+        _print_table(df, f"quillcache hitrate: {trace.name}, {arrs.num_requests:,} requests, {arrs.num_refs:,} "
+                         f"block references, {block_tokens}-token blocks", paths, note)
+    return 0

@@ -1,0 +1,118 @@
+"""``quillcache hitrate`` end to end in a subprocess: the table and result files on success, one
+clear line and nothing written on bad input (the rules of ``quillcache replay``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+
+def line(ts: int, ids: list[int], isl: int | None = None) -> str:
+    return json.dumps({"timestamp": ts, "input_length": isl if isl is not None else 512 * len(ids),
+                       "output_length": 20, "hash_ids": ids})
+
+
+def write(tmp: Path, lines: list[str], name: str = "trace.jsonl") -> Path:
+    p = tmp / name
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def good_lines() -> list[str]:
+    return [line(0, [0, 1, 2]), line(100, [0, 1, 2, 3], isl=1900), line(200, [0, 4], isl=700),
+            line(5000, [0, 1, 2, 3, 5]), line(6000, [0, 4, 6]), line(7000, [0, 1, 2, 3, 5, 7])]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quillcache", "hitrate", *args], capture_output=True, text=True,
+                          check=False, timeout=300)
+
+
+def test_table_and_files_match_simulate(tmp_path: Path) -> None:
+    from quillcache.hitrate import simulate
+    from quillcache.hitrate.arrays import load_arrays
+    from quillcache.results import read_summary
+
+    trace = write(tmp_path, good_lines())
+    out = tmp_path / "out"
+    p = cli(str(trace), "--policies", "quillchain,sieve", "--capacities", "2,4,inf", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    for name in ("lru", "quillchain", "sieve", "belady (offline bound)", "unlimited"):
+        assert name in p.stdout
+    df = pd.read_csv(out / "hitrate.csv")
+    assert list(df["policy"].unique()) == ["lru", "quillchain", "sieve", "belady"]  # lru and belady always run
+    arrs = load_arrays(trace)
+    for r in df.itertuples():
+        cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
+        assert r.hit_blocks == simulate(arrs, r.policy, cap).hit_blocks, (r.policy, cap)
+    at2 = df[df.capacity_blocks == 2].set_index("policy")
+    lru, bel = at2.loc["lru", "hit_rate"], at2.loc["belady", "hit_rate"]
+    if bel > lru:
+        assert at2.loc["sieve", "gap_closed"] == pytest.approx((at2.loc["sieve", "hit_rate"] - lru) / (bel - lru))
+    tidy = read_summary("out", tmp_path)
+    assert set(tidy["metric"]) == {"hit_rate", "gap_closed"} and set(tidy["profile"]) == {"custom"}
+
+
+def test_generated_trace_block_size_is_read_from_its_lines(tmp_path: Path) -> None:
+    trace = tmp_path / "s.jsonl"
+    g = subprocess.run([sys.executable, "-m", "quillcache", "gen-trace", "sessions", "--out", str(trace),
+                        "--sessions", "40", "--seed", "3"], capture_output=True, text=True, timeout=120)
+    assert g.returncode == 0, g.stderr
+    p = cli(str(trace), "--policies", "quillchain", "--capacities", "50,inf", "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr
+    assert "16-token blocks" in p.stdout
+
+
+def test_help_has_examples() -> None:
+    p = cli("--help")
+    assert p.returncode == 0 and "examples:" in p.stdout and "--capacities" in p.stdout
+
+
+def test_skipped_lines_are_reported(tmp_path: Path) -> None:
+    lines = good_lines()
+    lines.insert(2, "{not json")
+    p = cli(str(write(tmp_path, lines)), "--on-error", "skip", "--capacities", "3", "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr
+    assert "line 3" in p.stdout
+
+
+@pytest.mark.parametrize("case, args, needle", [
+    ("missing", ["{tmp}/nope.jsonl"], "does not exist"),
+    ("malformed", ["{bad}"], ":2:"),
+    ("unsorted", ["{unsorted}"], "sorted by timestamp"),
+    ("policy", ["{good}", "--policies", "lru,mru"], "--policies: unknown policy 'mru'"),
+    ("no policy", ["{good}", "--policies", ","], "--policies: no policy named"),
+    ("capacity zero", ["{good}", "--capacities", "10,0"], "--capacities: '0' must be >= 1 block"),
+    ("capacity text", ["{good}", "--capacities", "10,lots"], "--capacities: 'lots' is not a block count"),
+    ("capacity negative", ["{good}", "--capacities", "-5"], "--capacities: '-5' is not a block count"),
+    ("limit", ["{good}", "--limit", "0"], "--limit=0 must be >= 1"),
+])
+def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, args: list[str], needle: str) -> None:
+    paths = {
+        "tmp": str(tmp_path),
+        "good": str(write(tmp_path, good_lines(), "good.jsonl")),
+        "bad": str(write(tmp_path, [good_lines()[0], '{"timestamp": 1, "input_length": "x"}'], "bad.jsonl")),
+        "unsorted": str(write(tmp_path, [line(100, [0]), line(50, [0, 1])], "unsorted.jsonl")),
+    }
+    out = tmp_path / "out"
+    p = cli(*[a.format(**paths) for a in args], "--out", str(out))
+    assert p.returncode == 2, (case, p.stderr)
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and needle in errors[0], p.stderr
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
+    assert not out.exists()  # nothing written on refused input
+
+
+def test_an_unwritable_out_is_refused_before_the_work(tmp_path: Path) -> None:
+    trace = write(tmp_path, good_lines())
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    p = cli(str(trace), "--out", str(blocker / "sub"))
+    assert p.returncode == 2 and "is a file, not a folder" in p.stderr and "Traceback" not in p.stderr
