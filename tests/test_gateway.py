@@ -18,6 +18,7 @@ from quillcache.gateway.server import GatewayProcess
 pytestmark = pytest.mark.timeout(120)
 
 MODEL = "quillcache-sim"
+LORA = "quillcache-sim-sql"  # a LoRA adapter the stand-in serves under its own model name
 KEYS = {"sk-tenant-a-0001": "tenant-a", "sk-tenant-b-0001": "tenant-b"}
 KEY_A, KEY_B = "sk-tenant-a-0001", "sk-tenant-b-0001"
 
@@ -40,7 +41,7 @@ def _wait_until(fn, what: str, timeout_s: float = 10.0):
 @pytest.fixture(scope="module")
 def stack():
     """Two stand-in engines (fast: 20 ms TTFT, 1 ms/token) behind one gateway (approximate prefix state)."""
-    args = ["--fixed-ttft-ms", "20", "--decode-ms-per-token", "1", "--model", MODEL]
+    args = ["--fixed-ttft-ms", "20", "--decode-ms-per-token", "1", "--model", MODEL, "--lora", LORA]
     with EngineSimProcess(args) as e0, EngineSimProcess(args) as e1:
         with GatewayProcess([e0.url, e1.url], keys=KEYS, config={"seed": 3}) as gw:
             yield gw, [e0, e1]
@@ -74,7 +75,22 @@ def test_completions_and_chat_streaming_and_not_through_the_sdk(stack):
     stream = c.completions.create(model=MODEL, prompt="count " * 50, max_tokens=6, stream=True)
     assert sum(len(ch.choices) for ch in stream) == 6
     models = c.models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    assert sorted(m.id for m in models.data) == sorted([MODEL, LORA])
+
+
+def test_a_lora_adapter_is_its_own_scope(stack):
+    """The same prompt under the base model and under its LoRA adapter never shares cache (discovered from
+    the engines' /v1/models: the adapter's ``parent`` is the base model)."""
+    gw, engines = stack
+    c = _client(gw)
+    prompt = "Adapter scope check with a reasonably long prompt. " * 6
+    for _ in range(2):
+        c.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    r = c.completions.with_raw_response.create(model=LORA, prompt=prompt, max_tokens=1)
+    assert r.headers["x-quillcache-cached-tokens"] == "0"
+    assert r.parse().usage.prompt_tokens_details.cached_tokens == 0
+    r = c.completions.with_raw_response.create(model=LORA, prompt=prompt, max_tokens=1)
+    assert int(r.headers["x-quillcache-cached-tokens"]) == r.parse().usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_repeated_prompt_routes_to_its_cache_and_headers_match_the_engine(stack):

@@ -234,3 +234,39 @@ def test_failure_mid_stream_ends_with_one_sse_error_event():
             assert _wait_loads_zero(gw)
             m = parse_metrics(gw.metrics_text())
             assert m['quillcache_gateway_upstream_errors_total{kind="mid_stream",worker="e0"}'] == 2
+
+
+def test_idle_timeout_mid_stream_ends_with_an_error_event():
+    with EngineSimProcess(["--fixed-ttft-ms", "5", "--decode-ms-per-token", "3000", "--model", MODEL]) as e0:
+        with GatewayProcess([e0.url], keys=KEYS, config={"timeouts": {"idle_s": 0.4}}) as gw:
+            t0 = time.monotonic()
+            st, raw, _ = _post(gw.url + "/v1/completions", json.dumps(
+                {"model": MODEL, "prompt": "slow " * 8, "max_tokens": 5, "stream": True}).encode())
+            assert st == 200 and time.monotonic() - t0 < 2.5
+            events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.strip()]
+            assert "error" in events[-1] and "failed mid-stream" in events[-1]["error"]["message"]
+            assert _wait_loads_zero(gw)
+
+
+def test_cli_refuses_bad_flags_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    def run(*args, env=None):
+        p = subprocess.run([sys.executable, "-m", "quillcache", "gateway", *args], capture_output=True, text=True,
+                           timeout=60, env=env)
+        return p.returncode, p.stderr.strip()
+
+    rc, err = run()
+    assert rc == 2 and err == "quillcache gateway: give --engines URL[,URL...] or --config FILE"
+    rc, err = run("--engines", "ftp://x:1")
+    assert rc == 2 and "is not a http/https URL" in err and "\n" not in err
+    bad = tmp_path / "k.json"
+    bad.write_text("{}")
+    rc, err = run("--engines", "http://127.0.0.1:9", "--keys", str(bad))
+    assert rc == 2 and "must be {" in err and "Traceback" not in err
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "QUILLCACHE_GATEWAY_KEYS"}
+    rc, err = run("--engines", "http://127.0.0.1:9", env=env)
+    assert rc == 2 and "no API keys" in err
