@@ -172,6 +172,15 @@ def test_ttft_grows_with_uncached_tokens(sim):
     assert cold > 0.3 and warm < cold / 3, (cold, warm)
 
 
+def test_router_added_fields_and_nulls_are_ignored(sim):
+    """sglang-router and vllm-router forward bodies with fields of their own added; nulls mean defaults."""
+    body = {"model": "quillcache-sim", "prompt": "routed", "max_tokens": 2, "echo": False, "no_stop_trim": False,
+            "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False, "stream": None,
+            "stream_options": None, "seed": None, "n": None, "cache_salt": None, "temperature": 0.7, "top_p": 1}
+    status, out = _post(sim.url + "/v1/completions", json.dumps(body).encode())
+    assert status == 200 and out["usage"]["completion_tokens"] == 2
+
+
 def test_errors_are_openai_shaped(sim):
     c = _client(sim)
     with pytest.raises(openai.NotFoundError, match="does not exist"):

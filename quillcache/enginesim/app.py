@@ -186,7 +186,7 @@ class _EngineResponse(Response):
 def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], Any]:
     """Validated request options, or an error response."""
     cfg = engine.config
-    model = body.get("model", cfg.model)
+    model = body.get("model") or cfg.model
     if not isinstance(model, str):
         return {}, _error(400, f"'model' must be a string, got {type(model).__name__}", param="model")
     try:
@@ -200,7 +200,7 @@ def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[
         max_tokens = cfg.default_max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         return {}, _error(400, f"'max_tokens' must be an integer >= 1, got {max_tokens!r:.40}", param="max_tokens")
-    stream = body.get("stream", False)
+    stream = body.get("stream") or False
     if not isinstance(stream, bool):
         return {}, _error(400, f"'stream' must be a boolean, got {stream!r:.40}", param="stream")
     opts = body.get("stream_options") or {}
@@ -213,8 +213,8 @@ def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         return {}, _error(400, f"'seed' must be an integer, got {seed!r:.40}", param="seed")
-    n = body.get("n", 1)
-    if n != 1:
+    n = body.get("n")
+    if n not in (None, 1):
         return {}, _error(400, f"'n'={n!r:.20} is not supported by the stand-in engine (only 1)", param="n")
     return {"model": model, "lora": lora, "max_tokens": max_tokens, "stream": stream,
             "include_usage": bool(opts.get("include_usage", False)) and stream, "salt": salt, "seed": seed}, None
