@@ -10,9 +10,12 @@ import urllib.request
 
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quillcache.enginesim import EngineSimProcess, SimBlockCache, engine_block_digests
 from quillcache.enginesim.config import EngineSimConfig
+from quillcache.enginesim.textgen import incremental_deltas, plan_output
 from quillcache.textproc import ByteTokenizer, ChatMLTemplate
 
 
@@ -66,6 +69,23 @@ def test_block_cache_reuses_orphan_blocks_and_splits_runs():
     assert [r.digests for r in res.runs] == [(_d(4),), (_d(6),)]
     assert res.runs[1].parent == _d(5) and res.runs[1].first_block == 2
     c.release(res.pinned)
+
+
+@given(st.text(max_size=60))
+def test_incremental_deltas_rebuild_the_text(text):
+    tok = ByteTokenizer()
+    ids = tok.encode(text)
+    deltas = incremental_deltas(tok, ids)
+    assert len(deltas) == len(ids) and "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas) or "\ufffd" in text  # never a half character
+
+
+def test_output_plan_is_deterministic_and_exact_length():
+    tok = ByteTokenizer()
+    a = plan_output(tok, [1, 2, 3], 5000, engine_seed=0, request_seed=None)
+    assert len(a.token_ids) == 5000 and tok.encode(a.text) == a.token_ids
+    assert plan_output(tok, [1, 2, 3], 5000, engine_seed=0, request_seed=None).text == a.text
+    assert plan_output(tok, [1, 2, 3], 50, engine_seed=0, request_seed=7).text != a.text[:50]
 
 
 def test_config_errors_name_the_field():

@@ -3,8 +3,8 @@
 A request's output is a sequence of words from :data:`WORDS`, drawn by ``random.Random(seed)`` with ``seed =
 sha256(engine seed, request seed, prompt token ids)``: the same prompt (and ``seed`` field) always gives the same
 text. The text is tokenized with the engine's tokenizer and cut to ``max_tokens`` ids; each decode step emits one
-id, and its text delta is the growth of ``decode(ids[:k])`` (incremental detokenization, as engines do), so the
-concatenated deltas are exactly ``decode(ids)`` and ``completion_tokens`` counts real tokenizer ids.
+id and its text delta (:func:`incremental_deltas`, incremental detokenization as engines do it, linear in the
+number of ids), so ``completion_tokens`` counts real tokenizer ids.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Sequence
 
 from quillcache.textproc.tokenizer import Tokenizer
 
-__all__ = ["WORDS", "OutputPlan", "plan_output"]
+__all__ = ["WORDS", "OutputPlan", "incremental_deltas", "plan_output"]
 
 WORDS = ("the", "cache", "block", "token", "prefix", "engine", "router", "quill", "memory", "tenant", "model",
          "stream", "reuse", "layer", "batch", "query", "value", "key", "scope", "tier", "fast", "safe", "exact",
@@ -47,15 +47,24 @@ def plan_output(tokenizer: Tokenizer, prompt_ids: Sequence[int], max_tokens: int
         words.extend(rng.choice(WORDS) for _ in range(max(8, max_tokens - len(ids))))
         ids = tokenizer.encode(" " + " ".join(words))
     ids = ids[:max_tokens]
+    return OutputPlan(ids, incremental_deltas(tokenizer, ids))
+
+
+def incremental_deltas(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    """One text delta per id, by incremental detokenization in O(len(ids)) decodes (vLLM's prefix/read offsets):
+    text is released once it no longer ends in an incomplete character (U+FFFD); the last delta flushes the rest,
+    so ``"".join(deltas)`` is the decoded text of all ids."""
     deltas: list[str] = []
-    prev = ""
+    prefix_offset = read_offset = 0
     for k in range(1, len(ids) + 1):
-        cur = tokenizer.decode(ids[:k])
-        if cur.startswith(prev):
-            deltas.append(cur[len(prev):])
-        else:  # a decoder that rewrites earlier text (rare): emit nothing until it is stable, then the rest
+        prefix_text = tokenizer.decode(ids[prefix_offset:read_offset])
+        new_text = tokenizer.decode(ids[prefix_offset:k])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            deltas.append(new_text[len(prefix_text):])
+            prefix_offset, read_offset = read_offset, k
+        else:
             deltas.append("")
-            continue
-        prev = cur
-    deltas[-1] += tokenizer.decode(ids)[len(prev):] if tokenizer.decode(ids).startswith(prev) else ""
-    return OutputPlan(ids, deltas)
+    if deltas and read_offset < len(ids):
+        rest = tokenizer.decode(ids[prefix_offset:])
+        deltas[-1] += rest[len(tokenizer.decode(ids[prefix_offset:read_offset])):]
+    return deltas
