@@ -53,6 +53,7 @@ def test_put_get_bit_exact_on_distinct_nodes(pool, store):
     for k, v in data.items():
         out = store.put(k, v)
         assert out.replicas_written == 2 and not out.existing and out.bytes_moved == 2 * (len(v) + 24)
+        assert sorted(out.nodes) == sorted(r.node_id for r in pool.master.get_replica_list(k))
     for k, v in data.items():
         reps = pool.master.get_replica_list(k)
         assert len({r.node_id for r in reps}) == 2, f"seed {SEED}: {k} replicas not on distinct nodes"
@@ -333,6 +334,7 @@ def test_min_replicas_ends_a_put_that_reached_enough_nodes(pool):
             strict.put("m-strict", b"s" * 10_000, replicas=3)
         out = s.put("m", b"m" * 10_000, replicas=3)
         assert out.replicas_written == 2 and out.bytes_moved == 2 * (10_000 + 24)
+        assert pool.nodes[0].node_id not in out.nodes and len(set(out.nodes)) == 2
         assert len(pool.master.get_replica_list("m")) == 3  # the dead node's range stays until its TTL
         for _ in range(3):
             assert bytes(s.get("m")) == b"m" * 10_000

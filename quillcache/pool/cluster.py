@@ -250,18 +250,26 @@ class LocalCluster:
         n.control_address = line["control"]
 
     def wait_mounted(self, timeout_s: float | None = None) -> None:
-        """Poll the master until the segment of every live node (as it reported) is mounted."""
+        """Poll the master until every live node (by node id) has a segment mounted; refreshes each node's
+        ``segment_id`` from the master (a node that remounted after NEED_REMOUNT has a new one)."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.start_timeout_s)
         while True:
-            want = {n.segment_id for n in self.nodes if n.alive}
+            want = {n.node_id for n in self.nodes if n.alive}
             try:
-                have = {s.segment_id for s in self._client.segments()}
-                if want <= have:
-                    return
+                segs = self._client.segments()
             except Exception:
-                have = set()
+                segs = []
+            by_node = {}
+            for seg in segs:
+                by_node.setdefault(seg.node_id, []).append(seg.segment_id)
+            if want <= set(by_node):
+                for n in self.nodes:
+                    if n.node_id in by_node and n.segment_id not in by_node[n.node_id]:
+                        n.segment_id = max(by_node[n.node_id])
+                return
             if time.monotonic() > deadline:
-                raise ClusterError(f"segments {sorted(want - have)} not mounted at {self.master_address} in time")
+                raise ClusterError(f"nodes {sorted(want - set(by_node))} have no segment mounted at "
+                                   f"{self.master_address} in time")
             time.sleep(0.02)
 
     def close(self) -> None:

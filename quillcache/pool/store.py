@@ -72,6 +72,7 @@ class PutOutcome:
     existing: bool
     bytes_moved: int
     transfer_s: float
+    nodes: tuple[str, ...] = ()  # node ids holding the bytes (written now, or the existing object's)
 
 
 @dataclass
@@ -346,7 +347,7 @@ class PooledStore:
                     out[i] = PutFailedError(f"put({k!r:.120}): the master refused it: {res!r}")
                     continue
                 if res.existing:
-                    out[i] = PutOutcome(k, len(res.replicas), True, 0, 0.0)
+                    out[i] = PutOutcome(k, len(res.replicas), True, 0, 0.0, tuple(r.node_id for r in res.replicas))
                     continue
                 size = views[i].nbytes + TRAILER_BYTES
                 d = dests[i] = self._dest(size)
@@ -395,7 +396,7 @@ class PooledStore:
                     if isinstance(res, MasterError):
                         out[i] = PutFailedError(f"put({keys[i]!r:.120}): put_end refused: {res!r}")
                         continue
-                    out[i] = PutOutcome(keys[i], len(reps), False, size * len(reps), dt)
+                    out[i] = PutOutcome(keys[i], len(reps), False, size * len(reps), dt, tuple(r.node_id for r in reps))
                     if self.persist_on:
                         for rep in reps:
                             ctl = self._segments.get(rep.endpoint, (0, None, None, ()))[1]
