@@ -10,7 +10,7 @@ import urllib.request
 
 import openai
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quillcache.enginesim import EngineSimProcess, SimBlockCache, engine_block_digests
@@ -391,3 +391,92 @@ def test_hf_tokenizer_and_jinja_template_count_like_the_gateway(tmp_path):
         assert body["tokens"] == list(expected.token_ids)
         status, body = _post(s.url + "/tokenize", json.dumps({"prompt": "hello there"}).encode())
         assert body["tokens"] == tokenizer.encode("hello there", add_special_tokens=True)
+
+
+# ---- the block cache against a plain-list specification (stateful) ---------------------------------------
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+
+class _ListSpec:
+    """The block cache's contract with plain lists: ``lru`` oldest first (unpinned), ``pins`` ref counts."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.lru, self.pins = capacity, [], {}
+
+    def cached(self, d: bytes) -> bool:
+        return d in self.pins or d in self.lru
+
+    def match(self, ds: list[bytes]) -> int:
+        n = 0
+        while n < len(ds) and self.cached(ds[n]):
+            n += 1
+        return n
+
+    def pin(self, d: bytes) -> None:
+        if d in self.lru:
+            self.lru.remove(d)
+        self.pins[d] = self.pins.get(d, 0) + 1
+
+    def store(self, ds: list[bytes], start: int) -> tuple[list[bytes], list[bytes], int]:
+        evicted, pinned = [], []
+        for i in range(start, len(ds)):
+            if self.cached(ds[i]):
+                self.pin(ds[i])
+                pinned.append(ds[i])
+                continue
+            if len(self.lru) + len(self.pins) >= self.capacity:
+                if not self.lru:
+                    return evicted, pinned, len(ds) - i
+                evicted.append(self.lru.pop(0))
+            self.pins[ds[i]] = 1
+            pinned.append(ds[i])
+        return evicted, pinned, 0
+
+    def release(self, ds: list[bytes]) -> None:
+        for d in reversed(ds):
+            self.pins[d] -= 1
+            if not self.pins[d]:
+                del self.pins[d]
+                self.lru.append(d)
+
+
+class BlockCacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache, self.spec = SimBlockCache(6), _ListSpec(6)
+        self.running: list[list[bytes]] = []
+
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=2, max_size=10), salt=st.sampled_from([None, "s"]))
+    def start_request(self, tokens, salt):
+        ds = engine_block_digests(tokens, 2, cache_salt=salt)
+        pinned = self.cache.pin_prefix(ds)
+        assert len(pinned) == self.spec.match(ds)
+        for d in pinned:
+            self.spec.pin(d)
+        res = self.cache.store(ds, len(pinned))
+        evicted, spec_pinned, uncached = self.spec.store(ds, len(pinned))
+        assert res.evicted == evicted and res.pinned == spec_pinned and res.num_uncached == uncached
+        stored = [d for run in res.runs for d in run.digests]
+        assert len(set(stored)) == len(stored) and set(stored) <= set(spec_pinned)
+        for run in res.runs:  # each run continues the chain from the block before it
+            assert run.parent == (ds[run.first_block - 1] if run.first_block else None)
+            assert list(run.digests) == ds[run.first_block:run.first_block + len(run.digests)]
+        self.running.append(pinned + res.pinned)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100))
+    def finish_request(self, i):
+        ds = self.running.pop(i % len(self.running))
+        self.cache.release(ds)
+        self.spec.release(ds)
+
+    @invariant()
+    def same_state(self):
+        assert self.cache.num_cached_blocks == len(self.spec.lru) + len(self.spec.pins) <= 6
+        assert self.cache.num_pinned_blocks == len(self.spec.pins)
+        assert list(self.cache._lru) == self.spec.lru  # eviction order is part of the contract
+
+
+TestBlockCacheMachine = BlockCacheMachine.TestCase
+TestBlockCacheMachine.settings = settings(max_examples=min(settings.default.max_examples, 40), stateful_step_count=25,
+                                          deadline=None)
