@@ -97,3 +97,34 @@ def test_reset_prefix_cache_clears_the_gateways_state():
                 time.sleep(0.02)
             r = c.completions.with_raw_response.create(model=MODEL, prompt="to be cleared " * 10, max_tokens=1)
             assert r.headers["x-quillcache-cached-tokens"] == "0" == str(r.parse().usage.prompt_tokens_details.cached_tokens)
+
+
+def test_a_request_cancelled_before_its_first_token_leaves_no_entry():
+    """A client that leaves before the first token: the engine never stores the prompt, and the gateway takes its
+    speculative entries back at once (so no later store of the same chain by another scope could confirm them)."""
+    import asyncio
+
+    import aiohttp
+
+    args = ["--fixed-ttft-ms", "500", "--model", MODEL, "--kv-events", "tcp://127.0.0.1:0"]
+    with EngineSimProcess(args) as e0:
+        engine = {"url": e0.url, "name": "e0", "kv_events": e0.info["kv_events"]}
+        with GatewayProcess([engine], keys=KEYS, config={"speculative_ttl_s": 60}) as gw:
+            async def main():
+                async with aiohttp.ClientSession() as s:
+                    resp = await s.post(gw.url + "/v1/completions",
+                                        headers={"authorization": "Bearer sk-events-a-0001"},
+                                        json={"model": MODEL, "prompt": "leave early " * 20, "stream": True})
+                    assert resp.status == 200
+                    seen = _residency(gw)
+                    resp.close()
+                    return seen
+
+            during = asyncio.run(main())
+            assert during["pending"] > 0  # speculated while in flight
+            deadline = time.monotonic() + 10
+            while _residency(gw)["pending"] != 0:
+                assert time.monotonic() < deadline, "the cancelled request's speculation was not taken back"
+                time.sleep(0.02)
+            assert _residency(gw)["confirmed"] == 0
+            assert parse_metrics(_get(e0.url + "/metrics"))["quillcache_sim_cached_blocks"] == 0

@@ -28,7 +28,8 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
 
 Invariants: the load lease and the tenant's in-flight slot are released exactly once per admitted
 request, whatever ends it (``_Exchange.finish`` runs from ``finally`` and from the response's own
-``finally``); headers and errors name only the tenant's own scope.
+``finally``); a request that ends before the engine produced output takes its speculative
+residency entries back; headers and errors name only the tenant's own scope.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class _ProxyStream(StreamingResponse):
 class _Exchange:
     """One admitted request's resources: released exactly once by ``finish``."""
 
-    __slots__ = ("decision", "done", "endpoint", "gw", "resp", "status", "tenant")
+    __slots__ = ("decision", "done", "endpoint", "gw", "ok", "resp", "status", "tenant")
 
     def __init__(self, gw: Gateway, endpoint: str, tenant: str) -> None:
         self.gw = gw
@@ -121,6 +122,7 @@ class _Exchange:
         self.resp = None
         self.status = 0
         self.done = False
+        self.ok = False  # the engine produced output (a first stream chunk, or a whole 2xx body)
 
     def finish(self) -> None:
         if self.done:
@@ -130,6 +132,8 @@ class _Exchange:
             self.resp.close()
         if self.decision is not None:
             self.decision.lease.release()
+            if not self.ok:  # the engine may never have stored this prompt: take the speculation back
+                self.gw.decider.retract(self.decision)
         self.gw.limiter.release(self.tenant)
         self.gw.metrics.request_done(self.endpoint, self.status)
 
@@ -485,6 +489,7 @@ class Gateway:
                 return self._error_response(502, "the engine failed while answering", "upstream_error",
                                             headers=headers)
             ctype = resp.headers.get("content-type", "application/json")
+            ex.ok = 200 <= resp.status < 300
             ex.finish()
             metrics.ttft.observe(time.perf_counter() - t0)
             return Response(data, status_code=resp.status, headers=headers, media_type=ctype)
@@ -516,6 +521,7 @@ class Gateway:
                 now = time.perf_counter()
                 if first:
                     first = False
+                    ex.ok = True
                     lease.prefill_done()
                     metrics.ttft.observe(now - t0)
                 else:

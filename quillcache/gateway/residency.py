@@ -14,8 +14,16 @@ CONFIRMS it (:meth:`stored`). Events carry no tenant (vLLM's ``cache_salt`` only
 engine's own hash), so a stored block is attributed to a scope by, in order: (1) its parent's
 scope - a child of a block attributed to scope S on that engine is S's, because the engine's hash
 chain carries the salt onward - preferring a pending speculation of S for that chain hash, then
-(2) the oldest pending speculation on that engine for that chain hash (FIFO). A stored block
-neither explains stays UNATTRIBUTED: counted, never written (safety over hit rate). A confirmed
+(2) for a block without an attributed parent, the pending speculation on that engine for that
+chain hash, ONLY when every pending speculation for it belongs to one scope (when two scopes wait
+for the same chain on one engine, the store could be either's: it is refused as ambiguous). A
+stored block neither explains stays UNATTRIBUTED: counted, never written (safety over hit rate).
+Why (2) is strict: a scope's pending entry confirmed by ANOTHER scope's store would make that
+scope's later ``cached_tokens`` depend on the other tenant's traffic. The gateway also retracts a
+request's speculation when it fails or its client leaves before the first token, so a cancelled
+request's entry cannot be confirmed by someone else's store. Deployment requirement: the engines
+are reachable only through the gateway(s), whose salts scope every store; a store by an outside
+client of a chain some scope is pending on could otherwise be attributed to that scope. A confirmed
 entry remembers its engine hash, so ``BlockRemoved`` deletes exactly it; ``AllBlocksCleared`` and
 a replay gap (resync) delete every entry of that engine, speculative ones included.
 
@@ -85,6 +93,7 @@ class ResidencyStats:
     removed: int = 0
     cleared: int = 0
     unattributed: int = 0
+    ambiguous: int = 0  # root stores refused because pending speculations of several scopes matched
     approx_evicted: int = 0
     unknown_removals: int = 0
     by_engine: dict[str, int] = field(default_factory=dict)
@@ -213,11 +222,13 @@ class ResidencyTracker:
             return None
         found = None
         if digest is None:
-            while pq:
-                rec = pq.popleft()
-                if rec.state is EntryState.PENDING:
-                    found = rec
-                    break
+            while pq and pq[0].state is not EntryState.PENDING:
+                pq.popleft()
+            if pq and any(r.state is EntryState.PENDING and r.digest != pq[0].digest for r in pq):
+                self.stats.ambiguous += 1  # two scopes wait for this chain: whose block is it? nobody's
+                return None
+            if pq:
+                found = pq.popleft()
         else:
             for rec in pq:
                 if rec.state is EntryState.PENDING and rec.digest == digest:
