@@ -64,8 +64,9 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class PutOutcome:
-    """One completed put: how many replicas hold it now, or ``existing`` (same content already there,
-    nothing written)."""
+    """One acknowledged put: ``replicas_written`` replicas on ``nodes`` hold its bytes and the object is
+    readable. ``existing``: a put of the same key with the same content is already complete or in flight
+    (nothing was written; an in-flight one becomes readable when its writer ends it)."""
 
     key: str
     replicas_written: int
@@ -115,8 +116,8 @@ def _check_key(key: object) -> str:
 class PooledStore:
     """See the module docstring."""
 
-    def __init__(self, master: MasterClient | str, engine=None, *, local_cache_bytes: int = 256 * MiB,
-                 staging_bytes: int = 64 * MiB, replicas: int = 2, persist: bool = False, timeout_s: float = 5.0,
+    def __init__(self, master: MasterClient | str, engine=None, *, local_cache_bytes: int = 64 * MiB,
+                 staging_bytes: int = 32 * MiB, replicas: int = 2, persist: bool = False, timeout_s: float = 5.0,
                  lease_ttl_s: float | None = None, secret: str | bytes | None = None, backend: str = "tcp",
                  master_timeout_s: float = 5.0, master_retry_s: float = 10.0, suspect_s: float = 5.0,
                  min_replicas: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -298,8 +299,9 @@ class PooledStore:
 
     # ================================================================ puts
     def put(self, key: str, data, *, replicas: int | None = None) -> PutOutcome:
-        """Store ``data`` under ``key`` (module docstring); raises :class:`PutFailedError` (or
-        :class:`MasterUnavailableError`)."""
+        """Store ``data`` under ``key`` (module docstring); raises :class:`PutFailedError` (nothing of it is
+        readable) or :class:`MasterUnavailableError` (the master did not answer: the put's outcome is unknown,
+        e.g. a ``put_end`` that ran but whose answer was lost)."""
         out = self.put_many([(key, data)], replicas=replicas)[0]
         if isinstance(out, BaseException):
             raise out
