@@ -61,5 +61,8 @@ for _s in (
     Study(name="gateway", module="experiments.gateway_study",
           title="OpenAI-compatible gateway: overhead, prefix-cache hit rate and TTFT against sglang-router",
           make_target="gateway"),
+    Study(name="cluster", module="experiments.cluster_study",
+          title="A pool of real processes: failures, get latency, throughput, pooled vs per-node hit rate",
+          make_target="cluster"),
 ):
     STUDIES.register(_s.name, _s)
