@@ -18,6 +18,7 @@ The Rust routers need the ``gateway-baselines`` extra; :func:`missing` says why 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
 import json
 import os
@@ -142,7 +143,7 @@ class _RouterProcess:
             os.unlink(self._log.name)
 
 
-def _probe(url: str, body: dict, headers: dict, deadline: float, what: str, tail=lambda: "") -> None:
+def _probe(url: str, body: dict, headers: dict, deadline: float, what: str, tail=lambda: "", alive=None) -> None:
     """POST a tiny completion until it answers 200 (the front has its workers), within the deadline."""
     data = json.dumps(body).encode()
     last = ""
@@ -157,8 +158,10 @@ def _probe(url: str, body: dict, headers: dict, deadline: float, what: str, tail
                 last = f"HTTP {r.status}"
         except urllib.error.HTTPError as e:
             last = f"HTTP {e.code}: {e.read()[:200]!r}"
-        except (urllib.error.URLError, OSError) as e:
-            last = str(e)
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            last = f"{type(e).__name__}: {e}"[:200]
+        if alive is not None and not alive():
+            raise RuntimeError(f"{what} exited before serving at {url}; log tail: {tail()}")
         time.sleep(0.05)
     raise RuntimeError(f"{what} at {url} not serving before the deadline ({last}); log tail: {tail()}")
 
@@ -198,13 +201,20 @@ def start_front(front: Front, engines: Sequence[dict], *, keys: dict[str, str], 
         else:
             module = FRONT_KINDS.get(front.kind)
             args = ["--worker-urls", *[e["url"] for e in engines], "--policy", front.policy or "cache_aware",
-                    "--log-level", "warn"]
-            for _ in range(front.replicas):
-                rp = _RouterProcess(module, args)
-                stack.callback(rp.stop)
-                from quillcache.gateway.tenants import salt_for
+                    "--log-level", "warn" if front.kind == "sglang-router" else "warning"]
+            from quillcache.gateway.tenants import salt_for
 
-                _probe(rp.url, {**probe, "cache_salt": salt_for(probe_tenant)}, {}, deadline, front.name, rp.tail)
+            for _ in range(front.replicas):
+                for attempt in range(3):  # the free port is chosen before the router binds it: another process
+                    rp = _RouterProcess(module, args)  # may take it first, then the router exits; try a new one
+                    stack.callback(rp.stop)
+                    try:
+                        _probe(rp.url, {**probe, "cache_salt": salt_for(probe_tenant)}, {}, deadline, front.name,
+                               rp.tail, alive=lambda: rp.proc.poll() is None)
+                        break
+                    except RuntimeError:
+                        if attempt == 2 or rp.proc.poll() is None:
+                            raise
                 urls.append(rp.url)
                 pids.append(rp.proc.pid)
             version = _version(front.kind)
