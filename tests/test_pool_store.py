@@ -4,8 +4,10 @@ DRAM over the tcp transfer backend on 127.0.0.1, and the client moving real byte
 Covers: put/get bit-exact with replicas on distinct nodes; a failed WRITE revokes the put (nothing readable,
 nothing pending); fallback to the 2nd replica when the 1st is corrupted or its node stops serving, and a
 miss (never wrong bytes) when every replica is bad; the read-lease check with an injected clock; the local
-cache (hits, pinned views survive eviction); batch forms and prefetch; same-content re-put; bad input; SSD
-write-behind + re-announce after a node restart. Random data come from seeded generators (seed in the
+cache (hits, pinned views survive eviction; a Hypothesis run of random cache operations); batch forms and
+prefetch; same-content re-put; bad input; SSD write-behind + re-announce after a node restart; nodes
+expired by the master remount (a new region: stale descriptors refused) and re-announce; a port reused by
+another node is never read or written; opt-in ``min_replicas``. Random data come from seeded generators (seed in the
 messages).
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quillcache.pool import PooledStore, PutFailedError
 from quillcache.pool.embedded import EmbeddedPool
@@ -343,3 +347,42 @@ def test_min_replicas_ends_a_put_that_reached_enough_nodes(pool):
     finally:
         s.close()
         strict.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["get", "drop_view", "drop_key", "scratch"]), st.integers(0, 9),
+                          st.integers(64, 20_000)), min_size=1, max_size=80))
+def test_local_cache_views_never_change(ops):
+    """Random use of the client's cache: a view handed out keeps its bytes whatever is allocated, cached,
+    evicted or dropped afterwards (pinned ranges are never reused); the LRU stays within its budget."""
+    from quillcache.pool.cache import LocalCache
+
+    cache = LocalCache(96 * 1024, 48 * 1024)
+    held: dict[int, tuple[memoryview, bytes]] = {}
+    n = 0
+    for op, slot, size in ops:
+        n += 1
+        key = f"k{slot}"
+        if op == "get":
+            v = cache.lookup(key)
+            if v is None:
+                a = cache.allocate(size)
+                if a is None:
+                    continue
+                pattern = bytes([n % 251]) * size
+                cache.writable(a)[:size] = pattern
+                cache.insert(key, a, size)
+                v = cache.export(a, size)
+            held[n] = (v, bytes(v))
+        elif op == "drop_view" and held:
+            held.pop(sorted(held)[slot % len(held)])
+        elif op == "drop_key":
+            cache.drop(key)
+        elif op == "scratch":
+            a = cache.allocate(size)
+            if a is not None:
+                cache.writable(a)[:] = b"\xee" * size
+                cache.release(a)
+        assert cache.cached_bytes <= cache.cache_bytes
+        for v, want in held.values():
+            assert bytes(v) == want
