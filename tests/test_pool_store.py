@@ -7,8 +7,8 @@ miss (never wrong bytes) when every replica is bad; the read-lease check with an
 cache (hits, pinned views survive eviction; a Hypothesis run of random cache operations); batch forms and
 prefetch; same-content re-put; bad input; SSD write-behind + re-announce after a node restart; nodes
 expired by the master remount (a new region: stale descriptors refused) and re-announce; a port reused by
-another node is never read or written; opt-in ``min_replicas``. Random data come from seeded generators (seed in the
-messages).
+another node is never read or written; opt-in ``min_replicas``; the embedded store on the tcp and the
+local backend. Random data come from seeded generators (seed in the messages).
 """
 
 from __future__ import annotations
@@ -242,10 +242,12 @@ def test_ssd_persist_and_reannounce_after_restart(tmp_path):
         s.close()
 
 
-def test_embedded_store_owns_its_pool():
+@pytest.mark.parametrize("backend", ["tcp", "local"])
+def test_embedded_store_owns_its_pool(backend):
     from quillcache.pool import embedded_store
 
-    with embedded_store(2, 4 * MiB, local_cache_bytes=MiB, staging_bytes=MiB, replicas=2) as s:
+    with embedded_store(2, 4 * MiB, backend=backend, local_cache_bytes=MiB, staging_bytes=MiB, replicas=2) as s:
+        assert s.pool.nodes[0].transfer_address.startswith("local://" if backend == "local" else "127.0.0.1:")
         assert s.put("e", b"embedded").replicas_written == 2
         assert bytes(s.get("e")) == b"embedded"
         nodes = list(s.pool.nodes)
