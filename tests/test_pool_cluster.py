@@ -184,3 +184,19 @@ def test_nodes_register_in_etcd_and_leave_when_killed(tmp_path):
             _poll(lambda: [d.node_id for d in reg.nodes()] == ["node-1"], 15, "node-0 leaving the registry")
         finally:
             reg.close()
+
+
+def test_node_control_rpc_info_and_bad_persist_requests(cluster):
+    from quillcache.rpc import RpcClient, RpcRejectedError
+
+    for n in cluster.nodes:
+        with RpcClient(n.control_address, timeout_s=10) as c:
+            info = c.call("info")
+            assert info["node_id"] == n.node_id and info["pid"] == n.pid
+            assert info["transfer_address"] == n.transfer_address and info["capacity_bytes"] == 160 * MiB
+            assert c.call("persist", [("k", -1, 100), "junk", ("k", 0, 1 << 40), ("", 0, 100)]) == 0
+            with pytest.raises(RpcRejectedError):
+                c.call("persist")  # arguments that do not bind
+            with pytest.raises(Exception, match="list"):
+                c.call("persist", "not a list")
+            assert c.call("info")["persist_skipped"] >= 4  # still serving, and it counted them
