@@ -52,6 +52,7 @@ class NodeProcess:
     segment_id: int | None = None
     transfer_address: str | None = None
     control_address: str | None = None
+    log_path: Path | None = None  # the child's stderr
 
     @property
     def pid(self) -> int | None:
@@ -241,10 +242,10 @@ class LocalCluster:
                 args += ["--ssd-size", str(self.ssd_bytes)]
         if self.etcd is not None:
             args += ["--etcd", self.etcd.endpoint]
-        n.proc, n._log = self._spawn(args, n.node_id)  # type: ignore[attr-defined]
+        n.proc, n.log_path = self._spawn(args, n.node_id)
 
     def _await_node(self, n: NodeProcess, deadline: float) -> None:
-        line = _read_json_line(n.proc, deadline, f"quillcache node {n.node_id}", n._log)  # type: ignore[attr-defined]
+        line = _read_json_line(n.proc, deadline, f"quillcache node {n.node_id}", n.log_path)
         n.segment_id = line["segment_id"]
         n.transfer_address = line["transfer"]
         n.control_address = line["control"]
