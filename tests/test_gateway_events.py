@@ -128,3 +128,63 @@ def test_a_request_cancelled_before_its_first_token_leaves_no_entry():
                 time.sleep(0.02)
             assert _residency(gw)["confirmed"] == 0
             assert parse_metrics(_get(e0.url + "/metrics"))["quillcache_sim_cached_blocks"] == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_replicas_share_prefix_state_through_events_and_peer_speculation():
+    """Two gateway replicas, both subscribed to both engines' events and linked as peers: a conversation whose
+    turns alternate between the replicas is routed to its cache by either, and each replica's header equals the
+    engine's cached tokens; each replica holds the other's confirmed entries without having routed them."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    args = ["--fixed-ttft-ms", "5", "--decode-ms-per-token", "1", "--model", MODEL,
+            "--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0"]
+    with EngineSimProcess(args) as e0, EngineSimProcess(args) as e1:
+        engines = [{"url": e.url, "name": n, "kv_events": e.info["kv_events"],
+                    "kv_events_replay": e.info["kv_events_replay"]} for n, e in (("e0", e0), ("e1", e1))]
+        p1, p2 = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
+        with GatewayProcess(engines, keys=KEYS, config={"peer_bind": p1, "peers": [p2]}) as r1, \
+                GatewayProcess(engines, keys=KEYS, config={"peer_bind": p2, "peers": [p1]}) as r2:
+            clients = [openai.OpenAI(base_url=r.url + "/v1", api_key="sk-events-a-0001", max_retries=0)
+                       for r in (r1, r2)]
+            others = [openai.OpenAI(base_url=r.url + "/v1", api_key="sk-events-b-0001", max_retries=0)
+                      for r in (r1, r2)]
+            # a ZMQ SUB gets nothing sent before it connected: send tenant B's warm-ups through each replica
+            # until the other one holds them (polling with a deadline, no fixed sleep)
+            for src, dst in ((0, 1), (1, 0)):
+                deadline = time.monotonic() + 15
+                k = 0
+                before = _residency((r1, r2)[dst])["confirmed"]
+                while _residency((r1, r2)[dst])["confirmed"] <= before:
+                    assert time.monotonic() < deadline, "the replicas' peer link never connected"
+                    others[src].completions.create(model=MODEL, prompt=f"warm-up {src} {k} " * 8, max_tokens=1)
+                    k += 1
+                    time.sleep(0.05)
+            convo = "System: be brief. "
+            first = rng.randrange(2)
+            workers = set()
+            for turn in range(6):
+                convo += f"User turn {turn}: tell me about block {rng.randrange(1000)}. " * 2
+                c = clients[(first + turn) % 2]
+                r = c.completions.with_raw_response.create(model=MODEL, prompt=convo, max_tokens=4)
+                header = int(r.headers["x-quillcache-cached-tokens"])
+                body = r.parse()
+                assert header == body.usage.prompt_tokens_details.cached_tokens, f"seed {seed} turn {turn}"
+                if turn:
+                    assert header > 0, f"seed {seed} turn {turn}: the other replica's history was not used"
+                workers.add(r.headers["x-quillcache-worker"])
+                convo += body.choices[0].text
+                for gw in (r1, r2):  # both replicas settle to the same confirmed state
+                    deadline = time.monotonic() + 10
+                    while _residency(gw)["pending"] != 0:
+                        assert time.monotonic() < deadline, f"seed {seed}: speculation never confirmed"
+                        time.sleep(0.02)
+            assert len(workers) == 1, f"seed {seed}: the conversation moved between engines {workers}"
+            assert min(_residency(r1)["confirmed"], _residency(r2)["confirmed"]) > 0

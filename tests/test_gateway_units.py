@@ -283,3 +283,43 @@ def test_excluded_planner_choice_falls_back_to_next_best_with_own_overlap():
     with pytest.raises(NoWorkerError):
         dec.decide(_ident("a"), tokens, 0, excluded={0, 1, 2})
     assert dec.planner.loads.inflight.sum() == 0 and np.all(dec.planner.loads.active_prefill_tokens == 0)
+
+
+# ---------------------------------------------------------------------------------------------- peers
+def test_peer_link_applies_speculation_and_refuses_garbage():
+    import asyncio
+
+    import msgpack
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from quillcache.gateway.peers import PeerLink
+
+    tr, index, clock = _tracker()
+    loop = asyncio.new_event_loop()
+    link = PeerLink(tr, loop, bind="inproc://g2-peer-test")
+    try:
+        good = msgpack.packb(["s", "e0", D_A, np.array([1, 2, 3], dtype="<u8").tobytes()])
+        msg = link._decode([good])
+        assert msg is not None
+        link._apply(*msg)
+        assert {(e.block_hash, e.identity) for e in index.entries_on_node("e0")} == {(1, D_A), (2, D_A), (3, D_A)}
+        link._apply(*link._decode([msgpack.packb(["r", "e0", D_A, np.array([2], dtype="<u8").tobytes()])]))
+        assert {e.block_hash for e in index.entries_on_node("e0")} == {1, 3}
+        for bad in ([good, good], [b"\xc1"], [msgpack.packb(["s", "e9", D_A, b""])],
+                    [msgpack.packb(["s", "e0", b"short", b""])], [msgpack.packb(["x", "e0", D_A, b""])],
+                    [msgpack.packb(["s", "e0", D_A, b"1234567"])], [msgpack.packb({"s": 1})]):
+            assert link._decode(bad) is None, bad
+
+        @settings(max_examples=300, deadline=None)
+        @given(st.binary(max_size=200))
+        def never_crashes(data):
+            m = link._decode([data])
+            if m is not None:
+                link._apply(*m)
+            tr.check()
+
+        never_crashes()
+    finally:
+        link.close()
+        loop.close()

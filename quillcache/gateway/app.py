@@ -197,6 +197,11 @@ class Gateway:
         await self.upstream.start()
         await self._probe_all()
         loop = asyncio.get_running_loop()
+        if self.config.peer_bind is not None:
+            from quillcache.gateway.peers import PeerLink
+
+            self.decider.peers = PeerLink(self.tracker, loop, bind=self.config.peer_bind,
+                                          peers=self.config.peers).start()
         for e in self.config.engines:
             if e.prefix_state == "events":
                 self._subscribers.append(self._subscribe(e, loop))
@@ -221,6 +226,9 @@ class Gateway:
         for sub in self._subscribers:
             await asyncio.to_thread(sub.close)
         self._subscribers.clear()
+        if self.decider.peers is not None:
+            await asyncio.to_thread(self.decider.peers.close)
+            self.decider.peers = None
         await self.upstream.close()
         self.index.close()
 

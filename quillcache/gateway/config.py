@@ -9,7 +9,8 @@ state, models discovered from the engines' ``/v1/models``) or from a JSON file (
      "tokenizer": "bytes", "chat_template": null, "block_size_tokens": 16,
      "limits": {"max_body_bytes": 4194304, "max_json_depth": 32, "tenant_max_concurrency": 256},
      "timeouts": {"connect_s": 2, "first_byte_s": 30, "idle_s": 60},
-     "retry": {"max_retries": 2, "backoff_s": 0.05}, "speculative_ttl_s": 2.0}
+     "retry": {"max_retries": 2, "backoff_s": 0.05}, "speculative_ttl_s": 2.0,
+     "peer_bind": "tcp://127.0.0.1:7701", "peers": ["tcp://127.0.0.1:7702"]}
 
 Invariants: every value is validated when the dataclass is built, and a bad one raises
 ``ConfigError`` naming the field (with its JSON path for a file) and the value; engine names and
@@ -160,6 +161,8 @@ class GatewayConfig:
     index_kind: str = "art"  # residency index backend (quillcache.index.INDEX_BACKENDS), in memory
     router: str = "dynamo"
     speculative_ttl_s: float = 2.0  # llm-d's TTL of a routing-time entry an event has not confirmed
+    peer_bind: str | None = None  # replicas: PUB endpoint of this replica's speculation (quillcache.gateway.peers)
+    peers: tuple[str, ...] = ()  # replicas: the other replicas' peer_bind endpoints
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
@@ -184,6 +187,13 @@ class GatewayConfig:
         check_int("block_size_tokens", self.block_size_tokens, 1, 65536, error=ConfigError, type_error=ConfigError)
         check_float("speculative_ttl_s", self.speculative_ttl_s, 0.0, lo_open=True, error=ConfigError,
                     type_error=ConfigError)
+        if self.peer_bind is not None:
+            _check_url("peer_bind", self.peer_bind, ("tcp", "ipc", "inproc"))
+        if isinstance(self.peers, (str, bytes)) or not all(isinstance(p, str) for p in self.peers):
+            raise ConfigError(f"peers must be a list of endpoint strings, got {self.peers!r:.80}")
+        object.__setattr__(self, "peers", tuple(_check_url("peers[]", p, ("tcp", "ipc", "inproc")) for p in self.peers))
+        if self.peers and self.peer_bind is None:
+            raise ConfigError("peers need peer_bind (this replica's own endpoint, which the peers connect to)")
 
     def with_models(self, models: tuple[ModelConfig, ...]) -> GatewayConfig:
         return replace(self, models=tuple(models))

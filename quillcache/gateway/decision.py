@@ -77,6 +77,7 @@ class Decider:
         self.index = index
         self.names = self.planner.loads.names
         self._bs = block_size_tokens
+        self.peers = None  # a PeerLink when replicas share speculation (quillcache.gateway.peers)
 
     def warm_up(self) -> None:
         """Load the compiled hashing and planning kernels now, not on the first request: one plan of a
@@ -137,14 +138,27 @@ class Decider:
             return
         d.speculation = None
         name, hashes, scope, reused = spec
-        d.speculated = self.tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused)
+        d.speculated = recs = self.tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused)
+        if self.peers is not None and recs:
+            self._tell_peers(self.peers.speculated, name, recs)
 
     def retract(self, d: Decision) -> None:
         """The request failed before its engine took it: drop what it speculated (or would have)."""
         d.speculation = None
         if d.speculated:
-            self.tracker.retract(d.speculated)
+            recs = d.speculated
             d.speculated = None
+            self.tracker.retract(recs)
+            if self.peers is not None:
+                self._tell_peers(self.peers.retracted, recs[0].engine, recs)
+
+    @staticmethod
+    def _tell_peers(send, engine: str, recs) -> None:
+        by_digest: dict[bytes, list[int]] = {}
+        for r in recs:
+            by_digest.setdefault(r.digest, []).append(r.h)
+        for digest, hs in by_digest.items():
+            send(engine, digest, hs)
 
     def _fallback(self, plan: Plan, excluded) -> tuple[int, int]:
         """(worker, consecutive GPU blocks it holds for this scope) among the non-excluded workers."""

@@ -65,7 +65,9 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
             addr = f"{bound[0]}:{bound[1]}"
             print(json.dumps({"address": addr, "url": f"http://{addr}", "pid": os.getpid(),
                               "engines": {e.name: e.url for e in config.engines},
-                              "models": sorted(gw.models)}), flush=True)
+                              "models": sorted(gw.models),
+                              "peer": gw.decider.peers.endpoint if gw.decider.peers is not None else None}),
+                  flush=True)
         await task
 
     import uvloop
