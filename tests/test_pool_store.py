@@ -388,3 +388,17 @@ def test_local_cache_views_never_change(ops):
         assert cache.cached_bytes <= cache.cache_bytes
         for v, want in held.values():
             assert bytes(v) == want
+
+
+def test_objects_larger_than_the_client_buffer_use_a_buffer_of_their_own(pool):
+    rng = np.random.default_rng(SEED + 9)
+    big = rng.integers(0, 256, 3 * MiB, dtype=np.uint8).tobytes()
+    s = pool.store(local_cache_bytes=0, staging_bytes=MiB)
+    try:
+        regions = len(s.engine.regions)
+        assert s.put("big", big).replicas_written == 2
+        got = s.get("big")
+        assert bytes(got) == big and got.readonly
+        assert len(s.engine.regions) == regions  # the temporary regions were unregistered
+    finally:
+        s.close()
