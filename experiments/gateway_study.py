@@ -18,9 +18,10 @@ Parts (every request streamed by one aiohttp client process; :mod:`experiments.g
    rate from their ``vllm:prefix_cache_hits_total / queries_total`` (scraped before and after each cell; caches
    reset between cells with ``POST /reset_prefix_cache``). Fronts: the gateway (Dynamo cost router over its
    index fed by the engines' KV events), two gateway replicas sharing that view (both subscribe; requests
-   alternate between them), the gateway with its round-robin router (the round-robin arm: same proxy, no cache
-   awareness), sglang-router ``cache_aware`` (one and two replicas), vllm-router ``cache_aware``, and direct to
-   one engine. Every front but the gateway gets the tenant's ``cache_salt`` from the client (the gateway's own
+   alternate between them), the gateway with the ``prefix_affinity`` router (the same exact index, a
+   cache-greedy policy without load terms), the gateway with its round-robin router (the round-robin arm: same
+   proxy, no cache awareness), sglang-router ``cache_aware`` (one and two replicas), vllm-router
+   ``cache_aware``, and direct to one engine. Every front but the gateway gets the tenant's ``cache_salt`` from the client (the gateway's own
    salt for that tenant), so the engines' caches are tenant-scoped alike behind every front.
 
 The tokenizer is the stand-in's byte tokenizer (one token per character): a character-matching router (sglang's
@@ -51,7 +52,7 @@ ENGINES = 4
 BLOCK = 16
 
 FULL = dict(overhead_reps=5, overhead_n=40, header_n=10, stream_reps=3, streams=100, stream_s=6.0,
-            rates=(8.0, 16.0, 32.0), cell_requests=200, routing_reps=1, replica_reps=2, gpu_blocks=2048,
+            rates=(8.0, 16.0, 32.0), cell_requests=160, routing_reps=1, replica_reps=2, gpu_blocks=2048,
             workload_requests=400, max_output_tokens=32)
 QUICK = dict(overhead_reps=2, overhead_n=6, header_n=3, stream_reps=1, streams=100, stream_s=1.5,
              rates=(20.0,), cell_requests=40, routing_reps=1, replica_reps=1, gpu_blocks=2048,
@@ -68,11 +69,12 @@ HEADER_TTFT_MS = 500.0
 GATEWAY = Front(kind="gateway", policy="dynamo")
 GATEWAY_X2 = Front(kind="gateway", policy="dynamo", replicas=2)
 GATEWAY_RR = Front(kind="gateway", policy="round_robin", label="round-robin (quillcache gateway)")
+GATEWAY_PA = Front(kind="gateway", policy="prefix_affinity")  # the exact index with a cache-greedy policy
 SGLANG = Front(kind="sglang-router", policy="cache_aware")
 SGLANG_X2 = Front(kind="sglang-router", policy="cache_aware", replicas=2)
 VLLM = Front(kind="vllm-router", policy="cache_aware")
 DIRECT = Front(kind="direct")
-ROUTING_FRONTS = (GATEWAY, GATEWAY_X2, GATEWAY_RR, SGLANG, SGLANG_X2, VLLM, DIRECT)
+ROUTING_FRONTS = (GATEWAY, GATEWAY_X2, GATEWAY_PA, GATEWAY_RR, SGLANG, SGLANG_X2, VLLM, DIRECT)
 QUICK_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG, DIRECT)
 
 REF11 = "REFERENCE §11 (issue 16's acceptance; smg#2394 for replicas)"
@@ -351,12 +353,15 @@ def _acceptance(rows: list[SummaryRow]) -> list[SummaryRow]:
         ours = get("hit_rate", gw, rate_per_s=rate)
         sg = get("hit_rate", SGLANG.name, rate_per_s=rate)
         x2 = get("hit_rate", GATEWAY_X2.name, rate_per_s=rate)
-        if ours is not None and sg is not None:
-            d = ours.value - sg.value
-            out.append(SummaryRow(metric="accept_hit_rate_vs_sglang_points", subject=gw, value=100 * d, unit="points",
-                                  baseline=SGLANG.name, params={"rate_per_s": rate, "holds": bool(d >= 0)},
-                                  notes="engine prefix-cache hit rate, ours minus sglang-router cache_aware; "
-                                        "acceptance >= 0"))
+        for front in (GATEWAY, GATEWAY_PA):  # the default router, and the same index with the greedy policy
+            mine = get("hit_rate", front.name, rate_per_s=rate)
+            if mine is not None and sg is not None:
+                d = mine.value - sg.value
+                out.append(SummaryRow(metric="accept_hit_rate_vs_sglang_points", subject=front.name, value=100 * d,
+                                      unit="points", baseline=SGLANG.name,
+                                      params={"rate_per_s": rate, "holds": bool(d >= 0)},
+                                      notes="engine prefix-cache hit rate, ours minus sglang-router cache_aware at "
+                                            "the same rate and requests; acceptance >= 0"))
         if ours is not None and x2 is not None:
             d = x2.value - ours.value
             out.append(SummaryRow(metric="accept_two_replicas_points", subject=GATEWAY_X2.name, value=100 * d,
