@@ -242,11 +242,17 @@ def _trace_file(tmp: Path) -> Path:
     (["--cluster", "2", "--block-bytes", str(1 << 40)], "--block-bytes=1099511627776 must be"),
     (["--cluster", "x"], "argument --cluster: invalid int value: 'x'"),
 ])
-def test_cluster_flags_refuse_bad_values_in_one_line(tmp_path: Path, args, message) -> None:
-    p = cli(str(_trace_file(tmp_path)), "--out", str(tmp_path / "out"), *args)
-    assert p.returncode == 2 and "Traceback" not in p.stderr
-    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
-    assert len(errors) == 1 and message in errors[0], p.stderr
+def test_cluster_flags_refuse_bad_values_in_one_line(tmp_path: Path, capsys, args, message) -> None:
+    from quillcache.cli import main
+
+    try:  # in this process: argparse errors exit from inside the parser
+        code = main(["replay", str(_trace_file(tmp_path)), "--out", str(tmp_path / "out"), "--quiet", *args])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    errors = [ln for ln in err.splitlines() if "error" in ln]
+    assert len(errors) == 1 and message in errors[0], err
     assert not (tmp_path / "out").exists()
 
 
