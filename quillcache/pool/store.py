@@ -31,6 +31,10 @@ between this process's registered buffer and the nodes' DRAM segments over the t
 - Replica order: replicas on nodes that failed recently (``suspect_s``) are tried last.
 - Thread-safe: the master client, the engine and the cache are; counters are under a lock.
 
+Embedded mode (everything in one process): :func:`quillcache.pool.embedded.embedded_store` (a function, not
+a ``PooledStore.embedded`` classmethod: the embedded pool builds stores, so a classmethod here would make an
+import cycle, which ``tests/test_import_graph.py`` forbids).
+
 Parameters: ``lease_ttl_s`` must not exceed the master's lease TTL (default: ``MasterConfig``'s);
 ``local_cache_bytes`` is the LRU budget of verified objects kept in this process (0: no cache),
 ``staging_bytes`` more of the same registered buffer for reads and puts in flight.
