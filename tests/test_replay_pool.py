@@ -268,3 +268,30 @@ def test_cli_cluster_replay_prints_and_writes_the_pool_figures(tmp_path: Path) -
     row = next(csv.DictReader(open(out / "pool.csv")))
     assert row["misses"] == "0" and row["corrupt"] == "0" and int(row["blocks_fetched"]) > 0
     assert int(row["bytes_read"]) == 2048 * int(row["blocks_fetched"])
+
+
+def test_cluster_plan_holds_every_offload_below_the_eviction_watermark() -> None:
+    from quillcache.harness.cluster_pool import FILL, plan_cluster, pool_objects_bound
+    from quillcache.pool.frame import TRAILER_BYTES
+
+    reqs = synth(0)
+    full = sum(r.input_tokens // r.block_tokens for r in reqs)
+    assert pool_objects_bound(reqs, ReplayConfig(**SYNTH_REAL)) == min(full, 3 * (10 + 12))
+    assert pool_objects_bound(reqs, ReplayConfig(**{**SYNTH_REAL, "dram_capacity_blocks": 1000})) == full
+    plan = plan_cluster(10_000, nodes=3, block_bytes=16 << 10)
+    foot = -(-((16 << 10) + TRAILER_BYTES) // 64) * 64
+    assert plan.dram_bytes_per_node % (1 << 20) == 0
+    assert 10_000 * foot <= FILL * plan.total_dram_bytes < 0.9 * plan.total_dram_bytes  # master evicts above 0.90
+
+
+def test_cluster_replay_refuses_what_this_machine_cannot_hold(monkeypatch) -> None:
+    from quillcache.harness import cluster_pool
+    from quillcache.harness.replay import ReplayResourceError
+
+    replay_mod = sys.modules["quillcache.harness.replay"]  # the package's `replay` attribute is the function
+    monkeypatch.setattr(replay_mod, "available_ram_bytes", lambda: 64 << 20)  # 64 MiB "available"
+    started = []
+    monkeypatch.setattr("quillcache.pool.cluster.LocalCluster.start", lambda self: started.append(self))
+    with pytest.raises(ReplayResourceError, match="lower --block-bytes or --limit"):
+        cluster_pool.cluster_replay(synth(0), ReplayConfig(**SYNTH_REAL), nodes=3, block_bytes=4 << 20)
+    assert started == []  # refused before any process started

@@ -84,13 +84,14 @@ class ClusterPool:
             r.bytes_written += 0 if o.existing else self.block_bytes * o.replicas_written
 
     def drop(self, blocks: Sequence[PoolBlock]) -> None:
+        from quillcache.master.errors import MasterError
         from quillcache.pool import PoolError
 
         r = self._r
         for k in dict.fromkeys(pool_key(b) for b in blocks):
             try:
                 gone = self.store.remove(k, force=True)
-            except (PoolError, ValueError, RuntimeError):  # MasterError is a typed RuntimeError/ValueError
+            except (PoolError, MasterError):  # the master unreachable or refusing: the object stays
                 gone = False
             r.blocks_dropped += gone
             r.drop_failures += not gone
