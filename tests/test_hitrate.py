@@ -256,12 +256,21 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
            if r.metric == "hit_rate" and r.params["trace"] == label}
     for cap in (1000, 10000, None):
         assert all(hit[(p, cap)] <= hit[("belady", cap)] + 1e-12 for p in POLICIES)
-    assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL}
+    assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
-    assert [r.value > 0 for r in rows if r.metric == "replay_refs_per_s" and r.subject == "kernel_lru"] == [True]
+    beaten = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten"}
+    assert set(beaten) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
+    assert all(0.0 <= r.value <= 1.0 and r.n == 4 * (len(study.GEN_SHAPES) + 1) for r in beaten.values())
+    gap = {(r.subject, r.params.get("capacity_blocks")): r.value for r in rows
+           if r.metric == "gap_closed" and r.params["trace"] == label}
+    for cap in (1000, 10000):  # the acceptance cells are present for ours
+        assert ("quillchain", cap) in gap
+    speeds = [r for r in rows if r.metric == "replay_refs_per_s" and r.subject == "kernel_lru"]
+    assert speeds and all(r.value > 0 for r in speeds)  # one row per baseline (libCacheSim's when importable)
+    assert {r.baseline for r in speeds} <= {"python_ordereddict_lru", "libcachesim_lru"}
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
-    for name in ("hit_rates.csv", "pooled.csv", "throughput.csv"):
+    for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv"):
         assert (tmp_path / "hitrate" / name).stat().st_size > 0
     paths = study.plot(str(tmp_path), tmp_path / "fig")
     assert all(p.stat().st_size > 1000 for p in paths)
