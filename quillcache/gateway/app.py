@@ -45,7 +45,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from quillcache.gateway.config import GatewayConfig, ModelConfig
@@ -94,18 +94,45 @@ def _json_depth_ok(value: Any, max_depth: int) -> bool:
     return True
 
 
-class _ProxyStream(StreamingResponse):
-    """A streaming response whose ``finish`` runs however the response ends (also when the
-    client is gone before the body started, when the body iterator never runs its ``finally``)."""
+class _ProxyStream:
+    """A lean streaming ASGI response (what Starlette's ``StreamingResponse`` does under ASGI 2.3,
+    with one plain asyncio watcher task instead of an anyio task group): headers first, then each
+    chunk; a client disconnect cancels the stream; ``finish`` runs however the response ends (also
+    when the client is gone before the body started and the body iterator never runs)."""
 
-    def __init__(self, content, *, finish, **kw) -> None:
-        super().__init__(content, **kw)
+    def __init__(self, content, *, finish, headers: dict[str, str], media_type: str) -> None:
+        self._content = content
         self._finish = finish
+        self._raw_headers = [(b"content-type", media_type.encode("latin-1"))] + [
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
     async def __call__(self, scope, receive, send) -> None:
+        me = asyncio.current_task()
+        state = {"done": False, "cancelled": False}
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if not state["done"]:
+                        state["cancelled"] = True
+                        me.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch_disconnect())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self._raw_headers})
+            async for chunk in self._content:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            state["done"] = True
+        except asyncio.CancelledError:
+            if not state["cancelled"]:
+                raise  # a cancellation that is not the client's (server shutdown)
         finally:
+            state["done"] = True
+            watcher.cancel()
+            await self._content.aclose()
             self._finish()
 
 

@@ -36,14 +36,15 @@ Invariants:
 - At most one entry per (engine, block hash, scope digest); the index holds exactly the entries
   this tracker holds as pending, confirmed or approximate (``check()`` verifies it in tests).
 - Nothing is ever written under a scope that no request of that scope routed (attribution only
-  through the gateway's own speculation or a parent already attributed to that scope).
+  through a speculation - this replica's or a peer's - or a parent already attributed to that scope).
 - Confined to one thread (the gateway's event loop): the KV-event subscriber's thread hands its
   calls over with ``loop.call_soon_threadsafe`` (:class:`EventSink`).
 
-Two gateway replicas share prefix state by each subscribing to every engine's events: confirmed
-entries converge, because attribution by parent needs only the chain's root to have been routed by
-this replica; a root block routed by the OTHER replica stays unattributed here until this replica
-routes that scope's prompt itself (one speculation, then confirmed by the next event of that chain).
+Two gateway replicas share prefix state by each subscribing to every engine's events AND linking
+as peers (:mod:`.peers`): each replica's speculations (and retractions) reach the other, enter its
+tracker as if routed there, and are confirmed by the same engine events, so both hold the same
+entries. Without the peer link a root block routed by the OTHER replica stays unattributed here
+(safe, but the next turn of that conversation through this replica misses its cache).
 """
 
 from __future__ import annotations
