@@ -245,6 +245,7 @@ def test_late_join_and_lost_batches_are_replayed(encoding, form):
             pub.publish(sent[-1])
         assert pub.flush()
         with KvEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, engine_id="e", sink=sink) as sub:
+            assert sub.wait_for_seq(4, 5.0)  # the start-up replay brought the history before it connected
             for _ in range(200):
                 sent.append(chain.next_batch())
                 pub.publish(sent[-1])
@@ -255,7 +256,7 @@ def test_late_join_and_lost_batches_are_replayed(encoding, form):
                 if sub.wait_for_seq(pub.next_seq - 1, 0.5):
                     break
         assert pub.stats.dropped_by_fault > 10, f"seed {seed}: the fault knob should have dropped batches"
-    assert sub.stats.gaps >= 2 and sub.stats.replayed >= pub.stats.dropped_by_fault + 5 - 1
+    assert sub.stats.gaps >= 1 and sub.stats.replayed >= pub.stats.dropped_by_fault + 5 - 1
     assert sub.stats.resyncs == 0 and sub.stats.malformed == 0
     assert set(sink.blocks) == truth(sent) == set(chain.held)
     # every chain hash that is known equals the gateway's hash of the block's prefix
@@ -273,9 +274,21 @@ def test_replay_buffer_too_small_signals_resync():
             while not sub.wait_for_seq(pub.next_seq - 1, 0.3):  # keep sending until the slow joiner has joined
                 sent.append(chain.next_batch())
                 pub.publish(sent[-1])
-    assert sub.stats.resyncs == 1 and sink.kinds()[0] == "resync"
-    # after the resync the sink holds only what later batches stored, all of it still held by the engine
-    assert set(sink.blocks) <= truth(sent)
+    # the buffer no longer reached back to seq 0, but nothing had reached the sink yet: nothing to forget
+    assert sub.stats.resyncs == 0 and sub.stats.resyncs_skipped == 1 and "resync" not in sink.kinds()
+    # the sink holds only what the replayed and later batches stored, all of it still held by the engine
+    assert sink.blocks and set(sink.blocks) <= truth(sent)
+    # now lose batches in the middle, beyond the buffer: this time the sink is told to forget
+    with KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", buffer_steps=2,
+                          drop_rate=0.9, seed=2) as pub:
+        sink2 = RecordingSink()
+        with KvEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, engine_id="e", sink=sink2) as sub2:
+            deadline = time.monotonic() + 10
+            while sub2.stats.resyncs == 0:
+                pub.publish(chain.next_batch())
+                time.sleep(0.002)
+                assert time.monotonic() < deadline, sub2.stats
+    assert sink2.kinds().count("resync") == sub2.stats.resyncs >= 1
 
 
 def test_gap_without_replay_socket_and_publisher_restart_resync():
@@ -290,7 +303,9 @@ def test_gap_without_replay_socket_and_publisher_restart_resync():
             while not sub.wait_for_seq(pub.next_seq, 0.2):
                 pub.publish(EventBatch(0.0, (BlockStored((1,), None, (5,), 1),)))
                 assert time.monotonic() < deadline
-            assert sub.stats.gaps == 1 and sub.stats.resyncs == 1 and sink.kinds()[0] == "resync"
+            # a gap before anything reached the sink: no replay socket, but nothing to forget either
+            assert sub.stats.gaps == 1 and sub.stats.resyncs == 0 and sub.stats.resyncs_skipped == 1
+            assert sink.kinds()[0] == "stored"
             pub.close()
             # a restarted engine numbers from 0 again on the same endpoint (the old listener closes asynchronously)
             deadline = time.monotonic() + 10
@@ -303,11 +318,11 @@ def test_gap_without_replay_socket_and_publisher_restart_resync():
                     time.sleep(0.05)
             with pub2:
                 # seen as a restart (seq <= last) or, if the SUB reconnects late, as a gap: a resync either way
-                while sub.stats.resyncs < 2:
+                while sub.stats.resyncs < 1:
                     pub2.publish(EventBatch(0.0, (BlockStored((2,), None, (6,), 1),)))
                     time.sleep(0.02)
                     assert time.monotonic() < deadline, "the restart was not seen"
-                assert sub.stats.restarts + sub.stats.gaps == 2 and sink.kinds().count("resync") == 2
+                assert sub.stats.restarts + sub.stats.gaps >= 2 and sink.kinds().count("resync") == 1
 
 
 def test_sink_errors_do_not_stop_the_subscriber():

@@ -13,7 +13,9 @@ Protocol handling (``publisher`` states the wire side):
   GAP: the subscriber asks the replay socket (a DEALER sends ``(b"", start)``) for ``[start, seq)``, applies the
   replayed batches in order, then the current one. When there is no replay socket, the replay does not answer
   within ``replay_timeout_s``, or the buffer no longer holds part of the range (or holds garbage there), the sink
-  gets ``on_resync`` (forget this engine's state) and only batches after the last hole are applied. A ``seq <=
+  gets ``on_resync`` (forget this engine's state) and only batches after the last hole are applied. A resync is
+  only signalled when some event reached the sink since the start (or the previous resync): history lost before the
+  sink heard anything leaves nothing to forget (``stats.resyncs_skipped`` counts those). A ``seq <=
   last`` on the PUB socket (other than a start-up duplicate) means the publisher restarted (a PUB never repeats a
   number): ``on_resync``, then the
   batch is handled as a first one.
@@ -124,6 +126,7 @@ class SubscriberStats:
     replayed: int = 0  # batches applied from the replay socket
     replay_timeouts: int = 0
     resyncs: int = 0
+    resyncs_skipped: int = 0  # lost history before anything reached the sink: nothing to forget
     restarts: int = 0
     sink_errors: int = 0
     internal_errors: int = 0
@@ -146,6 +149,7 @@ class KvEventSubscriber:
         self._max_mapped = max_mapped_blocks
         self._poll_ms = max(1, int(poll_interval_s * 1000))
         self._chain: OrderedDict[int, int] = OrderedDict()
+        self._told_since_resync = False  # an event reached the sink since the start or the last resync
         self._caught_up: dict[int, bytes] = {}  # seq -> payload digest of batches the start-up replay applied
         self.last_seq: int | None = None
         self.stats = SubscriberStats()
@@ -340,6 +344,13 @@ class KvEventSubscriber:
             log.exception("kv events %s: sink.%s raised (ignored)", self.engine_id, method)
 
     def _resync(self) -> None:
+        """Tell the sink to forget this engine — only when it was told something since the last resync (before any
+        event it knows nothing, so there is nothing to forget; a resync then would only drop what the sink inferred
+        on its own, e.g. a gateway's routing-time entries)."""
+        if not self._told_since_resync:
+            self.stats.resyncs_skipped += 1
+            return
+        self._told_since_resync = False
         self.stats.resyncs += 1
         self._call("on_resync")
 
@@ -370,6 +381,8 @@ class KvEventSubscriber:
     def _apply(self, batch: EventBatch) -> None:
         self.stats.batches += 1
         self.stats.unknown_events += batch.unknown_events
+        if batch.events:
+            self._told_since_resync = True
         for ev in batch.events:
             self.stats.events += 1
             if isinstance(ev, BlockStored):
