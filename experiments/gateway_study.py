@@ -15,14 +15,15 @@ Parts (every request streamed by one aiohttp client process; :mod:`experiments.g
 2. Routing (four stand-in engines, engine-model TTFT that grows with uncached tokens, prefills one at a time per
    engine, a small GPU cache so the working set does not fit one engine): the same sessions requests at several
    Poisson request rates through each front; client throughput, TTFT p50/p99, and the engines' prefix-cache hit
-   rate from their ``vllm:prefix_cache_hits_total / queries_total`` (scraped before and after each cell; caches
-   reset between cells with ``POST /reset_prefix_cache``). Fronts: the gateway (Dynamo cost router over its
-   index fed by the engines' KV events), two gateway replicas sharing that view (both subscribe; requests
-   alternate between them), the gateway with the ``prefix_affinity`` router (the same exact index, a
-   cache-greedy policy without load terms), the gateway with its round-robin router (the round-robin arm: same
-   proxy, no cache awareness), sglang-router ``cache_aware`` (one and two replicas), vllm-router
-   ``cache_aware``, and direct to one engine. Every front but the gateway gets the tenant's ``cache_salt`` from the client (the gateway's own
-   salt for that tenant), so the engines' caches are tenant-scoped alike behind every front.
+   rate from their ``vllm:prefix_cache_hits_total / queries_total`` (scraped before and after each cell; fresh
+   engines for each front in the full profile, caches reset between cells with ``POST /reset_prefix_cache``).
+   Fronts: the gateway (Dynamo cost router over its index fed by the engines' KV events), two gateway replicas
+   sharing that view (both subscribe; requests alternate between them), the gateway with the ``prefix_affinity``
+   router (the same exact index, a cache-greedy policy without load terms), the gateway with its round-robin
+   router (the round-robin arm: same proxy, no cache awareness), sglang-router ``cache_aware`` (one and two
+   replicas), vllm-router ``cache_aware``, and direct to one engine. Every front but the gateway gets the
+   tenant's ``cache_salt`` from the client (the gateway's own salt for that tenant), so the engines' caches are
+   tenant-scoped alike behind every front.
 
 The tokenizer is the stand-in's byte tokenizer (one token per character): a character-matching router (sglang's
 radix tree) sees exactly the engine's token blocks here, so the comparison is kinder to it than real tokenizers.
@@ -53,10 +54,10 @@ BLOCK = 16
 
 FULL = dict(overhead_reps=5, overhead_n=40, header_n=10, stream_reps=3, streams=100, stream_s=6.0,
             rates=(8.0, 16.0, 32.0), cell_requests=160, routing_reps=1, replica_reps=2, gpu_blocks=2048,
-            workload_requests=400, max_output_tokens=32)
+            workload_requests=400, max_output_tokens=32, engines_per_front=True)
 QUICK = dict(overhead_reps=2, overhead_n=6, header_n=3, stream_reps=1, streams=100, stream_s=1.5,
              rates=(20.0,), cell_requests=40, routing_reps=1, replica_reps=1, gpu_blocks=2048,
-             workload_requests=200, max_output_tokens=16)
+             workload_requests=200, max_output_tokens=16, engines_per_front=False)
 
 # the stand-in engine of the overhead part: a fixed, short TTFT (the added milliseconds show) and a GPU-like
 # inter-token time at a batch of ~100 (~30 ms), so that at 100 streams the engine, not this machine's two cores,
@@ -110,8 +111,8 @@ def _engines(n: int, args: Sequence[str]):
     from quillcache.enginesim.process import EngineSimProcess
 
     with contextlib.ExitStack() as stack:
-        procs = [EngineSimProcess([*args, "--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0"],
-                                 start_timeout_s=60.0) for _ in range(n)]
+        events = ["--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0"]
+        procs = [EngineSimProcess([*args, *events], start_timeout_s=60.0) for _ in range(n)]
         for p in procs:
             stack.callback(p.stop)
         with ThreadPoolExecutor(len(procs)) as pool:  # the interpreters start in parallel
@@ -276,7 +277,8 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
     good = _ok(ts)
     window = max(t.t_end for t in ts) - min(t.t_send for t in ts)
     per_engine = [q for _, q in d.per_engine.values()]
-    return ts, {"hit_rate": d.hit_rate, "hits": d.hits, "queries": d.queries, "ok": len(good), "failed": len(ts) - len(good),
+    return ts, {"hit_rate": d.hit_rate, "hits": d.hits, "queries": d.queries, "ok": len(good),
+                "failed": len(ts) - len(good),
                 "rps": len(good) / window, "tokens_per_s": sum(t.completion_tokens for t in good) / window,
                 "ttft_p50_s": percentile([t.ttft_s for t in good], 0.5),
                 "ttft_p99_s": percentile([t.ttft_s for t in good], 0.99),
@@ -285,40 +287,57 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
                 "version": rf.versions}
 
 
+def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw: list) -> list[SummaryRow]:
+    """Every request rate of ``cfg`` through ``front`` (repetitions: ``routing_reps``, or ``replica_reps`` for
+    the one- and two-replica gateway, whose difference is an acceptance figure)."""
+    rows: list[SummaryRow] = []
+    for rate in cfg["rates"]:
+        n_reps = cfg["routing_reps"]
+        if front in (GATEWAY, GATEWAY_X2):
+            n_reps = max(n_reps, cfg["replica_reps"])
+        got = []
+        for rep in range(n_reps):
+            ts, m = _routing_cell(front, engines, cell, rate, tenancy, seed=rep)
+            got.append(m)
+            raw.extend((front.name, rate, rep, t.index, t.tenant, t.worker, t.t_send - ts[0].t_send, t.headers_s,
+                        t.ttft_s, t.latency_s, t.prompt_tokens, t.cached_tokens, t.completion_tokens, t.status,
+                        t.error) for t in ts)
+            print(f"  {front.name:<40} rate {rate:5.1f}/s rep {rep}: hit {m['hit_rate']:.3f}  "
+                  f"TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms p99 {m['ttft_p99_s'] * 1e3:7.1f} ms  "
+                  f"{m['rps']:.1f} req/s  failed {m['failed']}  ({m['wall_s']:.1f} s)", flush=True)
+        p = {"part": "routing", "engines": 1 if front.kind == "direct" else ENGINES, "rate_per_s": rate,
+             "requests": len(cell), "gpu_blocks": cfg["gpu_blocks"], "replicas": front.replicas,
+             "front_kind": front.kind, "policy": front.policy or "none"}
+        failed = sum(m["failed"] for m in got)
+        note = (f"{len(cell)} sessions requests at Poisson {rate:g} req/s, {n_reps} repetition(s), {failed} failed; "
+                f"{got[0]['version']}")
+        for metric, key, unit, scale in (("hit_rate", "hit_rate", "fraction", 1.0),
+                                         ("throughput_rps", "rps", "req/s", 1.0),
+                                         ("throughput_tokens_per_s", "tokens_per_s", "tokens/s", 1.0),
+                                         ("ttft_p50_ms", "ttft_p50_s", "ms", 1e3),
+                                         ("ttft_p99_ms", "ttft_p99_s", "ms", 1e3),
+                                         ("max_engine_share", "engine_share_max", "fraction", 1.0)):
+            rows.append(SummaryRow.from_spread(spread([m[key] * scale for m in got]), metric=metric,
+                                               subject=front.name, unit=unit, n=n_reps, params=p, notes=note))
+    return rows
+
+
 def _routing(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: list) -> list[SummaryRow]:
+    """Part 2 (module doc). The full profile starts fresh engines for each front, so the history a gateway replays
+    from the engines' replay sockets at its start stays short; the quick profile (one short cell per front) keeps
+    one set."""
     rows: list[SummaryRow] = []
     adapters = sorted({r.model for r in reqs if r.model != BASE_MODEL})
     args = _engine_args(adapters, "--gpu-blocks", str(cfg["gpu_blocks"]), "--prefill-concurrency", "1")
     cell = list(reqs[:cfg["cell_requests"]])
-    with _engines(ENGINES, args) as engines:
-        for rate in cfg["rates"]:
-            reps = cfg["routing_reps"]
+    if cfg["engines_per_front"]:
+        for front in fronts:
+            with _engines(ENGINES, args) as engines:
+                rows += _routing_front(front, engines, cfg, cell, tenancy, raw)
+    else:
+        with _engines(ENGINES, args) as engines:
             for front in fronts:
-                n_reps = max(reps, cfg["replica_reps"]) if front in (GATEWAY, GATEWAY_X2) else reps
-                got = []
-                for rep in range(n_reps):
-                    ts, m = _routing_cell(front, engines, cell, rate, tenancy, seed=rep)
-                    got.append(m)
-                    raw.extend((front.name, rate, rep, t.index, t.tenant, t.worker, t.t_send - ts[0].t_send,
-                                t.headers_s, t.ttft_s, t.latency_s, t.prompt_tokens, t.cached_tokens,
-                                t.completion_tokens, t.status, t.error) for t in ts)
-                    print(f"  {front.name:<40} rate {rate:5.1f}/s rep {rep}: hit {m['hit_rate']:.3f}  "
-                          f"TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms p99 {m['ttft_p99_s'] * 1e3:7.1f} ms  "
-                          f"{m['rps']:.1f} req/s  failed {m['failed']}  ({m['wall_s']:.1f} s)", flush=True)
-                p = {"part": "routing", "engines": 1 if front.kind == "direct" else ENGINES, "rate_per_s": rate,
-                     "requests": len(cell), "gpu_blocks": cfg["gpu_blocks"], "replicas": front.replicas,
-                     "front_kind": front.kind, "policy": front.policy or "none"}
-                failed = sum(m["failed"] for m in got)
-                note = (f"{len(cell)} sessions requests at Poisson {rate:g} req/s, {n_reps} repetition(s), "
-                        f"{failed} failed; {got[0]['version']}")
-                for metric, key, unit, scale in (("hit_rate", "hit_rate", "fraction", 1.0),
-                                                 ("throughput_rps", "rps", "req/s", 1.0),
-                                                 ("throughput_tokens_per_s", "tokens_per_s", "tokens/s", 1.0),
-                                                 ("ttft_p50_ms", "ttft_p50_s", "ms", 1e3),
-                                                 ("ttft_p99_ms", "ttft_p99_s", "ms", 1e3),
-                                                 ("max_engine_share", "engine_share_max", "fraction", 1.0)):
-                    rows.append(SummaryRow.from_spread(spread([m[key] * scale for m in got]), metric=metric,
-                                                       subject=front.name, unit=unit, n=n_reps, params=p, notes=note))
+                rows += _routing_front(front, engines, cfg, cell, tenancy, raw)
     return rows
 
 
@@ -433,9 +452,11 @@ def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
     fig, axes = figure(13.0, 3.6, ncols=4)
     for i, subject in enumerate(dict.fromkeys(rt["subject"])):
         color = PALETTE[i % len(PALETTE)]
-        for ax, metric, ls in ((axes[0], "hit_rate", "-"), (axes[1], "ttft_p50_ms", "-"), (axes[1], "ttft_p99_ms", ":")):
+        for ax, metric, ls in ((axes[0], "hit_rate", "-"), (axes[1], "ttft_p50_ms", "-"),
+                               (axes[1], "ttft_p99_ms", ":")):
             part = rt[(rt["subject"] == subject) & (rt["metric"] == metric)].sort_values("rate_per_s")
-            ax.errorbar(part["rate_per_s"], part["value"], yerr=[part["value"] - part["p10"], part["p90"] - part["value"]],
+            err = [part["value"] - part["p10"], part["p90"] - part["value"]]
+            ax.errorbar(part["rate_per_s"], part["value"], yerr=err,
                         marker="o", ms=3, lw=1.2, ls=ls, color=color, capsize=2,
                         label=subject if metric != "ttft_p99_ms" else None)
     style_axes(axes[0], xlabel="request rate (req/s)", ylabel="engine prefix-cache hit rate",
