@@ -35,6 +35,12 @@ def test_digests_chain_and_extra_keys():
     # the salt enters block 0 and the chain carries it; LoRA enters every block
     assert salted[0] != base[0] and salted[1] != base[1]
     assert lora[0] != base[0] and lora[1] != base[1] and lora != salted
+    # continuing a chain from a parent gives the same digests as hashing from the start
+    assert engine_block_digests(toks + list(range(24)), 16, start_block=2, parent=base[1]) == \
+        engine_block_digests(toks + list(range(24)), 16)[2:]
+    assert engine_block_digests(toks, 16, lora_name="") != base  # an empty name differs from none
+    with pytest.raises(ValueError, match="needs the parent digest"):
+        engine_block_digests(toks, 16, start_block=1)
     changed = engine_block_digests([99] + toks[1:], 16)
     assert changed[0] != base[0] and changed[1] != base[1]  # a change in block 0 changes every later block
 

@@ -2,8 +2,9 @@
 
 It follows vLLM v1's prefix cache (``vllm/v1/core/block_pool.py``), the part the gateway depends on:
 
-- Block identity: only FULL blocks of ``block_size`` tokens are cached. ``digest[i] = sha256(msgpack([digest[i-1],
-  tokens_i, extra_keys_i]))`` with ``digest[-1] = ROOT`` (a fixed sha256 of this module's seed string, so restarts
+- Block identity: only FULL blocks of ``block_size`` tokens are cached. ``digest[i] = sha256(digest[i-1] ||
+  le_u32(len(extra_i)) || extra_i || le_u32(tokens_i))`` (``extra_i`` the length-prefixed extra keys) with
+  ``digest[-1] = ROOT`` (a fixed sha256 of this module's seed string, so restarts
   and separate processes agree, like vLLM's sha256 default). ``extra_keys_i = [lora_name]`` for every block and
   ``[lora_name, cache_salt]`` for the FIRST block only (vLLM's extra keys: the salt enters block 0 and the chain
   carries it). This is the ENGINE's hash: it differs from the gateway's (Dynamo xxh3) by design.
@@ -20,27 +21,50 @@ It follows vLLM v1's prefix cache (``vllm/v1/core/block_pool.py``), the part the
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import msgpack
-
 __all__ = ["ROOT_DIGEST", "SimBlockCache", "StoreResult", "StoredRun", "engine_block_digests"]
 
+assert array("I").itemsize == 4, "token ids are packed as 4-byte unsigned ints"
 ROOT_DIGEST = hashlib.sha256(b"quillcache engine-sim block hash root v1").digest()
 
 
+def _extra_bytes(lora_name: str | None, cache_salt: str | None, first: bool) -> bytes:
+    parts = [lora_name, cache_salt] if first else [lora_name]
+    out = bytearray()
+    for p in parts:  # length-prefixed, None distinct from "": unambiguous
+        if p is None:
+            out += b"\xff\xff\xff\xff"
+        else:
+            b = p.encode("utf-8")
+            out += len(b).to_bytes(4, "little") + b
+    return bytes(out)
+
+
 def engine_block_digests(token_ids: Sequence[int], block_size: int, *, lora_name: str | None = None,
-                         cache_salt: str | None = None) -> list[bytes]:
-    """The engine's sha256 chain over the full blocks of ``token_ids`` (module docstring)."""
+                         cache_salt: str | None = None, start_block: int = 0,
+                         parent: bytes | None = None) -> list[bytes]:
+    """The engine's sha256 chain over the full blocks of ``token_ids`` (module docstring): ``digest[i] =
+    sha256(digest[i-1] || le_u32(len(extra_i)) || extra_i || le_u32(tokens_i))`` with ``extra_i`` the
+    length-prefixed extra keys. ``start_block``/``parent`` continue a chain already computed up to block
+    ``start_block - 1`` (whose digest is ``parent``) and return the digests from ``start_block`` on."""
+    if start_block and parent is None:
+        raise ValueError("start_block > 0 needs the parent digest")
+    data = array("I", token_ids).tobytes()
+    step = 4 * block_size
+    extra_first = _extra_bytes(lora_name, cache_salt, True)
+    extra_rest = _extra_bytes(lora_name, cache_salt, False)
+    head_first = len(extra_first).to_bytes(4, "little") + extra_first
+    head_rest = len(extra_rest).to_bytes(4, "little") + extra_rest
     out: list[bytes] = []
-    parent = ROOT_DIGEST
-    for i in range(len(token_ids) // block_size):
-        extra = [lora_name, cache_salt] if i == 0 else [lora_name]
-        blob = msgpack.packb([parent, list(token_ids[i * block_size:(i + 1) * block_size]), extra], use_bin_type=True)
-        parent = hashlib.sha256(blob).digest()
-        out.append(parent)
+    prev = ROOT_DIGEST if parent is None else parent
+    sha = hashlib.sha256
+    for i in range(start_block, len(token_ids) // block_size):
+        prev = sha(prev + (head_first if i == 0 else head_rest) + data[i * step:(i + 1) * step]).digest()
+        out.append(prev)
     return out
 
 

@@ -79,6 +79,10 @@ class SimEngine:
         self.capacity_blocks = config.gpu_blocks or self.engine_model.gpu_capacity_blocks
         self.cache = SimBlockCache(self.capacity_blocks)
         self.metrics = SimMetrics(config.model)
+        m = self.metrics
+        self._gauges = (m.running.labels(config.model), m.waiting.labels(config.model),
+                        m.kv_usage.labels(config.model), m.cached_blocks)
+        self._generated = m.generation_tokens.labels(config.model)
         self._lora_ids = {name: i + 1 for i, name in enumerate(config.lora_adapters)}
         self._slots = asyncio.Semaphore(config.max_num_seqs)
         self._prefill_gate = asyncio.Semaphore(config.prefill_concurrency) if config.prefill_concurrency else None
@@ -129,11 +133,11 @@ class SimEngine:
 
     # ---- gauges and events --------------------------------------------------------------------------
     def _update_gauges(self) -> None:
-        m, name = self.metrics, self.config.model
-        m.running.labels(name).set(self.num_running)
-        m.waiting.labels(name).set(self.num_waiting)
-        m.kv_usage.labels(name).set(self.cache.num_pinned_blocks / self.capacity_blocks)
-        m.cached_blocks.set(self.cache.num_cached_blocks)
+        g = self._gauges
+        g[0].set(self.num_running)
+        g[1].set(self.num_waiting)
+        g[2].set(self.cache.num_pinned_blocks / self.capacity_blocks)
+        g[3].set(self.cache.num_cached_blocks)
 
     def _publish(self, res: StoreResult, tokens: tuple[int, ...] | list[int], req: SimRequest) -> None:
         if self.publisher is None or not (res.runs or res.evicted):
@@ -211,15 +215,18 @@ class SimEngine:
                 req.completion_tokens += 1
                 context += 1
                 self.kv_tokens += 1
-                m.generation_tokens.labels(name).inc()
+                self._generated.inc()
                 yield delta
             req.finish_reason = "length"
             # cache the blocks the output completed (only when the whole prompt chain is cached: it is their parent)
             if len(pinned) >= len(digests) and not res.num_uncached:
                 full = list(prompt) + req.output_ids
-                all_digests = engine_block_digests(full, bs, lora_name=req.lora_name, cache_salt=req.cache_salt)
-                if len(all_digests) > len(digests):
-                    res2 = self.cache.store(all_digests, len(digests))
+                n = len(digests)
+                more = engine_block_digests(full, bs, lora_name=req.lora_name, cache_salt=req.cache_salt,
+                                            start_block=n, parent=digests[-1] if n else None)
+                if more:
+                    all_digests = digests + more
+                    res2 = self.cache.store(all_digests, n)
                     pinned += res2.pinned
                     self._publish(res2, full, req)
             finished = True

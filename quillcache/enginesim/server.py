@@ -58,7 +58,12 @@ def serve(config: EngineSimConfig, *, host: str = "127.0.0.1", port: int = 0, lo
         await task
 
     try:
-        asyncio.run(main())
+        try:
+            import uvloop
+        except ImportError:  # uvicorn[standard] brings it; plain asyncio still works
+            asyncio.run(main())
+        else:
+            uvloop.run(main())
     finally:
         sock.close()
     return 0 if server.started else 1
