@@ -91,9 +91,6 @@ def lrb(off, blocks, u, cap, hits, input_tokens, block_tokens, sample_size, wind
                 slot_of[b] = n
                 n += 1
                 incache[b] = True
-                touched = False
-            else:
-                touched = True
             # the reference: learn from what has become known, then predict
             t += 1
             while exp_pos < p and t - (exp_pos + 1) > window:

@@ -41,6 +41,14 @@ from a small sweep on the Mooncake conversation trace (quantile 0.8-0.99, che_mu
 shadow rule exists). They are the same for every capacity and were not re-tuned on the synthetic
 trace of ``experiments/hitrate_study.py``.
 
+Relatives on the same machinery (options of this class, fixed by the subclasses): ``classes``
+picks the classification - ``"prefix"`` (above, the default), ``"reuse"`` (LHD's: first reference,
+then log-spaced reuse distance; ``quillcache.policies.lhd``) or ``"chain"`` (turns seen on the
+request's chain, hot prefixes, partial tails; ``quillcache.policies.quillchain``); ``leaf_first``
+re-queues a hinted request's cached blocks deepest first once it ends (real cache only); and
+``mode="challenger"`` replaces the two shadows by one that runs the rule the real cache does not,
+the two swapping rules when the shadow had more decayed prefix hits over a period.
+
 Memory: reference metadata (last time, class, count) is kept for every key ever seen, like a
 ghost list of unbounded length (about 24 bytes per key in a compiled version); ``remove`` forgets
 a key entirely.
