@@ -202,6 +202,7 @@ class KvEventSubscriber:
     def _run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)  # like vLLM's PUB side: a burst is queued, not dropped
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         self._sub = sub
         try:
