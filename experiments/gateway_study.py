@@ -284,6 +284,7 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
                 "ttft_p99_s": percentile([t.ttft_s for t in good], 0.99),
                 "client_cached_frac": sum(t.cached_tokens for t in good) / max(1, sum(t.prompt_tokens for t in good)),
                 "engine_share_max": max(per_engine) / max(1.0, sum(per_engine)), "wall_s": wall,
+                "send_lag_p99_s": percentile([t.t_send - t.t_sched for t in ts], 0.99),
                 "version": rf.versions}
 
 
@@ -316,7 +317,8 @@ def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw
                                          ("throughput_tokens_per_s", "tokens_per_s", "tokens/s", 1.0),
                                          ("ttft_p50_ms", "ttft_p50_s", "ms", 1e3),
                                          ("ttft_p99_ms", "ttft_p99_s", "ms", 1e3),
-                                         ("max_engine_share", "engine_share_max", "fraction", 1.0)):
+                                         ("max_engine_share", "engine_share_max", "fraction", 1.0),
+                                         ("client_send_lag_p99_ms", "send_lag_p99_s", "ms", 1e3)):
             rows.append(SummaryRow.from_spread(spread([m[key] * scale for m in got]), metric=metric,
                                                subject=front.name, unit=unit, n=n_reps, params=p, notes=note))
     return rows
@@ -475,8 +477,7 @@ def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
         if limit is not None:
             ax.axhline(limit, color="#000000", lw=0.8, ls="--")
         ax.set_xticks(range(len(sub)))
-        ax.set_xticklabels([s.replace(" cache_aware", "\ncache_aware").replace(" (one engine)", "")
-                            for s in sub["subject"]], fontsize=7)
+        ax.set_xticklabels([s.replace(" ", "\n", 1) for s in sub["subject"]], fontsize=7)
         style_axes(ax, ylabel=ylabel, title=title)
     return save(fig, Path(out_dir) / "gateway.png")
 
