@@ -595,7 +595,9 @@ OP_NOTES = {"put": "put_start + put_end of a new object ({how})", "get_replicas"
             "object, read lease granted ({how})", "exists": "existence of an existing object, no lease ({how})"}
 HOW = {EMB_LOG: "MasterService methods in-process; state changes fsynced to the log before returning",
        EMB_MEM: "MasterService methods in-process, no data dir: nothing durable",
-       RPC: "MasterClient over TCP loopback to the server process (data dir: fsynced)",
+       RPC: "MasterClient over TCP loopback to the server process (data dir: fsynced); get_replicas, "
+            "get_replica_list and put_start travel in the compact forms (native msgpack rows, descriptors "
+            "rebuilt client-side)",
        MOONCAKE: "MooncakeDistributedStore metadata calls to mooncake_master over TCP loopback; no operation log"}
 
 

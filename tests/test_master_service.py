@@ -644,6 +644,14 @@ def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path)
     shutil.rmtree(tmp_path / "index")  # an index that lost everything is refilled from the tables
     r = MasterService(cfg, clock=clock, data_dir=tmp_path)
     assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
+    # an index that lost only the tail: the first restart writes it (and flushes), the next writes nothing
+    shutil.rmtree(tmp_path / "index")
+    written = []
+    for _ in range(2):
+        r = MasterService(cfg, clock=clock, data_dir=tmp_path)
+        written.append(r.index.logical_bytes_written)
+        assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
+    assert written[0] > 0 and written[1] == 0, written
     r.close()
 
 

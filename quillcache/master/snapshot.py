@@ -181,7 +181,9 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
     tail = log.recover(state.lsn)
     for lsn, payload in tail:
         state.apply(decode_record(payload), lsn)
-    projection.publish_missing()  # a tail replayed before (a restart since the snapshot) is in the index already
+    written, _ = projection.publish_missing()  # a tail replayed before (a restart since the snapshot) is in the index
+    if written:
+        projection.flush()  # durable now, so the next restart on the same tail finds it there
     state.attach_space()
     for obj in state.objects.materialized():
         if obj.status == _COMPLETE:
