@@ -264,6 +264,19 @@ def test_cli_refuses_bad_flags():
     out = subprocess.run([sys.executable, "-m", "quillcache", "engine-sim", "--engine-model", "gpt-9"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown model 'gpt-9'" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "quillcache", "engine-sim", "--kv-events", "udp://127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "must be tcp://HOST:PORT" in out.stderr and "Traceback" not in out.stderr
+    import zmq
+
+    busy = zmq.Context.instance().socket(zmq.PUB)
+    try:
+        port = busy.bind_to_random_port("tcp://127.0.0.1")
+        out = subprocess.run([sys.executable, "-m", "quillcache", "engine-sim", "--kv-events",
+                              f"tcp://127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "Address already in use" in out.stderr and "Traceback" not in out.stderr
+    finally:
+        busy.close(0)
     out = subprocess.run([sys.executable, "-m", "quillcache", "engine-sim", "--help"], capture_output=True, text=True,
                          timeout=60)
     assert "STAND-IN engine" in out.stdout

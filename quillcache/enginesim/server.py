@@ -38,7 +38,17 @@ def serve(config: EngineSimConfig, *, host: str = "127.0.0.1", port: int = 0, lo
         return 1
     sock.listen(4096)
     bound_port = sock.getsockname()[1]
-    app = build_app(config)
+    import zmq
+
+    from quillcache.enginesim.engine import SimEngine
+
+    try:  # built before serving, so a bad KV-event endpoint is one line, not a lifespan traceback
+        engine = SimEngine(config)
+    except (ValueError, zmq.ZMQError) as e:
+        print(f"quillcache engine-sim: KV events: {e} (--kv-events / --kv-events-replay)", file=sys.stderr)
+        sock.close()
+        return 2 if isinstance(e, ValueError) else 1
+    app = build_app(config, engine)
     uv = uvicorn.Config(app, loop="uvloop", http="httptools", log_level=log_level, access_log=False,
                         lifespan="on", timeout_graceful_shutdown=GRACEFUL_S, backlog=4096)
     server = uvicorn.Server(uv)
