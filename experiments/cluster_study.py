@@ -16,9 +16,9 @@ transfer engine.
 2. **Get latency**, remote vs local, by block size (64 KiB, 256 KiB, 2 MiB): remote = ``get`` by a store
    without a local cache (``get_replicas`` RPC + one READ over TCP from a node process + crc32c check);
    local = a hit in the store's local DRAM cache (a view of this process's memory). p50 and p99 over
-   ``lat_reps`` gets. Acceptance ratio, same run: remote 2 MiB get p50 vs (p50 of a raw-socket 2 MiB READ
-   between two processes, ``experiments.transfer_raw``, + p50 of one RPC round trip to the master,
-   ``exists`` of one key).
+   ``lat_reps`` rounds; each round takes one sample of every cell and of the baseline, interleaved.
+   Acceptance ratio, same run: remote 2 MiB get p50 vs (p50 of a raw-socket 2 MiB READ between two
+   processes, ``experiments.transfer_raw``, + p50 of one RPC round trip to the master, ``exists`` of one key).
 3. **Throughput** with 3, 2 and 1 nodes (one client thread in this process; nodes stopped with SIGTERM,
    which unmounts them): ``put_many``/``get_many`` batches of ``tput_batch`` objects of 1 MiB, 1 replica,
    no local cache; GB/s and objects/s, median over ``tput_reps``.
@@ -191,71 +191,70 @@ def _pct(samples: list[float], q: float) -> float:
 
 
 def _latency(c, cfg: dict, raw: list) -> list[SummaryRow]:
+    """Every cell's samples are taken in the same rounds, interleaved (one get of each size and kind, one raw
+    READ, one master RPC per round), so load on this shared machine weighs on subject and baseline alike."""
     from experiments.transfer_raw import READ, RawClient, RawPeer
 
     rng = np.random.default_rng(SEED + 1)
     reps = cfg["lat_reps"]
     remote = c.store(local_cache_bytes=0, staging_bytes=16 * MiB, replicas=1)
     local = c.store(local_cache_bytes=64 * MiB, staging_bytes=16 * MiB, replicas=1)
-    rows: list[SummaryRow] = []
-    p50s: dict[tuple[str, int], float] = {}
+    cells = []
     for size in LAT_SIZES:
         kr, kl = f"lat-r-{size}", f"lat-l-{size}"
         data = rng.bytes(size)
         remote.put(kr, data)
         local.put(kl, data)  # the put leaves it in the local cache: every get below is a local hit
-        for where, st, key in (("remote", remote, kr), ("local", local, kl)):
-            for _ in range(3):  # warm-up (connections, first touches)
-                assert st.get(key) is not None
-            samples = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                v = st.get(key)
-                samples.append(time.perf_counter() - t0)
-                assert v is not None and v.nbytes == size
-                del v
-            raw.extend(("latency", where, size, i, s) for i, s in enumerate(samples))
-            p50s[(where, size)] = _pct(samples, 50)
-            for q in (50, 99):
-                rows.append(SummaryRow(metric="get_latency_s", subject=f"PooledStore {where} get", value=_pct(samples, q),
-                                       unit="s", n=reps, params=dict(block_bytes=size, where=where, quantile=f"p{q}"),
-                                       notes="remote: get_replicas RPC + one TCP READ from a node process + crc32c; "
-                                             "local: a hit in this process's cache" if q == 50 else ""))
-    assert local.stats().local_hits >= reps and remote.stats().local_hits == 0
-    # the baseline, same run: a raw socket READ of 2 MiB between two processes + one master RPC round trip
-    size = 2 * MiB
-    key = f"lat-r-{size}"
-    buf = np.empty(size, dtype=np.uint8)
+        cells += [("remote", size, remote, kr), ("local", size, local, kl)]
+    big = 2 * MiB
+    buf = np.empty(big, dtype=np.uint8)
     buf[::4096] = 0
+    m = c.master()
+    samples: dict[tuple[str, int], list[float]] = {(w, sz): [] for w, sz, _, _ in cells}
     raw_s, rpc_s = [], []
-    with RawPeer(size) as peer:
+    pc = time.perf_counter
+    with RawPeer(big) as peer:
         cl = RawClient(peer.port)
         try:
-            for _ in range(3):
-                cl.batch(READ, memoryview(buf), [0], size)
-            for _ in range(reps):
-                raw_s.append(cl.batch(READ, memoryview(buf), [0], size)[-1])
+            for rep in range(reps + 3):  # 3 warm-up rounds (connections, first touches), not recorded
+                for where, size, st, key in cells:
+                    t0 = pc()
+                    v = st.get(key)
+                    dt = pc() - t0
+                    assert v is not None and v.nbytes == size
+                    del v
+                    if rep >= 3:
+                        samples[(where, size)].append(dt)
+                dt_raw = cl.batch(READ, memoryview(buf), [0], big)[-1]
+                t0 = pc()
+                m.exists([f"lat-r-{big}"])
+                dt_rpc = pc() - t0
+                if rep >= 3:
+                    raw_s.append(dt_raw)
+                    rpc_s.append(dt_rpc)
         finally:
             cl.close()
-    m = c.master()
-    for _ in range(3):
-        m.exists([key])
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        m.exists([key])
-        rpc_s.append(time.perf_counter() - t0)
-    raw.extend(("baseline_raw", "raw socket", size, i, s) for i, s in enumerate(raw_s))
-    raw.extend(("baseline_rpc", "master exists", 0, i, s) for i, s in enumerate(rpc_s))
+    assert local.stats().local_hits >= reps and remote.stats().local_hits == 0
+    rows: list[SummaryRow] = []
+    for (where, size), xs in samples.items():
+        raw.extend(("latency", where, size, i, x) for i, x in enumerate(xs))
+        for q in (50, 99):
+            rows.append(SummaryRow(metric="get_latency_s", subject=f"PooledStore {where} get", value=_pct(xs, q),
+                                   unit="s", n=reps, params=dict(block_bytes=size, where=where, quantile=f"p{q}"),
+                                   notes=("remote: get_replicas RPC + one TCP READ from a node process + crc32c; "
+                                          "local: a hit in this process's cache") if q == 50 else ""))
+    raw.extend(("baseline_raw", "raw socket", big, i, x) for i, x in enumerate(raw_s))
+    raw.extend(("baseline_rpc", "master exists", 0, i, x) for i, x in enumerate(rpc_s))
     base = _pct(raw_s, 50) + _pct(rpc_s, 50)
     rows.append(SummaryRow(metric="raw_socket_read_s", subject="raw socket pair (experiments.transfer_raw)",
                            value=_pct(raw_s, 50), unit="s", n=reps, p10=_pct(raw_s, 10), p90=_pct(raw_s, 90),
-                           params=dict(block_bytes=size)))
+                           params=dict(block_bytes=big)))
     rows.append(SummaryRow(metric="master_rpc_s", subject="MasterClient.exists of one key", value=_pct(rpc_s, 50),
                            unit="s", n=reps, p10=_pct(rpc_s, 10), p90=_pct(rpc_s, 90), params=dict(block_bytes=0)))
-    rows.append(SummaryRow(metric="remote_get_p50_s", subject="PooledStore remote get", value=p50s[("remote", size)],
+    rows.append(SummaryRow(metric="remote_get_p50_s", subject="PooledStore remote get", value=_pct(samples[("remote", big)], 50),
                            unit="s", baseline="raw socket READ p50 + master RPC p50", baseline_value=base, n=reps,
-                           params=dict(block_bytes=size, limit_ratio=ACCEPT_RATIO),
-                           notes=f"acceptance: ratio <= {ACCEPT_RATIO}"))
+                           params=dict(block_bytes=big, limit_ratio=ACCEPT_RATIO),
+                           notes=f"acceptance: ratio <= {ACCEPT_RATIO}; samples interleaved with the baseline's"))
     remote.close()
     local.close()
     return rows
@@ -378,7 +377,7 @@ def _hit_rates(cfg: dict, work: Path, raw: list) -> list[SummaryRow]:
     rows = [SummaryRow(metric="hitrate_available", subject="Mooncake conversation trace", value=1.0, unit="bool")]
     for cap in cfg["hit_capacities"]:
         # DRAM for `cap` blocks under the master's 0.90 eviction watermark (the same rule for both subjects)
-        dram = max(8 * MiB, -(-int(cap * foot / 0.9) // MiB) * MiB)
+        dram = -(-int(cap * foot / 0.9) // 4096) * 4096
         kw = dict(dram_bytes=dram, client_ttl_s=5.0, lease_ttl_s=0.2)
         clusters = [LocalCluster(1, base_dir=work / f"own-{cap}-{i}", **kw) for i in range(3)]
         pooled = LocalCluster(3, dram_bytes=dram, base_dir=work / f"pool-{cap}", client_ttl_s=5.0, lease_ttl_s=0.2)
