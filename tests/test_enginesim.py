@@ -94,6 +94,18 @@ def test_output_plan_is_deterministic_and_exact_length():
     assert plan_output(tok, [1, 2, 3], 50, engine_seed=0, request_seed=7).text != a.text[:50]
 
 
+@given(st.text(max_size=20), st.booleans(), st.booleans())
+def test_token_chunk_template_equals_the_full_encoding(text, chat, include_usage):
+    from quillcache.enginesim.app import _dumps, _EngineResponse
+    from quillcache.enginesim.engine import FaultDraw, SimRequest
+
+    r = _EngineResponse(None, SimRequest("cmpl-1", (1,), 3), FaultDraw(False, 0.0, None), chat=chat, stream=True,
+                        include_usage=include_usage, model="m")
+    head, tail_running, tail_last = r._token_chunk_parts()
+    assert head + _dumps(text) + tail_running == r._chunk(text, None)
+    assert head + _dumps(text) + tail_last == r._chunk(text, "length")
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="block_size must be an int >= 1"):
         EngineSimConfig(block_size=0)

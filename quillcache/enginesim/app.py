@@ -108,6 +108,16 @@ class _EngineResponse(Response):
             out["usage"] = None
         return b"data: " + _dumps(out) + b"\n\n"
 
+    def _token_chunk_parts(self) -> tuple[bytes, bytes, bytes]:
+        """(head, tail_running, tail_last) of a token chunk: ``head + json(text) + tail`` is exactly what
+        :meth:`_chunk` returns for that text (only the text is encoded per token)."""
+        marker = "\x00qc-text\x00"
+        running, last = self._chunk(marker, None), self._chunk(marker, "length")
+        m = _dumps(marker)
+        head, _, tail_running = running.partition(m)
+        _, _, tail_last = last.partition(m)
+        return head, tail_running, tail_last
+
     async def _run(self, send: Any) -> None:
         gen = self.engine.stream(self.req)
         try:
@@ -148,11 +158,11 @@ class _EngineResponse(Response):
         if die == 0:
             self._die()
         n = 0
+        head, tail_running, tail_last = self._token_chunk_parts()
         async for delta in gen:
             n += 1
-            last = n == r.max_tokens
-            await send({"type": "http.response.body", "body": self._chunk(delta, "length" if last else None),
-                        "more_body": True})
+            body = head + _dumps(delta) + (tail_last if n == r.max_tokens else tail_running)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
             if die is not None and n >= die:
                 self._die()
         tail = b""
