@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from quillcache.hitrate import (
     HITRATE_POLICIES,
+    SEMI_ONLINE,
     HitRateResult,
     make_hitrate_policy,
     simulate,
@@ -99,6 +100,8 @@ def _options(draw, pol: str) -> dict:
                 "mode": draw(st.sampled_from(["challenger", "adaptive", "hd", "lru"]))}
     if pol == "lhd":
         return {"period": draw(st.sampled_from([3, 8, 4096])), "decay": draw(st.sampled_from([0.5, 0.9]))}
+    if pol == "lookahead":
+        return {"window_requests": draw(st.sampled_from([0, 1, 3, 100]))}
     if pol == "lrb":
         return {"sample_size": draw(st.sampled_from([1, 4, 64])), "window_mult": draw(st.sampled_from([1, 8])),
                 "seed": draw(st.integers(0, 3))}
@@ -255,7 +258,10 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     hit = {(r.subject, r.params.get("capacity_blocks")): r.value for r in rows
            if r.metric == "hit_rate" and r.params["trace"] == label}
     for cap in (1000, 10000, None):
-        assert all(hit[(p, cap)] <= hit[("belady", cap)] + 1e-12 for p in POLICIES)
+        assert all(hit[(p, cap)] <= hit[("belady", cap)] + 1e-12 for p in POLICIES if p not in SEMI_ONLINE)
+    semi = [r for r in rows if r.metric.startswith("semi_online")]
+    assert {r.subject for r in semi} == SEMI_ONLINE and {r.params["window_requests"] for r in semi} == {1, 8, 64}
+    assert not any(r.subject in SEMI_ONLINE for r in rows if not r.metric.startswith("semi_online"))
     assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
     beaten = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten"}
@@ -315,7 +321,7 @@ def test_sweep_is_a_tidy_frame_with_the_gap_closed():
 # ---------------------------------------------------------------- online: no future knowledge
 
 
-ONLINE = [p for p in POLICIES if p != "belady"]
+ONLINE = [p for p in POLICIES if p != "belady" and p not in SEMI_ONLINE]
 
 
 @given(arrs=conversation_traces(), cap=st.integers(1, 24), cut=st.integers(0, 40))
@@ -345,3 +351,28 @@ def test_quillchain_beats_lru_sieve_s3fifo_on_real_trace(real_arrays):
         ours = simulate(real_arrays, "quillchain", cap).hit_rate
         for base in ("lru", "sieve", "s3fifo"):
             assert ours > simulate(real_arrays, base, cap).hit_rate, (cap, base)
+
+
+def test_lookahead_is_semi_online_and_uses_only_its_window():
+    """Lookahead sees the queued requests (so it is not in the online list); a window of 0 sees
+    only the request being served, and what lies past the window never changes its choice."""
+    from quillcache.policies.lookahead import LookaheadPolicy
+
+    assert SEMI_ONLINE == {"lookahead"} and "lookahead" not in ONLINE
+    nu = {"a": 5, "b": 100, "c": 7}
+    end = [6]
+    p = LookaheadPolicy(next_use_oracle=lambda k: nu[k], window_end_oracle=lambda: end[0])
+    for k in "abc":
+        p.insert(k, 1)
+    assert p.victim() == "b"  # a is referenced in the window; b and c are not: b is older
+    end[0] = 1000
+    assert p.victim() == "b"  # all in the window: the one referenced last
+    nu["b"] = 6
+    p.touch("b")
+    assert p.victim() == "c"
+    # past the window only the order of the window matters, not how far beyond a next use lies
+    arrs = arrays_from_lists([[1, 2], [3, 4], [1, 5], [6], [3, 7], [2, 1]])
+    w0 = simulate(arrs, "lookahead", 2, window_requests=0).hits_per_request
+    assert np.array_equal(w0, replay(arrs, "lookahead", 2, window_requests=0))
+    with pytest.raises(ValueError, match="window_requests=-1"):
+        simulate(arrs, "lookahead", 2, window_requests=-1)

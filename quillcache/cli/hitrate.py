@@ -45,7 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.add_argument("trace", help="a JSON-Lines trace (Mooncake format or the project's generated schemas)")
     p.add_argument("--policies", default=None,
-                   help="comma-separated policy names (default: every policy with a hit-rate kernel)")
+                   help="comma-separated policy names (default: every online policy with a hit-rate kernel; "
+                        "the semi-online lookahead, which sees the queued requests, only when named)")
     p.add_argument("--capacities", default=DEFAULT_CAPACITIES,
                    help=f"comma-separated capacities in blocks; k/M suffixes; inf = unlimited "
                         f"(default {DEFAULT_CAPACITIES})")
@@ -83,9 +84,10 @@ def parse_capacities(text: str) -> list[int | None]:
 
 
 def _policies(text: str | None) -> list[str]:
-    from quillcache.hitrate import HITRATE_KERNELS
+    from quillcache.hitrate import HITRATE_KERNELS, SEMI_ONLINE
 
-    names = list(HITRATE_KERNELS) if text is None else [s.strip() for s in text.split(",") if s.strip()]
+    names = ([n for n in HITRATE_KERNELS if n not in SEMI_ONLINE] if text is None
+             else [s.strip() for s in text.split(",") if s.strip()])
     if not names:
         raise ValueError("--policies: no policy named")
     unknown = [n for n in names if n not in HITRATE_KERNELS]
@@ -134,6 +136,8 @@ def _print_table(df, title: str, paths: list[Path], note: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from quillcache.hitrate import SEMI_ONLINE
+
     con = Console() if sys.stdout.isatty() else Console(width=160)  # a file or pipe: no wrapping at 80
     caps = list(dict.fromkeys(df["capacity_blocks"].tolist()))
     t = Table(title=title)
@@ -146,7 +150,8 @@ def _print_table(df, title: str, paths: list[Path], note: str) -> None:
             r = part[part["capacity_blocks"].isna()] if pd.isna(c) else part[part["capacity_blocks"] == c]
             hr, g = float(r["hit_rate"].iloc[0]), r["gap_closed"].iloc[0]
             cells.append(f"{hr:.4f}" + ("" if pd.isna(g) or pol in ("lru", "belady") else f" {g * 100:+.1f}%"))
-        t.add_row(pol + (" (offline bound)" if pol == "belady" else ""), *cells)
+        t.add_row(pol + (" (offline bound)" if pol == "belady" else " (semi-online)" if pol in SEMI_ONLINE else ""),
+                  *cells)
     con.print(t)
     con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity", markup=False)
     if note:

@@ -40,8 +40,8 @@ from quillcache.registry import Registry
 from quillcache.sketch.reference import seed_key
 from quillcache.traces.loader import TraceRequest
 
-__all__ = ["HITRATE_KERNELS", "HITRATE_POLICIES", "HitRateKernel", "HitRateResult", "TraceArrays", "load_arrays",
-           "make_hitrate_policy", "simulate"]
+__all__ = ["HITRATE_KERNELS", "HITRATE_POLICIES", "SEMI_ONLINE", "HitRateKernel", "HitRateResult", "TraceArrays",
+           "load_arrays", "make_hitrate_policy", "simulate"]
 
 HITRATE_POLICIES = POLICIES  # the one policy registry (name -> online class)
 
@@ -155,6 +155,12 @@ HITRATE_KERNELS.register("2q", HitRateKernel(
     lambda arrs, cap, hits, opts: kernels.twoq(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits,
                                                float(opts["kin_ratio"]), float(opts["kout_ratio"])),
     _online_defaults("2q", "kin_ratio", "kout_ratio"), _check_by_building("2q")))
+HITRATE_KERNELS.register("lookahead", HitRateKernel(
+    lambda arrs, cap, hits, opts: kernels.lookahead(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits,
+                                                    arrs.next_use, int(opts["window_requests"])),
+    _online_defaults("lookahead", "window_requests"),
+    _check_by_building("lookahead", next_use_oracle=lambda k: 0, window_end_oracle=lambda: 0)))
+SEMI_ONLINE = frozenset({"lookahead"})  # see the queued requests: never reported beside online policies
 HITRATE_KERNELS.register("lrb", HitRateKernel(
     _run_lrb, _online_defaults("lrb", "sample_size", "window_mult", "learning_rate", "seed", "block_tokens"),
     _check_by_building("lrb")))

@@ -34,7 +34,7 @@ from quillcache.hitrate._klib import (
 
 # the learned policies and the list-based baselines live in their own modules; re-exported so
 # callers use one namespace
-from quillcache.hitrate.kernels_classic import arc, sieve, twoq
+from quillcache.hitrate.kernels_classic import arc, lookahead, sieve, twoq
 from quillcache.hitrate.kernels_lrb import lrb
 from quillcache.hitrate.kernels_quillhd import (
     CLS_CHAIN,
@@ -48,7 +48,7 @@ from quillcache.hitrate.kernels_quillhd import (
 from quillcache.hitrate.kernels_tinylfu import mix64, tinylfu
 
 __all__ = ["CLS_CHAIN", "CLS_PREFIX", "CLS_REUSE", "NUM_BUCKETS", "age_bucket", "arc", "belady", "bucket_mid", "fifo",
-           "lengthaware", "lfu", "lrb", "lru", "mix64", "quillhd", "s3fifo", "sieve", "tinylfu", "twoq"]
+           "lengthaware", "lfu", "lookahead", "lrb", "lru", "mix64", "quillhd", "s3fifo", "sieve", "tinylfu", "twoq"]
 
 # ---------------------------------------------------------------- LRU and FIFO
 

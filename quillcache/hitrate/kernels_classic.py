@@ -1,4 +1,5 @@
-"""Numba kernels of the list-based baselines from the literature: SIEVE, ARC and 2Q.
+"""Numba kernels of the list-based baselines from the literature: SIEVE, ARC and 2Q; and the
+semi-online lookahead-W LRU (``quillcache.policies.lookahead``), which sees the queued requests.
 
 Same replay definition and invariants as ``quillcache.hitrate.kernels``: each reproduces, hit
 for hit, the online class of the same name (``quillcache.policies.sieve``, ``.arc``, ``.twoq``)
@@ -13,7 +14,7 @@ from numba import njit
 
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
 
-__all__ = ["arc", "sieve", "twoq"]
+__all__ = ["arc", "lookahead", "sieve", "twoq"]
 
 
 @njit(cache=True, nogil=True)
@@ -165,4 +166,46 @@ def twoq(off, blocks, u, cap, hits, kin_ratio, kout_ratio):
             else:
                 _push(_IN, b, prev, nxt, head, tail, size)
                 where[b] = _IN
+    return total
+
+
+@njit(cache=True, nogil=True)
+def lookahead(off, blocks, u, cap, hits, next_use, window_requests):
+    """Lookahead-W LRU (``LookaheadPolicy``): the least recent block no queued request references,
+    else the one referenced last in the window. SEMI-ONLINE: it reads ``next_use`` only to compare
+    it with the window's end."""
+    incache = np.zeros(u, np.bool_)
+    nxt_use = np.zeros(u, np.int64)
+    prev, nxt, head, tail, size = _lists(u, 1)
+    nreq = off.shape[0] - 1
+    total = 0
+    for r in range(nreq):
+        k = _prefix_hits(off, blocks, r, incache)
+        hits[r] = k
+        total += k
+        end = off[min(r + 1 + window_requests, nreq)]
+        for p in range(off[r], off[r + 1]):
+            b = blocks[p]
+            if incache[b]:
+                _unlink(0, b, prev, nxt, head, tail, size)
+            elif size[0] >= cap:
+                v = NIL
+                best = NIL
+                best_nu = -1
+                c = head[0]
+                while c != NIL:
+                    if nxt_use[c] >= end:
+                        v = c
+                        break
+                    if nxt_use[c] > best_nu:
+                        best = c
+                        best_nu = nxt_use[c]
+                    c = nxt[c]
+                if v == NIL:
+                    v = best
+                _unlink(0, v, prev, nxt, head, tail, size)
+                incache[v] = False
+            _push(0, b, prev, nxt, head, tail, size)
+            incache[b] = True
+            nxt_use[b] = next_use[p]
     return total

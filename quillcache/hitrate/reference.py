@@ -16,7 +16,8 @@ Harness-provided options (the caller may not override them): ``s3fifo`` gets
 ``capacity_bytes=capacity``; ``tinylfu``, ``quillhd``, ``quillchain``, ``lhd``, ``arc``, ``2q``,
 ``lrb`` and ``belady`` get ``capacity_keys``;
 ``belady`` gets ``next_use_oracle``, which returns ``arrays.next_use[p]`` for the reference being
-made now (position ``p``; the harness moves the cursor before each block).
+made now (position ``p``; the harness moves the cursor before each block); ``lookahead`` (semi-online)
+gets the same and ``window_end_oracle``, the first position of request ``r + 1 + window_requests``.
 
 Slow (dicts and OrderedDicts); used by the tests to check that each Numba kernel
 reproduces its online policy hit for hit, and as the plain-Python baseline of the study.
@@ -40,6 +41,7 @@ HARNESS_OPTIONS = {
     "2q": ("capacity_keys",),
     "lrb": ("capacity_keys",),
     "belady": ("capacity_keys", "next_use_oracle"),
+    "lookahead": ("next_use_oracle", "window_end_oracle"),
 }
 
 
@@ -55,6 +57,11 @@ def build_policy(name: str, capacity_blocks: int, arrs: TraceArrays, cursor: lis
         nu = arrs.next_use
         options["capacity_keys"] = capacity_blocks
         options["next_use_oracle"] = lambda _key: int(nu[cursor[0]])
+    elif name == "lookahead":
+        nu, off, nreq = arrs.next_use, arrs.req_offsets, arrs.num_requests
+        w = options.get("window_requests", 8)
+        options["next_use_oracle"] = lambda _key: int(nu[cursor[0]])
+        options["window_end_oracle"] = lambda: int(off[min(cursor[1] + 1 + w, nreq)])
     return make_policy(name, **options)
 
 
@@ -62,7 +69,7 @@ def replay(arrs: TraceArrays, policy: str, capacity_blocks: int, **options) -> n
     """Per-request prefix hits (int32[R]) of ``policy`` at ``capacity_blocks`` blocks."""
     validate_arrays(arrs)
     cap = check_int("capacity_blocks", capacity_blocks, 1)
-    cursor = [0]
+    cursor = [0, 0]  # position of the reference being made, index of its request
     pol = build_policy(policy, cap, arrs, cursor, **options)
     begin = getattr(pol, "begin_request", None)
     off = arrs.req_offsets.tolist()
@@ -79,6 +86,7 @@ def replay(arrs: TraceArrays, policy: str, capacity_blocks: int, **options) -> n
             else:
                 break
         hits[r] = k
+        cursor[1] = r
         if begin is not None:
             begin(keys, k, isl[r])
         for j, b in enumerate(keys):

@@ -6,8 +6,9 @@ one instance per tier by name, and trace-replay studies build them the same way.
 cache, as read from the FAST'25 paper), ``tinylfu`` (W-TinyLFU admission over an SLRU), ``sieve``
 (NSDI '24), ``arc`` (FAST '03), ``2q`` (VLDB '94), ``lhd`` (NSDI '18), ``lrb`` (a learned next-use
 predictor in the spirit of LRB, NSDI '20), ``quillhd`` and ``quillchain`` (ours: learned hit
-density per prefix-structure class) and ``belady`` (the offline optimum; needs a next-use oracle
-from a trace replay). A new policy is one module and one line here; the hit-rate
+density per prefix-structure class), ``belady`` (the offline optimum; needs a next-use oracle
+from a trace replay) and ``lookahead`` (SEMI-ONLINE: LRU that sees the requests queued at the
+engine; reported apart from online policies). A new policy is one module and one line here; the hit-rate
 study (``quillcache.hitrate``) reads this same registry and adds only its kernels.
 """
 
@@ -24,6 +25,7 @@ from quillcache.policies.belady import BeladyPolicy
 from quillcache.policies.fifo import FifoPolicy
 from quillcache.policies.lengthaware import LengthAwarePolicy
 from quillcache.policies.lfu import LfuPolicy
+from quillcache.policies.lookahead import LookaheadPolicy
 from quillcache.policies.lhd import LhdPolicy
 from quillcache.policies.lrb import LrbPolicy
 from quillcache.policies.lru import LruPolicy
@@ -37,7 +39,7 @@ from quillcache.registry import Registry
 
 POLICIES: Registry[type[EvictionPolicy]] = Registry("eviction policy")
 for _cls in (LruPolicy, LfuPolicy, FifoPolicy, S3FifoPolicy, LengthAwarePolicy, TinyLfuPolicy, QuillHdPolicy,
-             BeladyPolicy, SievePolicy, ArcPolicy, TwoQPolicy, LhdPolicy, LrbPolicy, QuillChainPolicy):
+             BeladyPolicy, SievePolicy, ArcPolicy, TwoQPolicy, LhdPolicy, LrbPolicy, QuillChainPolicy, LookaheadPolicy):
     POLICIES.register(_cls.name, _cls)
 del _cls
 
@@ -59,6 +61,7 @@ __all__ = [
     "LengthAwarePolicy",
     "LfuPolicy",
     "LhdPolicy",
+    "LookaheadPolicy",
     "LrbPolicy",
     "LruPolicy",
     "PolicyKeyError",
