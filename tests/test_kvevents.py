@@ -12,6 +12,7 @@ import urllib.request
 
 import msgpack
 import pytest
+import zmq
 
 from quillcache.enginesim import EngineSimProcess, engine_block_digests
 from quillcache.hashing import hash_blocks, local_hashes
@@ -323,6 +324,27 @@ def test_gap_without_replay_socket_and_publisher_restart_resync():
                     time.sleep(0.02)
                     assert time.monotonic() < deadline, "the restart was not seen"
                 assert sub.stats.restarts + sub.stats.gaps >= 2 and sink.kinds().count("resync") == 1
+
+
+def test_a_huge_sequence_jump_costs_nothing():
+    """A first batch numbered 2**62 (an engine that published for months, no replay): handled at once, no resync
+    (nothing reached the sink before), the batch applied."""
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sink = RecordingSink()
+    try:
+        with KvEventSubscriber(f"tcp://127.0.0.1:{port}", engine_id="e", sink=sink) as sub:
+            assert pub.poll(5000)
+            pub.recv()
+            pub.send_multipart([b"", (1 << 62).to_bytes(8, "big"),
+                                encode_batch(EventBatch(0.0, (BlockStored((5,), None, (1,), 1),)))])
+            assert sub.wait_for_seq(1 << 62, 5.0)
+        assert set(sink.blocks) == {5}
+        assert sub.stats.gaps == 1 and sub.stats.resyncs_skipped == 1 and sub.stats.resyncs == 0
+    finally:
+        pub.close(0)
 
 
 def test_sink_errors_do_not_stop_the_subscriber():

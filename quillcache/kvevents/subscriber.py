@@ -299,11 +299,13 @@ class KvEventSubscriber:
                     except KvEventDecodeError:
                         self.stats.malformed += 1
                         batches[s] = None
-        holes = [s for s in range(start, end) if batches.get(s) is None]
-        after = start
-        if holes:
+        # the batches after the last hole, found from the end (the range may be huge: a late join to an engine that
+        # published millions of batches; the replay holds at most its buffer)
+        after = end
+        while after > start and batches.get(after - 1) is not None:
+            after -= 1
+        if after > start:
             self._resync()
-            after = holes[-1] + 1
         for s in range(after, end):
             b = batches[s]
             assert b is not None
