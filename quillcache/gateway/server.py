@@ -70,8 +70,16 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
                   flush=True)
         await task
 
+    import gc
+
     import uvloop
 
+    # the residency tracker holds one small object per cached block (tens of thousands): move what
+    # start-up built out of the collector's way and collect the young generation less eagerly, so
+    # full collections do not stall streams
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     uvloop.run(main())
     return 0 if server.started else 1
 
