@@ -191,6 +191,7 @@ class Gateway:
         self.healthy = [False] * len(names)
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self._discover = not config.models
+        self._rounds = 0
         self._identities: dict[tuple[str, str], Identity] = {}
         self._tasks: list[asyncio.Task] = []
         self._subscribers: list[Any] = []
@@ -262,7 +263,8 @@ class Gateway:
     async def _probe_all(self) -> None:
         results = await asyncio.gather(*(self.upstream.probe(u + "/health") for u in self.urls))
         self.healthy = list(results)
-        if self._discover:
+        self._rounds += 1
+        if self._discover and (not self.models or self._rounds % 30 == 1):  # new adapters show up within 30 rounds
             await self._discover_models()
 
     async def _discover_models(self) -> None:
