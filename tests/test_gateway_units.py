@@ -46,6 +46,12 @@ def test_engine_urls_and_config_errors_name_the_field(tmp_path):
         EngineConfig(url="http://a:1", kv_events_replay="tcp://127.0.0.1:5")
     e = EngineConfig(url="http://a:1", kv_events="tcp://127.0.0.1:5")
     assert e.prefix_state == "events" and e.name == "a:1"
+    assert config_from_dict({"router_options": {"prefill_load_scale": 4.0}}, engines=engines).router_options == {
+        "prefill_load_scale": 4.0}
+    with pytest.raises(ConfigError, match=r"router 'nope' is not registered; known: \['dynamo'"):
+        config_from_dict({"router": "nope"}, engines=engines)
+    with pytest.raises(ConfigError, match=r"router_options for 'dynamo'.*\['bogus'\]"):
+        config_from_dict({"router_options": {"bogus": 1}}, engines=engines)
     p = tmp_path / "c.json"
     p.write_text("{not json")
     with pytest.raises(ConfigError, match="is not valid JSON"):
@@ -216,12 +222,21 @@ def test_random_event_sequences_keep_index_and_tracker_equal():
 
 
 # ---------------------------------------------------------------------------------------------- decisions
-def _decider(n=3, modes=None):
+def _decider(n=3, modes=None, **router):
     index = open_index("flat")
     names = [f"e{i}" for i in range(n)]
     clock = Clock()
     tr = ResidencyTracker(index, modes or {w: "events" for w in names}, clock=clock)
-    return Decider(index, names, tr, block_size_tokens=BS, seed=7), tr, clock
+    return Decider(index, names, tr, block_size_tokens=BS, seed=7, **router), tr, clock
+
+
+def test_router_options_reach_the_planners_router():
+    dec, tr, clock = _decider(2, router_options={"prefill_load_scale": 4.0, "temperature": 0.5})
+    assert dec.planner.router.prefill_load_scale == 4.0 and dec.planner.router.temperature == 0.5
+    dec, tr, clock = _decider(2, router="prefix_affinity")
+    assert dec.planner.router.name == "prefix_affinity"
+    d = dec.decide(_ident("a"), list(range(1, 3 * BS)), 0)
+    d.lease.release()
 
 
 def _ident(tenant):

@@ -10,6 +10,7 @@ state, models discovered from the engines' ``/v1/models``) or from a JSON file (
      "limits": {"max_body_bytes": 4194304, "max_json_depth": 32, "tenant_max_concurrency": 256},
      "timeouts": {"connect_s": 2, "first_byte_s": 30, "idle_s": 60},
      "retry": {"max_retries": 2, "backoff_s": 0.05}, "speculative_ttl_s": 2.0,
+     "router": "dynamo", "router_options": {"prefill_load_scale": 1.0, "temperature": 0.0},
      "peer_bind": "tcp://127.0.0.1:7701", "peers": ["tcp://127.0.0.1:7702"]}
 
 Invariants: every value is validated when the dataclass is built, and a bad one raises
@@ -159,7 +160,8 @@ class GatewayConfig:
     chat_template: str | None = None  # a tokenizer_config.json path, or None for the built-in ChatML
     block_size_tokens: int = 16
     index_kind: str = "art"  # residency index backend (quillcache.index.INDEX_BACKENDS), in memory
-    router: str = "dynamo"
+    router: str = "dynamo"  # a quillcache.routing.ROUTERS name
+    router_options: dict = field(default_factory=dict)  # its constructor options, e.g. {"prefill_load_scale": 4.0}
     speculative_ttl_s: float = 2.0  # llm-d's TTL of a routing-time entry an event has not confirmed
     peer_bind: str | None = None  # replicas: PUB endpoint of this replica's speculation (quillcache.gateway.peers)
     peers: tuple[str, ...] = ()  # replicas: the other replicas' peer_bind endpoints
@@ -187,6 +189,16 @@ class GatewayConfig:
         check_int("block_size_tokens", self.block_size_tokens, 1, 65536, error=ConfigError, type_error=ConfigError)
         check_float("speculative_ttl_s", self.speculative_ttl_s, 0.0, lo_open=True, error=ConfigError,
                     type_error=ConfigError)
+        if not isinstance(self.router_options, dict) or not all(isinstance(k, str) for k in self.router_options):
+            raise ConfigError(f"router_options must be an object of option: value, got {self.router_options!r:.80}")
+        from quillcache.routing import ROUTERS, make_router
+
+        if self.router not in ROUTERS:
+            raise ConfigError(f"router {self.router!r:.40} is not registered; known: {sorted(ROUTERS)}")
+        try:
+            make_router(self.router, **self.router_options)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"router_options for {self.router!r}: {exc}") from None
         if self.peer_bind is not None:
             _check_url("peer_bind", self.peer_bind, ("tcp", "ipc", "inproc"))
         if isinstance(self.peers, (str, bytes)) or not all(isinstance(p, str) for p in self.peers):

@@ -31,7 +31,7 @@ from quillcache.identity.scope import IdentityRegistry, RequestScope
 from quillcache.index.base import IndexBackend
 from quillcache.planner import Planner, PlannerConfig
 from quillcache.planner.plan import BlockAction, Plan, TimingClass
-from quillcache.routing import Lease, RouteRequest
+from quillcache.routing import Lease, RouteRequest, make_router
 from quillcache.types import CacheTier, Identity
 
 __all__ = ["Decider", "Decision", "NoWorkerError"]
@@ -70,8 +70,10 @@ class Decision:
 
 class Decider:
     def __init__(self, index: IndexBackend, workers: Sequence[str], tracker: ResidencyTracker, *,
-                 block_size_tokens: int, router: str = "dynamo", seed: int | None = None) -> None:
-        self.planner = Planner(index, list(workers), router=router, registry=IdentityRegistry(),
+                 block_size_tokens: int, router: str = "dynamo", router_options: dict | None = None,
+                 seed: int | None = None) -> None:
+        self.planner = Planner(index, list(workers), router=make_router(router, seed=seed, **(router_options or {})),
+                               registry=IdentityRegistry(),
                                config=PlannerConfig(block_size_tokens=block_size_tokens, seed=seed))
         self.tracker = tracker
         self.index = index
