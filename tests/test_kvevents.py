@@ -4,7 +4,6 @@ stand-in engine's events end to end."""
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import threading
 import time

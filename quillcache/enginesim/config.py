@@ -10,7 +10,7 @@ multiplies the engine model's prefill time; ``fixed_ttft_ms`` replaces it (tests
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from quillcache.kvevents.codec import ENCODINGS, HASH_FORMS
 
@@ -59,7 +59,6 @@ class EngineSimConfig:
     hash_signedness: str = "u64"
     kv_events_buffer_steps: int = 10_000
     kv_events_drop_rate: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model), "model must be a non-empty string")

@@ -33,7 +33,7 @@ from quillcache.enginesim.metrics import SimMetrics
 from quillcache.enginesim.textgen import plan_output
 from quillcache.harness.engine_model import EngineModel
 from quillcache.kvevents.publisher import KvEventPublisher
-from quillcache.kvevents.types import MEDIUM_GPU, BlockRemoved, BlockStored, EventBatch
+from quillcache.kvevents.types import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from quillcache.textproc import load_chat_template, load_tokenizer
 from quillcache.types import KvLayout
 
@@ -156,8 +156,6 @@ class SimEngine:
 
     def reset_prefix_cache(self) -> int:
         """Drop every unpinned block and publish ``AllBlocksCleared`` when nothing is pinned, else the removals."""
-        from quillcache.kvevents.types import AllBlocksCleared
-
         pinned = self.cache.num_pinned_blocks
         gone = self.cache.clear()
         if self.publisher is not None and (gone or not pinned):
