@@ -297,7 +297,7 @@ def test_cli_refuses_bad_flags():
 # ---- timing of headers, disconnects and faults ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def slow_sim():
-    with EngineSimProcess(["--fixed-ttft-ms", "500", "--decode-ms-per-token", "50"]) as s:
+    with EngineSimProcess(["--fixed-ttft-ms", "500", "--decode-ms-per-token", "50", "--max-num-seqs", "1"]) as s:
         yield s
 
 
@@ -341,6 +341,39 @@ def test_disconnect_during_prefill_of_a_non_streaming_request(slow_sim):
     while slow_sim.metrics()["quillcache_sim_cancelled_total"] != before + 1:
         assert time.monotonic() < deadline, "a disconnect during prefill was not seen as a cancellation"
         time.sleep(0.01)
+
+
+def test_batch_limit_queues_requests(slow_sim):
+    """--max-num-seqs 1: a second concurrent request waits (vllm:num_requests_waiting) and its TTFT includes the
+    first request's whole run (500 ms prefill + 1 x 50 ms decode)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = _client(slow_sim)
+
+    def ttft(i: int) -> float:
+        t0 = time.perf_counter()
+        with c.completions.with_streaming_response.create(model="quillcache-sim", prompt=f"q{i}", max_tokens=2,
+                                                           stream=True) as resp:
+            lines = resp.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            dt = time.perf_counter() - t0
+            assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
+        return dt
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(ttft, 0)
+        deadline = time.monotonic() + 5
+        while slow_sim.metrics()['vllm:num_requests_running{model_name="quillcache-sim"}'] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = pool.submit(ttft, 1)
+        while slow_sim.metrics()['vllm:num_requests_waiting{model_name="quillcache-sim"}'] != 1:
+            assert time.monotonic() < deadline, "the second request never waited"
+            time.sleep(0.01)
+        t_first, t_second = first.result(), second.result()
+    assert t_first >= 0.5 and t_second >= 0.5 + 0.5 - 0.1, (t_first, t_second)
+    m = slow_sim.metrics()
+    assert m['vllm:num_requests_waiting{model_name="quillcache-sim"}'] == 0
 
 
 FAULT_SEED = 20261125
