@@ -94,46 +94,98 @@ def _json_depth_ok(value: Any, max_depth: int) -> bool:
     return True
 
 
-class _ProxyStream:
-    """A lean streaming ASGI response (what Starlette's ``StreamingResponse`` does under ASGI 2.3,
-    with one plain asyncio watcher task instead of an anyio task group): headers first, then each
-    chunk; a client disconnect cancels the stream; ``finish`` runs however the response ends (also
-    when the client is gone before the body started and the body iterator never runs)."""
+_MID_STREAM_ERROR = b"data: " + json.dumps(
+    _error_body(502, "the engine failed mid-stream; the response is incomplete", "upstream_error")).encode() + b"\n\n"
 
-    def __init__(self, content, *, finish, headers: dict[str, str], media_type: str) -> None:
-        self._content = content
-        self._finish = finish
-        self._raw_headers = [(b"content-type", media_type.encode("latin-1"))] + [
+
+class _ProxyStream:
+    """The streaming pass-through as one lean ASGI response (what Starlette's ``StreamingResponse``
+    does under ASGI 2.3, without its anyio task group and async-generator layer): headers first,
+    then the engine's SSE stream whole events at a time (a partial event at a failure is dropped and
+    replaced by one error event); a client disconnect cancels it, which closes the upstream
+    connection; ``_Exchange.finish`` runs however it ends (also when the client is gone before the
+    body started)."""
+
+    def __init__(self, gw: Gateway, ex: _Exchange, resp, t0: float, headers: dict[str, str]) -> None:
+        self._gw = gw
+        self._ex = ex
+        self._resp = resp
+        self._t0 = t0
+        self._raw_headers = [(b"content-type", b"text/event-stream")] + [
             (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
     async def __call__(self, scope, receive, send) -> None:
         me = asyncio.current_task()
-        state = {"done": False, "cancelled": False}
+        state = [False, False]  # done, cancelled by the client
 
         async def watch_disconnect() -> None:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    if not state["done"]:
-                        state["cancelled"] = True
+                    if not state[0]:
+                        state[1] = True
                         me.cancel()
                     return
 
         watcher = asyncio.create_task(watch_disconnect())
+        ex, resp = self._ex, self._resp
+        metrics = self._gw.metrics
+        completed = False
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self._raw_headers})
-            async for chunk in self._content:
+            lease = ex.decision.lease
+            perf = time.perf_counter
+            first = True
+            last_t = 0.0
+            pending = b""
+            failure = None
+            chunks = resp.content.iter_any().__aiter__()
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    completed = True
+                    break
+                except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - any upstream failure mid-stream
+                    failure = exc
+                    break
+                if pending:
+                    chunk = pending + chunk
+                    pending = b""
+                cut = chunk.rfind(b"\n\n")
+                if cut < 0:
+                    pending = chunk
+                    continue
+                if cut + 2 < len(chunk):
+                    pending = chunk[cut + 2:]
+                    chunk = chunk[:cut + 2]
+                now = perf()
+                if first:
+                    first = False
+                    ex.ok = True
+                    lease.prefill_done()
+                    metrics.ttft.observe(now - self._t0)
+                else:
+                    metrics.itl.observe(now - last_t)
+                last_t = now
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if failure is not None:
+                metrics.upstream_error(ex.decision.worker, "mid_stream")
+                log.info("upstream %s failed mid-stream: %r", ex.decision.worker, failure)
+                await send({"type": "http.response.body", "body": _MID_STREAM_ERROR, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            state["done"] = True
         except asyncio.CancelledError:
-            if not state["cancelled"]:
+            if not state[1]:
                 raise  # a cancellation that is not the client's (server shutdown)
+            metrics.disconnects.inc()
+            ex.status = 499
         finally:
-            state["done"] = True
+            state[0] = True
             watcher.cancel()
-            await self._content.aclose()
-            self._finish()
+            if completed:
+                resp.release()
+                ex.resp = None
+            ex.finish()
 
 
 class _Exchange:
@@ -531,55 +583,7 @@ class Gateway:
             metrics.ttft.observe(time.perf_counter() - t0)
             return Response(data, status_code=resp.status, headers=headers, media_type=ctype)
         headers["cache-control"] = "no-cache"
-        return _ProxyStream(self._relay(ex, resp, t0), finish=ex.finish, headers=headers,
-                            media_type="text/event-stream")
-
-    async def _relay(self, ex: _Exchange, resp, t0: float) -> AsyncIterator[bytes]:
-        """Pass the engine's SSE stream through, whole events at a time (a partial event at a
-        failure is dropped and replaced by one error event)."""
-        metrics = self.metrics
-        lease = ex.decision.lease
-        first = True
-        last_t = 0.0
-        pending = b""
-        completed = False
-        try:
-            async for chunk in resp.content.iter_any():
-                if pending:
-                    chunk = pending + chunk
-                    pending = b""
-                cut = chunk.rfind(b"\n\n")
-                if cut < 0:
-                    pending = chunk
-                    continue
-                if cut + 2 < len(chunk):
-                    pending = chunk[cut + 2:]
-                    chunk = chunk[:cut + 2]
-                now = time.perf_counter()
-                if first:
-                    first = False
-                    ex.ok = True
-                    lease.prefill_done()
-                    metrics.ttft.observe(now - t0)
-                else:
-                    metrics.itl.observe(now - last_t)
-                last_t = now
-                yield chunk
-            completed = True
-        except asyncio.CancelledError:
-            metrics.disconnects.inc()
-            ex.status = 499
-            raise
-        except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - any upstream failure mid-stream
-            metrics.upstream_error(ex.decision.worker, "mid_stream")
-            log.info("upstream %s failed mid-stream: %r", ex.decision.worker, exc)
-            err = _error_body(502, "the engine failed mid-stream; the response is incomplete", "upstream_error")
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
-        finally:
-            if completed:
-                resp.release()
-                ex.resp = None
-            ex.finish()
+        return _ProxyStream(self, ex, resp, t0, headers)
 
 
 def build_app(config: GatewayConfig, tenants: TenantTable, *, secret: bytes = b"") -> Starlette:
