@@ -64,7 +64,8 @@ QUICK = dict(overhead_reps=2, overhead_n=6, header_n=3, stream_reps=1, streams=1
 # sets the pace a front must keep up with; no prefill queue.
 OVERHEAD_TTFT_MS = 20.0
 OVERHEAD_DECODE_MS = 30.0
-OVERHEAD_TOKENS = 16
+OVERHEAD_TOKENS = 16  # per request at 100 streams
+TTFT_TOKENS = 2  # per request where only the first token is timed (light load, headers)
 HEADER_TTFT_MS = 500.0
 
 GATEWAY = Front(kind="gateway", policy="dynamo")
@@ -159,18 +160,19 @@ def _overhead(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: l
     light = _engine_args(adapters, "--fixed-ttft-ms", str(OVERHEAD_TTFT_MS), "--decode-ms-per-token",
                          str(OVERHEAD_DECODE_MS), "--prefill-concurrency", "0")
     short = [dataclasses.replace(r, max_tokens=OVERHEAD_TOKENS) for r in reqs]
+    tiny = [dataclasses.replace(r, max_tokens=TTFT_TOKENS) for r in reqs]
     names = [DIRECT.name] + [f.name for f in fronts]
     with _engines(1, light) as engines, contextlib.ExitStack() as stack:
         running = [stack.enter_context(start_front(f, engines, keys=tenancy.keys, model=BASE_MODEL)) for f in fronts]
         plan = [(engines[0]["url"], tenancy.body_fn(DIRECT))] + [(rf.urls[0], tenancy.body_fn(rf.front))
                                                                  for rf in running]
-        _warm(plan, short)
+        _warm(plan, tiny)
         # (a) light load: one request at a time, interleaved
         added: dict[str, list[float]] = {n: [] for n in names[1:]}
         ttft: dict[str, list[float]] = {n: [] for n in names}
         hdr: dict[str, list[float]] = {n: [] for n in names}
         for rep in range(cfg["overhead_reps"]):
-            sample = short[rep * cfg["overhead_n"]:(rep + 1) * cfg["overhead_n"]] or short[:cfg["overhead_n"]]
+            sample = tiny[rep * cfg["overhead_n"]:(rep + 1) * cfg["overhead_n"]] or tiny[:cfg["overhead_n"]]
             res = asyncio.run(run_sequential(plan, sample))
             med = {}
             for n, ts in zip(names, res):
@@ -184,7 +186,7 @@ def _overhead(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: l
                 added[n].append(med[n] - med[DIRECT.name])
         for n in names:
             p = {"part": "overhead_light", "engines": 1, "stand_in_ttft_ms": OVERHEAD_TTFT_MS,
-                 "stand_in_decode_ms": OVERHEAD_DECODE_MS, "max_tokens": OVERHEAD_TOKENS}
+                 "stand_in_decode_ms": OVERHEAD_DECODE_MS, "max_tokens": TTFT_TOKENS}
             note = (f"one request at a time, fronts interleaved; median of {cfg['overhead_reps']} repetitions of "
                     f"{cfg['overhead_n']} requests each; stand-in fixed TTFT {OVERHEAD_TTFT_MS:g} ms")
             rows.append(SummaryRow.from_spread(spread([x * 1e3 for x in ttft[n]]), metric="ttft_p50_ms", subject=n,
@@ -244,13 +246,13 @@ def _overhead(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: l
         running = [stack.enter_context(start_front(f, engines, keys=tenancy.keys, model=BASE_MODEL)) for f in fronts]
         plan = [(engines[0]["url"], tenancy.body_fn(DIRECT))] + [(rf.urls[0], tenancy.body_fn(rf.front))
                                                                  for rf in running]
-        _warm(plan, short)
-        res = asyncio.run(run_sequential(plan, short[:cfg["header_n"]]))
+        _warm(plan, tiny)
+        res = asyncio.run(run_sequential(plan, tiny[:cfg["header_n"]]))
         for n, ts in zip(names, res):
             good = _ok(ts)
             raw.extend(("slow", n, 0, t.index, t.ttft_s, t.headers_s, t.latency_s, t.status, t.error) for t in ts)
             p = {"part": "headers_slow", "engines": 1, "stand_in_ttft_ms": HEADER_TTFT_MS,
-                 "max_tokens": OVERHEAD_TOKENS}
+                 "max_tokens": TTFT_TOKENS}
             note = f"{len(good)} sequential requests; stand-in fixed TTFT {HEADER_TTFT_MS:g} ms"
             h = spread([t.headers_s * 1e3 for t in good])
             f = spread([t.ttft_s * 1e3 for t in good])
