@@ -220,6 +220,8 @@ class KvEventSubscriber:
                 except Exception:
                     self.stats.internal_errors += 1
                     log.exception("kv events %s: catch-up replay failed (continuing live)", self.engine_id)
+                with self._progress:
+                    self._progress.notify_all()
             while self._running.is_set():
                 if not sub.poll(self._poll_ms):
                     continue
