@@ -338,3 +338,19 @@ def test_peer_link_applies_speculation_and_refuses_garbage():
     finally:
         link.close()
         loop.close()
+
+
+def test_events_engines_get_a_bounded_speculation_and_events_fill_in_the_rest():
+    dec, tr, clock = _decider(1)
+    dec.speculative_max_blocks = 2
+    tokens = list(range(1, 6 * BS + 2))
+    d = dec.decide(_ident("a"), tokens, 0)
+    d.lease.release()
+    assert tr.count("e0", EntryState.PENDING) == 2
+    h = hash_blocks(tokens, BS)
+    assert tr.stored("e0", list(range(900, 906)), list(h), None) == 6  # the root by speculation, the rest by parent
+    assert tr.count("e0", EntryState.CONFIRMED) == 6 and tr.stats.inherited == 4
+    d = dec.decide(_ident("a"), tokens, 0)
+    assert d.cached_tokens == 6 * BS
+    d.lease.release()
+    tr.check()

@@ -236,7 +236,8 @@ class Gateway:
             self.index, {e.name: e.prefix_state for e in config.engines}, ttl_s=config.speculative_ttl_s,
             approx_capacity_blocks={e.name: e.approx_capacity_blocks for e in config.engines})
         self.decider = Decider(self.index, names, self.tracker, block_size_tokens=config.block_size_tokens,
-                               router=config.router, router_options=config.router_options, seed=config.seed)
+                               router=config.router, router_options=config.router_options, seed=config.seed,
+                               speculative_max_blocks=config.speculative_max_blocks)
         self.limiter = TenantLimiter(config.limits.tenant_max_concurrency)
         self.upstream = Upstream(config.timeouts, config.limits)
         self.metrics = GatewayMetrics(names)

@@ -5,7 +5,9 @@
 :class:`quillcache.planner.Planner` (Dynamo cost router + identity guard over the residency
 index), counts the chosen worker's load BEFORE the upstream call (``Planner.admit``) and records a
 speculative residency entry for the blocks the plan did not find there
-(:meth:`ResidencyTracker.speculate`).
+(:meth:`ResidencyTracker.speculate`) - for an engine with KV events only the first
+``speculative_max_blocks`` of them: the engine's ``BlockStored`` attributes the rest through their
+parents, and index writes are the per-request cost that grows with the prompt.
 
 When the planner's choice is excluded (unhealthy, or failed earlier in this request), the
 next-best worker is chosen by the planner's own router over the remaining workers, fed with each
@@ -71,7 +73,7 @@ class Decision:
 class Decider:
     def __init__(self, index: IndexBackend, workers: Sequence[str], tracker: ResidencyTracker, *,
                  block_size_tokens: int, router: str = "dynamo", router_options: dict | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, speculative_max_blocks: int = 8) -> None:
         self.planner = Planner(index, list(workers), router=make_router(router, seed=seed, **(router_options or {})),
                                registry=IdentityRegistry(),
                                config=PlannerConfig(block_size_tokens=block_size_tokens, seed=seed))
@@ -80,6 +82,7 @@ class Decider:
         self.names = self.planner.loads.names
         self._bs = block_size_tokens
         self.peers = None  # a PeerLink when replicas share speculation (quillcache.gateway.peers)
+        self.speculative_max_blocks = speculative_max_blocks
 
     def warm_up(self) -> None:
         """Load the compiled hashing and planning kernels now, not on the first request: one plan of a
@@ -140,6 +143,9 @@ class Decider:
             return
         d.speculation = None
         name, hashes, scope, reused = spec
+        if self.tracker.modes[name] == "events" and len(hashes) > reused + self.speculative_max_blocks:
+            # the engine's events attribute the rest through their parents (residency module doc)
+            hashes = hashes[: reused + self.speculative_max_blocks]
         d.speculated = recs = self.tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused)
         if self.peers is not None and recs:
             self._tell_peers(self.peers.speculated, name, recs)
