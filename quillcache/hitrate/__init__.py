@@ -8,7 +8,9 @@ the same name driven by the plain-Python harness ``quillcache.hitrate.reference`
 Registries: the policies are ``quillcache.policies.POLICIES`` (``HITRATE_POLICIES`` is that same
 object, kept as a name); this layer adds only ``HITRATE_KERNELS`` (policy name -> its Numba kernel
 and the kernel-side options it takes, whose defaults are the online class's defaults). A policy can
-be simulated once it has a kernel here.
+be simulated once it has a kernel here. ``SEMI_ONLINE`` names the policies that see the requests
+queued at the engine (``lookahead``): they are reported apart from online policies, and the
+"no future knowledge" tests (hits on a trace prefix == the full run's on it) exclude them.
 
 Capacity: a positive int number of blocks, or None for unlimited. Capacities at or above the
 number of distinct blocks never evict, so they are run as exactly that many (same hits).
