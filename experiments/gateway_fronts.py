@@ -5,9 +5,10 @@ A :class:`Front` names what runs (``kind`` in :data:`FRONT_KINDS`), its policy a
 through every replica succeeds, and always stops them on exit. Kinds:
 
 - ``gateway``: ``quillcache gateway`` (:class:`quillcache.gateway.server.GatewayProcess`), router ``policy``
-  (``dynamo`` = the planner's Dynamo cost router + identity guard; ``round_robin``), prefix state from the
-  engines' KV events. Replicas are separate processes that each subscribe to every engine's events (so they
-  share one view of the engines' caches) and derive the same per-tenant ``cache_salt``.
+  (``dynamo`` = the planner's Dynamo cost router + identity guard; ``prefix_affinity``; ``round_robin``), prefix
+  state from the engines' KV events. Replicas are separate processes that each subscribe to every engine's events
+  (so they share one view of the engines' caches), exchange their routing-time speculation over the gateway's
+  peer link (``peer_bind``/``peers``), and derive the same per-tenant ``cache_salt``.
 - ``sglang-router``: ``python -m sglang_router.launch_router`` (PyPI ``sglang-router``, Rust) with ``--policy``.
 - ``vllm-router``: ``python -m vllm_router.launch_router`` (PyPI ``vllm-router``, Rust) with ``--policy``.
 - ``direct``: no process; the client talks to the first engine.
@@ -188,11 +189,17 @@ def start_front(front: Front, engines: Sequence[dict], *, keys: dict[str, str], 
             from quillcache.gateway.server import GatewayProcess
 
             cfg = {"router": front.policy or "dynamo", "block_size_tokens": 16, **(gateway_config or {})}
-            for _ in range(front.replicas):
+            # replicas link to each other (quillcache.gateway.peers): each publishes its routing-time speculation
+            # and subscribes to the others'; every replica also subscribes to every engine's KV events
+            links = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(front.replicas)] if front.replicas > 1 else []
+            for i in range(front.replicas):
+                rcfg = dict(cfg)
+                if links:
+                    rcfg.update(peer_bind=links[i], peers=[u for j, u in enumerate(links) if j != i])
                 gw = stack.enter_context(GatewayProcess(
                     engines=[{k: e[k] for k in ("url", "name", "kv_events", "kv_events_replay") if e.get(k)}
                              for e in engines], keys=keys,
-                    config=cfg, start_timeout_s=start_timeout_s))
+                    config=rcfg, start_timeout_s=start_timeout_s))
                 _probe(gw.url, probe, {"Authorization": f"Bearer {probe_key}"}, deadline, front.name,
                        gw.stderr_tail)
                 urls.append(gw.url)
