@@ -448,12 +448,12 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
 def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
     """``gateway.png``: per front and request rate, the engines' prefix-cache hit rate and the client's TTFT p50
     (p99 dashed); the front-added TTFT at light load; throughput at 100 streams against direct."""
-    from experiments.plotstyle import BASELINE, OURS, PALETTE, figure, legend, save, style_axes
+    from experiments.plotstyle import BASELINE, OURS, PALETTE, figure, save, style_axes
     from quillcache.results import read_summary
 
     df = read_summary(NAME, results_root)
     rt = df[df["part"] == "routing"]
-    fig, axes = figure(13.0, 3.6, ncols=4)
+    fig, axes = figure(13.0, 4.3, ncols=4)
     for i, subject in enumerate(dict.fromkeys(rt["subject"])):
         color = PALETTE[i % len(PALETTE)]
         for ax, metric, ls in ((axes[0], "hit_rate", "-"), (axes[1], "ttft_p50_ms", "-"),
@@ -467,7 +467,7 @@ def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
                title="hit rate, 4 stand-in engines")
     style_axes(axes[1], xlabel="request rate (req/s)", ylabel="TTFT (ms)", title="client TTFT p50 (p99 dotted)")
     axes[1].set_yscale("log")
-    legend(axes[0], fontsize=6)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=7, frameon=False)
     for ax, metric, part, title, ylabel, limit in (
             (axes[2], "added_ttft_p50_ms", "overhead_light", "added TTFT p50, light load", "ms over direct", 2.0),
             (axes[3], "throughput_rps", "overhead_streams", "100 concurrent streams", "req/s", None)):
