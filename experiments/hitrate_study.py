@@ -20,7 +20,8 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    popularity), each at 1/3/10/30% of its distinct blocks, every policy: the gap closed (median
    over seeds) per shape, capacity and policy, and for quillchain and quillhd the share of
    (trace, seed, capacity) cells in which each beats LRU, SIEVE and S3-FIFO (notes list the
-   cells it does not).
+   cells it does not); and ``defaults_check``: QuillChain's defaults against alternatives
+   (``DEFAULT_ALTERNATIVES``) on the same cells, which is how its defaults are justified.
 4. replay throughput (block references/s, median of >= 5 repetitions, p10/p90 in the notes) of
    every kernel at 10k blocks, against, in the same run: libCacheSim's LRU (``libcachesim`` from
    PyPI) on the same reference stream written in its oracleGeneral binary format - imported here
@@ -69,6 +70,12 @@ ACCEPT_GAP = 0.5  # issue 18: >= 50% of the LRU->Belady gap at 1k and 10k blocks
 ACCEPT_GAP_CAPS = (1000, 10000)
 GEN_FRACTIONS = (0.01, 0.03, 0.10, 0.30)  # generalisation capacities: shares of a trace's distinct blocks
 GEN_BASELINES = ("lru", "sieve", "s3fifo")
+# QuillChain's defaults and the alternatives they are checked against (cell 3, "defaults_check")
+DEFAULT_ALTERNATIVES: dict[str, dict] = {
+    "defaults": {}, "mode=adaptive": {"mode": "adaptive"}, "mode=hd": {"mode": "hd"}, "mode=lru": {"mode": "lru"},
+    "period=1024": {"period": 1024}, "period=16384": {"period": 16384}, "decay=0.5": {"decay": 0.5},
+    "che_mult=4": {"che_mult": 4.0}, "quantile=0.8": {"quantile": 0.8},
+}
 SEMI_ONLINE_WINDOWS = (1, 8, 64)  # lookahead windows in requests (cell 5, semi-online, reported apart)
 POOL_TOKENS = [3_000_000, 50_000_000]
 N_ENGINES = 10
@@ -290,10 +297,10 @@ def generalisation_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
     return out
 
 
-def generalisation(policies: list[str], cfg: dict) -> list[tuple]:
+def generalisation(policies: list[str], traces: list[tuple[str, int, TraceArrays]]) -> list[tuple]:
     """Raw rows (trace, seed, policy, cap_fraction, capacity_blocks, hit_rate, gap_closed)."""
     out = []
-    for label, seed, arrs in generalisation_traces(cfg):
+    for label, seed, arrs in traces:
         caps = [max(1, int(arrs.num_unique * f)) for f in GEN_FRACTIONS]
         tab = hit_rate_table(arrs, caps, policies)
         for f, cap in zip(GEN_FRACTIONS, caps):
@@ -302,6 +309,35 @@ def generalisation(policies: list[str], cfg: dict) -> list[tuple]:
                 gap = (tab[(pol, cap)] - lru) / (bel - lru) if bel - lru > 1e-12 else math.nan
                 out.append((label, seed, pol, f, cap, tab[(pol, cap)], gap))
     return out
+
+
+def defaults_check(traces: list[tuple[str, int, TraceArrays]]) -> tuple[list[tuple], list[SummaryRow]]:
+    """QuillChain's defaults against each alternative of ``DEFAULT_ALTERNATIVES`` on the
+    generalisation traces (every shape and seed, every capacity fraction): raw rows (trace, seed,
+    cap_fraction, alternative, gap_closed) and one summary row per alternative: the median gap
+    closed, and in its notes the cells where it is better / worse than the defaults by more than
+    one point of the gap. This is how the defaults in ``quillcache.policies.quillchain`` are justified."""
+    raw = []
+    for label, seed, arrs in traces:
+        for f in GEN_FRACTIONS:
+            cap = max(1, int(arrs.num_unique * f))
+            lru, bel = simulate(arrs, "lru", cap).hit_rate, simulate(arrs, "belady", cap).hit_rate
+            if bel - lru <= 1e-12:
+                continue
+            for alt, kw in DEFAULT_ALTERNATIVES.items():
+                raw.append((label, seed, f, alt, (simulate(arrs, OURS, cap, **kw).hit_rate - lru) / (bel - lru)))
+    base = {(t, sd, f): g for t, sd, f, alt, g in raw if alt == "defaults"}
+    rows = []
+    for alt in DEFAULT_ALTERNATIVES:
+        mine = [(t, sd, f, g) for t, sd, f, a, g in raw if a == alt]
+        better = sum(g > base[(t, sd, f)] + 0.01 for t, sd, f, g in mine)
+        worse = sum(g < base[(t, sd, f)] - 0.01 for t, sd, f, g in mine)
+        rows.append(SummaryRow(metric="defaults_check", subject=f"{OURS} {alt}",
+                               value=float(np.median([g for *_, g in mine])), unit="fraction of the LRU-to-Belady gap",
+                               baseline=f"{OURS} defaults", baseline_value=float(np.median(list(base.values()))),
+                               n=len(mine), notes=f"better in {better}, worse in {worse} of {len(mine)} cells "
+                                                  f"(by > 1 point of the gap)", params={"trace": "generalisation"}))
+    return raw, rows
 
 
 def generalisation_rows(raw: list[tuple], policies: list[str]) -> list[SummaryRow]:
@@ -397,8 +433,11 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
 
     # 3. generalisation: generated traces of other shapes (several seeds) and the synthetic trace,
     #    capacities as fractions of each trace's distinct blocks
-    raw_gen = generalisation(policies, cfg)
+    gen_traces = generalisation_traces(cfg)
+    raw_gen = generalisation(policies, gen_traces)
     rows += generalisation_rows(raw_gen, policies)
+    raw_defaults, default_rows = defaults_check(gen_traces)
+    rows += default_rows
 
     # 3b. semi-online (cell 5 of the docstring; separate metrics, never beside the online rows): lookahead-W LRU sees the
     #    W requests queued at the engine
@@ -452,6 +491,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
               raw_pool, results_root)
     write_raw(NAME, "generalisation.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
                                           "gap_closed"], raw_gen, results_root)
+    write_raw(NAME, "defaults_check.csv", ["trace", "seed", "cap_fraction", "alternative", "gap_closed"], raw_defaults,
+              results_root)
     write_raw(NAME, "throughput.csv", ["subject", "rep", "elapsed_s", "refs_per_s"], raw_tp, results_root)
     write_summary(NAME, rows, results_root, profile="quick" if quick else "full", anchors=anchors,
                   started_at=t_start)

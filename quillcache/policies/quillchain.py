@@ -27,17 +27,16 @@ How every default was chosen (never on the conversation trace alone):
 - ``HOT_REFS = 4`` and the turn buckets are QuillHD's reference-count cap and a log-like split
   of the turn counts, fixed before any measurement; ``block_tokens = 512`` is the Mooncake /
   generated traces' block size (set it to the engine's).
-- ``mode="challenger"`` against ``"adaptive"`` (two shadows), on the generated shapes of
-  ``experiments/hitrate_study.py`` (``GEN_SHAPES``, seed 1, 800 sessions: base, long sessions,
-  high rate, single turn) at 1/3/10/30% of their distinct blocks: equal within 1 point of the
-  LRU-to-Belady gap in 14 of 16 cells, better by 4.7 in one (single turn, 1%), worse by 7.7 in
-  one (high rate, 30%); one shadow instead of two replays ~1.5x faster. ``"hd"`` alone loses to
-  LRU at 30% on three of the four shapes, which is why a guard exists.
-- ``period=4096``, ``decay=0.9``, ``quantile=0.95``, ``che_mult=1``: QuillHD's, kept because no
-  alternative tried was better on most cells of the same generated shapes: ``period=1024`` was
-  better in 7 of 16 cells and worse in 9 (every cell of long sessions); ``che_mult=4`` better by
-  more than 1 point in none, worse by up to 9.7; ``quantile=0.99`` with ``che_mult=2`` better in
-  5 and worse in 8.
+- ``mode``, ``period``, ``decay``, ``quantile`` and ``che_mult`` were checked against
+  alternatives on every generalisation cell of ``experiments/hitrate_study.py`` (six generated
+  session shapes x 3 seeds and the synthetic trace, at 1/3/10/30% of each trace's distinct
+  blocks: 76 cells; summary rows ``defaults_check``, raw ``results/hitrate/defaults_check.csv``).
+  Full-profile run, median share of the LRU-to-Belady gap closed (defaults: 21.2%) and cells
+  better / worse than the defaults by more than one point: ``mode="adaptive"`` (two shadows)
+  21.3%, 6 / 9; ``"hd"`` (no guard) 8.7%, 10 / 42; ``"lru"`` 8.0%, 13 / 40; ``period=1024``
+  21.4%, 25 / 23; ``period=16384`` 16.7%, 10 / 36; ``decay=0.5`` 17.8%, 15 / 33; ``che_mult=4``
+  20.8%, 12 / 20; ``quantile=0.8`` 19.9%, 7 / 29. No alternative is better in most cells, so
+  the defaults (QuillHD's values; the challenger guard, ~1.5x faster than two shadows) stay.
 
 Memory: like QuillHD, reference metadata for every key ever seen (plus one end counter).
 Exactness: ``quillcache.hitrate.kernels.quillhd`` with ``classes=CLS_CHAIN, leaf_first=True``
