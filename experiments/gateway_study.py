@@ -400,7 +400,7 @@ def anchors() -> list[Anchor]:
             Anchor(metric="hit_rate", subject="sglang model gateway, 8 replicas, shared index", value=0.95,
                    unit="fraction", source=REF11, params={"replicas": 8}),
             Anchor(metric="headers_ms", subject="prototype gateway (StreamingResponse)", value=37.0, unit="ms",
-                   source="REFERENCE §11 (decision headers vs a 500 ms TTFT)", params={"stand_in_ttft_ms": 500.0})]
+                   source="REFERENCE §11, decision headers against a 500 ms TTFT", params={"stand_in_ttft_ms": 500.0})]
 
 
 def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow]:
