@@ -19,10 +19,12 @@ from hypothesis.stateful import (
 )
 
 from quillcache.index import open_index
+from quillcache.hitrate import SEMI_ONLINE
 from quillcache.policies import POLICIES, LruPolicy
 
 # Every policy that runs online (Belady needs a next-use oracle from a trace replay).
-ONLINE_POLICIES = sorted(name for name in POLICIES if name != "belady")
+# belady (offline) and the semi-online lookahead need oracles of future requests: a data plane has none
+ONLINE_POLICIES = sorted(name for name in POLICIES if name != "belady" and name not in SEMI_ONLINE)
 from quillcache.store.dataplane import StoreDataPlane
 from quillcache.store.dram import LocalKvStore
 from quillcache.store.errors import (

@@ -1,5 +1,8 @@
 """Discrete-event replay of a request trace through the real control plane and store tiers.
 
+Longer than 600 lines because the event loop's handlers (arrival, fetch, prefill, decode, completion,
+offload) mutate one shared simulation state; splitting them across modules would pass that state around.
+
 Per request, in simulated time (seconds; a trace's milliseconds divided by ``time_scale``):
 
 1. **arrival**: the request's identity scope (``IdentityRegistry.scope``; a trace line without a

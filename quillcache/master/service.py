@@ -38,6 +38,9 @@ Batch forms return per-key results (the value or the :class:`MasterError`); sing
 A log that fails to write or sync turns the service read-only for state changes (LOG_FAILED).
 
 Replicated mode (HA): ``MasterService(..., replicate=fn)``, see :mod:`quillcache.master.replicated`.
+
+Longer than 600 lines because every Mooncake operation has its single-key, batch and compact (wire) form
+here, each a thin wrapper over one shared core, so that the three can never disagree (tested).
 """
 
 from __future__ import annotations

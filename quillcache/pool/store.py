@@ -38,6 +38,10 @@ import cycle, which ``tests/test_import_graph.py`` forbids).
 Parameters: ``lease_ttl_s`` must not exceed the master's lease TTL (default: ``MasterConfig``'s);
 ``local_cache_bytes`` is the LRU budget of verified objects kept in this process (0: no cache),
 ``staging_bytes`` more of the same registered buffer for reads and puts in flight.
+
+Longer than 600 lines because the single and batch forms of put and get share their placement, WRITE/READ,
+verification, lease and fallback steps, which are kept next to each other in one class rather than split
+across modules that would each need the store's locks and buffer.
 """
 
 from __future__ import annotations
