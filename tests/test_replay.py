@@ -180,6 +180,7 @@ def test_router_choice_changes_placement_not_conservation() -> None:
 
 @pytest.mark.parametrize("kw, match", [
     ({"policy": "belady"}, "belady needs the future"),
+    ({"policy": "lookahead"}, "semi-online policy of quillcache.hitrate"),
     ({"policy": "nope"}, "unknown policy 'nope'"),
     ({"router": "nope"}, "unknown router"),
     ({"dram_capacity_blocks": 0}, "dram_capacity_blocks=0"),

@@ -35,8 +35,12 @@ from quillcache.store.tier_codec import FP16, check_tier_codec
 
 __all__ = ["REPLAY_POLICIES", "ReplayConfig"]
 
-# belady needs a next-use oracle from the whole trace: an offline bound, not a tier policy
-REPLAY_POLICIES = tuple(sorted(n for n in POLICIES if n != "belady"))
+# belady needs a next-use oracle from the whole trace (an offline bound) and lookahead one from the engine's
+# queue (semi-online, quillcache.hitrate only): neither is a tier policy
+_NEEDS_ORACLE = {"belady": "belady needs the future; it is the offline bound of quillcache.hitrate",
+                 "lookahead": "lookahead sees the engine's queued requests; it is a semi-online policy of "
+                              "quillcache.hitrate (quillcache hitrate --policies lookahead)"}
+REPLAY_POLICIES = tuple(sorted(n for n in POLICIES if n not in _NEEDS_ORACLE))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,8 +86,7 @@ class ReplayConfig:
             raise ValueError(f"unknown GPU {self.gpu!r}; known: {sorted(GPUS)}")
         ROUTERS.check(self.router)
         if self.policy not in REPLAY_POLICIES:
-            extra = " (belady needs the future; it is the offline bound of quillcache.hitrate)" \
-                if self.policy == "belady" else ""
+            extra = f" ({_NEEDS_ORACLE[self.policy]})" if self.policy in _NEEDS_ORACLE else ""
             raise ValueError(f"unknown policy {self.policy!r}{extra}; the replay takes: {list(REPLAY_POLICIES)}")
         if self.kv_dtype not in DTYPE_BYTES:
             raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; known: {sorted(DTYPE_BYTES)}")
