@@ -80,12 +80,16 @@ df[df.metric == "scan_s_per_mib"].pivot(index="subject", columns="file_bytes", v
      '''df = read_summary("safety", RESULTS)
 display(df[df.category.isna() | (df.category == "all")].pivot(index="mix", columns="metric", values="value"))
 read_anchors("safety", RESULTS)'''),
-    ("hitrate", "Hit rate by policy and capacity (NA capacity = unlimited); `quillcache.sweep(trace, policies, capacities)` computes such a table for any trace.",
+    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO, and kernel speeds; `quillcache hitrate TRACE` prints such a table for any trace.',
      '''df = read_summary("hitrate", RESULTS)
 hr = df[(df.metric == "hit_rate") & (df.trace == "conversation_trace")]
 display(hr.pivot(index="subject", columns="capacity_blocks", values="value"))
-gap = df[df.metric == "gap_closed"][["trace", "capacity_blocks", "value"]]
-display(gap)
+gap = df[(df.metric == "gap_closed") & (df.trace == "conversation_trace")]
+display(gap.pivot(index="subject", columns="capacity_blocks", values="value"))
+gen = df[(df.metric == "gap_closed") & df.cap_fraction.notna()]
+display(gen.pivot_table(index=["trace", "cap_fraction"], columns="subject", values="value"))
+display(df[df.metric.isin(["cells_beaten", "defaults_check"])][["metric", "subject", "baseline", "value", "n", "notes"]])
+display(df[df.metric == "replay_refs_per_s"].pivot_table(index="subject", columns="baseline", values="value"))
 read_anchors("hitrate", RESULTS)'''),
     ("replay", "Router study: TTFT, goodput and hit rate per routing/policy cell (engine compute is the engine model, a stand-in).",
      '''df = read_summary("replay", RESULTS)
@@ -110,6 +114,18 @@ display(df[df.metric.str.endswith("relmse") & (df.data == "random_weight_decoder
     index="subject", columns="metric", values="value"))
 display(df[df.metric == "throughput"][["subject", "bytes_counted", "threads", "value", "baseline_value", "ratio"]])
 read_anchors("kvquant", RESULTS)'''),
+    ("cluster", "Pool of nodes (a master and node processes on loopback): failure trials (corrupt, lost and stale must be 0), remote vs local get latency by block size, the 2 MiB remote get against a raw socket transfer plus one master RPC, throughput by nodes, and pooled vs per-node hit rate (the Mooncake paper's ratio is an anchor).",
+     '''df = read_summary("cluster", RESULTS)
+display(df[df.metric == "get_latency_s"].pivot_table(index="block_bytes", columns=["where", "quantile"], values="value"))
+display(df[df.metric.isin(["raw_socket_read_s", "master_rpc_s", "remote_get_p50_s"])][["metric", "value", "baseline_value", "ratio"]])
+display(df[df.metric == "throughput_gb_per_s"].pivot_table(index="nodes", columns="op", values="value"))
+display(df[df.metric.isin(["block_hit_rate", "lru_model_hit_rate"])].pivot_table(index="capacity_blocks_per_node", columns="subject", values="value"))
+df[df.subject == "PooledStore on 3 node processes"][["metric", "value", "notes"]]'''),
+    ("gateway", "Gateway study: front-added TTFT and headers at a fixed stand-in TTFT, throughput and CPU per request at 100 streams against direct, and per request rate the engines' prefix-cache hit rate and client TTFT behind each front (four stand-in engines; sglang-router and vllm-router from PyPI in the same run).",
+     '''df = read_summary("gateway", RESULTS)
+display(df[df.part.isin(["overhead_light", "overhead_streams", "headers_slow"])].pivot_table(index="subject", columns="metric", values="value"))
+display(df[df.part == "routing"].pivot_table(index=["rate_per_s", "subject"], columns="metric", values="value"))
+df[df.metric.str.startswith("accept_")][["metric", "subject", "value", "unit", "rate_per_s", "holds", "notes"]]'''),
 ]
 
 
