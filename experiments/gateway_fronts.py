@@ -57,7 +57,8 @@ class Front:
             return "direct (one engine)"
         base = {"gateway": "quillcache gateway", "sglang-router": "sglang-router",
                 "vllm-router": "vllm-router"}[self.kind]
-        pol = {"dynamo": "", "": ""}.get(self.policy, f" {self.policy}")
+        default = "cache_aware" if self.kind == "gateway" else ""  # the gateway's default router: no suffix
+        pol = "" if self.policy in (default, "") else f" {self.policy}"
         return f"{base}{pol}" + (f" x{self.replicas}" if self.replicas > 1 else "")
 
     @property
@@ -188,7 +189,7 @@ def start_front(front: Front, engines: Sequence[dict], *, keys: dict[str, str], 
         if front.kind == "gateway":
             from quillcache.gateway.server import GatewayProcess
 
-            cfg = {"router": front.policy or "dynamo", "block_size_tokens": 16, **(gateway_config or {})}
+            cfg = {"router": front.policy or "cache_aware", "block_size_tokens": 16, **(gateway_config or {})}
             # replicas link to each other (quillcache.gateway.peers): each publishes its routing-time speculation
             # and subscribes to the others'; every replica also subscribes to every engine's KV events
             links = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(front.replicas)] if front.replicas > 1 else []

@@ -17,8 +17,9 @@ Parts (every request streamed by one aiohttp client process; :mod:`experiments.g
    Poisson request rates through each front; client throughput, TTFT p50/p99, and the engines' prefix-cache hit
    rate from their ``vllm:prefix_cache_hits_total / queries_total`` (scraped before and after each cell; fresh
    engines for each front in the full profile, caches reset between cells with ``POST /reset_prefix_cache``).
-   Fronts: the gateway (Dynamo cost router over its index fed by the engines' KV events), two gateway replicas
-   sharing that view (both subscribe; requests alternate between them), the gateway with the ``prefix_affinity``
+   Fronts: the gateway (its default ``cache_aware`` router over its index fed by the engines' KV events), two
+   gateway replicas sharing that view (both subscribe; requests alternate between them), the gateway with the
+   planner's Dynamo cost router (``dynamo``), the gateway with the ``prefix_affinity``
    router (the same exact index, a cache-greedy policy without load terms), the gateway with its round-robin
    router (the round-robin arm: same proxy, no cache awareness), sglang-router ``cache_aware`` (one and two
    replicas), vllm-router ``cache_aware``, and direct to one engine. Every front but the gateway gets the
@@ -68,15 +69,16 @@ OVERHEAD_TOKENS = 16  # per request at 100 streams
 TTFT_TOKENS = 2  # per request where only the first token is timed (light load, headers)
 HEADER_TTFT_MS = 500.0
 
-GATEWAY = Front(kind="gateway", policy="dynamo")
-GATEWAY_X2 = Front(kind="gateway", policy="dynamo", replicas=2)
+GATEWAY = Front(kind="gateway", policy="cache_aware")  # the gateway's default router
+GATEWAY_X2 = Front(kind="gateway", policy="cache_aware", replicas=2)
+GATEWAY_DYN = Front(kind="gateway", policy="dynamo")  # the planner's Dynamo cost behind the same gateway
 GATEWAY_RR = Front(kind="gateway", policy="round_robin", label="round-robin (quillcache gateway)")
 GATEWAY_PA = Front(kind="gateway", policy="prefix_affinity")  # the exact index with a cache-greedy policy
 SGLANG = Front(kind="sglang-router", policy="cache_aware")
 SGLANG_X2 = Front(kind="sglang-router", policy="cache_aware", replicas=2)
 VLLM = Front(kind="vllm-router", policy="cache_aware")
 DIRECT = Front(kind="direct")
-ROUTING_FRONTS = (GATEWAY, GATEWAY_X2, GATEWAY_PA, GATEWAY_RR, SGLANG, SGLANG_X2, VLLM, DIRECT)
+ROUTING_FRONTS = (GATEWAY, GATEWAY_X2, GATEWAY_DYN, GATEWAY_PA, GATEWAY_RR, SGLANG, SGLANG_X2, VLLM, DIRECT)
 QUICK_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG, DIRECT)
 
 REF11 = "REFERENCE §11 (issue 16's acceptance; smg#2394 for replicas)"
@@ -376,7 +378,7 @@ def _acceptance(rows: list[SummaryRow]) -> list[SummaryRow]:
         ours = get("hit_rate", gw, rate_per_s=rate)
         sg = get("hit_rate", SGLANG.name, rate_per_s=rate)
         x2 = get("hit_rate", GATEWAY_X2.name, rate_per_s=rate)
-        for front in (GATEWAY, GATEWAY_PA):  # the default router, and the same index with the greedy policy
+        for front in (GATEWAY, GATEWAY_DYN, GATEWAY_PA):  # the default router, Dynamo's cost, the greedy policy
             mine = get("hit_rate", front.name, rate_per_s=rate)
             if mine is not None and sg is not None:
                 d = mine.value - sg.value

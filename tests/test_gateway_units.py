@@ -46,11 +46,14 @@ def test_engine_urls_and_config_errors_name_the_field(tmp_path):
         EngineConfig(url="http://a:1", kv_events_replay="tcp://127.0.0.1:5")
     e = EngineConfig(url="http://a:1", kv_events="tcp://127.0.0.1:5")
     assert e.prefix_state == "events" and e.name == "a:1"
-    assert config_from_dict({"router_options": {"prefill_load_scale": 4.0}}, engines=engines).router_options == {
-        "prefill_load_scale": 4.0}
-    with pytest.raises(ConfigError, match=r"router 'nope' is not registered; known: \['dynamo'"):
+    assert config_from_dict({"router": "dynamo", "router_options": {"prefill_load_scale": 4.0}},
+                            engines=engines).router_options == {"prefill_load_scale": 4.0}
+    assert config_from_dict({}, engines=engines).router == "cache_aware"  # the default, by the gateway study
+    with pytest.raises(ConfigError, match=r"router_options for 'cache_aware'.*prefill_load_scale"):
+        config_from_dict({"router_options": {"prefill_load_scale": 4.0}}, engines=engines)
+    with pytest.raises(ConfigError, match=r"router 'nope' is not registered; known: \['cache_aware', 'dynamo'"):
         config_from_dict({"router": "nope"}, engines=engines)
-    with pytest.raises(ConfigError, match=r"router_options for 'dynamo'.*\['bogus'\]"):
+    with pytest.raises(ConfigError, match=r"router_options for 'cache_aware'.*\['bogus'\]"):
         config_from_dict({"router_options": {"bogus": 1}}, engines=engines)
     p = tmp_path / "c.json"
     p.write_text("{not json")

@@ -125,7 +125,7 @@ def test_baselines():
 
 
 def test_registry_errors():
-    assert set(ROUTERS) == {"dynamo", "round_robin", "least_loaded", "prefix_affinity"}
+    assert set(ROUTERS) == {"cache_aware", "dynamo", "round_robin", "least_loaded", "prefix_affinity"}
     with pytest.raises(ValueError, match="unknown router 'nope'.*registered"):
         make_router("nope")
     with pytest.raises(TypeError, match="temperature"):
@@ -184,3 +184,48 @@ def test_live_load_spreads_traffic_instead_of_dog_piling():
     dyn = pile("dynamo")
     assert dyn[0] == 0 and len(set(dyn)) == 4  # the load term spreads traffic
     assert set(pile("prefix_affinity")) == {0}  # pure affinity dog-piles the cache-hot worker
+
+
+# ---------------------------------------------------------------- cache_aware (SGLang's rule on exact blocks)
+
+
+def _ca_route(dev, apt, dec, isl=160, bs=16, eligible=None):
+    import numpy as np
+    from quillcache.routing import RouteRequest
+
+    n = len(dev)
+    ov = np.zeros((3, n), dtype=np.int64)
+    ov[0] = dev
+    return RouteRequest(overlaps=ov, isl_tokens=isl, block_size_tokens=bs,
+                        active_prefill_tokens=np.asarray(apt, dtype=np.float64),
+                        decode_blocks=np.asarray(dec, dtype=np.float64),
+                        eligible=None if eligible is None else np.asarray(eligible, dtype=bool))
+
+
+def test_cache_aware_stays_on_the_prefix_while_balanced_and_balances_past_both_thresholds():
+    from quillcache.routing import make_router
+
+    r = make_router("cache_aware", seed=0)
+    # 10-block request; worker 1 holds 8 blocks and is busier, but by fewer than 64 request-equivalents
+    assert r.select(_ca_route([0, 8, 0], [0, 0, 0], [10, 300, 20])) == 1
+    # Dynamo's cost leaves the prefix for the idle worker on the same loads (the difference this router exists for)
+    assert make_router("dynamo", seed=0).select(_ca_route([0, 8, 0], [0, 0, 0], [10, 300, 20])) == 0
+    # imbalance > 64 request-equivalents (640 blocks) and > 1.5x: the least loaded wins despite the prefix
+    assert r.select(_ca_route([0, 8, 0], [0, 0, 0], [700, 1000, 20])) == 2
+    # past the absolute threshold but not the relative one: still the prefix
+    assert r.select(_ca_route([0, 8, 0], [0, 0, 0], [1500, 2000, 1400])) == 1
+
+
+def test_cache_aware_falls_back_to_least_loaded_below_the_match_threshold_and_respects_eligibility():
+    from quillcache.routing import make_router
+
+    r = make_router("cache_aware", seed=0)
+    # best match 3 of 10 blocks = 0.3, not above the 0.3 threshold: least loaded
+    assert r.select(_ca_route([0, 3, 0], [0, 0, 0], [5, 1, 9])) == 1
+    assert r.select(_ca_route([0, 3, 0], [0, 0, 0], [5, 9, 1])) == 2
+    # equal prefixes: the less loaded of them
+    assert r.select(_ca_route([6, 6, 0], [0, 0, 0], [50, 40, 0])) == 1
+    # the prefix holder is not eligible: the rule runs over the others
+    assert r.select(_ca_route([0, 8, 5], [0, 0, 0], [0, 0, 30], eligible=[True, False, True])) == 2
+    with pytest.raises(ValueError, match="cache_threshold"):
+        make_router("cache_aware", cache_threshold=1.5)

@@ -10,7 +10,7 @@ state, models discovered from the engines' ``/v1/models``) or from a JSON file (
      "limits": {"max_body_bytes": 4194304, "max_json_depth": 32, "tenant_max_concurrency": 256},
      "timeouts": {"connect_s": 2, "first_byte_s": 30, "idle_s": 60},
      "retry": {"max_retries": 2, "backoff_s": 0.05}, "speculative_ttl_s": 2.0,
-     "router": "dynamo", "router_options": {"prefill_load_scale": 1.0, "temperature": 0.0},
+     "router": "cache_aware", "router_options": {"cache_threshold": 0.3},
      "peer_bind": "tcp://127.0.0.1:7701", "peers": ["tcp://127.0.0.1:7702"]}
 
 Invariants: every value is validated when the dataclass is built, and a bad one raises
@@ -160,8 +160,10 @@ class GatewayConfig:
     chat_template: str | None = None  # a tokenizer_config.json path, or None for the built-in ChatML
     block_size_tokens: int = 16
     index_kind: str = "art"  # residency index backend (quillcache.index.INDEX_BACKENDS), in memory
-    router: str = "dynamo"  # a quillcache.routing.ROUTERS name
-    router_options: dict = field(default_factory=dict)  # its constructor options, e.g. {"prefill_load_scale": 4.0}
+    # a quillcache.routing.ROUTERS name; cache_aware (SGLang's rule on the exact index) by the gateway study's
+    # measurement: Dynamo's cost ("dynamo") trades prefix hits for balance there (results/gateway)
+    router: str = "cache_aware"
+    router_options: dict = field(default_factory=dict)  # its constructor options, e.g. {"cache_threshold": 0.5}
     speculative_ttl_s: float = 2.0  # llm-d's TTL of a routing-time entry an event has not confirmed
     speculative_max_blocks: int = 8  # events mode: new blocks speculated per request (the rest: by events)
     peer_bind: str | None = None  # replicas: PUB endpoint of this replica's speculation (quillcache.gateway.peers)

@@ -21,9 +21,11 @@ from quillcache.routing.baselines import (
     PrefixAffinityRouter,
     RoundRobinRouter,
 )
+from quillcache.routing.cache_aware import CacheAwareRouter
 from quillcache.routing.dynamo import DynamoCostRouter
 
 ROUTERS: Registry[type[Router]] = Registry("router")
+ROUTERS.register("cache_aware", CacheAwareRouter)
 ROUTERS.register("dynamo", DynamoCostRouter)
 ROUTERS.register("least_loaded", LeastLoadedRouter)
 ROUTERS.register("prefix_affinity", PrefixAffinityRouter)
@@ -37,6 +39,7 @@ def make_router(name: str, **opts) -> Router:
 
 __all__ = [
     "ROUTERS",
+    "CacheAwareRouter",
     "DynamoCostRouter",
     "EngineRole",
     "Lease",
