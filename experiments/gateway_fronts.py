@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from quillcache.registry import Registry
+from quillcache.cluster.etcd import free_port as _free_port
 
 __all__ = ["Front", "FRONT_KINDS", "RunningFront", "missing", "start_front"]
 
@@ -86,10 +86,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 FRONT_KINDS: Registry[str] = Registry("front kind")

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 __all__ = ["StudyRequest", "Timing", "block_text", "percentile", "render_prompt", "render_workload",
            "run_closed_loop", "run_open_loop", "run_sequential"]
 
@@ -130,14 +132,10 @@ def render_workload(num_requests: int, *, seed: int = 0, max_output_tokens: int 
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-quantile (0..1) by linear interpolation; NaN for no values."""
-    v = sorted(x for x in values if not math.isnan(x))
-    if not v:
-        return math.nan
-    pos = q * (len(v) - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+    """The ``q``-quantile (0..1) of the non-NaN values (NumPy's linear interpolation); NaN for none."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return float(np.percentile(v, 100 * q)) if v.size else math.nan
 
 
 # ----------------------------------------------------------------------------- one request

@@ -13,6 +13,7 @@ import pytest
 
 from quillcache.enginesim.process import EngineSimProcess, parse_metrics
 from quillcache.gateway.server import GatewayProcess
+from quillcache.cluster.etcd import free_port as _free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,12 +131,6 @@ def test_a_request_cancelled_before_its_first_token_leaves_no_entry():
             assert parse_metrics(_get(e0.url + "/metrics"))["quillcache_sim_cached_blocks"] == 0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_replicas_share_prefix_state_through_events_and_peer_speculation():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import time
 
 import aiohttp
@@ -19,6 +18,7 @@ import pytest
 
 from quillcache.enginesim.process import EngineSimProcess, parse_metrics
 from quillcache.gateway.server import GatewayProcess
+from quillcache.cluster.etcd import free_port as _free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -129,10 +129,6 @@ def test_tenant_over_its_concurrency_limit_is_429(gw):
     _assert_clean_error((status, raw, {}), 429, "too many concurrent requests")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_connect_failure_retries_on_the_next_best_worker():

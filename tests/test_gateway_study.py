@@ -5,14 +5,13 @@ stand-in engines, the real gateway and, when the ``gateway-baselines`` extra is 
 from __future__ import annotations
 
 import csv
-import math
 import random
 
 import pytest
 
 from experiments import gateway_study as gs
 from experiments.gateway_fronts import FRONT_KINDS, missing
-from experiments.gateway_load import (EngineCounters, metric_sum, percentile, render_prompt, render_workload)
+from experiments.gateway_load import (EngineCounters, metric_sum, render_prompt, render_workload)
 from quillcache.traces.sessions import SessionsConfig, generate
 
 
@@ -64,16 +63,6 @@ def test_metric_sum_adds_every_labelled_sample_and_ignores_lookalikes():
     after = EngineCounters(32.5, 100.0, {"a": (32.5, 100.0)})
     d = after.minus(before)
     assert d.hit_rate == pytest.approx(22.5 / 60.0) and d.per_engine["a"] == (22.5, 60.0)
-
-
-def test_percentile_interpolates_like_numpy():
-    np = pytest.importorskip("numpy")
-    rng = random.Random(9)
-    for n in (1, 2, 7, 100):
-        xs = [rng.random() for _ in range(n)]
-        for q in (0.0, 0.5, 0.99, 1.0):
-            assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, 100 * q)))
-    assert math.isnan(percentile([], 0.5))
 
 
 def test_a_front_whose_package_is_missing_is_named_with_the_extra(monkeypatch):

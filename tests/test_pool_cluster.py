@@ -134,7 +134,7 @@ def test_node_command_refuses_bad_flags(capsys, monkeypatch):
 
 
 def test_parse_size():
-    from quillcache.cli.node import parse_size
+    from quillcache.cli.argtypes import parse_size
 
     assert parse_size("256MiB") == 256 * MiB and parse_size("1GiB") == 1 << 30 and parse_size("4096") == 4096
     assert parse_size("2MB") == 2_000_000

@@ -12,43 +12,26 @@ from __future__ import annotations
 
 import argparse
 
-from quillcache.cli.node import size_arg
+from quillcache.cli import argtypes
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start a master and N nodes on 127.0.0.1 and run until Ctrl-C")
-    up.add_argument("--nodes", type=_positive_int, default=3, help="number of node processes (default 3)")
-    up.add_argument("--dram", type=size_arg, default=256 << 20, metavar="SIZE", help="DRAM per node (default 256MiB)")
+    up.add_argument("--nodes", type=argtypes.positive_int, default=3, help="number of node processes (default 3)")
+    up.add_argument("--dram", type=argtypes.size_arg, default=256 << 20, metavar="SIZE", help="DRAM per node (default 256MiB)")
     up.add_argument("--ssd", action="store_true", help="give every node an SSD tier under --dir")
     up.add_argument("--etcd", action="store_true", help="start an etcd and register the nodes in it")
     up.add_argument("--dir", help="base directory (logs, master data, SSD tiers; default: a temporary one)")
-    up.add_argument("--client-ttl-s", type=_positive_float, default=3.0, help="node expiry TTL (default 3)")
-    up.add_argument("--lease-ttl-s", type=_positive_float, default=2.0, help="read lease TTL (default 2)")
+    up.add_argument("--client-ttl-s", type=argtypes.positive_float, default=3.0, help="node expiry TTL (default 3)")
+    up.add_argument("--lease-ttl-s", type=argtypes.positive_float, default=2.0, help="read lease TTL (default 2)")
     st = sub.add_parser("status", help="show a pool's nodes, segments and usage")
     st.add_argument("--master", required=True, metavar="ADDR", help="the master's address (tcp://HOST:PORT)")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    st.add_argument("--timeout-s", type=_positive_float, default=5.0, help="how long to wait for the master")
+    st.add_argument("--timeout-s", type=argtypes.positive_float, default=5.0, help="how long to wait for the master")
 
 
 def _mib(n: int) -> str:

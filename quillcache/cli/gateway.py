@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from quillcache.cli import argtypes
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not in [0, 65535]")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="JSON gateway config (engines, models, limits, timeouts...)")
     parser.add_argument("--keys", metavar="FILE", help="JSON key file; default: QUILLCACHE_GATEWAY_KEYS")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000; 0: a free one)")
+    parser.add_argument("--port", type=argtypes.port, default=8000, help="port to listen on (default 8000; 0: a free one)")
     parser.add_argument("--tokenizer", help="'bytes' or a tokenizer.json path (the engines' tokenizer)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                         help="stderr log level (default warning)")

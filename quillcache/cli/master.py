@@ -10,58 +10,32 @@ from __future__ import annotations
 
 import argparse
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+from quillcache.cli import argtypes
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not in [0, 65535]")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="directory of the operation log, snapshots and index")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=0, help="port to listen on (default 0: a free one)")
+    parser.add_argument("--port", type=argtypes.port, default=0, help="port to listen on (default 0: a free one)")
     ha = parser.add_argument_group("high availability (etcd)")
     ha.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint: run as one candidate of an HA group")
     ha.add_argument("--name", default="master", help="the HA group's name (default 'master')")
     ha.add_argument("--candidate", help="this candidate's id (default HOSTNAME-PID)")
-    ha.add_argument("--ttl-s", type=_positive_int, default=5, help="leader lease TTL in seconds (default 5)")
+    ha.add_argument("--ttl-s", type=argtypes.positive_int, default=5, help="leader lease TTL in seconds (default 5)")
     ha.add_argument("--prefix", default="/quillcache", help="etcd key prefix (default /quillcache)")
-    ha.add_argument("--warmup-s", type=_non_negative_float, default=0.5,
+    ha.add_argument("--warmup-s", type=argtypes.non_negative_float, default=0.5,
                     help="wait after winning the election before serving (default 0.5; see quillcache.master.ha)")
-    ha.add_argument("--log-margin", type=_positive_int, default=10_000,
+    ha.add_argument("--log-margin", type=argtypes.positive_int, default=10_000,
                     help="log records kept in etcd below the leader's last snapshot (default 10000)")
-    parser.add_argument("--snapshot-every-records", type=_positive_int, default=None,
+    parser.add_argument("--snapshot-every-records", type=argtypes.positive_int, default=None,
                         help="snapshot after this many log records (default: MasterConfig's)")
-    parser.add_argument("--lease-ttl-s", type=_non_negative_float, default=None,
+    parser.add_argument("--lease-ttl-s", type=argtypes.non_negative_float, default=None,
                         help="read lease TTL in seconds (default: MasterConfig's)")
-    parser.add_argument("--client-ttl-s", type=_non_negative_float, default=None,
+    parser.add_argument("--client-ttl-s", type=argtypes.non_negative_float, default=None,
                         help="seconds without a heartbeat before a node is expired (default: MasterConfig's)")
-    parser.add_argument("--tick-s", type=_non_negative_float, default=1.0,
+    parser.add_argument("--tick-s", type=argtypes.non_negative_float, default=1.0,
                         help="seconds between timer runs: client expiry, zombie reclaim, eviction (default 1)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="stderr log level (default info)")

@@ -10,63 +10,24 @@ stderr; SIGTERM/SIGINT stop it cleanly (it unmounts), exit 0. Bad flags: one lin
 from __future__ import annotations
 
 import argparse
-import re
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
-          "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+from quillcache.cli import argtypes
 
 
-def parse_size(text: str) -> int:
-    """``"256MiB"`` -> 268435456; ``ValueError`` naming the text otherwise."""
-    m = _SIZE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a size (bytes, or a number with B/KiB/MiB/GiB/TiB/KB/MB/GB/TB)")
-    return int(float(m.group(1)) * _UNITS[unit])
 
-
-def size_arg(text: str) -> int:
-    try:
-        value = parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if value < 4096:
-        raise argparse.ArgumentTypeError(f"{text!r} is below the minimum of 4096 bytes")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not in [0, 65535]")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", required=True, metavar="ADDR", help="the master's address (tcp://HOST:PORT)")
-    parser.add_argument("--dram", required=True, type=size_arg, metavar="SIZE", help="DRAM to contribute, e.g. 1GiB")
+    parser.add_argument("--dram", required=True, type=argtypes.size_arg, metavar="SIZE", help="DRAM to contribute, e.g. 1GiB")
     parser.add_argument("--ssd", metavar="DIR", help="SSD tier directory (write-behind; re-announced at restart)")
-    parser.add_argument("--ssd-size", type=size_arg, metavar="SIZE", help="SSD tier capacity (default 4x --dram)")
+    parser.add_argument("--ssd-size", type=argtypes.size_arg, metavar="SIZE", help="SSD tier capacity (default 4x --dram)")
     parser.add_argument("--etcd", metavar="HOST:PORT", help="register in the etcd node registry")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=0, help="transfer engine port (default 0: a free one)")
-    parser.add_argument("--control-port", type=_port, default=0, help="control RPC port (default 0: a free one)")
+    parser.add_argument("--port", type=argtypes.port, default=0, help="transfer engine port (default 0: a free one)")
+    parser.add_argument("--control-port", type=argtypes.port, default=0, help="control RPC port (default 0: a free one)")
     parser.add_argument("--node-id", help="this node's id (default node-HOST-PID-RANDOM); keep it across restarts")
-    parser.add_argument("--heartbeat-s", type=_positive_float, default=1.0,
+    parser.add_argument("--heartbeat-s", type=argtypes.positive_float, default=1.0,
                         help="seconds between heartbeats (keep <= the master's client TTL / 3; default 1)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

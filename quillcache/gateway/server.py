@@ -84,10 +84,6 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
     return 0 if server.started else 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GatewayProcess:
