@@ -181,16 +181,20 @@ def test_leader_sigkill_standby_serves_within_two_ttls_nothing_lost(etcd, prefix
         lsn = cl.master_status()["lsn"]
     other = c if new is b else b
     wait_until(lambda: (s := other.status()) is not None and s["lsn"] == lsn, 10, "the other standby follows")
-    assert other.status()["role"] == "standby" and other.status()["leader"] == new.address.removeprefix("tcp://")
+    # the leader record names the plain-TCP address the leader serves (MasterClient through etcd goes there)
+    assert other.status()["role"] == "standby" and other.status()["leader"] == new.info["stream_address"]
 
 
-def test_leader_paused_across_an_election_commits_nothing(etcd, prefix, cluster):  # noqa: F811
+@pytest.mark.parametrize("transport", ["stream", "zmq"])
+def test_leader_paused_across_an_election_commits_nothing(etcd, prefix, cluster, transport):  # noqa: F811
     a = cluster("a")
     b = cluster("b")
     assert a.info["role"] == "leader" and b.info["role"] == "standby"
-    pinned = MasterClient(a.address, timeout_s=15, retry_s=0)  # talks to the old leader only
+    # talks to the old leader only, over the transport under test
+    pinned = MasterClient(a.address, timeout_s=15, retry_s=0, prefer_stream=transport == "stream")
     try:
         pinned.mount_segment(seg("n0", 0))
+        assert pinned.address.startswith("qtcp://" if transport == "stream" else "tcp://"), pinned.address
         r = pinned.put_start("before", 10)
         pinned.put_end("before", put_id=r.put_id)
         a.proc.send_signal(signal.SIGSTOP)

@@ -359,3 +359,99 @@ def test_compact_forms_on_the_wire_and_the_fallback_to_plain_methods(server, tmp
         assert not old._compact and len(r.replicas) == 2
         old.put_end("k")
         assert old.get_replicas(["k"]) == [r.replicas] and old.get_replica_list("k") == r.replicas
+
+
+# --- the plain-TCP transport (qtcp://) ---------------------------------------------------------------
+
+
+def _stream_exchange(sock, body: bytes) -> list:
+    sock.sendall(len(body).to_bytes(4, "big") + body)
+    head = _recv_exact(sock, 4)
+    return msgpack.unpackb(_recv_exact(sock, int.from_bytes(head, "big")), raw=False, strict_map_key=False)
+
+
+def _recv_exact(sock, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return out
+
+
+def test_both_transports_are_served_and_the_client_prefers_plain_tcp(server, tmp_path):
+    stream = server.info["stream_address"]
+    assert stream.startswith("qtcp://127.0.0.1:") and server.address.startswith("tcp://")
+    with MasterClient(server.address, timeout_s=5) as c, \
+            MasterClient(server.address, timeout_s=5, prefer_stream=False) as z:
+        mount_three(c)
+        assert c.address == stream and z.stats().num_objects == 0 and z.address == server.address
+        r = c.put_start("k", 100, ReplicaConfig(replica_num=2))
+        with pytest.raises(ObjectNotReadyError):
+            z.get_replica_list("k")  # the same master behind both transports
+        c.put_end("k", put_id=r.put_id)
+        assert z.get_replica_list("k") == c.get_replica_list("k") == r.replicas
+        assert c.master_status()["stream_address"] == stream
+        with pytest.raises(ObjectNotFoundError):
+            c.put_end("missing")
+        with pytest.raises(InvalidParamsError):
+            c.put_start("bad", -1)
+    with MasterClient(stream, timeout_s=5) as direct:  # a qtcp:// address is used as it is
+        assert direct.exists(["k", "nope"]) == [True, False] and direct.address == stream
+    zmq_only = Server(tmp_path / "zmq-only", "--no-stream")
+    try:
+        assert zmq_only.info["stream_address"] is None
+        with MasterClient(zmq_only.address, timeout_s=5) as c:
+            mount_three(c)
+            assert c.exists(["k"]) == [False] and c.address == zmq_only.address  # stays on ZeroMQ
+    finally:
+        zmq_only.close()
+
+
+def test_malformed_frames_on_the_plain_tcp_transport_do_not_hurt(server):
+    import socket
+
+    host, port = server.info["stream_address"].removeprefix("qtcp://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        garbage = [b"", b"\xff\xfe\x00garbage", msgpack.packb({"a": 1}), msgpack.packb([99, 1, "stats", [], {}]),
+                   msgpack.packb([1, "id", "stats", [], {}]), msgpack.packb([1, 7, "stats"]),
+                   msgpack.packb([1, 8, "stats", "notalist", {}]), msgpack.packb([1, 9, "put_start", ["k", 1], {1: 2}]),
+                   msgpack.packb([1, 10, "put_start", ["k", "big"], {}]), msgpack.packb([1, 11, "_secret", [], {}]),
+                   os.urandom(4096)]
+        for frame in garbage:
+            reply = _stream_exchange(sock, frame)
+            assert reply[2] is False and isinstance(reply[3]["message"], str), (frame[:40], reply)
+        assert _stream_exchange(sock, msgpack.packb([1, 12, "keys", [], {}])) == [1, 12, True, []]
+    with socket.create_connection((host, int(port)), timeout=5) as sock:  # past the drop limit (4 x 64 MiB)
+        sock.sendall((2**32 - 1).to_bytes(4, "big"))
+        head = _recv_exact(sock, 4)
+        reply = msgpack.unpackb(_recv_exact(sock, int.from_bytes(head, "big")), raw=False, strict_map_key=False)
+        assert reply[2] is False and "drop limit" in reply[3]["message"] and sock.recv(1) == b""
+    assert server.proc.poll() is None
+    with MasterClient(server.address, timeout_s=5) as c:
+        assert c.stats().num_objects == 0 and c.address.startswith("qtcp://")
+
+
+def test_the_client_finds_the_plain_tcp_port_again_after_a_restart(tmp_path):
+    from quillcache.cluster.etcd import free_port
+
+    data, port = tmp_path / "m", free_port()
+    first = Server(data, "--port", str(port))
+    c = MasterClient(first.address, timeout_s=1, retry_s=30)
+    try:
+        mount_three(c)
+        r = c.put_start("k", 10)
+        c.put_end("k", put_id=r.put_id)
+        old_stream = c.address
+        assert old_stream == first.info["stream_address"]
+        assert first.terminate() == 0
+        first.close()
+        other = next(p for p in iter(free_port, None) if not old_stream.endswith(f":{p}"))
+        first = Server(data, "--port", str(port), "--stream-port", str(other))  # same ZeroMQ port, another stream one
+        assert first.info["stream_address"] == f"qtcp://127.0.0.1:{other}"
+        assert c.exists(["k"]) == [True]  # a read: retried through ZeroMQ, which names the new stream port
+        assert c.address == first.info["stream_address"]
+    finally:
+        c.close()
+        first.close()

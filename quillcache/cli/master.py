@@ -1,8 +1,8 @@
 """``quillcache master``: serve the master over the network (the same as ``python -m quillcache.master``).
 
-Single mode: ``quillcache master --data-dir D [--host 127.0.0.1] [--port 0]``. HA mode adds
-``--etcd HOST:PORT --name NAME --candidate ID --ttl-s 5``. Prints one JSON line
-``{"address", "pid", "role", "epoch"}`` when serving or standing by; logs go to stderr; SIGTERM stops it.
+Single mode: ``quillcache master --data-dir D [--host 127.0.0.1] [--port 0] [--stream-port 0 | --no-stream]``.
+HA mode adds ``--etcd HOST:PORT --name NAME --candidate ID --ttl-s 5``. Prints one JSON line
+``{"address", "stream_address", "pid", "role", "epoch"}`` when serving or standing by; logs go to stderr; SIGTERM stops it.
 See :mod:`quillcache.master.server` and :mod:`quillcache.master.ha`.
 """
 
@@ -19,6 +19,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="directory of the operation log, snapshots and index")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=argtypes.port, default=0, help="port to listen on (default 0: a free one)")
+    parser.add_argument("--stream-port", type=argtypes.port, default=0,
+                        help="port of the plain-TCP transport (qtcp://, which MasterClient prefers; "
+                             "default 0: a free one)")
+    parser.add_argument("--no-stream", dest="stream_port", action="store_const", const=None,
+                        help="serve ZeroMQ only (no plain-TCP transport)")
     ha = parser.add_argument_group("high availability (etcd)")
     ha.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint: run as one candidate of an HA group")
     ha.add_argument("--name", default="master", help="the HA group's name (default 'master')")

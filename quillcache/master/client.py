@@ -4,6 +4,13 @@ Contract:
 - ``MasterClient(address | [addresses] | etcd="HOST:PORT", timeout_s=5.0)``: over the network (an
   :class:`~quillcache.rpc.RpcClient`); ``MasterClient.embedded(service)``: the same calls on an in-process
   service, no sockets (values and errors still pass through the codec, so embedded behaves as remote).
+- Transport: a ``qtcp://`` address is the plain-TCP transport (:mod:`quillcache.rpc.stream`), others ZeroMQ.
+  Given one ZeroMQ address (and ``prefer_stream``, the default), the first call asks the server's
+  ``master_status`` for its ``stream_address`` and, when there is one, goes on over plain TCP; a server that
+  serves none (ZeroMQ only) keeps being called over ZeroMQ. When the plain-TCP server stops answering (a
+  timeout or a lost connection) the client goes back to the ZeroMQ address and asks again on the next call,
+  so a server restarted on the same ZeroMQ port with another stream port is found. Through etcd the leader
+  record already names the address to use (``qtcp://`` when the leader serves it).
 - With ``etcd`` the client finds the leader through the election record (``{prefix}/election/{name}``),
   waiting up to ``retry_s`` for one to exist; with several addresses it rotates through them.
 - Retries, until ``retry_s`` has passed, with exponential backoff: NOT_LEADER answers (the call did not
@@ -34,6 +41,7 @@ from quillcache.master.wire import (BATCH_METHODS, NODE_METHODS, SERVICE_METHODS
                                     expand_put_results, expand_replicas, put_rows, register_master_types)
 from quillcache.master.errors import MasterError
 from quillcache.rpc import InProcessClient, RpcClient, RpcErrorCode, RpcRejectedError, RpcTimeoutError
+from quillcache.rpc.stream import is_stream_address
 
 __all__ = ["MasterClient"]
 
@@ -44,8 +52,11 @@ class MasterClient:
     def __init__(self, address: str | Sequence[str] | None = None, *, etcd: str | None = None, name: str = "master",
                  prefix: str = DEFAULT_PREFIX, timeout_s: float = 5.0, retry_s: float = 30.0,
                  retry_writes: bool = False, backoff: Backoff = Backoff(initial_s=0.05, max_s=1.0),
-                 _rpc=None) -> None:
+                 prefer_stream: bool = True, _rpc=None) -> None:
         register_master_types()
+        self.timeout_s = float(timeout_s)
+        self._zmq_rpc = None  # the ZeroMQ client to fall back to while on the plain-TCP transport
+        self._probe_stream = False
         self.retry_s = float(retry_s)
         self.retry_writes = bool(retry_writes)
         self.backoff = backoff
@@ -67,8 +78,34 @@ class MasterClient:
                 address = self._wait_for_leader()
         if address is None or (not isinstance(address, str) and not list(address)):
             raise ValueError("MasterClient needs an address, a list of addresses, or etcd=")
-        self._rpc = RpcClient(address, timeout_s, leader_finder=finder, retry_codes={"NOT_LEADER"}, max_retries=3,
-                              backoff_s=backoff.initial_s, max_backoff_s=backoff.max_s)
+        self._rpc = self._rpc_client(address, finder)
+        self._probe_stream = (prefer_stream and etcd is None and isinstance(address, str)
+                              and not is_stream_address(address))
+
+    def _rpc_client(self, address, finder=None) -> RpcClient:
+        return RpcClient(address, self.timeout_s, leader_finder=finder, retry_codes={"NOT_LEADER"}, max_retries=3,
+                         backoff_s=self.backoff.initial_s, max_backoff_s=self.backoff.max_s)
+
+    def _find_stream(self) -> None:
+        """Ask the (ZeroMQ) server where its plain-TCP transport listens and move there when it serves one."""
+        try:
+            status = self._rpc.call("master_status")
+        except RpcRejectedError as e:
+            if e.code != RpcErrorCode.UNKNOWN_METHOD:
+                raise
+            status = None
+        self._probe_stream = False
+        address = status.get("stream_address") if isinstance(status, dict) else None
+        if isinstance(address, str) and is_stream_address(address):
+            self._zmq_rpc, self._rpc = self._rpc, self._rpc_client(address)
+
+    def _lost_stream(self) -> None:
+        """The plain-TCP server did not answer: back to ZeroMQ, which asks again on the next call (a restarted
+        server may listen on another stream port)."""
+        if self._zmq_rpc is not None:
+            self._rpc.close()
+            self._rpc, self._zmq_rpc = self._zmq_rpc, None
+            self._probe_stream = True
 
     @classmethod
     def embedded(cls, service) -> MasterClient:
@@ -110,12 +147,15 @@ class MasterClient:
         delays = self.backoff.delays()
         while True:
             try:
+                if self._probe_stream:
+                    self._find_stream()
                 out = self._rpc.call(method, *args, **kwargs)
                 return decode_batch(out) if method in BATCH_METHODS else out
             except NotLeaderError:
                 if time.monotonic() >= deadline:
                     raise
             except RpcTimeoutError:
+                self._lost_stream()
                 if not resend_on_timeout or time.monotonic() >= deadline:
                     raise
             time.sleep(next(delays))
@@ -134,6 +174,8 @@ class MasterClient:
 
     def close(self) -> None:
         self._rpc.close()
+        if self._zmq_rpc is not None:
+            self._zmq_rpc.close()
         if self._etcd is not None:
             self._etcd.close()
 

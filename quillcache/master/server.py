@@ -3,17 +3,22 @@
 Contract:
 - ``run_server(args)`` (the argument list is :func:`quillcache.cli.master.configure`'s) opens the master
   over ``--data-dir`` (restart = snapshot + log tail), binds an :class:`~quillcache.rpc.RpcServer` on
-  ``--host``/``--port`` (0: a free port) and, once serving (single mode or leader) or standing by (HA
-  standby), prints ONE line of JSON to stdout: ``{"address": "tcp://HOST:PORT", "pid": N, "role":
-  "leader"|"standby"|"single", "epoch": E}``; everything else goes to stderr (logging). SIGTERM or SIGINT
+  ``--host``/``--port`` (0: a free port) and, unless ``--no-stream``, a
+  :class:`~quillcache.rpc.StreamServer` (the plain-TCP transport, ``qtcp://``) on ``--stream-port`` (0: a
+  free port) serving the same endpoint; once serving (single mode or leader) or standing by (HA
+  standby), it prints ONE line of JSON to stdout: ``{"address": "tcp://HOST:PORT", "stream_address":
+  "qtcp://HOST:PORT"|null, "pid": N, "role": "leader"|"standby"|"single", "epoch": E}``; everything else goes to stderr (logging). SIGTERM or SIGINT
   stops it cleanly (the RPC server closes, an HA leader resigns, the service snapshots and closes), exit 0.
 - Single mode (no ``--etcd``): the local WAL is the log, as ``MasterService(data_dir=D)``. HA mode
   (``--etcd HOST:PORT --name N --candidate ID --ttl-s T``): :class:`~quillcache.master.ha.HaMaster`.
   etcd down at start is one error line per attempt, retried with backoff until it answers.
 - Served (whitelist): every ``MasterService`` method in :data:`~quillcache.master.wire.SERVICE_METHODS`
   (each per-key operation and its batch form) plus ``master_status()`` (role, epoch, lsn, leader, any
-  role) and ``snapshot_bytes()`` (leader/single: the state for a standby too far behind). Calls reach the
-  service one at a time (the node lock, shared with the ``tick()`` timer thread and the HA follower).
+  role, and ``stream_address``: how a client finds the plain-TCP transport) and ``snapshot_bytes()``
+  (leader/single: the state for a standby too far behind). In HA mode the leader record (etcd) names the
+  ``qtcp://`` address when it is served, else ``HOST:PORT`` of the ZeroMQ one. Both transports carry the
+  same calls to the same endpoint, so every check (frame limits, typed refusals, the role's admission
+  and epoch fence) is the same on both. Calls reach the service one at a time (the node lock, shared with the ``tick()`` timer thread and the HA follower).
 - Bad input from the network gets a typed error: a master refusal as its :class:`MasterError` class;
   arguments that do not bind as the RPC layer's BAD_ARGUMENTS; anything else the service raises on
   malformed values (TypeError, ValueError, ...) as INVALID_PARAMS naming the method. Batch results carry
@@ -90,8 +95,9 @@ class SingleMaster:
 class MasterEndpoint:
     """The RPC target: the whitelisted service methods, each under the node lock, admitted by the node's role."""
 
-    def __init__(self, node) -> None:
+    def __init__(self, node, stream_address: str | None = None) -> None:
         self._node = node
+        self.stream_address = stream_address  # the plain-TCP transport's qtcp:// address, when served
         for name in SERVICE_METHODS:
             setattr(self, name, self._wrap(name))
 
@@ -134,7 +140,9 @@ class MasterEndpoint:
 
     def master_status(self) -> dict:
         with self._node.lock:
-            return self._node.status()
+            out = dict(self._node.status())
+        out["stream_address"] = self.stream_address
+        return out
 
     def snapshot_bytes(self) -> bytes:
         with self._node.lock:
@@ -156,7 +164,7 @@ def run_server(args) -> int:
     """The process (module docstring); returns the exit status."""
     import zmq
 
-    from quillcache.rpc import RpcServer
+    from quillcache.rpc import RpcServer, StreamServer
     from quillcache.master.snapshot import SnapshotError
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
@@ -186,17 +194,27 @@ def run_server(args) -> int:
               file=sys.stderr)
         return 1
     register_master_types()
-    server = RpcServer(MasterEndpoint(node), [*SERVICE_METHODS, *NODE_METHODS], args.host, args.port, name="master")
+    endpoint = MasterEndpoint(node)
+    methods = [*SERVICE_METHODS, *NODE_METHODS]
+    server = RpcServer(endpoint, methods, args.host, args.port, name="master")
+    stream = None if args.stream_port is None else StreamServer(endpoint, methods, args.host, args.stream_port,
+                                                                 name="master")
     try:
         server.start()
-    except zmq.ZMQError as e:
-        print(f"quillcache master: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        if stream is not None:
+            stream.start()
+            endpoint.stream_address = stream.address
+    except (zmq.ZMQError, OSError) as e:
+        print(f"quillcache master: cannot listen on {args.host} (port {args.port}, stream port "
+              f"{args.stream_port}): {e}", file=sys.stderr)
+        server.close()
         node.close()
         return 1
     ticker = None
     try:
         if args.etcd:
-            if not node.start(f"{args.host}:{server.port}"):
+            # the leader record names the address clients should use: the plain-TCP one when it is served
+            if not node.start(stream.address if stream is not None else f"{args.host}:{server.port}"):
                 return 0  # stopped before etcd answered
             role = node.wait_decided(timeout_s=4.0 * args.ttl_s + 30.0)
             epoch = node.status()["epoch"] if role == "standby" else node.epoch
@@ -204,7 +222,8 @@ def run_server(args) -> int:
             role, epoch = "single", node.service.epoch
         if stop.is_set():
             return 0
-        print(json.dumps({"address": server.address, "pid": os.getpid(), "role": role, "epoch": epoch}), flush=True)
+        print(json.dumps({"address": server.address, "stream_address": endpoint.stream_address, "pid": os.getpid(),
+                          "role": role, "epoch": epoch}), flush=True)
         log.info("master serving at %s as %s (epoch %s, lsn %d)", server.address, role, epoch, node.service.lsn)
 
         def tick_loop() -> None:
@@ -224,6 +243,8 @@ def run_server(args) -> int:
         return 0
     finally:
         stop.set()
+        if stream is not None:
+            stream.close()
         server.close()
         if ticker is not None:
             ticker.join(timeout=5)

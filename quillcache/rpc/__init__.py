@@ -2,8 +2,11 @@
 
 Layers, one per module: ``errors`` (what can go wrong, ``RpcErrorCode``), ``codec`` (msgpack + the registry of
 dataclasses, enums and exceptions that may cross the wire), ``wire`` (the versioned request and reply frames and
-the exception mapping), ``server`` (``RpcServer``: a ROUTER socket, one serving thread), ``client`` (``RpcClient``:
-a DEALER socket, timeouts, leader retries; ``InProcessClient``: the same API without sockets).
+the exception mapping), ``dispatch`` (one request frame in, one reply out: what both servers share), ``server``
+(``RpcServer``: a ROUTER socket, one serving thread), ``stream`` (``StreamServer``: the same over plain TCP with
+length-prefixed frames, addresses ``qtcp://``, a thread per connection), ``client`` (``RpcClient``: a DEALER
+socket or a plain TCP socket by the address's scheme, timeouts, leader retries; ``InProcessClient``: the same API
+without sockets).
 
 pyzmq + msgpack was chosen over grpcio by ``experiments/rpc_choice.py`` (single-key round trips from one client
 and batched keys per second, two processes on loopback).
@@ -20,8 +23,9 @@ from quillcache.rpc.codec import DEFAULT_CODEC, Codec, register_error, register_
 from quillcache.rpc.errors import (RpcConnectionError, RpcEncodeError, RpcError, RpcErrorCode, RpcProtocolError,
                                    RpcRejectedError, RpcRemoteError, RpcTimeoutError)
 from quillcache.rpc.server import RpcServer
+from quillcache.rpc.stream import StreamServer
 from quillcache.rpc.wire import PROTOCOL_VERSION
 
 __all__ = ["Codec", "DEFAULT_CODEC", "InProcessClient", "PROTOCOL_VERSION", "RpcClient", "RpcConnectionError",
            "RpcEncodeError", "RpcError", "RpcErrorCode", "RpcProtocolError", "RpcRejectedError", "RpcRemoteError",
-           "RpcServer", "RpcTimeoutError", "register_error", "register_type"]
+           "RpcServer", "RpcTimeoutError", "StreamServer", "register_error", "register_type"]

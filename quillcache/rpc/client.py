@@ -1,4 +1,5 @@
-"""``RpcClient`` (over TCP, a ZeroMQ DEALER socket) and ``InProcessClient`` (the same calls, no sockets).
+"""``RpcClient`` (over TCP: a ZeroMQ DEALER socket, or for a ``qtcp://`` address the plain-TCP transport of
+:mod:`quillcache.rpc.stream`) and ``InProcessClient`` (the same calls, no sockets).
 
 Contract:
 - ``client.call("put_start", key, size)`` and ``client.put_start(key, size)`` are the same call; it returns the
@@ -10,6 +11,10 @@ Contract:
   dropped. After a timeout the socket is closed and re-opened, so a request still queued for a dead server is
   discarded instead of being delivered to it when it comes back, and no lost reply can wedge the client. ZeroMQ
   reconnects a live socket to a restarted server by itself.
+- Transport by address: ``qtcp://HOST:PORT`` is the plain-TCP transport (one blocking socket, length-prefixed
+  frames); ``tcp://HOST:PORT`` and ``HOST:PORT`` are ZeroMQ. A list may mix them; retries, timeouts and leader
+  moves behave the same on both. On the plain-TCP transport a lost connection is an ``RpcTimeoutError`` at once
+  (not at the end of the timeout), and a refused connection is retried until the call's timeout.
 - High availability: ``address`` may be several addresses. A reply whose error ``code`` is in ``retry_codes``
   (enum members, or their names: default ``{"NOT_LEADER"}``) makes the client move to another server and send the
   request again, up to ``max_retries`` times with exponential backoff (``backoff_s`` doubling up to
@@ -35,6 +40,7 @@ from quillcache._checks import check_float, check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
 from quillcache.rpc.errors import RpcConnectionError, RpcErrorCode, RpcRejectedError, RpcTimeoutError
 from quillcache.rpc.server import DEFAULT_MAX_FRAME_BYTES
+from quillcache.rpc.stream import StreamConnection, is_stream_address, split_address
 from quillcache.rpc.wire import encode_request, error_from_wire, error_to_wire, parse_reply
 
 __all__ = ["InProcessClient", "RpcClient"]
@@ -47,6 +53,9 @@ DEFAULT_RETRY_CODES = frozenset({"NOT_LEADER"})
 def _normalize(address: str) -> str:
     if not isinstance(address, str) or not address:
         raise ValueError(f"an address is 'tcp://host:port' or 'host:port', got {address!r}")
+    if is_stream_address(address):
+        split_address(address)  # a ValueError naming a bad one now, not at the first call
+        return address
     return address if "://" in address else f"tcp://{address}"
 
 
@@ -76,6 +85,7 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._sock: zmq.Socket | None = None
+        self._stream: StreamConnection | None = None
         self._move_before_next = False
         self._closed = False
 
@@ -124,6 +134,8 @@ class RpcClient:
         return code in self.retry_codes or getattr(code, "name", None) in self.retry_codes
 
     def _round_trip(self, frame: bytes, rid: int, method: str, timeout_s: float) -> tuple[bool, object]:
+        if is_stream_address(self._current):
+            return self._stream_round_trip(frame, rid, method, timeout_s)
         sock = self._socket()
         deadline = time.monotonic() + timeout_s
         try:
@@ -154,6 +166,26 @@ class RpcClient:
                 return ok, payload
             log.debug("%s: dropped a stale reply %s (waiting for %d)", self._current, reply_id, rid)
 
+    def _stream_round_trip(self, frame: bytes, rid: int, method: str, timeout_s: float) -> tuple[bool, object]:
+        if self._stream is None:
+            self._stream = StreamConnection(self._current, 4 * self.max_frame_bytes)
+        try:
+            data = self._stream.round_trip(frame, method, timeout_s)
+        except RpcTimeoutError:
+            self._timed_out()
+            raise
+        try:
+            reply_id, ok, payload = parse_reply(self.codec, data)
+        except Exception as e:  # the stream is out of step with us: start a fresh connection next time
+            self._timed_out()
+            raise RpcTimeoutError(f"{method} to {self._current}: a reply that does not parse ({e}); "
+                                  f"the request may or may not have run") from None
+        if reply_id == rid or (reply_id is None and not ok):
+            return ok, payload
+        self._timed_out()  # replies on one connection come in order: another id means the stream is broken
+        raise RpcTimeoutError(f"{method} to {self._current}: a reply to request {reply_id}, not {rid}; "
+                              f"the request may or may not have run")
+
     # --- connection ---------------------------------------------------------------------------------
 
     def _socket(self) -> zmq.Socket:
@@ -170,6 +202,9 @@ class RpcClient:
         return self._sock
 
     def _drop_socket(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None

@@ -19,7 +19,6 @@ Contract:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
@@ -28,8 +27,8 @@ import zmq
 
 from quillcache._checks import check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
-from quillcache.rpc.errors import RpcEncodeError, RpcErrorCode, RpcRejectedError
-from quillcache.rpc.wire import Request, encode_error_reply, encode_ok_reply, parse_request
+from quillcache.rpc.dispatch import Dispatcher, check_methods
+from quillcache.rpc.errors import RpcErrorCode
 
 __all__ = ["DEFAULT_MAX_FRAME_BYTES", "RpcServer"]
 
@@ -44,13 +43,7 @@ class RpcServer:
     def __init__(self, target: object, methods: list[str], host: str = "127.0.0.1", port: int = 0, *,
                  codec: Codec | None = None, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  drop_frame_bytes: int | None = None, name: str = "rpc") -> None:
-        if isinstance(methods, str) or not methods:
-            raise ValueError(f"methods must be a non-empty list of method names, got {methods!r}")
-        bad = sorted(m for m in methods if not isinstance(m, str) or not m or m.startswith("_")
-                     or not callable(getattr(target, m, None)))
-        if bad:
-            raise ValueError(f"cannot serve {bad} of {type(target).__name__}: each method must be a public callable "
-                             f"attribute")
+        check_methods(target, methods)
         self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
         self.drop_frame_bytes = check_int("drop_frame_bytes", 4 * self.max_frame_bytes if drop_frame_bytes is None
                                           else drop_frame_bytes, self.max_frame_bytes)
@@ -60,21 +53,22 @@ class RpcServer:
         self.host = host
         self.name = name
         self.codec = DEFAULT_CODEC if codec is None else codec
-        self._handlers = {m: getattr(target, m) for m in methods}
-        self._signatures: dict[str, inspect.Signature | None] = {}
-        for m, fn in self._handlers.items():
-            try:
-                self._signatures[m] = inspect.signature(fn)
-            except (TypeError, ValueError):
-                self._signatures[m] = None
-        self._served = sorted(self._handlers)
+        self.dispatcher = Dispatcher(target, methods, self.codec, self.max_frame_bytes, name)
         self._ctx: zmq.Context | None = None
         self._thread: threading.Thread | None = None
         self._wake: zmq.Socket | None = None
         self._stop_id = b""
         self._close_lock = threading.Lock()
-        self.num_requests = 0  # frames received (served, refused or failed)
-        self.num_refused = 0  # frames answered with an RpcErrorCode
+
+    @property
+    def num_requests(self) -> int:
+        """Frames received (served, refused or failed)."""
+        return self.dispatcher.num_requests
+
+    @property
+    def num_refused(self) -> int:
+        """Frames answered with an ``RpcErrorCode``."""
+        return self.dispatcher.num_refused
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -138,7 +132,7 @@ class RpcServer:
 
     def __repr__(self) -> str:
         where = self.address if self._thread is not None else "not started"
-        return f"RpcServer({self.name!r}, {where}, methods={self._served})"
+        return f"RpcServer({self.name!r}, {where}, methods={self.dispatcher.served})"
 
     # --- serving thread -----------------------------------------------------------------------------
 
@@ -156,53 +150,13 @@ class RpcServer:
         finally:
             router.close(linger=0)
 
-    def _bind_error(self, req: Request) -> RpcRejectedError | None:
-        """``BAD_ARGUMENTS`` when ``req``'s arguments do not bind to its method (checked only after a TypeError,
-        so the hot path pays nothing); None when they bind, i.e. the TypeError was the method's own."""
-        sig = self._signatures[req.method]
-        if sig is None:
-            return None
-        try:
-            sig.bind(*req.args, **req.kwargs)
-        except TypeError as e:
-            self.num_refused += 1
-            return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS, f"{req.method}: {e}")
-        return None
-
     def _handle(self, router: zmq.Socket, frames: list) -> None:
-        self.num_requests += 1
         if len(frames) < 2:
+            self.dispatcher.num_requests += 1
             log.warning("%s: dropped a message of %d frame(s) with no identity and body", self.name, len(frames))
             return
-        ident = frames[0]
         if len(frames) != 2:
-            self.num_refused += 1
-            router.send_multipart([ident, encode_error_reply(self.codec, None, RpcRejectedError(
-                RpcErrorCode.BAD_FRAME, f"a request is one frame, got {len(frames) - 1}"))])
-            return
-        req = None
-        try:
-            req = parse_request(self.codec, frames[1], self.max_frame_bytes)
-            fn = self._handlers.get(req.method)
-            if fn is None:
-                raise RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
-                                       f"method {req.method!r} is not served here; served: {self._served}")
-        except RpcRejectedError as e:
-            self.num_refused += 1
-            log.warning("%s: refused a request: %s", self.name, e)
-            rid = getattr(e, "request_id", None) if req is None else req.request_id
-            router.send_multipart([ident, encode_error_reply(self.codec, rid, e)])
-            return
-        try:
-            value = fn(*req.args, **req.kwargs)
-        except TypeError as e:  # arguments that do not bind, or a TypeError of the method's own
-            reply = encode_error_reply(self.codec, req.request_id, self._bind_error(req) or e)
-        except Exception as e:
-            reply = encode_error_reply(self.codec, req.request_id, e)
+            reply = self.dispatcher.refuse(RpcErrorCode.BAD_FRAME, f"a request is one frame, got {len(frames) - 1}")
         else:
-            try:
-                reply = encode_ok_reply(self.codec, req.request_id, value)
-            except RpcEncodeError as e:
-                reply = encode_error_reply(self.codec, req.request_id, RpcRejectedError(
-                    RpcErrorCode.UNENCODABLE_RESULT, f"{req.method} returned a value the codec cannot encode: {e}"))
-        router.send_multipart([ident, reply])
+            reply = self.dispatcher.handle(frames[1])
+        router.send_multipart([frames[0], reply])

@@ -1,0 +1,107 @@
+"""``Dispatcher``: one request frame in, one reply frame out — the part of serving that every transport shares.
+
+Contract:
+- ``Dispatcher(target, methods)`` serves exactly ``methods`` of ``target`` (public callable attributes, checked at
+  construction: ``ValueError`` naming the offenders).
+- ``handle(data)`` returns the reply frame for request frame ``data``, never raises for anything a peer sends:
+  a refused frame (``RpcErrorCode``: bad frame, wrong version, missing field, past ``max_frame_bytes``, unknown
+  method, arguments that do not bind) gets an error reply naming the problem; an exception from the method gets
+  an error reply (``wire.error_to_wire``); a result the codec cannot encode gets ``UNENCODABLE_RESULT``.
+- ``refuse(code, message)`` is the reply for a frame a transport refused before decoding (no request id).
+- ``num_requests`` counts frames handled or refused; ``num_refused`` those answered with an ``RpcErrorCode``.
+- It holds no lock: the transport decides how calls reach ``target`` (both servers of this package make them
+  reach it one at a time).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+from quillcache.rpc.codec import Codec
+from quillcache.rpc.errors import RpcEncodeError, RpcErrorCode, RpcRejectedError
+from quillcache.rpc.wire import Request, encode_error_reply, encode_ok_reply, parse_request
+
+__all__ = ["Dispatcher", "check_methods"]
+
+log = logging.getLogger(__name__)
+
+
+def check_methods(target: object, methods: list[str]) -> None:
+    """``ValueError`` unless ``methods`` is a non-empty list of ``target``'s public callable attributes."""
+    if isinstance(methods, str) or not methods:
+        raise ValueError(f"methods must be a non-empty list of method names, got {methods!r}")
+    bad = sorted(m for m in methods if not isinstance(m, str) or not m or m.startswith("_")
+                 or not callable(getattr(target, m, None)))
+    if bad:
+        raise ValueError(f"cannot serve {bad} of {type(target).__name__}: each method must be a public callable "
+                         f"attribute")
+
+
+class Dispatcher:
+    """Decode, call, encode; see the module docstring."""
+
+    def __init__(self, target: object, methods: list[str], codec: Codec, max_frame_bytes: int,
+                 name: str = "rpc") -> None:
+        check_methods(target, methods)
+        self.codec = codec
+        self.max_frame_bytes = max_frame_bytes
+        self.name = name
+        self._handlers = {m: getattr(target, m) for m in methods}
+        self._signatures: dict[str, inspect.Signature | None] = {}
+        for m, fn in self._handlers.items():
+            try:
+                self._signatures[m] = inspect.signature(fn)
+            except (TypeError, ValueError):
+                self._signatures[m] = None
+        self.served = sorted(self._handlers)
+        self.num_requests = 0
+        self.num_refused = 0
+
+    def refuse(self, code: RpcErrorCode, message: str) -> bytes:
+        """The reply to a frame refused before it could be read (no request id)."""
+        self.num_requests += 1
+        self.num_refused += 1
+        log.warning("%s: refused a frame: %s: %s", self.name, code.value, message)
+        return encode_error_reply(self.codec, None, RpcRejectedError(code, message))
+
+    def _bind_error(self, req: Request) -> RpcRejectedError | None:
+        """``BAD_ARGUMENTS`` when ``req``'s arguments do not bind to its method (checked only after a TypeError,
+        so the hot path pays nothing); None when they bind, i.e. the TypeError was the method's own."""
+        sig = self._signatures[req.method]
+        if sig is None:
+            return None
+        try:
+            sig.bind(*req.args, **req.kwargs)
+        except TypeError as e:
+            self.num_refused += 1
+            return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS, f"{req.method}: {e}")
+        return None
+
+    def handle(self, data: bytes | memoryview) -> bytes:
+        """The reply frame to request frame ``data`` (module docstring)."""
+        self.num_requests += 1
+        codec = self.codec
+        req = None
+        try:
+            req = parse_request(codec, data, self.max_frame_bytes)
+            fn = self._handlers.get(req.method)
+            if fn is None:
+                raise RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
+                                       f"method {req.method!r} is not served here; served: {self.served}")
+        except RpcRejectedError as e:
+            self.num_refused += 1
+            log.warning("%s: refused a request: %s", self.name, e)
+            rid = getattr(e, "request_id", None) if req is None else req.request_id
+            return encode_error_reply(codec, rid, e)
+        try:
+            value = fn(*req.args, **req.kwargs)
+        except TypeError as e:  # arguments that do not bind, or a TypeError of the method's own
+            return encode_error_reply(codec, req.request_id, self._bind_error(req) or e)
+        except Exception as e:
+            return encode_error_reply(codec, req.request_id, e)
+        try:
+            return encode_ok_reply(codec, req.request_id, value)
+        except RpcEncodeError as e:
+            return encode_error_reply(codec, req.request_id, RpcRejectedError(
+                RpcErrorCode.UNENCODABLE_RESULT, f"{req.method} returned a value the codec cannot encode: {e}"))

@@ -1,0 +1,321 @@
+"""The plain-TCP transport: length-prefixed frames on one TCP connection, beside the ZeroMQ one.
+
+Why: a ZeroMQ round trip passes through libzmq's I/O thread on both sides (four thread hand-offs per call);
+here the client's thread writes to and reads from its own socket and the server's connection thread reads,
+calls and writes, so a single-key round trip costs two ``send``/``recv`` pairs and nothing else.
+
+Contract:
+- Addresses are ``qtcp://HOST:PORT`` (:data:`SCHEME`); :class:`~quillcache.rpc.RpcClient` speaks this transport
+  for such an address and ZeroMQ for ``tcp://`` (and bare ``host:port``).
+- Framing: each request and each reply is ``u32 big-endian length`` + that many bytes of the codec's request /
+  reply frame (:mod:`quillcache.rpc.wire`), exactly what the ZeroMQ transport carries as one message. A
+  connection carries requests in order and gets the replies in the same order (a client may pipeline).
+- ``StreamServer(target, methods, host, port)`` has ``RpcServer``'s contract (whitelist, typed refusals, one
+  reply per request, nothing a peer sends stops serving): one accept thread and one thread per connection that
+  reads a frame, calls the method and writes the reply itself (no hand-off to another thread). Calls reach
+  ``target`` one at a time (a server-wide lock), in arrival order per connection.
+- Limits: a frame past ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and answered
+  ``FRAME_TOO_LARGE``; a length past ``drop_frame_bytes`` is answered ``FRAME_TOO_LARGE`` and the connection is
+  closed (its bytes are never buffered); a malformed body (the length prefix intact) gets its typed refusal and
+  the connection goes on. A connection idle or stalled mid-frame is never a problem for other connections.
+- ``close()`` stops accepting, shuts every connection down, joins the threads (idempotent); the port can be bound
+  again at once (``SO_REUSEADDR``).
+- :class:`StreamConnection` is the client side: one blocking socket (``TCP_NODELAY``), connected lazily; on a
+  connection refused it keeps trying until the call's deadline (a restarting server is reached as ZeroMQ's
+  reconnect would); a lost connection or no reply in time closes the socket and raises ``RpcTimeoutError``
+  (the request may or may not have run).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+
+from quillcache._checks import check_int
+from quillcache.rpc.codec import DEFAULT_CODEC, Codec
+from quillcache.rpc.dispatch import Dispatcher
+from quillcache.rpc.errors import RpcErrorCode, RpcTimeoutError
+
+__all__ = ["HEADER", "SCHEME", "StreamConnection", "StreamServer", "is_stream_address", "split_address"]
+
+log = logging.getLogger(__name__)
+
+SCHEME = "qtcp://"
+HEADER = struct.Struct(">I")
+_RECV_BYTES = 1 << 16
+_RECONNECT_S = 0.02
+
+
+def is_stream_address(address: str) -> bool:
+    return isinstance(address, str) and address.startswith(SCHEME)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``qtcp://HOST:PORT`` (IPv6 hosts in brackets); ``ValueError`` naming a bad one."""
+    rest = address[len(SCHEME):] if is_stream_address(address) else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a stream address is '{SCHEME}HOST:PORT' with a port in [1, 65535], got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class _Reader:
+    """Buffered reads of whole frames from a blocking socket."""
+
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def fill(self, n: int) -> bool:
+        """At least ``n`` bytes buffered; False at end of stream first."""
+        buf, recv = self.buf, self.sock.recv
+        while len(buf) < n:
+            chunk = recv(max(_RECV_BYTES, n - len(buf)))
+            if not chunk:
+                return False
+            buf += chunk
+        return True
+
+    def take(self, n: int) -> bytes:
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def skip(self, n: int) -> bool:
+        """Discard ``n`` bytes without holding them; False at end of stream first."""
+        while n > 0:
+            if not self.buf and not self.fill(1):
+                return False
+            k = min(n, len(self.buf))
+            del self.buf[:k]
+            n -= k
+        return True
+
+
+class StreamServer:
+    """Serves ``target``'s whitelisted ``methods`` over length-prefixed TCP; see the module docstring."""
+
+    def __init__(self, target: object, methods: list[str], host: str = "127.0.0.1", port: int = 0, *,
+                 codec: Codec | None = None, max_frame_bytes: int = 64 << 20, drop_frame_bytes: int | None = None,
+                 name: str = "rpc") -> None:
+        self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
+        self.drop_frame_bytes = check_int("drop_frame_bytes", 4 * self.max_frame_bytes if drop_frame_bytes is None
+                                          else drop_frame_bytes, self.max_frame_bytes)
+        self.port = check_int("port", port, 0, 65535)
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"host must be a non-empty str, got {host!r}")
+        self.host = host
+        self.name = name
+        self.codec = DEFAULT_CODEC if codec is None else codec
+        self.dispatcher = Dispatcher(target, methods, self.codec, self.max_frame_bytes, name)
+        self._call_lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._conns_lock = threading.Lock()
+        self._closing = False
+
+    @property
+    def num_requests(self) -> int:
+        return self.dispatcher.num_requests
+
+    @property
+    def num_refused(self) -> int:
+        return self.dispatcher.num_refused
+
+    @property
+    def num_connections(self) -> int:
+        """Connections open now."""
+        with self._conns_lock:
+            return len(self._conns)
+
+    @property
+    def address(self) -> str:
+        if self._accept_thread is None:
+            raise RuntimeError("the server is not started; call start() (or use it as a context manager)")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{SCHEME}{host}:{self.port}"
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> StreamServer:
+        if self._accept_thread is not None:
+            raise RuntimeError(f"server {self.name!r} is already started at {self.address}")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        lsock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind((self.host, self.port))
+            lsock.listen(128)
+        except BaseException:
+            lsock.close()
+            raise
+        self.port = lsock.getsockname()[1]
+        self._listener = lsock
+        self._accept_thread = threading.Thread(target=self._accept, daemon=True,
+                                               name=f"{self.name}-stream-accept:{self.port}")
+        self._accept_thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting, shut every connection, join the threads (idempotent)."""
+        with self._conns_lock:
+            if self._closing or self._listener is None:
+                return
+            self._closing = True
+            conns = list(self._conns.items())
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        assert self._accept_thread is not None
+        self._accept_thread.join()
+        for sock, thread in conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for sock, thread in conns:
+            thread.join()
+
+    def __enter__(self) -> StreamServer:
+        if self._accept_thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.address if self._accept_thread is not None else "not started"
+        return f"StreamServer({self.name!r}, {where}, methods={self.dispatcher.served})"
+
+    # --- threads ------------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _peer = self._listener.accept()
+            except OSError:
+                return  # closed
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._conns_lock:
+                if self._closing:
+                    sock.close()
+                    return
+                thread = threading.Thread(target=self._serve_connection, args=(sock,), daemon=True,
+                                          name=f"{self.name}-stream:{self.port}")
+                self._conns[sock] = thread
+            thread.start()
+
+    def _serve_connection(self, sock: socket.socket) -> None:
+        reader = _Reader(sock)
+        dispatcher, lock, pack, unpack_from = self.dispatcher, self._call_lock, HEADER.pack, HEADER.unpack_from
+        max_frame, drop_frame = self.max_frame_bytes, self.drop_frame_bytes
+        try:
+            while True:
+                if not reader.fill(4):
+                    return
+                (n,) = unpack_from(reader.buf)
+                if n > drop_frame:
+                    with lock:
+                        reply = dispatcher.refuse(RpcErrorCode.FRAME_TOO_LARGE, (
+                            f"frame of {n} bytes is past the server's drop limit of {drop_frame} bytes; "
+                            f"closing the connection"))
+                    sock.sendall(pack(len(reply)) + reply)
+                    return
+                if n > max_frame:
+                    del reader.buf[:4]
+                    if not reader.skip(n):
+                        return
+                    with lock:
+                        reply = dispatcher.refuse(RpcErrorCode.FRAME_TOO_LARGE, (
+                            f"frame of {n} bytes is past the server's max_frame_bytes={max_frame}"))
+                else:
+                    if not reader.fill(4 + n):
+                        return
+                    body = bytes(reader.buf[4:4 + n])
+                    del reader.buf[:4 + n]
+                    try:
+                        with lock:
+                            reply = dispatcher.handle(body)
+                    except Exception:  # never let one request end the connection's thread
+                        log.exception("%s: failed handling a request", self.name)
+                        continue
+                sock.sendall(pack(len(reply)) + reply)
+        except OSError:
+            pass  # the peer went away (or close() shut the socket)
+        finally:
+            with self._conns_lock:
+                self._conns.pop(sock, None)
+            sock.close()
+
+
+class StreamConnection:
+    """The client side of one ``qtcp://`` address: one blocking socket (module docstring). Not thread-safe:
+    ``RpcClient`` calls it under its lock."""
+
+    def __init__(self, address: str, max_reply_bytes: int) -> None:
+        self.address = address
+        self.host, self.port = split_address(address)
+        self.max_reply_bytes = max_reply_bytes
+        self._sock: socket.socket | None = None
+        self._reader: _Reader | None = None
+
+    def _connect(self, deadline: float, method: str) -> socket.socket:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RpcTimeoutError(f"{method} to {self.address}: cannot connect (nobody accepts there)")
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=remaining)
+            except (ConnectionRefusedError, socket.timeout, OSError) as e:
+                if isinstance(e, socket.timeout) or deadline - time.monotonic() <= 0:
+                    raise RpcTimeoutError(f"{method} to {self.address}: cannot connect ({e})") from None
+                time.sleep(min(_RECONNECT_S, max(0.0, deadline - time.monotonic())))
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock, self._reader = sock, _Reader(sock)
+            return sock
+
+    def round_trip(self, frame: bytes, method: str, timeout_s: float) -> bytes:
+        """Send ``frame``, return the next reply frame; ``RpcTimeoutError`` (socket closed) on any failure."""
+        deadline = time.monotonic() + timeout_s
+        sock = self._sock if self._sock is not None else self._connect(deadline, method)
+        reader = self._reader
+        assert reader is not None
+        try:
+            sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            sock.sendall(HEADER.pack(len(frame)) + frame)
+            while True:
+                if not reader.fill(4):
+                    raise ConnectionResetError("the server closed the connection")
+                (n,) = HEADER.unpack_from(reader.buf)
+                if n > self.max_reply_bytes:
+                    raise ConnectionResetError(f"a reply of {n} bytes is past the client's limit")
+                if not reader.fill(4 + n):
+                    raise ConnectionResetError("the server closed the connection mid-reply")
+                body = bytes(reader.buf[4:4 + n])
+                del reader.buf[:4 + n]
+                return body
+        except socket.timeout:
+            self.close()
+            raise RpcTimeoutError(f"{method} to {self.address}: no reply within {timeout_s} s "
+                                  f"(the request may or may not have run)") from None
+        except OSError as e:
+            self.close()
+            raise RpcTimeoutError(f"{method} to {self.address}: connection lost ({e}); "
+                                  f"the request may or may not have run") from None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            self._reader = None

@@ -1,0 +1,209 @@
+"""The plain-TCP transport (``quillcache.rpc.stream``, ``qtcp://``): the same calls, errors and refusals as the
+ZeroMQ transport, its own framing limits (a frame past ``max_frame_bytes`` refused and the connection kept; a
+length past ``drop_frame_bytes`` refused and the connection closed), malformed bodies answered while the server
+keeps serving, restarts, timeouts, lost connections, NOT_LEADER moves across transports, and close() with
+connections open. Servers bind 127.0.0.1 on free ports and are closed by ``with``; waits poll with deadlines.
+The target, codec and helpers are ``tests/test_rpc.py``'s."""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import threading
+import time
+
+import msgpack
+import pytest
+from test_rpc import CODEC, DEADLINE_S, METHODS, VALUES, Code, MasterError, Replica, Service, Tier, serve, until
+
+from quillcache.rpc import (PROTOCOL_VERSION, RpcClient, RpcErrorCode, RpcRejectedError, RpcRemoteError,
+                            RpcTimeoutError, StreamServer)
+from quillcache.rpc.stream import HEADER, split_address
+
+LEN = struct.Struct(">I")
+
+
+def stream_serve(target: object | None = None, **kw) -> StreamServer:
+    return StreamServer(Service() if target is None else target, METHODS, codec=CODEC, **kw)
+
+
+def raw_connect(server: StreamServer) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=DEADLINE_S)
+    return sock
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
+
+
+def raw_exchange(sock: socket.socket, body: bytes) -> list:
+    sock.sendall(LEN.pack(len(body)) + body)
+    return read_reply(sock)
+
+
+def read_reply(sock: socket.socket) -> list:
+    (n,) = LEN.unpack(recv_exact(sock, 4))
+    return msgpack.unpackb(recv_exact(sock, n), raw=False, ext_hook=lambda c, d: msgpack.unpackb(d, raw=False))
+
+
+def test_calls_values_and_typed_errors_round_trip():
+    with stream_serve() as server, RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client:
+        assert server.address.startswith("qtcp://127.0.0.1:")
+        for value in VALUES:
+            out = client.echo(value)
+            assert out == value and type(out) is type(value)
+        assert client.add(1, 2, c=3) == 6
+        assert client.put_start(b"k", 2).replicas[1] == Replica("node-1", 4096, Tier.DRAM)
+        with pytest.raises(MasterError) as info:
+            client.get("k1")
+        assert info.value.code is Code.NOT_FOUND and info.value.key == "k1"
+        with pytest.raises(RpcRemoteError, match="builtins.KeyError"):
+            client.plain()
+        with pytest.raises(RpcRejectedError, match="UNENCODABLE_RESULT"):
+            client.unencodable()
+        with pytest.raises(RpcRejectedError, match="method 'nope' is not served here") as info:
+            client.call("nope")
+        assert info.value.code is RpcErrorCode.UNKNOWN_METHOD
+        with pytest.raises(RpcRejectedError, match="BAD_ARGUMENTS: add:"):
+            client.add(1, 2, 3)
+        big = [f"key-{i}" for i in range(10_000)]
+        assert client.echo(big) == big
+        assert server.num_refused == 2 and server.num_connections == 1  # UNKNOWN_METHOD, BAD_ARGUMENTS
+
+
+@pytest.mark.parametrize("body, rid, code, match", [
+    (b"\xc1garbage", None, "BAD_FRAME", "undecodable frame"),
+    (b"", None, "BAD_FRAME", "undecodable"),
+    (msgpack.packb({"version": 1}), None, "BAD_FRAME", "got a dict"),
+    (msgpack.packb([2, 7, "echo", [1], {}]), 7, "BAD_VERSION", "protocol version 2 is not spoken"),
+    (msgpack.packb([1, 8, "echo"]), 8, "MISSING_FIELD", r"lacks field\(s\) \['args', 'kwargs'\]"),
+    (msgpack.packb([1, -1, "echo", [], {}]), None, "BAD_FRAME", "request_id must be an int"),
+    (msgpack.packb([1, 12, "echo", [], {1: 2}]), 12, "BAD_FRAME", "kwargs must be a map with str keys"),
+    (msgpack.packb([1, 13, "_private", [], {}]), 13, "UNKNOWN_METHOD", "'_private' is not served"),
+    (b"\x00" * 5000, None, "FRAME_TOO_LARGE", "frame of 5000 bytes is past the server's max_frame_bytes=4096"),
+])
+def test_malformed_bodies_get_typed_replies_on_the_same_connection(body, rid, code, match):
+    with stream_serve(max_frame_bytes=4096) as server, raw_connect(server) as sock:
+        version, reply_id, ok, payload = raw_exchange(sock, body)
+        assert (version, reply_id, ok) == (PROTOCOL_VERSION, rid, False)
+        assert payload["type"] == "RpcRejectedError" and payload["code"] == ["RpcErrorCode", code]
+        assert re.search(match, payload["message"]), payload["message"]
+        assert raw_exchange(sock, msgpack.packb([1, 99, "add", [2, 3], {}])) == [1, 99, True, 5]
+        assert server.num_refused == 1
+
+
+def test_a_length_past_the_drop_limit_is_refused_and_only_that_connection_closes():
+    with stream_serve(max_frame_bytes=1024, drop_frame_bytes=4096) as server, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client:
+        assert client.echo("before") == "before"
+        with raw_connect(server) as sock:
+            sock.sendall(LEN.pack(2**32 - 1) + b"\x00" * 16)  # claims 4 GiB: never buffered
+            _, rid, ok, payload = read_reply(sock)
+            assert (rid, ok) == (None, False) and "past the server's drop limit of 4096" in payload["message"]
+            assert sock.recv(1) == b"", "the server must close a connection past the drop limit"
+        with pytest.raises(RpcRejectedError, match="FRAME_TOO_LARGE: frame of"):
+            client.echo(b"x" * 2000)  # past max_frame_bytes, under the drop limit: typed reply, same connection
+        assert client.echo("after") == "after"
+        until(lambda: server.num_connections == 1, "the dropped connection to be gone")
+
+
+def test_pipelined_requests_are_answered_in_order():
+    with stream_serve() as server, raw_connect(server) as sock:
+        bodies = [msgpack.packb([1, i, "add", [i, 1], {}]) for i in range(50)]
+        sock.sendall(b"".join(LEN.pack(len(b)) + b for b in bodies))
+        assert [read_reply(sock) for _ in bodies] == [[1, i, True, i + 1] for i in range(50)]
+
+
+def test_a_peer_stalled_mid_frame_does_not_block_others():
+    with stream_serve() as server, raw_connect(server) as stalled, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client:
+        stalled.sendall(LEN.pack(100) + b"\x93")  # 1 of 100 bytes, then nothing
+        assert client.echo("served") == "served"
+
+
+def test_timeout_lost_connection_and_restart_on_the_same_port():
+    service = Service()
+    with stream_serve(service) as server, RpcClient(server.address, timeout_s=0.2, codec=CODEC) as client:
+        try:
+            with pytest.raises(RpcTimeoutError, match="no reply within 0.2 s"):
+                client.wait()
+        finally:
+            service.release.set()
+        assert client.echo("next") == "next"  # a fresh connection: the late reply is not read as this one's
+    port = server.port
+    client = RpcClient(server.address, timeout_s=0.3, codec=CODEC)
+    try:
+        with pytest.raises(RpcTimeoutError, match="cannot connect"):
+            client.echo(1)  # nobody listens: a timeout, not a hang
+        with stream_serve(port=port) as second:
+            assert client.echo(2) == 2
+            second_addr = second.address
+        with pytest.raises(RpcTimeoutError):  # the server closed with our connection open
+            client.echo(3)
+        with stream_serve(port=port) as third:
+            assert third.address == second_addr and client.echo(4) == 4
+    finally:
+        client.close()
+
+
+def test_not_leader_moves_between_transports():
+    sleeps: list[float] = []
+    with stream_serve(Service(leader=False)) as follower, serve(Service(leader=True)) as zmq_leader, \
+            stream_serve(Service(leader=True)) as stream_leader:
+        with RpcClient([follower.address, zmq_leader.address], timeout_s=DEADLINE_S, codec=CODEC, backoff_s=0.01,
+                       sleep=sleeps.append) as client:
+            assert client.put_start(b"k", 1).key == b"k" and client.address == zmq_leader.address
+        with RpcClient([follower.address], timeout_s=DEADLINE_S, codec=CODEC, sleep=sleeps.append,
+                       leader_finder=lambda: stream_leader.address) as client:
+            assert client.put_start(b"k", 1).key == b"k" and client.address == stream_leader.address
+
+
+def test_concurrent_clients_reach_the_target_one_at_a_time():
+    class Counting(Service):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inside = 0
+            self.overlaps = 0
+
+        def add(self, a: int, b: int = 0, *, c: int = 0) -> int:
+            self.inside += 1
+            if self.inside != 1:
+                self.overlaps += 1
+            time.sleep(0)  # let another thread run if it could get in
+            self.inside -= 1
+            return a + b + c
+
+    service = Counting()
+    errors: list[BaseException] = []
+    with stream_serve(service) as server:
+        def work(i: int) -> None:
+            try:
+                with RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as own:
+                    for j in range(100):
+                        assert own.add(i, j) == i + j
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(DEADLINE_S * 3)
+        assert not errors and not any(t.is_alive() for t in threads) and service.overlaps == 0
+        until(lambda: server.num_connections == 0, "the clients' connections to close")
+
+
+def test_addresses_are_checked():
+    assert split_address("qtcp://127.0.0.1:80") == ("127.0.0.1", 80)
+    assert split_address("qtcp://[::1]:9") == ("::1", 9)
+    for bad in ("qtcp://host", "qtcp://:80", "qtcp://h:0", "qtcp://h:x"):
+        with pytest.raises(ValueError, match="a stream address is"):
+            RpcClient(bad)
+    assert HEADER.size == 4
