@@ -25,7 +25,10 @@ Everything in one run on this machine:
    ``MasterService`` with a data dir in this process: every state-changing call returns after its fsync),
    ``quillcache embedded (no log)`` (no data dir: nothing is durable, like Mooncake's master without its
    operation log), ``quillcache rpc`` (the master server process with a data dir, ``MasterClient`` over TCP
-   loopback; when helper E's server exists) and ``Mooncake master`` (``mooncake_master`` from the PyPI
+   loopback on the server's plain-TCP transport, ``qtcp://``, the client's default), ``quillcache rpc (zmq)``
+   (the same server and client on its ZeroMQ transport; the two RPC subjects run interleaved, cell by cell,
+   their order alternating between repetitions, so the transport comparison sees the same moments) and
+   ``Mooncake master`` (``mooncake_master`` from the PyPI
    wheel and its Python client in another process, metadata calls only: ``experiments.master_mooncake``;
    every call is one master RPC, counted from its metrics). One segment of ``SEGMENT_BYTES`` on one node,
    one replica, objects of ``SIZE_BYTES``; ops/s = keys / wall time of the loop; median over ``reps``
@@ -73,6 +76,7 @@ QUICK = dict(reps=3, single_calls=1000, put_single_calls=200, batch_calls=5, res
              failover_ttls=(2,))
 EMB_LOG, EMB_MEM, RPC, MOONCAKE = ("quillcache embedded (log)", "quillcache embedded (no log)", "quillcache rpc",
                                    "Mooncake master")
+RPC_ZMQ = "quillcache rpc (zmq)"  # the same server over its ZeroMQ transport, interleaved with RPC (plain TCP)
 OPS = ("put", "get_replicas", "exists")
 SEED = 14
 REPO = Path(__file__).resolve().parents[1]
@@ -464,17 +468,27 @@ class _Embedded:
 
 
 class _Remote:
-    """The master server process (``python -m quillcache.master``) through ``MasterClient``."""
+    """The master server process (``python -m quillcache.master``) through ``MasterClient``: over the plain-TCP
+    transport (``stream``, what the client prefers) or ZeroMQ; ``server`` shared with another ``_Remote`` (which
+    then owns it) or started here."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, *, stream: bool = True, server: ServerProcess | None = None) -> None:
         from quillcache.master.client import MasterClient
 
-        self.server = ServerProcess(work / "rpc-data", log_path=work / "rpc-server.log")
+        self.own_server = server is None
+        self.server = ServerProcess(work / "rpc-data", log_path=work / "rpc-server.log") if server is None else server
         try:
-            self.client = MasterClient(self.server.address, timeout_s=60.0)
-            self.client.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0, capacity_bytes=SEGMENT_BYTES))
+            self.client = MasterClient(self.server.address, timeout_s=60.0, prefer_stream=stream)
+            if self.own_server:
+                self.client.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0,
+                                                            capacity_bytes=SEGMENT_BYTES))
+            self.client.heartbeat("bench")  # the first call: picks the transport
+            want = self.server.info.get("stream_address") if stream else self.server.address
+            if self.client.address != want:
+                raise RuntimeError(f"MasterClient is on {self.client.address}, not the {want} measured here")
         except BaseException:
-            self.server.kill()
+            if self.own_server:
+                self.server.kill()
             raise
 
     def run(self, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
@@ -485,7 +499,8 @@ class _Remote:
         try:
             self.client.close()
         finally:
-            self.server.kill(signal.SIGTERM)
+            if self.own_server:
+                self.server.kill(signal.SIGTERM)
 
 
 def _run_calls(m, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
@@ -531,31 +546,44 @@ def _cells(cfg: dict) -> list[tuple[str, int, int]]:
 
 def _measure(subject: str, runner, cfg: dict, raw: list) -> dict[tuple[str, int], dict]:
     """Every cell ``reps`` times (after a warm-up); ``{(op, batch): {"ops": [...], "notes": str}}``."""
+    return _measure_interleaved({subject: runner}, cfg, raw)[subject]
+
+
+def _measure_interleaved(runners: dict, cfg: dict, raw: list) -> dict[str, dict[tuple[str, int], dict]]:
+    """``_measure`` of several subjects at once: each cell of each repetition runs once per subject, one subject
+    after the other (their order alternating between repetitions), so an A/B comparison sees the same moments of
+    this machine. Each subject puts its own fresh keys and reads back keys it put."""
     rng = random.Random(SEED)
-    written: list[str] = []
+    written: dict[str, list[str]] = {s: [] for s in runners}
     counter = [0]
 
-    def fresh(n: int) -> list[str]:
+    def fresh(subject: str, n: int) -> list[str]:
         ks = [f"obj-{counter[0] + i:09d}" for i in range(n)]
         counter[0] += n
-        written.extend(ks)
+        written[subject].extend(ks)
         return ks
 
     # warm-up (untimed): connections, code paths; its keys are readable afterwards
-    for op, batch, n in _cells(cfg):
-        keys = fresh(min(n, 2 * batch if batch > 1 else 50)) if op == "put" else rng.sample(written, min(len(written), 50 if batch == 1 else batch))
-        runner.run(op, batch, keys)
-    out: dict[tuple[str, int], dict] = {}
+    for subject, runner in runners.items():
+        for op, batch, n in _cells(cfg):
+            w = written[subject]
+            keys = fresh(subject, min(n, 2 * batch if batch > 1 else 50)) if op == "put" \
+                else rng.sample(w, min(len(w), 50 if batch == 1 else batch))
+            runner.run(op, batch, keys)
+    out: dict[str, dict[tuple[str, int], dict]] = {s: {} for s in runners}
+    order = list(runners)
     for rep in range(cfg["reps"]):
         for op, batch, n in _cells(cfg):
-            keys = fresh(n) if op == "put" else rng.sample(written, n)
-            secs, bad, extra = _unpack(runner.run(op, batch, keys))
-            if bad:
-                raise AssertionError(f"{subject} {op} batch {batch}: {bad} of {n} results were errors or misses")
-            cell = out.setdefault((op, batch), {"ops": [], "rpcs_per_call": extra})
-            cell["ops"].append(n / secs)
-            raw.append(("ops", subject, op, batch, rep, n, f"{secs:.6f}", extra if extra is not None else ""))
-    runner.written = written
+            for subject in (order if rep % 2 == 0 else order[::-1]):
+                keys = fresh(subject, n) if op == "put" else rng.sample(written[subject], n)
+                secs, bad, extra = _unpack(runners[subject].run(op, batch, keys))
+                if bad:
+                    raise AssertionError(f"{subject} {op} batch {batch}: {bad} of {n} results were errors or misses")
+                cell = out[subject].setdefault((op, batch), {"ops": [], "rpcs_per_call": extra})
+                cell["ops"].append(n / secs)
+                raw.append(("ops", subject, op, batch, rep, n, f"{secs:.6f}", extra if extra is not None else ""))
+    for subject, runner in runners.items():
+        runner.written = written[subject]
     return out
 
 
@@ -595,10 +623,15 @@ OP_NOTES = {"put": "put_start + put_end of a new object ({how})", "get_replicas"
             "object, read lease granted ({how})", "exists": "existence of an existing object, no lease ({how})"}
 HOW = {EMB_LOG: "MasterService methods in-process; state changes fsynced to the log before returning",
        EMB_MEM: "MasterService methods in-process, no data dir: nothing durable",
-       RPC: "MasterClient over TCP loopback to the server process (data dir: fsynced); get_replicas, "
-            "get_replica_list and put_start travel in the compact forms (native msgpack rows, descriptors "
-            "rebuilt client-side)",
+       RPC: "MasterClient over TCP loopback to the server process (data dir: fsynced), on its plain-TCP transport "
+            "(qtcp://, length-prefixed frames, the client's default); get_replicas, get_replica_list and put_start "
+            "travel in the compact forms (native msgpack rows, descriptors rebuilt client-side)",
+       RPC_ZMQ: "the same server and MasterClient on the server's ZeroMQ transport (prefer_stream=False), "
+                "interleaved with the plain-TCP client cell by cell; compact forms as well",
        MOONCAKE: "MooncakeDistributedStore metadata calls to mooncake_master over TCP loopback; no operation log"}
+
+
+TRANSPORT = {EMB_LOG: "in-process", EMB_MEM: "in-process", RPC: "tcp", RPC_ZMQ: "zmq"}
 
 
 def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, str, str | None], raw: list
@@ -606,32 +639,42 @@ def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, 
     results: dict[str, dict] = {}
     status: dict[str, str] = {}
     lost_rows: list[SummaryRow] = []
-    makers = {EMB_LOG: lambda: _Embedded(work / "emb-data"), EMB_MEM: lambda: _Embedded(None),
-              RPC: (lambda: _Remote(work)) if server[0] else None, MOONCAKE: _Mooncake if mk[0] else None}
+    def remote_pair() -> dict:
+        stream = _Remote(work)
+        try:
+            return {RPC: stream, RPC_ZMQ: _Remote(work, stream=False, server=stream.server)}
+        except BaseException:
+            stream.close()
+            raise
+
+    makers = {EMB_LOG: lambda: {EMB_LOG: _Embedded(work / "emb-data")}, EMB_MEM: lambda: {EMB_MEM: _Embedded(None)},
+              RPC: remote_pair if server[0] else None, MOONCAKE: (lambda: {MOONCAKE: _Mooncake()}) if mk[0] else None}
     for subject, make in makers.items():
         if make is None:
             status[subject] = server[1] if subject == RPC else mk[1]
             continue
         t0 = time.monotonic()
         try:
-            runner = make()
+            runners = make()
         except Exception as exc:  # noqa: BLE001 - the subject is reported as not measured, with the reason
             status[subject] = f"could not start: {type(exc).__name__}: {exc}"
             print(f"[master] {subject}: {status[subject]}", flush=True)
             continue
         try:
-            results[subject] = _measure(subject, runner, cfg, raw)
+            results.update(_measure_interleaved(runners, cfg, raw))
             if subject == MOONCAKE:  # its defaults keep no log: what a restart leaves of what was put
-                lost_rows.append(_mooncake_restart(runner))
+                lost_rows.append(_mooncake_restart(runners[MOONCAKE]))
         except Exception as exc:  # noqa: BLE001 - same
             status[subject] = f"failed while measuring: {type(exc).__name__}: {exc}"
             print(f"[master] {subject}: {status[subject]}", flush=True)
         finally:
-            runner.close()
-        if subject in results:
-            print(f"[master] {subject}: " + ", ".join(f"{op}/{b} {spread(c['ops'])['median']:,.0f}"
-                                                       for (op, b), c in results[subject].items())
-                  + f" ops/s ({time.monotonic() - t0:.0f} s)", flush=True)
+            for runner in reversed(list(runners.values())):  # a shared server's owner last
+                runner.close()
+        for name in runners:
+            if name in results:
+                print(f"[master] {name}: " + ", ".join(f"{op}/{b} {spread(c['ops'])['median']:,.0f}"
+                                                        for (op, b), c in results[name].items())
+                      + f" ops/s ({time.monotonic() - t0:.0f} s)", flush=True)
     rows: list[SummaryRow] = []
     base = results.get(MOONCAKE)
     for subject, cells in results.items():
@@ -645,8 +688,8 @@ def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, 
             rows.append(SummaryRow.from_spread(s, metric="ops_per_s", subject=subject, unit="ops/s",
                                                n=len(cell["ops"]), notes=notes, params={
                                                    "op": op, "batch": batch, "size_bytes": SIZE_BYTES,
-                                                   "durable": subject in (EMB_LOG, RPC),
-                                                   "transport": "in-process" if subject in (EMB_LOG, EMB_MEM) else "tcp"},
+                                                   "durable": subject in (EMB_LOG, RPC, RPC_ZMQ),
+                                                   "transport": TRANSPORT.get(subject, "tcp")},
                                                **b))
     rows += lost_rows
     rows.append(SummaryRow(metric="mooncake_available", subject=MOONCAKE, value=float(MOONCAKE in results),
@@ -840,7 +883,8 @@ def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
     fig, (ax1, ax2) = figure(10.0, 3.8, ncols=2)
     ops = df[df["metric"] == "ops_per_s"]
     subjects = [(EMB_MEM, "QuillCache embedded, no log", PALETTE[5]), (EMB_LOG, "QuillCache embedded, log", OURS),
-                (RPC, "QuillCache server (RPC)", PALETTE[2]), (MOONCAKE, "Mooncake master", BASELINE)]
+                (RPC, "QuillCache server (RPC, plain TCP)", PALETTE[2]),
+                (RPC_ZMQ, "QuillCache server (RPC, ZeroMQ)", PALETTE[3]), (MOONCAKE, "Mooncake master", BASELINE)]
     subjects = [s for s in subjects if (ops["subject"] == s[0]).any()]
     cells = [(op, b) for op in OPS for b in sorted({int(x) for x in ops["batch"]})]
     x = np.arange(len(cells))

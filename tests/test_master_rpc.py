@@ -258,12 +258,25 @@ def test_single_key_round_trips_are_printed(server):
               + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items()))
 
 
+def _wait_stopped(pid: int, deadline_s: float = 10.0) -> None:
+    """Poll until every thread of ``pid`` is stopped (state T in /proc)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        states = [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for t in os.listdir(f"/proc/{pid}/task")]
+        if all(st in "Tt" for st in states):
+            return
+        assert time.monotonic() < end, f"process {pid} did not stop: thread states {states}"
+        time.sleep(0.001)
+
+
 def test_timeout_is_typed_and_a_dead_server_is_not_fatal(tmp_path):
     s = Server(tmp_path / "m")
     try:
         with MasterClient(s.address, timeout_s=0.3, retry_s=0.5) as c:
             assert c.stats().num_objects == 0
             s.proc.send_signal(signal.SIGSTOP)
+            _wait_stopped(s.proc.pid)  # a thread polling its socket can answer in the microseconds a stop takes
             with pytest.raises(RpcTimeoutError):
                 c.stats()
             s.proc.send_signal(signal.SIGCONT)
@@ -450,8 +463,10 @@ def test_the_client_finds_the_plain_tcp_port_again_after_a_restart(tmp_path):
         other = next(p for p in iter(free_port, None) if not old_stream.endswith(f":{p}"))
         first = Server(data, "--port", str(port), "--stream-port", str(other))  # same ZeroMQ port, another stream one
         assert first.info["stream_address"] == f"qtcp://127.0.0.1:{other}"
-        assert c.exists(["k"]) == [True]  # a read: retried through ZeroMQ, which names the new stream port
-        assert c.address == first.info["stream_address"]
+        r = c.put_start("k2", 10)  # a write: its connection refused, so never sent: sent again through ZeroMQ,
+        assert c.address == first.info["stream_address"]  # which names the new stream port
+        c.put_end("k2", put_id=r.put_id)
+        assert c.exists(["k", "k2"]) == [True, True]
     finally:
         c.close()
         first.close()

@@ -207,3 +207,17 @@ def test_addresses_are_checked():
         with pytest.raises(ValueError, match="a stream address is"):
             RpcClient(bad)
     assert HEADER.size == 4
+
+
+@pytest.mark.parametrize("server_spin_s, client_spin_s", [(0.0, 0.0), (0.0, 1e-4), (1e-4, 0.0), (1e-3, 1e-3)])
+def test_polling_before_sleeping_is_only_a_speed_setting(server_spin_s, client_spin_s):
+    service = Service()
+    with stream_serve(service, spin_s=server_spin_s) as server, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC, spin_s=client_spin_s) as client:
+        for i in range(300):
+            assert client.add(i, 1) == i + 1
+        service.release.set()
+        assert client.wait() == "released"  # a reply slower than the poll window: the client sleeps, then reads
+        assert [client.echo(i) for i in range(40)] == list(range(40))  # back to polling after its back-off
+    with pytest.raises(ValueError, match="spin_s"):
+        StreamServer(Service(), METHODS, spin_s=-1.0)

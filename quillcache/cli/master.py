@@ -22,6 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-port", type=argtypes.port, default=0,
                         help="port of the plain-TCP transport (qtcp://, which MasterClient prefers; "
                              "default 0: a free one)")
+    parser.add_argument("--stream-spin-us", type=argtypes.non_negative_float, default=100.0,
+                        help="microseconds a plain-TCP connection's thread polls for the next request before it "
+                             "sleeps (default 100; 0: never poll; see quillcache.rpc.stream)")
     parser.add_argument("--no-stream", dest="stream_port", action="store_const", const=None,
                         help="serve ZeroMQ only (no plain-TCP transport)")
     ha = parser.add_argument_group("high availability (etcd)")

@@ -9,7 +9,9 @@ Contract:
   ``master_status`` for its ``stream_address`` and, when there is one, goes on over plain TCP; a server that
   serves none (ZeroMQ only) keeps being called over ZeroMQ. When the plain-TCP server stops answering (a
   timeout or a lost connection) the client goes back to the ZeroMQ address and asks again on the next call,
-  so a server restarted on the same ZeroMQ port with another stream port is found. Through etcd the leader
+  so a server restarted on the same ZeroMQ port with another stream port is found; a plain-TCP connection
+  refused (the request never left) is sent again at once over ZeroMQ, reads and writes alike, as ZeroMQ
+  would have queued it for the restarting server. Through etcd the leader
   record already names the address to use (``qtcp://`` when the leader serves it).
 - With ``etcd`` the client finds the leader through the election record (``{prefix}/election/{name}``),
   waiting up to ``retry_s`` for one to exist; with several addresses it rotates through them.
@@ -82,9 +84,11 @@ class MasterClient:
         self._probe_stream = (prefer_stream and etcd is None and isinstance(address, str)
                               and not is_stream_address(address))
 
-    def _rpc_client(self, address, finder=None) -> RpcClient:
+    def _rpc_client(self, address, finder=None, *, found_stream: bool = False) -> RpcClient:
+        # a plain-TCP address learnt from a ZeroMQ server: a refused connection falls back to ZeroMQ at once
         return RpcClient(address, self.timeout_s, leader_finder=finder, retry_codes={"NOT_LEADER"}, max_retries=3,
-                         backoff_s=self.backoff.initial_s, max_backoff_s=self.backoff.max_s)
+                         backoff_s=self.backoff.initial_s, max_backoff_s=self.backoff.max_s,
+                         stream_reconnect=not found_stream)
 
     def _find_stream(self) -> None:
         """Ask the (ZeroMQ) server where its plain-TCP transport listens and move there when it serves one."""
@@ -97,7 +101,7 @@ class MasterClient:
         self._probe_stream = False
         address = status.get("stream_address") if isinstance(status, dict) else None
         if isinstance(address, str) and is_stream_address(address):
-            self._zmq_rpc, self._rpc = self._rpc, self._rpc_client(address)
+            self._zmq_rpc, self._rpc = self._rpc, self._rpc_client(address, found_stream=True)
 
     def _lost_stream(self) -> None:
         """The plain-TCP server did not answer: back to ZeroMQ, which asks again on the next call (a restarted
@@ -145,6 +149,7 @@ class MasterClient:
         resend_on_timeout = method not in WRITE_METHODS or self.retry_writes
         deadline = time.monotonic() + self.retry_s
         delays = self.backoff.delays()
+        fell_back = False
         while True:
             try:
                 if self._probe_stream:
@@ -154,8 +159,12 @@ class MasterClient:
             except NotLeaderError:
                 if time.monotonic() >= deadline:
                     raise
-            except RpcTimeoutError:
+            except RpcTimeoutError as e:
+                on_stream = self._zmq_rpc is not None
                 self._lost_stream()
+                if on_stream and getattr(e, "sent", True) is False and not fell_back:
+                    fell_back = True  # nothing was sent: at once over ZeroMQ, which asks for the new stream port
+                    continue
                 if not resend_on_timeout or time.monotonic() >= deadline:
                     raise
             time.sleep(next(delays))

@@ -198,7 +198,7 @@ def run_server(args) -> int:
     methods = [*SERVICE_METHODS, *NODE_METHODS]
     server = RpcServer(endpoint, methods, args.host, args.port, name="master")
     stream = None if args.stream_port is None else StreamServer(endpoint, methods, args.host, args.stream_port,
-                                                                 name="master")
+                                                                 spin_s=args.stream_spin_us * 1e-6, name="master")
     try:
         server.start()
         if stream is not None:

@@ -40,7 +40,7 @@ from quillcache._checks import check_float, check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
 from quillcache.rpc.errors import RpcConnectionError, RpcErrorCode, RpcRejectedError, RpcTimeoutError
 from quillcache.rpc.server import DEFAULT_MAX_FRAME_BYTES
-from quillcache.rpc.stream import StreamConnection, is_stream_address, split_address
+from quillcache.rpc.stream import DEFAULT_SPIN_S, StreamConnection, is_stream_address, split_address
 from quillcache.rpc.wire import encode_request, error_from_wire, error_to_wire, parse_reply
 
 __all__ = ["InProcessClient", "RpcClient"]
@@ -66,8 +66,8 @@ class RpcClient:
                  leader_finder: Callable[[], str | None] | None = None,
                  retry_codes: Collection[object] = DEFAULT_RETRY_CODES, max_retries: int = 8,
                  backoff_s: float = 0.05, max_backoff_s: float = 1.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, spin_s: float = DEFAULT_SPIN_S,
+                 stream_reconnect: bool = True, sleep: Callable[[float], None] = time.sleep) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
         if not addresses:
             raise ValueError("RpcClient needs at least one address")
@@ -81,6 +81,8 @@ class RpcClient:
         self.backoff_s = check_float("backoff_s", backoff_s, 0.0)
         self.max_backoff_s = check_float("max_backoff_s", max_backoff_s, self.backoff_s)
         self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
+        self.spin_s = check_float("spin_s", spin_s, 0.0)  # the plain-TCP transport's poll before sleeping
+        self.stream_reconnect = bool(stream_reconnect)  # False: a refused qtcp:// connection fails at once
         self._sleep = sleep
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -168,7 +170,8 @@ class RpcClient:
 
     def _stream_round_trip(self, frame: bytes, rid: int, method: str, timeout_s: float) -> tuple[bool, object]:
         if self._stream is None:
-            self._stream = StreamConnection(self._current, 4 * self.max_frame_bytes)
+            self._stream = StreamConnection(self._current, 4 * self.max_frame_bytes, self.spin_s,
+                                            reconnect=self.stream_reconnect)
         try:
             data = self._stream.round_trip(frame, method, timeout_s)
         except RpcTimeoutError:
