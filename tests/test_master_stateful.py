@@ -1,5 +1,6 @@
 """Stateful test: ``MasterService`` and the plain-Python model (``master_model.py``) driven with
-the same operations — mounts/unmounts, puts (with pins and digests), put_end/revoke, leased gets,
+the same operations — mounts/unmounts, puts (with pins and digests; single and in batches of several keys,
+whose put_end reaches the residency index as one bulk ``put_columns``), put_end/revoke, leased gets,
 exists, removes, evictions, heartbeats and expiry, clock advances, and restarts (a clean close +
 reopen, or a simulated power loss on ``CrashFs`` + reopen from snapshot and log) — and compared
 after every step: outcomes (value or error code), objects (status, segments, put ids, leases),
@@ -18,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from master_model import ModelMaster
 from quillcache.durability.crashfs import CrashFs
 from quillcache.master import (
-    MasterConfig, MasterError, MasterService, ObjectStatus, PinKind, ReplicaConfig, SegmentDescriptor,
+    MasterConfig, MasterError, MasterService, ObjectStatus, PinKind, PutRequest, ReplicaConfig, SegmentDescriptor,
     residency_key,
 )
 from quillcache.master.wire import expand_put_results, expand_replicas
@@ -109,6 +110,24 @@ class MasterMachine(RuleBasedStateMachine):
         """put_start + put_end (the common case), so objects accumulate."""
         self.put_start(key, size, n, None, pin, None)
         self.put_end(key, False, False)
+
+    @rule(ks=st.lists(keys, min_size=2, max_size=6), size=st.integers(1, UNIT), n=st.integers(1, 3),
+          compact=st.booleans(), end=st.booleans())
+    def put_many(self, ks, size, n, compact, end) -> None:
+        """The bulk paths: one batch_put_start (plain or compact) of several keys (repeats included), then
+        one batch_put_end of them all (the index gets the whole batch in one put_columns)."""
+        exp = [self.model.put_start(self.now, k, size, n, None, 0, None) for k in ks]
+        if compact:
+            res = expand_put_results(*self.svc.batch_put_start_compact([[k, size, n, None, 0, None] for k in ks]))
+        else:
+            res = self.svc.batch_put_start([PutRequest(key=k, size_bytes=size, config=ReplicaConfig(replica_num=n))
+                                            for k in ks])
+        got = [code(r) if isinstance(r, MasterError) else ([d.segment_id for d in r.replicas], r.put_id, r.existing)
+               for r in res]
+        assert got == exp, (got, exp)
+        if end:
+            exp_end = [self.model.put_end(self.now, k, None) for k in ks]
+            assert [code(x) for x in self.svc.batch_put_end(ks)] == exp_end
 
     @rule(key=keys, with_id=st.booleans(), wrong_id=st.booleans())
     def put_end(self, key, with_id, wrong_id) -> None:

@@ -31,7 +31,11 @@ PRIMARY_KEY_DTYPE = np.dtype(
     [("family", "u1"), ("block_hash", ">u8"), ("node_no", ">u4"), ("identity", "V16"), ("tier", "u1")]
 )
 VALUE_DTYPE = np.dtype([("segment_id", ">u4"), ("offset_bytes", ">u8"), ("size_bytes", ">u4")])
-assert PRIMARY_KEY_DTYPE.itemsize == K.KEY_BYTES and VALUE_DTYPE.itemsize == K.VALUE_BYTES
+_SECONDARY_KEY_DTYPE = np.dtype(
+    [("family", "u1"), ("node_no", ">u4"), ("block_hash", ">u8"), ("identity", "V16"), ("tier", "u1")]
+)
+assert PRIMARY_KEY_DTYPE.itemsize == _SECONDARY_KEY_DTYPE.itemsize == K.KEY_BYTES
+assert VALUE_DTYPE.itemsize == K.VALUE_BYTES
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,74 @@ class IndexBackend(abc.ABC):
                 self._raw_write(puts, ())
         except BaseException:
             # Nothing of a refused batch is applied: forget node names interned by it.
+            for no in range(known + 1, len(self._node_no) + 1):
+                del self._node_no[self._node_name.pop(no)]
+            raise
+        self.logical_bytes_written += sum(len(k) + len(v) for k, v in puts)
+        return n
+
+    def put_columns(self, block_hashes: np.ndarray, identities: bytes, nodes: Sequence[str],
+                    tiers: np.ndarray, segment_ids: np.ndarray, offsets_bytes: np.ndarray,
+                    sizes_bytes: np.ndarray) -> int:
+        """``put`` of ``n`` replicas given as columns (no per-replica objects): ``block_hashes`` uint64,
+        ``identities`` the ``n`` 16-byte identities concatenated, ``nodes`` ``n`` node names, ``tiers``
+        CacheTier values, ``segment_ids`` u32, ``offsets_bytes`` u64, ``sizes_bytes`` u32. Writes exactly
+        the records ``put`` writes for the same replicas in the same order (one ``_raw_write`` batch),
+        checks every field first (IndexKeyError naming the first bad one; nothing written), returns ``n``."""
+        self._check_open()
+        n = len(nodes)
+        h = np.asarray(block_hashes)
+        cols = {"tiers": np.asarray(tiers), "segment_ids": np.asarray(segment_ids),
+                "offsets_bytes": np.asarray(offsets_bytes), "sizes_bytes": np.asarray(sizes_bytes)}
+        if h.dtype != np.uint64 or h.shape != (n,):
+            raise K.IndexKeyError(f"block_hashes must be a uint64 array of {n} (one per node name), got "
+                                  f"{h.dtype} {h.shape}")
+        if not isinstance(identities, (bytes, bytearray)) or len(identities) != n * K.IDENTITY_BYTES:
+            got = len(identities) if isinstance(identities, (bytes, bytearray)) else type(identities).__name__
+            raise K.IndexKeyError(f"identities must be {n} x {K.IDENTITY_BYTES} bytes, got {got}")
+        limits = {"tiers": len(_TIERS) - 1, "segment_ids": K.U32_MAX, "offsets_bytes": K.U64_MAX,
+                  "sizes_bytes": K.U32_MAX}
+        for name, col in cols.items():
+            if col.shape != (n,) or col.dtype.kind not in "ui":
+                raise K.IndexKeyError(f"{name} must be an integer array of {n}, got {col.dtype} {col.shape}")
+            if n and (int(col.min()) < 0 or int(col.max()) > limits[name]):
+                raise K.IndexKeyError(f"{name} has a value out of range [0, {limits[name]}] (min {int(col.min())}, "
+                                      f"max {int(col.max())})")
+        if not n:
+            return 0
+        puts: list[tuple[bytes, bytes]] = []
+        known = len(self._node_no)
+        try:
+            distinct = {}
+            for node in nodes:
+                if node not in distinct:
+                    if not isinstance(node, str):
+                        raise K.IndexKeyError(f"node names must be str, got {type(node).__name__}")
+                    K.node_name_key(node)  # checks the name as put() does
+                    distinct[node] = self._intern(node, puts)
+            node_nos = np.fromiter((distinct[x] for x in nodes), dtype=np.uint32, count=n)
+        except BaseException:
+            for no in range(known + 1, len(self._node_no) + 1):
+                del self._node_no[self._node_name.pop(no)]
+            raise
+        ident = np.frombuffer(bytes(identities), dtype="V16")
+        pk = np.empty(n, dtype=PRIMARY_KEY_DTYPE)
+        pk["family"] = K.PRIMARY[0]
+        pk["block_hash"], pk["node_no"], pk["identity"], pk["tier"] = h, node_nos, ident, cols["tiers"]
+        sk = np.empty(n, dtype=_SECONDARY_KEY_DTYPE)
+        sk["family"] = K.SECONDARY[0]
+        sk["node_no"], sk["block_hash"], sk["identity"], sk["tier"] = node_nos, h, ident, cols["tiers"]
+        vals = np.empty(n, dtype=VALUE_DTYPE)
+        vals["segment_id"], vals["offset_bytes"], vals["size_bytes"] = (
+            cols["segment_ids"], cols["offsets_bytes"].astype(np.uint64), cols["sizes_bytes"])
+        pkb, skb, vb = pk.tobytes(), sk.tobytes(), vals.tobytes()
+        kb, vbytes = K.KEY_BYTES, K.VALUE_BYTES
+        for i in range(n):
+            puts.append((pkb[i * kb:(i + 1) * kb], vb[i * vbytes:(i + 1) * vbytes]))
+            puts.append((skb[i * kb:(i + 1) * kb], b""))
+        try:
+            self._raw_write(puts, ())
+        except BaseException:
             for no in range(known + 1, len(self._node_no) + 1):
                 del self._node_no[self._node_name.pop(no)]
             raise

@@ -60,16 +60,26 @@ class IndexProjection:
 
     def __init__(self, index: IndexBackend) -> None:
         self.index = index
-        self._queue: list[tuple[bool, list]] = []
+        # (True, _Adds) runs of additions, kept as columns for IndexBackend.put_columns; (False, [ReplicaKey])
+        self._queue: list[tuple[bool, object]] = []
 
     def add(self, key: str, replicas: Iterable[tuple[str, CacheTier, int, int, int]]) -> None:
         """Record ``(node_id, tier, segment_id, offset_bytes, size_bytes)`` replicas of ``key``."""
         h, ident = residency_key(key)
-        rows = [ResidencyEntry(h, node, tier, ident, seg, off, size) for node, tier, seg, off, size in replicas]
-        if self._queue and self._queue[-1][0]:
-            self._queue[-1][1].extend(rows)
+        queue = self._queue
+        if queue and queue[-1][0]:
+            cols = queue[-1][1]
         else:
-            self._queue.append((True, rows))
+            cols = _Adds()
+            queue.append((True, cols))
+        for node, tier, seg, off, size in replicas:
+            cols.hashes.append(h)
+            cols.identities.append(ident)
+            cols.nodes.append(node)
+            cols.tiers.append(tier)
+            cols.segments.append(seg)
+            cols.offsets.append(off)
+            cols.sizes.append(size)
 
     def drop(self, key: str, replicas: Iterable[tuple[str, CacheTier]]) -> None:
         """Forget the ``(node_id, tier)`` replicas of ``key`` (absent ones are ignored)."""
@@ -84,7 +94,7 @@ class IndexProjection:
         queue, self._queue = self._queue, []
         for is_add, rows in queue:
             if is_add:
-                self.index.put(rows)
+                rows.put_into(self.index)
             else:
                 self.index.remove(rows)
 
@@ -98,7 +108,7 @@ class IndexProjection:
         queue, self._queue = self._queue, []
         final: dict[tuple, ResidencyEntry | ReplicaKey | None] = {}
         for is_add, rows in queue:
-            for r in rows:
+            for r in (rows.entries() if is_add else rows):
                 final[(r.block_hash, r.node, int(r.tier), r.identity)] = r if is_add else None
         if not final:
             return 0, 0
@@ -142,3 +152,30 @@ class IndexProjection:
 
     def is_empty(self) -> bool:
         return not self.index.nodes()
+
+
+class _Adds:
+    """A run of queued additions as columns (one list per field), written by one ``put_columns``."""
+
+    __slots__ = ("hashes", "identities", "nodes", "tiers", "segments", "offsets", "sizes")
+
+    def __init__(self) -> None:
+        self.hashes: list[int] = []
+        self.identities: list[bytes] = []
+        self.nodes: list[str] = []
+        self.tiers: list[int] = []
+        self.segments: list[int] = []
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+
+    def put_into(self, index: IndexBackend) -> None:
+        n = len(self.nodes)
+        index.put_columns(np.fromiter(self.hashes, dtype=np.uint64, count=n), b"".join(self.identities), self.nodes,
+                          np.fromiter(self.tiers, dtype=np.uint8, count=n),
+                          np.fromiter(self.segments, dtype=np.uint32, count=n),
+                          np.fromiter(self.offsets, dtype=np.uint64, count=n),
+                          np.fromiter(self.sizes, dtype=np.uint32, count=n))
+
+    def entries(self) -> list[ResidencyEntry]:
+        return [ResidencyEntry(h, node, CacheTier(t), ident, seg, off, size) for h, ident, node, t, seg, off, size
+                in zip(self.hashes, self.identities, self.nodes, self.tiers, self.segments, self.offsets, self.sizes)]
