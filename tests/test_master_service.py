@@ -706,3 +706,29 @@ def test_compact_forms_agree_with_the_plain_ones():
     compact.check_invariants()
     with pytest.raises(InvalidParamsError, match="compact put_start row"):
         raise compact.batch_put_start_compact([["k", 1]])[1][0]
+
+
+def test_a_batch_put_end_is_one_record_that_replays_and_malformed_ones_are_refused(clock):
+    """batch_put_end of several keys writes ONE PUT_END_MANY record: each key checked as if the ones before it
+    were ended (a repeat is 'already complete', a bad key its own error), and a restart replays it exactly."""
+    from quillcache.master.oplog import decode_record
+
+    fs = CrashFs()
+    m = durable(clock, fs)
+    for i in range(3):
+        m.mount_segment(seg(f"n{i}", i))
+    m.batch_put_start([PutRequest(key=f"k{i}", size_bytes=10, config=ReplicaConfig(replica_num=2)) for i in range(4)])
+    lsn = m.lsn
+    out = m.batch_put_end(["k0", "k1", "k0", "nope", 7, "k2"])
+    assert m.lsn == lsn + 1  # one record, one LSN for the whole call
+    assert [None if o is None else o.code for o in out] == [None, None, ErrorCode.OBJECT_ALREADY_EXISTS,
+                                                            ErrorCode.OBJECT_NOT_FOUND, ErrorCode.INVALID_PARAMS, None]
+    before = snapshot_of(m)
+    m = durable(clock, fs.crash(random.Random(3)))  # replayed from the log tail
+    assert snapshot_of(m) == before
+    assert [len(r) for r in m.index.locate([residency_key(k)[0] for k in ("k0", "k1", "k2", "k3")])] == [2, 2, 2, 0]
+    m.check_invariants()
+    assert decode_record(encode_record([Op.PUT_END_MANY, 1, 0.0, ["a", "b"]]))[3] == ["a", "b"]
+    for bad in ([], ["a", 3], "a"):
+        with pytest.raises(ValueError, match="PUT_END_MANY must hold a non-empty array of keys"):
+            decode_record(encode_record([Op.PUT_END_MANY, 1, 0.0, bad]))

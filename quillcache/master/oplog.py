@@ -10,6 +10,8 @@ service took (e.g. the replica placement of a ``PUT_START``), never something to
     UNMOUNT    segment_id
     PUT_START  key, size_bytes, alloc_bytes, pin, soft_pin_ttl_s, digest|nil, put_id, [[segment_id, offset], ...]
     PUT_END    key
+    PUT_END_MANY [key, ...]: PUT_END of each key in order (what one batch_put_end of several keys writes: one
+               record instead of one per key)
     PUT_REVOKE key
     REMOVE     key
     EVICT      [key, ...]
@@ -55,10 +57,11 @@ class Op(enum.IntEnum):
     RECLAIM = 9
     EPOCH = 10
     BATCH = 11
+    PUT_END_MANY = 12
 
 
 _NUM_FIELDS = {Op.MOUNT: 7, Op.UNMOUNT: 1, Op.PUT_START: 8, Op.PUT_END: 1, Op.PUT_REVOKE: 1, Op.REMOVE: 1,
-               Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0, Op.BATCH: 1}
+               Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0, Op.BATCH: 1, Op.PUT_END_MANY: 1}
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 
@@ -82,6 +85,8 @@ def decode_record(payload: bytes) -> list:
     if len(rec) != 3 + _NUM_FIELDS[op]:
         raise ValueError(f"master log record {op.name} has {len(rec) - 3} fields, expected {_NUM_FIELDS[op]}")
     rec[0] = op
+    if op == Op.PUT_END_MANY and not (isinstance(rec[3], list) and rec[3] and all(type(k) is str for k in rec[3])):
+        raise ValueError(f"master log record PUT_END_MANY must hold a non-empty array of keys, got {rec[3]!r:.80}")
     if op == Op.BATCH:
         subs = rec[3]
         if not isinstance(subs, list) or not subs:

@@ -443,13 +443,39 @@ class MasterService(ReplicatedMode):
             raise out
 
     def batch_put_end(self, keys: Sequence[str], *, put_ids: Sequence[int | None] | None = None) -> list[None | MasterError]:
-        return self._batch(keys, put_ids, self._put_end_one)
-
-    def _put_end_one(self, key: str, put_id: int | None, now: float) -> None:
-        obj = self._pending(key, put_id, "put_end")
-        if obj.status == _COMPLETE:
-            raise ObjectExistsError(f"put_end({key!r}): the object is already complete")
-        self._record([Op.PUT_END, self._epoch, now, key])
+        """Per key: None (now COMPLETE) or its MasterError. Every key is checked in order as if the ones
+        before it were already ended; the ended keys go into ONE record (PUT_END_MANY, or PUT_END for one)."""
+        self._check_writable()
+        if put_ids is not None and len(put_ids) != len(keys):
+            raise InvalidParamsError(f"{len(keys)} keys but {len(put_ids)} put_ids")
+        now = self._now()
+        out: list = []
+        ended: list[str] = []
+        done: set[str] = set()
+        pending = self._pending
+        gc_on = _pause_gc(len(keys))
+        try:
+            for i, key in enumerate(keys):
+                try:
+                    obj = pending(key, None if put_ids is None else put_ids[i], "put_end")
+                    if obj.status == _COMPLETE or key in done:
+                        raise ObjectExistsError(f"put_end({key!r}): the object is already complete")
+                except MasterError as exc:
+                    out.append(exc)
+                    continue
+                done.add(key)
+                ended.append(key)
+                out.append(None)
+            if len(ended) == 1:
+                self._record([Op.PUT_END, self._epoch, now, ended[0]])
+            elif ended:
+                self._record([Op.PUT_END_MANY, self._epoch, now, ended])
+        finally:
+            if gc_on:
+                gc.enable()
+            if self._failed is None:
+                self._finish()
+        return out
 
     def put_revoke(self, key: str, *, put_id: int | None = None) -> None:
         """Cancel an in-flight put (its space is freed at once)."""

@@ -191,6 +191,19 @@ class MasterState:
             obj.soft_pin_end_s = now + (obj.soft_pin_end_s - obj.started_s)
         self.index.add(key, self.index_rows(obj))
 
+    def _put_end_many(self, now: float, keys: list) -> None:
+        """``_put_end`` of each key, in order (one PUT_END_MANY record)."""
+        objects, pending, add, segs = self.objects, self.pending, self.index.add, self.segments
+        for key in keys:
+            obj = objects[key]
+            pending.discard(key)
+            obj.status = _COMPLETE
+            obj.completed_s = obj.last_access_s = now
+            if obj.pin == _SOFT:
+                obj.soft_pin_end_s = now + (obj.soft_pin_end_s - obj.started_s)
+            size = obj.size_bytes
+            add(key, [(segs[s].desc.node_id, segs[s].desc.tier, s, off, size) for s, off in obj.replicas])
+
     def _put_revoke(self, now: float, key: str) -> None:
         self._drop_object(self.objects.pop(key))
 
@@ -373,4 +386,4 @@ class MasterState:
 
 _HANDLERS = {Op.MOUNT: "_mount", Op.UNMOUNT: "_unmount", Op.PUT_START: "_put_start", Op.PUT_END: "_put_end",
              Op.PUT_REVOKE: "_put_revoke", Op.REMOVE: "_remove", Op.EVICT: "_evict", Op.EXPIRE: "_expire",
-             Op.RECLAIM: "_reclaim", Op.EPOCH: "_epoch", Op.BATCH: "_batch"}
+             Op.RECLAIM: "_reclaim", Op.EPOCH: "_epoch", Op.BATCH: "_batch", Op.PUT_END_MANY: "_put_end_many"}
