@@ -9,7 +9,10 @@ socket or a plain TCP socket by the address's scheme, timeouts, leader retries; 
 without sockets).
 
 pyzmq + msgpack was chosen over grpcio by ``experiments/rpc_choice.py`` (single-key round trips from one client
-and batched keys per second, two processes on loopback).
+and batched keys per second, two processes on loopback). The plain-TCP transport was added beside it because a
+ZeroMQ round trip passes libzmq's I/O threads on both sides: ``experiments/master_study.py`` measures the master's
+single-key and batched calls over both transports, interleaved in the same run (``quillcache rpc`` and
+``quillcache rpc (zmq)``), and ``MasterClient`` prefers the plain-TCP one.
 
 Usage::
 
