@@ -1,6 +1,7 @@
 """``IndexBackend.put_columns`` (the residency index's bulk put, used by the master's ``put_end``) against its
 reference, ``put`` of one ``ResidencyEntry`` per replica: on every backend the two write exactly the same records
-(primary, secondary and node-name keys) and return the same count, for any replicas Hypothesis draws; a bad column
+(primary, secondary and node-name keys) and return the same count, for any replicas Hypothesis draws, and a
+persistent backend reopened gives them back (ART's columnar write logs its own WAL payload); a bad column
 is refused with ``IndexKeyError`` naming it and writes nothing (not even a node name)."""
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def test_put_columns_writes_what_put_writes(kind, tmp_path_factory, first, secon
         a, b = bulk.locate_arrays(hs), ref.locate_arrays(hs)
         assert np.array_equal(a.offsets, b.offsets) and a.keys.tobytes() == b.keys.tobytes()
         assert a.values.tobytes() == b.values.tobytes()
+        want = dump(ref)  # every backend persists under its path: what put_columns wrote comes back after a reopen
+        bulk.close()
+        bulk = open_index(kind, base / "bulk")
+        assert dump(bulk) == want
     finally:
         ref.close()
         bulk.close()

@@ -74,6 +74,7 @@ _PAGE = 4096
 CHUNK_BYTES = 16 << 10
 _BATCH_COUNTS = struct.Struct("<II")
 _PRIMARY_BYTE = K.PRIMARY[0]
+_WAL_PUT_DTYPE = np.dtype([("klen", "u1"), ("vlen", "u1"), ("key", f"V{K.KEY_BYTES}"), ("value", f"V{K.VALUE_BYTES}")])
 _WAL_FORMAT = b"\x02"  # leading byte of a WAL payload: zlib-compressed logical batch (primary + names)
 # replay needs consecutive batches, so the WAL's skipping mode ("salvage") is not offered
 WAL_RECOVERY_MODES = tuple(name for name, mode in RECOVERY_MODES.items() if not mode.skip_damage)
@@ -359,6 +360,30 @@ class ArtIndex(IndexBackend):
                 self._secondary.remove(k)
             elif fam == K.NODE_NAME:
                 self._names.pop(k, None)
+
+    @_corruption_guard
+    def _write_columns(self, name_puts: list[tuple[bytes, bytes]], primary: np.ndarray, secondary: np.ndarray,
+                       values: np.ndarray) -> None:
+        # put_columns' write without a Python loop per replica: the WAL payload is encode_wal_batch's (the names,
+        # then each primary put as klen vlen key value), built from the packed arrays; the trees take the arrays.
+        n = len(primary)
+        if self._wal is not None:
+            rows = np.empty(n, dtype=_WAL_PUT_DTYPE)
+            rows["klen"], rows["vlen"] = K.KEY_BYTES, K.VALUE_BYTES
+            rows["key"] = primary.view(f"V{K.KEY_BYTES}")
+            rows["value"] = values.view(f"V{K.VALUE_BYTES}")
+            head = [_BATCH_COUNTS.pack(len(name_puts) + n, 0)]
+            for k, v in name_puts:
+                head.append(bytes((len(k), len(v))))
+                head.append(k)
+                head.append(v)
+            self._wal.append(_WAL_FORMAT + zlib.compress(b"".join(head) + rows.tobytes(), 1))
+        for k, v in name_puts:
+            self._names[k] = v
+        self._primary.insert_batch(primary.view(np.uint8).reshape(n, K.KEY_BYTES),
+                                   values.view(np.uint8).reshape(n, K.VALUE_BYTES))
+        self._secondary.insert_batch(secondary.view(np.uint8).reshape(n, K.KEY_BYTES),
+                                     np.empty((n, 0), dtype=np.uint8))
 
     def _raw_write(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
         for k, v in puts:

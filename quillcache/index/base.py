@@ -228,19 +228,26 @@ class IndexBackend(abc.ABC):
         vals = np.empty(n, dtype=VALUE_DTYPE)
         vals["segment_id"], vals["offset_bytes"], vals["size_bytes"] = (
             cols["segment_ids"], cols["offsets_bytes"].astype(np.uint64), cols["sizes_bytes"])
-        pkb, skb, vb = pk.tobytes(), sk.tobytes(), vals.tobytes()
-        kb, vbytes = K.KEY_BYTES, K.VALUE_BYTES
-        for i in range(n):
-            puts.append((pkb[i * kb:(i + 1) * kb], vb[i * vbytes:(i + 1) * vbytes]))
-            puts.append((skb[i * kb:(i + 1) * kb], b""))
         try:
-            self._raw_write(puts, ())
+            self._write_columns(puts, pk, sk, vals)
         except BaseException:
             for no in range(known + 1, len(self._node_no) + 1):
                 del self._node_no[self._node_name.pop(no)]
             raise
-        self.logical_bytes_written += sum(len(k) + len(v) for k, v in puts)
+        self.logical_bytes_written += sum(len(k) + len(v) for k, v in puts) + n * (2 * K.KEY_BYTES + K.VALUE_BYTES)
         return n
+
+    def _write_columns(self, name_puts: list[tuple[bytes, bytes]], primary: np.ndarray, secondary: np.ndarray,
+                       values: np.ndarray) -> None:
+        """Write node-name records and ``n`` replicas' primary keys, secondary keys and values (packed
+        arrays) in one ``_raw_write`` batch. A backend with a columnar write path overrides this."""
+        pkb, skb, vb = primary.tobytes(), secondary.tobytes(), values.tobytes()
+        kb, vbytes = K.KEY_BYTES, K.VALUE_BYTES
+        puts = list(name_puts)
+        for i in range(len(primary)):
+            puts.append((pkb[i * kb:(i + 1) * kb], vb[i * vbytes:(i + 1) * vbytes]))
+            puts.append((skb[i * kb:(i + 1) * kb], b""))
+        self._raw_write(puts, ())
 
     def remove(self, replica_keys: Iterable[K.ReplicaKey | K.ResidencyEntry]) -> int:
         """Delete replicas (absent ones are ignored); returns how many keys were given."""
