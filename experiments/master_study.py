@@ -884,7 +884,7 @@ def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
     ops = df[df["metric"] == "ops_per_s"]
     subjects = [(EMB_MEM, "QuillCache embedded, no log", PALETTE[5]), (EMB_LOG, "QuillCache embedded, log", OURS),
                 (RPC, "QuillCache server (RPC, plain TCP)", PALETTE[2]),
-                (RPC_ZMQ, "QuillCache server (RPC, ZeroMQ)", PALETTE[3]), (MOONCAKE, "Mooncake master", BASELINE)]
+                (RPC_ZMQ, "QuillCache server (RPC, ZeroMQ)", PALETTE[4]), (MOONCAKE, "Mooncake master", BASELINE)]
     subjects = [s for s in subjects if (ops["subject"] == s[0]).any()]
     cells = [(op, b) for op in OPS for b in sorted({int(x) for x in ops["batch"]})]
     x = np.arange(len(cells))
