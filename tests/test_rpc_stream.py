@@ -221,3 +221,18 @@ def test_polling_before_sleeping_is_only_a_speed_setting(server_spin_s, client_s
         assert [client.echo(i) for i in range(40)] == list(range(40))  # back to polling after its back-off
     with pytest.raises(ValueError, match="spin_s"):
         StreamServer(Service(), METHODS, spin_s=-1.0)
+
+
+def test_connections_past_the_cap_are_closed_and_the_others_served():
+    with stream_serve(max_connections=2) as server, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as a, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as b:
+        assert a.echo(1) == 1 and b.echo(2) == 2
+        with RpcClient(server.address, timeout_s=1.0, codec=CODEC) as c:
+            with pytest.raises(RpcTimeoutError, match="connection lost"):
+                c.echo(3)
+        assert server.num_turned_away == 1 and a.echo(4) == 4 and b.echo(5) == 5
+        a.close()
+        until(lambda: server.num_connections == 1, "a's connection to close")
+        with RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as d:
+            assert d.echo(6) == 6  # a freed slot serves a new client

@@ -14,7 +14,9 @@ Contract:
   reply per request, nothing a peer sends stops serving): one accept thread and one thread per connection that
   reads a frame, calls the method and writes the reply itself (no hand-off to another thread). Calls reach
   ``target`` one at a time (a server-wide lock), in arrival order per connection.
-- Limits: a frame past ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and answered
+- Limits: at most ``max_connections`` connections are served at once (one thread each); a connection past
+  that is closed at accept (``num_turned_away``), which its client sees as a lost connection. A frame past
+  ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and answered
   ``FRAME_TOO_LARGE``; a length past ``drop_frame_bytes`` is answered ``FRAME_TOO_LARGE`` and the connection is
   closed (its bytes are never buffered); a malformed body (the length prefix intact) gets its typed refusal and
   the connection goes on. A connection idle or stalled mid-frame is never a problem for other connections.
@@ -143,8 +145,10 @@ class StreamServer:
 
     def __init__(self, target: object, methods: list[str], host: str = "127.0.0.1", port: int = 0, *,
                  codec: Codec | None = None, max_frame_bytes: int = 64 << 20, drop_frame_bytes: int | None = None,
-                 spin_s: float = DEFAULT_SPIN_S, name: str = "rpc") -> None:
+                 spin_s: float = DEFAULT_SPIN_S, max_connections: int = 1024, name: str = "rpc") -> None:
         self.spin_s = check_float("spin_s", spin_s, 0.0)
+        self.max_connections = check_int("max_connections", max_connections, 1)
+        self.num_turned_away = 0  # connections closed at accept because max_connections were open
         self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
         self.drop_frame_bytes = check_int("drop_frame_bytes", 4 * self.max_frame_bytes if drop_frame_bytes is None
                                           else drop_frame_bytes, self.max_frame_bytes)
@@ -252,6 +256,12 @@ class StreamServer:
                 if self._closing:
                     sock.close()
                     return
+                if len(self._conns) >= self.max_connections:
+                    self.num_turned_away += 1
+                    log.warning("%s: %d connections open (max_connections): closing a new one from %s", self.name,
+                                len(self._conns), _peer)
+                    sock.close()
+                    continue
                 thread = threading.Thread(target=self._serve_connection, args=(sock,), daemon=True,
                                           name=f"{self.name}-stream:{self.port}")
                 self._conns[sock] = thread
