@@ -54,10 +54,10 @@ ENGINES = 4
 BLOCK = 16
 
 FULL = dict(overhead_reps=5, overhead_n=40, header_n=10, stream_reps=3, streams=100, stream_s=6.0,
-            rates=(8.0, 16.0, 32.0), cell_requests=160, routing_reps=1, replica_reps=2, gpu_blocks=2048,
+            rates=(8.0, 16.0, 32.0), cell_requests=160, routing_reps=1, paired_reps=3, gpu_blocks=2048,
             workload_requests=400, max_output_tokens=32, engines_per_front=True)
 QUICK = dict(overhead_reps=2, overhead_n=6, header_n=3, stream_reps=1, streams=100, stream_s=1.5,
-             rates=(20.0,), cell_requests=40, routing_reps=1, replica_reps=1, gpu_blocks=2048,
+             rates=(20.0,), cell_requests=40, routing_reps=1, paired_reps=1, gpu_blocks=2048,
              workload_requests=200, max_output_tokens=16, engines_per_front=False)
 
 # the stand-in engine of the overhead part: a fixed, short TTFT (the added milliseconds show) and a GPU-like
@@ -79,6 +79,9 @@ SGLANG_X2 = Front(kind="sglang-router", policy="cache_aware", replicas=2)
 VLLM = Front(kind="vllm-router", policy="cache_aware")
 DIRECT = Front(kind="direct")
 ROUTING_FRONTS = (GATEWAY, GATEWAY_X2, GATEWAY_DYN, GATEWAY_PA, GATEWAY_RR, SGLANG, SGLANG_X2, VLLM, DIRECT)
+# the fronts of the acceptance comparisons: every one runs the same arrival seeds (0 .. paired_reps - 1), so their
+# hit rates are compared seed by seed (paired differences); the other fronts run routing_reps seeds
+PAIRED_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG)
 QUICK_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG, DIRECT)
 
 REF11 = "REFERENCE §11 (issue 16's acceptance; smg#2394 for replicas)"
@@ -292,18 +295,21 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
                 "version": rf.versions}
 
 
-def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw: list) -> list[SummaryRow]:
-    """Every request rate of ``cfg`` through ``front`` (repetitions: ``routing_reps``, or ``replica_reps`` for
-    the one- and two-replica gateway, whose difference is an acceptance figure)."""
+def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw: list,
+                   per_seed: dict) -> list[SummaryRow]:
+    """Every request rate of ``cfg`` through ``front`` (repetitions: ``routing_reps``, or ``paired_reps`` for
+    :data:`PAIRED_FRONTS`; repetition ``k`` draws its Poisson arrivals with seed ``k`` behind every front).
+    ``per_seed[(front name, rate)]`` receives the hit rate of each seed, in seed order."""
     rows: list[SummaryRow] = []
     for rate in cfg["rates"]:
         n_reps = cfg["routing_reps"]
-        if front in (GATEWAY, GATEWAY_X2):
-            n_reps = max(n_reps, cfg["replica_reps"])
+        if front in PAIRED_FRONTS:
+            n_reps = max(n_reps, cfg["paired_reps"])
         got = []
         for rep in range(n_reps):
             ts, m = _routing_cell(front, engines, cell, rate, tenancy, seed=rep)
             got.append(m)
+            per_seed.setdefault((front.name, rate), []).append(m["hit_rate"])
             raw.extend((front.name, rate, rep, t.index, t.tenant, t.worker, t.t_send - ts[0].t_send, t.headers_s,
                         t.ttft_s, t.latency_s, t.prompt_tokens, t.cached_tokens, t.completion_tokens, t.status,
                         t.error) for t in ts)
@@ -328,7 +334,8 @@ def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw
     return rows
 
 
-def _routing(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: list) -> list[SummaryRow]:
+def _routing(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: list,
+             per_seed: dict) -> list[SummaryRow]:
     """Part 2 (module doc). The full profile starts fresh engines for each front, so the history a gateway replays
     from the engines' replay sockets at its start stays short; the quick profile (one short cell per front) keeps
     one set."""
@@ -339,11 +346,50 @@ def _routing(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: li
     if cfg["engines_per_front"]:
         for front in fronts:
             with _engines(ENGINES, args) as engines:
-                rows += _routing_front(front, engines, cfg, cell, tenancy, raw)
+                rows += _routing_front(front, engines, cfg, cell, tenancy, raw, per_seed)
     else:
         with _engines(ENGINES, args) as engines:
             for front in fronts:
-                rows += _routing_front(front, engines, cfg, cell, tenancy, raw)
+                rows += _routing_front(front, engines, cfg, cell, tenancy, raw, per_seed)
+    return rows
+
+
+def hit_rate_ceiling(cell, block: int = BLOCK) -> float:
+    """The hit rate of one unbounded cache per (tenant, model) that finished every request before the next one
+    arrived: per request, its longest prefix of full blocks some earlier request of that scope held, at most
+    ``(prompt - 1) // block`` blocks (an engine recomputes at least the last token), over all prompt tokens. No
+    router in front of engines can exceed it on ``cell``; what a router loses below it is splits and timing."""
+    seen: set = set()
+    hit = total = 0
+    for r in cell:
+        p, n = r.prompt, len(r.prompt)
+        k = 0
+        while k < (n - 1) // block and (r.tenant, r.model, p[:(k + 1) * block]) in seen:
+            k += 1
+        hit += k * block
+        total += n
+        seen.update((r.tenant, r.model, p[:j * block]) for j in range(1, n // block + 1))
+    return hit / total if total else math.nan
+
+
+def _paired(per_seed: dict, rates: Sequence[float]) -> list[SummaryRow]:
+    """Per rate, the hit rate of each front minus a baseline's on the SAME arrival seeds (points): the gateway
+    fronts against sglang-router cache_aware, and two gateway replicas against one. Median over the seeds both ran,
+    p10-p90 across them."""
+    rows = []
+    pairs = [(f, SGLANG) for f in (GATEWAY, GATEWAY_X2, GATEWAY_DYN, GATEWAY_PA)] + [(GATEWAY_X2, GATEWAY)]
+    for rate in rates:
+        for front, base in pairs:
+            mine, theirs = per_seed.get((front.name, rate)), per_seed.get((base.name, rate))
+            if not mine or not theirs:
+                continue
+            diffs = [100.0 * (a - b) for a, b in zip(mine, theirs)]  # seed k against seed k
+            rows.append(SummaryRow.from_spread(
+                spread(diffs), metric="hit_rate_paired_diff_points", subject=front.name, unit="points",
+                baseline=base.name, n=len(diffs),
+                params={"part": "routing_paired", "rate_per_s": rate, "seeds": len(diffs)},
+                notes=f"hit rate of {front.name} minus {base.name}, seed by seed (arrival seeds 0..{len(diffs) - 1}); "
+                      f"per seed: {', '.join(f'{d:+.2f}' for d in diffs)}"))
     return rows
 
 
@@ -375,24 +421,24 @@ def _acceptance(rows: list[SummaryRow]) -> list[SummaryRow]:
                                     f"(median); acceptance <= 10 ms"))
     rates = sorted({r.params["rate_per_s"] for r in rows if r.params.get("part") == "routing"})
     for rate in rates:
-        ours = get("hit_rate", gw, rate_per_s=rate)
-        sg = get("hit_rate", SGLANG.name, rate_per_s=rate)
-        x2 = get("hit_rate", GATEWAY_X2.name, rate_per_s=rate)
         for front in (GATEWAY, GATEWAY_DYN, GATEWAY_PA):  # the default router, Dynamo's cost, the greedy policy
-            mine = get("hit_rate", front.name, rate_per_s=rate)
-            if mine is not None and sg is not None:
-                d = mine.value - sg.value
-                out.append(SummaryRow(metric="accept_hit_rate_vs_sglang_points", subject=front.name, value=100 * d,
-                                      unit="points", baseline=SGLANG.name,
-                                      params={"rate_per_s": rate, "holds": bool(d >= 0)},
-                                      notes="engine prefix-cache hit rate, ours minus sglang-router cache_aware at "
-                                            "the same rate and requests; acceptance >= 0"))
-        if ours is not None and x2 is not None:
-            d = x2.value - ours.value
-            out.append(SummaryRow(metric="accept_two_replicas_points", subject=GATEWAY_X2.name, value=100 * d,
-                                  unit="points", baseline=gw,
-                                  params={"rate_per_s": rate, "holds": bool(abs(d) <= 0.02)},
-                                  notes="hit rate with two replicas minus one replica; acceptance within 2 points"))
+            p = get("hit_rate_paired_diff_points", front.name, rate_per_s=rate)
+            if p is not None and p.baseline == SGLANG.name:
+                out.append(SummaryRow(metric="accept_hit_rate_vs_sglang_points", subject=front.name, value=p.value,
+                                      unit="points", baseline=SGLANG.name, n=p.n, p10=p.p10, p90=p.p90,
+                                      params={"rate_per_s": rate, "seeds": p.n, "holds": bool(p.value >= 0)},
+                                      notes=f"engine prefix-cache hit rate, ours minus sglang-router cache_aware on "
+                                            f"the same arrival seeds: median of {p.n} paired per-seed differences; "
+                                            f"acceptance >= 0"))
+        x2 = [r for r in rows if r.metric == "hit_rate_paired_diff_points" and r.subject == GATEWAY_X2.name
+              and r.baseline == gw and r.params.get("rate_per_s") == rate]
+        if x2:
+            d = x2[0]
+            out.append(SummaryRow(metric="accept_two_replicas_points", subject=GATEWAY_X2.name, value=d.value,
+                                  unit="points", baseline=gw, n=d.n, p10=d.p10, p90=d.p90,
+                                  params={"rate_per_s": rate, "seeds": d.n, "holds": bool(abs(d.value) <= 2.0)},
+                                  notes="hit rate with two replicas minus one replica, median of paired per-seed "
+                                        "differences; acceptance within 2 points"))
     return out
 
 
@@ -422,7 +468,14 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     rows = _overhead(cfg, reqs, tenancy, overhead_fronts, raw_o)
     print(f"  overhead part: {time.monotonic() - t:.1f} s", flush=True)
     t = time.monotonic()
-    rows += _routing(cfg, reqs, tenancy, fronts, raw_r)
+    per_seed: dict = {}
+    rows += _routing(cfg, reqs, tenancy, fronts, raw_r, per_seed)
+    rows += _paired(per_seed, cfg["rates"])
+    rows.append(SummaryRow(metric="hit_rate_ceiling", subject="one unbounded cache per scope, sequential",
+                           value=hit_rate_ceiling(reqs[:cfg["cell_requests"]]), unit="fraction",
+                           params={"part": "routing_ceiling", "requests": cfg["cell_requests"]},
+                           notes="computed from the workload (no engines): the most any router could reach on "
+                                 "these requests"))
     print(f"  routing part: {time.monotonic() - t:.1f} s", flush=True)
     rows += _acceptance(rows)
     for name, why in skipped.items():

@@ -75,6 +75,37 @@ def test_a_front_whose_package_is_missing_is_named_with_the_extra(monkeypatch):
     assert missing("gateway") is None and missing("direct") is None
 
 
+def test_hit_rate_ceiling_counts_earlier_full_blocks_of_the_same_scope_only():
+    from experiments.gateway_load import StudyRequest
+
+    a, b, c = "a" * 16, "b" * 16, "c" * 16
+    cell = [StudyRequest("t1", "m", a + b + "x", 1),  # 33 tokens, nothing before it
+            StudyRequest("t1", "m", a + b + c + "y", 1),  # a, b reused: 32 of 49
+            StudyRequest("t2", "m", a + b + "x", 1),  # another tenant: nothing
+            StudyRequest("t1", "lora", a + "z", 1),  # another model: nothing
+            StudyRequest("t1", "m", a + b + c, 1)]  # 48 tokens: at most 2 blocks (the last token is recomputed)
+    assert gs.hit_rate_ceiling(cell) == pytest.approx((32 + 32) / (33 + 49 + 33 + 17 + 48))
+    assert gs.hit_rate_ceiling([]) != gs.hit_rate_ceiling([])  # nan: no tokens
+
+
+def test_paired_differences_match_seeds_and_feed_the_acceptance_rows():
+    per_seed = {(gs.GATEWAY.name, 32.0): [0.66, 0.63, 0.67], (gs.SGLANG.name, 32.0): [0.65, 0.66, 0.66],
+                (gs.GATEWAY_X2.name, 32.0): [0.66, 0.64, 0.66], (gs.GATEWAY_DYN.name, 32.0): [0.5]}
+    rows = gs._paired(per_seed, [32.0])
+    by = {(r.subject, r.baseline): r for r in rows}
+    g = by[(gs.GATEWAY.name, gs.SGLANG.name)]
+    assert g.n == 3 and g.value == pytest.approx(1.0) and g.p10 == pytest.approx(-3.0)  # +1, -3, +1 points
+    assert by[(gs.GATEWAY_DYN.name, gs.SGLANG.name)].n == 1  # only the seeds both ran
+    assert by[(gs.GATEWAY_X2.name, gs.GATEWAY.name)].value == pytest.approx(0.0)
+    routing = [gs.SummaryRow(metric="hit_rate", subject=gs.GATEWAY.name, value=0.65, unit="fraction",
+                             params={"part": "routing", "rate_per_s": 32.0})]
+    acc = {r.metric + r.subject: r for r in gs._acceptance(routing + rows)}
+    ours = acc["accept_hit_rate_vs_sglang_points" + gs.GATEWAY.name]
+    assert ours.value == pytest.approx(1.0) and ours.params["holds"] and ours.params["seeds"] == 3
+    assert not acc["accept_hit_rate_vs_sglang_points" + gs.GATEWAY_DYN.name].params["holds"]
+    assert acc["accept_two_replicas_points" + gs.GATEWAY_X2.name].params["holds"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quick_profile_end_to_end(tmp_path):
@@ -90,7 +121,10 @@ def test_quick_profile_end_to_end(tmp_path):
     for metric in ("added_ttft_p50_ms", "headers_ms", "throughput_rps"):
         assert (metric, gs.GATEWAY.name) in by
     assert {r.metric for r in rows} >= {"accept_added_ttft_p50_ms", "accept_streams_throughput_ratio",
-                                         "accept_headers_ms", "accept_two_replicas_points"}
+                                         "accept_headers_ms", "accept_two_replicas_points",
+                                         "hit_rate_paired_diff_points", "hit_rate_ceiling"}
+    ceiling = next(r for r in rows if r.metric == "hit_rate_ceiling")
+    assert 0.0 < ceiling.value < 1.0
     # every request succeeded, and the engines' own counters agree with what their usage chunks told the
     # client (the hit rate is read from /metrics before and after each cell; nothing else used the engines)
     with open(tmp_path / "gateway" / "routing_requests.csv") as fh:

@@ -56,7 +56,7 @@ from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, sa
 from quillcache.gateway.upstream import Upstream, UpstreamFailure
 from quillcache.identity.scope import make_identity
 from quillcache.index import open_index
-from quillcache.textproc import PromptError, load_chat_template, load_tokenizer, prompt_tokens
+from quillcache.textproc import PromptError, load_chat_template, load_tokenizer, prompt_token_array
 from quillcache.types import Identity, KvLayout
 
 __all__ = ["Gateway", "build_app"]
@@ -228,6 +228,7 @@ class Gateway:
         self.engines = {e.name: e for e in config.engines}
         names = [e.name for e in config.engines]
         self.urls = [e.url for e in config.engines]
+        self._targets = [{p: Upstream.target(u + p) for p in (_COMPLETIONS, _CHAT)} for u in self.urls]
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.template = load_chat_template(config.chat_template)
         self.layout = KvLayout(block_size_tokens=config.block_size_tokens)
@@ -274,7 +275,8 @@ class Gateway:
 
     async def start(self) -> None:
         self.decider.warm_up()
-        prompt_tokens("chat", {"messages": [{"role": "user", "content": "warm-up"}]}, self.tokenizer, self.template)
+        prompt_token_array("chat", {"messages": [{"role": "user", "content": "warm-up"}]}, self.tokenizer,
+                           self.template)
         await self.upstream.start()
         await self._probe_all()
         loop = asyncio.get_running_loop()
@@ -486,7 +488,7 @@ class Gateway:
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
             out_tokens = max_tokens if type(max_tokens) is int and 0 <= max_tokens <= 1 << 24 else 0
             try:
-                pt = prompt_tokens(kind, body, self.tokenizer, self.template)
+                token_ids = prompt_token_array(kind, body, self.tokenizer, self.template)
             except PromptError as exc:
                 raise GatewayError(400, str(exc), "invalid_request_error") from None
             identity = self._identity(model, tenant_scope)
@@ -499,7 +501,7 @@ class Gateway:
                                         "rate_limit_error", headers={"retry-after": "1"})
         ex = _Exchange(self, endpoint, tk.tenant)
         try:
-            return await self._forward(ex, body, pt.token_ids, out_tokens, identity, tenant_scope, stream, t0)
+            return await self._forward(ex, body, token_ids, out_tokens, identity, tenant_scope, stream, t0)
         except BaseException:
             ex.finish()
             raise
@@ -527,10 +529,12 @@ class Gateway:
                 return self._error_response(400, f"the prompt cannot be routed: {exc}", "invalid_request_error")
             ex.decision = d
             metrics.routed(d.worker, d.reason)
-            if d.speculation is not None:  # index writes run while the request is in flight
-                loop.call_soon(self.decider.record, d)
+            if d.speculation is not None:
+                # index writes run while the request is in flight, two loop turns from now: after the
+                # request's bytes left (aiohttp writes them from a task it schedules in ``open``)
+                loop.call_soon(loop.call_soon, self.decider.record, d)
             try:
-                ex.resp = await self.upstream.open(self.urls[d.worker_index] + ex.endpoint, payload, up_headers)
+                ex.resp = await self.upstream.open(self._targets[d.worker_index][ex.endpoint], payload, up_headers)
                 break
             except UpstreamFailure as f:
                 last = f

@@ -165,7 +165,10 @@ class GatewayConfig:
     router: str = "cache_aware"
     router_options: dict = field(default_factory=dict)  # its constructor options, e.g. {"cache_threshold": 0.5}
     speculative_ttl_s: float = 2.0  # llm-d's TTL of a routing-time entry an event has not confirmed
-    speculative_max_blocks: int = 8  # events mode: new blocks speculated per request (the rest: by events)
+    # events mode: new blocks speculated per request, 0 = all of them. All: the next decision then sees the whole
+    # prompt on its engine whatever the events' latency (a cap left later turns to events that had not arrived yet
+    # and sent them elsewhere; measured on workload seeds the gateway study does not use, experiments/gateway_study)
+    speculative_max_blocks: int = 0
     peer_bind: str | None = None  # replicas: PUB endpoint of this replica's speculation (quillcache.gateway.peers)
     peers: tuple[str, ...] = ()  # replicas: the other replicas' peer_bind endpoints
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -192,7 +195,7 @@ class GatewayConfig:
         check_int("block_size_tokens", self.block_size_tokens, 1, 65536, error=ConfigError, type_error=ConfigError)
         check_float("speculative_ttl_s", self.speculative_ttl_s, 0.0, lo_open=True, error=ConfigError,
                     type_error=ConfigError)
-        check_int("speculative_max_blocks", self.speculative_max_blocks, 1, error=ConfigError, type_error=ConfigError)
+        check_int("speculative_max_blocks", self.speculative_max_blocks, 0, error=ConfigError, type_error=ConfigError)
         if not isinstance(self.router_options, dict) or not all(isinstance(k, str) for k in self.router_options):
             raise ConfigError(f"router_options must be an object of option: value, got {self.router_options!r:.80}")
         from quillcache.routing import ROUTERS, make_router

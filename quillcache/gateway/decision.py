@@ -5,9 +5,16 @@
 :class:`quillcache.planner.Planner` (Dynamo cost router + identity guard over the residency
 index), counts the chosen worker's load BEFORE the upstream call (``Planner.admit``) and records a
 speculative residency entry for the blocks the plan did not find there
-(:meth:`ResidencyTracker.speculate`) - for an engine with KV events only the first
-``speculative_max_blocks`` of them: the engine's ``BlockStored`` attributes the rest through their
-parents, and index writes are the per-request cost that grows with the prompt.
+(:meth:`ResidencyTracker.speculate`) - all of them by default; with ``speculative_max_blocks > 0``,
+for an engine with KV events, only the first that many (the engine's ``BlockStored`` attributes the
+rest through their parents). Speculating the whole prompt makes the next decision independent of
+the events' latency: with a cap, a later turn of a conversation that arrived before the engine's
+events saw only the capped prefix, fell under the router's match threshold and went elsewhere
+(the gateway study's diagnosis; the default was chosen on workload seeds the study does not use).
+The gateway writes the speculation after the request's bytes have left (it is off the TTFT path).
+
+A router that takes per-worker resident block counts (``cache_aware``'s optional ``most_free``
+low-match fallback) reads them from the tracker's live entries per engine.
 
 When the planner's choice is excluded (unhealthy, or failed earlier in this request), the
 next-best worker is chosen by the planner's own router over the remaining workers, fed with each
@@ -73,13 +80,16 @@ class Decision:
 class Decider:
     def __init__(self, index: IndexBackend, workers: Sequence[str], tracker: ResidencyTracker, *,
                  block_size_tokens: int, router: str = "dynamo", router_options: dict | None = None,
-                 seed: int | None = None, speculative_max_blocks: int = 8) -> None:
+                 seed: int | None = None, speculative_max_blocks: int = 0) -> None:
         self.planner = Planner(index, list(workers), router=make_router(router, seed=seed, **(router_options or {})),
                                registry=IdentityRegistry(),
                                config=PlannerConfig(block_size_tokens=block_size_tokens, seed=seed))
         self.tracker = tracker
         self.index = index
         self.names = self.planner.loads.names
+        if hasattr(self.planner.router, "resident_blocks"):  # cache_aware's low-match fallback: the most free cache
+            names = self.names
+            self.planner.router.resident_blocks = lambda: tracker.resident_counts(names)
         self._bs = block_size_tokens
         self.peers = None  # a PeerLink when replicas share speculation (quillcache.gateway.peers)
         self.speculative_max_blocks = speculative_max_blocks
@@ -143,9 +153,10 @@ class Decider:
             return
         d.speculation = None
         name, hashes, scope, reused = spec
-        if self.tracker.modes[name] == "events" and len(hashes) > reused + self.speculative_max_blocks:
+        cap = self.speculative_max_blocks
+        if cap and self.tracker.modes[name] == "events" and len(hashes) > reused + cap:
             # the engine's events attribute the rest through their parents (residency module doc)
-            hashes = hashes[: reused + self.speculative_max_blocks]
+            hashes = hashes[: reused + cap]
         d.speculated = recs = self.tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused)
         if self.peers is not None and recs:
             self._tell_peers(self.peers.speculated, name, recs)

@@ -327,6 +327,13 @@ class ResidencyTracker:
         return len(gone)
 
     # ---- introspection -----------------------------------------------------------------------
+    def resident_counts(self, engines: Sequence[str]) -> list[int]:
+        """Entries per engine (pending, confirmed or approximate), in ``engines`` order: the blocks the
+        gateway knows are, or are about to be, in each engine's GPU cache (blocks no scope could be
+        attributed to are not counted). O(number of engines)."""
+        live = self._live
+        return [len(live[e]) for e in engines]
+
     def count(self, engine: str, state: EntryState | None = None) -> int:
         live = self._live[engine]
         return len(live) if state is None else sum(1 for r in live.values() if r.state is state)

@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 import aiohttp
+from yarl import URL  # aiohttp's own URL type (a dependency of aiohttp)
 
 from quillcache.gateway.config import LimitsConfig, TimeoutsConfig
 
@@ -56,18 +57,25 @@ class Upstream:
         self._probe_timeout = aiohttp.ClientTimeout(total=max(timeouts.connect_s, 1.0),
                                                     sock_connect=timeouts.connect_s)
 
+    @staticmethod
+    def target(url: str) -> URL:
+        """``url`` parsed once, for :meth:`open` (aiohttp takes a ``URL`` as it is and parses a ``str`` per call)."""
+        return URL(url)
+
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.limits.max_upstream_connections, limit_per_host=0,
                                          keepalive_timeout=self.timeouts.keepalive_s)
+        # engines set no cookies the gateway should replay: no cookie jar work per request
         self.session = aiohttp.ClientSession(connector=connector, timeout=self._req_timeout,
-                                             auto_decompress=False, skip_auto_headers=("User-Agent",))
+                                             auto_decompress=False, skip_auto_headers=("User-Agent",),
+                                             cookie_jar=aiohttp.DummyCookieJar())
 
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
             self.session = None
 
-    async def open(self, url: str, payload: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    async def open(self, url: str | URL, payload: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
         """POST ``payload``; the open response (status < 500 and != 429), or :class:`UpstreamFailure`."""
         session = self.session
         assert session is not None, "Upstream.start() first"

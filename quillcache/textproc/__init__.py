@@ -19,6 +19,7 @@ from quillcache.textproc.prompt import (
     PromptTokens,
     chat_prompt_tokens,
     completion_prompt_tokens,
+    prompt_token_array,
     prompt_tokens,
 )
 from quillcache.textproc.tokenizer import (
@@ -49,5 +50,6 @@ __all__ = [
     "load_chat_template",
     "load_tokenizer",
     "normalize_messages",
+    "prompt_token_array",
     "prompt_tokens",
 ]

@@ -9,7 +9,8 @@ Two implementations, registered by name in :data:`TOKENIZERS`:
   ``/v1/completions`` prompts and not for chat prompts, whose template already holds them).
 
 :func:`load_tokenizer` turns a spec into one: ``"bytes"`` (or ``None``), or a path to a ``tokenizer.json`` (or to a
-directory that holds one). Invariants: ``encode`` returns a fresh ``list[int]`` of ids in ``[0, vocab_size)``;
+directory that holds one). Invariants: ``encode`` returns a fresh ``list[int]`` of ids in ``[0, vocab_size)``
+(``encode_array``, where a tokenizer has it, the same ids as a fresh ``uint32`` array);
 ``decode`` refuses ids outside that range with ``ValueError`` naming the first bad one and its position; a
 non-``str`` text raises ``TypeError``. Nothing here holds per-request state, so one instance serves every request.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 from quillcache.registry import Registry
 
@@ -77,6 +80,13 @@ class ByteTokenizer:
         except UnicodeEncodeError as e:
             raise TokenizerError(f"text is not encodable as UTF-8 at position {e.start}: {e.reason}") from None
 
+    def encode_array(self, text: str, *, add_special_tokens: bool = False) -> np.ndarray:
+        """``encode`` as a fresh ``uint32`` array (the same ids, without a Python int per byte)."""
+        try:
+            return np.frombuffer(_check_text(text).encode("utf-8"), dtype=np.uint8).astype(np.uint32)
+        except UnicodeEncodeError as e:
+            raise TokenizerError(f"text is not encodable as UTF-8 at position {e.start}: {e.reason}") from None
+
     def decode(self, ids: Sequence[int]) -> str:
         data = bytes(_check_ids(ids, 256))
         # a cut inside a multi-byte character (e.g. a stream split) decodes to U+FFFD, never raises
@@ -110,6 +120,11 @@ class HfTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return list(self._tok.encode(_check_text(text), add_special_tokens=add_special_tokens).ids)
+
+    def encode_array(self, text: str, *, add_special_tokens: bool = False) -> np.ndarray:
+        """``encode`` as a fresh ``uint32`` array."""
+        return np.asarray(self._tok.encode(_check_text(text), add_special_tokens=add_special_tokens).ids,
+                          dtype=np.uint32)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(_check_ids(ids, self._vocab_size), skip_special_tokens=False)
