@@ -117,3 +117,52 @@ def test_the_gateway_speculates_the_whole_prompt_and_feeds_residency_counts():
     for x in (d, e, f):
         x.lease.release()
     tr.check()
+
+
+def _reference_select(r, route):
+    """The rule written with numpy arrays and ``pick_min`` (the router's per-request path is plain Python)."""
+    from quillcache.routing.base import pick_min
+
+    load = r.loads(route)
+    elig = route.eligible
+    live = load if elig is None else load[elig]
+    lo, hi = float(live.min()), float(live.max())
+    cand = elig
+    if hi - lo > r.balance_abs_threshold and hi > r.balance_rel_threshold * lo:
+        if r.imbalance == "least_loaded":
+            return pick_min(load, elig, r.rng)
+        over = (load - lo > r.balance_abs_threshold) & (load > r.balance_rel_threshold * lo)
+        cand = ~over if elig is None else elig & ~over
+    ov = route.overlaps.astype(np.float64)
+    n_blocks = -(-route.isl_tokens // route.block_size_tokens)
+    if np.where(cand if cand is not None else True, ov[0], -1.0).max() / n_blocks > r.cache_threshold:
+        scale = float(ov.max()) + 1.0
+        return pick_min(-(ov[0] * scale * scale + ov[1] * scale + ov[2]) * 1e6 + load, cand, r.rng)
+    if r.resident_blocks is not None and r.low_match == "most_free":
+        return pick_min(np.asarray(r.resident_blocks(), dtype=np.float64) * 1e6 + load, cand, r.rng)
+    return pick_min(load, cand, r.rng)
+
+
+@pytest.mark.parametrize("options", [{}, {"imbalance": "least_loaded"}, {"low_match": "most_free"},
+                                     {"balance_abs_threshold": 2.0, "cache_threshold": 0.1}])
+def test_the_plain_python_rule_equals_a_numpy_reference_on_random_routes(options):
+    rng = np.random.default_rng(11)
+    fast = make_router("cache_aware", seed=5, **options)
+    ref = make_router("cache_aware", seed=5, **options)
+    for case in range(400):
+        n = int(rng.integers(1, 6))
+        isl = int(rng.integers(1, 400))
+        nb = -(-isl // 16)
+        dev = rng.integers(0, nb + 1, n)
+        ov = np.stack([dev, rng.integers(0, 3, n) * (rng.random(n) < 0.3), np.zeros(n, dtype=np.int64)])
+        dec = rng.integers(0, 4, n) * rng.choice([1, 10, 300], n)
+        apt = rng.integers(0, 3, n) * 160
+        elig = rng.random(n) < 0.8
+        if not elig.any():
+            elig[int(rng.integers(0, n))] = True
+        route = RouteRequest(overlaps=ov.astype(np.int64), isl_tokens=isl, block_size_tokens=16,
+                             active_prefill_tokens=apt.astype(np.int64), decode_blocks=dec.astype(np.int64),
+                             eligible=None if case % 5 == 0 else elig)
+        resident = rng.integers(0, 3, n) * 100
+        fast.resident_blocks = ref.resident_blocks = (lambda res=resident: res)
+        assert fast.select(route) == _reference_select(ref, route), (case, options)

@@ -65,6 +65,7 @@ log = logging.getLogger("quillcache.gateway")
 
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
+_PROXY_KINDS = {_COMPLETIONS: "completion", _CHAT: "chat"}
 
 
 class GatewayError(Exception):
@@ -219,7 +220,8 @@ class _Exchange:
 
 class Gateway:
     """State of one gateway: configuration, tenants, the planner, the residency tracker, the
-    upstream pool, health, metrics. ``app`` is its Starlette application."""
+    upstream pool, health, metrics. ``app`` is its Starlette application; ``asgi`` the entry a server
+    runs (the proxy routes without Starlette's per-request layers, the rest through ``app``)."""
 
     def __init__(self, config: GatewayConfig, tenants: TenantTable, *, secret: bytes = b"") -> None:
         self.config = config
@@ -404,6 +406,24 @@ class Gateway:
                                     "method_not_allowed")
 
     # ---- the proxy ---------------------------------------------------------------------------
+    async def asgi(self, scope, receive, send) -> None:
+        """The ASGI entry the server runs: ``POST`` on the two proxy routes goes straight to the proxy
+        (no middleware layers or route matching per request and per streamed chunk; an unexpected
+        error is the same 500 as ``app``'s), everything else (lifespan, the small endpoints,
+        404/405) through the Starlette ``app``."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            kind = _PROXY_KINDS.get(path)
+            if kind is not None:
+                request = Request(scope, receive)
+                try:
+                    response = await self._proxy(request, path, kind)
+                except Exception as exc:  # noqa: BLE001 - what Starlette's ServerErrorMiddleware would answer
+                    response = await self._internal_error(request, exc)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
     async def completions(self, request: Request) -> Response:
         return await self._proxy(request, _COMPLETIONS, "completion")
 

@@ -116,7 +116,6 @@ class Decider:
         """Plan, admit and (with ``record``) speculate; ``record=False`` leaves the speculation to a
         later :meth:`record` (the gateway runs it while the upstream request is in flight)."""
         planner = self.planner
-        self.tracker.expire()
         req = planner.request(identity, token_ids, output_tokens=output_tokens)
         plan = planner.plan(req)
         w = plan.worker_index
@@ -147,7 +146,11 @@ class Decider:
         return d
 
     def record(self, d: Decision) -> None:
-        """Write the decision's speculative entries (once; nothing after ``retract``)."""
+        """Drop speculation whose TTL ran out, then write the decision's speculative entries (once;
+        nothing after ``retract``). Expiry runs here, off the decision's path (the gateway records after
+        the upstream write; its health loop expires too): a decision may still see an entry that ran
+        out since the previous request's record, which the TTL, a heuristic, allows."""
+        self.tracker.expire()
         spec = d.speculation
         if spec is None:
             return

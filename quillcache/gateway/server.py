@@ -54,9 +54,9 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
     sock.set_inheritable(True)
     bound = sock.getsockname()
     # proxy_headers off: the gateway is the front door (no X-Forwarded-* to trust), and the middleware costs a layer
-    ucfg = uvicorn.Config(gw.app, loop="uvloop", http="httptools", lifespan="on", log_level=log_level,
-                          access_log=False, proxy_headers=False, backlog=backlog, timeout_keep_alive=30,
-                          timeout_graceful_shutdown=5)
+    ucfg = uvicorn.Config(gw.asgi, interface="asgi3", loop="uvloop", http="httptools", lifespan="on",
+                          log_level=log_level, access_log=False, proxy_headers=False, backlog=backlog,
+                          timeout_keep_alive=30, timeout_graceful_shutdown=5)
     server = uvicorn.Server(ucfg)
 
     async def main() -> None:

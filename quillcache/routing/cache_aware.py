@@ -44,7 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from quillcache._checks import check_float
-from quillcache.routing.base import Router, RouteRequest, pick_min
+from quillcache.routing.base import Router, RouteRequest
 
 __all__ = ["CacheAwareRouter"]
 
@@ -82,32 +82,41 @@ class CacheAwareRouter(Router):
         n_blocks = -(-route.isl_tokens // bs)
         return (route.active_prefill_tokens / bs + route.decode_blocks) / n_blocks
 
+    def _pick(self, cand: list[int], key) -> int:
+        """The candidate with the smallest ``key(i)``; exact ties uniformly at random (``pick_min``'s rule)."""
+        best = min(key(i) for i in cand)
+        ties = [i for i in cand if key(i) == best]
+        return ties[0] if len(ties) == 1 else ties[int(self.rng.random() * len(ties))]
+
     def _select(self, route: RouteRequest) -> int:
-        load = self.loads(route)
+        # plain Python over the few workers: numpy's per-call overhead dominates arrays this small, and this
+        # runs on every request's path (the decision; ``loads`` is the same computation as an array)
+        bs = route.block_size_tokens
+        n_blocks = -(-route.isl_tokens // bs)
+        load = [(a / bs + d) / n_blocks
+                for a, d in zip(route.active_prefill_tokens.tolist(), route.decode_blocks.tolist())]
         elig = route.eligible
-        live = load if elig is None else load[elig]
-        if live.size == 0:
+        idx = list(range(len(load))) if elig is None else [i for i, e in enumerate(elig.tolist()) if e]
+        if not idx:
             raise ValueError("no eligible worker for this request")
-        lo, hi = float(live.min()), float(live.max())
-        cand = elig
+        lo = min(load[i] for i in idx)
+        hi = max(load[i] for i in idx)
+        cand = idx
+        by_load = load.__getitem__
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
             if self.imbalance == "least_loaded":
-                return pick_min(load, elig, self.rng)
-            over = (load - lo > self.balance_abs_threshold) & (load > self.balance_rel_threshold * lo)
-            cand = ~over if elig is None else elig & ~over  # never empty: the least loaded is not overloaded
-        ov = route.overlaps.astype(np.float64)
-        dev = ov[0] if cand is None else np.where(cand, ov[0], -1.0)
-        n_blocks = -(-route.isl_tokens // route.block_size_tokens)
-        bounded = np.minimum(load, 1e6 - 1)  # load < 1e6 request-equivalents
-        if dev.max() / n_blocks > self.cache_threshold:
-            scale = float(ov.max()) + 1.0
-            prefix = ov[0] * scale * scale + ov[1] * scale + ov[2]
-            # longest prefix first; among equal prefixes the least loaded
-            return pick_min(-prefix * 1e6 + bounded, cand, self.rng)
+                return self._pick(idx, by_load)
+            # never empty: the least loaded is not overloaded
+            cand = [i for i in idx if not (load[i] - lo > self.balance_abs_threshold
+                                           and load[i] > self.balance_rel_threshold * lo)]
+        dev, host, disk = route.overlaps.tolist()
+        if max(dev[i] for i in cand) / n_blocks > self.cache_threshold:
+            # longest prefix first (GPU, then host, then disk); among equal prefixes the least loaded
+            return self._pick(cand, lambda i: (-dev[i], -host[i], -disk[i], load[i]))
         source = self.resident_blocks
         if source is not None and self.low_match == "most_free":
-            resident = np.asarray(source(), dtype=np.float64)
-            if resident.shape == load.shape:
+            resident = np.asarray(source()).tolist()
+            if len(resident) == len(load):
                 # the fewest resident blocks first; among equal counts the least loaded
-                return pick_min(resident * 1e6 + bounded, cand, self.rng)
-        return pick_min(load, cand, self.rng)
+                return self._pick(cand, lambda i: (resident[i], load[i]))
+        return self._pick(cand, by_load)
