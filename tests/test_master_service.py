@@ -19,7 +19,8 @@ from quillcache.durability.crashfs import CrashFs
 from quillcache.master import (
     ErrorCode, InvalidParamsError, LeaseHeldError, LogFailedError, MasterConfig, MasterError, MasterService,
     NeedRemountError, NoSpaceError, ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, ObjectStatus,
-    PinKind, PutRequest, ReplicaConfig, SegmentDescriptor, SegmentExistsError, SegmentNotFoundError, SnapshotError,
+    PinKind, PutRequest, PutStartResult, ReplicaConfig, SegmentDescriptor, SegmentExistsError, SegmentNotFoundError,
+    SnapshotError,
     StaleEpochError, kv_object_key, residency_key,
 )
 from quillcache.master.oplog import Op, encode_record
@@ -732,3 +733,74 @@ def test_a_batch_put_end_is_one_record_that_replays_and_malformed_ones_are_refus
     for bad in ([], ["a", 3], "a"):
         with pytest.raises(ValueError, match="PUT_END_MANY must hold a non-empty array of keys"):
             decode_record(encode_record([Op.PUT_END_MANY, 1, 0.0, bad]))
+
+
+def test_a_batch_put_start_is_one_columnar_record_that_replays_and_malformed_ones_are_refused(clock):
+    """batch_put_start of several new keys writes ONE PUT_START_MANY record (columns): repeats inside the batch
+    answer from the batch's own puts (same digest: existing; else 'already exists'), a bad request is its own
+    error, and a restart replays the record to the same objects, offsets, put ids and free space."""
+    from quillcache.master.oplog import decode_record
+
+    fs = CrashFs()
+    m = durable(clock, fs)
+    for i in range(3):
+        m.mount_segment(seg(f"n{i}", i))
+    lsn = m.lsn
+    reqs = [PutRequest(key="a", size_bytes=10, digest=b"d"), PutRequest(key="b", size_bytes=100,
+                                                                        config=ReplicaConfig(replica_num=2)),
+            PutRequest(key="a", size_bytes=10, digest=b"d"), PutRequest(key="b", size_bytes=100),
+            PutRequest(key="c", size_bytes=0), "junk",
+            PutRequest(key="e", size_bytes=5, pin=PinKind.SOFT, config=ReplicaConfig(preferred_segment=2))]
+    out = m.batch_put_start(reqs)
+    assert m.lsn == lsn + 1  # one record, one LSN, for the whole call
+    assert [o.code if isinstance(o, Exception) else o.existing for o in out] == [
+        False, False, True, ErrorCode.OBJECT_ALREADY_EXISTS, ErrorCode.INVALID_PARAMS, ErrorCode.INVALID_PARAMS, False]
+    assert out[2] == PutStartResult(out[0].replicas, out[0].put_id, True)
+    assert [o.put_id for o in (out[0], out[1], out[6])] == [out[0].put_id, out[0].put_id + 1, out[0].put_id + 2]
+    assert len({d.node_id for d in out[1].replicas}) == 2 and out[6].replicas[0].segment_id == 2
+    m.batch_put_end(["a", "b"])
+    before = snapshot_of(m), [m.segment_usage(i) for i in range(3)], m.object_info("e")
+    m = durable(clock, fs.crash(random.Random(5)))  # replayed from the log tail
+    assert (snapshot_of(m), [m.segment_usage(i) for i in range(3)], m.object_info("e")) == before
+    m.check_invariants()
+    nxt = m.put_start("f", 10)  # the rebuilt allocators place after the replayed ranges
+    assert nxt.put_id == out[6].put_id + 1
+    m.check_invariants()
+    good = [Op.PUT_START_MANY, 1, 0.0, 60.0, 7, ["x", "y"], [1, 2], [64, 64], [0, 1], [None, b"d"], [1, 2],
+            [0, 0, 1, 64, 2, 64]]
+    assert decode_record(encode_record(good))[5] == ["x", "y"]
+    for i, bad, why in [(5, ["x", "x"], "appears twice"), (5, [], "non-empty array of str"),
+                        (6, [1], "size_bytes must be an array of 2 ints"), (10, [1, 0], "at least one replica"),
+                        (11, [0, 0, 1], "flat array of 6 ints"), (9, [None, "d"], "digests"),
+                        (4, 0, "first_put_id")]:
+        rec = list(good)
+        rec[i] = bad
+        with pytest.raises(ValueError, match=f"PUT_START_MANY is malformed: .*{why}"):
+            decode_record(encode_record(rec))
+    with pytest.raises(ValueError, match="PUT_START_MANY has 8 fields, expected 9"):
+        decode_record(encode_record(good[:-1]))
+
+
+def test_a_log_of_per_object_put_start_records_still_replays(clock):
+    """A log written before PUT_START_MANY existed (one PUT_START record per object) replays as it always did."""
+    from quillcache.master.oplog import OpLog
+
+    fs = CrashFs()
+    fs.mkdir("/old")
+    log = OpLog("/old", fs)
+    log.recover(0)
+    recs = [[Op.MOUNT, 1, 1.0, "n0", 0, 16 * UNIT, "n0:7000", "tcp", [0], 0],
+            [Op.MOUNT, 1, 1.0, "n1", 1, 16 * UNIT, "n1:7000", "tcp", [1], 0],
+            [Op.PUT_START, 1, 2.0, "a", 10, UNIT, 0, 1800.0, None, 1, [[0, 0]]],
+            [Op.PUT_START, 1, 2.0, "b", 100, 2 * UNIT, 0, 1800.0, b"d", 2, [[1, 0], [0, UNIT]]],
+            [Op.PUT_END, 1, 3.0, "a"]]
+    for r in recs:
+        log.append(encode_record(r))
+    log.commit()
+    log.close()
+    m = durable(clock, fs, path="/old")
+    assert snapshot_of(m) == {"a": (ObjectStatus.COMPLETE, [(0, 0)]), "b": (ObjectStatus.PENDING, [(1, 0), (0, UNIT)])}
+    assert m.object_info("b").digest == b"d" and m.segment_usage(0) == (3 * UNIT, 16 * UNIT)
+    m.check_invariants()
+    assert m.put_start("c", 10).put_id == 3
+    m.check_invariants()

@@ -111,23 +111,29 @@ class MasterMachine(RuleBasedStateMachine):
         self.put_start(key, size, n, None, pin, None)
         self.put_end(key, False, False)
 
-    @rule(ks=st.lists(keys, min_size=2, max_size=6), size=st.integers(1, UNIT), n=st.integers(1, 3),
+    @rule(ks=st.lists(st.tuples(keys, st.integers(1, UNIT), st.integers(1, 3), st.none() | seg_ids, pins, digests),
+                      min_size=2, max_size=8),
           compact=st.booleans(), end=st.booleans())
-    def put_many(self, ks, size, n, compact, end) -> None:
-        """The bulk paths: one batch_put_start (plain or compact) of several keys (repeats included), then
-        one batch_put_end of them all (the index gets the whole batch in one put_columns)."""
-        exp = [self.model.put_start(self.now, k, size, n, None, 0, None) for k in ks]
+    def put_many(self, ks, compact, end) -> None:
+        """The bulk paths: one batch_put_start (plain or compact) of several keys (repeats included, with mixed
+        sizes, replica counts, preferred segments, pins and digests, so a batch meets its own puts, existing
+        and zombie objects, and eviction in the middle), then one batch_put_end of them all (the index gets
+        the whole batch in one put_columns)."""
+        exp = [self.model.put_start(self.now, k, size, n, pref, int(pin), dg) for k, size, n, pref, pin, dg in ks]
         if compact:
-            res = expand_put_results(*self.svc.batch_put_start_compact([[k, size, n, None, 0, None] for k in ks]))
+            res = expand_put_results(*self.svc.batch_put_start_compact([[k, size, n, pref, int(pin), dg]
+                                                                        for k, size, n, pref, pin, dg in ks]))
         else:
-            res = self.svc.batch_put_start([PutRequest(key=k, size_bytes=size, config=ReplicaConfig(replica_num=n))
-                                            for k in ks])
+            res = self.svc.batch_put_start([PutRequest(key=k, size_bytes=size, pin=pin, digest=dg,
+                                                       config=ReplicaConfig(replica_num=n, preferred_segment=pref))
+                                            for k, size, n, pref, pin, dg in ks])
         got = [code(r) if isinstance(r, MasterError) else ([d.segment_id for d in r.replicas], r.put_id, r.existing)
                for r in res]
         assert got == exp, (got, exp)
         if end:
-            exp_end = [self.model.put_end(self.now, k, None) for k in ks]
-            assert [code(x) for x in self.svc.batch_put_end(ks)] == exp_end
+            names = [k for k, *_ in ks]
+            exp_end = [self.model.put_end(self.now, k, None) for k in names]
+            assert [code(x) for x in self.svc.batch_put_end(names)] == exp_end
 
     @rule(key=keys, with_id=st.booleans(), wrong_id=st.booleans())
     def put_end(self, key, with_id, wrong_id) -> None:

@@ -12,6 +12,11 @@ service took (e.g. the replica placement of a ``PUT_START``), never something to
     PUT_END    key
     PUT_END_MANY [key, ...]: PUT_END of each key in order (what one batch_put_end of several keys writes: one
                record instead of one per key)
+    PUT_START_MANY soft_pin_ttl_s, first_put_id, [key, ...], [size_bytes, ...], [alloc_bytes, ...], [pin, ...],
+               [digest|nil, ...], [replica_count, ...], [segment_id, offset, segment_id, offset, ...]: PUT_START of
+               each key in order, as columns (what one batch_put_start of several new keys writes); put ids are
+               consecutive from first_put_id, the replicas of key i are the next replica_count[i] pairs of the flat
+               array; a key appears once (a repeat within a batch never starts a second put)
     PUT_REVOKE key
     REMOVE     key
     EVICT      [key, ...]
@@ -58,10 +63,12 @@ class Op(enum.IntEnum):
     EPOCH = 10
     BATCH = 11
     PUT_END_MANY = 12
+    PUT_START_MANY = 13
 
 
 _NUM_FIELDS = {Op.MOUNT: 7, Op.UNMOUNT: 1, Op.PUT_START: 8, Op.PUT_END: 1, Op.PUT_REVOKE: 1, Op.REMOVE: 1,
-               Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0, Op.BATCH: 1, Op.PUT_END_MANY: 1}
+               Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0, Op.BATCH: 1, Op.PUT_END_MANY: 1,
+               Op.PUT_START_MANY: 9}
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 
@@ -87,6 +94,8 @@ def decode_record(payload: bytes) -> list:
     rec[0] = op
     if op == Op.PUT_END_MANY and not (isinstance(rec[3], list) and rec[3] and all(type(k) is str for k in rec[3])):
         raise ValueError(f"master log record PUT_END_MANY must hold a non-empty array of keys, got {rec[3]!r:.80}")
+    if op == Op.PUT_START_MANY:
+        _check_put_start_many(rec)
     if op == Op.BATCH:
         subs = rec[3]
         if not isinstance(subs, list) or not subs:
@@ -96,7 +105,42 @@ def decode_record(payload: bytes) -> list:
             n = nf.get(sub[0], -1) if isinstance(sub, list) and sub and type(sub[0]) is int else -1
             if n < 0 or sub[0] == Op.BATCH or len(sub) != 3 + n:
                 raise ValueError(f"master log record BATCH holds a malformed record {sub!r:.80}")
+            if sub[0] == Op.PUT_START_MANY:
+                _check_put_start_many(sub)
     return rec
+
+
+def _ints(v: object, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(type(x) is int for x in v)
+
+
+def _check_put_start_many(rec: list) -> None:
+    """ValueError naming the first malformed field of a PUT_START_MANY record (its columns must agree)."""
+    ttl, first, keys, sizes, allocs, pins, digests, counts, flat = rec[3:]
+    what = None
+    if type(ttl) not in (int, float) or type(first) is not int or first < 1:
+        what = f"soft_pin_ttl_s={ttl!r:.20} and first_put_id={first!r:.20} must be a number and an int >= 1"
+    elif not (isinstance(keys, list) and keys and all(type(k) is str for k in keys)):
+        what = f"keys must be a non-empty array of str, got {keys!r:.80}"
+    elif len(set(keys)) != len(keys):
+        what = "a key appears twice"
+    else:
+        n = len(keys)
+        for name, col in (("size_bytes", sizes), ("alloc_bytes", allocs), ("pin", pins),
+                          ("replica_count", counts)):
+            if not _ints(col, n):
+                what = f"{name} must be an array of {n} ints, got {col!r:.80}"
+                break
+        else:
+            if not (isinstance(digests, list) and len(digests) == n
+                    and all(d is None or type(d) is bytes for d in digests)):
+                what = f"digests must be an array of {n} bytes or nil, got {digests!r:.80}"
+            elif min(counts) < 1:
+                what = "every key needs at least one replica"
+            elif not _ints(flat, 2 * sum(counts)):
+                what = f"replicas must be a flat array of {2 * sum(counts)} ints (segment_id, offset pairs)"
+    if what is not None:
+        raise ValueError(f"master log record PUT_START_MANY is malformed: {what}")
 
 
 def encode_batch(records: list) -> tuple[bytes, int]:

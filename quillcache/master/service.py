@@ -61,6 +61,7 @@ from quillcache.master.errors import (
 )
 from quillcache.master.oplog import Op, OpLog, decode_record
 from quillcache.master.replicated import ReplicatedMode
+from quillcache.master.placement import BatchPlacer
 from quillcache.master.residency import IndexProjection
 from quillcache.master.snapshot import recover, write_snapshot
 from quillcache.master.state import MasterState, SegmentRecord, pause_gc as _pause_gc
@@ -70,9 +71,38 @@ from quillcache.master.types import (
     MasterConfig, MasterStats, ObjectInfo, ObjectStatus, PinKind, PutRequest, PutStartResult, ReplicaConfig,
     ReplicaDescriptor, SegmentDescriptor, TickReport,
 )
-from quillcache.master.validate import check_config, check_key, check_put, check_put_row, check_segment, key_error
+from quillcache.master.validate import (check_config, check_key, check_put, check_put_fields, check_put_row,
+                                        check_segment, key_error)
 
 __all__ = ["MasterService"]
+
+
+class _PutRun:
+    """The new puts of a batch not yet recorded, as the columns of a PUT_START_MANY record."""
+
+    __slots__ = ("first_put_id", "keys", "sizes", "allocs", "pins", "digests", "counts", "flat")
+
+    def __init__(self, first_put_id: int) -> None:
+        self.first_put_id = first_put_id
+        self.keys: list[str] = []
+        self.sizes: list[int] = []
+        self.allocs: list[int] = []
+        self.pins: list[int] = []
+        self.digests: list[bytes | None] = []
+        self.counts: list[int] = []
+        self.flat: list[int] = []  # segment_id, offset, ... of every replica, in order
+
+    def add_many(self, key: str, size: int, alloc: int, pin: int, digest: bytes | None,
+                 reps: list[tuple[int, int]]) -> None:
+        self.keys.append(key)
+        self.sizes.append(size)
+        self.allocs.append(alloc)
+        self.pins.append(pin)
+        self.digests.append(digest)
+        self.counts.append(len(reps))
+        for s, off in reps:
+            self.flat.append(s)
+            self.flat.append(off)
 
 _PENDING = int(ObjectStatus.PENDING)
 _COMPLETE = int(ObjectStatus.COMPLETE)
@@ -289,15 +319,44 @@ class MasterService(ReplicatedMode):
 
     def batch_put_start(self, requests: Sequence[PutRequest], *,
                         client_id: str | None = None) -> list[PutStartResult | MasterError]:
+        """Per request: its :class:`PutStartResult` or MasterError (``batch_put_start_compact``'s core)."""
         max_bytes = self.config.max_object_bytes
 
-        def one(req: PutRequest, now: float) -> PutStartResult:
+        def fields(req: PutRequest) -> tuple:
+            if type(req) is PutRequest and type(req.config) is ReplicaConfig:
+                cfg = req.config
+                return check_put_fields(req.key, req.size_bytes, cfg.replica_num, cfg.preferred_segment, req.pin,
+                                        req.digest, max_bytes)
             if not isinstance(req, PutRequest):
                 raise InvalidParamsError(f"batch_put_start takes PutRequest items, got {type(req).__name__}")
-            obj, existing = self._put_start(*check_put(req, max_bytes), now)
-            return PutStartResult(self._descriptors(obj), obj.put_id, existing)
+            return check_put(req, max_bytes)
 
-        return self._put_batch(requests, client_id, one)
+        rows, used = self._put_rows(requests, client_id, fields)
+        segs = self._state.segments
+        where = {}
+        for s in used:
+            d = segs[s].desc
+            where[s] = (d.node_id, d.endpoint, d.transport, d.region_ids[0] if d.region_ids else 0)
+        out: list = []
+        add = out.append
+        for row in rows:
+            if type(row) is not list:
+                add(row)
+                continue
+            size = row[2]
+            if len(row) == 5:
+                s = row[3]
+                node, endpoint, transport, region = where[s]
+                reps = (ReplicaDescriptor(node, s, endpoint, transport, region, row[4], size),)
+            else:
+                descs = []
+                for i in range(3, len(row), 2):
+                    s = row[i]
+                    node, endpoint, transport, region = where[s]
+                    descs.append(ReplicaDescriptor(node, s, endpoint, transport, region, row[i + 1], size))
+                reps = tuple(descs)
+            add(PutStartResult(reps, row[0], row[1]))
+        return out
 
     def batch_put_start_compact(self, rows: Sequence[Sequence], *,
                                 client_id: str | None = None) -> tuple[list[list], list[list | MasterError]]:
@@ -309,40 +368,109 @@ class MasterService(ReplicatedMode):
         results name. Same checks, placement, records and errors as ``batch_put_start``
         (:func:`quillcache.master.wire.expand_put_results` rebuilds its results exactly)."""
         max_bytes = self.config.max_object_bytes
-        segs: set[int] = set()
 
-        def one(row: Sequence, now: float) -> list:
-            obj, existing = self._put_start(*check_put_row(row, max_bytes), now)
-            out = [obj.put_id, existing, obj.size_bytes]
-            for s, off in obj.replicas:
-                out.append(s)
-                out.append(off)
-                segs.add(s)
-            return out
+        def fields(row: Sequence) -> tuple:
+            if type(row) is list and len(row) == 6:
+                return check_put_fields(*row, max_bytes)
+            return check_put_row(row, max_bytes)
 
-        results = self._put_batch(rows, client_id, one)
-        return self._segment_rows(segs), results
+        results, used = self._put_rows(rows, client_id, fields)
+        return self._segment_rows(used), results
 
-    def _put_batch(self, items: Sequence, client_id: str | None, one: Callable) -> list:
+    def _put_rows(self, items: Sequence, client_id: str | None, fields: Callable) -> tuple[list, set[int]]:
+        """The core of every put_start form: per item (``fields(item)`` = its checked
+        ``(key, size, replica_num, preferred, pin, digest)``) the compact result row ``[put_id,
+        existing, size_bytes, segment_id, offset_bytes, ...]`` or its MasterError, in order, each item
+        decided as if the ones before it were done; and the segment ids the rows name.
+
+        Same key again (in the table, or earlier in this batch): a COMPLETE object, or a PENDING one
+        younger than ``zombie_preempt_s``, with the same digest is returned (existing); otherwise
+        OBJECT_ALREADY_EXISTS; an older PENDING one is pre-empted. A new put is placed by one
+        :class:`BatchPlacer` for the whole batch; when nothing fits, the puts so far are recorded,
+        eviction runs and the put is placed once more (else NO_SPACE). The new puts go into ONE
+        record (PUT_START_MANY; PUT_START for one), or one per run between evictions."""
         self._check_writable()
         self._check_client(client_id)
         now = self._now()
+        st = self._state
+        cfg = self.config
+        unit = cfg.alignment_bytes
+        preempt_s = cfg.zombie_preempt_s
+        objects_get = st.objects.getter()
+        placer = BatchPlacer(st.segments)
+        place_one, place = placer.place_one, placer.place
+        run = _PutRun(st.next_put_id)
+        run_keys = run.keys
+        new: dict[str, tuple[list, bytes | None]] = {}  # key -> (row, digest) of this batch's new puts
+        used: set[int] = set()
         out: list = []
+        add = out.append
         gc_on = _pause_gc(len(items))
         try:
             for item in items:
                 try:
-                    out.append(one(item, now))
+                    key, size, n, preferred, pin, digest = fields(item)
+                    seen = new.get(key)
+                    if seen is not None:  # started earlier in this batch: PENDING, 0 s old
+                        if digest is not None and seen[1] == digest:
+                            row = seen[0][:]
+                            row[1] = True
+                            add(row)
+                            continue
+                        raise ObjectExistsError(f"object {key!r} is being written (put {seen[0][0]} started "
+                                                f"{0.0:.3f} s ago; pre-emptible after {preempt_s} s)")
+                    obj = objects_get(key)
+                    if obj is not None:
+                        row = self._existing(obj, key, digest, now)
+                        if row is not None:
+                            used.update(row[3::2])
+                            add(row)
+                            continue
+                    alloc = -(-size // unit) * unit
+                    placed = place_one(alloc) if n == 1 and preferred is None else None
+                    if placed is not None:
+                        s, off = placed
+                        row = [run.first_put_id + len(run_keys), False, size, s, off]
+                        used.add(s)
+                        run_keys.append(key)
+                        run.sizes.append(size)
+                        run.allocs.append(alloc)
+                        run.pins.append(pin)
+                        run.digests.append(digest)
+                        run.counts.append(1)
+                        run.flat += (s, off)
+                    else:
+                        reps = place(alloc, n, preferred)
+                        if not reps and st.segments:
+                            self._record_run(run, now)
+                            run = _PutRun(st.next_put_id)
+                            run_keys = run.keys
+                            self._evict(now, self._evict_target())
+                            placer.reset()
+                            reps = place(alloc, n, preferred)
+                        if not reps:
+                            raise self._no_space(key, size, alloc)
+                        row = [run.first_put_id + len(run_keys), False, size]
+                        for s, off in reps:
+                            row.append(s)
+                            row.append(off)
+                            used.add(s)
+                        run.add_many(key, size, alloc, pin, digest, reps)
+                    new[key] = (row, digest)
+                    add(row)
                 except (LogFailedError, StaleEpochError):
                     raise
                 except MasterError as exc:
-                    out.append(exc)
+                    add(exc)
         finally:
-            if gc_on:
-                gc.enable()
-            if self._failed is None:
-                self._finish()
-        return out
+            try:
+                self._record_run(run, now)
+            finally:
+                if gc_on:
+                    gc.enable()
+                if self._failed is None:
+                    self._finish()
+        return out, used
 
     def _segment_rows(self, seg_ids: set[int]) -> list[list]:
         segs = self._state.segments
@@ -352,79 +480,61 @@ class MasterService(ReplicatedMode):
             rows.append([s, d.node_id, d.endpoint, d.transport, d.region_ids[0] if d.region_ids else 0])
         return rows
 
-    def _put_start(self, key: str, size: int, replica_num: int, preferred: int | None, pin: int,
-                   digest: bytes | None, now: float) -> tuple[ObjectRecord, bool]:
-        """(Checked fields) the object placed (a new PENDING one, or the existing one and True)."""
-        st = self._state
-        obj = st.objects.get(key)
-        if obj is not None:
-            same = digest is not None and obj.digest == digest
-            if obj.status == _COMPLETE:
-                if same:
-                    return obj, True
+    def _existing(self, obj: ObjectRecord, key: str, digest: bytes | None, now: float) -> list | None:
+        """A put_start of a key the table holds: the existing object's row (same digest), None when
+        the old put is a zombie to pre-empt, or ObjectExistsError."""
+        same = digest is not None and obj.digest == digest
+        if obj.status == _COMPLETE:
+            if not same:
                 raise ObjectExistsError(f"object {key!r} already exists (complete; "
                                         f"{'no digest given' if digest is None else 'a different digest'})")
-            if now - obj.started_s < self.config.zombie_preempt_s:
-                if same:
-                    return obj, True
+        elif now - obj.started_s < self.config.zombie_preempt_s:
+            if not same:
                 raise ObjectExistsError(f"object {key!r} is being written (put {obj.put_id} started "
                                         f"{now - obj.started_s:.3f} s ago; pre-emptible after "
                                         f"{self.config.zombie_preempt_s} s)")
-        a = self.config.alignment_bytes
-        alloc = -(-size // a) * a
-        placed = self._place(alloc, replica_num, preferred)
-        if not placed and st.segments:
-            self._evict(now, self._evict_target())
-            placed = self._place(alloc, replica_num, preferred)
-        if not placed:
-            if not st.segments:
-                raise NoSpaceError(f"put_start({key!r}, {size} bytes): no segment is mounted")
-            biggest = max(s.capacity_bytes for s in st.segments.values())
-            why = (f"larger than every segment (largest {biggest} bytes)" if alloc > biggest
-                   else f"no segment has {alloc} free bytes after eviction "
-                        f"(used {st.used_bytes} of {st.capacity_bytes} bytes)")
-            raise NoSpaceError(f"put_start({key!r}, {size} bytes): {why}")
-        put_id = st.next_put_id
+        else:
+            return None
+        row = [obj.put_id, True, obj.size_bytes]
+        for s, off in obj.replicas:
+            row.append(s)
+            row.append(off)
+        return row
+
+    def _no_space(self, key: str, size: int, alloc: int) -> NoSpaceError:
+        st = self._state
+        if not st.segments:
+            return NoSpaceError(f"put_start({key!r}, {size} bytes): no segment is mounted")
+        biggest = max(s.capacity_bytes for s in st.segments.values())
+        why = (f"larger than every segment (largest {biggest} bytes)" if alloc > biggest
+               else f"no segment has {alloc} free bytes after eviction "
+                    f"(used {st.used_bytes} of {st.capacity_bytes} bytes)")
+        return NoSpaceError(f"put_start({key!r}, {size} bytes): {why}")
+
+    def _record_run(self, run: "_PutRun", now: float) -> None:
+        """Record (and so apply) the puts placed so far: PUT_START for one, PUT_START_MANY for several.
+        If that fails before the record was applied, their ranges go back to the allocators."""
+        if not run.keys:
+            return
         try:
-            self._record([Op.PUT_START, self._epoch, now, key, size, alloc, pin, self._soft_ttl, digest, put_id,
-                          [[s, o] for s, o in placed]])
+            if len(run.keys) == 1:
+                self._record([Op.PUT_START, self._epoch, now, run.keys[0], run.sizes[0], run.allocs[0], run.pins[0],
+                              self._soft_ttl, run.digests[0], run.first_put_id,
+                              [[run.flat[i], run.flat[i + 1]] for i in range(0, len(run.flat), 2)]])
+            else:
+                self._record([Op.PUT_START_MANY, self._epoch, now, self._soft_ttl, run.first_put_id, run.keys,
+                              run.sizes, run.allocs, run.pins, run.digests, run.counts, run.flat])
         except BaseException:
-            if self._failed is not None:  # nothing was applied: give the ranges back
-                for s, o in placed:
-                    if o in st.segments[s].handles:
+            st = self._state
+            first = st.objects.get(run.keys[0])
+            if first is None or first.put_id != run.first_put_id:  # not applied: give the ranges back
+                for i in range(0, len(run.flat), 2):
+                    s, o = run.flat[i], run.flat[i + 1]
+                    if s in st.segments and o in st.segments[s].handles:
                         st.undo_allocate(s, o)
             raise
-        return st.objects[key], False
-
-    def _place(self, alloc: int, replica_num: int, preferred: int | None) -> list[tuple[int, int]]:
-        st = self._state
-        if replica_num == 1 and preferred is None:  # the common case: the first segment of the order below
-            best = None
-            for seg in st.segments.values():
-                if best is None or seg.free_bytes > best.free_bytes or (
-                        seg.free_bytes == best.free_bytes and seg.desc.segment_id < best.desc.segment_id):
-                    best = seg
-            if best is not None:
-                off = st.try_allocate(best, alloc)
-                if off is not None:
-                    return [(best.desc.segment_id, off)]
-        segs = sorted(st.segments.values(), key=lambda s: (-s.free_bytes, s.desc.segment_id))
-        if preferred is not None and preferred in st.segments:
-            first = st.segments[preferred]
-            segs.remove(first)
-            segs.insert(0, first)
-        placed: list[tuple[int, int]] = []
-        nodes: set[str] = set()
-        for seg in segs:
-            if len(placed) == replica_num:
-                break
-            if seg.desc.node_id in nodes or seg.free_bytes < alloc:
-                continue
-            off = st.try_allocate(seg, alloc)
-            if off is not None:
-                placed.append((seg.desc.segment_id, off))
-                nodes.add(seg.desc.node_id)
-        return placed
+        finally:
+            run.keys = []
 
     def _pending(self, key: object, put_id: int | None, what: str) -> ObjectRecord:
         key = check_key(key)

@@ -78,6 +78,12 @@ class SegmentHandles:
         assert off not in self, f"offset {off} is already live"
         self._extra[off] = handle
 
+    @property
+    def fresh(self) -> dict[int, int]:
+        """The dict of later allocations: an offset the allocator just handed out is not live, so a
+        caller may store ``fresh[offset] = handle`` directly (what ``__setitem__`` does after checking)."""
+        return self._extra
+
     def pop(self, off: int) -> int:
         h = self._extra.pop(off, None)
         if h is not None:
@@ -165,10 +171,7 @@ class MasterState:
                    digest: bytes | None, put_id: int, replicas: list) -> None:
         old = self.objects.get(key)
         if old is not None:  # pre-empting a zombie put: its space is kept until its reclaim deadline
-            assert old.status == _PENDING, f"PUT_START over complete object {key!r}"
-            deadline = old.started_s + self._reclaim_s
-            for seg_id, off in old.replicas:
-                self.discarded.append((deadline, seg_id, off, old.alloc_bytes))
+            self._preempt(old)
         reps = [(s, o) for s, o in replicas]
         segments = self.segments
         for seg_id, off in reps:
@@ -181,6 +184,50 @@ class MasterState:
                                          pin, now + soft_ttl if pin == _SOFT else -math.inf, digest)
         self.pending.add(key)
         self.next_put_id = max(self.next_put_id, put_id + 1)
+
+    def _put_start_many(self, now: float, soft_ttl: float, first_put_id: int, keys: list, sizes: list,
+                        allocs: list, pins: list, digests: list, counts: list, flat: list) -> None:
+        """``_put_start`` of each key, in order (one PUT_START_MANY record; columns, see the oplog). The
+        ranges are already in the allocators when attached (the service allocated them before recording,
+        as for PUT_START) and are not looked up again."""
+        objects, segments = self.objects, self.segments
+        preempted = objects.present_among(keys)
+        inf = math.inf
+        objs = []
+        add = objs.append
+        total = 0
+        j = 0
+        pid = first_put_id
+        for i, key in enumerate(keys):
+            if preempted and key in preempted:
+                self._preempt(objects[key])
+            alloc = allocs[i]
+            c = counts[i]
+            if c == 1:
+                s = flat[j]
+                reps = [(s, flat[j + 1])]
+                segments[s].used_bytes += alloc
+            else:
+                reps = list(zip(flat[j:j + 2 * c:2], flat[j + 1:j + 2 * c:2]))
+                for s, _ in reps:
+                    segments[s].used_bytes += alloc
+            j += 2 * c
+            total += alloc * c
+            pin = pins[i]
+            add(ObjectRecord(key, sizes[i], alloc, _PENDING, reps, pid, now, -inf, -inf, now, pin,
+                             now + soft_ttl if pin == _SOFT else -inf, digests[i]))
+            pid += 1
+        self.used_bytes += total
+        objects.put_new(keys, objs)
+        self.pending.update(keys)
+        self.next_put_id = max(self.next_put_id, pid)
+
+    def _preempt(self, old: ObjectRecord) -> None:
+        """A zombie put is pre-empted: its ranges stay allocated until its reclaim deadline."""
+        assert old.status == _PENDING, f"PUT_START over complete object {old.key!r}"
+        deadline = old.started_s + self._reclaim_s
+        for seg_id, off in old.replicas:
+            self.discarded.append((deadline, seg_id, off, old.alloc_bytes))
 
     def _put_end(self, now: float, key: str) -> None:
         obj = self.objects[key]
@@ -386,4 +433,5 @@ class MasterState:
 
 _HANDLERS = {Op.MOUNT: "_mount", Op.UNMOUNT: "_unmount", Op.PUT_START: "_put_start", Op.PUT_END: "_put_end",
              Op.PUT_REVOKE: "_put_revoke", Op.REMOVE: "_remove", Op.EVICT: "_evict", Op.EXPIRE: "_expire",
-             Op.RECLAIM: "_reclaim", Op.EPOCH: "_epoch", Op.BATCH: "_batch", Op.PUT_END_MANY: "_put_end_many"}
+             Op.RECLAIM: "_reclaim", Op.EPOCH: "_epoch", Op.BATCH: "_batch", Op.PUT_END_MANY: "_put_end_many",
+             Op.PUT_START_MANY: "_put_start_many"}

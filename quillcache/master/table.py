@@ -109,6 +109,26 @@ class ObjectTable:
             self._rows.pop(key, None)
         self._objs[key] = obj
 
+    def getter(self):
+        """A callable equal to ``get`` for the table's lifetime from now on: the dict's own ``get`` when
+        no row is left unmaterialized (rows are never added back), else ``get``."""
+        return self.get if self._rows else self._objs.get
+
+    def put_new(self, keys: list[str], objs: list[ObjectRecord]) -> None:
+        """``self[keys[i]] = objs[i]`` for every i (one dict update)."""
+        if self._rows:
+            rows = self._rows
+            for key in keys:
+                rows.pop(key, None)
+        self._objs.update(zip(keys, objs))
+
+    def present_among(self, keys: list[str]) -> set[str]:
+        """The keys of ``keys`` that the table holds (set operations, no per-key lookup in Python)."""
+        out = self._objs.keys() & keys
+        if self._rows:
+            out |= self._rows.keys() & keys
+        return out
+
     def pop(self, key: str) -> ObjectRecord:
         obj = self.get(key)
         if obj is None:

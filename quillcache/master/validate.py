@@ -86,6 +86,10 @@ _PINS = {int(p): int(p) for p in PinKind}
 def check_put_fields(key: object, size: object, n: object, preferred: object, pin: object, digest: object,
                      max_object_bytes: int) -> tuple[str, int, int, int | None, int, bytes | None]:
     """The checks of ``check_put`` on the request's fields, in the same order with the same messages."""
+    if (type(key) is str and 0 < len(key) <= MAX_KEY_CHARS and type(size) is int and 0 < size <= max_object_bytes
+            and type(n) is int and 1 <= n <= MAX_REPLICAS and preferred is None and digest is None
+            and type(pin) in (int, PinKind) and pin in _PINS):  # the common request: every check passes
+        return key, size, n, None, _PINS[pin], None
     key = check_key(key)
     if not _is_int(size):
         raise InvalidParamsError(f"put_start({key!r}): size_bytes must be an int, got {type(size).__name__}")
