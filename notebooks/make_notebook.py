@@ -104,6 +104,8 @@ lat.pivot_table(index=["placement", "op"], columns="subject", values="value")'''
      '''df = read_summary("master", RESULTS)
 display(df[df.metric == "ops_per_s"].pivot_table(index=["op", "batch"], columns="subject", values="value"))
 display(df[df.metric == "restart_s"].pivot_table(index=["objects"], columns=["start", "state"], values="value"))
+rpc = df[(df.metric == "ops_per_s") & df.subject.isin(["quillcache rpc", "quillcache rpc (zmq)"])]
+display(rpc.pivot_table(index=["op", "batch"], columns="transport", values="value"))
 df[df.metric.isin(["kills", "acknowledged_objects", "objects_checked", "objects_lost", "half_finished_visible",
                    "failover_s", "failover_objects_lost", "failover_available"])][["metric", "value", "notes"]]'''),
     ("kvquant", "KV quantization: relMSE and bytes per element per codec on REFERENCE §12's synthetic tensors (anchors: its table), attention-output error on a random-weight decoder, and the Numba int8 kernels' GB/s against a NumPy copy.",
@@ -125,6 +127,7 @@ df[df.subject == "PooledStore on 3 node processes"][["metric", "value", "notes"]
      '''df = read_summary("gateway", RESULTS)
 display(df[df.part.isin(["overhead_light", "overhead_streams", "headers_slow"])].pivot_table(index="subject", columns="metric", values="value"))
 display(df[df.part == "routing"].pivot_table(index=["rate_per_s", "subject"], columns="metric", values="value"))
+display(df[df.metric.isin(["hit_rate_paired_diff_points", "hit_rate_ceiling"])][["metric", "subject", "baseline", "rate_per_s", "value", "p10", "p90", "notes"]])
 df[df.metric.str.startswith("accept_")][["metric", "subject", "value", "unit", "rate_per_s", "holds", "notes"]]'''),
 ]
 
