@@ -68,10 +68,20 @@ class BatchPlacer:
         neg_free, sid = order[0]
         if -neg_free < alloc:
             return None
-        off = self._take(sid, alloc)
-        if off is None:
+        seg = self.segments[sid]
+        if seg.alloc is None:
             return None
-        self._moved(sid, alloc)
+        try:
+            off, _, handle = seg.alloc.allocate(alloc)
+        except OutOfSpaceError:
+            return None
+        seg.handles.fresh[off] = handle
+        new = alloc + neg_free
+        if len(order) == 1 or (new, sid) <= order[1]:  # still first (the common case): order[0] = (-free, sid)
+            order[0] = (new, sid)
+            self.free[sid] = -new
+        else:
+            self._moved(sid, alloc)
         return sid, off
 
     def place(self, alloc: int, replica_num: int, preferred: int | None) -> list[tuple[int, int]]:

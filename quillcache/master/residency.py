@@ -81,6 +81,31 @@ class IndexProjection:
             cols.offsets.append(off)
             cols.sizes.append(size)
 
+    def add_columns(self, keys: list[str], nodes: list[str], tiers: list, segments: list[int], offsets: list[int],
+                    sizes: list[int]) -> None:
+        """``add`` of many replicas as columns: replica i is ``(nodes[i], tiers[i], segments[i],
+        offsets[i], sizes[i])`` of ``keys[i]`` (a key repeats once per replica, consecutively)."""
+        queue = self._queue
+        if queue and queue[-1][0]:
+            cols = queue[-1][1]
+        else:
+            cols = _Adds()
+            queue.append((True, cols))
+        hashes, idents = cols.hashes, cols.identities
+        last = None
+        h = ident = None
+        for key in keys:
+            if key is not last:
+                h, ident = residency_key(key)
+                last = key
+            hashes.append(h)
+            idents.append(ident)
+        cols.nodes += nodes
+        cols.tiers += tiers
+        cols.segments += segments
+        cols.offsets += offsets
+        cols.sizes += sizes
+
     def drop(self, key: str, replicas: Iterable[tuple[str, CacheTier]]) -> None:
         """Forget the ``(node_id, tier)`` replicas of ``key`` (absent ones are ignored)."""
         h, ident = residency_key(key)

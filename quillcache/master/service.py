@@ -339,23 +339,23 @@ class MasterService(ReplicatedMode):
             where[s] = (d.node_id, d.endpoint, d.transport, d.region_ids[0] if d.region_ids else 0)
         out: list = []
         add = out.append
+        rd, psr = ReplicaDescriptor, PutStartResult
         for row in rows:
             if type(row) is not list:
                 add(row)
                 continue
-            size = row[2]
             if len(row) == 5:
-                s = row[3]
+                pid, existing, size, s, off = row
                 node, endpoint, transport, region = where[s]
-                reps = (ReplicaDescriptor(node, s, endpoint, transport, region, row[4], size),)
-            else:
-                descs = []
-                for i in range(3, len(row), 2):
-                    s = row[i]
-                    node, endpoint, transport, region = where[s]
-                    descs.append(ReplicaDescriptor(node, s, endpoint, transport, region, row[i + 1], size))
-                reps = tuple(descs)
-            add(PutStartResult(reps, row[0], row[1]))
+                add(psr((rd(node, s, endpoint, transport, region, off, size),), pid, existing))
+                continue
+            size = row[2]
+            descs = []
+            for i in range(3, len(row), 2):
+                s = row[i]
+                node, endpoint, transport, region = where[s]
+                descs.append(rd(node, s, endpoint, transport, region, row[i + 1], size))
+            add(psr(tuple(descs), row[0], row[1]))
         return out
 
     def batch_put_start_compact(self, rows: Sequence[Sequence], *,
@@ -563,9 +563,17 @@ class MasterService(ReplicatedMode):
         ended: list[str] = []
         done: set[str] = set()
         pending = self._pending
+        get = self._state.objects.getter()
         gc_on = _pause_gc(len(keys))
         try:
             for i, key in enumerate(keys):
+                if put_ids is None and type(key) is str and key not in done:  # the common case, checked at once
+                    obj = get(key)
+                    if obj is not None and obj.status == _PENDING:
+                        done.add(key)
+                        ended.append(key)
+                        out.append(None)
+                        continue
                 try:
                     obj = pending(key, None if put_ids is None else put_ids[i], "put_end")
                     if obj.status == _COMPLETE or key in done:

@@ -240,16 +240,31 @@ class MasterState:
 
     def _put_end_many(self, now: float, keys: list) -> None:
         """``_put_end`` of each key, in order (one PUT_END_MANY record)."""
-        objects, pending, add, segs = self.objects, self.pending, self.index.add, self.segments
+        get, segs = self.objects.getter(), self.segments
+        where: dict[int, tuple] = {}  # segment id -> (node id, tier)
+        rkeys, nodes, tiers, seg_ids, offs, sizes = [], [], [], [], [], []
         for key in keys:
-            obj = objects[key]
-            pending.discard(key)
+            obj = get(key)
+            if obj is None:
+                raise KeyError(key)
             obj.status = _COMPLETE
             obj.completed_s = obj.last_access_s = now
             if obj.pin == _SOFT:
                 obj.soft_pin_end_s = now + (obj.soft_pin_end_s - obj.started_s)
             size = obj.size_bytes
-            add(key, [(segs[s].desc.node_id, segs[s].desc.tier, s, off, size) for s, off in obj.replicas])
+            for s, off in obj.replicas:
+                w = where.get(s)
+                if w is None:
+                    d = segs[s].desc
+                    w = where[s] = (d.node_id, d.tier)
+                rkeys.append(key)
+                nodes.append(w[0])
+                tiers.append(w[1])
+                seg_ids.append(s)
+                offs.append(off)
+                sizes.append(size)
+        self.pending.difference_update(keys)
+        self.index.add_columns(rkeys, nodes, tiers, seg_ids, offs, sizes)
 
     def _put_revoke(self, now: float, key: str) -> None:
         self._drop_object(self.objects.pop(key))
