@@ -45,7 +45,7 @@ import msgpack
 from quillcache.durability.fs import FileSystem
 from quillcache.durability.wal import WalWriter, scan
 
-__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record"]
+__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record", "num_changes"]
 
 WAL_NAME = "master.wal"
 
@@ -143,13 +143,26 @@ def _check_put_start_many(rec: list) -> None:
         raise ValueError(f"master log record PUT_START_MANY is malformed: {what}")
 
 
+def num_changes(record: list) -> int:
+    """The state changes a decoded record holds: one per key of a PUT_START_MANY / PUT_END_MANY, the
+    sum over a BATCH's records, else one (the snapshot cadence counts these, not WAL records)."""
+    op = record[0]
+    if op == Op.PUT_START_MANY:
+        return len(record[5])
+    if op == Op.PUT_END_MANY:
+        return len(record[3])
+    if op == Op.BATCH:
+        return sum(num_changes(r) for r in record[3])
+    return 1
+
+
 def encode_batch(records: list) -> tuple[bytes, int]:
     """One WAL payload for the records of one call (a BATCH record when there are several) and
     the number of state changes it holds."""
     if len(records) == 1:
-        return _packb(records[0]), 1
+        return _packb(records[0]), num_changes(records[0])
     last = records[-1]
-    return _packb([Op.BATCH, last[1], last[2], records]), len(records)
+    return _packb([Op.BATCH, last[1], last[2], records]), sum(num_changes(r) for r in records)
 
 
 class OpLog:

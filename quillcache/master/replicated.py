@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from quillcache.durability.wal import WalError, WalIOError
 from quillcache.master.errors import InvalidParamsError, LogFailedError, MasterError, NotLeaderError, StaleEpochError
-from quillcache.master.oplog import Op, decode_record, encode_batch
+from quillcache.master.oplog import Op, decode_record, encode_batch, num_changes
 from quillcache.master.snapshot import encode_state
 from quillcache.master.types import ObjectStatus
 
@@ -155,7 +155,7 @@ class ReplicatedMode:
                 rec = decode_record(payload)
                 try:
                     st.apply(rec, lsn)
-                    changes = len(rec[3]) if rec[0] == Op.BATCH else 1
+                    changes = num_changes(rec)
                     if self._log is not None and self._log.append(payload, changes) != lsn:
                         raise WalError(f"local log is at lsn {self._log.next_lsn - 1}, expected {lsn}")
                 except Exception as exc:
