@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from quillcache.durability.crashfs import CrashFs
 from quillcache.master import (
     ErrorCode, InvalidParamsError, LeaseHeldError, LogFailedError, MasterConfig, MasterError, MasterService,
     NeedRemountError, NoSpaceError, ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, ObjectStatus,
-    PinKind, PutRequest, PutStartResult, ReplicaConfig, SegmentDescriptor, SegmentExistsError, SegmentNotFoundError,
-    SnapshotError,
-    StaleEpochError, kv_object_key, residency_key,
+    PinKind, PutRequest, PutStartResult, ReplicaConfig, ReplicaDescriptor, SegmentDescriptor, SegmentExistsError,
+    SegmentNotFoundError, SnapshotError, StaleEpochError, kv_object_key, residency_key,
 )
 from quillcache.master.oplog import Op, encode_record
 from quillcache.master.snapshot import SNAPSHOT_NAME
@@ -804,3 +804,28 @@ def test_a_log_of_per_object_put_start_records_still_replays(clock):
     m.check_invariants()
     assert m.put_start("c", 10).put_id == 3
     m.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(node=st.text(min_size=1, max_size=8), sid=st.integers(0, 2**32 - 1), endpoint=st.text(max_size=8),
+       transport=st.sampled_from(["tcp", "rdma"]), region=st.integers(0, 2**16), off=st.integers(0, 2**40),
+       size=st.integers(1, 2**32 - 1), put_id=st.integers(1, 2**40), existing=st.booleans())
+def test_the_fast_result_builders_equal_the_dataclass_constructors(node, sid, endpoint, transport, region, off, size,
+                                                                   put_id, existing):
+    """new_replica_descriptor / new_put_start_result (the put_start hot path) build exactly the constructors'
+    values: equal, same hash and repr, same codec round trip, still frozen."""
+    import dataclasses
+
+    from quillcache.master.types import new_put_start_result, new_replica_descriptor
+    from quillcache.master.wire import register_master_types
+    from quillcache.rpc.codec import DEFAULT_CODEC
+
+    want = PutStartResult((ReplicaDescriptor(node, sid, endpoint, transport, region, off, size),), put_id, existing)
+    got = new_put_start_result((new_replica_descriptor(node, sid, endpoint, transport, region, off, size),), put_id,
+                               existing)
+    assert got == want and hash(got) == hash(want) and repr(got) == repr(want)
+    assert type(got) is PutStartResult and type(got.replicas[0]) is ReplicaDescriptor
+    codec = register_master_types(DEFAULT_CODEC)
+    assert codec.decode(codec.encode(got)) == want
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.replicas[0].offset_bytes = 0

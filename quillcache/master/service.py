@@ -69,7 +69,7 @@ from quillcache.master.table import ObjectRecord
 from quillcache.master.eviction import choose_victims
 from quillcache.master.types import (
     MasterConfig, MasterStats, ObjectInfo, ObjectStatus, PinKind, PutRequest, PutStartResult, ReplicaConfig,
-    ReplicaDescriptor, SegmentDescriptor, TickReport,
+    ReplicaDescriptor, SegmentDescriptor, TickReport, new_put_start_result, new_replica_descriptor,
 )
 from quillcache.master.validate import (check_config, check_key, check_put, check_put_fields, check_put_row,
                                         check_segment, key_error)
@@ -339,7 +339,7 @@ class MasterService(ReplicatedMode):
             where[s] = (d.node_id, d.endpoint, d.transport, d.region_ids[0] if d.region_ids else 0)
         out: list = []
         add = out.append
-        rd, psr = ReplicaDescriptor, PutStartResult
+        rd, psr = new_replica_descriptor, new_put_start_result
         for row in rows:
             if type(row) is not list:
                 add(row)
