@@ -48,6 +48,7 @@ class Front:
     policy: str = ""  # the router's policy ("" for direct)
     replicas: int = 1
     label: str = ""  # the subject in results; derived when empty
+    upstream: str = ""  # the gateway's upstream_client (quillcache.gateway.clients.UPSTREAM_CLIENTS); "" = default
 
     @property
     def name(self) -> str:
@@ -185,7 +186,8 @@ def start_front(front: Front, engines: Sequence[dict], *, keys: dict[str, str], 
         if front.kind == "gateway":
             from quillcache.gateway.server import GatewayProcess
 
-            cfg = {"router": front.policy or "cache_aware", "block_size_tokens": 16, **(gateway_config or {})}
+            cfg = {"router": front.policy or "cache_aware", "block_size_tokens": 16,
+                   **({"upstream_client": front.upstream} if front.upstream else {}), **(gateway_config or {})}
             # replicas link to each other (quillcache.gateway.peers): each publishes its routing-time speculation
             # and subscribes to the others'; every replica also subscribes to every engine's KV events
             links = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(front.replicas)] if front.replicas > 1 else []

@@ -53,7 +53,7 @@ NAME = "gateway"
 ENGINES = 4
 BLOCK = 16
 
-FULL = dict(overhead_reps=5, overhead_n=40, header_n=10, stream_reps=3, streams=100, stream_s=6.0,
+FULL = dict(overhead_reps=5, overhead_n=40, header_n=10, stream_reps=3, streams=100, stream_s=4.0,
             rates=(8.0, 16.0, 32.0), cell_requests=160, routing_reps=1, paired_reps=3, gpu_blocks=2048,
             workload_requests=400, max_output_tokens=32, engines_per_front=True)
 QUICK = dict(overhead_reps=2, overhead_n=6, header_n=3, stream_reps=1, streams=100, stream_s=1.5,
@@ -71,6 +71,9 @@ HEADER_TTFT_MS = 500.0
 
 GATEWAY = Front(kind="gateway", policy="cache_aware")  # the gateway's default router
 GATEWAY_X2 = Front(kind="gateway", policy="cache_aware", replicas=2)
+# the overhead part's A/B of the gateway's upstream clients: the default (native: asyncio + httptools) vs aiohttp
+GATEWAY_AIOHTTP = Front(kind="gateway", policy="cache_aware", upstream="aiohttp",
+                        label="quillcache gateway (aiohttp upstream)")
 GATEWAY_DYN = Front(kind="gateway", policy="dynamo")  # the planner's Dynamo cost behind the same gateway
 GATEWAY_RR = Front(kind="gateway", policy="round_robin", label="round-robin (quillcache gateway)")
 GATEWAY_PA = Front(kind="gateway", policy="prefix_affinity")  # the exact index with a cache-greedy policy
@@ -83,6 +86,10 @@ ROUTING_FRONTS = (GATEWAY, GATEWAY_X2, GATEWAY_DYN, GATEWAY_PA, GATEWAY_RR, SGLA
 # hit rates are compared seed by seed (paired differences); the other fronts run routing_reps seeds
 PAIRED_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG)
 QUICK_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG, DIRECT)
+# the full profile's time (<= 11 min): arms outside the acceptance comparisons skip the lightest rates (direct runs
+# the top rate only; the other gateway policies and round-robin 16 and 32 req/s); a front not named runs every rate
+FULL["front_rates"] = {DIRECT.name: (32.0,), **{f.name: (16.0, 32.0) for f in (GATEWAY_DYN, GATEWAY_PA, GATEWAY_RR,
+                                                                               SGLANG_X2, VLLM)}}
 
 REF11 = "REFERENCE §11 (issue 16's acceptance; smg#2394 for replicas)"
 
@@ -245,7 +252,9 @@ def _overhead(cfg: dict, reqs, tenancy: Tenancy, fronts: Sequence[Front], raw: l
             rows.append(SummaryRow.from_spread(spread(cpu_engine[n]), metric="engine_cpu_ms_per_request", subject=n,
                                                unit="ms", n=cfg["stream_reps"], params=p,
                                                notes=note + "; user+system CPU of the stand-in engine per request"))
-    # (b) decision headers vs first token at a 500 ms stand-in TTFT
+    # (b) decision headers vs first token at a 500 ms stand-in TTFT (the upstream A/B arm is left out here)
+    fronts = [f for f in fronts if not f.upstream]
+    names = [DIRECT.name] + [f.name for f in fronts]
     slow = _engine_args(adapters, "--fixed-ttft-ms", str(HEADER_TTFT_MS), "--prefill-concurrency", "0")
     with _engines(1, slow) as engines, contextlib.ExitStack() as stack:
         running = [stack.enter_context(start_front(f, engines, keys=tenancy.keys, model=BASE_MODEL)) for f in fronts]
@@ -301,7 +310,7 @@ def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw
     :data:`PAIRED_FRONTS`; repetition ``k`` draws its Poisson arrivals with seed ``k`` behind every front).
     ``per_seed[(front name, rate)]`` receives the hit rate of each seed, in seed order."""
     rows: list[SummaryRow] = []
-    for rate in cfg["rates"]:
+    for rate in cfg.get("front_rates", {}).get(front.name, cfg["rates"]):
         n_reps = cfg["routing_reps"]
         if front in PAIRED_FRONTS:
             n_reps = max(n_reps, cfg["paired_reps"])
@@ -461,7 +470,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     fronts = [f for f in wanted if f.name not in skipped]
     for name, why in skipped.items():
         print(f"  skipped {name}: {why}", flush=True)
-    overhead_fronts = [f for f in (GATEWAY, SGLANG) if f.name not in skipped]
+    overhead_fronts = [f for f in (GATEWAY, GATEWAY_AIOHTTP, SGLANG) if f.name not in skipped]
     raw_o: list = []
     raw_r: list = []
     t = time.monotonic()

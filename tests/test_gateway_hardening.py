@@ -26,6 +26,7 @@ MODEL = "quillcache-sim"
 KEY, KEY_LIMITED = "sk-hardening-0001", "sk-limited-00001"
 KEYS = {KEY: "tenant-h", KEY_LIMITED: "tenant-lim"}
 FAST = ["--fixed-ttft-ms", "20", "--decode-ms-per-token", "1", "--model", MODEL]
+CLIENTS = ("native", "aiohttp")  # the upstream clients (quillcache.gateway.clients.UPSTREAM_CLIENTS)
 
 
 def _post(url: str, body: bytes | None = None, *, key: str | None = KEY, data=None, chunked=False):
@@ -131,11 +132,13 @@ def test_tenant_over_its_concurrency_limit_is_429(gw):
 
 
 
-def test_connect_failure_retries_on_the_next_best_worker():
+@pytest.mark.parametrize("client", CLIENTS)
+def test_connect_failure_retries_on_the_next_best_worker(client):
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     with EngineSimProcess(FAST) as e0, EngineSimProcess(FAST) as e1:
-        config = {"timeouts": {"health_interval_s": 60}, "retry": {"max_retries": 2, "backoff_s": 0.01}}
+        config = {"timeouts": {"health_interval_s": 60}, "retry": {"max_retries": 2, "backoff_s": 0.01},
+                  "upstream_client": client}
         with GatewayProcess([e0.url, e1.url], keys=KEYS, config=config) as gw:
             c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
             prompt = f"Sticky prompt {seed} " * 10
@@ -176,10 +179,11 @@ def test_no_engine_reachable_at_all_is_503_and_not_ready():
         assert ei.value.code == 503
 
 
-def test_engine_errors_before_the_first_byte_are_retried_then_502():
+@pytest.mark.parametrize("client", CLIENTS)
+def test_engine_errors_before_the_first_byte_are_retried_then_502(client):
     err = [*FAST, "--error-rate", "1.0", "--fault-seed", "11"]
     with EngineSimProcess(err) as e0, EngineSimProcess(err) as e1:
-        config = {"retry": {"max_retries": 1, "backoff_s": 0.01}}
+        config = {"retry": {"max_retries": 1, "backoff_s": 0.01}, "upstream_client": client}
         with GatewayProcess([e0.url, e1.url], keys=KEYS, config=config) as gw:
             st = _post(gw.url + "/v1/completions", json.dumps({"model": MODEL, "prompt": "boom " * 8}).encode())
             _assert_clean_error(st, 502, "engine answered HTTP 500")
@@ -189,9 +193,10 @@ def test_engine_errors_before_the_first_byte_are_retried_then_502():
             assert sum(v for k, v in m.items() if k.startswith("quillcache_gateway_upstream_retries_total")) == 1
 
 
-def test_hang_before_headers_hits_the_first_byte_timeout():
+@pytest.mark.parametrize("client", CLIENTS)
+def test_hang_before_headers_hits_the_first_byte_timeout(client):
     with EngineSimProcess([*FAST, "--hang-before-headers-s", "30"]) as e0:
-        config = {"timeouts": {"first_byte_s": 0.3}, "retry": {"max_retries": 0}}
+        config = {"timeouts": {"first_byte_s": 0.3}, "retry": {"max_retries": 0}, "upstream_client": client}
         with GatewayProcess([e0.url], keys=KEYS, config=config) as gw:
             t0 = time.monotonic()
             st = _post(gw.url + "/v1/completions", json.dumps({"model": MODEL, "prompt": "hang " * 8}).encode())
@@ -211,9 +216,10 @@ def _wait_loads_zero(gw, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def test_failure_mid_stream_ends_with_one_sse_error_event():
+@pytest.mark.parametrize("client", CLIENTS)
+def test_failure_mid_stream_ends_with_one_sse_error_event(client):
     with EngineSimProcess([*FAST, "--die-mid-stream-after-tokens", "3"]) as e0:
-        with GatewayProcess([e0.url], keys=KEYS) as gw:
+        with GatewayProcess([e0.url], keys=KEYS, config={"upstream_client": client}) as gw:
             st, raw, headers = _post(gw.url + "/v1/completions", json.dumps(
                 {"model": MODEL, "prompt": "die " * 8, "max_tokens": 20, "stream": True}).encode())
             assert st == 200 and headers["x-quillcache-worker"] == "e0"
@@ -232,9 +238,11 @@ def test_failure_mid_stream_ends_with_one_sse_error_event():
             assert m['quillcache_gateway_upstream_errors_total{kind="mid_stream",worker="e0"}'] == 2
 
 
-def test_idle_timeout_mid_stream_ends_with_an_error_event():
+@pytest.mark.parametrize("client", CLIENTS)
+def test_idle_timeout_mid_stream_ends_with_an_error_event(client):
     with EngineSimProcess(["--fixed-ttft-ms", "5", "--decode-ms-per-token", "3000", "--model", MODEL]) as e0:
-        with GatewayProcess([e0.url], keys=KEYS, config={"timeouts": {"idle_s": 0.4}}) as gw:
+        with GatewayProcess([e0.url], keys=KEYS, config={"timeouts": {"idle_s": 0.4},
+                                                                "upstream_client": client}) as gw:
             t0 = time.monotonic()
             st, raw, _ = _post(gw.url + "/v1/completions", json.dumps(
                 {"model": MODEL, "prompt": "slow " * 8, "max_tokens": 5, "stream": True}).encode())

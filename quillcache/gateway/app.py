@@ -53,7 +53,8 @@ from quillcache.gateway.decision import Decider, Decision, NoWorkerError
 from quillcache.gateway.metrics import GatewayMetrics
 from quillcache.gateway.residency import EntryState, EventSink, ResidencyTracker
 from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, salt_for, scope_tenant
-from quillcache.gateway.upstream import Upstream, UpstreamFailure
+from quillcache.gateway.clients import UPSTREAM_CLIENTS
+from quillcache.gateway.upstream import UpstreamFailure
 from quillcache.identity.scope import make_identity
 from quillcache.index import open_index
 from quillcache.textproc import PromptError, load_chat_template, load_tokenizer, prompt_token_array
@@ -230,7 +231,8 @@ class Gateway:
         self.engines = {e.name: e for e in config.engines}
         names = [e.name for e in config.engines]
         self.urls = [e.url for e in config.engines]
-        self._targets = [{p: Upstream.target(u + p) for p in (_COMPLETIONS, _CHAT)} for u in self.urls]
+        self.upstream = UPSTREAM_CLIENTS[config.upstream_client](config.timeouts, config.limits)
+        self._targets = [{p: self.upstream.target(u + p) for p in (_COMPLETIONS, _CHAT)} for u in self.urls]
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.template = load_chat_template(config.chat_template)
         self.layout = KvLayout(block_size_tokens=config.block_size_tokens)
@@ -242,7 +244,6 @@ class Gateway:
                                router=config.router, router_options=config.router_options, seed=config.seed,
                                speculative_max_blocks=config.speculative_max_blocks)
         self.limiter = TenantLimiter(config.limits.tenant_max_concurrency)
-        self.upstream = Upstream(config.timeouts, config.limits)
         self.metrics = GatewayMetrics(names)
         self.healthy = [False] * len(names)
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
@@ -551,7 +552,8 @@ class Gateway:
             metrics.routed(d.worker, d.reason)
             if d.speculation is not None:
                 # index writes run while the request is in flight, two loop turns from now: after the
-                # request's bytes left (aiohttp writes them from a task it schedules in ``open``)
+                # request's bytes left (the native client writes them in ``open`` itself, aiohttp from a task it
+                # schedules there)
                 loop.call_soon(loop.call_soon, self.decider.record, d)
             try:
                 ex.resp = await self.upstream.open(self._targets[d.worker_index][ex.endpoint], payload, up_headers)

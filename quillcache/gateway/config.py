@@ -171,6 +171,9 @@ class GatewayConfig:
     speculative_max_blocks: int = 0
     peer_bind: str | None = None  # replicas: PUB endpoint of this replica's speculation (quillcache.gateway.peers)
     peers: tuple[str, ...] = ()  # replicas: the other replicas' peer_bind endpoints
+    # quillcache.gateway.clients.UPSTREAM_CLIENTS: "native" (asyncio + httptools; plain http engines) or "aiohttp"
+    # (https too). native by a same-run A/B (the gateway study's overhead part): lower added TTFT and CPU/request
+    upstream_client: str = "native"
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
@@ -206,6 +209,15 @@ class GatewayConfig:
             make_router(self.router, **self.router_options)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"router_options for {self.router!r}: {exc}") from None
+        from quillcache.gateway.clients import UPSTREAM_CLIENTS
+
+        if not isinstance(self.upstream_client, str) or self.upstream_client not in UPSTREAM_CLIENTS:
+            raise ConfigError(f"upstream_client {self.upstream_client!r:.40} is not registered; "
+                              f"known: {sorted(UPSTREAM_CLIENTS)}")
+        tls = [e.url for e in engines if e.url.lower().startswith("https:")]
+        if tls and self.upstream_client == "native":
+            raise ConfigError(f"upstream_client 'native' speaks plain http only; engines {tls[:3]} need "
+                              "upstream_client 'aiohttp'")
         if self.peer_bind is not None:
             _check_url("peer_bind", self.peer_bind, ("tcp", "ipc", "inproc"))
         if isinstance(self.peers, (str, bytes)) or not all(isinstance(p, str) for p in self.peers):

@@ -1,4 +1,8 @@
-"""The upstream client: one aiohttp ``ClientSession`` to every engine, with the gateway's timeouts.
+"""The upstream client interface, its failure classes, and the aiohttp client (one ``ClientSession``
+to every engine, with the gateway's timeouts). ``quillcache.gateway.clients.UPSTREAM_CLIENTS`` names them
+(``upstream_client`` in the gateway config): ``aiohttp`` here, ``native`` (asyncio + httptools, the
+default) in :mod:`quillcache.gateway.native_upstream`. Both give the caller a response with
+``status``, ``headers.get``, ``read()``, ``content.iter_any()``, ``release()`` and ``close()``.
 
 Timeouts (``TimeoutsConfig``): ``connect_s`` bounds the TCP connect, ``first_byte_s`` bounds the
 wait from sending the request to the engine's response headers, ``idle_s`` bounds every read of
@@ -128,3 +132,4 @@ class Upstream:
                 return await resp.json(content_type=None)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
             return None
+
