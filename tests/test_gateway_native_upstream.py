@@ -276,6 +276,18 @@ def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one():
                 assert srv.connections == 3  # requests 2 and 3 each met a dropped pooled connection first
             finally:
                 await up.close()
+        # the engine closes every connection after its response: the pool sees the close and drops it
+        async with RawServer(lambda n, r: [_ok(), None]) as srv:
+            up = _client()
+            await up.start()
+            try:
+                for i in range(3):
+                    resp = await up.open(srv.url + "/x", b"{}", {})
+                    assert await resp.read() == b'{"ok": true}', f"request {i}"
+                    await _until(lambda: up.open_connections == 0)  # detected while idle, not at the next use
+                assert srv.connections == 3
+            finally:
+                await up.close()
 
     asyncio.run(main())
 
