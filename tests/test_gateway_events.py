@@ -183,3 +183,40 @@ def test_two_replicas_share_prefix_state_through_events_and_peer_speculation():
                         time.sleep(0.02)
             assert len(workers) == 1, f"seed {seed}: the conversation moved between engines {workers}"
             assert min(_residency(r1)["confirmed"], _residency(r2)["confirmed"]) > 0
+
+
+
+def test_ready_waits_for_the_kv_event_catch_up():
+    """``/ready`` stays 503 (naming the engine) until the start-up replay of an events engine was applied or given
+    up: here the replay endpoint accepts TCP connections and never answers, so the catch-up ends only at the
+    subscriber's replay timeout; then the gateway is ready and routes. (Before, ``/ready`` answered 200 after the
+    first health probe, and requests were routed on a half-replayed history: a replayed ``BlockStored`` of an earlier
+    identical prompt confirmed a new speculation, which the replayed reset then dropped.)"""
+    import json
+    import socket
+    import urllib.error
+    import urllib.request
+
+    args = ["--fixed-ttft-ms", "1", "--model", MODEL, "--kv-events", "tcp://127.0.0.1:0"]
+    mute = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never speaks ZMTP: no replay answer
+    try:
+        with EngineSimProcess(args) as e0:
+            engine = {"url": e0.url, "name": "e0", "kv_events": e0.info["kv_events"],
+                      "kv_events_replay": f"tcp://127.0.0.1:{mute.getsockname()[1]}"}
+            with GatewayProcess([engine], keys=KEYS, wait_ready=False) as gw:
+                seen: list[tuple[int, dict]] = []
+                deadline = time.monotonic() + 20
+                while not seen or seen[-1][0] != 200:
+                    assert time.monotonic() < deadline, f"never ready: {seen[-3:]}"
+                    try:
+                        with urllib.request.urlopen(gw.url + "/ready", timeout=5) as r:
+                            seen.append((r.status, json.loads(r.read())))
+                    except urllib.error.HTTPError as e:
+                        seen.append((e.code, json.loads(e.read())))
+                    time.sleep(0.02)
+                waiting = [b for code, b in seen if code == 503]
+                assert waiting and all(b.get("catching_up_kv_events") == ["e0"] for b in waiting), seen[:3]
+                c = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-events-a-0001", max_retries=0)
+                assert c.completions.create(model=MODEL, prompt="after the catch-up", max_tokens=1).usage
+    finally:
+        mute.close()

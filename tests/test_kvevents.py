@@ -407,3 +407,37 @@ def test_engine_sim_events_end_to_end():
     assert any(h in sink.blocks for h in expected)
     assert all(sink.blocks[h] == ch for h, ch in expected.items() if h in sink.blocks)
     assert sub.stats.gaps > 0 and sub.stats.replayed > 0  # the seeded drops were real gaps, filled by replay
+
+
+class CatchUpSink(RecordingSink):
+    def on_caught_up(self, engine_id):
+        with self.lock:
+            self.calls.append(("caught_up", engine_id, set(self.blocks)))
+
+
+def test_caught_up_comes_after_the_whole_replayed_history():
+    """A gateway is ready only once the engine's history is applied: ``on_caught_up`` is called once, after every
+    call of the start-up replay, and at that moment the sink already holds the engine's truth; ``caught_up`` is set.
+    Without a replay socket there is nothing to wait for: the signal comes at once."""
+    chain, sink, sent = Chain(5), CatchUpSink(), []
+    with KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0") as pub:
+        for _ in range(40):
+            sent.append(chain.next_batch())
+            pub.publish(sent[-1])
+        assert pub.flush()
+        with KvEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, engine_id="e", sink=sink) as sub:
+            assert sub.caught_up.wait(5.0)
+            _wait(lambda: "caught_up" in sink.kinds(), what="on_caught_up")
+            pub.publish(chain.next_batch())  # a live batch after the catch-up
+            assert pub.flush() and sub.wait_for_seq(40, 5.0)
+    kinds = sink.kinds()
+    assert kinds.count("caught_up") == 1
+    at = kinds.index("caught_up")
+    assert at >= 1 and all(k != "caught_up" for k in kinds[:at])
+    assert sink.calls[at][2] == truth(sent)  # the whole history was applied before the signal
+    assert kinds[at + 1:], "the live batch came after the signal"
+    plain = CatchUpSink()
+    with KvEventPublisher("tcp://127.0.0.1:0") as pub2, \
+            KvEventSubscriber(pub2.endpoint, engine_id="p", sink=plain) as sub2:
+        assert sub2.caught_up.wait(5.0)
+        _wait(lambda: plain.kinds() == ["caught_up"], what="on_caught_up without replay")

@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming and not),
 ``GET /v1/models``, ``GET /health`` (liveness: the process serves), ``GET /ready`` (readiness: at
-least one engine answered its last health probe), ``GET /metrics`` (:mod:`.metrics`).
+least one engine answered its last health probe, and every engine with KV events has had its start-up
+replay applied to the residency, so no request is routed on a half-replayed history), ``GET /metrics`` (:mod:`.metrics`).
 
 Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"message", "type",
 "code"}}`` with the status named; never a traceback or an internal detail):
@@ -252,6 +253,7 @@ class Gateway:
         self._identities: dict[tuple[str, str], Identity] = {}
         self._tasks: list[asyncio.Task] = []
         self._subscribers: list[Any] = []
+        self._catching_up: set[str] = set()  # events-mode engines whose start-up replay is not applied yet
         self.metrics.attach_live(self._inflight_by_worker, self._health_by_worker, self._residency_counts,
                                  lambda: self.limiter.total)
         self.app = Starlette(
@@ -296,7 +298,9 @@ class Gateway:
     def _subscribe(self, engine, loop):
         from quillcache.kvevents import KvEventSubscriber
 
-        sink = EventSink(self.tracker, loop, on_event=lambda w, k: self.metrics.kv_events.labels(w, k).inc())
+        self._catching_up.add(engine.name)
+        sink = EventSink(self.tracker, loop, on_event=lambda w, k: self.metrics.kv_events.labels(w, k).inc(),
+                         on_caught_up=self._catching_up.discard)
         sub = KvEventSubscriber(engine.kv_events, replay_endpoint=engine.kv_events_replay, engine_id=engine.name,
                                 sink=sink)
         sub.start()
@@ -377,6 +381,9 @@ class Gateway:
 
     async def ready(self, request: Request) -> Response:
         n = sum(self.healthy)
+        if self._catching_up:  # routing on a half-replayed history would send turns to engines that dropped them
+            return JSONResponse({"status": "not ready", "healthy_engines": n,
+                                 "catching_up_kv_events": sorted(self._catching_up)}, status_code=503)
         if n:
             return JSONResponse({"status": "ready", "healthy_engines": n})
         return JSONResponse({"status": "not ready", "healthy_engines": 0}, status_code=503)

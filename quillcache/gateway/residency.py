@@ -352,10 +352,17 @@ class EventSink:
     subscriber's thread to the event loop that owns the tracker (``call_soon_threadsafe``)."""
 
     def __init__(self, tracker: ResidencyTracker, loop: asyncio.AbstractEventLoop, *,
-                 on_event: Callable[[str, str], None] | None = None) -> None:
+                 on_event: Callable[[str, str], None] | None = None,
+                 on_caught_up: Callable[[str], None] | None = None) -> None:
         self.tracker = tracker
         self.loop = loop
         self.on_event = on_event
+        self._on_caught_up = on_caught_up
+
+    def on_caught_up(self, engine_id: str) -> None:
+        """Posted like the events, so it runs on the loop after every replayed call the catch-up made."""
+        if self._on_caught_up is not None:
+            self._post(self._on_caught_up, engine_id)
 
     def _post(self, fn, *args) -> None:
         try:

@@ -8,7 +8,9 @@ Protocol handling (``publisher`` states the wire side):
   asked for it.
 - Start: with a replay socket, the subscriber first asks it for everything from seq 0 (the engine's history
   before this subscriber connected; ``on_resync`` first if the buffer no longer reaches back to 0). Live batches
-  that repeat a replayed one (same seq, same bytes) are counted as duplicates and skipped.
+  that repeat a replayed one (same seq, same bytes) are counted as duplicates and skipped. Once the catch-up was
+  attempted (applied, refused, timed out, or no replay socket), ``caught_up`` is set and the sink's optional
+  ``on_caught_up`` is called, after every call the catch-up made.
 - Sequence: one publisher numbers its batches 0, 1, 2... A first batch with ``seq > 0``, or ``seq > last + 1``, is a
   GAP: the subscriber asks the replay socket (a DEALER sends ``(b"", start)``) for ``[start, seq)``, applies the
   replayed batches in order, then the current one. When there is no replay socket, the replay does not answer
@@ -114,6 +116,9 @@ class KvEventSink(Protocol):
 
     def on_resync(self, engine_id: str) -> None: ...
 
+    # optional: ``on_caught_up(engine_id)``, called once the start-up catch-up was attempted, after every call
+    # it made (a gateway is not ready before its residency holds the engine's replayed history)
+
 
 @dataclass(slots=True)
 class SubscriberStats:
@@ -158,6 +163,9 @@ class KvEventSubscriber:
         self._replay: zmq.Socket | None = None
         self._running = threading.Event()
         self._connected = threading.Event()
+        # set once the start-up catch-up was attempted (applied, refused, timed out or impossible); the sink's
+        # optional ``on_caught_up`` is called at that point, after every replayed call it received
+        self.caught_up = threading.Event()
         self._thread: threading.Thread | None = None
         self._progress = threading.Condition()
 
@@ -210,6 +218,7 @@ class KvEventSubscriber:
         except zmq.ZMQError as e:
             log.error("kv events %s: cannot connect to %s: %s", self.engine_id, self.endpoint, e)
             self._connected.set()
+            self._signal_caught_up()
             sub.close(0)
             return
         self._connected.set()
@@ -222,6 +231,7 @@ class KvEventSubscriber:
                     log.exception("kv events %s: catch-up replay failed (continuing live)", self.engine_id)
                 with self._progress:
                     self._progress.notify_all()
+            self._signal_caught_up()
             while self._running.is_set():
                 if not sub.poll(self._poll_ms):
                     continue
@@ -262,6 +272,16 @@ class KvEventSubscriber:
         self._apply(batch)
         self.last_seq = seq
         self._caught_up.clear()
+
+    def _signal_caught_up(self) -> None:
+        self.caught_up.set()
+        hook = getattr(self.sink, "on_caught_up", None)  # optional in KvEventSink
+        if hook is not None:
+            try:
+                hook(self.engine_id)
+            except Exception:
+                self.stats.internal_errors += 1
+                log.exception("kv events %s: on_caught_up failed", self.engine_id)
 
     def _catch_up(self) -> None:
         """At start: replay whatever the publisher still buffers (the engine's history before this subscriber
