@@ -31,6 +31,11 @@ Invariants: the load lease and the tenant's in-flight slot are released exactly 
 request, whatever ends it (``_Exchange.finish`` runs from ``finally`` and from the response's own
 ``finally``); a request that ends before the engine produced output takes its speculative
 residency entries back; headers and errors name only the tenant's own scope.
+
+Longer than 600 lines because the admission, decision, forward, stream and release steps above share
+one request's exchange state, whose exactly-once release is the module's invariant; the pieces that
+stand alone (config, tenants, decision, residency, upstream clients, metrics, peers) are modules of
+their own.
 """
 
 from __future__ import annotations
