@@ -36,11 +36,10 @@ from urllib.parse import urlsplit
 import httptools
 
 from quillcache.gateway.config import LimitsConfig, TimeoutsConfig
-from quillcache.gateway.upstream import UpstreamFailure
+from quillcache.gateway.upstream import ERROR_BODY_BYTES, UpstreamFailure, is_failure_status
 
 __all__ = ["NativeResponse", "NativeTarget", "NativeUpstream", "UpstreamBodyError"]
 
-_ERROR_BODY_BYTES = 4096
 _PAUSE_BYTES = 1 << 16  # buffered body bytes past which the socket is paused until the reader catches up
 
 
@@ -475,10 +474,10 @@ class NativeUpstream:
             finally:
                 timer.cancel()
             break
-        if resp.status >= 500 or resp.status == 429:
+        if is_failure_status(resp.status):
             status = resp.status
             try:
-                await asyncio.wait_for(resp._read(_ERROR_BODY_BYTES), self.timeouts.connect_s)
+                await asyncio.wait_for(resp._read(ERROR_BODY_BYTES), self.timeouts.connect_s)
             except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - only summarised
                 pass
             resp.close()

@@ -32,9 +32,14 @@ from yarl import URL  # aiohttp's own URL type (a dependency of aiohttp)
 
 from quillcache.gateway.config import LimitsConfig, TimeoutsConfig
 
-__all__ = ["Upstream", "UpstreamFailure"]
+__all__ = ["ERROR_BODY_BYTES", "Upstream", "UpstreamFailure", "is_failure_status"]
 
-_ERROR_BODY_BYTES = 4096
+ERROR_BODY_BYTES = 4096  # of a failed answer's body, read (bounded) and only summarised
+
+
+def is_failure_status(status: int) -> bool:
+    """An engine answer that is a ``status`` failure (retried on another worker): 5xx or 429."""
+    return status >= 500 or status == 429
 
 if sys.version_info >= (3, 11):
     _deadline = asyncio.timeout
@@ -98,10 +103,10 @@ class Upstream:
             raise UpstreamFailure("connect", "connection refused or unreachable") from None
         except (aiohttp.ClientError, OSError):
             raise UpstreamFailure("connect", "connection closed before the response") from None
-        if resp.status >= 500 or resp.status == 429:
+        if is_failure_status(resp.status):
             status = resp.status
             try:
-                await asyncio.wait_for(resp.content.read(_ERROR_BODY_BYTES), self.timeouts.connect_s)
+                await asyncio.wait_for(resp.content.read(ERROR_BODY_BYTES), self.timeouts.connect_s)
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 pass
             resp.close()
