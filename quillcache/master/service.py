@@ -51,9 +51,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from quillcache.durability.fs import FileSystem, RealFs
 from quillcache.durability.wal import WalError
 from quillcache.index import IndexBackend, open_index
+from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows
 from quillcache.master.errors import (
     InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
     ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, SegmentExistsError, SegmentNotFoundError,
@@ -377,6 +380,38 @@ class MasterService(ReplicatedMode):
         results, used = self._put_rows(rows, client_id, fields)
         return self._segment_rows(used), results
 
+    def batch_put_start_columns(self, keys: Sequence[str], sizes: Sequence[int], *, replica_num: int = 1,
+                                preferred_segment: int | None = None, pin: PinKind | int = PinKind.NONE,
+                                digests: Sequence[bytes | None] | None = None,
+                                client_id: str | None = None) -> PutColumns:
+        """``batch_put_start`` of ``PutRequest(keys[i], sizes[i], ReplicaConfig(replica_num,
+        preferred_segment), pin, digests[i])`` for every i, answered as :class:`PutColumns` (one array
+        per field; ``to_list()`` equals ``batch_put_start``'s value). Same checks, placement, records
+        and errors (tested); a length mismatch is INVALID_PARAMS for the whole call."""
+        keys, sizes, digests = self._columns_args(keys, sizes, digests)
+        rows = [[k, s, replica_num, preferred_segment, pin, d] for k, s, d in zip(keys, sizes, digests)]
+        segments, results = self.batch_put_start_compact(rows, client_id=client_id)
+        return columns_from_rows(segments, results, put=True)
+
+    @staticmethod
+    def _columns_args(keys, sizes, digests) -> tuple[list, list, Sequence]:
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise InvalidParamsError(f"keys must be a sequence of str, got {type(keys).__name__}")
+        if isinstance(sizes, np.ndarray):
+            if sizes.dtype.kind not in "iu" or sizes.ndim != 1:
+                raise InvalidParamsError(f"sizes must be a 1-d integer array, got {sizes.dtype} with shape {sizes.shape}")
+            sizes = sizes.tolist()
+        elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+            raise InvalidParamsError(f"sizes must be a sequence of int, got {type(sizes).__name__}")
+        if len(sizes) != len(keys):
+            raise InvalidParamsError(f"{len(keys)} keys but {len(sizes)} sizes")
+        if digests is None:
+            digests = [None] * len(keys)
+        elif isinstance(digests, (str, bytes)) or not isinstance(digests, Sequence) or len(digests) != len(keys):
+            raise InvalidParamsError(f"digests must be None or a sequence of one digest (or None) per key "
+                                     f"({len(keys)} keys)")
+        return list(keys), list(sizes), digests
+
     def _put_rows(self, items: Sequence, client_id: str | None, fields: Callable) -> tuple[list, set[int]]:
         """The core of every put_start form: per item (``fields(item)`` = its checked
         ``(key, size, replica_num, preferred, pin, digest)``) the compact result row ``[put_id,
@@ -665,6 +700,14 @@ class MasterService(ReplicatedMode):
                 segs.add(s)
             rows.append(row)
         return self._segment_rows(segs), rows
+
+    def get_replicas_columns(self, keys: Sequence[str]) -> ReplicaColumns:
+        """``get_replicas(keys)`` answered as :class:`ReplicaColumns` (``to_list()`` equals its value);
+        same leases and errors."""
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise InvalidParamsError(f"keys must be a sequence of str, got {type(keys).__name__}")
+        segments, rows = self.get_replicas_compact(keys)
+        return columns_from_rows(segments, rows, put=False)
 
     def get_replica_list_compact(self, key: str) -> tuple[list[list], list]:
         """``get_replica_list`` in the compact form: ``(segments, row)`` (see ``get_replicas_compact``)."""
