@@ -1,6 +1,7 @@
 """Stateful test: ``MasterService`` and the plain-Python model (``master_model.py``) driven with
 the same operations — mounts/unmounts, puts (with pins and digests; single and in batches of several keys,
-whose put_end reaches the residency index as one bulk ``put_columns``), put_end/revoke, leased gets,
+whose put_end reaches the residency index as one bulk ``put_columns``; and the columnar batch forms),
+put_end/revoke, leased gets (plain, compact and columnar),
 exists, removes, evictions, heartbeats and expiry, clock advances, and restarts (a clean close +
 reopen, or a simulated power loss on ``CrashFs`` + reopen from snapshot and log) — and compared
 after every step: outcomes (value or error code), objects (status, segments, put ids, leases),
@@ -135,6 +136,22 @@ class MasterMachine(RuleBasedStateMachine):
             exp_end = [self.model.put_end(self.now, k, None) for k in names]
             assert [code(x) for x in self.svc.batch_put_end(names)] == exp_end
 
+    @rule(ks=st.lists(st.tuples(keys, st.integers(1, UNIT)), min_size=2, max_size=8), n=st.sampled_from([1, 1, 2]),
+          pin=pins, end=st.booleans())
+    def put_columns(self, ks, n, pin, end) -> None:
+        """The columnar batch (``batch_put_start_columns``): with one replica, no preferred segment and no
+        digest, distinct new keys that fit take the compiled path; the rest its reference."""
+        exp = [self.model.put_start(self.now, k, size, n, None, int(pin), None) for k, size in ks]
+        cols = self.svc.batch_put_start_columns([k for k, _ in ks], [size for _, size in ks], replica_num=n, pin=pin)
+        cols.check()
+        got = [code(r) if isinstance(r, MasterError) else ([d.segment_id for d in r.replicas], r.put_id, r.existing)
+               for r in cols.to_list()]
+        assert got == exp, (got, exp)
+        if end:
+            names = [k for k, _ in ks]
+            exp_end = [self.model.put_end(self.now, k, None) for k in names]
+            assert [code(x) for x in self.svc.batch_put_end(names)] == exp_end
+
     @rule(key=keys, with_id=st.booleans(), wrong_id=st.booleans())
     def put_end(self, key, with_id, wrong_id) -> None:
         obj = self.model.objects.get(key)
@@ -149,10 +166,11 @@ class MasterMachine(RuleBasedStateMachine):
         exp = self.model.put_revoke(self.now, key, None)
         assert code(self.svc.batch_put_revoke([key])[0]) == exp
 
-    @rule(ks=st.lists(keys, max_size=4), compact=st.booleans())
-    def get(self, ks, compact) -> None:
+    @rule(ks=st.lists(keys, max_size=4), form=st.sampled_from(["plain", "compact", "columns"]))
+    def get(self, ks, form) -> None:
         exp = self.model.get(self.now, ks)
-        out = expand_replicas(*self.svc.get_replicas_compact(ks)) if compact else self.svc.get_replicas(ks)
+        out = (expand_replicas(*self.svc.get_replicas_compact(ks)) if form == "compact" else
+               self.svc.get_replicas_columns(ks).to_list() if form == "columns" else self.svc.get_replicas(ks))
         got = [code(o) if isinstance(o, MasterError) else [d.segment_id for d in o] for o in out]
         assert got == exp
 

@@ -53,9 +53,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from quillcache.alloc import OutOfSpaceError
 from quillcache.durability.fs import FileSystem, RealFs
 from quillcache.durability.wal import WalError
 from quillcache.index import IndexBackend, open_index
+from quillcache.master._kernels import (READ_BAD_KEY, READ_NOT_FOUND, check_new_puts, end_prefix,
+                                       place_most_free, read_columns)
 from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows
 from quillcache.master.errors import (
     InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
@@ -71,7 +74,7 @@ from quillcache.master.state import MasterState, SegmentRecord, pause_gc as _pau
 from quillcache.master.table import ObjectRecord
 from quillcache.master.eviction import choose_victims
 from quillcache.master.types import (
-    MasterConfig, MasterStats, ObjectInfo, ObjectStatus, PinKind, PutRequest, PutStartResult, ReplicaConfig,
+    MAX_KEY_CHARS, MasterConfig, MasterStats, ObjectInfo, ObjectStatus, PinKind, PutRequest, PutStartResult, ReplicaConfig,
     ReplicaDescriptor, SegmentDescriptor, TickReport, new_put_start_result, new_replica_descriptor,
 )
 from quillcache.master.validate import (check_config, check_key, check_put, check_put_fields, check_put_row,
@@ -109,10 +112,13 @@ class _PutRun:
 
 _PENDING = int(ObjectStatus.PENDING)
 _COMPLETE = int(ObjectStatus.COMPLETE)
+_PIN_VALUES = frozenset(int(p) for p in PinKind)
 
 
 class MasterService(ReplicatedMode):
     """The master (module docstring). Not thread-safe: callers serialise calls (the RPC layer does)."""
+
+    fast_paths = True  # the compiled batch paths (_kernels); False runs their plain-Python references
 
     def __init__(self, config: MasterConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
                  index: IndexBackend | None = None, data_dir: str | os.PathLike | None = None,
@@ -389,9 +395,83 @@ class MasterService(ReplicatedMode):
         per field; ``to_list()`` equals ``batch_put_start``'s value). Same checks, placement, records
         and errors (tested); a length mismatch is INVALID_PARAMS for the whole call."""
         keys, sizes, digests = self._columns_args(keys, sizes, digests)
+        if self.fast_paths and replica_num == 1 and type(replica_num) is int and preferred_segment is None \
+                and len(keys) > 1 and digests.count(None) == len(keys) and type(pin) in (int, PinKind) \
+                and pin in _PIN_VALUES:
+            out = self._put_columns_fast(keys, sizes, int(pin), client_id)
+            if out is not None:
+                return out
         rows = [[k, s, replica_num, preferred_segment, pin, d] for k, s, d in zip(keys, sizes, digests)]
         segments, results = self.batch_put_start_compact(rows, client_id=client_id)
         return columns_from_rows(segments, results, put=True)
+
+    def _put_columns_fast(self, keys: list, sizes: list, pin: int, client_id: str | None) -> PutColumns | None:
+        """``batch_put_start_columns`` of new, distinct, valid keys with one replica each and no
+        preferred segment or digest, when every put fits on the segment the placement rule picks:
+        checks (``check_new_puts``), placement (``place_most_free``) and allocation
+        (``OffsetAllocator.allocate_batch`` per segment, all-or-nothing) over whole arrays, then the
+        same PUT_START_MANY record the reference writes. None, with nothing changed, when any of
+        that does not hold: the caller then runs the reference, which decides key by key."""
+        self._check_writable()
+        self._check_client(client_id)
+        st = self._state
+        cfg = self.config
+        allocs = check_new_puts(keys, sizes, MAX_KEY_CHARS, cfg.max_object_bytes, cfg.alignment_bytes)
+        if allocs is None or len(set(keys)) != len(keys) or st.objects.present_among(keys):
+            return None
+        segs = st.segments
+        if not segs or any(seg.alloc is None for seg in segs.values()):
+            return None
+        sids = np.fromiter(segs.keys(), dtype=np.int64, count=len(segs))
+        frees = np.fromiter((seg.free_bytes for seg in segs.values()), dtype=np.int64, count=len(segs))
+        choice, _ = place_most_free(allocs, sids, frees)
+        if choice is None:
+            return None
+        n = len(keys)
+        offsets = np.empty(n, dtype=np.int64)
+        done: list[tuple] = []  # (segment, handles) allocated so far
+        order = np.argsort(choice, kind="stable")
+        bounds = np.flatnonzero(np.diff(choice[order])) + 1
+        for part in np.split(order, bounds):
+            seg = segs[int(sids[choice[part[0]]])]
+            try:
+                offs, handles = seg.alloc.allocate_batch(allocs[part])
+            except OutOfSpaceError:
+                for seg_done, hs in reversed(done):
+                    seg_done.alloc.free_batch(hs[::-1])
+                return None
+            done.append((seg, handles))
+            offsets[part] = offs
+            seg.handles.fresh.update(zip(offs.tolist(), handles.tolist()))
+        seg_col = sids[choice]
+        now = self._now()
+        first = st.next_put_id
+        flat = np.empty(2 * n, dtype=np.int64)
+        flat[0::2] = seg_col
+        flat[1::2] = offsets
+        gc_on = _pause_gc(n)
+        try:
+            try:
+                self._record([Op.PUT_START_MANY, self._epoch, now, self._soft_ttl, first, keys, sizes,
+                              allocs.tolist(), [pin] * n, [None] * n, [1] * n, flat.tolist()])
+            except BaseException:
+                obj = st.objects.get(keys[0])
+                if obj is None or obj.put_id != first:  # not applied: give the ranges back
+                    for i in range(n):
+                        s, o = int(seg_col[i]), int(offsets[i])
+                        if s in segs and o in segs[s].handles:
+                            st.undo_allocate(s, o)
+                raise
+        finally:
+            if gc_on:
+                gc.enable()
+            if self._failed is None:
+                self._finish()
+        used = np.unique(seg_col).tolist()
+        return PutColumns(np.ones(n, dtype=np.uint8), seg_col.astype(np.uint32), offsets,
+                          np.asarray(sizes, dtype=np.int64), {},
+                          {row[0]: (row[1], row[2], row[3], row[4]) for row in self._segment_rows(set(used))},
+                          np.arange(first, first + n, dtype=np.int64), np.zeros(n, dtype=bool))
 
     @staticmethod
     def _columns_args(keys, sizes, digests) -> tuple[list, list, Sequence]:
@@ -600,8 +680,13 @@ class MasterService(ReplicatedMode):
         pending = self._pending
         get = self._state.objects.getter()
         gc_on = _pause_gc(len(keys))
+        start = 0
+        if put_ids is None and self.fast_paths and type(keys) is list:
+            table = self._state.objects
+            start = end_prefix(keys, table._objs, table.get if table._rows else None, _PENDING, done, ended, out)
         try:
-            for i, key in enumerate(keys):
+            for i in range(start, len(keys)):
+                key = keys[i]
                 if put_ids is None and type(key) is str and key not in done:  # the common case, checked at once
                     obj = get(key)
                     if obj is not None and obj.status == _PENDING:
@@ -706,8 +791,21 @@ class MasterService(ReplicatedMode):
         same leases and errors."""
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
             raise InvalidParamsError(f"keys must be a sequence of str, got {type(keys).__name__}")
-        segments, rows = self.get_replicas_compact(keys)
-        return columns_from_rows(segments, rows, put=False)
+        if not self.fast_paths:
+            segments, rows = self.get_replicas_compact(keys)
+            return columns_from_rows(segments, rows, put=False)
+        now = self._now()
+        table = self._state.objects
+        counts, seg_ids, offsets, sizes, failures, used = read_columns(
+            keys, table._objs, table.get if table._rows else None, now, now + self.config.lease_ttl_s, _COMPLETE)
+        errors: dict[int, MasterError] = {}
+        for i, kind, put_id in failures:
+            key = keys[i]
+            errors[i] = (key_error(key) if kind == READ_BAD_KEY else
+                         ObjectNotFoundError(f"get_replicas({key!r}): no such object") if kind == READ_NOT_FOUND else
+                         ObjectNotReadyError(f"get_replicas({key!r}): put {put_id} has not ended"))
+        where = {row[0]: (row[1], row[2], row[3], row[4]) for row in self._segment_rows(used)}
+        return ReplicaColumns(counts, seg_ids, offsets, sizes, errors, where)
 
     def get_replica_list_compact(self, key: str) -> tuple[list[list], list]:
         """``get_replica_list`` in the compact form: ``(segments, row)`` (see ``get_replicas_compact``)."""

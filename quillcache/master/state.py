@@ -29,6 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from quillcache.alloc import OffsetAllocator, OutOfSpaceError
+from quillcache.master._kernels import end_apply, new_records
 from quillcache.master.errors import StaleEpochError
 from quillcache.master.oplog import Op
 from quillcache.master.residency import IndexProjection
@@ -140,6 +141,12 @@ class MasterState:
         self.used_bytes = 0
         self._handlers = {op: getattr(self, name) for op, name in _HANDLERS.items()}  # op -> bound handler
 
+    def use_reference_handlers(self) -> None:
+        """Apply PUT_START_MANY / PUT_END_MANY with the plain-Python handlers (the references of the
+        compiled ones; tests)."""
+        self._handlers[Op.PUT_START_MANY] = self._put_start_many_py
+        self._handlers[Op.PUT_END_MANY] = self._put_end_many_py
+
     # ---------------------------------------------------------------- apply
     def apply(self, rec: list, lsn: int = 0) -> None:
         """Apply one decoded record; StaleEpochError for a record of an epoch older than seen."""
@@ -189,7 +196,26 @@ class MasterState:
                         allocs: list, pins: list, digests: list, counts: list, flat: list) -> None:
         """``_put_start`` of each key, in order (one PUT_START_MANY record; columns, see the oplog). The
         ranges are already in the allocators when attached (the service allocated them before recording,
-        as for PUT_START) and are not looked up again."""
+        as for PUT_START) and are not looked up again. Compiled (``_kernels.new_records``) unless a key
+        pre-empts a zombie put; ``_put_start_many_py`` is the reference (tested equal)."""
+        objects = self.objects
+        if objects.present_among(keys) or type(keys) is not list or len(set(keys)) != len(keys):
+            self._put_start_many_py(now, soft_ttl, first_put_id, keys, sizes, allocs, pins, digests, counts, flat)
+            return
+        objs, per_seg, total = new_records(keys, list(sizes), list(allocs), list(pins), list(digests), list(counts),
+                                           list(flat), now, soft_ttl, first_put_id, _PENDING, _SOFT)
+        segments = self.segments
+        for s, added in per_seg.items():
+            segments[s].used_bytes += added
+        self.used_bytes += total
+        objects.put_new(keys, objs)
+        self.pending.update(keys)
+        self.next_put_id = max(self.next_put_id, first_put_id + len(keys))
+
+    def _put_start_many_py(self, now: float, soft_ttl: float, first_put_id: int, keys: list, sizes: list,
+                           allocs: list, pins: list, digests: list, counts: list, flat: list) -> None:
+        """``_put_start_many`` in plain Python (the reference of ``_kernels.new_records``; also the path
+        when a key pre-empts a zombie put)."""
         objects, segments = self.objects, self.segments
         preempted = objects.present_among(keys)
         inf = math.inf
@@ -239,7 +265,24 @@ class MasterState:
         self.index.add(key, self.index_rows(obj))
 
     def _put_end_many(self, now: float, keys: list) -> None:
-        """``_put_end`` of each key, in order (one PUT_END_MANY record)."""
+        """``_put_end`` of each key, in order (one PUT_END_MANY record). Compiled
+        (``_kernels.end_apply``); ``_put_end_many_py`` is the reference (tested equal)."""
+        if type(keys) is not list:
+            keys = list(keys)
+        table = self.objects
+        segs = self.segments
+
+        def where_of(s: int) -> tuple:
+            d = segs[s].desc
+            return d.node_id, d.tier
+
+        cols = end_apply(keys, table._objs, None if not table._rows else table.get, now,
+                         _COMPLETE, _SOFT, where_of)
+        self.pending.difference_update(keys)
+        self.index.add_columns(*cols)
+
+    def _put_end_many_py(self, now: float, keys: list) -> None:
+        """``_put_end_many`` in plain Python (the reference of ``_kernels.end_apply``)."""
         get, segs = self.objects.getter(), self.segments
         where: dict[int, tuple] = {}  # segment id -> (node id, tier)
         rkeys, nodes, tiers, seg_ids, offs, sizes = [], [], [], [], [], []

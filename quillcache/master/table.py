@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from quillcache.master._kernels import ObjectRecord  # C fields; positional constructor (see _kernels)
+
 __all__ = ["COLUMN_DTYPES", "ObjectRecord", "ObjectTable"]
 
 _COMPLETE = 2  # ObjectStatus.COMPLETE (types.py; not imported to keep this module a leaf)
@@ -23,30 +25,6 @@ _COMPLETE = 2  # ObjectStatus.COMPLETE (types.py; not imported to keep this modu
 # column name -> dtype of the per-object columns of a snapshot
 COLUMN_DTYPES = {"size": "<i8", "alloc": "<i8", "status": "u1", "put_id": "<i8", "started": "<f8",
                  "completed": "<f8", "pin": "u1", "soft_pin_end": "<f8"}
-
-
-class ObjectRecord:
-    """One object (hot record: plain ``__slots__`` class, positional constructor)."""
-
-    __slots__ = ("key", "size_bytes", "alloc_bytes", "status", "replicas", "put_id", "started_s", "completed_s",
-                 "lease_end_s", "last_access_s", "pin", "soft_pin_end_s", "digest")
-
-    def __init__(self, key: str, size_bytes: int, alloc_bytes: int, status: int, replicas: list, put_id: int,
-                 started_s: float, completed_s: float, lease_end_s: float, last_access_s: float, pin: int,
-                 soft_pin_end_s: float, digest: bytes | None) -> None:
-        self.key = key
-        self.size_bytes = size_bytes
-        self.alloc_bytes = alloc_bytes
-        self.status = status
-        self.replicas = replicas  # [(segment_id, offset_bytes), ...]
-        self.put_id = put_id
-        self.started_s = started_s
-        self.completed_s = completed_s
-        self.lease_end_s = lease_end_s
-        self.last_access_s = last_access_s
-        self.pin = pin
-        self.soft_pin_end_s = soft_pin_end_s
-        self.digest = digest
 
 
 class ObjectTable:
