@@ -26,6 +26,12 @@ Contract:
 - ``get_replicas``, ``get_replica_list``, ``put_start`` and ``batch_put_start`` travel in the compact
   forms (:mod:`quillcache.master.wire`, ``COMPACT_METHODS``) and are rebuilt into the same values
   and typed errors; a server that does not serve those (UNKNOWN_METHOD) gets the plain methods.
+- ``batch_put_start_columns`` / ``get_replicas_columns`` return :class:`~quillcache.master.columns.PutColumns`
+  / ``ReplicaColumns`` (one array per field), equal to what the service returns in-process: sizes travel as
+  raw int64 bytes, the reply's arrays as raw bytes rebuilt with ``np.frombuffer`` (read-only arrays; no
+  per-key Python work on this side) and checked; a malformed reply raises
+  :class:`~quillcache.rpc.RpcProtocolError`. A server without them (UNKNOWN_METHOD) is asked for the
+  compact forms instead, rebuilt into the same columns.
 - Thread-safe (one request in flight at a time; threads take turns). A context manager.
 """
 
@@ -34,13 +40,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from quillcache.cluster.client import Backoff
 from quillcache.cluster.descriptors import DEFAULT_PREFIX
-from quillcache.master.errors import NotLeaderError
+from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows
+from quillcache.master.errors import InvalidParamsError, NotLeaderError
 from quillcache.master.types import (MasterStats, ObjectInfo, PinKind, PutRequest, PutStartResult, ReplicaConfig,
                                      ReplicaDescriptor, SegmentDescriptor, TickReport)
 from quillcache.master.wire import (BATCH_METHODS, NODE_METHODS, SERVICE_METHODS, WRITE_METHODS, decode_batch,
-                                    expand_put_results, expand_replicas, put_rows, register_master_types)
+                                    decode_columns, decode_sizes, encode_sizes, expand_put_results, expand_replicas,
+                                    put_rows, register_master_types)
 from quillcache.master.errors import MasterError
 from quillcache.rpc import InProcessClient, RpcClient, RpcErrorCode, RpcRejectedError, RpcTimeoutError
 from quillcache.rpc.stream import is_stream_address
@@ -65,6 +75,7 @@ class MasterClient:
         self._etcd = None
         self._leader_key = None
         self._compact = True  # False once a server answered that it does not serve the compact forms
+        self._columns = True  # the same for the columnar forms
         if _rpc is not None:
             self._rpc = _rpc
             return
@@ -181,6 +192,19 @@ class MasterClient:
                 self._compact = False
         return None
 
+    def _call_columns(self, method: str, *args, **kwargs):
+        """``method`` (a columnar form), its reply rebuilt; None when the server does not serve it."""
+        if self._columns:
+            try:
+                out = self.call(method, *args, **kwargs)
+            except RpcRejectedError as e:
+                if e.code != RpcErrorCode.UNKNOWN_METHOD:
+                    raise
+                self._columns = False
+            else:
+                return decode_columns(out, put=method == "batch_put_start_columns")
+        return None
+
     def close(self) -> None:
         self._rpc.close()
         if self._zmq_rpc is not None:
@@ -232,6 +256,36 @@ class MasterClient:
                 return expand_put_results(out[0], decode_batch(out[1]))
         return self.call("batch_put_start", requests, client_id=client_id)
 
+    def batch_put_start_columns(self, keys: Sequence[str], sizes: Sequence[int] | np.ndarray, *, replica_num: int = 1,
+                                preferred_segment: int | None = None, pin: PinKind | int = PinKind.NONE,
+                                digests: Sequence[bytes | None] | None = None,
+                                client_id: str | None = None) -> PutColumns:
+        """``MasterService.batch_put_start_columns`` on the master: ``batch_put_start`` of
+        ``PutRequest(keys[i], sizes[i], ReplicaConfig(replica_num, preferred_segment), pin, digests[i])``
+        for every i, as :class:`PutColumns` (``to_list()`` equals ``batch_put_start``'s value; per-key
+        errors in ``errors``). ``sizes``: a NumPy integer array or a sequence of ints (sent as raw
+        int64 bytes). A length mismatch or arguments of the wrong type raise InvalidParamsError for
+        the whole call. A state change: not resent after a timeout unless ``retry_writes``."""
+        keys = keys if isinstance(keys, (str, bytes)) else list(keys)
+        if digests is not None and not isinstance(digests, (str, bytes)):
+            digests = list(digests)
+        wire_sizes = encode_sizes(sizes)
+        out = self._call_columns("batch_put_start_columns", keys, wire_sizes, replica_num=replica_num,
+                                 preferred_segment=preferred_segment, pin=pin, digests=digests, client_id=client_id)
+        if out is not None:
+            return out
+        # a server without the columnar forms: the compact one, rebuilt into the same columns
+        sizes = decode_sizes(wire_sizes)
+        if isinstance(keys, (str, bytes)) or len(sizes) != len(keys) \
+                or (digests is not None and (isinstance(digests, (str, bytes)) or len(digests) != len(keys))):
+            raise InvalidParamsError(f"batch_put_start_columns: {_len(keys)} keys, {_len(sizes)} sizes and "
+                                     f"{_len(digests)} digests do not match")
+        pin_v = pin.value if type(pin) is PinKind else pin
+        rows = [[k, s, replica_num, preferred_segment, pin_v, None if digests is None else digests[i]]
+                for i, (k, s) in enumerate(zip(keys, sizes.tolist() if isinstance(sizes, np.ndarray) else sizes))]
+        out = self.call("batch_put_start_compact", rows, client_id=client_id)
+        return columns_from_rows(out[0], decode_batch(out[1]), put=True)
+
     def put_end(self, key: str, *, put_id: int | None = None) -> None:
         return self.call("put_end", key, put_id=put_id)
 
@@ -253,6 +307,17 @@ class MasterClient:
         if out is None:
             return self.call("get_replicas", keys)
         return expand_replicas(out[0], decode_batch(out[1]))
+
+    def get_replicas_columns(self, keys: Sequence[str]) -> ReplicaColumns:
+        """``MasterService.get_replicas_columns`` on the master: ``get_replicas(keys)`` as
+        :class:`ReplicaColumns` (``to_list()`` equals its value); the same read leases. A read:
+        resent after a timeout within ``retry_s``."""
+        keys = keys if isinstance(keys, (str, bytes)) else list(keys)
+        out = self._call_columns("get_replicas_columns", keys)
+        if out is not None:
+            return out
+        out = self.call("get_replicas_compact", keys)
+        return columns_from_rows(out[0], decode_batch(out[1]), put=False)
 
     def get_replica_list(self, key: str) -> tuple[ReplicaDescriptor, ...]:
         out = self._call_compact("get_replica_list_compact", key)
@@ -304,3 +369,7 @@ class MasterClient:
 
     def snapshot_bytes(self) -> bytes:
         return self.call("snapshot_bytes")
+
+
+def _len(v) -> object:
+    return "no" if v is None else len(v) if hasattr(v, "__len__") else type(v).__name__

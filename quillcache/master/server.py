@@ -23,7 +23,9 @@ Contract:
   arguments that do not bind as the RPC layer's BAD_ARGUMENTS; anything else the service raises on
   malformed values (TypeError, ValueError, ...) as INVALID_PARAMS naming the method. Batch results carry
   per-key errors as :class:`~quillcache.master.wire.BatchError` (the client turns them back); the
-  compact methods' ``(segments, rows)`` go as one array ``[segments, rows]`` (wire.py).
+  compact methods' ``(segments, rows)`` go as one array ``[segments, rows]``; the columnar methods take
+  their sizes as raw int64 bytes and answer raw arrays (wire.py ``COLUMNS_METHODS``): the per-call path
+  adds one ``frombuffer`` and one ``tobytes`` per array to what the service does, nothing per key.
 - Time is ``time.time`` (wall clock): records carry the writer's clock and another process (a restart, a
   standby on another host) compares its own clock with them.
 """
@@ -44,8 +46,9 @@ from collections.abc import Callable
 from quillcache.master.errors import InvalidParamsError, MasterError
 from quillcache.master.service import MasterService
 from quillcache.master.types import MasterConfig
-from quillcache.master.wire import (BATCH_METHODS, COMPACT_BATCH_METHODS, COMPACT_METHODS, NODE_METHODS,
-                                    SERVICE_METHODS, encode_batch, register_master_types)
+from quillcache.master.wire import (BATCH_METHODS, COLUMNS_METHODS, COMPACT_BATCH_METHODS, COMPACT_METHODS,
+                                    NODE_METHODS, SERVICE_METHODS, decode_sizes, encode_batch, encode_columns,
+                                    register_master_types)
 
 __all__ = ["MasterEndpoint", "SingleMaster", "run_server"]
 
@@ -53,7 +56,7 @@ log = logging.getLogger(__name__)
 
 _KEYS_ARG = {"get_replicas": "keys", "exists": "keys", "batch_put_start": "requests", "batch_put_end": "keys",
              "batch_put_revoke": "keys", "batch_remove": "keys", "get_replicas_compact": "keys",
-             "batch_put_start_compact": "rows"}
+             "batch_put_start_compact": "rows", "batch_put_start_columns": "keys", "get_replicas_columns": "keys"}
 
 
 class SingleMaster:
@@ -105,6 +108,7 @@ class MasterEndpoint:
         node = self._node
         batch = name in BATCH_METHODS
         compact, compact_batch = name in COMPACT_METHODS, name in COMPACT_BATCH_METHODS
+        columns, sized = name in COLUMNS_METHODS, name == "batch_put_start_columns"
         keys_arg = _KEYS_ARG.get(name)
         sig = inspect.signature(getattr(node.service, name))
 
@@ -113,6 +117,14 @@ class MasterEndpoint:
                 keys = args[0] if args else kwargs.get(keys_arg)
                 if not isinstance(keys, (list, tuple)):
                     raise InvalidParamsError(f"{name}: {keys_arg} must be a list, got {type(keys).__name__}")
+            if sized:  # raw int64 bytes -> one array (wire.decode_sizes); a list passes as it is
+                try:
+                    if len(args) > 1:
+                        args = (args[0], decode_sizes(args[1]), *args[2:])
+                    elif "sizes" in kwargs:
+                        kwargs["sizes"] = decode_sizes(kwargs["sizes"])
+                except InvalidParamsError as e:
+                    raise InvalidParamsError(f"{name}: {e.message}") from None
             with node.lock:
                 node.admit(name)
                 try:
@@ -131,6 +143,8 @@ class MasterEndpoint:
                     node.after_call()
             if compact:  # (segments, rows) as one native array; per-key errors as BatchError
                 return [out[0], encode_batch(out[1]) if compact_batch else out[1]]
+            if columns:  # [segments, errors, raw arrays...] (wire.encode_columns)
+                return encode_columns(out)
             return encode_batch(out) if batch else out
 
         call.__name__ = name
