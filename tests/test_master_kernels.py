@@ -248,3 +248,31 @@ def test_object_record_python_interface():
         r.size_bytes = "big"
     with pytest.raises(AttributeError):
         r.other = 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(objs=st.lists(st.tuples(st.integers(1, 10**9), st.integers(1, 2), st.sampled_from([0, 1, 2]),
+                               st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**40)), min_size=1,
+                                        max_size=3),
+                               st.floats(allow_nan=False), st.sampled_from([None, b"d1", b"\x00" * 16])),
+                     max_size=30), reload=st.booleans())
+def test_record_columns_equal_python_columns(objs, reload):
+    """``ObjectTable.columns`` (compiled ``record_columns``) against ``_columns_py``, with and without
+    unmaterialized snapshot rows behind the records."""
+    from quillcache.master.table import ObjectTable
+
+    table = ObjectTable()
+    for i, (size, status, pin, reps, t, digest) in enumerate(objs):
+        table[f"o{i}"] = ObjectRecord(f"o{i}", size, size + 64, status, reps, i + 1, t, t + 1, -math.inf, t, pin,
+                                      t + 2, digest)
+    if reload and objs:
+        loaded = ObjectTable()
+        loaded.load_columns(*table.columns())
+        loaded.get("o0")  # one materialized record, the rest still rows
+        table = loaded
+    a, b = table.columns(), table._columns_py()
+    assert a[0] == b[0] and a[5] == b[5]
+    for name in b[1]:
+        assert np.array_equal(a[1][name], b[1][name]) and a[1][name].dtype == b[1][name].dtype, name
+    for x, y in zip(a[2:5], b[2:5]):
+        assert np.array_equal(x, y) and x.dtype == y.dtype

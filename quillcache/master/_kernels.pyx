@@ -296,3 +296,53 @@ def place_most_free(const int64_t[::1] allocs, const int64_t[::1] seg_ids, const
             j += 1
         order[j] = t
     return choice_a, -1
+
+
+def record_columns(list objs):
+    """The snapshot columns of ``objs`` (ObjectRecords): ``(keys, cols, rep_count, rep_seg, rep_off,
+    digests)`` as ``ObjectTable.columns`` gives them for materialized records (reference:
+    ``ObjectTable._columns_py``): ``cols`` = size, alloc, status, put_id, started, completed, pin,
+    soft_pin_end arrays; replicas flattened in order; ``digests`` = ``{row: digest}`` where not None."""
+    cdef Py_ssize_t i, n = len(objs), m = 0, total = 0
+    cdef ObjectRecord o
+    cdef object rep
+    for i in range(n):
+        total += len((<ObjectRecord?>objs[i]).replicas)
+    size_a = np.empty(n, dtype="<i8")
+    alloc_a = np.empty(n, dtype="<i8")
+    status_a = np.empty(n, dtype="u1")
+    put_id_a = np.empty(n, dtype="<i8")
+    started_a = np.empty(n, dtype="<f8")
+    completed_a = np.empty(n, dtype="<f8")
+    pin_a = np.empty(n, dtype="u1")
+    soft_a = np.empty(n, dtype="<f8")
+    count_a = np.empty(n, dtype="u1")
+    seg_a = np.empty(total, dtype="<u4")
+    off_a = np.empty(total, dtype="<i8")
+    cdef int64_t[::1] size_v = size_a, alloc_v = alloc_a, put_id_v = put_id_a, off_v = off_a
+    cdef uint8_t[::1] status_v = status_a, pin_v = pin_a, count_v = count_a
+    cdef double[::1] started_v = started_a, completed_v = completed_a, soft_v = soft_a
+    cdef uint32_t[::1] seg_v = seg_a
+    cdef list keys = [None] * n
+    cdef dict digests = {}
+    for i in range(n):
+        o = <ObjectRecord>objs[i]
+        keys[i] = o.key
+        size_v[i] = o.size_bytes
+        alloc_v[i] = o.alloc_bytes
+        status_v[i] = o.status
+        put_id_v[i] = o.put_id
+        started_v[i] = o.started_s
+        completed_v[i] = o.completed_s
+        pin_v[i] = o.pin
+        soft_v[i] = o.soft_pin_end_s
+        count_v[i] = len(o.replicas)
+        for rep in o.replicas:
+            seg_v[m] = rep[0]
+            off_v[m] = rep[1]
+            m += 1
+        if o.digest is not None:
+            digests[i] = o.digest
+    cols = {"size": size_a, "alloc": alloc_a, "status": status_a, "put_id": put_id_a, "started": started_a,
+            "completed": completed_a, "pin": pin_a, "soft_pin_end": soft_a}
+    return keys, cols, count_a, seg_a, off_a, digests

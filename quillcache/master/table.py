@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from quillcache.master._kernels import ObjectRecord  # C fields; positional constructor (see _kernels)
+from quillcache.master._kernels import ObjectRecord, record_columns  # C fields; positional constructor (see _kernels)
 
 __all__ = ["COLUMN_DTYPES", "ObjectRecord", "ObjectTable"]
 
@@ -177,6 +177,11 @@ class ObjectTable:
     def columns(self) -> tuple[list[str], dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[int, bytes]]:
         """The whole table as ``(keys, cols, rep_count, rep_seg, rep_off, digests)`` (rows: materialized
         records first, then the unmaterialized rows in their snapshot order)."""
+        keys, cols, rep_count, rep_seg, rep_off, digests = record_columns(list(self._objs.values()))
+        return self._with_rows(keys, cols, rep_count, rep_seg, rep_off, digests)
+
+    def _columns_py(self) -> tuple[list[str], dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[int, bytes]]:
+        """``columns()`` in plain Python (the reference of ``_kernels.record_columns``)."""
         objs = list(self._objs.values())
         keys = [o.key for o in objs]
         cols = {
@@ -193,10 +198,15 @@ class ObjectTable:
         rep_seg = np.asarray([s for o in objs for s, _ in o.replicas], dtype="<u4")
         rep_off = np.asarray([off for o in objs for _, off in o.replicas], dtype="<i8")
         digests = {i: o.digest for i, o in enumerate(objs) if o.digest is not None}
+        return self._with_rows(keys, cols, rep_count, rep_seg, rep_off, digests)
+
+    def _with_rows(self, keys: list[str], cols: dict[str, np.ndarray], rep_count: np.ndarray, rep_seg: np.ndarray,
+                   rep_off: np.ndarray, digests: dict[int, bytes]) -> tuple:
+        """The materialized records' columns followed by the unmaterialized rows' (in snapshot order)."""
         if self._rows:
             c = self._cols
             rows = np.sort(self.unmaterialized_rows())
-            base = len(objs)
+            base = len(keys)
             keys += [self._keys[r] for r in rows.tolist()]
             for name in cols:
                 cols[name] = np.concatenate([cols[name], c[name][rows]])
