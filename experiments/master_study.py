@@ -32,7 +32,14 @@ Everything in one run on this machine:
    wheel and its Python client in another process, metadata calls only: ``experiments.master_mooncake``;
    every call is one master RPC, counted from its metrics). One segment of ``SEGMENT_BYTES`` on one node,
    one replica, objects of ``SIZE_BYTES``; ops/s = keys / wall time of the loop; median over ``reps``
-   repetitions (p10/p90), after an untimed warm-up.
+   repetitions (p10/p90), after an untimed warm-up. The batched ``put`` and ``get_replicas`` cells of the
+   quillcache subjects run once per API (param ``api``): ``objects`` (``batch_put_start`` of ``PutRequest``s
+   + ``batch_put_end``; ``get_replicas``: per-key result objects) and ``columns`` (``batch_put_start_columns``
+   with the sizes as one int64 array + ``batch_put_end``; ``get_replicas_columns``: one array per field,
+   raw bytes on the wire), back to back in each repetition, their order alternating; Mooncake's rows (its
+   own client's calls, which return Python lists) carry no ``api`` and are the baseline of both. Acceptance
+   rows ``accept_batched_vs_mooncake``: per subject in ``ACCEPT_SUBJECTS``, batched op and API, the median
+   ratio to Mooncake's same op and batch, ``holds`` when at least 1.
 4. **Failover** through etcd (``EtcdProcess``), when the master's HA mode exists (otherwise a
    ``failover_available`` = 0 row says why): per repetition two server processes with ``--etcd`` (a leader, a
    standby), a writer thread acknowledging batches of puts through the leader for a second, then SIGKILL of the
@@ -59,6 +66,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from experiments.microbench import bench_main
 from quillcache.master import (MasterConfig, MasterService, ObjectNotReadyError, ObjectStatus, PutRequest,
                                ReplicaConfig, SegmentDescriptor, SegmentExistsError, residency_key)
@@ -78,6 +87,10 @@ EMB_LOG, EMB_MEM, RPC, MOONCAKE = ("quillcache embedded (log)", "quillcache embe
                                    "Mooncake master")
 RPC_ZMQ = "quillcache rpc (zmq)"  # the same server over its ZeroMQ transport, interleaved with RPC (plain TCP)
 OPS = ("put", "get_replicas", "exists")
+APIS = ("objects", "columns")  # MasterService/MasterClient per-object batch calls; the columnar ones
+COLUMN_OPS = ("put", "get_replicas")  # the ops with a columnar form
+MOONCAKE_API = "mooncake"  # Mooncake's own client calls (result key only: its rows carry no api param)
+ACCEPT_SUBJECTS = (RPC, EMB_LOG)  # the issue's line is over the network; embedded (durable) shown beside it
 SEED = 14
 REPO = Path(__file__).resolve().parents[1]
 
@@ -460,8 +473,8 @@ class _Embedded:
         self.svc = MasterService(MasterConfig(), data_dir=data_dir)
         self.svc.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0, capacity_bytes=SEGMENT_BYTES))
 
-    def run(self, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
-        return _run_calls(self.svc, op, batch, keys)
+    def run(self, op: str, batch: int, keys: list[str], api: str = "objects") -> tuple[float, int]:
+        return _run_calls(self.svc, op, batch, keys, api)
 
     def close(self) -> None:
         self.svc.close()
@@ -491,9 +504,9 @@ class _Remote:
                 self.server.kill()
             raise
 
-    def run(self, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
+    def run(self, op: str, batch: int, keys: list[str], api: str = "objects") -> tuple[float, int]:
         self.client.heartbeat("bench")  # untimed: the server's tick expires a node unseen for client_ttl_s
-        return _run_calls(self.client, op, batch, keys)
+        return _run_calls(self.client, op, batch, keys, api)
 
     def close(self) -> None:
         try:
@@ -503,9 +516,14 @@ class _Remote:
                 self.server.kill(signal.SIGTERM)
 
 
-def _run_calls(m, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
-    """``op`` over ``keys`` in calls of ``batch`` on a MasterService or a MasterClient: (seconds, bad results)."""
+def _run_calls(m, op: str, batch: int, keys: list[str], api: str = "objects") -> tuple[float, int]:
+    """``op`` over ``keys`` in calls of ``batch`` on a MasterService or a MasterClient: (seconds, bad results).
+    ``api`` "columns" (batched put and get_replicas only): the columnar forms, ``batch_put_start_columns`` (sizes
+    as one int64 array, built once as a caller holding its sizes in an array would) + ``batch_put_end``, and
+    ``get_replicas_columns``; a key failed when the columns name an error for it."""
     pc = time.perf_counter
+    if api == "columns":
+        return _run_columns(m, op, batch, keys)
     bad = 0
     if batch == 1:
         if op == "put":
@@ -535,13 +553,40 @@ def _run_calls(m, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
     return pc() - t0, bad
 
 
-def _cells(cfg: dict) -> list[tuple[str, int, int]]:
-    """(op, batch, keys per repetition) in the order each repetition runs them: puts first."""
+def _run_columns(m, op: str, batch: int, keys: list[str]) -> tuple[float, int]:
+    if op not in COLUMN_OPS or batch == 1:
+        raise ValueError(f"the columnar API has no {op} x{batch} cell")
+    pc = time.perf_counter
+    bad = 0
+    calls = [keys[i:i + batch] for i in range(0, len(keys), batch)]
+    sizes = np.full(batch, SIZE_BYTES, dtype=np.int64)
+    t0 = pc()
+    for ks in calls:
+        if op == "put":
+            cols = m.batch_put_start_columns(ks, sizes[:len(ks)])
+            ends = m.batch_put_end(ks)
+            bad += len(cols.errors) + sum(e is not None for e in ends)
+        else:
+            bad += len(m.get_replicas_columns(ks).errors)
+    return pc() - t0, bad
+
+
+def _cells(cfg: dict, rep: int = 0) -> list[tuple[str, int, int, str]]:
+    """(op, batch, keys per repetition, api) in the order repetition ``rep`` runs them: puts first; the batched
+    put and get_replicas cells once per API, the two APIs back to back in an order alternating between reps."""
     out = []
     for op in OPS:
-        out.append((op, 1, cfg["put_single_calls"] if op == "put" else cfg["single_calls"]))
-        out.append((op, BATCH, cfg["batch_calls"] * BATCH))
+        out.append((op, 1, cfg["put_single_calls"] if op == "put" else cfg["single_calls"], "objects"))
+        apis = APIS if op in COLUMN_OPS else APIS[:1]
+        for api in (apis if rep % 2 == 0 else apis[::-1]):
+            out.append((op, BATCH, cfg["batch_calls"] * BATCH, api))
     return out
+
+
+def _runs(runner, api: str) -> bool:
+    """Whether ``runner`` measures cells of ``api``: ours both APIs; Mooncake's client its own calls, once per cell
+    (its "objects" cells)."""
+    return api in getattr(runner, "apis", APIS) or (api == "objects" and MOONCAKE_API in getattr(runner, "apis", ()))
 
 
 def _measure(subject: str, runner, cfg: dict, raw: list) -> dict[tuple[str, int], dict]:
@@ -552,7 +597,8 @@ def _measure(subject: str, runner, cfg: dict, raw: list) -> dict[tuple[str, int]
 def _measure_interleaved(runners: dict, cfg: dict, raw: list) -> dict[str, dict[tuple[str, int], dict]]:
     """``_measure`` of several subjects at once: each cell of each repetition runs once per subject, one subject
     after the other (their order alternating between repetitions), so an A/B comparison sees the same moments of
-    this machine. Each subject puts its own fresh keys and reads back keys it put."""
+    this machine. Each subject puts its own fresh keys and reads back keys it put. Results are keyed
+    ``(op, batch, api)``; a subject with its own API (Mooncake) runs the "objects" cells only, as ``MOONCAKE_API``."""
     rng = random.Random(SEED)
     written: dict[str, list[str]] = {s: [] for s in runners}
     counter = [0]
@@ -565,23 +611,31 @@ def _measure_interleaved(runners: dict, cfg: dict, raw: list) -> dict[str, dict[
 
     # warm-up (untimed): connections, code paths; its keys are readable afterwards
     for subject, runner in runners.items():
-        for op, batch, n in _cells(cfg):
+        for op, batch, n, api in _cells(cfg):
+            if not _runs(runner, api):
+                continue
             w = written[subject]
             keys = fresh(subject, min(n, 2 * batch if batch > 1 else 50)) if op == "put" \
                 else rng.sample(w, min(len(w), 50 if batch == 1 else batch))
-            runner.run(op, batch, keys)
+            runner.run(op, batch, keys, api if api in getattr(runner, "apis", APIS) else MOONCAKE_API)
     out: dict[str, dict[tuple[str, int], dict]] = {s: {} for s in runners}
     order = list(runners)
     for rep in range(cfg["reps"]):
-        for op, batch, n in _cells(cfg):
+        for op, batch, n, api in _cells(cfg, rep):
             for subject in (order if rep % 2 == 0 else order[::-1]):
+                runner = runners[subject]
+                if not _runs(runner, api):
+                    continue
+                own = api if api in getattr(runner, "apis", APIS) else MOONCAKE_API
                 keys = fresh(subject, n) if op == "put" else rng.sample(written[subject], n)
-                secs, bad, extra = _unpack(runners[subject].run(op, batch, keys))
+                secs, bad, extra = _unpack(runner.run(op, batch, keys, own))
                 if bad:
-                    raise AssertionError(f"{subject} {op} batch {batch}: {bad} of {n} results were errors or misses")
-                cell = out[subject].setdefault((op, batch), {"ops": [], "rpcs_per_call": extra})
+                    raise AssertionError(f"{subject} {op} batch {batch} ({own}): {bad} of {n} results were errors "
+                                         f"or misses")
+                cell = out[subject].setdefault((op, batch, own), {"ops": [], "rpcs_per_call": extra})
                 cell["ops"].append(n / secs)
-                raw.append(("ops", subject, op, batch, rep, n, f"{secs:.6f}", extra if extra is not None else ""))
+                raw.append(("ops", subject, op, batch, own, rep, n, f"{secs:.6f}",
+                            extra if extra is not None else ""))
     for subject, runner in runners.items():
         runner.written = written[subject]
     return out
@@ -601,7 +655,9 @@ class _Mooncake:
 
         self.run_ = MooncakeMasterRun(segment_bytes=SEGMENT_BYTES).start()
 
-    def run(self, op: str, batch: int, keys: list[str]) -> dict:
+    apis = (MOONCAKE_API,)  # its own client's calls (module docstring)
+
+    def run(self, op: str, batch: int, keys: list[str], api: str = MOONCAKE_API) -> dict:
         return self.run_.run(op, batch, keys, SIZE_BYTES)
 
     def close(self) -> None:
@@ -629,6 +685,31 @@ HOW = {EMB_LOG: "MasterService methods in-process; state changes fsynced to the 
        RPC_ZMQ: "the same server and MasterClient on the server's ZeroMQ transport (prefer_stream=False), "
                 "interleaved with the plain-TCP client cell by cell; compact forms as well",
        MOONCAKE: "MooncakeDistributedStore metadata calls to mooncake_master over TCP loopback; no operation log"}
+
+
+COLUMNS_NOTE = {"put": "columnar API: batch_put_start_columns (keys, one int64 array of sizes; PutColumns: one array "
+                       "per field) + batch_put_end",
+                "get_replicas": "columnar API: get_replicas_columns (ReplicaColumns: one array per field)"}
+
+
+def _acceptance(results: dict) -> list[SummaryRow]:
+    """Issue 14's line "batched throughput >= Mooncake's master in the same run", per batched op, API and subject in
+    ``ACCEPT_SUBJECTS``: the median ratio to Mooncake's same op and batch; ``holds`` when it is at least 1."""
+    base = results.get(MOONCAKE)
+    rows: list[SummaryRow] = []
+    if base is None:
+        return rows
+    for subject in ACCEPT_SUBJECTS:
+        for (op, batch, api), cell in results.get(subject, {}).items():
+            if batch == 1 or op not in COLUMN_OPS:
+                continue
+            ours, theirs = spread(cell["ops"])["median"], spread(base[(op, batch, MOONCAKE_API)]["ops"])["median"]
+            ratio = ours / theirs
+            rows.append(SummaryRow(metric="accept_batched_vs_mooncake", subject=subject, value=ratio, unit="ratio",
+                                   notes=f"{ours:,.0f} vs Mooncake's {theirs:,.0f} keys/s (medians, same run)",
+                                   params={"op": op, "batch": batch, "api": api, "limit": 1.0,
+                                           "holds": bool(ratio >= 1.0), "transport": TRANSPORT.get(subject, "tcp")}))
+    return rows
 
 
 TRANSPORT = {EMB_LOG: "in-process", EMB_MEM: "in-process", RPC: "tcp", RPC_ZMQ: "zmq"}
@@ -672,25 +753,29 @@ def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, 
                 runner.close()
         for name in runners:
             if name in results:
-                print(f"[master] {name}: " + ", ".join(f"{op}/{b} {spread(c['ops'])['median']:,.0f}"
-                                                        for (op, b), c in results[name].items())
+                print(f"[master] {name}: " + ", ".join(f"{op}/{b}{'/' + a if a == 'columns' else ''} "
+                                                        f"{spread(c['ops'])['median']:,.0f}"
+                                                        for (op, b, a), c in results[name].items())
                       + f" ops/s ({time.monotonic() - t0:.0f} s)", flush=True)
     rows: list[SummaryRow] = []
     base = results.get(MOONCAKE)
     for subject, cells in results.items():
-        for (op, batch), cell in cells.items():
+        for (op, batch, api), cell in cells.items():
             s = spread(cell["ops"])
-            b = {} if subject == MOONCAKE or base is None else {"baseline": MOONCAKE,
-                                                                 "baseline_value": spread(base[(op, batch)]["ops"])["median"]}
+            b = {} if subject == MOONCAKE or base is None else {
+                "baseline": MOONCAKE, "baseline_value": spread(base[(op, batch, MOONCAKE_API)]["ops"])["median"]}
             notes = OP_NOTES[op].format(how=HOW[subject])
+            if api == "columns":
+                notes += "; " + COLUMNS_NOTE[op]
             if cell["rpcs_per_call"] is not None:
                 notes += f"; {cell['rpcs_per_call']:.3g} master RPCs per call, counted from its metrics"
+            params = {"op": op, "batch": batch, "size_bytes": SIZE_BYTES, "durable": subject in (EMB_LOG, RPC, RPC_ZMQ),
+                      "transport": TRANSPORT.get(subject, "tcp")}
+            if api != MOONCAKE_API:
+                params["api"] = api
             rows.append(SummaryRow.from_spread(s, metric="ops_per_s", subject=subject, unit="ops/s",
-                                               n=len(cell["ops"]), notes=notes, params={
-                                                   "op": op, "batch": batch, "size_bytes": SIZE_BYTES,
-                                                   "durable": subject in (EMB_LOG, RPC, RPC_ZMQ),
-                                                   "transport": TRANSPORT.get(subject, "tcp")},
-                                               **b))
+                                               n=len(cell["ops"]), notes=notes, params=params, **b))
+    rows += _acceptance(results)
     rows += lost_rows
     rows.append(SummaryRow(metric="mooncake_available", subject=MOONCAKE, value=float(MOONCAKE in results),
                            unit="bool", notes=(f"mooncake-transfer-engine {mk[2]} from PyPI: mooncake_master and "
@@ -865,7 +950,7 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
     headers = {"restart": ("start", "state", "objects", "rep", "seconds", "objects_found"),
                "kill": ("kill", "seed", "objects_checked", "objects_lost", "pending", "pending_visible",
                         "committed_unacknowledged", "recovery_s", "objects"),
-               "ops": ("subject", "op", "batch", "rep", "keys", "seconds", "master_rpcs_per_call"),
+               "ops": ("subject", "op", "batch", "api", "rep", "keys", "seconds", "master_rpcs_per_call"),
                "failover": ("ttl_s", "rep", "seconds", "objects_acknowledged", "objects_lost", "probes")}
     for part, header in headers.items():
         write_raw(NAME, f"raw_{part}.csv", header, [r[1:] for r in raw if r[0] == part], results_root)
@@ -873,32 +958,46 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
 
 
 def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
-    """``master.png``: ops/s per subject, op and batch (log scale); restart time against objects."""
+    """``master.png``: ops/s per subject, op, batch and API (log scale; Mooncake's bar, its own calls, beside both
+    APIs' groups); restart time against objects."""
     import numpy as np
+
+    import pandas as pd
 
     from experiments.plotstyle import BASELINE, OURS, PALETTE, figure, save, style_axes
     from quillcache.results import read_summary
 
     df = read_summary(NAME, results_root)
-    fig, (ax1, ax2) = figure(10.0, 3.8, ncols=2)
+    fig, (ax1, ax2) = figure(11.0, 3.8, ncols=2)
     ops = df[df["metric"] == "ops_per_s"]
     subjects = [(EMB_MEM, "QuillCache embedded, no log", PALETTE[5]), (EMB_LOG, "QuillCache embedded, log", OURS),
                 (RPC, "QuillCache server (RPC, plain TCP)", PALETTE[2]),
                 (RPC_ZMQ, "QuillCache server (RPC, ZeroMQ)", PALETTE[4]), (MOONCAKE, "Mooncake master", BASELINE)]
     subjects = [s for s in subjects if (ops["subject"] == s[0]).any()]
-    cells = [(op, b) for op in OPS for b in sorted({int(x) for x in ops["batch"]})]
+    # one group per (op, batch, api); Mooncake's own calls (no api) stand in every group of their op and batch,
+    # the baseline of both APIs
+    # (results written before both APIs were measured have no api column: their rows are the objects API)
+    api = ops["api"] if "api" in ops.columns else pd.Series(np.nan, index=ops.index)
+    ops = ops.assign(api=api.where(ops["subject"] == MOONCAKE, api.fillna("objects")).fillna(""))
+    have = set(zip(ops["op"], ops["batch"].astype(int), ops["api"]))
+    cells = [(op, b, a) for op in OPS for b in sorted({int(x) for x in ops["batch"]}) for a in ("objects", "columns")
+             if (op, b, a) in have]
     x = np.arange(len(cells))
     w = 0.8 / max(1, len(subjects))
     for i, (subject, label, colour) in enumerate(subjects):
-        sub = ops[ops["subject"] == subject].set_index(["op", "batch"])
-        vals = [float(sub.loc[(o, b), "value"]) if (o, b) in sub.index else np.nan for o, b in cells]
-        lo = [v - float(sub.loc[c, "p10"]) if c in sub.index else 0 for v, c in zip(vals, cells)]
-        hi = [float(sub.loc[c, "p90"]) - v if c in sub.index else 0 for v, c in zip(vals, cells)]
+        sub = ops[ops["subject"] == subject]
+        sub = sub.assign(api=sub["api"].replace("", "*")).set_index(["op", "batch", "api"])
+        keys = [(o, b, a) if (o, b, a) in sub.index else (o, b, "*") for o, b, a in cells]
+        vals = [float(sub.loc[k, "value"]) if k in sub.index else np.nan for k in keys]
+        lo = [v - float(sub.loc[k, "p10"]) if k in sub.index else 0 for v, k in zip(vals, keys)]
+        hi = [float(sub.loc[k, "p90"]) - v if k in sub.index else 0 for v, k in zip(vals, keys)]
         ax1.bar(x + (i - (len(subjects) - 1) / 2) * w, vals, w, label=label, color=colour,
                 yerr=np.clip(np.nan_to_num([lo, hi]), 0, None), capsize=1.5)
     ax1.set_yscale("log")
     ax1.set_xticks(x)
-    ax1.set_xticklabels([f"{o.replace('_', ' ')}\nx{b}" for o, b in cells], fontsize=7)
+    short = {"get_replicas": "get repl."}
+    ax1.set_xticklabels([f"{short.get(o, o)}\nx{b}" + (f"\n{a}" if b > 1 and o in COLUMN_OPS else "")
+                         for o, b, a in cells], fontsize=6.5)
     style_axes(ax1, ylabel="objects per second (median, p10-p90)", title="Metadata operations")
     ax1.legend(fontsize=6.5, frameon=False, loc="upper left")
     rs = df[df["metric"] == "restart_s"]

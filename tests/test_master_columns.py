@@ -427,3 +427,30 @@ def test_int64_sizes_travel_as_raw_bytes_and_come_back_equal(sizes):
 def test_sizes_that_are_not_int64_go_as_a_list_for_the_master_to_judge(sizes):
     wire = encode_sizes(sizes)
     assert isinstance(wire, list) and decode_sizes(wire) == wire
+
+
+# ------------------------------------------------------------------ a server without the columnar forms
+
+def test_a_server_without_the_columnar_forms_is_asked_for_the_compact_ones_with_the_same_result():
+    from quillcache.master.server import MasterEndpoint, SingleMaster
+    from quillcache.master.wire import COLUMNS_METHODS, NODE_METHODS, SERVICE_METHODS
+    from quillcache.rpc import InProcessClient
+
+    old_svc, ref = MasterService(MasterConfig()), MasterService(MasterConfig())
+    served = [m for m in (*SERVICE_METHODS, *NODE_METHODS) if m not in COLUMNS_METHODS]
+    old = MasterClient(_rpc=InProcessClient(MasterEndpoint(SingleMaster(old_svc)), served))
+    for seg in segments():
+        old.mount_segment(seg)
+        ref.mount_segment(seg)
+    keys, sizes = ["a", "b", "a", "", "c"], np.array([10, 20, 30, 40, 1 << 40])
+    kw = dict(replica_num=2, preferred_segment=3, pin=PinKind.SOFT, digests=[b"x", None, b"x", None, None])
+    got = old.batch_put_start_columns(keys, sizes, **kw)
+    assert not old._columns and cols_key(got) == cols_key(ref.batch_put_start_columns(keys, sizes, **kw))
+    for m in (old, ref):
+        m.batch_put_end(["a", "b"])
+    assert cols_key(old.get_replicas_columns(keys)) == cols_key(ref.get_replicas_columns(keys))
+    with pytest.raises(InvalidParamsError, match="do not match"):
+        old.batch_put_start_columns(["a", "b"], [1])
+    old.close()
+    old_svc.close()
+    ref.close()
