@@ -37,7 +37,7 @@ Everything in one run on this machine:
    + ``batch_put_end``; ``get_replicas``: per-key result objects) and ``columns`` (``batch_put_start_columns``
    with the sizes as one int64 array + ``batch_put_end``; ``get_replicas_columns``: one array per field,
    raw bytes on the wire), back to back in each repetition, their order alternating; Mooncake's rows (its
-   own client's calls, which return Python lists) carry no ``api`` and are the baseline of both. Acceptance
+   own client's calls) carry no ``api`` and are the baseline of both. Acceptance
    rows ``accept_batched_vs_mooncake``: per subject in ``ACCEPT_SUBJECTS``, batched op and API, the median
    ratio to Mooncake's same op and batch, ``holds`` when at least 1.
 4. **Failover** through etcd (``EtcdProcess``), when the master's HA mode exists (otherwise a
