@@ -80,10 +80,14 @@ class BatchError:
 
 
 def encode_batch(values: list) -> list:
+    if type(values) is list and values.count(None) == len(values):  # every key succeeded (batch_put_end & co)
+        return values
     return [BatchError(v.code, v.message) if isinstance(v, MasterError) else v for v in values]
 
 
 def decode_batch(values: list) -> list:
+    if type(values) is list and values.count(None) == len(values):
+        return values
     return [error_for(v.code, v.message) if isinstance(v, BatchError) else v for v in values]
 
 
