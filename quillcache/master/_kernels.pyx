@@ -78,6 +78,17 @@ cdef inline object _lookup(dict d, object getter, object key):
     return getter(key)
 
 
+def all_new(list keys, dict objs):
+    """True when the keys are distinct and none is a key of ``objs``."""
+    cdef set seen = set()
+    cdef object key
+    for key in keys:
+        if key in objs or key in seen:
+            return False
+        seen.add(key)
+    return True
+
+
 def new_records(list keys, list sizes, list allocs, list pins, list digests, list counts, list flat, double now,
                 double soft_ttl, int64_t first_put_id, int pending, int soft):
     """``(records, added_bytes_per_segment, total_bytes)`` of a PUT_START_MANY without pre-emptions:

@@ -57,7 +57,7 @@ from quillcache.alloc import OutOfSpaceError
 from quillcache.durability.fs import FileSystem, RealFs
 from quillcache.durability.wal import WalError
 from quillcache.index import IndexBackend, open_index
-from quillcache.master._kernels import (READ_BAD_KEY, READ_NOT_FOUND, check_new_puts, end_prefix,
+from quillcache.master._kernels import (READ_BAD_KEY, READ_NOT_FOUND, all_new, check_new_puts, end_prefix,
                                        place_most_free, read_columns)
 from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows
 from quillcache.master.errors import (
@@ -417,7 +417,9 @@ class MasterService(ReplicatedMode):
         st = self._state
         cfg = self.config
         allocs = check_new_puts(keys, sizes, MAX_KEY_CHARS, cfg.max_object_bytes, cfg.alignment_bytes)
-        if allocs is None or len(set(keys)) != len(keys) or st.objects.present_among(keys):
+        table = st.objects
+        if allocs is None or not (all_new(keys, table._objs) if not table._rows else
+                                  len(set(keys)) == len(keys) and not table.present_among(keys)):
             return None
         segs = st.segments
         if not segs or any(seg.alloc is None for seg in segs.values()):
@@ -467,7 +469,7 @@ class MasterService(ReplicatedMode):
                 gc.enable()
             if self._failed is None:
                 self._finish()
-        used = np.unique(seg_col).tolist()
+        used = sids[np.flatnonzero(np.bincount(choice))].tolist()
         return PutColumns(np.ones(n, dtype=np.uint8), seg_col.astype(np.uint32), offsets,
                           np.asarray(sizes, dtype=np.int64), {},
                           {row[0]: (row[1], row[2], row[3], row[4]) for row in self._segment_rows(set(used))},

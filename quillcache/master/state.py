@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from quillcache.alloc import OffsetAllocator, OutOfSpaceError
-from quillcache.master._kernels import end_apply, new_records
+from quillcache.master._kernels import all_new, end_apply, new_records
 from quillcache.master.errors import StaleEpochError
 from quillcache.master.oplog import Op
 from quillcache.master.residency import IndexProjection
@@ -199,7 +199,13 @@ class MasterState:
         as for PUT_START) and are not looked up again. Compiled (``_kernels.new_records``) unless a key
         pre-empts a zombie put; ``_put_start_many_py`` is the reference (tested equal)."""
         objects = self.objects
-        if objects.present_among(keys) or type(keys) is not list or len(set(keys)) != len(keys):
+        if type(keys) is not list:
+            fresh = False
+        elif not objects._rows:
+            fresh = all_new(keys, objects._objs)
+        else:
+            fresh = not objects.present_among(keys) and len(set(keys)) == len(keys)
+        if not fresh:
             self._put_start_many_py(now, soft_ttl, first_put_id, keys, sizes, allocs, pins, digests, counts, flat)
             return
         objs, per_seg, total = new_records(keys, list(sizes), list(allocs), list(pins), list(digests), list(counts),
