@@ -622,9 +622,9 @@ def test_publish_missing_ends_like_publish_and_skips_what_the_index_has():
 
 
 def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path):
-    """A master that stops without a snapshot (its index holds the tail's replicas) restarts twice: the
-    tail is replayed into the tables each time but nothing is written to the index again."""
-    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10**9)
+    """A master with its index on disk that stops without a snapshot (its index holds the tail's replicas)
+    restarts twice: the tail is replayed into the tables each time but nothing is written to the index again."""
+    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10**9, index_on_disk=True)
     m = MasterService(cfg, clock=clock, data_dir=tmp_path)
     for i in range(2):
         m.mount_segment(seg(f"n{i}", i, 1 << 10))
@@ -653,6 +653,37 @@ def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path)
         written.append(r.index.logical_bytes_written)
         assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
     assert written[0] > 0 and written[1] == 0, written
+    r.close()
+
+
+@pytest.mark.parametrize("materialize", [False, True])
+def test_in_memory_index_is_rebuilt_from_snapshot_and_tail(clock, tmp_path, materialize):
+    """The default index lives in memory: a restart (no close: snapshot + a log tail with puts, ends, a
+    remove and a revoke) rebuilds it from the tables, equal to the index the master had; nothing is on disk
+    under ``index``. With some records materialized before the fill, the result is the same."""
+    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10**9)
+    m = MasterService(cfg, clock=clock, data_dir=tmp_path)
+    for i in range(3):
+        m.mount_segment(seg(f"n{i}", i, 1 << 12))
+    first = [f"a{i}" for i in range(150)]
+    m.batch_put_start_columns(first, [UNIT] * len(first), replica_num=2)
+    m.batch_put_end(first[:120])  # 30 stay PENDING: not in the index
+    m.snapshot()
+    tail = [f"b{i}" for i in range(40)]
+    m.batch_put_start_columns(tail, [UNIT * 2] * len(tail))
+    m.batch_put_end(tail[:30])
+    m.remove(first[0], force=True)
+    m.put_revoke(tail[39])
+    keys = first + tail
+    want = {k: sorted(m.index.locate([residency_key(k)[0]])[0], key=repr) for k in keys}
+    assert sum(len(v) for v in want.values()) == 2 * 119 + 30
+    assert not (tmp_path / "index").exists()
+    r = MasterService(cfg, clock=clock, data_dir=tmp_path)
+    if materialize:
+        r.close()
+        r = MasterService(cfg, clock=clock, data_dir=tmp_path)
+    assert {k: sorted(r.index.locate([residency_key(k)[0]])[0], key=repr) for k in keys} == want
+    r.check_invariants()
     r.close()
 
 

@@ -32,7 +32,9 @@ records or ``snapshot_every_s`` seconds, and at ``close``; the log restarts afte
 
 Residency: the state machine writes every COMPLETE object's replicas into the residency index
 (:mod:`.residency`) after the records are committed, so the planner sees what ``get_replicas``
-answers. Default index: ``config.index_kind`` (ART), persistent under ``D/index`` with a data dir.
+answers. Default index: ``config.index_kind`` (ART) in memory, rebuilt from the snapshot and the
+log at restart (they are the source of truth); ``config.index_on_disk`` keeps it under ``D/index``
+with its own log, checkpointed with every snapshot of the master.
 
 Batch forms return per-key results (the value or the :class:`MasterError`); single-key forms raise.
 A log that fails to write or sync turns the service read-only for state changes (LOG_FAILED).
@@ -133,7 +135,7 @@ class MasterService(ReplicatedMode):
         self.data_dir = os.fspath(data_dir) if data_dir is not None else None
         self._owns_index = index is None
         if index is None:
-            path = os.path.join(self.data_dir, "index") if self.data_dir is not None else None
+            path = os.path.join(self.data_dir, "index") if self.data_dir is not None and config.index_on_disk else None
             opts = {"fs": self._fs} if config.index_kind == "art" and path is not None else {}
             if self.data_dir is not None and not self._fs.is_dir(self.data_dir):
                 self._fs.mkdir(self.data_dir)
@@ -193,6 +195,8 @@ class MasterService(ReplicatedMode):
         self._commit()
         try:
             self._projection.flush()  # the index holds everything the snapshot covers
+            if self._owns_index and self.config.index_on_disk and hasattr(self.index, "checkpoint"):
+                self.index.checkpoint()  # its own log then holds no more than this master's log tail
             n = write_snapshot(self._fs, self.data_dir, self._state)
             self._log.rotate(self._state.lsn)
         except (OSError, WalError) as exc:

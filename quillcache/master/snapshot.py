@@ -32,7 +32,7 @@ from quillcache.master.state import MasterState
 from quillcache.master.table import COLUMN_DTYPES
 from quillcache.master.types import ObjectStatus
 
-__all__ = ["SNAPSHOT_NAME", "SnapshotError", "load_snapshot", "recover", "write_snapshot"]
+__all__ = ["SNAPSHOT_NAME", "SnapshotError", "fill_index", "load_snapshot", "recover", "write_snapshot"]
 
 SNAPSHOT_NAME = "master.snap"
 _MAGIC = b"QCMSNAP1"
@@ -157,33 +157,50 @@ def _fill(state: MasterState, doc: dict) -> None:
     state.next_put_id = doc["next_put_id"]
 
 
+def fill_index(state: MasterState, projection: IndexProjection) -> None:
+    """Write every COMPLETE object's replicas into an empty index (a restart with an in-memory index,
+    or an on-disk one that was lost), from the table's columns: no record is materialized."""
+    keys, segs, offs, sizes = state.objects.complete_replicas()
+    if not keys:
+        return
+    uniq, inverse = np.unique(segs, return_inverse=True)
+    descs = [state.segments[s].desc for s in uniq.tolist()]
+    node_of = [d.node_id for d in descs]
+    nodes = [node_of[i] for i in inverse.tolist()]
+    tiers = np.asarray([int(d.tier) for d in descs], dtype=np.int64)[inverse]
+    projection.add_columns(keys, nodes, tiers.tolist(), segs.tolist(), offs.tolist(), sizes.tolist())
+    projection.publish()
+
+
 def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, data_dir: str, *, now: float,
             lease_ttl_s: float) -> tuple[OpLog, int]:
     """Restart: load the snapshot, replay the log tail, rebuild the allocators, reset soft state
     (state.py: every COMPLETE object leased until ``now + lease_ttl_s``, last access = completion,
     every client seen ``now``). Returns the reopened log and the number of records replayed.
 
-    The index (if persistent) was flushed when the snapshot was taken, so replaying the tail
-    brings it up to date; only the replicas the index lacks (or still holds after a drop) are
-    written (``IndexProjection.publish_missing``), so restarting again and again on the same tail
-    does not grow the index's own log. An empty index (in-memory, or new) is filled from the
-    tables first, O(objects)."""
+    An empty index (in memory, the default; or an on-disk one that was lost) is filled from the
+    snapshot's tables first (``fill_index``, O(objects), columnar), then gets the tail's changes. An
+    on-disk index (``index_on_disk``) was flushed and checkpointed when the snapshot was taken, so
+    replaying the tail brings it up to date; only the replicas it lacks (or still holds after a
+    drop) are written (``IndexProjection.publish_missing``), so restarting again and again on the
+    same tail does not grow the index's own log."""
     state.detach_space()
     lease_end = now + lease_ttl_s
     state.objects.lease_floor_s = lease_end
     had_snapshot = load_snapshot(fs, data_dir, state)
-    if had_snapshot and projection.is_empty() and len(state.objects):
-        for obj in state.objects.values():
-            if obj.status == _COMPLETE:
-                projection.add(obj.key, state.index_rows(obj))
-        projection.publish()
+    refilled = projection.is_empty()
+    if had_snapshot and refilled and len(state.objects):
+        fill_index(state, projection)
     log = OpLog(data_dir, fs)
     tail = log.recover(state.lsn)
     for lsn, payload in tail:
         state.apply(decode_record(payload), lsn)
-    written, _ = projection.publish_missing()  # a tail replayed before (a restart since the snapshot) is in the index
-    if written:
-        projection.flush()  # durable now, so the next restart on the same tail finds it there
+    if refilled:  # built from the snapshot just now: the tail's changes are all missing from it
+        projection.flush()  # (an on-disk index: durable, so the next restart finds it whole)
+    else:
+        written, _ = projection.publish_missing()  # a tail replayed before (a restart since the snapshot) is in it
+        if written:
+            projection.flush()  # durable now, so the next restart on the same tail finds it there
     state.attach_space()
     for obj in state.objects.materialized():
         if obj.status == _COMPLETE:

@@ -174,6 +174,39 @@ class ObjectTable:
                           np.repeat(c["alloc"][rows], counts)))
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
 
+    def complete_replicas(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """Every replica of every COMPLETE object as columns ``(keys, segment_ids, offsets, sizes)``
+        (one entry per replica, an object's replicas consecutive; materialized records first, then the
+        unmaterialized rows in snapshot order): what the residency index holds for this table."""
+        keys: list[str] = []
+        segs: list[int] = []
+        offs: list[int] = []
+        sizes: list[int] = []
+        for o in self._objs.values():
+            if o.status == _COMPLETE:
+                for s, off in o.replicas:
+                    keys.append(o.key)
+                    segs.append(s)
+                    offs.append(off)
+                    sizes.append(o.size_bytes)
+        seg_a = np.asarray(segs, dtype=np.int64)
+        off_a = np.asarray(offs, dtype=np.int64)
+        size_a = np.asarray(sizes, dtype=np.int64)
+        if self._rows:
+            c = self._cols
+            rows = np.sort(self.unmaterialized_rows())
+            rows = rows[c["status"][rows] == _COMPLETE]
+            counts = c["rep_count"][rows].astype(np.int64)
+            starts = self._rep_start[rows]
+            idx = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+            per_rep = np.repeat(rows, counts)
+            all_keys = self._keys
+            keys += [all_keys[r] for r in per_rep.tolist()]
+            seg_a = np.concatenate([seg_a, c["rep_seg"][idx].astype(np.int64)])
+            off_a = np.concatenate([off_a, c["rep_off"][idx].astype(np.int64)])
+            size_a = np.concatenate([size_a, c["size"][per_rep].astype(np.int64)])
+        return keys, seg_a, off_a, size_a
+
     def columns(self) -> tuple[list[str], dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[int, bytes]]:
         """The whole table as ``(keys, cols, rep_count, rep_seg, rep_off, digests)`` (rows: materialized
         records first, then the unmaterialized rows in their snapshot order)."""

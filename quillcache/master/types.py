@@ -177,7 +177,9 @@ class ObjectInfo:
 @dataclass(frozen=True, kw_only=True)
 class MasterConfig:
     """Mooncake's defaults (REFERENCE §4/§9). ``alignment_bytes`` is the allocation unit of every
-    segment (sizes round up to it); ``epoch`` None = continue the newest epoch found in the log."""
+    segment (sizes round up to it); ``epoch`` None = continue the newest epoch found in the log;
+    ``index_on_disk`` keeps the residency index under ``<data_dir>/index`` (else in memory, rebuilt at
+    restart from the master's snapshot and log)."""
 
     lease_ttl_s: float = 10.0
     client_ttl_s: float = 10.0
@@ -192,6 +194,7 @@ class MasterConfig:
     snapshot_every_records: int = 100_000
     snapshot_every_s: float = 600.0
     index_kind: str = "art"
+    index_on_disk: bool = False
     epoch: int | None = None
 
 
