@@ -860,3 +860,23 @@ def test_the_fast_result_builders_equal_the_dataclass_constructors(node, sid, en
     assert codec.decode(codec.encode(got)) == want
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.replicas[0].offset_bytes = 0
+
+
+def test_snapshot_cadence_grows_with_the_table(clock, tmp_path):
+    """A snapshot comes once the log holds max(snapshot_every_records, snapshot_growth x objects) changes:
+    with 10 and 1.0, a table of 200 objects is snapshotted after 200 more changes, not after 10."""
+    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10, snapshot_growth=1.0)
+    m = MasterService(cfg, clock=clock, data_dir=tmp_path)
+    m.mount_segment(seg("n0", 0, 1 << 16))
+    keys = [f"k{i}" for i in range(100)]
+    m.batch_put_start_columns(keys, [UNIT] * 100)  # 100 changes >= max(10, 1.0 x 0): snapshot
+    first = m.last_snapshot_lsn
+    assert first == m.lsn
+    more = [f"m{i}" for i in range(40)]
+    m.batch_put_start_columns(more, [UNIT] * 40)  # 40 < max(10, 140): no snapshot
+    assert m.last_snapshot_lsn == first
+    m.batch_put_end(keys)  # 140 >= 140: snapshot
+    assert m.last_snapshot_lsn == m.lsn > first
+    with pytest.raises(MasterError, match="snapshot_growth"):
+        MasterService(MasterConfig(snapshot_growth=-1.0))
+    m.close()

@@ -26,8 +26,9 @@ Semantics (REFERENCE §4/§9, issue 14 item 1):
 
 Durability (``data_dir``): every state change is an operation-log record (:mod:`.oplog`) applied
 by :class:`~.state.MasterState`; a call returns only after its records are fsynced (one fsync per
-call: group commit for batches). Snapshots (:mod:`.snapshot`) every ``snapshot_every_records``
-records or ``snapshot_every_s`` seconds, and at ``close``; the log restarts after each.
+call: group commit for batches). Snapshots (:mod:`.snapshot`) once the log holds
+``max(snapshot_every_records, snapshot_growth x objects)`` state changes, or every ``snapshot_every_s``
+seconds, and at ``close``; the log restarts after each.
 ``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators.
 
 Residency: the state machine writes every COMPLETE object's replicas into the residency index
@@ -210,8 +211,9 @@ class MasterService(ReplicatedMode):
         log = self._log
         if log is None or log.records_since_rotate == 0:
             return
-        if (log.records_since_rotate >= self.config.snapshot_every_records
-                or self._now() - self._last_snapshot_s >= self.config.snapshot_every_s):
+        cfg = self.config
+        if (log.records_since_rotate >= max(cfg.snapshot_every_records, cfg.snapshot_growth * len(self._state.objects))
+                or self._now() - self._last_snapshot_s >= cfg.snapshot_every_s):
             self.snapshot()
 
     def close(self) -> None:

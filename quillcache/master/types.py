@@ -178,6 +178,9 @@ class ObjectInfo:
 class MasterConfig:
     """Mooncake's defaults (REFERENCE §4/§9). ``alignment_bytes`` is the allocation unit of every
     segment (sizes round up to it); ``epoch`` None = continue the newest epoch found in the log;
+    a snapshot is taken once the log holds ``max(snapshot_every_records, snapshot_growth x objects)``
+    state changes (a snapshot costs O(objects), so its cost per change stays bounded as the table
+    grows, and a restart replays a tail of at most that many changes) or after ``snapshot_every_s``;
     ``index_on_disk`` keeps the residency index under ``<data_dir>/index`` (else in memory, rebuilt at
     restart from the master's snapshot and log)."""
 
@@ -192,6 +195,7 @@ class MasterConfig:
     max_allocs_per_segment: int = 1 << 20
     max_object_bytes: int = U32_MAX
     snapshot_every_records: int = 100_000
+    snapshot_growth: float = 0.5
     snapshot_every_s: float = 600.0
     index_kind: str = "art"
     index_on_disk: bool = False
