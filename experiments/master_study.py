@@ -243,7 +243,18 @@ def _timed_open(data_dir: str) -> dict:
     t0 = time.perf_counter()
     svc = MasterService(_restart_config(), data_dir=data_dir)
     el = time.perf_counter() - t0
-    return {"restart_s": el, "objects": svc.stats().num_objects, "recovery_s": svc.recovery_s}
+    return {"restart_s": el, "objects": svc.stats().num_objects, "recovery_s": svc.recovery_s,
+            "replayed_records": svc.recovered_records}
+
+
+def _largest_tail(n: int) -> int:
+    """The most objects a log tail can hold after a snapshot of ``n`` objects under the default cadence
+    (a snapshot once the log holds max(snapshot_every_records, snapshot_growth x objects) changes; each object
+    is 2 changes, put in _fill's calls of 2,000): the worst case a restart replays."""
+    cfg = _restart_config()
+    r, g = cfg.snapshot_every_records, cfg.snapshot_growth
+    bound = max(r / 2, g * n / (2 - g))  # 2t < max(r, g (n + t))
+    return max(2000, int(bound) // 2000 * 2000 - 2000)
 
 
 def _sigkill_with_tail(data_dir: str, n_tail: int) -> dict:
@@ -271,15 +282,21 @@ def _restart_study(cfg: dict, work: Path, server_ok: bool, raw: list) -> list[Su
     rows: list[SummaryRow] = []
     for n in cfg["restart_objects"]:
         d = work / f"restart-{n}"
-        tail = cfg["tail_objects"]
-        built = _fork_call(_build, str(d), n, n + tail, timeout_s=1200)
+        largest = _largest_tail(n)
         states = {}
-        for state in ("clean", "sigkill"):
+        for state in ("clean", "sigkill", "sigkill_largest_tail"):
             expect = n
-            if state == "sigkill":
+            tail = cfg["tail_objects"] if state == "sigkill" else largest
+            if state != "sigkill":  # a fresh build: the clean state, and the largest tail on a snapshot of n objects
+                shutil.rmtree(d, ignore_errors=True)
+                built = _fork_call(_build, str(d), n, n + max(cfg["tail_objects"], largest), timeout_s=1200)
+            t = None
+            if state.startswith("sigkill"):
                 t = _sigkill_with_tail(str(d), tail)
                 expect = n + tail
-                states[state] = f"SIGKILL after a log tail of {tail:,} objects ({t['records']:,} records)"
+                states[state] = (f"SIGKILL after a log tail of {tail:,} objects ({t['records']:,} records)"
+                                 + (" - the largest the default snapshot cadence lets the log hold"
+                                    if state == "sigkill_largest_tail" else ""))
             else:
                 states[state] = f"clean close (snapshot) after loading {n:,} objects in {built['load_s']:.1f} s"
             times, proc_times = [], []
@@ -287,13 +304,16 @@ def _restart_study(cfg: dict, work: Path, server_ok: bool, raw: list) -> list[Su
                 got = _fork_call(_timed_open, str(d))
                 if got["objects"] != expect:
                     raise AssertionError(f"restart of {d.name} ({state}) found {got['objects']} objects, not {expect}")
+                if t is not None and got["replayed_records"] != t["records"]:
+                    raise AssertionError(f"restart of {d.name} ({state}) replayed {got['replayed_records']} records, "
+                                         f"not the tail's {t['records']} (a snapshot was taken during the tail)")
                 times.append(got["restart_s"])
                 raw.append(("restart", "in-process", state, n, rep, f"{got['restart_s']:.6f}", got["objects"]))
             rows.append(SummaryRow.from_spread(spread(times), metric="restart_s", subject="quillcache MasterService",
                                                unit="s", n=len(times), notes=f"{states[state]}; MasterService(data_dir=D) "
                                                "in a fresh forked process until it returns", params={
                                                    "objects": n, "state": state, "start": "in-process",
-                                                   "tail_objects": tail if state == "sigkill" else 0}))
+                                                   "tail_objects": tail if t is not None else 0}))
             if server_ok:
                 for rep in range(cfg["restart_reps"]):
                     srv = ServerProcess(d, log_path=work / f"restart-{n}-{state}-{rep}.log")
@@ -305,7 +325,7 @@ def _restart_study(cfg: dict, work: Path, server_ok: bool, raw: list) -> list[Su
                                                    "quillcache.master until its ready line (interpreter start, imports, "
                                                    "recovery, bind)", params={"objects": n, "state": state,
                                                                              "start": "process",
-                                                                             "tail_objects": tail if state == "sigkill" else 0}))
+                                                                             "tail_objects": tail if t is not None else 0}))
         shutil.rmtree(d, ignore_errors=True)
         print(f"[master] restart {n:>9,} objects: " + ", ".join(
             f"{r.params['state']}/{r.params['start']} {r.value * 1e3:.0f} ms" for r in rows if r.params["objects"] == n),

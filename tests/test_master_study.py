@@ -19,7 +19,9 @@ def test_quick_profile_runs_and_loses_nothing(tmp_path, monkeypatch):
     assert v("kills") == 5 and v("objects_checked") > 0
     assert v("objects_lost") == 0 and v("half_finished_visible") == 0
     restart = df[df.metric == "restart_s"]
-    assert set(restart["state"]) == {"clean", "sigkill"} and (restart["value"] > 0).all()
+    assert set(restart["state"]) == {"clean", "sigkill", "sigkill_largest_tail"} and (restart["value"] > 0).all()
+    largest = restart[restart.state == "sigkill_largest_tail"]["tail_objects"]
+    assert (largest == master_study._largest_tail(10_000)).all()  # replayed whole: the study checks no snapshot cut it
     ops = df[df.metric == "ops_per_s"]
     assert {"quillcache embedded (log)", "quillcache embedded (no log)"} <= set(ops["subject"])
     assert set(ops["op"]) == {"put", "get_replicas", "exists"} and (ops["value"] > 0).all()
