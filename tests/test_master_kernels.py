@@ -276,3 +276,11 @@ def test_record_columns_equal_python_columns(objs, reload):
         assert np.array_equal(a[1][name], b[1][name]) and a[1][name].dtype == b[1][name].dtype, name
     for x, y in zip(a[2:5], b[2:5]):
         assert np.array_equal(x, y) and x.dtype == y.dtype
+
+
+@given(items=st.lists(st.one_of(st.integers(), st.text(max_size=3), st.booleans(), st.none(), st.floats()), max_size=20))
+def test_all_of_type_equals_all(items):
+    from quillcache.master._kernels import all_of_type
+
+    for kind in (int, str, bool, float):
+        assert all_of_type(items, kind) == all(type(x) is kind for x in items)

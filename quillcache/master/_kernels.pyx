@@ -357,3 +357,12 @@ def record_columns(list objs):
     cols = {"size": size_a, "alloc": alloc_a, "status": status_a, "put_id": put_id_a, "started": started_a,
             "completed": completed_a, "pin": pin_a, "soft_pin_end": soft_a}
     return keys, cols, count_a, seg_a, off_a, digests
+
+
+def all_of_type(list items, type kind):
+    """``all(type(x) is kind for x in items)`` (exact type, no subclasses)."""
+    cdef object x
+    for x in items:
+        if type(x) is not kind:
+            return False
+    return True

@@ -44,6 +44,7 @@ import msgpack
 
 from quillcache.durability.fs import FileSystem
 from quillcache.durability.wal import WalWriter, scan
+from quillcache.master._kernels import all_of_type
 
 __all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record", "num_changes"]
 
@@ -92,7 +93,7 @@ def decode_record(payload: bytes) -> list:
     if len(rec) != 3 + _NUM_FIELDS[op]:
         raise ValueError(f"master log record {op.name} has {len(rec) - 3} fields, expected {_NUM_FIELDS[op]}")
     rec[0] = op
-    if op == Op.PUT_END_MANY and not (isinstance(rec[3], list) and rec[3] and all(type(k) is str for k in rec[3])):
+    if op == Op.PUT_END_MANY and not (isinstance(rec[3], list) and rec[3] and all_of_type(rec[3], str)):
         raise ValueError(f"master log record PUT_END_MANY must hold a non-empty array of keys, got {rec[3]!r:.80}")
     if op == Op.PUT_START_MANY:
         _check_put_start_many(rec)
@@ -111,7 +112,7 @@ def decode_record(payload: bytes) -> list:
 
 
 def _ints(v: object, n: int) -> bool:
-    return isinstance(v, list) and len(v) == n and all(type(x) is int for x in v)
+    return isinstance(v, list) and len(v) == n and all_of_type(v, int)
 
 
 def _check_put_start_many(rec: list) -> None:
@@ -120,7 +121,7 @@ def _check_put_start_many(rec: list) -> None:
     what = None
     if type(ttl) not in (int, float) or type(first) is not int or first < 1:
         what = f"soft_pin_ttl_s={ttl!r:.20} and first_put_id={first!r:.20} must be a number and an int >= 1"
-    elif not (isinstance(keys, list) and keys and all(type(k) is str for k in keys)):
+    elif not (isinstance(keys, list) and keys and all_of_type(keys, str)):
         what = f"keys must be a non-empty array of str, got {keys!r:.80}"
     elif len(set(keys)) != len(keys):
         what = "a key appears twice"
