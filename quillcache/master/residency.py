@@ -25,12 +25,14 @@ from collections.abc import Iterable
 import numpy as np
 
 from quillcache.index import IndexBackend, ReplicaKey, ResidencyEntry
+from quillcache.master._residency import residency_key1, residency_keys
 from quillcache.types import CacheTier
 
 __all__ = ["IndexProjection", "kv_object_key", "residency_key"]
 
 _KV_PREFIX = "kv:"
 _KV_LEN = len(_KV_PREFIX) + 16 + 1 + 32
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 def kv_object_key(block_hash: int, identity: bytes) -> str:
@@ -41,12 +43,15 @@ def kv_object_key(block_hash: int, identity: bytes) -> str:
 
 
 def residency_key(key: str) -> tuple[int, bytes]:
-    """``(block_hash, identity)`` under which ``key``'s replicas are recorded in the index."""
-    if len(key) == _KV_LEN and key.startswith(_KV_PREFIX) and key[19] == ":":
-        try:
-            return int(key[3:19], 16), bytes.fromhex(key[20:])
-        except ValueError:
-            pass
+    """``(block_hash, identity)`` under which ``key``'s replicas are recorded in the index.
+
+    The plain-Python reference of ``_residency.residency_keys`` (which the projection uses). A key is
+    of the kv: form only when all 48 of its hex places are ASCII hex digits (either case): ``int()``'s
+    signs, ``0x``, underscores, whitespace and non-ASCII digits, and ``bytes.fromhex``'s whitespace,
+    would otherwise give negative block hashes or short identities."""
+    if (len(key) == _KV_LEN and key.startswith(_KV_PREFIX) and key[19] == ":" and _HEX.issuperset(key[3:19])
+            and _HEX.issuperset(key[20:])):
+        return int(key[3:19], 16), bytes.fromhex(key[20:])
     d = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=24).digest()
     return int.from_bytes(d[:8], "big"), d[8:]
 
@@ -65,13 +70,8 @@ class IndexProjection:
 
     def add(self, key: str, replicas: Iterable[tuple[str, CacheTier, int, int, int]]) -> None:
         """Record ``(node_id, tier, segment_id, offset_bytes, size_bytes)`` replicas of ``key``."""
-        h, ident = residency_key(key)
-        queue = self._queue
-        if queue and queue[-1][0]:
-            cols = queue[-1][1]
-        else:
-            cols = _Adds()
-            queue.append((True, cols))
+        h, ident = residency_key1(key)
+        cols = self._adds()
         for node, tier, seg, off, size in replicas:
             cols.hashes.append(h)
             cols.identities.append(ident)
@@ -81,34 +81,31 @@ class IndexProjection:
             cols.offsets.append(off)
             cols.sizes.append(size)
 
-    def add_columns(self, keys: list[str], nodes: list[str], tiers: list, segments: list[int], offsets: list[int],
-                    sizes: list[int]) -> None:
-        """``add`` of many replicas as columns: replica i is ``(nodes[i], tiers[i], segments[i],
-        offsets[i], sizes[i])`` of ``keys[i]`` (a key repeats once per replica, consecutively)."""
+    def _adds(self) -> _Adds:
         queue = self._queue
         if queue and queue[-1][0]:
-            cols = queue[-1][1]
-        else:
-            cols = _Adds()
-            queue.append((True, cols))
-        hashes, idents = cols.hashes, cols.identities
-        last = None
-        h = ident = None
-        for key in keys:
-            if key is not last:
-                h, ident = residency_key(key)
-                last = key
-            hashes.append(h)
-            idents.append(ident)
-        cols.nodes += nodes
-        cols.tiers += tiers
-        cols.segments += segments
-        cols.offsets += offsets
-        cols.sizes += sizes
+            return queue[-1][1]
+        cols = _Adds()
+        queue.append((True, cols))
+        return cols
+
+    def add_columns(self, keys: list[str], nodes: list[str], tiers, segments, offsets, sizes) -> None:
+        """``add`` of many replicas as columns: replica i is ``(nodes[i], tiers[i], segments[i],
+        offsets[i], sizes[i])`` of ``keys[i]`` (a key repeats once per replica, consecutively).
+        ``tiers``/``segments``/``offsets``/``sizes`` are lists or integer arrays; the residency keys
+        are computed in one compiled call (``_residency.residency_keys``)."""
+        hashes, idents = residency_keys(keys)
+        n = len(hashes)
+        if len(nodes) != n:
+            raise ValueError(f"add_columns: {n} keys but {len(nodes)} node names (one per replica)")
+        cols = (hashes, idents, list(nodes), _column("tiers", tiers, np.uint8, n, True),
+                _column("segments", segments, np.uint32, n), _column("offsets", offsets, np.uint64, n),
+                _column("sizes", sizes, np.uint32, n))
+        self._adds().add_chunk(cols)
 
     def drop(self, key: str, replicas: Iterable[tuple[str, CacheTier]]) -> None:
         """Forget the ``(node_id, tier)`` replicas of ``key`` (absent ones are ignored)."""
-        h, ident = residency_key(key)
+        h, ident = residency_key1(key)
         rows = [ReplicaKey(h, node, tier, ident) for node, tier in replicas]
         if self._queue and not self._queue[-1][0]:
             self._queue[-1][1].extend(rows)
@@ -179,12 +176,41 @@ class IndexProjection:
         return not self.index.nodes()
 
 
-class _Adds:
-    """A run of queued additions as columns (one list per field), written by one ``put_columns``."""
+def _column(name: str, values, dtype, n: int, uniform: bool = False) -> np.ndarray:
+    """``values`` (a list of ``n`` ints, or an integer array of ``n``) as a ``dtype`` array (so chunks
+    concatenate without promotion). An array of another integer dtype is range-checked first (a value
+    out of ``dtype``'s range raises ValueError naming the column; nothing wraps). ``uniform``: a list of
+    one repeated object (the tiers of a one-tier batch) becomes ``np.full`` without a per-item conversion."""
+    if isinstance(values, np.ndarray):
+        if values.shape != (n,) or values.dtype.kind not in "ui":
+            raise ValueError(f"add_columns: {name} is a {values.dtype} array of shape {values.shape}, expected "
+                             f"an integer array of shape ({n},) (one value per replica)")
+        if values.dtype == dtype:
+            return values
+        info = np.iinfo(dtype)
+        if n and (int(values.min()) < 0 or int(values.max()) > info.max):
+            raise ValueError(f"add_columns: {name} has a value out of range [0, {info.max}] (min {int(values.min())}, "
+                             f"max {int(values.max())})")
+        return values.astype(dtype)
+    if uniform and n and type(values) is list and len(values) == n and values.count(values[0]) == n:
+        return np.full(n, int(values[0]), dtype=dtype)
+    if len(values) != n:
+        raise ValueError(f"add_columns: {name} has {len(values)} values, expected {n} (one per replica)")
+    return np.fromiter(values, dtype=dtype, count=n)
 
-    __slots__ = ("hashes", "identities", "nodes", "tiers", "segments", "offsets", "sizes")
+
+class _Adds:
+    """A run of queued additions, written by one ``put_columns``: column chunks (``add_columns``, in
+    order) and, after them, single-key rows (``add``) as lists; ``add_chunk`` first turns pending
+    rows into a chunk, so the order of additions is kept."""
+
+    __slots__ = ("chunks", "hashes", "identities", "nodes", "tiers", "segments", "offsets", "sizes")
 
     def __init__(self) -> None:
+        self.chunks: list[tuple] = []
+        self._clear_rows()
+
+    def _clear_rows(self) -> None:
         self.hashes: list[int] = []
         self.identities: list[bytes] = []
         self.nodes: list[str] = []
@@ -193,14 +219,40 @@ class _Adds:
         self.offsets: list[int] = []
         self.sizes: list[int] = []
 
-    def put_into(self, index: IndexBackend) -> None:
+    def _rows_chunk(self) -> None:
         n = len(self.nodes)
-        index.put_columns(np.fromiter(self.hashes, dtype=np.uint64, count=n), b"".join(self.identities), self.nodes,
-                          np.fromiter(self.tiers, dtype=np.uint8, count=n),
-                          np.fromiter(self.segments, dtype=np.uint32, count=n),
-                          np.fromiter(self.offsets, dtype=np.uint64, count=n),
-                          np.fromiter(self.sizes, dtype=np.uint32, count=n))
+        if n:
+            self.chunks.append((np.fromiter(self.hashes, dtype=np.uint64, count=n), b"".join(self.identities),
+                                self.nodes, np.fromiter(self.tiers, dtype=np.uint8, count=n),
+                                np.fromiter(self.segments, dtype=np.uint32, count=n),
+                                np.fromiter(self.offsets, dtype=np.uint64, count=n),
+                                np.fromiter(self.sizes, dtype=np.uint32, count=n)))
+            self._clear_rows()
+
+    def add_chunk(self, cols: tuple) -> None:
+        self._rows_chunk()
+        self.chunks.append(cols)
+
+    def columns(self) -> tuple:
+        """All additions as one set of ``put_columns`` arguments."""
+        self._rows_chunk()
+        chunks = self.chunks
+        if len(chunks) == 1:
+            return chunks[0]
+        if not chunks:
+            return (np.empty(0, np.uint64), b"", [], np.empty(0, np.uint8), np.empty(0, np.uint32),
+                    np.empty(0, np.uint64), np.empty(0, np.uint32))
+        nodes: list[str] = []
+        for c in chunks:
+            nodes += c[2]
+        return (np.concatenate([c[0] for c in chunks]), b"".join(c[1] for c in chunks), nodes,
+                *(np.concatenate([c[f] for c in chunks]) for f in range(3, 7)))
+
+    def put_into(self, index: IndexBackend) -> None:
+        index.put_columns(*self.columns())
 
     def entries(self) -> list[ResidencyEntry]:
-        return [ResidencyEntry(h, node, CacheTier(t), ident, seg, off, size) for h, ident, node, t, seg, off, size
-                in zip(self.hashes, self.identities, self.nodes, self.tiers, self.segments, self.offsets, self.sizes)]
+        hashes, idents, nodes, tiers, segs, offs, sizes = self.columns()
+        return [ResidencyEntry(h, node, CacheTier(t), idents[16 * i:16 * i + 16], seg, off, size)
+                for i, (h, node, t, seg, off, size) in enumerate(zip(
+                    hashes.tolist(), nodes, tiers.tolist(), segs.tolist(), offs.tolist(), sizes.tolist()))]
