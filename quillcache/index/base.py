@@ -206,14 +206,18 @@ class IndexBackend(abc.ABC):
         puts: list[tuple[bytes, bytes]] = []
         known = len(self._node_no)
         try:
-            distinct = {}
-            for node in nodes:
-                if node not in distinct:
-                    if not isinstance(node, str):
-                        raise K.IndexKeyError(f"node names must be str, got {type(node).__name__}")
-                    K.node_name_key(node)  # checks the name as put() does
-                    distinct[node] = self._intern(node, puts)
-            node_nos = np.fromiter((distinct[x] for x in nodes), dtype=np.uint32, count=n)
+            # the distinct names in first-seen order (interned in that order, as put() does); one name
+            # for the whole batch (the common case) is np.full, else one C-level map over the names
+            distinct = dict.fromkeys(nodes)
+            for node in distinct:
+                if not isinstance(node, str):
+                    raise K.IndexKeyError(f"node names must be str, got {type(node).__name__}")
+                K.node_name_key(node)  # checks the name as put() does
+                distinct[node] = self._intern(node, puts)
+            if len(distinct) == 1:
+                node_nos = np.full(n, distinct[nodes[0]], dtype=np.uint32)
+            else:
+                node_nos = np.fromiter(map(distinct.__getitem__, nodes), dtype=np.uint32, count=n)
         except BaseException:
             for no in range(known + 1, len(self._node_no) + 1):
                 del self._node_no[self._node_name.pop(no)]
