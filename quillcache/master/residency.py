@@ -12,9 +12,14 @@ the master (which answers ``get_replicas`` from its tables) never disagree about
 
 Key mapping. A key made by :func:`kv_object_key` (``"kv:<16 hex block hash>:<32 hex identity>"``)
 maps to exactly that block hash and identity, so the planner locates KV blocks the master stores
-under the identity that governs their reuse. Any other key maps to a 24-byte BLAKE2b digest of its
-UTF-8 bytes split 8 / 16 (block hash / identity): a 192-bit name, so two keys meet in the index
-only with negligible probability (2**-96 by the birthday bound at 2**48 keys).
+under the identity that governs their reuse (its 48 hex places must be ASCII hex digits, either
+case). Any other key maps to a 24-byte BLAKE2b digest of its UTF-8 bytes (lone surrogates as
+``"surrogatepass"`` encodes them) split 8 / 16 (block hash / identity): a 192-bit name, so two keys
+meet in the index only with negligible probability (2**-96 by the birthday bound at 2**48 keys).
+
+:func:`residency_key` is the plain-Python reference; the projection computes keys with the compiled
+``_residency.residency_keys`` / ``residency_key1`` (tested equal to it), so a batch publish does no
+per-key Python work beyond the columns its caller builds.
 """
 
 from __future__ import annotations
