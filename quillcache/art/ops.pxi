@@ -46,6 +46,9 @@ cdef object remove_prefix(ArtCore core, prefix):
     return k
 
 
+DEF BATCH_NODE_BYTES_PER_ROW = 48  # inner-node bytes per inserted key, for the batch's one arena reservation
+
+
 cdef object insert_batch(ArtCore core, const uint8_t[:, ::1] keys, const uint8_t[:, ::1] values):
     """Insert rows keys[i] -> values[i] in order; returns how many keys were new.
 
@@ -64,6 +67,9 @@ cdef object insert_batch(ArtCore core, const uint8_t[:, ::1] keys, const uint8_t
     if core.a.gate:
         core._gate_slow()
     need = leaf_bytes(&core.a, <uint32_t>kl) + INSERT_SLACK_BYTES
+    # one move of the arena for the whole batch instead of a doubling every time it fills (each move copies
+    # the arena): room for a leaf plus a share of inner nodes per row; the loop below still checks every row
+    core._reserve(need + <uint64_t>n * (leaf_bytes(&core.a, <uint32_t>kl) + BATCH_NODE_BYTES_PER_ROW))
     for g in range(0, n, WARM_GROUP):
         warm_paths(&core.a, &keys[g, 0], kl, <uint32_t>kl, min(WARM_GROUP, n - g), False)
         for i in range(g, min(g + WARM_GROUP, n)):

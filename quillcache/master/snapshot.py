@@ -167,8 +167,8 @@ def fill_index(state: MasterState, projection: IndexProjection) -> None:
     descs = [state.segments[s].desc for s in uniq.tolist()]
     node_of = [d.node_id for d in descs]
     nodes = [node_of[i] for i in inverse.tolist()]
-    tiers = np.asarray([int(d.tier) for d in descs], dtype=np.int64)[inverse]
-    projection.add_columns(keys, nodes, tiers.tolist(), segs.tolist(), offs.tolist(), sizes.tolist())
+    tiers = np.asarray([int(d.tier) for d in descs], dtype=np.uint8)[inverse]
+    projection.add_columns(keys, nodes, tiers, segs.astype(np.uint32), offs.astype(np.uint64), sizes.astype(np.uint32))
     projection.publish()
 
 
