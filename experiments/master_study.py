@@ -30,7 +30,8 @@ Everything in one run on this machine:
    their order alternating between repetitions, so the transport comparison sees the same moments) and
    ``Mooncake master`` (``mooncake_master`` from the PyPI
    wheel and its Python client in another process, metadata calls only: ``experiments.master_mooncake``;
-   every call is one master RPC, counted from its metrics). One segment of ``SEGMENT_BYTES`` on one node,
+   every call is one master RPC, counted from its metrics). One segment on one node (``QC_SEGMENT_BYTES`` for
+   ours, metadata only; ``SEGMENT_BYTES`` for Mooncake's client, which allocates it),
    one replica, objects of ``SIZE_BYTES``; ops/s = keys / wall time of the loop; median over ``reps``
    repetitions (p10/p90), after an untimed warm-up. The batched ``put`` and ``get_replicas`` cells of the
    quillcache subjects run once per API (param ``api``): ``objects`` (``batch_put_start`` of ``PutRequest``s
@@ -75,7 +76,10 @@ from quillcache.results import SummaryRow, spread, write_raw, write_summary
 
 NAME = "master"
 SIZE_BYTES = 4096
-SEGMENT_BYTES = 1 << 30
+SEGMENT_BYTES = 1 << 30  # Mooncake's client registers (and allocates) a real segment of this size
+QC_SEGMENT_BYTES = 1 << 32  # the quillcache subjects' one segment (metadata only): room for every object the
+#                           cells put (both batch APIs, and the RPC server shared by two transports) below the
+#                           eviction watermark, so a read never meets an evicted key
 BATCH = 1000
 FULL = dict(reps=5, single_calls=5000, put_single_calls=1000, batch_calls=20, restart_objects=(10_000, 100_000,
             1_000_000), restart_reps=5, tail_objects=45_000, kills=1000, kill_wait_s=0.03, failover_reps=5,
@@ -338,7 +342,7 @@ def _restart_study(cfg: dict, work: Path, server_ok: bool, raw: list) -> list[Su
 def _kill_workload(data_dir: str, seed: int, start: int, ack_path: str, ready_fd: int) -> None:
     """Child: the put/get/remove workload of tests/master_kill_child.py; one ``os.write`` per line to ``ack_path``."""
     rng = random.Random(seed)
-    svc = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50), data_dir=data_dir)
+    svc = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50, snapshot_growth=0.0), data_dir=data_dir)
     for seg, node in enumerate("abc"):
         try:
             svc.mount_segment(SegmentDescriptor(node_id=node, segment_id=seg, capacity_bytes=1 << 30))
@@ -369,7 +373,7 @@ def _kill_workload(data_dir: str, seed: int, start: int, ack_path: str, ready_fd
 
 def _kill_check(data_dir: str, acked: dict, removed: set, inflight: set) -> dict:
     """Recover ``data_dir`` (in a fresh process) and compare with what the killed children acknowledged."""
-    svc = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50), data_dir=data_dir)
+    svc = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50, snapshot_growth=0.0), data_dir=data_dir)
     svc.check_invariants()
     lost, checked = [], 0
     for key, reps in acked.items():
@@ -491,7 +495,7 @@ class _Embedded:
 
     def __init__(self, data_dir: Path | None) -> None:
         self.svc = MasterService(MasterConfig(), data_dir=data_dir)
-        self.svc.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0, capacity_bytes=SEGMENT_BYTES))
+        self.svc.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0, capacity_bytes=QC_SEGMENT_BYTES))
 
     def run(self, op: str, batch: int, keys: list[str], api: str = "objects") -> tuple[float, int]:
         return _run_calls(self.svc, op, batch, keys, api)
@@ -514,7 +518,7 @@ class _Remote:
             self.client = MasterClient(self.server.address, timeout_s=60.0, prefer_stream=stream)
             if self.own_server:
                 self.client.mount_segment(SegmentDescriptor(node_id="bench", segment_id=0,
-                                                            capacity_bytes=SEGMENT_BYTES))
+                                                            capacity_bytes=QC_SEGMENT_BYTES))
             self.client.heartbeat("bench")  # the first call: picks the transport
             want = self.server.info.get("stream_address") if stream else self.server.address
             if self.client.address != want:

@@ -195,7 +195,7 @@ class MasterConfig:
     max_allocs_per_segment: int = 1 << 20
     max_object_bytes: int = U32_MAX
     snapshot_every_records: int = 100_000
-    snapshot_growth: float = 0.25
+    snapshot_growth: float = 0.15
     snapshot_every_s: float = 600.0
     index_kind: str = "art"
     index_on_disk: bool = False
