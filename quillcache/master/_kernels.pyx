@@ -19,6 +19,7 @@ changes nothing and says so (returns None / the index where it stopped), so the 
 batch (or its rest) to the reference.
 """
 
+cimport cython
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint8_t, uint32_t
@@ -27,10 +28,15 @@ from libc.math cimport INFINITY
 import numpy as np
 
 
+@cython.no_gc
 cdef class ObjectRecord:
     """One object: ``(key, size_bytes, alloc_bytes, status, replicas, put_id, started_s, completed_s,
-    lease_end_s, last_access_s, pin, soft_pin_end_s, digest)``; ``replicas`` = ``[(segment_id,
-    offset_bytes), ...]``."""
+    lease_end_s, last_access_s, pin, soft_pin_end_s, digest)``; ``replicas`` = ``((segment_id,
+    offset_bytes), ...)``, a tuple of int pairs.
+
+    Not tracked by the cyclic garbage collector: a record refers only to a str, bytes and a tuple of
+    int pairs, so it can never be part of a reference cycle, and a table of millions of records then
+    adds nothing to a full collection's walk (tuples of ints are untracked by CPython as well)."""
 
     cdef public object key
     cdef public int64_t size_bytes
@@ -110,12 +116,12 @@ def new_records(list keys, list sizes, list allocs, list pins, list digests, lis
         c = counts[i]
         if j + 2 * c > len(flat):
             raise ValueError("new_records: counts name more replicas than flat holds")
-        reps = []
+        reps = [None] * c
         for r in range(c):
             s = flat[j]
             off = flat[j + 1]
             j += 2
-            reps.append((s, off))
+            reps[r] = (s, off)
             per_seg[s] = per_seg.get(s, 0) + alloc
         total += alloc * c
         pin = pins[i]
@@ -124,7 +130,7 @@ def new_records(list keys, list sizes, list allocs, list pins, list digests, lis
         o.size_bytes = sizes[i]
         o.alloc_bytes = alloc
         o.status = pending
-        o.replicas = reps
+        o.replicas = tuple(reps)
         o.put_id = first_put_id + i
         o.started_s = now
         o.completed_s = -INFINITY

@@ -179,7 +179,7 @@ class MasterState:
         old = self.objects.get(key)
         if old is not None:  # pre-empting a zombie put: its space is kept until its reclaim deadline
             self._preempt(old)
-        reps = [(s, o) for s, o in replicas]
+        reps = tuple((s, o) for s, o in replicas)
         segments = self.segments
         for seg_id, off in reps:
             seg = segments[seg_id]
@@ -237,10 +237,10 @@ class MasterState:
             c = counts[i]
             if c == 1:
                 s = flat[j]
-                reps = [(s, flat[j + 1])]
+                reps = ((s, flat[j + 1]),)
                 segments[s].used_bytes += alloc
             else:
-                reps = list(zip(flat[j:j + 2 * c:2], flat[j + 1:j + 2 * c:2]))
+                reps = tuple(zip(flat[j:j + 2 * c:2], flat[j + 1:j + 2 * c:2]))
                 for s, _ in reps:
                     segments[s].used_bytes += alloc
             j += 2 * c
@@ -383,7 +383,7 @@ class MasterState:
             if obj.status == _COMPLETE:
                 segs = self.segments
                 self.index.drop(key, [(segs[s].desc.node_id, segs[s].desc.tier) for s, _ in lost])
-            obj.replicas = [r for r in obj.replicas if r[0] not in gone]
+            obj.replicas = tuple(r for r in obj.replicas if r[0] not in gone)
             if not obj.replicas:  # the lost ranges go with their segment (no allocator frees)
                 del self.objects[key]
                 self.pending.discard(key)

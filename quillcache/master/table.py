@@ -53,7 +53,7 @@ class ObjectTable:
     def _materialize(self, key: str, row: int) -> ObjectRecord:
         c = self._cols
         a, b = int(self._rep_start[row]), int(self._rep_start[row + 1])
-        replicas = list(zip(c["rep_seg"][a:b].tolist(), c["rep_off"][a:b].tolist()))
+        replicas = tuple(zip(c["rep_seg"][a:b].tolist(), c["rep_off"][a:b].tolist()))
         completed = float(c["completed"][row])
         status = int(c["status"][row])
         lease_end = self.lease_floor_s if status == _COMPLETE else -math.inf
