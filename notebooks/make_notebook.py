@@ -100,9 +100,13 @@ gb = df[(df.metric == "throughput") & (df.placement == "cross_core")]
 display(gb.pivot_table(index=["op", "block_bytes", "batch"], columns="subject", values="value"))
 lat = df[(df.metric == "latency_p50") & (df.block_bytes == 65536) & (df.batch == 1)]
 lat.pivot_table(index=["placement", "op"], columns="subject", values="value")'''),
-    ("master", "Master service: metadata objects/s per subject, operation and batch (Mooncake's master in the same run), restart seconds by objects and state, and the SIGKILL study's counts (lost must be 0).",
+    ("master", "Master service: metadata objects/s per subject, operation, batch and batch API (per-object results or columns; Mooncake's master, its own client calls, in the same run), the batched-throughput acceptance rows, restart seconds by objects and state (the largest log tail the snapshot cadence allows included), and the SIGKILL study's counts (lost must be 0).",
      '''df = read_summary("master", RESULTS)
-display(df[df.metric == "ops_per_s"].pivot_table(index=["op", "batch"], columns="subject", values="value"))
+ops = df[df.metric == "ops_per_s"]
+ops = ops.assign(api=ops["api"].fillna("Mooncake's own") if "api" in ops else "objects")
+display(ops.pivot_table(index=["op", "batch", "api"], columns="subject", values="value").round(0))
+if "accept_batched_vs_mooncake" in set(df.metric):
+    display(df[df.metric == "accept_batched_vs_mooncake"][["subject", "op", "api", "value", "holds", "notes"]])
 display(df[df.metric == "restart_s"].pivot_table(index=["objects"], columns=["start", "state"], values="value"))
 rpc = df[(df.metric == "ops_per_s") & df.subject.isin(["quillcache rpc", "quillcache rpc (zmq)"])]
 display(rpc.pivot_table(index=["op", "batch"], columns="transport", values="value"))
