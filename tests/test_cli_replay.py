@@ -163,8 +163,11 @@ def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path: Path) -> None:
     lines = [line(i * 50, [i % 7, 1000 + i]) for i in range(20_000)]  # long enough to interrupt mid-replay
     trace = write(tmp_path, lines)
     out = tmp_path / "out"
+    # Ctrl-C's default disposition in the child: a runner that started this suite as a background job of a
+    # non-interactive shell passes SIGINT down as ignored, and Python then installs no KeyboardInterrupt handler
     proc = subprocess.Popen([sys.executable, "-m", "quillcache", "replay", str(trace), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         seen = ""
