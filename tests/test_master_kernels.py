@@ -88,7 +88,7 @@ def _same_columns(a, b) -> None:
     assert [_answer(x) for x in a.to_list()] == [_answer(x) for x in b.to_list()]
     for name in ("counts", "segment_ids", "offsets", "sizes"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
-    assert a.segments == b.segments or set(a.segments) >= set(np.unique(a.segment_ids).tolist())
+    assert a.segments == b.segments and set(a.segments) == set(np.unique(a.segment_ids).tolist())
     a.check()
     b.check()
 

@@ -463,12 +463,7 @@ class MasterService(ReplicatedMode):
                 self._record([Op.PUT_START_MANY, self._epoch, now, self._soft_ttl, first, keys, sizes,
                               allocs.tolist(), [pin] * n, [None] * n, [1] * n, flat.tolist()])
             except BaseException:
-                obj = st.objects.get(keys[0])
-                if obj is None or obj.put_id != first:  # not applied: give the ranges back
-                    for i in range(n):
-                        s, o = int(seg_col[i]), int(offsets[i])
-                        if s in segs and o in segs[s].handles:
-                            st.undo_allocate(s, o)
+                self._undo_unapplied(keys[0], first, flat.tolist())
                 raise
         finally:
             if gc_on:
@@ -648,16 +643,22 @@ class MasterService(ReplicatedMode):
                 self._record([Op.PUT_START_MANY, self._epoch, now, self._soft_ttl, run.first_put_id, run.keys,
                               run.sizes, run.allocs, run.pins, run.digests, run.counts, run.flat])
         except BaseException:
-            st = self._state
-            first = st.objects.get(run.keys[0])
-            if first is None or first.put_id != run.first_put_id:  # not applied: give the ranges back
-                for i in range(0, len(run.flat), 2):
-                    s, o = run.flat[i], run.flat[i + 1]
-                    if s in st.segments and o in st.segments[s].handles:
-                        st.undo_allocate(s, o)
+            self._undo_unapplied(run.keys[0], run.first_put_id, run.flat)
             raise
         finally:
             run.keys = []
+
+    def _undo_unapplied(self, first_key: str, first_put_id: int, flat: list[int]) -> None:
+        """A PUT_START(_MANY) record failed: if it was not applied (its first key is not that put),
+        give its ranges (``flat`` = segment, offset, ...) back to the allocators."""
+        st = self._state
+        obj = st.objects.get(first_key)
+        if obj is not None and obj.put_id == first_put_id:
+            return
+        for i in range(0, len(flat), 2):
+            s, o = flat[i], flat[i + 1]
+            if s in st.segments and o in st.segments[s].handles:
+                st.undo_allocate(s, o)
 
     def _pending(self, key: object, put_id: int | None, what: str) -> ObjectRecord:
         key = check_key(key)

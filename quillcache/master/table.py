@@ -145,6 +145,14 @@ class ObjectTable:
         return self._objs.values()
 
     # ---------------------------------------------------------------- columns
+    def _rows_replicas(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For unmaterialized ``rows`` (sorted): their replica counts (int64) and the positions of their
+        replicas in the ``rep_*`` columns, in row order."""
+        counts = self._cols["rep_count"][rows].astype(np.int64)
+        starts = self._rep_start[rows]
+        idx = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+        return counts, idx
+
     def unmaterialized_rows(self) -> np.ndarray:
         return np.fromiter(self._rows.values(), dtype=np.int64, count=len(self._rows))
 
@@ -167,9 +175,7 @@ class ObjectTable:
         if self._rows:
             c = self._cols
             rows = np.sort(self.unmaterialized_rows())
-            counts = c["rep_count"][rows].astype(np.int64)
-            starts = self._rep_start[rows]
-            idx = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+            counts, idx = self._rows_replicas(rows)
             parts.append((c["rep_seg"][idx].astype(np.int64), c["rep_off"][idx].astype(np.int64),
                           np.repeat(c["alloc"][rows], counts)))
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
@@ -196,9 +202,7 @@ class ObjectTable:
             c = self._cols
             rows = np.sort(self.unmaterialized_rows())
             rows = rows[c["status"][rows] == _COMPLETE]
-            counts = c["rep_count"][rows].astype(np.int64)
-            starts = self._rep_start[rows]
-            idx = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+            counts, idx = self._rows_replicas(rows)
             per_rep = np.repeat(rows, counts)
             all_keys = self._keys
             keys += [all_keys[r] for r in per_rep.tolist()]
@@ -244,9 +248,7 @@ class ObjectTable:
             for name in cols:
                 cols[name] = np.concatenate([cols[name], c[name][rows]])
             counts = c["rep_count"][rows]
-            starts = self._rep_start[rows]
-            n64 = counts.astype(np.int64)
-            idx = np.repeat(starts - np.concatenate(([0], np.cumsum(n64)[:-1])), n64) + np.arange(n64.sum())
+            _, idx = self._rows_replicas(rows)
             rep_count = np.concatenate([rep_count, counts])
             rep_seg = np.concatenate([rep_seg, c["rep_seg"][idx]])
             rep_off = np.concatenate([rep_off, c["rep_off"][idx]])
