@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--progress-timeout-s", type=float, default=TcpConfig.progress_timeout_s)
     ap.add_argument("--server-idle-timeout-s", type=float, default=TcpConfig.server_idle_timeout_s)
+    ap.add_argument("--spin-us", type=int, default=TcpConfig.spin_us,
+                    help="how long a receive polls before it blocks (µs; 0: never spin)")
+    ap.add_argument("--socket-buffer-bytes", type=int, default=TcpConfig.socket_buffer_bytes,
+                    help="SO_SNDBUF/SO_RCVBUF of every connection (0: kernel autotuning)")
     args = ap.parse_args(argv)
     if args.bytes <= 0:
         ap.error(f"--bytes must be positive, got {args.bytes}")
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         region[::4096] = 0
     else:
         region = fill_pattern(args.bytes, args.seed)
-    config = TcpConfig(progress_timeout_s=args.progress_timeout_s, server_idle_timeout_s=args.server_idle_timeout_s)
+    config = TcpConfig(progress_timeout_s=args.progress_timeout_s, server_idle_timeout_s=args.server_idle_timeout_s,
+                       spin_us=args.spin_us, socket_buffer_bytes=args.socket_buffer_bytes)
     with TransferEngine("tcp", port=args.port, config=config) as engine:
         desc = engine.register_region(region, name="peer")
         _answer({"address": engine.address, "region_id": desc.region_id, "bytes": args.bytes, "pid": os.getpid()})

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from quillcache.transfer import protocol as P
-from quillcache.transfer.backends.sockets import Channel, TcpConfig
+from quillcache.transfer.backends.sockets import Channel, TcpConfig, tune_socket
 from quillcache.transfer.batch import Item
 from quillcache.transfer.types import (
     AuthenticationError,
@@ -130,8 +130,8 @@ class TcpClient:
         timeout = max(0.001, min(cfg.connect_timeout_s, deadline - time.monotonic()))
         sock = socket.create_connection((host, port), timeout=timeout)  # non-blocking connect with a timeout
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            ch = Channel(sock, cfg.progress_timeout_s)
+            tune_socket(sock, cfg)
+            ch = Channel(sock, cfg.progress_timeout_s, cfg.spin_us)
             hs_deadline = min(deadline, time.monotonic() + cfg.auth_timeout_s + cfg.connect_timeout_s)
             server_nonce = P.decode_hello(bytes(ch.recv(P.HELLO.size, hs_deadline)))
             client_nonce = P.new_nonce()

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from quillcache.transfer import protocol as P
-from quillcache.transfer.backends.sockets import Channel, TcpConfig
+from quillcache.transfer.backends.sockets import Channel, TcpConfig, tune_socket
 from quillcache.transfer.regions import RegionTable
 from quillcache.transfer.types import AuthenticationError, ProtocolError, RegionError
 
@@ -110,8 +110,8 @@ class TcpServer:
     def _serve(self, sock: socket.socket, peer: tuple) -> None:
         cfg = self.config
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            ch = Channel(sock, cfg.progress_timeout_s)
+            tune_socket(sock, cfg)
+            ch = Channel(sock, cfg.progress_timeout_s, cfg.spin_us)
             try:
                 self._handshake(ch)
             except (AuthenticationError, ProtocolError, OSError) as e:
