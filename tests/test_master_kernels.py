@@ -22,7 +22,7 @@ from hypothesis import given, settings, strategies as st
 
 from quillcache.alloc import OffsetAllocator
 from quillcache.master import MasterConfig, MasterError, MasterService, SegmentDescriptor
-from quillcache.master._kernels import ObjectRecord, check_new_puts, place_most_free
+from quillcache.master._kernels import HandleMap, ObjectRecord, check_new_puts, place_most_free
 from quillcache.master.placement import BatchPlacer
 from quillcache.master.state import SegmentHandles
 
@@ -284,3 +284,48 @@ def test_all_of_type_equals_all(items):
 
     for kind in (int, str, bool, float):
         assert all_of_type(items, kind) == all(type(x) is kind for x in items)
+
+
+_OFFSETS = st.one_of(st.integers(0, 64), st.integers(0, 2**40).map(lambda x: x * 4096), st.just(2**63 - 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["set", "batch", "pop", "contains"]),
+                          st.lists(_OFFSETS, min_size=0, max_size=40)), max_size=60))
+def test_handle_map_equals_a_dict(program):
+    """HandleMap against its reference, a dict: single and batch stores (a repeat or a live offset
+    refuses the whole call and stores nothing), pops, membership, length, contents, through growth
+    and tombstones."""
+    got, want = HandleMap(), {}
+    h = 0
+    for op, offs in program:
+        if op == "batch":
+            arr = np.asarray(offs, dtype=np.int64)
+            hs = np.arange(h, h + len(offs), dtype=np.int64)
+            h += len(offs)
+            bad = len(set(offs)) != len(offs) or any(o in want for o in offs)
+            if bad:
+                with pytest.raises(ValueError, match="already live"):
+                    got.put_batch(arr, hs)
+            else:
+                got.put_batch(arr, hs)
+                want.update(zip(offs, hs.tolist()))
+        for o in offs:
+            if op == "set":
+                if o in want:
+                    with pytest.raises(ValueError):
+                        got[o] = h
+                else:
+                    got[o] = want[o] = h
+                h += 1
+            elif op == "pop":
+                assert got.pop(o, None) == want.pop(o, None)
+            elif op == "contains":
+                assert (o in got) == (o in want) and (np.int64(o) in got) == (o in want)
+        assert len(got) == len(want)
+        assert sorted(got.items()) == sorted(want.items())
+    assert "x" not in got and -1 not in got and got.pop(-5, "d") == "d"
+    with pytest.raises(KeyError):
+        got.pop(-5)
+    with pytest.raises(ValueError, match="offsets but"):
+        got.put_batch(np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.int64))

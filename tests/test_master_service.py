@@ -24,7 +24,8 @@ from quillcache.master import (
     SegmentNotFoundError, SnapshotError, StaleEpochError, kv_object_key, residency_key,
 )
 from quillcache.master.oplog import Op, encode_record
-from quillcache.master.snapshot import SNAPSHOT_NAME
+from quillcache.master.snapshot import SNAPSHOT_NAME, encode_state, publish_snapshot
+from quillcache.master.snapshot_writer import SNAPSHOT_WRITERS, SnapshotOutcome, SnapshotWriter
 
 UNIT = 64
 
@@ -386,8 +387,52 @@ def test_restart_keeps_objects_segments_and_pending_stays_invisible(clock, snap_
     m.check_invariants()
 
 
-def test_crash_at_every_sync_loses_no_acknowledged_object(clock):
-    """CrashFs crash at the n-th sync for every n: everything acknowledged before the crash survives."""
+class DeferredSnapshotWriter(SnapshotWriter):
+    """A background writer that runs in this process (so CrashFs sees its writes): ``start`` encodes
+    the state at its LSN at once, the second ``poll`` after it publishes that snapshot, so the
+    service goes on appending to the log in between, as it does while a forked child writes."""
+
+    background = True
+
+    def __init__(self) -> None:
+        self._job = None
+
+    @property
+    def busy(self) -> bool:
+        return self._job is not None
+
+    def start(self, fs, data_dir, state) -> None:
+        self._job = [fs, data_dir, encode_state(state), state.lsn, 0]
+
+    def poll(self):
+        if self._job is None:
+            return None
+        self._job[4] += 1
+        return self.wait() if self._job[4] >= 2 else None
+
+    def wait(self):
+        if self._job is None:
+            return None
+        fs, data_dir, blob, lsn, _ = self._job
+        self._job = None
+        return SnapshotOutcome(lsn, publish_snapshot(fs, data_dir, blob, lsn), 0.0)
+
+
+@pytest.fixture()
+def deferred_writer():
+    SNAPSHOT_WRITERS.register("deferred-test", DeferredSnapshotWriter)
+    try:
+        yield "deferred-test"
+    finally:
+        del SNAPSHOT_WRITERS["deferred-test"]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_crash_at_every_sync_loses_no_acknowledged_object(clock, background, request):
+    """CrashFs crash at the n-th sync for every n: everything acknowledged before the crash survives —
+    with snapshots written inline, and written in the background (log sealed, appends go on in a new
+    segment, the snapshot published later, then the covered segments deleted)."""
+    writer = request.getfixturevalue("deferred_writer") if background else "inline"
     n = 1
     while True:
         fs = CrashFs(crash_at_sync=n)
@@ -395,7 +440,7 @@ def test_crash_at_every_sync_loses_no_acknowledged_object(clock):
         ending = None  # the put_end in progress at the crash may or may not have become durable
         crashed = False
         try:
-            m = durable(clock, fs, snapshot_every_records=7, snapshot_growth=0.0)
+            m = durable(clock, fs, snapshot_every_records=7, snapshot_growth=0.0, snapshot_writer=writer)
             m.mount_segment(seg("n0", 0, 64))
             m.mount_segment(seg("n1", 1, 64))
             acked["segments"] = [0, 1]
@@ -412,7 +457,7 @@ def test_crash_at_every_sync_loses_no_acknowledged_object(clock):
                 raise
             crashed = True
         disk = fs.crash(random.Random(n))
-        r = durable(clock, disk, snapshot_every_records=7, snapshot_growth=0.0)
+        r = durable(clock, disk, snapshot_every_records=7, snapshot_growth=0.0, snapshot_writer=writer)
         r.check_invariants()
         if "segments" in acked:
             assert sorted(s.segment_id for s in r.segments()) == [0, 1]
@@ -425,6 +470,7 @@ def test_crash_at_every_sync_loses_no_acknowledged_object(clock):
             assert k in acked or k == ending or r.object_info(k).status == ObjectStatus.PENDING
         r.close()
         if not crashed:
+            assert m.snapshots_taken >= 3  # (every 7 changes, and at close)
             break
         n += 1
     assert n > 20  # every sync point of the run was a crash point
@@ -862,21 +908,27 @@ def test_the_fast_result_builders_equal_the_dataclass_constructors(node, sid, en
         got.replicas[0].offset_bytes = 0
 
 
-def test_snapshot_cadence_grows_with_the_table(clock, tmp_path):
+@pytest.mark.parametrize("writer", ["inline", "fork"])
+def test_snapshot_cadence_grows_with_the_table(clock, tmp_path, writer):
     """A snapshot comes once the log holds max(snapshot_every_records, snapshot_growth x objects) changes:
-    with 10 and 1.0, a table of 200 objects is snapshotted after 200 more changes, not after 10."""
-    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10, snapshot_growth=1.0)
+    with 10 and 1.0, a table of 200 objects is snapshotted after 200 more changes, not after 10. The
+    forked writer snapshots the same LSNs (its outcome is taken when waited for)."""
+    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10, snapshot_growth=1.0, snapshot_writer=writer)
     m = MasterService(cfg, clock=clock, data_dir=tmp_path)
     m.mount_segment(seg("n0", 0, 1 << 16))
     keys = [f"k{i}" for i in range(100)]
     m.batch_put_start_columns(keys, [UNIT] * 100)  # 100 changes >= max(10, 1.0 x 0): snapshot
+    assert m.snapshot_in_flight == (writer == "fork")
+    m.wait_snapshot()
     first = m.last_snapshot_lsn
     assert first == m.lsn
     more = [f"m{i}" for i in range(40)]
     m.batch_put_start_columns(more, [UNIT] * 40)  # 40 < max(10, 140): no snapshot
-    assert m.last_snapshot_lsn == first
+    assert not m.snapshot_in_flight and m.last_snapshot_lsn == first
     m.batch_put_end(keys)  # 140 >= 140: snapshot
+    m.wait_snapshot()
     assert m.last_snapshot_lsn == m.lsn > first
+    assert m.last_snapshot_outcome is None or m.last_snapshot_outcome.ok
     with pytest.raises(MasterError, match="snapshot_growth"):
         MasterService(MasterConfig(snapshot_growth=-1.0))
     m.close()

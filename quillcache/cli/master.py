@@ -39,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="log records kept in etcd below the leader's last snapshot (default 10000)")
     parser.add_argument("--snapshot-every-records", type=argtypes.positive_int, default=None,
                         help="snapshot after this many log records (default: MasterConfig's)")
+    parser.add_argument("--snapshot-writer", choices=["fork", "inline"], default=None,
+                        help="who writes snapshots: a forked child while the master serves (fork, the default) "
+                             "or the serving thread (inline)")
     parser.add_argument("--lease-ttl-s", type=argtypes.non_negative_float, default=None,
                         help="read lease TTL in seconds (default: MasterConfig's)")
     parser.add_argument("--client-ttl-s", type=argtypes.non_negative_float, default=None,

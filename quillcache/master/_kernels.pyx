@@ -22,10 +22,12 @@ batch (or its rest) to the reference.
 cimport cython
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
-from libc.stdint cimport int64_t, uint8_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 from libc.math cimport INFINITY
 
 import numpy as np
+from operator import index as _index
 
 
 @cython.no_gc
@@ -372,3 +374,157 @@ def all_of_type(list items, type kind):
         if type(x) is not kind:
             return False
     return True
+
+
+cdef int64_t _EMPTY = -1
+cdef int64_t _TOMBSTONE = -2
+_MISSING_HANDLE = object()
+
+
+cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
+    """splitmix64's finalizer: aligned offsets (multiples of a large power of two) spread over every slot."""
+    x ^= x >> 30
+    x *= 0xbf58476d1ce4e5b9ULL
+    x ^= x >> 27
+    x *= 0x94d049bb133111ebULL
+    x ^= x >> 31
+    return x
+
+
+cdef class HandleMap:
+    """``offset -> allocator handle`` for a segment's live ranges: an open-addressing hash table of
+    int64 pairs (linear probing, tombstones, grown at half load), so a batch of fresh allocations is
+    stored by one ``put_batch`` over two arrays without creating an int object per range. Reference:
+    a plain ``dict`` (tested equal under random programs). Offsets are >= 0; a present offset is never
+    stored twice (``put_batch`` / ``__setitem__`` raise ValueError, storing nothing of that call)."""
+
+    cdef int64_t* keys_
+    cdef int64_t* vals_
+    cdef Py_ssize_t cap      # slots, a power of two
+    cdef Py_ssize_t n        # live entries
+    cdef Py_ssize_t used     # live entries + tombstones
+
+    def __cinit__(self):
+        self.cap = 0
+        self.n = 0
+        self.used = 0
+        self.keys_ = NULL
+        self.vals_ = NULL
+        self._rehash(16)
+
+    def __dealloc__(self):
+        free(self.keys_)
+        free(self.vals_)
+
+    cdef int _rehash(self, Py_ssize_t cap) except -1:
+        cdef int64_t* ok = self.keys_
+        cdef int64_t* ov = self.vals_
+        cdef Py_ssize_t ocap = self.cap, i
+        cdef int64_t* nk = <int64_t*>malloc(cap * sizeof(int64_t))
+        cdef int64_t* nv = <int64_t*>malloc(cap * sizeof(int64_t))
+        if nk == NULL or nv == NULL:
+            free(nk)
+            free(nv)
+            raise MemoryError()
+        for i in range(cap):
+            nk[i] = _EMPTY
+        self.keys_, self.vals_, self.cap, self.used = nk, nv, cap, 0
+        self.n = 0
+        for i in range(ocap):
+            if ok[i] >= 0:
+                self._insert(ok[i], ov[i])
+        free(ok)
+        free(ov)
+        return 0
+
+    cdef inline Py_ssize_t _find(self, int64_t key) noexcept nogil:
+        cdef Py_ssize_t mask = self.cap - 1
+        cdef Py_ssize_t i = <Py_ssize_t>(_mix64(<uint64_t>key) & <uint64_t>mask)
+        while True:
+            if self.keys_[i] == key:
+                return i
+            if self.keys_[i] == _EMPTY:
+                return -1
+            i = (i + 1) & mask
+
+    cdef inline void _insert(self, int64_t key, int64_t val) noexcept nogil:
+        """(key absent, room guaranteed) into the first empty or tombstone slot of its probe run."""
+        cdef Py_ssize_t mask = self.cap - 1
+        cdef Py_ssize_t i = <Py_ssize_t>(_mix64(<uint64_t>key) & <uint64_t>mask)
+        while self.keys_[i] >= 0:
+            i = (i + 1) & mask
+        if self.keys_[i] == _EMPTY:
+            self.used += 1
+        self.keys_[i] = key
+        self.vals_[i] = val
+        self.n += 1
+
+    cdef int _reserve(self, Py_ssize_t more) except -1:
+        """Room for ``more`` inserts at most half full (tombstones count as full until a rehash)."""
+        cdef Py_ssize_t cap = self.cap
+        if 2 * (self.used + more) <= cap:
+            return 0
+        while 2 * (self.n + more) > cap // 2:  # rehash to at most a quarter full: tombstones are dropped
+            cap *= 2
+        self._rehash(cap)
+        return 0
+
+    cdef inline void _erase(self, Py_ssize_t i) noexcept nogil:
+        self.keys_[i] = _TOMBSTONE
+        self.n -= 1
+
+    def put_batch(self, const int64_t[::1] offsets, const int64_t[::1] handles):
+        """Store ``offsets[j] -> handles[j]`` for every j (fresh offsets: none live, none repeated)."""
+        cdef Py_ssize_t m = offsets.shape[0], j, k
+        if handles.shape[0] != m:
+            raise ValueError(f"{m} offsets but {handles.shape[0]} handles")
+        self._reserve(m)
+        for j in range(m):
+            if offsets[j] < 0 or self._find(offsets[j]) >= 0:
+                for k in range(j):  # undo this call
+                    self._erase(self._find(offsets[k]))
+                raise ValueError(f"offset {offsets[j]} is negative or already live")
+            self._insert(offsets[j], handles[j])
+
+    def __setitem__(self, int64_t off, int64_t handle):
+        if off < 0 or self._find(off) >= 0:
+            raise ValueError(f"offset {off} is negative or already live")
+        self._reserve(1)
+        self._insert(off, handle)
+
+    def __contains__(self, off):
+        try:
+            off = _index(off)
+        except TypeError:
+            return False
+        return 0 <= off <= 0x7fffffffffffffff and self._find(off) >= 0
+
+    def pop(self, off, default=_MISSING_HANDLE):
+        cdef Py_ssize_t i = -1
+        try:
+            off = _index(off)
+        except TypeError:
+            pass
+        else:
+            if 0 <= off <= 0x7fffffffffffffff:
+                i = self._find(off)
+        if i < 0:
+            if default is _MISSING_HANDLE:
+                raise KeyError(off)
+            return default
+        self._erase(i)
+        return self.vals_[i]
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def keys(self) -> list:
+        cdef Py_ssize_t i
+        return [self.keys_[i] for i in range(self.cap) if self.keys_[i] >= 0]
+
+    def items(self) -> list:
+        cdef Py_ssize_t i
+        return [(self.keys_[i], self.vals_[i]) for i in range(self.cap) if self.keys_[i] >= 0]

@@ -68,7 +68,8 @@ from quillcache.cluster.election import EpochFence, FencedError, LeaderElection
 from quillcache.cluster.election import NotLeaderError as ElectionNotLeaderError
 from quillcache.cluster.watch import Watch, WatchEvent
 from quillcache.master.errors import LogFailedError, MasterError, NotLeaderError, StaleEpochError
-from quillcache.master.oplog import WAL_NAME
+from quillcache.durability.fs import RealFs
+from quillcache.master.oplog import log_files
 from quillcache.master.service import MasterService
 from quillcache.master.snapshot import SNAPSHOT_NAME
 from quillcache.master.types import MasterConfig
@@ -377,9 +378,8 @@ class HaMaster:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        for stale in (os.path.join(self.data_dir, WAL_NAME),):
-            if os.path.exists(stale):
-                os.unlink(stale)
+        for stale in log_files(self.data_dir, RealFs()):  # the active log and any sealed segments
+            os.unlink(stale)
         shutil.rmtree(os.path.join(self.data_dir, "index"), ignore_errors=True)  # refilled from the tables
         fd = os.open(self.data_dir, os.O_RDONLY)
         try:

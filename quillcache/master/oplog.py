@@ -46,7 +46,8 @@ from quillcache.durability.fs import FileSystem
 from quillcache.durability.wal import WalWriter, scan
 from quillcache.master._kernels import all_of_type
 
-__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record", "num_changes"]
+__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record", "log_files", "num_changes",
+           "sealed_segments", "segment_path"]
 
 WAL_NAME = "master.wal"
 
@@ -167,9 +168,11 @@ def encode_batch(records: list) -> tuple[bytes, int]:
 
 
 class OpLog:
-    """The WAL file ``<data_dir>/master.wal`` (see the module docstring)."""
+    """The master's log: the active WAL file ``<data_dir>/master.wal`` plus sealed segments
+    ``master.wal.<first lsn, 20 digits>`` (see the module docstring)."""
 
     def __init__(self, data_dir: str, fs: FileSystem) -> None:
+        self.data_dir = data_dir
         self.path = os.path.join(data_dir, WAL_NAME)
         self.fs = fs
         self._wal: WalWriter | None = None
@@ -177,21 +180,49 @@ class OpLog:
 
     def recover(self, after_lsn: int, *, mode: str = "point_in_time") -> list[tuple[int, bytes]]:
         """Open the log for appending and return its records past ``after_lsn`` (the snapshot's),
-        in LSN order. A missing log starts a fresh one at ``after_lsn + 1``; a log whose first LSN
-        leaves a gap after the snapshot is refused (records would be missing)."""
-        if not self.fs.exists(self.path):
-            self._wal = WalWriter.create(self.path, after_lsn + 1, fs=self.fs)
-            return []
-        report, records = scan(self.path, mode=mode, fs=self.fs)
-        if report.header.base_lsn > after_lsn + 1:
-            raise ValueError(f"{self.path}: log starts at lsn {report.header.base_lsn} but the snapshot covers only "
-                             f"up to lsn {after_lsn}: records {after_lsn + 1}..{report.header.base_lsn - 1} are missing")
-        self._wal = WalWriter.reopen(self.path, report, fs=self.fs)
-        if report.last_lsn < after_lsn:  # the snapshot is newer than everything in the log: start past it
-            self.rotate(after_lsn)
-        tail = [(lsn, p) for lsn, p in records if lsn > after_lsn]
+        in LSN order, from the sealed segments and the active file. A missing active file starts a
+        fresh one after the last record found; segments wholly covered by the snapshot are deleted;
+        a gap anywhere between the snapshot and the last record is refused (records would be missing)."""
+        fs = self.fs
+        sealed = sealed_segments(self.data_dir, fs)
+        covered = [p for i, (base, p) in enumerate(sealed)
+                   if (sealed[i + 1][0] if i + 1 < len(sealed) else None) is not None and sealed[i + 1][0] <= after_lsn + 1]
+        sealed = [(b, p) for b, p in sealed if p not in covered]
+        tail: list[tuple[int, bytes]] = []
+        expect = None  # the lsn the next file must start at (after the previous one's last record)
+        for base, path in sealed:
+            report, records = scan(path, mode="strict", fs=fs)
+            if report.header.base_lsn != base:
+                raise ValueError(f"{path}: sealed log segment's header says it starts at lsn {report.header.base_lsn}")
+            self._check_start(path, base, expect, after_lsn)
+            tail.extend((lsn, p) for lsn, p in records if lsn > after_lsn)
+            expect = report.last_lsn + 1
+        last = expect - 1 if expect is not None else after_lsn
+        if not fs.exists(self.path):  # a crash between sealing the active file and creating the next one
+            self._wal = WalWriter.create(self.path, max(last, after_lsn) + 1, fs=fs)
+        else:
+            report, records = scan(self.path, mode=mode, fs=fs)
+            self._check_start(self.path, report.header.base_lsn, expect, after_lsn)
+            self._wal = WalWriter.reopen(self.path, report, fs=fs)
+            if report.last_lsn < after_lsn:  # the snapshot is newer than everything in the log: start past it
+                self.rotate(after_lsn)
+            tail.extend((lsn, p) for lsn, p in records if lsn > after_lsn)
+        for path in covered:
+            fs.unlink(path)
+        if covered:
+            fs.fsync_dir(self.data_dir)
         self.records_since_rotate = len(tail)
         return tail
+
+    @staticmethod
+    def _check_start(path: str, base: int, expect: int | None, after_lsn: int) -> None:
+        if expect is None and base > after_lsn + 1:
+            raise ValueError(f"{path}: log starts at lsn {base} but the snapshot covers only up to lsn {after_lsn}: "
+                             f"records {after_lsn + 1}..{base - 1} are missing")
+        if expect is not None and base != expect and base > after_lsn + 1:
+            raise ValueError(f"{path}: log starts at lsn {base} but the previous segment ends at lsn {expect - 1}: "
+                             f"records {expect}..{base - 1} are missing" if base > expect else
+                             f"{path}: log starts at lsn {base}, inside the previous segment (ends at {expect - 1})")
 
     @property
     def next_lsn(self) -> int:
@@ -214,12 +245,63 @@ class OpLog:
         return self._wal.sync()
 
     def rotate(self, covered_lsn: int) -> None:
-        """Replace the log by an empty one continuing at ``covered_lsn + 1`` (atomic rename)."""
+        """Replace the log by an empty one continuing at ``covered_lsn + 1`` (atomic rename); the
+        sealed segments, all covered, are deleted."""
         assert self._wal is not None
         self._wal.close()
         self._wal = WalWriter.create(self.path, covered_lsn + 1, fs=self.fs)
+        self.drop_through(covered_lsn)
         self.records_since_rotate = 0
+
+    def seal(self) -> int:
+        """Commit, then close the active file as the sealed segment ``master.wal.<its first lsn>`` and
+        start an empty active file after it; returns the last LSN sealed. A snapshot of the state at
+        that LSN may then be written while appends go on; :meth:`drop_through` deletes the sealed
+        segments once it is durable. Crash-safe at every step: recovery reads the sealed segments
+        and the active file in LSN order (a missing active file is started after them)."""
+        assert self._wal is not None
+        last = self._wal.sync()
+        base = self._wal.header.base_lsn
+        self._wal.close()
+        self.fs.rename(self.path, segment_path(self.data_dir, base))
+        self.fs.fsync_dir(self.data_dir)
+        self._wal = WalWriter.create(self.path, last + 1, fs=self.fs)
+        self.records_since_rotate = 0
+        return last
+
+    def drop_through(self, lsn: int) -> int:
+        """Delete the sealed segments whose records are all at or before ``lsn`` (a durable snapshot
+        covers them); returns how many were deleted."""
+        sealed = sealed_segments(self.data_dir, self.fs)
+        nexts = [b for b, _ in sealed[1:]] + [self._wal.header.base_lsn if self._wal is not None else None]
+        gone = [p for (_, p), nxt in zip(sealed, nexts) if nxt is not None and nxt <= lsn + 1]
+        for p in gone:
+            self.fs.unlink(p)
+        if gone:
+            self.fs.fsync_dir(self.data_dir)
+        return len(gone)
 
     def close(self) -> None:
         if self._wal is not None and not self._wal.closed:
             self._wal.close()
+
+
+def segment_path(data_dir: str, first_lsn: int) -> str:
+    return os.path.join(data_dir, f"{WAL_NAME}.{first_lsn:020d}")
+
+
+def sealed_segments(data_dir: str, fs: FileSystem) -> list[tuple[int, str]]:
+    """The sealed log segments of ``data_dir`` as ``(first lsn, path)``, in LSN order."""
+    out = []
+    prefix = WAL_NAME + "."
+    for name in fs.listdir(data_dir):
+        tail = name[len(prefix):]
+        if name.startswith(prefix) and len(tail) == 20 and tail.isdigit():
+            out.append((int(tail), os.path.join(data_dir, name)))
+    return sorted(out)
+
+
+def log_files(data_dir: str, fs: FileSystem) -> list[str]:
+    """Every file of the master's log in ``data_dir`` (sealed segments, then the active file if any)."""
+    active = os.path.join(data_dir, WAL_NAME)
+    return [p for _, p in sealed_segments(data_dir, fs)] + ([active] if fs.exists(active) else [])

@@ -168,7 +168,7 @@ def _config(args) -> MasterConfig:
     kw = {}
     if getattr(args, "snapshot_every_records", None):
         kw["snapshot_every_records"] = args.snapshot_every_records
-    for name in ("lease_ttl_s", "client_ttl_s"):
+    for name in ("lease_ttl_s", "client_ttl_s", "snapshot_writer"):
         if getattr(args, name, None):
             kw[name] = getattr(args, name)
     return MasterConfig(**kw)

@@ -49,6 +49,7 @@ here, each a thin wrapper over one shared core, so that the three can never disa
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
 import time
@@ -73,6 +74,7 @@ from quillcache.master.replicated import ReplicatedMode
 from quillcache.master.placement import BatchPlacer
 from quillcache.master.residency import IndexProjection
 from quillcache.master.snapshot import recover, write_snapshot
+from quillcache.master.snapshot_writer import SnapshotOutcome, make_writer
 from quillcache.master.state import MasterState, SegmentRecord, pause_gc as _pause_gc
 from quillcache.master.table import ObjectRecord
 from quillcache.master.eviction import choose_victims
@@ -112,6 +114,8 @@ class _PutRun:
         for s, off in reps:
             self.flat.append(s)
             self.flat.append(off)
+
+log = logging.getLogger(__name__)
 
 _PENDING = int(ObjectStatus.PENDING)
 _COMPLETE = int(ObjectStatus.COMPLETE)
@@ -153,6 +157,11 @@ class MasterService(ReplicatedMode):
         self._failed: BaseException | None = None
         self._closed = False
         self._init_replicated(replicate)
+        self._snap_writer = make_writer(config.snapshot_writer, self._fs)
+        self._snap_inline_next = False
+        self._sealed_changes = 0
+        self.snapshots_taken = 0
+        self.last_snapshot_outcome: SnapshotOutcome | None = None
         self.recovery_s = 0.0
         self.recovered_records = 0
         if self.data_dir is not None:
@@ -189,15 +198,15 @@ class MasterService(ReplicatedMode):
             self._commit()
 
     def snapshot(self) -> int:
-        """Publish a snapshot now and restart the log after it; returns the snapshot's bytes."""
+        """Publish a snapshot now, written by the caller (after any snapshot in flight ends), and
+        restart the log after it; returns the snapshot's bytes."""
         self._check_open()
         if self._log is None:
             raise InvalidParamsError("snapshot() needs a data_dir (this master keeps no log)")
+        self._finish_background(wait=True)
         self._commit()
         try:
-            self._projection.flush()  # the index holds everything the snapshot covers
-            if self._owns_index and self.config.index_on_disk and hasattr(self.index, "checkpoint"):
-                self.index.checkpoint()  # its own log then holds no more than this master's log tail
+            self._prepare_index_for_snapshot()
             n = write_snapshot(self._fs, self.data_dir, self._state)
             self._log.rotate(self._state.lsn)
         except (OSError, WalError) as exc:
@@ -205,22 +214,92 @@ class MasterService(ReplicatedMode):
             raise LogFailedError(f"snapshot of {self.data_dir} failed ({exc}); the master is read-only") from exc
         self._last_snapshot_s = self._now()
         self.last_snapshot_lsn = self._state.lsn
+        self.snapshots_taken += 1
         return n
 
+    def _prepare_index_for_snapshot(self) -> None:
+        self._projection.flush()  # the index holds everything the snapshot covers
+        if self._owns_index and self.config.index_on_disk and hasattr(self.index, "checkpoint"):
+            self.index.checkpoint()  # its own log then holds no more than this master's log tail
+
     def _maybe_snapshot(self) -> None:
-        log = self._log
-        if log is None or log.records_since_rotate == 0:
+        oplog = self._log
+        if oplog is None:
+            return
+        if self._snap_writer.busy:
+            self._finish_background(wait=False)
+            if self._snap_writer.busy:
+                return
+        if oplog.records_since_rotate == 0:
             return
         cfg = self.config
-        if (log.records_since_rotate >= max(cfg.snapshot_every_records, cfg.snapshot_growth * len(self._state.objects))
+        if (oplog.records_since_rotate >= max(cfg.snapshot_every_records, cfg.snapshot_growth * len(self._state.objects))
                 or self._now() - self._last_snapshot_s >= cfg.snapshot_every_s):
-            self.snapshot()
+            if self._snap_writer.background and not self._snap_inline_next:
+                self._start_background()
+            else:
+                self._snap_inline_next = False
+                self.snapshot()
+
+    def _start_background(self) -> None:
+        """Seal the log at the state's LSN and hand the snapshot to the writer (snapshot_writer's
+        protocol); the sealed segments are deleted when it is published (``_finish_background``)."""
+        self._commit()
+        try:
+            self._prepare_index_for_snapshot()
+            self._sealed_changes = self._log.records_since_rotate
+            self._log.seal()
+            self._snap_writer.start(self._fs, self.data_dir, self._state)
+        except (OSError, WalError) as exc:
+            self._failed = exc
+            raise LogFailedError(f"snapshot of {self.data_dir} failed ({exc}); the master is read-only") from exc
+
+    def _finish_background(self, *, wait: bool) -> None:
+        """Take the outcome of the snapshot in flight (if it is known, or waiting for it): published →
+        delete the sealed segments it covers; failed → nothing is lost (the log holds it all) and the
+        next snapshot is taken inline, where a failure turns the master read-only."""
+        writer = self._snap_writer
+        if not writer.busy:
+            return
+        out = writer.wait() if wait else writer.poll()
+        if out is None:
+            return
+        self.last_snapshot_outcome = out
+        if not out.ok:
+            log.warning("master snapshot at lsn %d in the background failed (%s); the log keeps every record, "
+                        "the next snapshot is written inline", out.lsn, out.error)
+            self._log.records_since_rotate += self._sealed_changes
+            self._snap_inline_next = True
+            return
+        try:
+            self._log.drop_through(out.lsn)
+        except OSError as exc:  # not fatal: recovery deletes covered segments too
+            log.warning("master snapshot at lsn %d: deleting the log segments it covers failed (%s)", out.lsn, exc)
+        self._last_snapshot_s = self._now()
+        self.last_snapshot_lsn = out.lsn
+        self.snapshots_taken += 1
+
+    @property
+    def snapshot_in_flight(self) -> bool:
+        """A snapshot is being written in the background and its outcome has not been taken yet."""
+        return self._snap_writer.busy
+
+    def wait_snapshot(self) -> SnapshotOutcome | None:
+        """Wait for the snapshot in flight (if any) and take its outcome (``last_snapshot_outcome``)."""
+        self._check_open()
+        if self._log is not None and self._snap_writer.busy:
+            self._finish_background(wait=True)
+            return self.last_snapshot_outcome
+        return None
 
     def close(self) -> None:
-        """Commit, snapshot (if anything was logged since the last one), close the log and the index."""
+        """Commit, wait for a snapshot in flight, snapshot (if anything was logged since the last
+        one), close the log and the index."""
         if self._closed:
             return
         try:
+            if self._log is not None:
+                self._finish_background(wait=True)
             if self._log is not None and self._failed is None and self._log.records_since_rotate:
                 self.snapshot()
         finally:
@@ -450,7 +529,7 @@ class MasterService(ReplicatedMode):
                 return None
             done.append((seg, handles))
             offsets[part] = offs
-            seg.handles.fresh.update(zip(offs.tolist(), handles.tolist()))
+            seg.handles.fresh.put_batch(offs, handles)
         seg_col = sids[choice]
         now = self._now()
         first = st.next_put_id
@@ -459,12 +538,15 @@ class MasterService(ReplicatedMode):
         flat[1::2] = offsets
         gc_on = _pause_gc(n)
         try:
+            st.checked_new_keys = keys  # checked above (all_new): the state need not look them up again
             try:
                 self._record([Op.PUT_START_MANY, self._epoch, now, self._soft_ttl, first, keys, sizes,
                               allocs.tolist(), [pin] * n, [None] * n, [1] * n, flat.tolist()])
             except BaseException:
                 self._undo_unapplied(keys[0], first, flat.tolist())
                 raise
+            finally:
+                st.checked_new_keys = None
         finally:
             if gc_on:
                 gc.enable()

@@ -17,22 +17,26 @@ Soft state is not stored (leases, last-access times, heartbeats; see :mod:`quill
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import os
 import struct
+from collections.abc import Callable, Iterator
 
 import crc32c as _crc
 import msgpack
 import numpy as np
 
-from quillcache.durability.fs import CREATE_EXCL, FileSystem
+from quillcache.durability.fs import CREATE_EXCL, READ, FileSystem, RealFs
 from quillcache.master.oplog import Op, OpLog, decode_record
 from quillcache.master.residency import IndexProjection
 from quillcache.master.state import MasterState
 from quillcache.master.table import COLUMN_DTYPES
 from quillcache.master.types import ObjectStatus
 
-__all__ = ["SNAPSHOT_NAME", "SnapshotError", "fill_index", "load_snapshot", "recover", "write_snapshot"]
+__all__ = ["SNAPSHOT_NAME", "SnapshotError", "fill_index", "load_snapshot", "publish_snapshot", "recover",
+           "snapshot_lsn", "stale_temporaries", "write_snapshot"]
 
 SNAPSHOT_NAME = "master.snap"
 _MAGIC = b"QCMSNAP1"
@@ -68,9 +72,19 @@ def encode_state(state: MasterState) -> bytes:
 
 def write_snapshot(fs: FileSystem, data_dir: str, state: MasterState) -> int:
     """Publish a snapshot of ``state`` atomically; returns its size in bytes."""
-    blob = encode_state(state)
+    return publish_snapshot(fs, data_dir, encode_state(state), state.lsn)
+
+
+def publish_snapshot(fs: FileSystem, data_dir: str, blob: bytes, lsn: int, *, tmp_suffix: str = "",
+                     still_wanted: Callable[[], bool] | None = None) -> int:
+    """Write ``blob`` (an encoded snapshot covering ``lsn``) to a temporary file, fsync it, and rename
+    it over ``master.snap`` unless that file already covers a later LSN or ``still_wanted()`` says
+    no; then fsync the directory. Returns the bytes published, 0 when it was not published.
+
+    The check and the rename happen under an exclusive ``flock`` of ``master.snap.lock`` (on the real
+    file system), so a snapshot never replaces a newer one, whichever process writes it."""
     path = os.path.join(data_dir, SNAPSHOT_NAME)
-    tmp = path + ".tmp"
+    tmp = path + ".tmp" + tmp_suffix
     if fs.exists(tmp):
         fs.unlink(tmp)
     fd = fs.open(tmp, CREATE_EXCL)
@@ -82,9 +96,55 @@ def write_snapshot(fs: FileSystem, data_dir: str, state: MasterState) -> int:
         fs.unlink(tmp)
         raise
     fs.close(fd)
-    fs.rename(tmp, path)
-    fs.fsync_dir(data_dir)
+    with _publish_lock(fs, data_dir):
+        on_disk = snapshot_lsn(fs, data_dir)
+        if (on_disk is not None and on_disk > lsn) or (still_wanted is not None and not still_wanted()):
+            fs.unlink(tmp)
+            return 0
+        fs.rename(tmp, path)
+        fs.fsync_dir(data_dir)
     return len(blob)
+
+
+@contextlib.contextmanager
+def _publish_lock(fs: FileSystem, data_dir: str) -> Iterator[None]:
+    if not isinstance(fs, RealFs):  # a simulated file system lives in one process: nothing to exclude
+        yield
+        return
+    fd = os.open(os.path.join(data_dir, SNAPSHOT_NAME + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def snapshot_lsn(fs: FileSystem, data_dir: str) -> int | None:
+    """The LSN ``<data_dir>/master.snap`` covers (read from the start of its document), or None when
+    there is no snapshot or it cannot be read (a damaged one is refused later, by ``load_snapshot``)."""
+    path = os.path.join(data_dir, SNAPSHOT_NAME)
+    if not fs.exists(path):
+        return None
+    fd = fs.open(path, READ)
+    try:
+        head = fs.pread(fd, _HEAD.size + 64, 0)
+    finally:
+        fs.close(fd)
+    try:
+        if head[:8] != _MAGIC:
+            return None
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(head[_HEAD.size:])
+        unpacker.read_map_header()
+        key, lsn = unpacker.unpack(), unpacker.unpack()
+    except Exception:  # msgpack raises several unrelated types; "unknown" is the answer
+        return None
+    return lsn if key == "lsn" and type(lsn) is int else None
+
+
+def stale_temporaries(fs: FileSystem, data_dir: str) -> list[str]:
+    """Temporary snapshot files left by a writer that died before publishing (``master.snap.tmp*``)."""
+    return [os.path.join(data_dir, n) for n in fs.listdir(data_dir) if n.startswith(SNAPSHOT_NAME + ".tmp")]
 
 
 def load_snapshot(fs: FileSystem, data_dir: str, state: MasterState) -> bool:
@@ -185,6 +245,8 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
     drop) are written (``IndexProjection.publish_missing``), so restarting again and again on the
     same tail does not grow the index's own log."""
     state.detach_space()
+    for tmp in stale_temporaries(fs, data_dir):  # a writer that died before publishing
+        fs.unlink(tmp)
     lease_end = now + lease_ttl_s
     state.objects.lease_floor_s = lease_end
     had_snapshot = load_snapshot(fs, data_dir, state)

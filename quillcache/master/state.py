@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from quillcache.alloc import OffsetAllocator, OutOfSpaceError
-from quillcache.master._kernels import all_new, end_apply, new_records
+from quillcache.master._kernels import HandleMap, all_new, end_apply, new_records
 from quillcache.master.errors import StaleEpochError
 from quillcache.master.oplog import Op
 from quillcache.master.residency import IndexProjection
@@ -60,7 +60,7 @@ class SegmentHandles:
     __slots__ = ("_extra", "_offs", "_hs", "_live", "_num_bulk")
 
     def __init__(self, offsets: np.ndarray | None = None, handles: np.ndarray | None = None) -> None:
-        self._extra: dict[int, int] = {}
+        self._extra = HandleMap()  # (compiled; a dict is its reference)
         self._offs = offsets if offsets is not None else np.zeros(0, dtype=np.int64)
         self._hs = handles if handles is not None else np.zeros(0, dtype=np.int64)
         self._live = np.ones(len(self._offs), dtype=bool)
@@ -80,9 +80,10 @@ class SegmentHandles:
         self._extra[off] = handle
 
     @property
-    def fresh(self) -> dict[int, int]:
-        """The dict of later allocations: an offset the allocator just handed out is not live, so a
-        caller may store ``fresh[offset] = handle`` directly (what ``__setitem__`` does after checking)."""
+    def fresh(self) -> HandleMap:
+        """The map of later allocations: an offset the allocator just handed out is not live, so a
+        caller may store ``fresh[offset] = handle``, or a batch with ``fresh.put_batch(offsets,
+        handles)`` (int64 arrays), directly (what ``__setitem__`` does after checking)."""
         return self._extra
 
     def pop(self, off: int) -> int:
@@ -140,6 +141,9 @@ class MasterState:
         self.capacity_bytes = 0
         self.used_bytes = 0
         self._handlers = {op: getattr(self, name) for op, name in _HANDLERS.items()}  # op -> bound handler
+        # the key list of the PUT_START_MANY record being applied, when its writer (the service's batch
+        # path) has just checked that every key is new and distinct; set and cleared around that one apply
+        self.checked_new_keys: list | None = None
 
     def use_reference_handlers(self) -> None:
         """Apply PUT_START_MANY / PUT_END_MANY with the plain-Python handlers (the references of the
@@ -199,7 +203,9 @@ class MasterState:
         as for PUT_START) and are not looked up again. Compiled (``_kernels.new_records``) unless a key
         pre-empts a zombie put; ``_put_start_many_py`` is the reference (tested equal)."""
         objects = self.objects
-        if type(keys) is not list:
+        if keys is self.checked_new_keys:  # the service checked this very list just now (see __init__)
+            fresh = True
+        elif type(keys) is not list:
             fresh = False
         elif not objects._rows:
             fresh = all_new(keys, objects._objs)

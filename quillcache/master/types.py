@@ -181,9 +181,10 @@ class MasterConfig:
     a snapshot is taken once the log holds ``max(snapshot_every_records, snapshot_growth x objects)``
     state changes (a snapshot costs O(objects), so its cost per change stays bounded as the table
     grows, and a restart replays a tail of at most that many changes) or after ``snapshot_every_s``
-    (defaults chosen by the master study on its 2-core machine: the largest tail they allow at 1M objects
-    still restarts within the 2 s bound, and a snapshot, which blocks the master for O(objects), comes at
-    most every 100,000 objects put);
+    (defaults chosen by the master study on its 2-core machine: the largest tail they allow at 1M objects,
+    with the changes written while a snapshot is in flight, still restarts within the 2 s bound);
+    ``snapshot_writer`` names who writes it (:mod:`quillcache.master.snapshot_writer`): ``"fork"``
+    (default) a forked child, while the master goes on serving; ``"inline"`` the serving thread;
     ``index_on_disk`` keeps the residency index under ``<data_dir>/index`` (else in memory, rebuilt at
     restart from the master's snapshot and log)."""
 
@@ -200,6 +201,7 @@ class MasterConfig:
     snapshot_every_records: int = 200_000
     snapshot_growth: float = 0.15
     snapshot_every_s: float = 600.0
+    snapshot_writer: str = "fork"
     index_kind: str = "art"
     index_on_disk: bool = False
     epoch: int | None = None

@@ -46,6 +46,10 @@ def check_config(c: MasterConfig) -> None:
         raise InvalidParamsError(f"MasterConfig.snapshot_growth={g!r} must be a number in [0, 100]")
     if c.epoch is not None and (not _is_int(c.epoch) or c.epoch < 1):
         raise InvalidParamsError(f"MasterConfig.epoch={c.epoch!r} must be a positive int or None")
+    from quillcache.master.snapshot_writer import SNAPSHOT_WRITERS  # (the writers import the state, which imports this)
+    if not isinstance(c.snapshot_writer, str) or c.snapshot_writer not in SNAPSHOT_WRITERS.names():
+        raise InvalidParamsError(f"MasterConfig.snapshot_writer={c.snapshot_writer!r} must be one of "
+                                 f"{SNAPSHOT_WRITERS.names()}")
 
 
 def check_key(key: object) -> str:

@@ -1,0 +1,177 @@
+"""Snapshots written in the background: the forked writer, the sealed log segments, publication rules.
+
+The crash consistency of the protocol at every sync point is tested in test_master_service.py
+(``test_crash_at_every_sync_loses_no_acknowledged_object``, background case, on CrashFs), and the
+SIGKILL workload there runs with the forked writer (the default)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from quillcache.durability.fs import RealFs
+from quillcache.master import MasterConfig, MasterService, SegmentDescriptor
+from quillcache.master import snapshot_writer as SW
+from quillcache.master.oplog import OpLog, log_files, sealed_segments
+from quillcache.master.snapshot import SNAPSHOT_NAME, encode_state, publish_snapshot, snapshot_lsn
+from quillcache.master.types import ObjectStatus
+
+UNIT = 64
+
+
+def service(path, **cfg) -> MasterService:
+    cfg.setdefault("snapshot_every_records", 100)
+    cfg.setdefault("snapshot_growth", 0.0)
+    return MasterService(MasterConfig(alignment_bytes=UNIT, **cfg), data_dir=path)
+
+
+def put_batch(m: MasterService, start: int, n: int) -> list[str]:
+    keys = [f"k{i:06d}" for i in range(start, start + n)]
+    cols = m.batch_put_start_columns(keys, np.full(n, UNIT, dtype=np.int64))
+    assert not cols.errors
+    m.batch_put_end(keys)
+    return keys
+
+
+def table(m: MasterService) -> dict:
+    return {k: [(d.segment_id, d.offset_bytes) for d in m.object_info(k).replicas] for k in m.keys()
+            if m.object_info(k).status == ObjectStatus.COMPLETE}
+
+
+@pytest.fixture
+def mounted(tmp_path):
+    m = service(tmp_path)
+    try:
+        for i in range(3):
+            m.mount_segment(SegmentDescriptor(node_id=f"n{i}", segment_id=i, capacity_bytes=1 << 24))
+        yield m, tmp_path
+    finally:
+        m.close()
+
+
+def test_forked_snapshot_covers_the_sealed_lsn_while_puts_go_on(mounted):
+    m, path = mounted
+    assert isinstance(m._snap_writer, SW.ForkSnapshotWriter)
+    put_batch(m, 0, 60)  # 120 changes >= 100: the log is sealed and a child forked
+    assert m.snapshot_in_flight
+    sealed_at = m.lsn
+    assert [p for _, p in sealed_segments(str(path), RealFs())]  # the sealed segment exists until published
+    put_batch(m, 60, 10)  # appends go on into the new active file meanwhile
+    out = m.wait_snapshot()
+    assert out is not None and out.ok and out.lsn == sealed_at, out
+    assert snapshot_lsn(RealFs(), str(path)) == sealed_at == m.last_snapshot_lsn
+    assert sealed_segments(str(path), RealFs()) == []  # deleted once the snapshot was durable
+    assert not [n for n in os.listdir(path) if n.startswith(SNAPSHOT_NAME + ".tmp")]
+    want = table(m)
+    m.close()
+    again = service(path)
+    try:
+        assert table(again) == want and len(want) == 70
+    finally:
+        again.close()
+
+
+def test_a_failed_background_snapshot_loses_nothing_and_the_next_is_inline(mounted, monkeypatch, caplog):
+    m, path = mounted
+
+    def broken(*a, **kw):
+        raise OSError(28, "No space left on device (injected in the child)")
+
+    monkeypatch.setattr(SW, "publish_snapshot", broken)  # the forked child inherits the patched module
+    put_batch(m, 0, 60)
+    out = m.wait_snapshot()
+    assert out is not None and not out.ok and "No space left" in out.error
+    assert "failed" in caplog.text and snapshot_lsn(RealFs(), str(path)) is None
+    assert len(sealed_segments(str(path), RealFs())) == 1  # kept: it holds records no snapshot covers
+    monkeypatch.undo()
+    put_batch(m, 60, 1)  # the changes counted again: the next snapshot is due at once, and inline
+    assert not m.snapshot_in_flight and m.snapshots_taken == 1 and m.last_snapshot_lsn >= m.lsn - 1
+    assert sealed_segments(str(path), RealFs()) == []
+    want = table(m)
+    m.close()
+    again = service(path)
+    try:
+        assert table(again) == want and len(want) == 61
+    finally:
+        again.close()
+
+
+def test_a_killed_snapshot_child_is_reported_and_nothing_is_lost(mounted):
+    m, path = mounted
+    put_batch(m, 0, 60)
+    os.kill(m._snap_writer._pid, 9)
+    out = m.wait_snapshot()
+    assert out is not None and (out.ok or "signal 9" in out.error), out  # (it may have published first)
+    put_batch(m, 60, 5)
+    m.wait_snapshot()
+    want = table(m)
+    m.close()
+    again = service(path)
+    try:
+        assert table(again) == want and len(want) == 65
+    finally:
+        again.close()
+
+
+def test_publish_never_replaces_a_later_snapshot_nor_publishes_for_a_dead_master(tmp_path):
+    fs, d = RealFs(), str(tmp_path / "dst")
+    os.mkdir(d)
+    m = service(tmp_path / "src", snapshot_writer="inline")
+    m.mount_segment(SegmentDescriptor(node_id="n0", segment_id=0, capacity_bytes=1 << 20))
+    put_batch(m, 0, 3)
+    old_blob, old_lsn = encode_state(m._state), m.lsn
+    put_batch(m, 3, 3)
+    new_blob, new_lsn = encode_state(m._state), m.lsn
+    m.close()
+    assert publish_snapshot(fs, d, new_blob, new_lsn) == len(new_blob)
+    assert publish_snapshot(fs, d, old_blob, old_lsn, tmp_suffix=".1") == 0  # older than what is there
+    assert snapshot_lsn(fs, d) == new_lsn
+    newer = new_lsn + 5
+    assert publish_snapshot(fs, d, new_blob, newer, still_wanted=lambda: False) == 0  # its master is gone
+    assert snapshot_lsn(fs, d) == new_lsn
+    assert sorted(os.listdir(d)) == [SNAPSHOT_NAME, SNAPSHOT_NAME + ".lock"]  # no temporary left behind
+
+
+def test_a_missing_sealed_segment_is_refused_naming_the_records(tmp_path):
+    m = service(tmp_path, snapshot_every_records=10**6)
+    m.mount_segment(SegmentDescriptor(node_id="n0", segment_id=0, capacity_bytes=1 << 20))
+    put_batch(m, 0, 2)
+    m._log.seal()
+    put_batch(m, 2, 2)
+    m._log.seal()
+    put_batch(m, 4, 2)
+    m._log.close()
+    m.index.close()
+    segs = sealed_segments(str(tmp_path), RealFs())
+    assert len(segs) == 2 and len(log_files(str(tmp_path), RealFs())) == 3
+    os.unlink(segs[1][1])
+    with pytest.raises(ValueError, match=r"records \d+\.\.\d+ are missing"):
+        OpLog(str(tmp_path), RealFs()).recover(0)
+
+
+def test_sealed_segments_replay_in_order_and_covered_ones_are_deleted(tmp_path):
+    m = service(tmp_path, snapshot_every_records=10**6, snapshot_writer="inline")
+    m.mount_segment(SegmentDescriptor(node_id="n0", segment_id=0, capacity_bytes=1 << 20))
+    put_batch(m, 0, 2)
+    m._log.seal()
+    put_batch(m, 2, 2)
+    m._log.seal()
+    put_batch(m, 4, 2)
+    want = table(m)
+    m._log.close()  # a crash: no snapshot, three log files
+    m.index.close()
+    again = service(tmp_path, snapshot_every_records=10**6, snapshot_writer="inline")
+    try:
+        assert table(again) == want and len(want) == 6
+        again.snapshot()
+        assert log_files(str(tmp_path), RealFs()) == [str(tmp_path / "master.wal")]
+    finally:
+        again.close()
+
+
+def test_unknown_writer_is_refused():
+    from quillcache.master import MasterError
+    with pytest.raises(MasterError, match="snapshot_writer"):
+        MasterService(MasterConfig(snapshot_writer="thread"))
