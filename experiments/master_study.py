@@ -53,6 +53,7 @@ from one client; batched throughput ≥ Mooncake's master in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -213,10 +214,11 @@ def _restart_config() -> MasterConfig:
     return MasterConfig()
 
 
-def _fill(data_dir: str, n: int, prefix: str, capacity_objects: int, n_nodes: int = 8) -> dict:
+def _fill(data_dir: str, n: int, prefix: str, capacity_objects: int, n_nodes: int = 8,
+          config: MasterConfig | None = None) -> dict:
     """Open (or create) the master at ``data_dir`` (segments for ``capacity_objects`` objects with 25% headroom,
     8 nodes) and put ``n`` objects in batches of 2,000."""
-    svc = MasterService(_restart_config(), data_dir=data_dir)
+    svc = MasterService(config or _restart_config(), data_dir=data_dir)
     _segments(svc, n_nodes, math.ceil(capacity_objects * 1.25 / n_nodes) * SIZE_BYTES)
     lsn0 = svc.lsn
     t0 = time.perf_counter()
@@ -235,8 +237,10 @@ def _build(data_dir: str, n: int, capacity_objects: int) -> dict:
 
 
 def _tail_then_wait(data_dir: str, n_tail: int, wfd: int) -> None:
-    """Child: recover, write a tail of ``n_tail`` objects (all in the log, no snapshot), report, wait for SIGKILL."""
-    out = _fill(data_dir, n_tail, "tail", n_tail)
+    """Child: recover, write a tail of ``n_tail`` objects (all in the log, no snapshot: the on-disk state of a
+    master SIGKILLed with that many changes past its last published snapshot), report, wait for SIGKILL."""
+    no_snapshot = dataclasses.replace(_restart_config(), snapshot_every_records=10**12, snapshot_every_s=1e12)
+    out = _fill(data_dir, n_tail, "tail", n_tail, config=no_snapshot)
     out.pop("svc")
     os.write(wfd, (json.dumps(out) + "\n").encode())
     while True:
@@ -253,11 +257,13 @@ def _timed_open(data_dir: str) -> dict:
 
 def _largest_tail(n: int) -> int:
     """The most objects a log tail can hold after a snapshot of ``n`` objects under the default cadence
-    (a snapshot once the log holds max(snapshot_every_records, snapshot_growth x objects) changes; each object
-    is 2 changes, put in _fill's calls of 2,000): the worst case a restart replays."""
+    (a snapshot is started once the log holds max(snapshot_every_records, snapshot_growth x objects) changes,
+    and while it is written the log takes up to snapshot_inflight_records more before the master waits for it;
+    a crash just before it is published leaves both to replay; each object is 2 changes, put in _fill's calls
+    of 2,000): the worst case a restart replays."""
     cfg = _restart_config()
-    r, g = cfg.snapshot_every_records, cfg.snapshot_growth
-    bound = max(r / 2, g * n / (2 - g))  # 2t < max(r, g (n + t))
+    r, g, f = cfg.snapshot_every_records, cfg.snapshot_growth, cfg.snapshot_inflight_records
+    bound = max((r + f) / 2, (g * n + f) / (2 - g))  # 2t < max(r, g (n + t)) + f
     return max(2000, int(bound) // 2000 * 2000 - 2000)
 
 

@@ -175,3 +175,20 @@ def test_unknown_writer_is_refused():
     from quillcache.master import MasterError
     with pytest.raises(MasterError, match="snapshot_writer"):
         MasterService(MasterConfig(snapshot_writer="thread"))
+
+
+def test_the_log_past_a_snapshot_in_flight_is_bounded(tmp_path):
+    """With snapshot_inflight_records=0 the master waits for the child at its next state change, so the
+    log never holds more than one call's changes past a snapshot still being written."""
+    m = service(tmp_path, snapshot_inflight_records=0)
+    try:
+        m.mount_segment(SegmentDescriptor(node_id="n0", segment_id=0, capacity_bytes=1 << 24))
+        put_batch(m, 0, 60)
+        assert m.snapshot_in_flight
+        sealed_at = m.lsn
+        put_batch(m, 60, 1)  # the first call past the seal waits for the child
+        assert not m.snapshot_in_flight and m.last_snapshot_lsn == sealed_at
+    finally:
+        m.close()
+    with pytest.raises(Exception, match="snapshot_inflight_records"):
+        MasterService(MasterConfig(snapshot_inflight_records=-1))

@@ -33,6 +33,13 @@ service returns (acknowledges) only after its records were committed. A failed w
 turns the log failed for good (the WAL's own rule: never retry an fsync) and the service then
 refuses every state change with ``LOG_FAILED``. ``rotate(lsn)`` replaces the log, atomically, by an
 empty one whose next LSN is ``lsn + 1`` (used right after a snapshot covering ``lsn`` is durable).
+
+Segments (for snapshots written in the background): ``seal()`` commits the active file
+``master.wal``, renames it to ``master.wal.<its first lsn, 20 digits>`` and starts an empty active file
+after it; ``drop_through(lsn)`` deletes the sealed segments whose records are all covered by a durable
+snapshot. Recovery reads the sealed segments and the active file in LSN order, refuses a gap between
+the snapshot and the last record (naming the missing LSNs), deletes segments the snapshot covers, and
+starts a missing active file (a crash between the rename and its creation) after the last record.
 """
 
 from __future__ import annotations

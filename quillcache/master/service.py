@@ -28,7 +28,11 @@ Durability (``data_dir``): every state change is an operation-log record (:mod:`
 by :class:`~.state.MasterState`; a call returns only after its records are fsynced (one fsync per
 call: group commit for batches). Snapshots (:mod:`.snapshot`) once the log holds
 ``max(snapshot_every_records, snapshot_growth x objects)`` state changes, or every ``snapshot_every_s``
-seconds, and at ``close``; the log restarts after each.
+seconds, and at ``close``. By default a forked child writes them while the service goes on
+(:mod:`.snapshot_writer`: the log is sealed at the snapshot's LSN, appends continue in a new segment,
+the sealed segments are deleted once the snapshot is published; the service waits for the child once
+``snapshot_inflight_records`` more changes were logged, which bounds the tail a restart replays);
+``snapshot()`` and ``close`` write one inline and restart the log after it.
 ``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators.
 
 Residency: the state machine writes every COMPLETE object's replicas into the residency index
@@ -227,7 +231,7 @@ class MasterService(ReplicatedMode):
         if oplog is None:
             return
         if self._snap_writer.busy:
-            self._finish_background(wait=False)
+            self._finish_background(wait=oplog.records_since_rotate >= self.config.snapshot_inflight_records)
             if self._snap_writer.busy:
                 return
         if oplog.records_since_rotate == 0:

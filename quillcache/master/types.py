@@ -185,6 +185,9 @@ class MasterConfig:
     with the changes written while a snapshot is in flight, still restarts within the 2 s bound);
     ``snapshot_writer`` names who writes it (:mod:`quillcache.master.snapshot_writer`): ``"fork"``
     (default) a forked child, while the master goes on serving; ``"inline"`` the serving thread;
+    while a snapshot is in flight the log may take ``snapshot_inflight_records`` more changes, then the
+    master waits for it, so a restart never replays more than ``max(snapshot_every_records, snapshot_growth
+    x objects) + snapshot_inflight_records`` changes (plus one call's);
     ``index_on_disk`` keeps the residency index under ``<data_dir>/index`` (else in memory, rebuilt at
     restart from the master's snapshot and log)."""
 
@@ -198,10 +201,11 @@ class MasterConfig:
     alignment_bytes: int = 64
     max_allocs_per_segment: int = 1 << 20
     max_object_bytes: int = U32_MAX
-    snapshot_every_records: int = 200_000
+    snapshot_every_records: int = 150_000
     snapshot_growth: float = 0.15
     snapshot_every_s: float = 600.0
     snapshot_writer: str = "fork"
+    snapshot_inflight_records: int = 50_000
     index_kind: str = "art"
     index_on_disk: bool = False
     epoch: int | None = None

@@ -41,6 +41,8 @@ def check_config(c: MasterConfig) -> None:
         raise InvalidParamsError(f"MasterConfig.max_object_bytes={c.max_object_bytes!r} must be in [1, 2**32-1]")
     if not _is_int(c.snapshot_every_records) or c.snapshot_every_records < 1:
         raise InvalidParamsError(f"MasterConfig.snapshot_every_records={c.snapshot_every_records!r} must be >= 1")
+    if not _is_int(c.snapshot_inflight_records) or c.snapshot_inflight_records < 0:
+        raise InvalidParamsError(f"MasterConfig.snapshot_inflight_records={c.snapshot_inflight_records!r} must be >= 0")
     g = c.snapshot_growth
     if not (isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 100 and math.isfinite(g)):
         raise InvalidParamsError(f"MasterConfig.snapshot_growth={g!r} must be a number in [0, 100]")
