@@ -208,7 +208,8 @@ def test_peer_sigkilled_mid_batch_every_request_ends_and_completed_reads_verify(
 @pytest.mark.parametrize("stop", ["kill", "close"])
 @pytest.mark.parametrize("idle_check_s", [None, 3600.0], ids=["default-probe", "no-probe"])
 def test_a_peer_restarted_on_the_same_port_is_reached_with_no_manual_step(idle_check_s, stop, first):
-    config = TcpConfig() if idle_check_s is None else TcpConfig(idle_check_s=idle_check_s)
+    lanes = dict(lane_min_bytes=8 * MiB)  # four lanes for the 4 x 8 MiB batch below
+    config = TcpConfig(**lanes) if idle_check_s is None else TcpConfig(idle_check_s=idle_check_s, **lanes)
     local = np.zeros(32 * MiB, dtype=np.uint8)
     with TransferEngine("tcp", secret=SECRET, serve=False, config=config) as engine:
         desc = engine.register_region(local)
