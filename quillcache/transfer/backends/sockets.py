@@ -162,11 +162,9 @@ class Channel:
 
     def _spin_into(self, view: memoryview, deadline: float | None = None) -> int:
         """Poll ``recv_into(view)`` without blocking for up to ``spin_s`` (never past ``deadline``): the bytes
-        it returned (0: the peer closed), or -1 when none came in time. A reset connection raises at once."""
+        it returned (0: the peer closed), or -1 when none came in time. A reset connection raises at once.
+        Callers skip it while ``_skip`` counts down (the back-off)."""
         recv_into = self.sock.recv_into
-        if self._skip:
-            self._skip -= 1
-            return -1
         try:
             return recv_into(view, 0, _DONTWAIT)
         except BlockingIOError:
@@ -190,9 +188,6 @@ class Channel:
         """``_spin_into`` for a scatter read into ``head`` then ``body`` (one ``recvmsg_into``)."""
         recvmsg_into = self.sock.recvmsg_into
         bufs = [head, body]
-        if self._skip:
-            self._skip -= 1
-            return -1
         try:
             return recvmsg_into(bufs, 0, _DONTWAIT)[0]
         except BlockingIOError:
@@ -219,10 +214,15 @@ class Channel:
         try:
             while got < n:
                 part = view[got:] if got else view
-                k = self._spin_into(part, deadline) if spin else -1
+                k = -1
+                if spin:
+                    if self._skip:
+                        self._skip -= 1
+                    else:
+                        k = self._spin_into(part, deadline)
+                        if k < 0 and deadline is not None:
+                            self.arm(deadline)  # the spin took time: what is left of the deadline bounds the wait
                 if k < 0:
-                    if spin and deadline is not None:
-                        self.arm(deadline)  # the spin took time: what is left of the deadline bounds the wait
                     k = sock.recv_into(part)  # BlockingIOError here: the kernel timeout expired
                 if k == 0:
                     raise ConnectionError(f"peer closed the connection after {got} of {n} bytes")
@@ -237,7 +237,9 @@ class Channel:
     def recv_idle_into(self, view: memoryview, idle_s: float) -> None:
         """Fill ``view``, waiting up to ``idle_s`` for its first byte without re-arming the kernel timeout
         unless ``idle_s`` is the shorter (a server waiting for the next request pays no system call for it)."""
-        if self.spin_s:
+        if self._skip:
+            self._skip -= 1
+        elif self.spin_s:
             k = self._spin_into(view)
             if k == 0:
                 raise ConnectionError(f"peer closed the connection after 0 of {len(view)} bytes")
@@ -266,10 +268,14 @@ class Channel:
         bytes of ``body`` filled. ``head`` is always filled completely."""
         self.arm(deadline)
         try:
-            k = self._spin_two(head, body, deadline) if self.spin_s else -1
-            if k < 0:
-                if self.spin_s and deadline is not None:
+            k = -1
+            if self._skip:
+                self._skip -= 1
+            elif self.spin_s:
+                k = self._spin_two(head, body, deadline)
+                if k < 0 and deadline is not None:
                     self.arm(deadline)
+            if k < 0:
                 k = self.sock.recvmsg_into([head, body])[0]
         except BlockingIOError:
             raise socket.timeout(f"no progress after 0 of {len(head)} bytes") from None
