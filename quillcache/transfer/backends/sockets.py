@@ -15,11 +15,11 @@ call reports it at once) nor a deadline (a spin ends at the deadline, and the bl
 follows is bounded by the kernel timeout as before); a wait for progress may last ``spin_us`` longer
 than ``progress_s``. Adaptive: after two spins in a row that found nothing (a peer that shares this
 core, where spinning only takes the CPU from it, or an idle one), the next waits do not spin, for
-16 waits, doubling per further fruitless spin up to 1024; a spin that pays resets this (one that found
-data only after being descheduled, far longer than its polls take, counts as fruitless: the peer
-ran on this core meanwhile, and so did another lane thread of this process). So an idle
-connection costs one ``spin_us`` per up to 1024 waits, and a peer on the same core loses almost
-nothing. ``spin_us=0`` restores plain blocking calls; the bytes are the same either way.
+16 waits, doubling per further fruitless spin up to 1024; a spin that pays resets this. So an idle
+connection costs one ``spin_us`` per up to 1024 waits. A peer on the same core is not always
+recognised (the scheduler may run it while we spin, so the spin "pays"): there a spin costs up to
+``spin_us`` of the shared CPU per wait. ``spin_us=0`` restores plain blocking calls; the bytes are
+the same either way.
 """
 
 from __future__ import annotations
@@ -92,7 +92,6 @@ def tune_socket(sock: socket.socket, config: TcpConfig) -> None:
 _DONTWAIT = socket.MSG_DONTWAIT
 _clock = time.monotonic  # the clock of every deadline
 _BACKOFF_MIN, _BACKOFF_MAX = 16, 1024  # waits without a spin after fruitless spins in a row
-_POLL_MAX_S, _DESCHEDULED_S = 4e-6, 10e-6  # a poll takes less; a spin this much longer was descheduled
 
 
 class Channel:
@@ -142,15 +141,6 @@ class Channel:
         end = _clock() + self.spin_s
         return end if deadline is None or deadline > end else deadline
 
-    def _spun(self, spun_s: float, polls: int) -> None:
-        """A spin found data after ``polls`` empty polls in ``spun_s``. Unless it was descheduled meanwhile
-        (far more time passed than its polls take: the peer ran on this core, so the spin only took the
-        CPU from it), it paid: reset the back-off."""
-        if spun_s > polls * _POLL_MAX_S + _DESCHEDULED_S:
-            self._spun_in_vain()
-        else:
-            self._fails, self._backoff = 0, _BACKOFF_MIN
-
     def _spun_in_vain(self) -> None:
         """A spin found nothing. From the second in a row, skip spinning for the next ``_backoff`` waits and
         double ``_backoff`` (up to ``_BACKOFF_MAX``): a peer that shares this core, or is idle, is not
@@ -169,19 +159,16 @@ class Channel:
             return recv_into(view, 0, _DONTWAIT)
         except BlockingIOError:
             pass
-        start = _clock()
         end = self._spin_end(deadline)
-        polls = 0
         while True:
             try:
                 k = recv_into(view, 0, _DONTWAIT)
             except BlockingIOError:
-                polls += 1
                 if _clock() < end:
                     continue
                 self._spun_in_vain()
                 return -1
-            self._spun(_clock() - start, polls)
+            self._fails, self._backoff = 0, _BACKOFF_MIN  # the spin paid: keep spinning
             return k
 
     def _spin_two(self, head: memoryview, body: memoryview, deadline: float | None) -> int:
@@ -192,19 +179,16 @@ class Channel:
             return recvmsg_into(bufs, 0, _DONTWAIT)[0]
         except BlockingIOError:
             pass
-        start = _clock()
         end = self._spin_end(deadline)
-        polls = 0
         while True:
             try:
                 k = recvmsg_into(bufs, 0, _DONTWAIT)[0]
             except BlockingIOError:
-                polls += 1
                 if _clock() < end:
                     continue
                 self._spun_in_vain()
                 return -1
-            self._spun(_clock() - start, polls)
+            self._fails, self._backoff = 0, _BACKOFF_MIN  # the spin paid: keep spinning
             return k
 
     def recv_into(self, view: memoryview, deadline: float | None = None, first_wait_s: float | None = None) -> None:
