@@ -14,7 +14,8 @@ from quillcache.master import MasterConfig, MasterService, PutRequest, ReplicaCo
 def main() -> None:
     data_dir, seed, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rng = random.Random(seed)
-    cfg = MasterConfig(alignment_bytes=4096, snapshot_every_records=50, snapshot_growth=0.0)  # 1 unit per object
+    cfg = MasterConfig(alignment_bytes=4096, snapshot_every_records=50, snapshot_growth=0.0,
+                       restart_budget_s=0.0)  # 1 unit per object
     svc = MasterService(cfg, data_dir=data_dir)
     for seg, node in enumerate("abc"):
         try:

@@ -297,7 +297,7 @@ def test_etcd_down_at_start_is_a_clear_error_then_service(tmp_path, prefix):  # 
 
 
 def test_a_standby_behind_the_trimmed_log_fetches_the_snapshot(etcd, etcd_client, prefix, cluster):  # noqa: F811
-    small = ("--snapshot-every-records", "30", "--log-margin", "5")
+    small = ("--snapshot-every-records", "30", "--restart-budget-s", "0", "--log-margin", "5")
     a = cluster("a", *small)
     assert a.info["role"] == "leader"
     keys = [f"k{i}" for i in range(60)]

@@ -364,7 +364,7 @@ def snapshot_of(m: MasterService) -> dict:
 @pytest.mark.parametrize("snap_every", [5, 1000])
 def test_restart_keeps_objects_segments_and_pending_stays_invisible(clock, snap_every):
     fs = CrashFs()
-    m = durable(clock, fs, snapshot_every_records=snap_every, snapshot_growth=0.0)
+    m = durable(clock, fs, snapshot_every_records=snap_every, snapshot_growth=0.0, restart_budget_s=0.0)
     for i in range(3):
         m.mount_segment(seg(f"n{i}", i))
     for i in range(10):
@@ -377,7 +377,7 @@ def test_restart_keeps_objects_segments_and_pending_stays_invisible(clock, snap_
             fs = fs.crash(random.Random(1))
         else:
             m.close()
-        m = durable(clock, fs, snapshot_every_records=snap_every, snapshot_growth=0.0)
+        m = durable(clock, fs, snapshot_every_records=snap_every, snapshot_growth=0.0, restart_budget_s=0.0)
         m.check_invariants()
         assert snapshot_of(m) == before
         assert [s.segment_id for s in m.segments()] == [0, 1, 2]
@@ -440,7 +440,8 @@ def test_crash_at_every_sync_loses_no_acknowledged_object(clock, background, req
         ending = None  # the put_end in progress at the crash may or may not have become durable
         crashed = False
         try:
-            m = durable(clock, fs, snapshot_every_records=7, snapshot_growth=0.0, snapshot_writer=writer)
+            m = durable(clock, fs, snapshot_every_records=7, snapshot_growth=0.0, restart_budget_s=0.0,
+                        snapshot_writer=writer)
             m.mount_segment(seg("n0", 0, 64))
             m.mount_segment(seg("n1", 1, 64))
             acked["segments"] = [0, 1]
@@ -457,7 +458,8 @@ def test_crash_at_every_sync_loses_no_acknowledged_object(clock, background, req
                 raise
             crashed = True
         disk = fs.crash(random.Random(n))
-        r = durable(clock, disk, snapshot_every_records=7, snapshot_growth=0.0, snapshot_writer=writer)
+        r = durable(clock, disk, snapshot_every_records=7, snapshot_growth=0.0, restart_budget_s=0.0,
+                        snapshot_writer=writer)
         r.check_invariants()
         if "segments" in acked:
             assert sorted(s.segment_id for s in r.segments()) == [0, 1]
@@ -585,7 +587,8 @@ def test_sigkill_loses_no_acknowledged_put(tmp_path):
             elif parts and parts[0] == "INFLIGHT" and len(parts) == 2:
                 inflight.add(parts[1])
         start += 1000
-        m = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50, snapshot_growth=0.0), data_dir=tmp_path)
+        m = MasterService(MasterConfig(alignment_bytes=4096, snapshot_every_records=50, snapshot_growth=0.0,
+                                             restart_budget_s=0.0), data_dir=tmp_path)
         m.check_invariants()
         for key, reps in acked.items():
             if key in removed:
@@ -913,7 +916,8 @@ def test_snapshot_cadence_grows_with_the_table(clock, tmp_path, writer):
     """A snapshot comes once the log holds max(snapshot_every_records, snapshot_growth x objects) changes:
     with 10 and 1.0, a table of 200 objects is snapshotted after 200 more changes, not after 10. The
     forked writer snapshots the same LSNs (its outcome is taken when waited for)."""
-    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10, snapshot_growth=1.0, snapshot_writer=writer)
+    cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=10, snapshot_growth=1.0, restart_budget_s=0.0,
+                       snapshot_writer=writer)
     m = MasterService(cfg, clock=clock, data_dir=tmp_path)
     m.mount_segment(seg("n0", 0, 1 << 16))
     keys = [f"k{i}" for i in range(100)]

@@ -6,6 +6,7 @@ SIGKILL workload there runs with the forked writer (the default)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -24,6 +25,7 @@ UNIT = 64
 def service(path, **cfg) -> MasterService:
     cfg.setdefault("snapshot_every_records", 100)
     cfg.setdefault("snapshot_growth", 0.0)
+    cfg.setdefault("restart_budget_s", 0.0)
     return MasterService(MasterConfig(alignment_bytes=UNIT, **cfg), data_dir=path)
 
 
@@ -192,3 +194,29 @@ def test_the_log_past_a_snapshot_in_flight_is_bounded(tmp_path):
         m.close()
     with pytest.raises(Exception, match="snapshot_inflight_records"):
         MasterService(MasterConfig(snapshot_inflight_records=-1))
+
+
+def test_snapshots_come_as_rarely_as_the_restart_budget_allows(tmp_path):
+    """snapshot_due_changes = max(floor, growth x objects, restart budget): the budget term shrinks as the
+    table grows (loading it takes more of the budget) and vanishes at 0 s; a master follows it."""
+    cfg = MasterConfig(snapshot_every_records=100, snapshot_growth=0.0, snapshot_inflight_records=10,
+                       restart_budget_s=1e-3, restart_s_per_object=1e-6, restart_s_per_change=1e-6)
+    assert cfg.snapshot_due_changes(0) == 1000 - 10
+    assert cfg.snapshot_due_changes(500) == 500 - 10
+    assert cfg.snapshot_due_changes(950) == 100  # the floor
+    assert MasterConfig(restart_budget_s=0.0).snapshot_due_changes(10) == MasterConfig().snapshot_every_records
+    big = MasterConfig(snapshot_growth=0.15)
+    assert big.snapshot_due_changes(10_000_000) == 1_500_000  # growth, once loading alone exceeds the budget
+    m = MasterService(dataclasses.replace(cfg, alignment_bytes=UNIT, snapshot_writer="inline"), data_dir=tmp_path)
+    try:
+        m.mount_segment(SegmentDescriptor(node_id="n0", segment_id=0, capacity_bytes=1 << 24))
+        put_batch(m, 0, 200)  # 400 changes < due(200 objects) = 790
+        put_batch(m, 200, 100)  # 600 < due(300) = 690
+        assert m.snapshots_taken == 0
+        put_batch(m, 300, 100)  # 700 >= due(400) = 590: the table grew into the budget
+        assert m.snapshots_taken == 1
+    finally:
+        m.close()
+    for bad in (dict(restart_budget_s=-1.0), dict(restart_s_per_change=0.0), dict(restart_s_per_object=float("nan"))):
+        with pytest.raises(Exception, match="restart_"):
+            MasterService(MasterConfig(**bad))

@@ -48,7 +48,8 @@ class MasterMachine(RuleBasedStateMachine):
     def start(self, seed: int, snap_every: int) -> None:
         self.now = 100.0
         self.rng = random.Random(seed)
-        self.cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=snap_every, index_kind="art")
+        self.cfg = MasterConfig(alignment_bytes=UNIT, snapshot_every_records=snap_every, restart_budget_s=0.0,
+                                index_kind="art")
         self.fs = CrashFs()
         self.fs.mkdir(DATA_DIR)
         self.svc = MasterService(self.cfg, clock=lambda: self.now, data_dir=DATA_DIR, fs=self.fs)

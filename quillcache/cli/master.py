@@ -39,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="log records kept in etcd below the leader's last snapshot (default 10000)")
     parser.add_argument("--snapshot-every-records", type=argtypes.positive_int, default=None,
                         help="snapshot after this many log records (default: MasterConfig's)")
+    parser.add_argument("--restart-budget-s", type=argtypes.non_negative_float, default=None,
+                        help="take snapshots as rarely as a restart within this many seconds allows (0: only the "
+                             "--snapshot-every-records floor and the growth rule; default: MasterConfig's)")
     parser.add_argument("--snapshot-writer", choices=["fork", "inline"], default=None,
                         help="who writes snapshots: a forked child while the master serves (fork, the default) "
                              "or the serving thread (inline)")

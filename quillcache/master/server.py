@@ -171,6 +171,8 @@ def _config(args) -> MasterConfig:
     for name in ("lease_ttl_s", "client_ttl_s", "snapshot_writer"):
         if getattr(args, name, None):
             kw[name] = getattr(args, name)
+    if getattr(args, "restart_budget_s", None) is not None:
+        kw["restart_budget_s"] = args.restart_budget_s
     return MasterConfig(**kw)
 
 

@@ -27,8 +27,8 @@ Semantics (REFERENCE §4/§9, issue 14 item 1):
 Durability (``data_dir``): every state change is an operation-log record (:mod:`.oplog`) applied
 by :class:`~.state.MasterState`; a call returns only after its records are fsynced (one fsync per
 call: group commit for batches). Snapshots (:mod:`.snapshot`) once the log holds
-``max(snapshot_every_records, snapshot_growth x objects)`` state changes, or every ``snapshot_every_s``
-seconds, and at ``close``. By default a forked child writes them while the service goes on
+``config.snapshot_due_changes(objects)`` state changes (as rarely as the restart budget allows, see
+:class:`~.types.MasterConfig`), or every ``snapshot_every_s`` seconds, and at ``close``. By default a forked child writes them while the service goes on
 (:mod:`.snapshot_writer`: the log is sealed at the snapshot's LSN, appends continue in a new segment,
 the sealed segments are deleted once the snapshot is published; the service waits for the child once
 ``snapshot_inflight_records`` more changes were logged, which bounds the tail a restart replays);
@@ -237,7 +237,7 @@ class MasterService(ReplicatedMode):
         if oplog.records_since_rotate == 0:
             return
         cfg = self.config
-        if (oplog.records_since_rotate >= max(cfg.snapshot_every_records, cfg.snapshot_growth * len(self._state.objects))
+        if (oplog.records_since_rotate >= cfg.snapshot_due_changes(len(self._state.objects))
                 or self._now() - self._last_snapshot_s >= cfg.snapshot_every_s):
             if self._snap_writer.background and not self._snap_inline_next:
                 self._start_background()

@@ -188,6 +188,7 @@ def _child(fs: FileSystem, data_dir: str, state: MasterState, parent: int, wfd: 
     code = 1
     try:
         gc.disable()
+        _lowest_priority()
         for sig in _CHILD_SIGNALS:
             try:
                 signal.signal(sig, signal.SIG_DFL)
@@ -205,6 +206,19 @@ def _child(fs: FileSystem, data_dir: str, state: MasterState, parent: int, wfd: 
             pass
     finally:
         os._exit(code)
+
+
+def _lowest_priority() -> None:
+    """Run only on CPU time nothing else wants (SCHED_IDLE where the OS has it, else nice 19): the
+    child must not slow the master or its clients; the master waits for it when its log allowance is
+    spent, which frees a CPU for it (bounded tail, see MasterConfig.snapshot_inflight_records)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(19)
+        except (AttributeError, OSError):
+            pass
 
 
 SNAPSHOT_WRITERS: Registry[type[SnapshotWriter]] = Registry("snapshot writer")

@@ -178,11 +178,16 @@ class ObjectInfo:
 class MasterConfig:
     """Mooncake's defaults (REFERENCE §4/§9). ``alignment_bytes`` is the allocation unit of every
     segment (sizes round up to it); ``epoch`` None = continue the newest epoch found in the log;
-    a snapshot is taken once the log holds ``max(snapshot_every_records, snapshot_growth x objects)``
-    state changes (a snapshot costs O(objects), so its cost per change stays bounded as the table
-    grows, and a restart replays a tail of at most that many changes) or after ``snapshot_every_s``
-    (defaults chosen by the master study on its 2-core machine: the largest tail they allow at 1M objects,
-    with the changes written while a snapshot is in flight, still restarts within the 2 s bound);
+    a snapshot is taken once the log holds ``snapshot_due_changes(objects)`` state changes, or after
+    ``snapshot_every_s``. That is the largest of: ``snapshot_every_records`` (a floor); ``snapshot_growth
+    x objects`` (a snapshot costs O(objects), so its cost per change stays bounded as the table grows);
+    and the restart budget: the changes a restart can replay, after loading the snapshot, within
+    ``restart_budget_s`` (``(restart_budget_s - restart_s_per_object x objects) / restart_s_per_change -
+    snapshot_inflight_records``; 0 s turns it off). So snapshots come as rarely as the restart budget allows
+    while the table is small, and by the floor and growth once loading alone takes the budget. The rates are
+    what the master study measured on its 2-core machine (snapshot load and log replay, in-process), the
+    budget leaves room below the study's 2 s bound for starting the process; the floor and growth were
+    chosen there so that the largest tail they allow at 1M objects restarts within that bound;
     ``snapshot_writer`` names who writes it (:mod:`quillcache.master.snapshot_writer`): ``"fork"``
     (default) a forked child, while the master goes on serving; ``"inline"`` the serving thread;
     while a snapshot is in flight the log may take ``snapshot_inflight_records`` more changes, then the
@@ -206,9 +211,20 @@ class MasterConfig:
     snapshot_every_s: float = 600.0
     snapshot_writer: str = "fork"
     snapshot_inflight_records: int = 50_000
+    restart_budget_s: float = 1.5
+    restart_s_per_object: float = 1.6e-6
+    restart_s_per_change: float = 1.0e-6
     index_kind: str = "art"
     index_on_disk: bool = False
     epoch: int | None = None
+
+    def snapshot_due_changes(self, objects: int) -> int:
+        """The log changes after which a snapshot is due, for a table of ``objects`` (class docstring)."""
+        budget = 0.0
+        if self.restart_budget_s > 0:
+            budget = ((self.restart_budget_s - self.restart_s_per_object * objects) / self.restart_s_per_change
+                      - self.snapshot_inflight_records)
+        return int(max(self.snapshot_every_records, self.snapshot_growth * objects, budget))
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,12 @@ def check_config(c: MasterConfig) -> None:
         raise InvalidParamsError(f"MasterConfig.snapshot_every_records={c.snapshot_every_records!r} must be >= 1")
     if not _is_int(c.snapshot_inflight_records) or c.snapshot_inflight_records < 0:
         raise InvalidParamsError(f"MasterConfig.snapshot_inflight_records={c.snapshot_inflight_records!r} must be >= 0")
+    for name in ("restart_budget_s", "restart_s_per_object", "restart_s_per_change"):
+        v = getattr(c, name)
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+            raise InvalidParamsError(f"MasterConfig.{name}={v!r} must be a finite number >= 0")
+    if c.restart_budget_s > 0 and c.restart_s_per_change <= 0:
+        raise InvalidParamsError("MasterConfig.restart_s_per_change must be > 0 when restart_budget_s is")
     g = c.snapshot_growth
     if not (isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 100 and math.isfinite(g)):
         raise InvalidParamsError(f"MasterConfig.snapshot_growth={g!r} must be a number in [0, 100]")
