@@ -206,11 +206,11 @@ class MasterConfig:
     alignment_bytes: int = 64
     max_allocs_per_segment: int = 1 << 20
     max_object_bytes: int = U32_MAX
-    snapshot_every_records: int = 150_000
-    snapshot_growth: float = 0.15
+    snapshot_every_records: int = 100_000
+    snapshot_growth: float = 0.1
     snapshot_every_s: float = 600.0
     snapshot_writer: str = "fork"
-    snapshot_inflight_records: int = 50_000
+    snapshot_inflight_records: int = 40_000
     restart_budget_s: float = 1.5
     restart_s_per_object: float = 1.6e-6
     restart_s_per_change: float = 1.0e-6
