@@ -220,3 +220,50 @@ def test_snapshots_come_as_rarely_as_the_restart_budget_allows(tmp_path):
     for bad in (dict(restart_budget_s=-1.0), dict(restart_s_per_change=0.0), dict(restart_s_per_object=float("nan"))):
         with pytest.raises(Exception, match="restart_"):
             MasterService(MasterConfig(**bad))
+
+
+def _index_rows(m: MasterService) -> list:
+    return sorted((e.block_hash, e.node, int(e.tier), e.identity, e.segment_id, e.offset_bytes, e.size_bytes)
+                  for node in m.index.nodes() for e in m.index.entries_on_node(node))
+
+
+def test_a_restart_fills_the_index_from_the_snapshots_residency_columns(tmp_path):
+    """The residency keys a snapshot stores give the same index as hashing every key again (a snapshot
+    without them, as older versions wrote, takes that path), for plain and kv: keys, several replicas,
+    and objects that are pending or removed."""
+    import msgpack
+    import crc32c
+    from quillcache.master import ReplicaConfig, kv_object_key
+    from quillcache.master.snapshot import _HEAD, _MAGIC
+    m = service(tmp_path, snapshot_writer="inline", snapshot_every_records=10**6)
+    for i in range(3):
+        m.mount_segment(SegmentDescriptor(node_id=f"n{i}", segment_id=i, capacity_bytes=1 << 24, tier=i % 2))
+    keys = [f"plain-{i}" for i in range(40)] + [kv_object_key(i * 7919, bytes([i]) * 16) for i in range(40)]
+    for i, k in enumerate(keys):
+        m.put_start(k, UNIT * (1 + i % 3), ReplicaConfig(replica_num=1 + i % 3))
+        if i % 9 != 4:
+            m.put_end(k)
+    m.remove(keys[3])
+    want = _index_rows(m)
+    assert len(want) > 80
+    m.close()  # an inline snapshot with the residency columns
+    again = service(tmp_path, snapshot_every_records=10**6)
+    assert _index_rows(again) == want
+    again.close()
+    path = tmp_path / SNAPSHOT_NAME
+    blob = path.read_bytes()
+    doc = msgpack.unpackb(blob[_HEAD.size:], raw=False)
+    assert "res_hash" in doc
+    del doc["res_hash"], doc["res_ident"]
+    payload = msgpack.packb(doc, use_bin_type=True)
+    path.write_bytes(_HEAD.pack(_MAGIC, crc32c.crc32c(payload), len(payload)) + payload)
+    old = service(tmp_path, snapshot_every_records=10**6)
+    try:
+        assert _index_rows(old) == want
+    finally:
+        old.close()
+    doc["res_hash"], doc["res_ident"] = b"\0" * 8, b"\0" * 16  # not one per object: refused, naming the file
+    payload = msgpack.packb(doc, use_bin_type=True)
+    path.write_bytes(_HEAD.pack(_MAGIC, crc32c.crc32c(payload), len(payload)) + payload)
+    with pytest.raises(Exception, match="residency columns"):
+        service(tmp_path, snapshot_every_records=10**6)

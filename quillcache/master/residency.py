@@ -108,6 +108,18 @@ class IndexProjection:
                 _column("sizes", sizes, np.uint32, n))
         self._adds().add_chunk(cols)
 
+    def add_hashed_columns(self, hashes: np.ndarray, identities: bytes, nodes: list[str], tiers, segments,
+                           offsets, sizes) -> None:
+        """``add_columns`` with the residency keys already computed (``hashes`` uint64 and the
+        concatenated 16-byte ``identities`` of each replica's key, e.g. stored in a snapshot)."""
+        n = len(hashes)
+        if len(nodes) != n or len(identities) != 16 * n:
+            raise ValueError(f"add_hashed_columns: {n} hashes, {len(nodes)} node names, {len(identities)} identity bytes")
+        cols = (np.asarray(hashes, dtype=np.uint64), bytes(identities), list(nodes), _column("tiers", tiers, np.uint8, n, True),
+                _column("segments", segments, np.uint32, n), _column("offsets", offsets, np.uint64, n),
+                _column("sizes", sizes, np.uint32, n))
+        self._adds().add_chunk(cols)
+
     def drop(self, key: str, replicas: Iterable[tuple[str, CacheTier]]) -> None:
         """Forget the ``(node_id, tier)`` replicas of ``key`` (absent ones are ignored)."""
         h, ident = residency_key1(key)

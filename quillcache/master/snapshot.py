@@ -23,6 +23,7 @@ import math
 import os
 import struct
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import crc32c as _crc
 import msgpack
@@ -30,6 +31,8 @@ import numpy as np
 
 from quillcache.durability.fs import CREATE_EXCL, READ, FileSystem, RealFs
 from quillcache.master.oplog import Op, OpLog, decode_record
+from quillcache.index.keys import IDENTITY_BYTES
+from quillcache.master._residency import residency_keys
 from quillcache.master.residency import IndexProjection
 from quillcache.master.state import MasterState
 from quillcache.master.table import COLUMN_DTYPES
@@ -66,6 +69,9 @@ def encode_state(state: MasterState) -> bytes:
         "rep_seg": np.ascontiguousarray(rep_seg, dtype="<u4").tobytes(),
         "rep_off": np.ascontiguousarray(rep_off, dtype="<i8").tobytes(),
     }
+    hashes, idents = residency_keys(keys)  # per object: a restart fills the index without recomputing them
+    doc["res_hash"] = np.ascontiguousarray(hashes, dtype="<u8").tobytes()
+    doc["res_ident"] = bytes(idents)
     payload = msgpack.packb(doc, use_bin_type=True)
     return _HEAD.pack(_MAGIC, _crc.crc32c(payload), len(payload)) + payload
 
@@ -147,11 +153,26 @@ def stale_temporaries(fs: FileSystem, data_dir: str) -> list[str]:
     return [os.path.join(data_dir, n) for n in fs.listdir(data_dir) if n.startswith(SNAPSHOT_NAME + ".tmp")]
 
 
-def load_snapshot(fs: FileSystem, data_dir: str, state: MasterState) -> bool:
-    """Fill an empty ``state`` from ``<data_dir>/master.snap``; False when there is none."""
+@dataclass(frozen=True)
+class LoadedRows:
+    """What a snapshot holds per object beyond the table, in its row order (for ``fill_index``):
+    ``res_hash`` / ``res_ident`` the residency keys (uint64 array, 16 bytes each), and the columns
+    the index rows come from. ``res_hash`` is None for a snapshot written before they were stored."""
+
+    status: np.ndarray
+    size: np.ndarray
+    rep_count: np.ndarray
+    rep_seg: np.ndarray
+    rep_off: np.ndarray
+    res_hash: np.ndarray | None
+    res_ident: bytes | None
+
+
+def load_snapshot(fs: FileSystem, data_dir: str, state: MasterState) -> LoadedRows | None:
+    """Fill an empty ``state`` from ``<data_dir>/master.snap``; None when there is none."""
     path = os.path.join(data_dir, SNAPSHOT_NAME)
     if not fs.exists(path):
-        return False
+        return None
     blob = fs.read_file(path)
     if len(blob) < _HEAD.size:
         raise SnapshotError(f"{path}: {len(blob)} bytes is too short for a master snapshot")
@@ -163,15 +184,14 @@ def load_snapshot(fs: FileSystem, data_dir: str, state: MasterState) -> bool:
         raise SnapshotError(f"{path}: snapshot is damaged (length {len(payload)} vs {n}, or crc mismatch)")
     try:
         doc = msgpack.unpackb(payload, raw=False)
-        _fill(state, doc)
-    except SnapshotError:
-        raise
+        return _fill(state, doc)
+    except SnapshotError as exc:
+        raise SnapshotError(f"{path}: {exc}") from None
     except Exception as exc:
         raise SnapshotError(f"{path}: snapshot document is malformed ({type(exc).__name__}: {exc})") from None
-    return True
 
 
-def _fill(state: MasterState, doc: dict) -> None:
+def _fill(state: MasterState, doc: dict) -> LoadedRows:
     state.detach_space()
     for node, seg_id, cap, endpoint, transport, regions, tier in doc["segments"]:
         state.apply([Op.MOUNT, doc["epoch"], -math.inf, node, seg_id, cap, endpoint, transport, regions, tier])
@@ -215,21 +235,51 @@ def _fill(state: MasterState, doc: dict) -> None:
     state.epoch = doc["epoch"]
     state.lsn = doc["lsn"]
     state.next_put_id = doc["next_put_id"]
+    res_hash, res_ident = doc.get("res_hash"), doc.get("res_ident")
+    if res_hash is not None or res_ident is not None:
+        if not isinstance(res_hash, bytes) or not isinstance(res_ident, bytes) \
+                or len(res_hash) != 8 * n or len(res_ident) != IDENTITY_BYTES * n:
+            raise SnapshotError(f"residency columns do not match the {n} objects")
+        res_hash = np.frombuffer(res_hash, dtype="<u8")
+    return LoadedRows(cols["status"], cols["size"], counts, rep_seg, rep_off, res_hash, res_ident)
 
 
-def fill_index(state: MasterState, projection: IndexProjection) -> None:
+def fill_index(state: MasterState, projection: IndexProjection, rows: LoadedRows | None = None) -> None:
     """Write every COMPLETE object's replicas into an empty index (a restart with an in-memory index,
-    or an on-disk one that was lost), from the table's columns: no record is materialized."""
+    or an on-disk one that was lost), from the table's columns: no record is materialized. With the
+    ``rows`` of a snapshot just loaded (and no change since) that stores the residency keys, the index
+    rows are cut from its arrays; otherwise the keys are hashed again (``complete_replicas``)."""
+    if rows is not None and rows.res_hash is not None:
+        per_obj = rows.status == _COMPLETE
+        per_rep = np.repeat(per_obj, rows.rep_count)
+        if not per_rep.any():
+            return
+        take = np.repeat(np.arange(len(per_obj)), rows.rep_count)[per_rep]
+        hashes = rows.res_hash[take].astype(np.uint64)
+        idents = np.frombuffer(rows.res_ident, dtype=np.uint8).reshape(-1, IDENTITY_BYTES)[take].tobytes()
+        segs, offs, sizes = rows.rep_seg[per_rep], rows.rep_off[per_rep], rows.size[take]
+        nodes, tiers = _where(state, segs)
+        projection.add_hashed_columns(hashes, idents, nodes, tiers, segs.astype(np.uint32), offs.astype(np.uint64),
+                                      sizes.astype(np.uint32))
+        projection.publish()
+        return
     keys, segs, offs, sizes = state.objects.complete_replicas()
     if not keys:
         return
-    uniq, inverse = np.unique(segs, return_inverse=True)
-    descs = [state.segments[s].desc for s in uniq.tolist()]
-    node_of = [d.node_id for d in descs]
-    nodes = [node_of[i] for i in inverse.tolist()]
-    tiers = np.asarray([int(d.tier) for d in descs], dtype=np.uint8)[inverse]
+    nodes, tiers = _where(state, segs)
     projection.add_columns(keys, nodes, tiers, segs.astype(np.uint32), offs.astype(np.uint64), sizes.astype(np.uint32))
     projection.publish()
+
+
+def _where(state: MasterState, segs: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The node name and tier of each replica's segment."""
+    ids = np.asarray(sorted(state.segments), dtype=np.int64)  # few segments: a search, not a sort of the replicas
+    inverse = np.searchsorted(ids, segs)
+    if len(segs) and (inverse.max() >= len(ids) or not np.array_equal(ids[inverse], segs)):
+        raise SnapshotError("a replica is on a segment the snapshot does not mount")
+    descs = [state.segments[s].desc for s in ids.tolist()]
+    node_of = [d.node_id for d in descs]
+    return [node_of[i] for i in inverse.tolist()], np.asarray([int(d.tier) for d in descs], dtype=np.uint8)[inverse]
 
 
 def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, data_dir: str, *, now: float,
@@ -249,10 +299,10 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
         fs.unlink(tmp)
     lease_end = now + lease_ttl_s
     state.objects.lease_floor_s = lease_end
-    had_snapshot = load_snapshot(fs, data_dir, state)
+    loaded = load_snapshot(fs, data_dir, state)
     refilled = projection.is_empty()
-    if had_snapshot and refilled and len(state.objects):
-        fill_index(state, projection)
+    if loaded is not None and refilled and len(state.objects):
+        fill_index(state, projection, loaded)
     log = OpLog(data_dir, fs)
     tail = log.recover(state.lsn)
     for lsn, payload in tail:
