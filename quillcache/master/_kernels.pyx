@@ -437,7 +437,7 @@ cdef class HandleMap:
         free(ov)
         return 0
 
-    cdef inline Py_ssize_t _find(self, int64_t key) noexcept nogil:
+    cdef inline Py_ssize_t _find(self, int64_t key) noexcept:
         cdef Py_ssize_t mask = self.cap - 1
         cdef Py_ssize_t i = <Py_ssize_t>(_mix64(<uint64_t>key) & <uint64_t>mask)
         while True:
@@ -447,7 +447,7 @@ cdef class HandleMap:
                 return -1
             i = (i + 1) & mask
 
-    cdef inline void _insert(self, int64_t key, int64_t val) noexcept nogil:
+    cdef inline void _insert(self, int64_t key, int64_t val) noexcept:
         """(key absent, room guaranteed) into the first empty or tombstone slot of its probe run."""
         cdef Py_ssize_t mask = self.cap - 1
         cdef Py_ssize_t i = <Py_ssize_t>(_mix64(<uint64_t>key) & <uint64_t>mask)
@@ -469,7 +469,7 @@ cdef class HandleMap:
         self._rehash(cap)
         return 0
 
-    cdef inline void _erase(self, Py_ssize_t i) noexcept nogil:
+    cdef inline void _erase(self, Py_ssize_t i) noexcept:
         self.keys_[i] = _TOMBSTONE
         self.n -= 1
 
