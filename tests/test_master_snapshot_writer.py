@@ -267,3 +267,26 @@ def test_a_restart_fills_the_index_from_the_snapshots_residency_columns(tmp_path
     path.write_bytes(_HEAD.pack(_MAGIC, crc32c.crc32c(payload), len(payload)) + payload)
     with pytest.raises(Exception, match="residency columns"):
         service(tmp_path, snapshot_every_records=10**6)
+
+
+def test_a_fork_that_fails_to_start_falls_back_to_an_inline_snapshot(mounted, monkeypatch, caplog):
+    """fork() refused (e.g. for memory): the master stays writable, the sealed log keeps every record, and
+    the next snapshot is written inline."""
+    m, path = mounted
+
+    def no_fork():
+        raise OSError(12, "Cannot allocate memory (injected)")
+
+    monkeypatch.setattr(SW.os, "fork", no_fork)
+    put_batch(m, 0, 60)  # the snapshot is due: sealing works, the fork does not
+    assert not m.snapshot_in_flight and "could not start in the background" in caplog.text
+    monkeypatch.undo()
+    put_batch(m, 60, 1)  # the next call writes it inline
+    assert m.snapshots_taken == 1 and sealed_segments(str(path), RealFs()) == []
+    want = table(m)
+    m.close()
+    again = service(path)
+    try:
+        assert table(again) == want and len(want) == 61
+    finally:
+        again.close()

@@ -192,9 +192,8 @@ class OpLog:
         a gap anywhere between the snapshot and the last record is refused (records would be missing)."""
         fs = self.fs
         sealed = sealed_segments(self.data_dir, fs)
-        covered = [p for i, (base, p) in enumerate(sealed)
-                   if (sealed[i + 1][0] if i + 1 < len(sealed) else None) is not None and sealed[i + 1][0] <= after_lsn + 1]
-        sealed = [(b, p) for b, p in sealed if p not in covered]
+        covered = _covered(sealed, None, after_lsn)  # (the last sealed segment is read: its end is not known yet)
+        sealed = sealed[len(covered):]
         tail: list[tuple[int, bytes]] = []
         expect = None  # the lsn the next file must start at (after the previous one's last record)
         for base, path in sealed:
@@ -279,9 +278,8 @@ class OpLog:
     def drop_through(self, lsn: int) -> int:
         """Delete the sealed segments whose records are all at or before ``lsn`` (a durable snapshot
         covers them); returns how many were deleted."""
-        sealed = sealed_segments(self.data_dir, self.fs)
-        nexts = [b for b, _ in sealed[1:]] + [self._wal.header.base_lsn if self._wal is not None else None]
-        gone = [p for (_, p), nxt in zip(sealed, nexts) if nxt is not None and nxt <= lsn + 1]
+        gone = _covered(sealed_segments(self.data_dir, self.fs),
+                        self._wal.header.base_lsn if self._wal is not None else None, lsn)
         for p in gone:
             self.fs.unlink(p)
         if gone:
@@ -291,6 +289,13 @@ class OpLog:
     def close(self) -> None:
         if self._wal is not None and not self._wal.closed:
             self._wal.close()
+
+
+def _covered(sealed: list[tuple[int, str]], active_base: int | None, lsn: int) -> list[str]:
+    """The sealed segments (in LSN order) whose records are all at or before ``lsn``: those followed by a
+    file starting at or before ``lsn + 1`` (the next sealed segment, or the active file at ``active_base``)."""
+    nexts = [b for b, _ in sealed[1:]] + [active_base]
+    return [p for (_, p), nxt in zip(sealed, nexts) if nxt is not None and nxt <= lsn + 1]
 
 
 def segment_path(data_dir: str, first_lsn: int) -> str:

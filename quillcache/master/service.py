@@ -253,10 +253,16 @@ class MasterService(ReplicatedMode):
             self._prepare_index_for_snapshot()
             self._sealed_changes = self._log.records_since_rotate
             self._log.seal()
-            self._snap_writer.start(self._fs, self.data_dir, self._state)
         except (OSError, WalError) as exc:
             self._failed = exc
             raise LogFailedError(f"snapshot of {self.data_dir} failed ({exc}); the master is read-only") from exc
+        try:
+            self._snap_writer.start(self._fs, self.data_dir, self._state)
+        except OSError as exc:  # e.g. fork refused for memory: the log holds everything; write the next one inline
+            log.warning("master snapshot at lsn %d could not start in the background (%s); the next snapshot is "
+                        "written inline", self._state.lsn, exc)
+            self._log.records_since_rotate += self._sealed_changes
+            self._snap_inline_next = True
 
     def _finish_background(self, *, wait: bool) -> None:
         """Take the outcome of the snapshot in flight (if it is known, or waiting for it): published →

@@ -74,7 +74,9 @@ class SnapshotOutcome:
 
 
 class SnapshotWriter:
-    """Writes the snapshot of a state at its current LSN (module docstring)."""
+    """Writes the snapshot of a state at its current LSN in the background (module docstring). The
+    base class writes nothing in the background: the service writes each snapshot itself
+    (``MasterService.snapshot``), which is the ``inline`` writer."""
 
     name = "abstract"
     background = False
@@ -85,7 +87,7 @@ class SnapshotWriter:
         return True
 
     def start(self, fs: FileSystem, data_dir: str, state: MasterState) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"the {self.name} snapshot writer writes nothing in the background")
 
     @property
     def busy(self) -> bool:
@@ -94,7 +96,7 @@ class SnapshotWriter:
 
     def poll(self) -> SnapshotOutcome | None:
         """The outcome of the snapshot started last, once, when it is known; else None."""
-        raise NotImplementedError
+        return None
 
     def wait(self) -> SnapshotOutcome | None:
         """Block until the snapshot in flight (if any) ends; its outcome (None when none was started)."""
@@ -102,22 +104,9 @@ class SnapshotWriter:
 
 
 class InlineSnapshotWriter(SnapshotWriter):
-    """The caller encodes, writes and fsyncs the snapshot before ``start`` returns (errors raise)."""
+    """No background writer: the serving thread writes every snapshot (``MasterService.snapshot``)."""
 
     name = "inline"
-
-    def __init__(self) -> None:
-        self._done: SnapshotOutcome | None = None
-
-    def start(self, fs: FileSystem, data_dir: str, state: MasterState) -> None:
-        t0 = time.perf_counter()
-        n = publish_snapshot(fs, data_dir, encode_state(state), state.lsn)
-        self._done = SnapshotOutcome(state.lsn, n, time.perf_counter() - t0,
-                                     "" if n else "a snapshot covering a later lsn is already published")
-
-    def poll(self) -> SnapshotOutcome | None:
-        done, self._done = self._done, None
-        return done
 
 
 class ForkSnapshotWriter(SnapshotWriter):
