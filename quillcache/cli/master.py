@@ -45,6 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot-writer", choices=["fork", "inline"], default=None,
                         help="who writes snapshots: a forked child while the master serves (fork, the default) "
                              "or the serving thread (inline)")
+    parser.add_argument("--sync-put-start", action="store_true",
+                        help="fsync every put start too (default: a call that only starts puts is written to the "
+                             "log and fsynced by the next call that changes anything else; a power loss can then "
+                             "forget puts never ended, never a complete object)")
     parser.add_argument("--lease-ttl-s", type=argtypes.non_negative_float, default=None,
                         help="read lease TTL in seconds (default: MasterConfig's)")
     parser.add_argument("--client-ttl-s", type=argtypes.non_negative_float, default=None,

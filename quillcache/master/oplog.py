@@ -247,8 +247,20 @@ class OpLog:
         return self._wal.append(payload)
 
     def commit(self) -> int:
+        """Write and fsync every record appended; returns the durable LSN."""
         assert self._wal is not None
         return self._wal.sync()
+
+    def write(self) -> None:
+        """Write the records appended to the file without fsyncing them (a later ``commit`` does)."""
+        assert self._wal is not None
+        self._wal.write()
+
+    @property
+    def durable_lsn(self) -> int:
+        """The last LSN fsynced: what survives a power loss."""
+        assert self._wal is not None
+        return self._wal.durable_lsn
 
     def rotate(self, covered_lsn: int) -> None:
         """Replace the log by an empty one continuing at ``covered_lsn + 1`` (atomic rename); the

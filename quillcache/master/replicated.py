@@ -29,6 +29,7 @@ from quillcache.master.types import ObjectStatus
 __all__ = ["ReplicatedMode"]
 
 _COMPLETE = int(ObjectStatus.COMPLETE)
+_PUT_START_OPS = frozenset((int(Op.PUT_START), int(Op.PUT_START_MANY)))  # written, fsynced by the next call
 
 
 class ReplicatedMode:
@@ -80,13 +81,20 @@ class ReplicatedMode:
         recs.append(rec)
 
     def _commit(self) -> None:
-        if self._call_recs:
+        recs = self._call_recs
+        written_only = (bool(recs) and not self.config.sync_put_start and self._replicate is None
+                        and all(r[0] in _PUT_START_OPS for r in recs))  # MasterConfig.sync_put_start
+        changed = bool(recs) or bool(self._unreplicated)
+        if recs:
             self._log_call()
         if self._unreplicated:
             self._replicate_pending()
-        if self._log is not None:
+        if self._log is not None and changed:  # a call that changed nothing does not fsync earlier put starts
             try:
-                self._log.commit()
+                if written_only:
+                    self._log.write()
+                else:
+                    self._log.commit()
             except (WalIOError, OSError, WalError) as exc:
                 self._failed = exc
                 self._projection.discard()

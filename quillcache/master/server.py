@@ -173,6 +173,8 @@ def _config(args) -> MasterConfig:
             kw[name] = getattr(args, name)
     if getattr(args, "restart_budget_s", None) is not None:
         kw["restart_budget_s"] = args.restart_budget_s
+    if getattr(args, "sync_put_start", False):
+        kw["sync_put_start"] = True
     return MasterConfig(**kw)
 
 

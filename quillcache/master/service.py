@@ -26,7 +26,9 @@ Semantics (REFERENCE §4/§9, issue 14 item 1):
 
 Durability (``data_dir``): every state change is an operation-log record (:mod:`.oplog`) applied
 by :class:`~.state.MasterState`; a call returns only after its records are fsynced (one fsync per
-call: group commit for batches). Snapshots (:mod:`.snapshot`) once the log holds
+call: group commit for batches), except a call that only starts puts: its record is written and
+fsynced by the next call that changes anything else (``MasterConfig.sync_put_start``; so a power
+loss can forget a put never ended, never a COMPLETE object). Snapshots (:mod:`.snapshot`) once the log holds
 ``config.snapshot_due_changes(objects)`` state changes (as rarely as the restart budget allows, see
 :class:`~.types.MasterConfig`), or every ``snapshot_every_s`` seconds, and at ``close``. By default a forked child writes them while the service goes on
 (:mod:`.snapshot_writer`: the log is sealed at the snapshot's LSN, appends continue in a new segment,
@@ -338,6 +340,12 @@ class MasterService(ReplicatedMode):
     @property
     def lsn(self) -> int:
         return self._state.lsn
+
+    @property
+    def durable_lsn(self) -> int:
+        """The last LSN fsynced (survives a power loss); ``lsn`` without a log. Below ``lsn`` only while the
+        newest calls only started puts (``MasterConfig.sync_put_start``)."""
+        return self._state.lsn if self._log is None else min(self._log.durable_lsn, self._state.lsn)
 
     def _check_writable(self) -> None:
         self._check_leading()

@@ -194,7 +194,16 @@ class MasterConfig:
     master waits for it, so a restart never replays more than ``max(snapshot_every_records, snapshot_growth
     x objects) + snapshot_inflight_records`` changes (plus one call's);
     ``index_on_disk`` keeps the residency index under ``<data_dir>/index`` (else in memory, rebuilt at
-    restart from the master's snapshot and log)."""
+    restart from the master's snapshot and log);
+    ``sync_put_start`` False (default): a call whose only records start puts (PUT_START, PUT_START_MANY)
+    is written to the log before it returns but not fsynced; the next call that changes anything else
+    (a put_end, a remove, a mount...) fsyncs it with its own records, because the log is sequential. A
+    process crash loses nothing (the bytes are in the kernel's page cache); a power loss may forget
+    puts that were started and never ended, always a suffix of the log, never a COMPLETE object, so
+    no acknowledged object is lost. Mooncake's operation log has no put start at all. The exposure
+    this leaves (after a power loss only): a forgotten put's writer still writing when the restarted
+    master hands the same range to a new put. True fsyncs every put start as well (one more fsync
+    per two-phase put)."""
 
     lease_ttl_s: float = 10.0
     client_ttl_s: float = 10.0
@@ -216,6 +225,7 @@ class MasterConfig:
     restart_s_per_change: float = 1.0e-6
     index_kind: str = "art"
     index_on_disk: bool = False
+    sync_put_start: bool = False
     epoch: int | None = None
 
     def snapshot_due_changes(self, objects: int) -> int:
