@@ -18,6 +18,12 @@ Invariants:
 - Every socket call makes progress within ``progress_timeout_s`` and ends by the deadline of the
   request it serves; a request whose deadline passes ends TIMEOUT, and the connection it was on is
   closed (its state is unknown).
+- With the compiled ``FastChannel`` (``TcpConfig.fast_path``), a request's bytes move through it and
+  every outcome is turned into the exception the plain ``Channel`` raises for it (``_fast_failed``);
+  an answer whose header is not the expected OK one goes through the same Python checks either way
+  (``_checked``), so both paths give the same bytes, outcomes and reasons.
+- READ requests of a batch are sent in bursts: the window is refilled once half of it has been
+  answered, with one send for all the new headers (a WRITE carries its payload: one send each).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import socket
 import struct
 import threading
@@ -33,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from quillcache.transfer import protocol as P
-from quillcache.transfer.backends.sockets import Channel, TcpConfig, tune_socket
+from quillcache.transfer.backends.sockets import Channel, TcpConfig, fast_channel, tune_socket
 from quillcache.transfer.batch import Item
 from quillcache.transfer.types import (
     AuthenticationError,
@@ -48,6 +55,7 @@ from quillcache.transfer.types import (
 __all__ = ["ClientStats", "TcpClient", "parse_address"]
 
 log = logging.getLogger("quillcache.transfer.client")
+_TIMEOUT, _DEADLINE, _CLOSED, _MISMATCH = 1, 2, 3, 5  # FastChannel outcome codes (0: OK, 4: OSError)
 _REQUEST_IDS = itertools.count(1)
 
 
@@ -70,10 +78,10 @@ class ClientStats:
 
 
 class _Conn:
-    __slots__ = ("ch", "address", "last_used_s", "hbuf", "hview")
+    __slots__ = ("ch", "address", "last_used_s", "hbuf", "hview", "fast")
 
-    def __init__(self, ch: Channel, address: str) -> None:
-        self.ch, self.address = ch, address
+    def __init__(self, ch: Channel, address: str, fast: object = None) -> None:
+        self.ch, self.address, self.fast = ch, address, fast
         self.hbuf = bytearray(P.RESPONSE.size)
         self.hview = memoryview(self.hbuf)
         self.last_used_s = time.monotonic()
@@ -147,7 +155,7 @@ class TcpClient:
             sock.close()
             raise
         self.stats.connects += 1
-        return _Conn(ch, address)
+        return _Conn(ch, address, fast_channel(ch, cfg))
 
     def _checkout(self, address: str, deadline: float) -> _Conn:
         pool = self._pool(address)
@@ -266,12 +274,20 @@ class TcpClient:
         """Read the answer to request ``rid`` (for a READ, its data straight into ``view``). A refusal raises
         ``_Refusal`` with the peer's reason (it may have landed in ``view``: a failed READ's bytes are undefined);
         an answer out of step raises ``ProtocolError``."""
-        ch, hbuf = conn.ch, conn.hbuf
+        ch = conn.ch
         if is_read:
             got = ch.recv_two(conn.hview, view, deadline)
         else:
             got = 0
             ch.recv_into(conn.hview, deadline)
+        TcpClient._checked(conn, rid, view, is_read, length, got, deadline)
+
+    @staticmethod
+    def _checked(conn: _Conn, rid: int, view: memoryview, is_read: bool, length: int, got: int,
+                 deadline: float) -> None:
+        """Check the answer header in ``conn.hbuf`` (``got`` bytes of ``view`` already filled after it) and
+        receive the rest of a READ's data; raises as ``_answer`` says."""
+        ch, hbuf = conn.ch, conn.hbuf
         magic, ver, status, reserved, resp_id, resp_len = P.RESPONSE.unpack(hbuf)
         if magic != P.RESPONSE_MAGIC or ver != P.PROTOCOL_VERSION or reserved or status:
             resp = P.decode_response(hbuf)  # ProtocolError naming a bad field, or a refusal with its reason
@@ -302,8 +318,19 @@ class TcpClient:
             ok = False
             try:
                 rid = next(_REQUEST_IDS)
-                conn.ch.send(self._head(op, rid, region, offset, length), None if is_read else view, deadline)
-                self._answer(conn, rid, view, is_read, length, deadline)
+                fast = conn.fast
+                if fast is not None:
+                    if is_read:
+                        code = fast.round_trip(self._head(op, rid, region, offset, length), None, conn.hbuf, view,
+                                               rid, deadline)
+                    else:
+                        code = fast.round_trip(self._head(op, rid, region, offset, length), view, conn.hbuf, None,
+                                               rid, deadline)
+                    if code:
+                        self._fast_failed(conn, code, rid, view, is_read, length, deadline)
+                else:
+                    conn.ch.send(self._head(op, rid, region, offset, length), None if is_read else view, deadline)
+                    self._answer(conn, rid, view, is_read, length, deadline)
                 ok = True
                 return
             except socket.timeout:
@@ -322,37 +349,88 @@ class TcpClient:
             finally:
                 self._checkin(conn, ok)
 
+    @staticmethod
+    def _send(conn: _Conn, head: bytes, body: memoryview | None, deadline: float) -> None:
+        """``head`` then ``body`` on ``conn`` (the compiled path where there is one)."""
+        fast = conn.fast
+        if fast is None:
+            conn.ch.send(head, body, deadline)
+            return
+        code = fast.send(head, body, deadline)
+        if code:
+            TcpClient._fast_failed(conn, code, 0, memoryview(b""), False, 0, deadline)
+
+    @staticmethod
+    def _fast_failed(conn: _Conn, code: int, rid: int, view: memoryview, is_read: bool, length: int,
+                     deadline: float) -> None:
+        """Raise what the plain ``Channel`` raises for a ``FastChannel`` outcome ``code``; for a ``MISMATCH``
+        run the Python checks of the answer header (which raise, naming the fault or the peer's reason)."""
+        fast = conn.fast
+        if code == _MISMATCH:
+            TcpClient._checked(conn, rid, view, is_read, length, max(0, fast.got - P.RESPONSE.size), deadline)
+            return
+        if code == _DEADLINE:
+            raise socket.timeout("deadline passed")
+        if code == _TIMEOUT:
+            raise socket.timeout("no progress sending" if fast.phase == 0 else f"no progress after {fast.got} bytes")
+        if code == _CLOSED:
+            raise ConnectionError(f"peer closed the connection after {fast.got} bytes of the answer")
+        err = fast.errno
+        raise OSError(err, os.strerror(err))
+
     def _pipeline(self, conn: _Conn, queue: deque[Item]) -> None:
         """Run ``queue`` on ``conn``; on a broken connection, requeue (or fail) what was in flight and return."""
         cfg = self.config
-        ch = conn.ch
+        ch, fast, hbuf = conn.ch, conn.fast, conn.hbuf
         window = cfg.window
+        refill_at = window // 2  # refill once half the window is answered: one send for many READ headers
         pending: deque[tuple[Item, int]] = deque()
         READ, COMPLETED = Op.READ, Outcome.COMPLETED
         monotonic = time.monotonic
         try:
             while queue or pending:
-                while queue and len(pending) < window:
-                    it = queue[0]
-                    if it.deadline_s <= monotonic():
-                        queue.popleft().finish(Outcome.TIMEOUT, "deadline passed before the request was sent")
-                        continue
-                    req = it.request
-                    rid = next(_REQUEST_IDS)
-                    try:
-                        head = self._head(req.op, rid, req.remote_region, req.remote_offset_bytes, req.length_bytes)
-                    except _Unsendable as e:
-                        queue.popleft().finish(Outcome.FAILED, str(e))
-                        continue
-                    queue.popleft()
-                    pending.append((it, rid))
-                    ch.send(head, None if req.op is READ else it.local_view, it.deadline_s)
+                if queue and len(pending) <= refill_at:
+                    heads: list[bytes] = []  # READ headers not sent yet
+                    deadline = math.inf
+                    while queue and len(pending) < window:
+                        it = queue[0]
+                        if it.deadline_s <= monotonic():
+                            queue.popleft().finish(Outcome.TIMEOUT, "deadline passed before the request was sent")
+                            continue
+                        req = it.request
+                        rid = next(_REQUEST_IDS)
+                        try:
+                            head = self._head(req.op, rid, req.remote_region, req.remote_offset_bytes,
+                                              req.length_bytes)
+                        except _Unsendable as e:
+                            queue.popleft().finish(Outcome.FAILED, str(e))
+                            continue
+                        queue.popleft()
+                        pending.append((it, rid))
+                        if it.deadline_s < deadline:
+                            deadline = it.deadline_s
+                        if req.op is READ:
+                            heads.append(head)
+                            continue
+                        if heads:  # keep the order: the READ headers before this WRITE go first
+                            self._send(conn, b"".join(heads), None, deadline)
+                            heads = []
+                        self._send(conn, head, it.local_view, deadline)
+                    if heads:
+                        self._send(conn, heads[0] if len(heads) == 1 else b"".join(heads), None, deadline)
                 if not pending:
                     break
                 it, rid = pending[0]
                 req = it.request
+                is_read = req.op is READ
                 try:
-                    self._answer(conn, rid, it.local_view, req.op is READ, req.length_bytes, it.deadline_s)
+                    if fast is not None:
+                        code = fast.answer(hbuf, it.local_view if is_read else None, rid, it.deadline_s)
+                        if code:
+                            self._fast_failed(conn, code, rid, it.local_view, is_read, req.length_bytes,
+                                              it.deadline_s)
+                    else:
+                        self._answer(conn, rid, it.local_view, is_read, req.length_bytes, it.deadline_s)
                 except _Refusal as e:
                     pending.popleft()
                     it.finish(Outcome.FAILED, str(e))

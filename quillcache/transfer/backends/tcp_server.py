@@ -14,18 +14,23 @@ Invariants:
   status frame where the stream still allows it), the region in-use counts are released, and the
   server goes on serving every other connection.
 - One thread per connection; ``close`` shuts every connection and joins every thread.
+- With the compiled ``FastChannel`` (``TcpConfig.fast_path``), request headers, READ data and WRITE
+  payloads move through it with the same waits and bounds; its outcomes become the exceptions of
+  the plain ``Channel`` (``_fast_raise``), so every rule above holds on either path. Authentication,
+  control frames (LIST, PING) and refusals always go through ``Channel``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
 from dataclasses import dataclass
 
 from quillcache.transfer import protocol as P
-from quillcache.transfer.backends.sockets import Channel, TcpConfig, tune_socket
+from quillcache.transfer.backends.sockets import Channel, TcpConfig, fast_channel, tune_socket
 from quillcache.transfer.regions import RegionTable
 from quillcache.transfer.types import AuthenticationError, ProtocolError, RegionError
 
@@ -54,6 +59,21 @@ class _Refused(Exception):
     def __init__(self, status: P.Status, reason: str, request_id: int = 0) -> None:
         super().__init__(reason)
         self.status, self.request_id = status, request_id
+
+
+_TIMEOUT, _DEADLINE, _CLOSED = 1, 2, 3  # FastChannel outcome codes (0: OK, 4: OSError)
+_INF = float("inf")
+
+
+def _fast_raise(fast, code: int, n: int, idle_s: float | None = None) -> None:
+    """Raise what the plain ``Channel`` raises for the ``FastChannel`` outcome ``code`` of a frame of ``n`` bytes."""
+    if code == _TIMEOUT or code == _DEADLINE:
+        if idle_s is not None and not fast.got:
+            raise socket.timeout(f"idle for {idle_s} s")
+        raise socket.timeout("no progress sending" if fast.phase == 0 else f"no progress after {fast.got} of {n} bytes")
+    if code == _CLOSED:
+        raise ConnectionError(f"peer closed the connection after {fast.got} of {n} bytes")
+    raise OSError(fast.errno, os.strerror(fast.errno))
 
 
 _REGION_STATUS = {"no_region": P.Status.NO_REGION, "out_of_range": P.Status.OUT_OF_RANGE,
@@ -122,8 +142,14 @@ class TcpServer:
             hbuf = bytearray(P.REQUEST.size)
             hview = memoryview(hbuf)
             unpack, max_len = P.REQUEST.unpack, cfg.max_request_bytes
+            fast, idle_s, hsize = fast_channel(ch, cfg), cfg.server_idle_timeout_s, P.REQUEST.size
             while True:
-                ch.recv_idle_into(hview, cfg.server_idle_timeout_s)
+                if fast is not None:
+                    code = fast.recv_into(hbuf, _INF, idle_s)
+                    if code:
+                        _fast_raise(fast, code, hsize, idle_s)
+                else:
+                    ch.recv_idle_into(hview, idle_s)
                 magic, version, opcode, flags, rid, region, reserved, offset, length = unpack(hbuf)
                 if (magic != P.REQUEST_MAGIC or version != P.PROTOCOL_VERSION or flags or reserved or opcode > 1
                         or not 0 < length <= max_len):
@@ -182,7 +208,13 @@ class TcpServer:
     def _read(self, ch: Channel, rid: int, region: int, offset: int, length: int) -> None:
         view = self._checkout(rid, region, offset, length, False)
         try:
-            ch.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, length), view)
+            fast = ch.fast
+            if fast is None:
+                ch.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, length), view)
+            else:
+                code = fast.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, length), view)
+                if code:
+                    _fast_raise(fast, code, P.RESPONSE.size + length)
         finally:
             view.release()
             self.regions.release(region)
@@ -190,13 +222,24 @@ class TcpServer:
 
     def _write(self, ch: Channel, rid: int, region: int, offset: int, length: int) -> None:
         view = self._checkout(rid, region, offset, length, True)
+        fast = ch.fast
         try:
-            ch.recv_into(view)
+            if fast is None:
+                ch.recv_into(view)
+            else:
+                code = fast.recv_into(view)
+                if code:
+                    _fast_raise(fast, code, length)
         finally:
             view.release()
             self.regions.release(region)
         self.stats.bytes_written += length
-        ch.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, 0))
+        if fast is None:
+            ch.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, 0))
+        else:
+            code = fast.send(P.RESPONSE.pack(P.RESPONSE_MAGIC, P.PROTOCOL_VERSION, 0, 0, rid, 0))
+            if code:
+                _fast_raise(fast, code, P.RESPONSE.size)
 
     def _control(self, ch: Channel, req: P.RequestHeader) -> None:
         if req.opcode is P.Opcode.LIST:
