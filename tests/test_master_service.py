@@ -997,3 +997,32 @@ def test_snapshot_cadence_grows_with_the_table(clock, tmp_path, writer):
     with pytest.raises(MasterError, match="snapshot_growth"):
         MasterService(MasterConfig(snapshot_growth=-1.0))
     m.close()
+
+
+def test_deferred_index_publish(clock):
+    """``defer_index_publish``: a put_end's rows wait until ``publish_index()`` or the next state change (published
+    before that call's first record, so a failing call never discards them); the default publishes at once."""
+    fs = CrashFs()
+    m = durable(clock, fs, defer_index_publish=True)
+    m.mount_segment(seg("n0", 0))
+    h = {k: residency_key(k)[0] for k in ("a", "b", "c")}
+    m.put_start("a", 10)
+    m.put_end("a")
+    assert m.index.locate([h["a"]]) == [[]]  # deferred
+    m.publish_index()
+    assert [e.node for e in m.index.locate([h["a"]])[0]] == ["n0"]
+    m.publish_index()  # nothing waits: no change
+    m.put_start("b", 10)
+    m.put_end("b")
+    with pytest.raises(ObjectNotFoundError):
+        m.put_end("nope")  # a call that fails without a record leaves b's rows queued
+    assert m.index.locate([h["b"]]) == [[]]
+    fs.fail_next_fsync()
+    with pytest.raises(LogFailedError):
+        m.mount_segment(seg("n1", 1))  # its first record published b's rows first; the failure drops only its own
+    assert [e.node for e in m.index.locate([h["b"]])[0]] == ["n0"]
+    m3 = durable(clock, CrashFs(), path="/f", defer_index_publish=False)
+    m3.mount_segment(seg("n0", 0))
+    m3.put_start("c", 10)
+    m3.put_end("c")
+    assert [e.node for e in m3.index.locate([h["c"]])[0]] == ["n0"]  # the default publishes before returning

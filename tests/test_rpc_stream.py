@@ -236,3 +236,34 @@ def test_connections_past_the_cap_are_closed_and_the_others_served():
         until(lambda: server.num_connections == 1, "a's connection to close")
         with RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as d:
             assert d.echo(6) == 6  # a freed slot serves a new client
+
+
+@pytest.mark.parametrize("transport", ["stream", "zmq"])
+def test_after_reply_runs_once_per_reply_after_the_client_has_it(transport):
+    """``after_reply`` runs on the serving thread after each reply is sent: the client already holds its answer
+    while the hook runs (the hook blocks until the client has read it), and a hook that raises is logged while
+    the server goes on serving."""
+    answered = threading.Event()
+    seen: list[bool] = []
+    fail = [False]
+
+    def hook() -> None:
+        seen.append(answered.wait(DEADLINE_S))  # the client got the reply before the hook finished
+        if fail[0]:
+            raise RuntimeError("hook failure (test)")
+
+    make = stream_serve if transport == "stream" else serve
+    with make(after_reply=hook) as server, RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client:
+        for i in range(3):
+            answered.clear()
+            assert client.echo(i) == i
+            answered.set()
+            until(lambda: len(seen) == i + 1, f"hook {i + 1}")
+        fail[0] = True
+        answered.set()
+        assert client.echo("after a failing hook") == "after a failing hook"
+        until(lambda: len(seen) == 4, "the failing hook")
+        fail[0] = False
+        assert client.echo("still serving") == "still serving"
+        until(lambda: len(seen) == 5, "hook 5")
+    assert seen == [True] * 5

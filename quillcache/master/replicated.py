@@ -74,6 +74,8 @@ class ReplicatedMode:
         """Apply one record and keep it for this call's WAL record (written by ``_commit``: one
         record, one LSN, per call; a BATCH when the call made several state changes)."""
         recs = self._call_recs
+        if not recs and self._projection.pending():  # rows a previous call deferred go first (and are
+            self._projection.publish()                # never discarded with this call's, should it fail)
         lsn = self._state.lsn + 1 if not recs else self._call_lsn
         self._state.apply(rec, lsn)
         if not recs:
@@ -100,7 +102,8 @@ class ReplicatedMode:
                 self._projection.discard()
                 raise LogFailedError(f"syncing the operation log failed ({exc}); nothing since the last "
                                      f"acknowledged call is durable and the master is read-only") from exc
-        self._projection.publish()
+        if not self.config.defer_index_publish:
+            self._projection.publish()
 
     def _log_call(self) -> None:
         recs, self._call_recs = self._call_recs, []

@@ -185,6 +185,10 @@ class IndexProjection:
     def discard(self) -> None:
         self._queue = []
 
+    def pending(self) -> bool:
+        """True while queued changes have not reached the index."""
+        return bool(self._queue)
+
     def flush(self) -> None:
         self.publish()
         self.index.flush()

@@ -19,6 +19,9 @@ Contract:
   ``qtcp://`` address when it is served, else ``HOST:PORT`` of the ZeroMQ one. Both transports carry the
   same calls to the same endpoint, so every check (frame limits, typed refusals, the role's admission
   and epoch fence) is the same on both. Calls reach the service one at a time (the node lock, shared with the ``tick()`` timer thread and the HA follower).
+- The service runs with ``MasterConfig.defer_index_publish``: a call's residency-index rows are written
+  after its reply is sent (the servers' ``after_reply`` hook) or, if another call comes first, before
+  that call runs; either way under the node lock, so every call sees the index complete.
 - Bad input from the network gets a typed error: a master refusal as its :class:`MasterError` class;
   arguments that do not bind as the RPC layer's BAD_ARGUMENTS; anything else the service raises on
   malformed values (TypeError, ValueError, ...) as INVALID_PARAMS naming the method. Batch results carry
@@ -127,6 +130,7 @@ class MasterEndpoint:
                     raise InvalidParamsError(f"{name}: {e.message}") from None
             with node.lock:
                 node.admit(name)
+                node.service.publish_index()  # what the call before deferred (MasterConfig.defer_index_publish)
                 try:
                     out = getattr(node.service, name)(*args, **kwargs)
                 except MasterError:
@@ -152,6 +156,14 @@ class MasterEndpoint:
         call.__signature__ = sig  # type: ignore[attr-defined]
         return call
 
+    def after_reply(self) -> None:
+        """(The RPC servers' hook, after each reply is sent) publish the index rows the call deferred."""
+        node = self._node
+        with node.lock:
+            svc = getattr(node, "service", None)
+            if svc is not None:
+                svc.publish_index()
+
     def master_status(self) -> dict:
         with self._node.lock:
             out = dict(self._node.status())
@@ -175,6 +187,7 @@ def _config(args) -> MasterConfig:
         kw["restart_budget_s"] = args.restart_budget_s
     if getattr(args, "sync_put_start", False):
         kw["sync_put_start"] = True
+    kw["defer_index_publish"] = True  # published after each reply is sent and before each call (MasterEndpoint)
     return MasterConfig(**kw)
 
 
@@ -214,9 +227,10 @@ def run_server(args) -> int:
     register_master_types()
     endpoint = MasterEndpoint(node)
     methods = [*SERVICE_METHODS, *NODE_METHODS]
-    server = RpcServer(endpoint, methods, args.host, args.port, name="master")
+    server = RpcServer(endpoint, methods, args.host, args.port, name="master", after_reply=endpoint.after_reply)
     stream = None if args.stream_port is None else StreamServer(endpoint, methods, args.host, args.stream_port,
-                                                                 spin_s=args.stream_spin_us * 1e-6, name="master")
+                                                                 spin_s=args.stream_spin_us * 1e-6, name="master",
+                                                                 after_reply=endpoint.after_reply)
     try:
         server.start()
         if stream is not None:

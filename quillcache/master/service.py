@@ -1059,5 +1059,11 @@ class MasterService(ReplicatedMode):
         return MasterStats(len(st.objects), pending, len(st.segments), len(st.clients), st.capacity_bytes,
                            st.used_bytes, st.lsn, self._epoch)
 
+    def publish_index(self) -> None:
+        """Write the residency rows that ``MasterConfig.defer_index_publish`` left queued into the index
+        (nothing when none are)."""
+        if self._projection.pending() and not self._closed:
+            self._projection.publish()
+
     def check_invariants(self) -> None:
         self._state.check_invariants()  # tests

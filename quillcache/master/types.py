@@ -203,7 +203,12 @@ class MasterConfig:
     no acknowledged object is lost. Mooncake's operation log has no put start at all. The exposure
     this leaves (after a power loss only): a forgotten put's writer still writing when the restarted
     master hands the same range to a new put. True fsyncs every put start as well (one more fsync
-    per two-phase put)."""
+    per two-phase put);
+    ``defer_index_publish`` False (default): a call's residency rows reach the index before it returns.
+    True: they wait until the next call that changes state (before its first record), ``publish_index()``
+    or ``close``/``snapshot``, whichever comes first; the master server turns it on and calls
+    ``publish_index()`` after sending each reply and before serving each call, so the index work overlaps
+    the reply's trip and every RPC sees the index complete."""
 
     lease_ttl_s: float = 10.0
     client_ttl_s: float = 10.0
@@ -226,6 +231,7 @@ class MasterConfig:
     index_kind: str = "art"
     index_on_disk: bool = False
     sync_put_start: bool = False
+    defer_index_publish: bool = False
     epoch: int | None = None
 
     def snapshot_due_changes(self, objects: int) -> int:

@@ -15,11 +15,14 @@ Contract:
   result the codec cannot encode gets ``UNENCODABLE_RESULT``. A frame past ``drop_frame_bytes`` is cut by libzmq
   (``ZMQ_MAXMSGSIZE``: the peer is disconnected, never buffered); a message with no identity frame is dropped with a
   log line. Nothing a peer sends stops the serving thread.
+- ``after_reply`` (optional): called on the serving thread after each reply is sent (e.g. work the target
+  deferred until its caller has the answer); an exception there is logged.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 import os
 import threading
 
@@ -42,8 +45,10 @@ class RpcServer:
 
     def __init__(self, target: object, methods: list[str], host: str = "127.0.0.1", port: int = 0, *,
                  codec: Codec | None = None, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 drop_frame_bytes: int | None = None, name: str = "rpc") -> None:
+                 drop_frame_bytes: int | None = None, name: str = "rpc",
+                 after_reply: Callable[[], None] | None = None) -> None:
         check_methods(target, methods)
+        self.after_reply = after_reply  # called after each reply is sent (errors logged), e.g. deferred work
         self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
         self.drop_frame_bytes = check_int("drop_frame_bytes", 4 * self.max_frame_bytes if drop_frame_bytes is None
                                           else drop_frame_bytes, self.max_frame_bytes)
@@ -160,3 +165,5 @@ class RpcServer:
         else:
             reply = self.dispatcher.handle(frames[1])
         router.send_multipart([frames[0], reply])
+        if self.after_reply is not None:
+            self.after_reply()  # (an exception is logged by _serve; the thread goes on)

@@ -27,6 +27,8 @@ Contract:
   window that passed in vain turns polling off for the next ``_SPIN_BACKOFF`` waits (a peer that is slow, idle,
   or shares this core), so an idle connection costs at most ``spin_s`` of CPU per 16 requests. ``spin_s=0``
   never polls; the results are the same either way (only the speed differs).
+- ``after_reply`` (optional): called by a connection's thread after each reply is written, outside the call
+  lock (e.g. work the target deferred until its caller has the answer); an exception there is logged.
 - ``close()`` stops accepting, shuts every connection down, joins the threads (idempotent); the port can be bound
   again at once (``SO_REUSEADDR``).
 - :class:`StreamConnection` is the client side: one blocking socket (``TCP_NODELAY``), connected lazily; on a
@@ -44,6 +46,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from quillcache._checks import check_float, check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
@@ -145,8 +148,10 @@ class StreamServer:
 
     def __init__(self, target: object, methods: list[str], host: str = "127.0.0.1", port: int = 0, *,
                  codec: Codec | None = None, max_frame_bytes: int = 64 << 20, drop_frame_bytes: int | None = None,
-                 spin_s: float = DEFAULT_SPIN_S, max_connections: int = 1024, name: str = "rpc") -> None:
+                 spin_s: float = DEFAULT_SPIN_S, max_connections: int = 1024, name: str = "rpc",
+                 after_reply: Callable[[], None] | None = None) -> None:
         self.spin_s = check_float("spin_s", spin_s, 0.0)
+        self.after_reply = after_reply  # called after each reply is sent (errors logged), e.g. deferred work
         self.max_connections = check_int("max_connections", max_connections, 1)
         self.num_turned_away = 0  # connections closed at accept because max_connections were open
         self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
@@ -271,6 +276,7 @@ class StreamServer:
         reader = _Reader(sock)
         dispatcher, lock, pack, unpack_from = self.dispatcher, self._call_lock, HEADER.pack, HEADER.unpack_from
         max_frame, drop_frame, spin_s = self.max_frame_bytes, self.drop_frame_bytes, self.spin_s
+        after = self.after_reply
         try:
             while True:
                 if spin_s and reader.spin(4, spin_s) is False:  # the next request of a busy client: no sleep
@@ -304,6 +310,11 @@ class StreamServer:
                         log.exception("%s: failed handling a request", self.name)
                         continue
                 sock.sendall(pack(len(reply)) + reply)
+                if after is not None:
+                    try:
+                        after()
+                    except Exception:
+                        log.exception("%s: the after-reply hook failed", self.name)
         except OSError:
             pass  # the peer went away (or close() shut the socket)
         finally:
