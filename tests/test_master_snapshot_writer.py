@@ -290,3 +290,24 @@ def test_a_fork_that_fails_to_start_falls_back_to_an_inline_snapshot(mounted, mo
         assert table(again) == want and len(want) == 61
     finally:
         again.close()
+
+
+def test_a_temporary_removed_by_an_orphaned_writer_during_recovery_is_not_an_error(tmp_path):
+    """A SIGKILLed master's forked writer may still run and remove its own ``master.snap.tmp.<pid>`` (it publishes
+    only while its parent lives) between the next master's listing and its cleanup: recovery goes on."""
+    m = MasterService(MasterConfig(), data_dir=tmp_path)
+    m.mount_segment(SegmentDescriptor(node_id="n", segment_id=0, capacity_bytes=1 << 20))
+    m.close()
+    (tmp_path / f"{SNAPSHOT_NAME}.tmp.1").write_bytes(b"half a snapshot")
+
+    class Racing(RealFs):  # the orphan removes its temporary right after the listing
+        def listdir(self, path: str) -> list[str]:
+            names = super().listdir(path)
+            gone = tmp_path / f"{SNAPSHOT_NAME}.tmp.1"
+            if gone.exists():
+                gone.unlink()
+            return names
+
+    again = MasterService(MasterConfig(), data_dir=str(tmp_path), fs=Racing())
+    assert [s.segment_id for s in again.segments()] == [0]
+    again.close()

@@ -296,7 +296,10 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
     same tail does not grow the index's own log."""
     state.detach_space()
     for tmp in stale_temporaries(fs, data_dir):  # a writer that died before publishing
-        fs.unlink(tmp)
+        try:
+            fs.unlink(tmp)
+        except FileNotFoundError:  # the forked writer of a killed master, still running, removed its own
+            pass
     lease_end = now + lease_ttl_s
     state.objects.lease_floor_s = lease_end
     loaded = load_snapshot(fs, data_dir, state)
