@@ -314,3 +314,31 @@ def test_engines_with_and_without_the_fast_path_move_the_same_bytes(client_fast,
         expect_local[:1000] = expect_served[:1000]
     assert crc32c.crc32c(local) == crc32c.crc32c(expect_local)
     assert crc32c.crc32c(served) == crc32c.crc32c(expect_served)
+
+
+def test_wait_counters_say_whether_a_wait_spun_paid_or_blocked():
+    with _tcp_pair() as (a, b):
+        spinning, blocking = FastChannel(b, 5.0, LONG_SPIN_US), FastChannel(b, 5.0, 0)
+        t = _send_later(a, [b"late"], 0.02)  # arrives within the 1-s spin budget: the spin pays
+        assert spinning.recv_into(bytearray(4), time.monotonic() + 10) == _fastio.OK
+        t.join(5)
+        c = spinning.counters()
+        assert c["spins"] == 1 and c["paid"] + c["preempted"] == 1 and c["blocked"] <= 1, c
+        t = _send_later(a, [b"late"], 0.02)
+        assert blocking.recv_into(bytearray(4), time.monotonic() + 10) == _fastio.OK
+        t.join(5)
+        assert blocking.counters() == {"spins": 0, "paid": 0, "preempted": 0, "blocked": 1}
+
+
+def test_a_server_sums_the_wait_counters_of_its_connections():
+    served = np.arange(1 << 16, dtype=np.uint8)
+    with TransferEngine("tcp", secret=SECRET) as server, TransferEngine("tcp", secret=SECRET, serve=False) as client:
+        sdesc = server.register_region(served)
+        local = bytearray(1 << 16)
+        ldesc = client.register_region(local)
+        seg = client.open_segment(server.address)
+        for _ in range(20):
+            client.read(ldesc, 0, seg, sdesc.region_id, 0, len(local))
+        waits = server.backend.server.wait_counters()
+        assert bytes(local) == served.tobytes()
+        assert waits["spins"] + waits["blocked"] >= 20, waits  # each request header was waited for once at least

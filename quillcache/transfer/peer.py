@@ -7,7 +7,8 @@ with the secret read from ``QUILLCACHE_TRANSFER_SECRET``, and prints one JSON li
 
 Then it reads commands, one per line, from stdin and answers each with one JSON line:
 ``rusage`` → this process's CPU seconds (user, system); ``crc OFFSET LENGTH`` → the crc32c of that
-range of its region; ``stats`` → the server's counters. EOF on stdin (or SIGTERM) stops it cleanly.
+range of its region; ``stats`` → the server's counters; ``waits`` → its compiled receive-wait
+counters (spins, paid, preempted, blocked; summed over open connections). EOF on stdin (or SIGTERM) stops it cleanly.
 Tests and the transfer study start it as a real second process.
 """
 
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             elif cmd == "stats":
                 server = getattr(engine.backend, "server", None)
                 _answer(dataclasses.asdict(server.stats) if server is not None else {})
+            elif cmd == "waits":
+                server = getattr(engine.backend, "server", None)
+                _answer(server.wait_counters() if server is not None else {})
             else:
                 _answer({"error": f"unknown command {line.strip()!r}"})
     return 0

@@ -9,7 +9,9 @@ of a connected socket that stays owned (and closed) by its Python ``socket`` obj
   copied) with the GIL released, then releases the buffers;
 - never blocks in a socket call: every call is ``MSG_DONTWAIT``; a receive that would block first
   polls for up to ``spin_us`` (the adaptive back-off of ``Channel``: after two fruitless spins in a
-  row, 16 waits without a spin, doubling up to 1024; a spin that pays resets it; a spin during which
+  row, 16 waits without a spin, doubling up to 1024; a spin that pays resets it; past its first
+  try a spin polls readiness (``ppoll`` with no timeout), which, unlike a receive, does not take the
+  socket's lock that the sender's delivery into it needs; a spin during which
   the thread was preempted counts as fruitless, so a peer on the same CPU is recognised), then waits in
   ``ppoll`` bounded by ``progress_s`` (or ``first_wait_s`` for a first byte) and by the deadline;
 - returns a code, never raises for a socket outcome: ``OK``; ``TIMEOUT`` (no progress within the
@@ -104,6 +106,7 @@ cdef struct IoState:
     double armed    # the kernel timeout (SO_RCVTIMEO/SO_SNDTIMEO, s) set on the socket; -1: unknown
     int err         # errno of the last OSERROR
     size_t got      # bytes of the current frame received when the call ended
+    uint64_t spins, paid, preempted, blocked  # counters: spins begun, spins that paid, spins preempted, blocking waits
 
 
 cdef inline double _now() noexcept nogil:
@@ -241,7 +244,8 @@ cdef inline void _fruitless(IoState* st) noexcept nogil:
         st.backoff = st.backoff * 2 if st.backoff * 2 < BACKOFF_MAX else BACKOFF_MAX
 
 
-cdef int _recv(IoState* st, iovec* iov, int n, size_t stop, double first_wait_s, double deadline) noexcept nogil:
+cdef int _recv(IoState* st, iovec* iov, int n, size_t stop, double first_wait_s, double deadline,
+               int spin) noexcept nogil:
     """Receive into ``iov[0:n]`` until ``st.got`` reaches ``stop`` (at most the vector's length); a first
     byte may take ``first_wait_s`` when ``st.got`` is 0, later ones ``progress_s`` each. Each wait first
     spins (unless backing off), then blocks (``_wait_io``)."""
@@ -250,6 +254,12 @@ cdef int _recv(IoState* st, iovec* iov, int n, size_t stop, double first_wait_s,
     cdef ssize_t k
     cdef int rc, e, spun
     cdef double spin_end, last, now
+    cdef pollfd p
+    cdef timespec zero
+    zero.tv_sec = 0
+    zero.tv_nsec = 0
+    p.fd = st.fd
+    p.events = POLLIN
     memset(&m, 0, sizeof(m))
     _consume(iov, &first, n, 0)
     while st.got < stop and first < n:
@@ -257,11 +267,12 @@ cdef int _recv(IoState* st, iovec* iov, int n, size_t stop, double first_wait_s,
         m.msg_iovlen = n - first
         k = -1
         e = EAGAIN
-        if st.spin_s > 0:
+        if spin and st.spin_s > 0:
             if st.skip:
                 st.skip -= 1
             else:
                 spun = 0
+                st.spins += 1
                 last = _now()
                 spin_end = last + st.spin_s
                 if spin_end > deadline:
@@ -269,7 +280,18 @@ cdef int _recv(IoState* st, iovec* iov, int n, size_t stop, double first_wait_s,
                 while True:
                     now = _now()
                     if now - last > PREEMPTED_S:
+                        st.preempted += 1
                         break  # preempted between two polls: the peer may share this CPU
+                    if spun:  # past the first try, poll readiness: it does not take the socket's lock
+                        p.revents = 0
+                        if ppoll(&p, 1, &zero, NULL) <= 0:
+                            last = _now()
+                            if last - now > PREEMPTED_S:
+                                st.preempted += 1
+                                break
+                            if last >= spin_end:
+                                break
+                            continue
                     k = recvmsg(st.fd, &m, MSG_DONTWAIT)
                     if k >= 0:
                         break
@@ -278,9 +300,13 @@ cdef int _recv(IoState* st, iovec* iov, int n, size_t stop, double first_wait_s,
                         break
                     spun = 1
                     last = _now()
-                    if last - now > PREEMPTED_S or last >= spin_end:
-                        break  # preempted in the poll, or the budget is spent
+                    if last - now > PREEMPTED_S:
+                        st.preempted += 1
+                        break  # preempted in the poll
+                    if last >= spin_end:
+                        break  # the budget is spent
                 if k > 0 and spun:
+                    st.paid += 1
                     st.fails = 0  # the spin paid (data there at the first poll is no evidence either way)
                     st.backoff = BACKOFF_MIN
                 elif k < 0 and (e == EAGAIN or e == EWOULDBLOCK or e == EINTR):
@@ -289,6 +315,7 @@ cdef int _recv(IoState* st, iovec* iov, int n, size_t stop, double first_wait_s,
             if e != EAGAIN and e != EWOULDBLOCK and e != EINTR:
                 st.err = e
                 return C_OSERROR
+            st.blocked += 1
             rc = _wait_io(st, &m, &k, 0, first_wait_s if st.got == 0 else st.progress_s, deadline)
             if rc != C_OK:
                 return rc
@@ -330,6 +357,12 @@ cdef class FastChannel:
         """Bytes of the frame (header and body) received when the last call ended."""
         return self.st.got
 
+    def counters(self) -> dict:
+        """Receive waits since this object was made: spins begun, spins that paid, spins cut short because
+        the thread was preempted, and waits that blocked."""
+        return {"spins": self.st.spins, "paid": self.st.paid, "preempted": self.st.preempted,
+                "blocked": self.st.blocked}
+
     @property
     def errno(self) -> int:
         return self.st.err
@@ -362,8 +395,9 @@ cdef class FastChannel:
             PyBuffer_Release(&hb)
         return rc
 
-    def recv_into(self, view, double deadline=float("inf"), double first_wait_s=-1.0) -> int:
-        """Fill ``view``; ``first_wait_s`` (if ≥ 0) bounds the wait for its first byte instead of ``progress_s``."""
+    def recv_into(self, view, double deadline=float("inf"), double first_wait_s=-1.0, bint spin=True) -> int:
+        """Fill ``view``; ``first_wait_s`` (if ≥ 0) bounds the wait for its first byte instead of ``progress_s``;
+        ``spin=False``: every wait blocks at once."""
         cdef Py_buffer vb
         cdef iovec iov[1]
         cdef int rc
@@ -379,7 +413,7 @@ cdef class FastChannel:
             iov[0].iov_base = vb.buf
             iov[0].iov_len = <size_t>vb.len
             with nogil:
-                rc = _recv(st, iov, 1, <size_t>vb.len, first_wait_s, deadline)
+                rc = _recv(st, iov, 1, <size_t>vb.len, first_wait_s, deadline, spin)
         finally:
             PyBuffer_Release(&vb)
         return rc
@@ -424,7 +458,7 @@ cdef class FastChannel:
                     iov[1].iov_base = bb.buf
                     iov[1].iov_len = body_len
                     n = 2
-                rc = _recv(st, iov, n, RESPONSE_BYTES, st.progress_s, deadline)  # the header (+ what follows it)
+                rc = _recv(st, iov, n, RESPONSE_BYTES, st.progress_s, deadline, 1)  # the header (+ what follows it)
                 if rc == C_OK:
                     memcpy(&reserved, r + 6, 2)
                     memcpy(&rid, r + 8, 8)
@@ -433,7 +467,7 @@ cdef class FastChannel:
                             or rid != request_id or rlen != body_len):
                         rc = C_MISMATCH
                     elif n == 2:  # _recv left the vector advanced past the bytes it filled: go on
-                        rc = _recv(st, iov, n, RESPONSE_BYTES + body_len, st.progress_s, deadline)
+                        rc = _recv(st, iov, n, RESPONSE_BYTES + body_len, st.progress_s, deadline, 1)
         finally:
             if has_body:
                 PyBuffer_Release(&bb)

@@ -23,7 +23,8 @@ Invariants:
   an answer whose header is not the expected OK one goes through the same Python checks either way
   (``_checked``), so both paths give the same bytes, outcomes and reasons.
 - READ requests of a batch are sent in bursts: the window is refilled once half of it has been
-  answered, with one send for all the new headers (a WRITE carries its payload: one send each).
+  answered, with one send for all the new headers. A WRITE carries its payload (one send each) and
+  is sent as soon as the window has room, so the peer always has payload to take.
 """
 
 from __future__ import annotations
@@ -389,7 +390,7 @@ class TcpClient:
         monotonic = time.monotonic
         try:
             while queue or pending:
-                if queue and len(pending) <= refill_at:
+                if queue and (len(pending) <= refill_at or (len(pending) < window and queue[0].request.op is not READ)):
                     heads: list[bytes] = []  # READ headers not sent yet
                     deadline = math.inf
                     while queue and len(pending) < window:

@@ -65,6 +65,7 @@ _TIMEOUT, _DEADLINE, _CLOSED = 1, 2, 3  # FastChannel outcome codes (0: OK, 4: O
 _INF = float("inf")
 
 
+
 def _fast_raise(fast, code: int, n: int, idle_s: float | None = None) -> None:
     """Raise what the plain ``Channel`` raises for the ``FastChannel`` outcome ``code`` of a frame of ``n`` bytes."""
     if code == _TIMEOUT or code == _DEADLINE:
@@ -88,6 +89,7 @@ class TcpServer:
         self._lsock = socket.create_server((host, port), backlog=128)
         self.host, self.port = self._lsock.getsockname()[:2]
         self._conns: dict[socket.socket, threading.Thread] = {}
+        self._fast: dict[socket.socket, object] = {}  # the FastChannel of each connection that has one
         self._lock = threading.Lock()
         self._closing = False
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"qc-transfer-accept:{self.port}",
@@ -143,6 +145,9 @@ class TcpServer:
             hview = memoryview(hbuf)
             unpack, max_len = P.REQUEST.unpack, cfg.max_request_bytes
             fast, idle_s, hsize = fast_channel(ch, cfg), cfg.server_idle_timeout_s, P.REQUEST.size
+            if fast is not None:
+                with self._lock:
+                    self._fast[sock] = fast
             while True:
                 if fast is not None:
                     code = fast.recv_into(hbuf, _INF, idle_s)
@@ -184,6 +189,7 @@ class TcpServer:
             finally:
                 with self._lock:
                     self._conns.pop(sock, None)
+                    self._fast.pop(sock, None)
 
     def _try_refuse(self, sock: socket.socket, status: P.Status, request_id: int, reason: str) -> None:
         body = reason.encode("utf-8", "replace")[:P.MAX_REASON_BYTES]
@@ -251,6 +257,16 @@ class TcpServer:
             self._read(ch, req.request_id, req.region_id, req.offset, req.length)
         else:
             self._write(ch, req.request_id, req.region_id, req.offset, req.length)
+
+    def wait_counters(self) -> dict[str, int]:
+        """The receive-wait counters (``FastChannel.counters``) summed over the open connections."""
+        with self._lock:
+            fasts = list(self._fast.values())
+        out: dict[str, int] = {}
+        for f in fasts:
+            for k, v in f.counters().items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     def connections(self) -> int:
         with self._lock:
