@@ -1,5 +1,8 @@
 """``MasterService``: Mooncake's master semantics over a logged, deterministic state machine.
 
+Longer than 600 lines because every Mooncake operation has its single-key, batch and compact (wire) form
+here, each a thin wrapper over one shared core, so that the three can never disagree (tested).
+
 Semantics (REFERENCE §4/§9, issue 14 item 1):
 - ``mount_segment`` registers the segment's node as a client (and re-registers an expired one);
   ``unmount_segment`` drops the replicas on the segment; an object left with none is removed.
@@ -47,9 +50,6 @@ Batch forms return per-key results (the value or the :class:`MasterError`); sing
 A log that fails to write or sync turns the service read-only for state changes (LOG_FAILED).
 
 Replicated mode (HA): ``MasterService(..., replicate=fn)``, see :mod:`quillcache.master.replicated`.
-
-Longer than 600 lines because every Mooncake operation has its single-key, batch and compact (wire) form
-here, each a thin wrapper over one shared core, so that the three can never disagree (tested).
 """
 
 from __future__ import annotations
