@@ -1026,3 +1026,25 @@ def test_deferred_index_publish(clock):
     m3.put_start("c", 10)
     m3.put_end("c")
     assert [e.node for e in m3.index.locate([h["c"]])[0]] == ["n0"]  # the default publishes before returning
+
+
+@pytest.mark.parametrize("name", ["index_on_disk", "sync_put_start", "defer_index_publish"])
+def test_boolean_config_fields_refuse_other_types(name):
+    with pytest.raises(InvalidParamsError, match=f"MasterConfig.{name}=1 must be a bool"):
+        MasterService(MasterConfig(**{name: 1}))
+
+
+def test_the_server_config_from_its_command_line():
+    """``quillcache master``: put starts written, not fsynced, unless ``--sync-put-start``; the server always
+    defers the index publish to after its replies (it calls ``publish_index``)."""
+    import argparse
+
+    from quillcache.cli.master import configure
+    from quillcache.master.server import _config
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    plain = _config(parser.parse_args(["--data-dir", "/x"]))
+    strict = _config(parser.parse_args(["--data-dir", "/x", "--sync-put-start"]))
+    assert (plain.sync_put_start, strict.sync_put_start) == (False, True)
+    assert plain.defer_index_publish and strict.defer_index_publish

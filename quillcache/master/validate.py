@@ -52,6 +52,9 @@ def check_config(c: MasterConfig) -> None:
     g = c.snapshot_growth
     if not (isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 100 and math.isfinite(g)):
         raise InvalidParamsError(f"MasterConfig.snapshot_growth={g!r} must be a number in [0, 100]")
+    for name in ("index_on_disk", "sync_put_start", "defer_index_publish"):
+        if type(getattr(c, name)) is not bool:
+            raise InvalidParamsError(f"MasterConfig.{name}={getattr(c, name)!r} must be a bool")
     if c.epoch is not None and (not _is_int(c.epoch) or c.epoch < 1):
         raise InvalidParamsError(f"MasterConfig.epoch={c.epoch!r} must be a positive int or None")
     from quillcache.master.snapshot_writer import SNAPSHOT_WRITERS  # (the writers import the state, which imports this)
