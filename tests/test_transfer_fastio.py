@@ -342,3 +342,25 @@ def test_a_server_sums_the_wait_counters_of_its_connections():
         waits = server.backend.server.wait_counters()
         assert bytes(local) == served.tobytes()
         assert waits["spins"] + waits["blocked"] >= 20, waits  # each request header was waited for once at least
+
+
+def _congestion(sock: socket.socket) -> str:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+
+
+def test_tune_socket_sets_the_first_congestion_control_the_kernel_accepts():
+    from quillcache.transfer.backends.sockets import tune_socket
+
+    with socket.socket() as s:
+        default = _congestion(s)
+    with socket.socket() as s:
+        tune_socket(s, TcpConfig(congestion_control=f"no-such-algorithm,{default}"))
+        assert _congestion(s) == default  # an unknown name is skipped, the next one taken
+    with socket.socket() as s:
+        tune_socket(s, TcpConfig(congestion_control=""))
+        assert _congestion(s) == default  # "": the system's default
+    with socket.socket() as s:
+        tune_socket(s, TcpConfig())
+        assert _congestion(s) in ("cubic", "reno", default)  # default, unless neither may be set here
+    with pytest.raises(ValueError, match="congestion_control"):
+        TcpConfig(congestion_control=["cubic"])

@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="how long a receive polls before it blocks (µs; 0: never spin)")
     ap.add_argument("--fast-path", type=int, choices=(0, 1), default=int(TcpConfig.fast_path),
                     help="1: move bytes with the compiled FastChannel where built; 0: the plain-Python Channel")
+    ap.add_argument("--congestion-control", default=TcpConfig.congestion_control,
+                    help="TCP congestion control of every connection: the first name the kernel accepts ('' : its default)")
     ap.add_argument("--socket-buffer-bytes", type=int, default=TcpConfig.socket_buffer_bytes,
                     help="SO_SNDBUF/SO_RCVBUF of every connection (0: kernel autotuning)")
     args = ap.parse_args(argv)
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         region = fill_pattern(args.bytes, args.seed)
     config = TcpConfig(progress_timeout_s=args.progress_timeout_s, server_idle_timeout_s=args.server_idle_timeout_s,
                        spin_us=args.spin_us, socket_buffer_bytes=args.socket_buffer_bytes,
-                       fast_path=bool(args.fast_path))
+                       fast_path=bool(args.fast_path), congestion_control=args.congestion_control)
     with TransferEngine("tcp", port=args.port, config=config) as engine:
         desc = engine.register_region(region, name="peer")
         _answer({"address": engine.address, "region_id": desc.region_id, "bytes": args.bytes, "pid": os.getpid()})
