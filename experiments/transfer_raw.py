@@ -5,7 +5,8 @@ buffer, prints ``{"port": P}`` and serves one connection at a time: each 24-byte
 offset, length) is answered by ``sendall`` of that range (op 0, READ) or by ``recv_into`` that
 range followed by a 1-byte acknowledgement (op 1, WRITE); op 2 answers 16 bytes, its CPU seconds
 (user, system) as two doubles; op 3 ends the server. No authentication, no range checks beyond Python's
-slicing, no request ids: it is the least any protocol can do over the same loopback.
+slicing, no request ids: it is the least any protocol can do over the same loopback. Its sockets
+keep the system's congestion control unless ``congestion_control`` names one (both sides).
 
 ``RawClient.batch(op, local_view, offsets, length)`` sends every header of a batch at once and
 then receives the answers in order (READ data straight into the pre-touched local buffer with
@@ -40,7 +41,13 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def serve(n_bytes: int) -> None:
+def _congestion(sock: socket.socket, name: str) -> None:
+    """Set the TCP congestion control ``name`` ("": keep the system's default)."""
+    if name:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+
+
+def serve(n_bytes: int, congestion_control: str = "") -> None:
     buf = np.empty(n_bytes, dtype=np.uint8)
     buf[::4096] = 1
     view = memoryview(buf)
@@ -49,6 +56,7 @@ def serve(n_bytes: int) -> None:
     while True:  # one connection at a time, until a QUIT
         conn, _ = lsock.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _congestion(conn, congestion_control)
         with conn:
             try:
                 if not _serve_one(conn, view):
@@ -80,9 +88,9 @@ def _serve_one(conn: socket.socket, view: memoryview) -> bool:
 class RawPeer:
     """The raw server as a child process (context manager; always killed on exit)."""
 
-    def __init__(self, n_bytes: int, timeout_s: float = 30.0) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "experiments.transfer_raw", "--bytes", str(n_bytes)],
-                                     stdout=subprocess.PIPE, text=True)
+    def __init__(self, n_bytes: int, timeout_s: float = 30.0, congestion_control: str = "") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "experiments.transfer_raw", "--bytes", str(n_bytes),
+                                      "--congestion-control", congestion_control], stdout=subprocess.PIPE, text=True)
         try:
             line = self.proc.stdout.readline()
             if not line:
@@ -106,8 +114,9 @@ class RawPeer:
 
 
 class RawClient:
-    def __init__(self, port: int, timeout_s: float = 60.0) -> None:
+    def __init__(self, port: int, timeout_s: float = 60.0, congestion_control: str = "") -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        _congestion(self.sock, congestion_control)
         self.sock.settimeout(None)  # blocking: no poll before each call (the leanest a client can be)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._ack = bytearray(1)
@@ -147,4 +156,6 @@ class RawClient:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", type=int, required=True)
-    serve(ap.parse_args().bytes)
+    ap.add_argument("--congestion-control", default="", help="TCP congestion control ('': the system's default)")
+    args = ap.parse_args()
+    serve(args.bytes, args.congestion_control)

@@ -4,7 +4,12 @@ Two processes over loopback, same run. For blocks of 64 KiB, 2 MiB and 32 MiB, b
 and 128 (the quick profile leaves out 128), READ and WRITE:
 
 - ``raw socket pair`` (the ceiling): ``experiments.transfer_raw``, one connection, every header of a
-  batch sent at once, data ``sendall`` from / ``recv_into`` a pre-touched buffer.
+  batch sent at once, data ``sendall`` from / ``recv_into`` a pre-touched buffer, the system's TCP
+  congestion control (BBR on this machine).
+- ``raw socket pair (cubic)`` (an extra reference): the same pair with the congestion control the
+  engine asks for (``TcpConfig.congestion_control``, CUBIC), so the engine is also compared with a
+  bare socket on equal TCP terms (``throughput_over_raw_cubic``). Mooncake's engine keeps the
+  system's (it has no such setting).
 - ``quillcache tcp``: ``TransferEngine("tcp")`` in this process against a
   ``quillcache.transfer.peer`` child process (authenticated, pipelined, range-checked); a single block
   through ``engine.read``/``write``, a batch through ``run_sync`` (first lane on the calling thread).
@@ -42,7 +47,7 @@ from experiments.microbench import bench_main
 from experiments.transfer_raw import READ, WRITE, RawClient, RawPeer
 from quillcache.results import Anchor, SummaryRow, spread, write_raw, write_summary
 from quillcache.results.writer import results_dir
-from quillcache.transfer import Op, Outcome, TransferEngine, TransferRequest
+from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferRequest
 from quillcache.transfer.peer import PeerProcess
 
 NAME = "transfer"
@@ -51,6 +56,8 @@ SIZES = (64 << 10, 2 << 20, 32 << 20)
 FULL = dict(reps=5, cell_bytes=1 << 30, region_bytes=512 << 20, batches=(1, 16, 128), max_calls=4000)
 QUICK = dict(reps=3, cell_bytes=64 << 20, region_bytes=128 << 20, batches=(1, 16), max_calls=300)
 RAW, OURS, MOONCAKE = "raw socket pair", "quillcache tcp", "Mooncake TE tcp"
+RAW_CUBIC = "raw socket pair (cubic)"  # extra reference: the raw pair with the engine's congestion control
+ENGINE_CC = TcpConfig.congestion_control.split(",")[0]
 SECRET = "transfer-study-shared-secret-0001"
 OPS = {"read": (Op.READ, READ), "write": (Op.WRITE, WRITE)}
 
@@ -200,18 +207,22 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
     engine: TransferEngine | None = None
     raw: RawClient | None = None
     try:
-        with PeerProcess(region_bytes, secret=SECRET, timeout_s=60) as peer, RawPeer(region_bytes) as raw_peer:
+        with PeerProcess(region_bytes, secret=SECRET, timeout_s=60) as peer, RawPeer(region_bytes) as raw_peer, \
+                RawPeer(region_bytes, congestion_control=ENGINE_CC) as rawc_peer:
             for placement, op_name, size, batch in _cells(cfg):
                 if placement != placement_now:  # a fresh engine and raw connection per placement, made pinned
                     if placement_now is not None:
                         raw.close()
+                        rawc.close()
                         engine.close()
                     client_cpus, server_cpus = PLACEMENTS[placement]
                     os.sched_setaffinity(0, client_cpus)
                     pin_process(peer.pid, server_cpus)
                     pin_process(raw_peer.proc.pid, server_cpus)
+                    pin_process(rawc_peer.proc.pid, server_cpus)
                     engine = TransferEngine("tcp", secret=SECRET)
                     raw = RawClient(raw_peer.port)
+                    rawc = RawClient(rawc_peer.port, congestion_control=ENGINE_CC)
                     local = engine.register_region(local_np, name="study")
                     seg = engine.open_segment(peer.address)
                     placement_now = placement
@@ -221,11 +232,14 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                 # warm-up (untimed): connections, code paths, pages
                 _ours_cell(engine, peer, local, seg, op, size, batch, 2, region_bytes)
                 _raw_cell(raw, local_view, raw_op, size, batch, 2, region_bytes)
-                res: dict[str, dict] = {s: {"gbps": [], "lat": [], "cpu": []} for s in (RAW, OURS)}
+                _raw_cell(rawc, local_view, raw_op, size, batch, 2, region_bytes)
+                res: dict[str, dict] = {s: {"gbps": [], "lat": [], "cpu": []} for s in (RAW, OURS, RAW_CUBIC)}
                 for rep in range(cfg["reps"]):
-                    for subject in ((RAW, OURS) if rep % 2 == 0 else (OURS, RAW)):
+                    for subject in ((RAW, OURS, RAW_CUBIC) if rep % 2 == 0 else (RAW_CUBIC, OURS, RAW)):
                         if subject == RAW:
                             wall, lat, cpu = _raw_cell(raw, local_view, raw_op, size, batch, calls, region_bytes)
+                        elif subject == RAW_CUBIC:
+                            wall, lat, cpu = _raw_cell(rawc, local_view, raw_op, size, batch, calls, region_bytes)
                         else:
                             wall, lat, cpu = _ours_cell(engine, peer, local, seg, op, size, batch, calls,
                                                         region_bytes)
@@ -251,6 +265,7 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                               {s: spread(v["gbps"])["median"] for s, v in res.items()},
                               {s: _pct(v["lat"], 50) * 1e6 for s, v in res.items()}))
             raw.close()
+            rawc.close()
             engine.close()
     finally:
         os.sched_setaffinity(0, my_cpus)
@@ -264,11 +279,13 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                                 "seconds", "cpu_s"), raw_rows, results_root)
     (results_dir(NAME, results_root) / "mooncake_status.json").write_text(json.dumps(mk_status, indent=1) + "\n")
     print(f"{'placement':<10} {'op':<5} {'block':>7} {'batch':>5} "
-          + " ".join(f"{s[:14]:>15}" for s in (RAW, OURS, MOONCAKE)) + "   p50 us raw/ours/mooncake")
+          + " ".join(f"{s[:14]:>15}" for s in (RAW, OURS, MOONCAKE)) + "   p50 us raw/ours/mooncake"
+          + "   raw (cubic) GB/s")
     for placement, op_name, size, batch, gb, p50 in table:
         print(f"{placement:<10} {op_name:<5} {_label(size):>7} {batch:>5} "
               + " ".join(f"{gb.get(s, math.nan):15.2f}" for s in (RAW, OURS, MOONCAKE))
-              + f"   {p50.get(RAW, math.nan):.0f}/{p50.get(OURS, math.nan):.0f}/{p50.get(MOONCAKE, math.nan):.0f}")
+              + f"   {p50.get(RAW, math.nan):.0f}/{p50.get(OURS, math.nan):.0f}/{p50.get(MOONCAKE, math.nan):.0f}"
+              + f"   {gb.get(RAW_CUBIC, math.nan):.2f}")
     return rows
 
 
@@ -299,6 +316,12 @@ def _cell_rows(placement: str, op: str, size: int, batch: int, calls: int, moved
                                           baseline_value=raw_cpu["median"] if base else math.nan,
                                           notes="user+system CPU of both processes per GB moved", params=params,
                                           **base))
+    if RAW_CUBIC in res:
+        ours, rawc = spread(res[OURS]["gbps"])["median"], spread(res[RAW_CUBIC]["gbps"])["median"]
+        out.append(SummaryRow(metric="throughput_over_raw_cubic", subject=OURS, value=ours / rawc, unit="x",
+                              n=len(res[OURS]["gbps"]), baseline=RAW_CUBIC, baseline_value=rawc,
+                              notes=f"median throughput {ours:.3f} vs {rawc:.3f} GB/s: the raw pair with the "
+                                    f"engine's congestion control ({ENGINE_CC})", params=params))
     if MOONCAKE in res:
         ours, mk = spread(res[OURS]["gbps"])["median"], spread(res[MOONCAKE]["gbps"])["median"]
         out.append(SummaryRow(metric="speedup_over_mooncake", subject=OURS, value=ours / mk, unit="x",
