@@ -716,13 +716,15 @@ def _mooncake_restart(runner: "_Mooncake") -> SummaryRow:
 
 OP_NOTES = {"put": "put_start + put_end of a new object ({how})", "get_replicas": "replica list of an existing "
             "object, read lease granted ({how})", "exists": "existence of an existing object, no lease ({how})"}
-HOW = {EMB_LOG: "MasterService methods in-process; state changes fsynced to the log before returning",
+HOW = {EMB_LOG: "MasterService methods in-process; state changes written to the log before returning and fsynced "
+                "(a put_start with the put_end that follows it: MasterConfig.sync_put_start)",
        EMB_MEM: "MasterService methods in-process, no data dir: nothing durable",
-       RPC: "MasterClient over TCP loopback to the server process (data dir: fsynced), on its plain-TCP transport "
+       RPC: "MasterClient over TCP loopback to the server process (data dir: fsynced as embedded; index rows "
+            "published after each reply), on its plain-TCP transport "
             "(qtcp://, length-prefixed frames, the client's default); get_replicas, get_replica_list and put_start "
             "travel in the compact forms (native msgpack rows, descriptors rebuilt client-side)",
        RPC_ZMQ: "the same server and MasterClient on the server's ZeroMQ transport (prefer_stream=False), "
-                "interleaved with the plain-TCP client cell by cell; compact forms as well",
+                "interleaved with the plain-TCP client and Mooncake's master cell by cell; compact forms as well",
        MOONCAKE: "MooncakeDistributedStore metadata calls to mooncake_master over TCP loopback; no operation log"}
 
 
