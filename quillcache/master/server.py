@@ -160,9 +160,7 @@ class MasterEndpoint:
         """(The RPC servers' hook, after each reply is sent) publish the index rows the call deferred."""
         node = self._node
         with node.lock:
-            svc = getattr(node, "service", None)
-            if svc is not None:
-                svc.publish_index()
+            node.service.publish_index()
 
     def master_status(self) -> dict:
         with self._node.lock:
