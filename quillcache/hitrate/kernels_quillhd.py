@@ -61,7 +61,7 @@ def _hd_recompute(hh, ee, hd, mids, decay):
 
 CLS_PREFIX = 0  # QuillHD: partial tail / prefix hit or not x reference count
 CLS_REUSE = 1  # LHD: first reference, then the log-spaced gap since the previous reference
-CLS_CHAIN = 2  # QuillChain: partial tail / hot prefix / turns seen on the request's chain
+CLS_CHAIN = 2  # QuillChain: partial tail / prefix hits by references / turns seen on the request's chain
 
 
 @njit(cache=True, nogil=True)
@@ -94,7 +94,32 @@ def turn_class(turns):
     return 6
 
 
-HOT_REFS = 4  # QuillChain: a prefix-hit block referenced this often is "hot" (class 7)
+CHAIN_CLASSES = 18  # QuillChain: partial tail, 5 prefix-hit reference-count classes, 6 turn classes x 2
+
+
+@njit(cache=True, nogil=True)
+def ref_class(refs):
+    """QuillChain's class offset of a prefix-hit block by its references so far (>= 2): 2, 3,
+    4-7, 8-15, >= 16 (0..4)."""
+    if refs <= 2:
+        return 0
+    if refs == 3:
+        return 1
+    if refs < 8:
+        return 2
+    if refs < 16:
+        return 3
+    return 4
+
+
+@njit(cache=True, nogil=True)
+def chain_class(j, k, refs, tcls):
+    """QuillChain's class of a full block at position ``j`` of a request with ``k`` prefix hits:
+    1..5 a prefix hit seen before (by ``ref_class``), else 6 + 2 * (turn class - 1) + (seen
+    before), 6..17."""
+    if j < k and refs >= 2:
+        return 1 + ref_class(refs)
+    return 6 + 2 * (tcls - 1) + (1 if refs >= 2 else 0)
 
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
@@ -131,15 +156,29 @@ def _qhd_victim(rule, t, last, head, hd, nb):
 
 
 @njit(cache=True, nogil=True)
-def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb, cnt, inst):
+def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb, cnt, inst,
+                admit, byp):
     """One reference in one cache instance (real or shadow; ``cnt[inst]`` counts its blocks);
-    returns +1 on insert, 0 on touch."""
+    returns +1 on insert, 0 on touch, -1 when the block is not admitted.
+
+    ``admit`` (the HD rule only): a new block whose class's density at age 0 is below the
+    victim's density at its age is not stored, and neither is any later uncached block of the same
+    request in this instance (``byp[inst]``; it could not be a prefix hit without this one)."""
     if incache[b]:
         _unlink(c_old, b, prev, nxt, head, tail, size)
         _push(c, b, prev, nxt, head, tail, size)
         return 0
+    if byp[inst]:
+        return -1
     if cnt[inst] >= cap:
         v = _qhd_victim(rule, t, last, head, hd, nb)
+        if admit and rule == RULE_HD:
+            bi = age_bucket(t - last[v])
+            if bi >= nb:
+                bi = nb - 1
+            if hd[c, 0] < hd[lastc[v], bi]:
+                byp[inst] = True
+                return -1
         _unlink(lastc[v], v, prev, nxt, head, tail, size)
         incache[v] = False
     else:
@@ -166,14 +205,16 @@ def _quantile_age(rd, q):
 
 @njit(cache=True, nogil=True)
 def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode,
-            classes, leaf_first):
+            classes, leaf_first, admit):
     """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
     metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only,
     3 = challenger (one shadow runs the rule the real cache does not; the two swap when the shadow
     had more decayed prefix hits over a period).
     ``classes``: CLS_PREFIX, CLS_REUSE or CLS_CHAIN; ``leaf_first``: after each request, its cached
-    blocks are re-queued deepest first, so within a class a chain loses its leaves before its root."""
-    ncls = 8
+    blocks are re-queued deepest first, so within a class a chain loses its leaves before its root;
+    ``admit``: the HD rule refuses a new block worth less than its victim (see ``_qhd_access``)."""
+    ncls = CHAIN_CLASSES if classes == CLS_CHAIN else 8
+    byp = np.zeros(3, np.bool_)  # per instance: a block of the current request was not admitted
     ends = np.zeros(u, np.int32)  # requests whose last full block was this block (CLS_CHAIN)
     last = np.zeros(u, np.int64)  # time of last reference (0 = never)
     lastc = np.zeros(u, np.int8)
@@ -221,6 +262,9 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
         elif mode == 3:
             score[0] += k
             score[1] += _prefix_hits(off, blocks, r, inc1)
+        byp[0] = False
+        byp[1] = False
+        byp[2] = False
         s, e = off[r], off[r + 1]
         partial = input_tokens[r] % block_tokens != 0
         tcls = 0
@@ -256,21 +300,22 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
             elif j == e - s - 1 and partial:
                 c = 0
             elif classes == CLS_CHAIN:
-                c = 7 if (j < k and refs[b] >= HOT_REFS) else tcls
+                c = chain_class(j, k, refs[b], tcls)
             else:
                 n = min(4, refs[b])
                 c = n if j >= k else 3 + n
             c_old = lastc[b]
-            n_ins += _qhd_access(b, c_old, c, cap, rule, t, last, lastc, inc0, prev0, nxt0, head0, tail0, size0,
-                                 hd, nb, cnt, 0)
+            if _qhd_access(b, c_old, c, cap, rule, t, last, lastc, inc0, prev0, nxt0, head0, tail0, size0, hd, nb,
+                           cnt, 0, admit, byp) > 0:
+                n_ins += 1
             if mode == 0:
                 _qhd_access(b, c_old, c, cap, RULE_LRU, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd, nb,
-                            cnt, 1)
+                            cnt, 1, admit, byp)
                 _qhd_access(b, c_old, c, cap, RULE_HD, t, last, lastc, inc2, prev2, nxt2, head2, tail2, size2, hd, nb,
-                            cnt, 2)
+                            cnt, 2, admit, byp)
             elif mode == 3:
                 _qhd_access(b, c_old, c, cap, shadow_rule, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd,
-                            nb, cnt, 1)
+                            nb, cnt, 1, admit, byp)
             last[b] = t
             lastc[b] = c
             if t >= next_upd:

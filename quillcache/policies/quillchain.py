@@ -51,7 +51,8 @@ from quillcache.policies.quillhd import QuillHdPolicy
 class QuillChainPolicy(QuillHdPolicy):
     name = "quillchain"
 
-    def __init__(self, *, capacity_keys: int | None = None, mode: str = "challenger", period: int = 4096,
-                 decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512) -> None:
+    def __init__(self, *, capacity_keys: int | None = None, mode: str = "challenger", period: int = 2048,
+                 decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
+                 admit: bool = True) -> None:
         super().__init__(capacity_keys=capacity_keys, mode=mode, period=period, decay=decay, quantile=quantile,
-                         che_mult=che_mult, block_tokens=block_tokens, classes="chain", leaf_first=True)
+                         che_mult=che_mult, block_tokens=block_tokens, classes="chain", leaf_first=True, admit=admit)

@@ -71,7 +71,7 @@ NUM_BUCKETS = 320
 RULE_LRU, RULE_HD = 0, 1
 MODES = ("adaptive", "hd", "lru", "challenger")
 CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.lhd), QuillChain's
-HOT_REFS = 4  # chain classes: a prefix-hit block referenced this often is "hot" (class 7)
+CHAIN_CLASSES = 18  # chain classes: partial tail, 5 prefix-hit reference-count classes, 6 turn classes x 2
 
 
 def reuse_class(gap: int) -> int:
@@ -91,6 +91,29 @@ def turn_class(turns: int) -> int:
     if turns < 9:
         return 5
     return 6
+
+
+def ref_class(refs: int) -> int:
+    """The class offset of a prefix-hit block by its references so far (>= 2): 2, 3, 4-7, 8-15,
+    >= 16 (0..4)."""
+    if refs <= 2:
+        return 0
+    if refs == 3:
+        return 1
+    if refs < 8:
+        return 2
+    if refs < 16:
+        return 3
+    return 4
+
+
+def chain_class(j: int, k: int, refs: int, tcls: int) -> int:
+    """QuillChain's class of a full block at position ``j`` of a request with ``k`` prefix hits:
+    1..5 a prefix hit seen before (by ``ref_class``), else 6 + 2 * (turn class - 1) + (seen
+    before), 6..17."""
+    if j < k and refs >= 2:
+        return 1 + ref_class(refs)
+    return 6 + 2 * (tcls - 1) + (1 if refs >= 2 else 0)
 
 
 def age_bucket(a: int) -> int:
@@ -121,8 +144,8 @@ class _Instance:
 
     __slots__ = ("cls", "lists")
 
-    def __init__(self) -> None:
-        self.lists: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(NUM_CLASSES)]
+    def __init__(self, num_classes: int) -> None:
+        self.lists: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_classes)]
         self.cls: dict[Key, int] = {}
 
     def __len__(self) -> int:
@@ -145,14 +168,17 @@ class QuillHdPolicy(EvictionPolicy):
 
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
-                 classes: str = "prefix", leaf_first: bool = False) -> None:
+                 classes: str = "prefix", leaf_first: bool = False, admit: bool = False) -> None:
         super().__init__()
         check_choice("mode", mode, MODES)
         check_choice("classes", classes, CLASSES)
-        if not isinstance(leaf_first, bool):
-            raise TypeError(f"leaf_first must be bool, got {leaf_first!r}")
+        for flag, value in (("leaf_first", leaf_first), ("admit", admit)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be bool, got {value!r}")
         self.classes = classes
         self.leaf_first = leaf_first
+        self.admit_by_density = admit
+        self.num_classes = ncls = CHAIN_CLASSES if classes == "chain" else NUM_CLASSES
         if capacity_keys is not None:
             capacity_keys = check_int("capacity_keys", capacity_keys, 1)
         period = check_int("period", period, 1)
@@ -167,9 +193,12 @@ class QuillHdPolicy(EvictionPolicy):
         self.quantile = float(quantile)
         self.che_mult = float(che_mult)
         self.block_tokens = block_tokens
-        self._real = _Instance()
-        self._shadows = ((_Instance(), _Instance()) if mode == "adaptive" else (_Instance(),) if mode == "challenger"
-                         else ())
+        self._real = _Instance(ncls)
+        self._shadows = ((_Instance(ncls), _Instance(ncls)) if mode == "adaptive" else (_Instance(ncls),)
+                         if mode == "challenger" else ())
+        # per instance (real, shadows): an uncached block of the current request was refused, so
+        # are its later uncached blocks (``admit``; they could not be prefix hits without it)
+        self._bypass = [False, False, False]
         # decayed prefix hits: adaptive: of the LRU shadow, the HD shadow; challenger: of the real
         # cache, its one shadow (which runs ``_shadow_rule``, the rule the real cache does not)
         self._score = [0.0, 0.0]
@@ -180,9 +209,9 @@ class QuillHdPolicy(EvictionPolicy):
         self._refs: dict[Key, int] = {}
         self._expired: set[Key] = set()
         self._history: deque[tuple[int, Key]] = deque()
-        self._hh = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
-        self._ee = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
-        self._hd = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
+        self._hh = [[0.0] * NUM_BUCKETS for _ in range(ncls)]
+        self._ee = [[0.0] * NUM_BUCKETS for _ in range(ncls)]
+        self._hd = [[0.0] * NUM_BUCKETS for _ in range(ncls)]
         self._rd = [0.0] * NUM_BUCKETS
         self._t = 0
         self._next_upd = period
@@ -228,6 +257,7 @@ class QuillHdPolicy(EvictionPolicy):
         self._req_hits = num_hit
         self._req_partial = input_tokens is not None and input_tokens % self.block_tokens != 0
         self._req_closed = False
+        self._bypass = [False, False, False]
         if self.classes == "chain":
             turns = 0
             for key in keys:
@@ -248,23 +278,28 @@ class QuillHdPolicy(EvictionPolicy):
 
     # ---- the learning step ----------------------------------------------------------------
     def _classify(self, key: Key, touched: bool, gap: int) -> int:
+        """The class of this reference (``_refs`` already counts it); advances the request cursor."""
+        c = self._class_of_ref(key, touched, gap, self._refs[key])
         req = self._req
-        refs = self._refs[key]
+        if req is not None and self._req_pos < len(req) and req[self._req_pos] == key:
+            self._req_pos += 1
+        return c
+
+    def _class_of_ref(self, key: Key, touched: bool, gap: int, refs: int) -> int:
+        """The class a reference to ``key`` gets now, its ``refs``-th (no state changes)."""
+        req = self._req
         n = min(4, refs)
         if self.classes == "reuse":
-            if req is not None and self._req_pos < len(req) and req[self._req_pos] == key:
-                self._req_pos += 1
             return reuse_class(gap)
         if req is not None and self._req_pos < len(req) and req[self._req_pos] == key:
             j = self._req_pos
-            self._req_pos += 1
             if j == len(req) - 1 and self._req_partial:
                 return 0
             if self.classes == "chain":
-                return 7 if (j < self._req_hits and refs >= HOT_REFS) else self._req_turn_class
+                return chain_class(j, self._req_hits, refs, self._req_turn_class)
             return n if j >= self._req_hits else 3 + n
-        if self.classes == "chain":
-            return 7 if (touched and refs >= HOT_REFS) else (2 if touched else 1)
+        if self.classes == "chain":  # unhinted: a touch counts as a prefix hit, turn class 1
+            return chain_class(0, 1 if touched else 0, refs, 1)
         return 3 + max(n, 2) if touched else n
 
     def _observe(self, key: Key, touched: bool) -> tuple[int, int | None]:
@@ -291,15 +326,27 @@ class QuillHdPolicy(EvictionPolicy):
         c = self._classify(key, touched, gap)
         return c, self._lastc.get(key)
 
+    def _refuses(self, inst: _Instance, rule: int, c: int, victim: Key, t: int) -> bool:
+        """``admit``: under the HD rule, a new block of class ``c`` is worth less (hit density at
+        age 0) than ``victim`` at its age at time ``t``."""
+        if not self.admit_by_density or rule != RULE_HD:
+            return False
+        return self._hd[c][0] < self._hd[inst.cls[victim]][_clamp(age_bucket(t - self._last[victim]))]
+
     def _shadow_access(self, key: Key, c: int) -> None:
         cap = self._capacity()
         challenger = self.mode == "challenger"
         for i, shadow in enumerate(self._shadows):
             rule = self._shadow_rule if challenger else RULE_LRU if i == 0 else RULE_HD
             if key not in shadow.cls:
+                if self._bypass[i + 1]:
+                    continue
                 if len(shadow) >= cap:
                     v = self._choose(shadow, rule, always, self._t)
                     assert v is not None
+                    if self._refuses(shadow, rule, c, v, self._t):
+                        self._bypass[i + 1] = self._req is not None
+                        continue
                     shadow.drop(v)
             elif self._req is None:  # unhinted: score per-reference hits instead of prefix hits
                 self._score[i + challenger] += 1
@@ -339,7 +386,7 @@ class QuillHdPolicy(EvictionPolicy):
         qa = self._quantile_age()
         self._horizon = int(max(che, qa, 1.0))
         decay = self.decay
-        for c in range(NUM_CLASSES):
+        for c in range(self.num_classes):
             hh, ee, hd = self._hh[c], self._ee[c], self._hd[c]
             sh = st = sx = 0.0
             for i in range(NUM_BUCKETS - 1, -1, -1):
@@ -410,6 +457,29 @@ class QuillHdPolicy(EvictionPolicy):
         return best
 
     # ---- protocol -------------------------------------------------------------------------
+    def admit(self, key: Key, size_bytes: int) -> bool:
+        """Always True unless ``admit``: then, with the cache at ``capacity_keys`` and the HD rule
+        in force, a key worth less than the victim it would displace is refused (and, within a
+        hinted request, every later new key of it). A refused key is still a reference: it is
+        learned from, the shadows see it, and it is remembered like an evicted key."""
+        super().admit(key, size_bytes)
+        if key in self._sizes or not self.admit_by_density:
+            return True
+        refused = self._bypass[0]
+        if not refused and self.capacity_keys is not None and len(self._sizes) >= self.capacity_keys:
+            t = self._t + 1
+            lt = self._last.get(key)
+            c = self._class_of_ref(key, False, t - lt if lt is not None else 0, self._refs.get(key, 0) + 1)
+            v = self._choose(self._real, self._rule, always, t)
+            refused = v is not None and self._refuses(self._real, self._rule, c, v, t)
+        if not refused:
+            return True
+        self._bypass[0] = self._req is not None
+        c, _ = self._observe(key, touched=False)
+        self._shadow_access(key, c)
+        self._finish(key, c)
+        return False
+
     def insert(self, key: Key, size_bytes: int) -> None:
         self._add(key, size_bytes)
         self._peak = max(self._peak, len(self._sizes))
