@@ -321,14 +321,56 @@ def test_quillchain_evicts_a_chain_leaf_first_and_counts_turns():
     p.begin_request(["s", "a1", "a2", "t1"], 0, 3 * 512 + 10)  # t1: partial tail
     for k in ("s", "a1", "a2", "t1"):
         p.insert(k, 1)
-    assert p.class_of("t1") == 0 and p.class_of("a2") == 1  # turn 0 on this chain
+    assert p.class_of("t1") == 0 and p.class_of("a2") == 6  # turn 0 on this chain, first seen
     p.begin_request(["s", "a1", "a2", "a3", "t2"], 3, 4 * 512 + 10)  # the next turn
     for k in ("s", "a1", "a2"):
         p.touch(k)
     for k in ("a3", "t2"):
         p.insert(k, 1)
-    assert p.class_of("a3") == p.class_of("a1") == 2  # one earlier turn ended on this chain
+    assert p.class_of("a3") == 8  # first seen, one earlier turn ended on this chain (turn class 2)
+    assert p.class_of("a1") == p.class_of("s") == 1  # prefix hits seen twice
     order = p.eviction_order()
     assert order[0] == "t1"  # nothing learned yet: the oldest class head goes first
-    chain = [k for k in order if k in ("s", "a1", "a2", "a3")]
-    assert chain == ["a3", "a2", "a1", "s"]  # leaves before their ancestors
+    chain = [k for k in order if k in ("s", "a1", "a2")]
+    assert chain == ["a2", "a1", "s"]  # within a class, leaves before their ancestors
+
+
+def test_quillchain_refuses_a_block_worth_less_than_its_victim_and_the_rest_of_its_request():
+    """Admission by hit density: a shared two-block prompt comes back in every request, each
+    request's own blocks never do. Once learned, a full cache refuses the new blocks (and every
+    later new block of the same request) instead of evicting the prompt; ``admit=False`` stores
+    them. A refused key is still counted as a reference and tracks nothing."""
+    from quillcache.policies.quillchain import QuillChainPolicy
+
+    def drive(p, r):
+        keys = ["s", "h", f"u{r}a", f"u{r}b", f"u{r}c"]
+        k = 0
+        for key in keys:
+            if key not in p:
+                break
+            k += 1
+        p.begin_request(keys, k, len(keys) * 512)
+        refused = []
+        for key in keys:
+            if key in p:
+                p.touch(key)
+            elif p.admit(key, 1):
+                if len(p) >= p.capacity_keys:
+                    p.evict(p.victim())
+                p.insert(key, 1)
+            else:
+                refused.append(key)
+        return k, refused
+
+    on, off = QuillChainPolicy(capacity_keys=4, period=8), QuillChainPolicy(capacity_keys=4, period=8, admit=False)
+    results = [(r, drive(on, r), drive(off, r)) for r in range(60)]
+    assert all(refused == [] for _, _, (_, refused) in results)  # without admission nothing is refused
+    late = [(r, k, refused) for r, (k, refused), _ in results[30:]]
+    assert all(k == 2 for _, k, _ in late)  # once learned, the prompt is never displaced
+    assert any(refused == [f"u{r}a", f"u{r}b", f"u{r}c"] for r, _, refused in late)
+    for r, _, refused in late:  # a refused block's later new blocks are refused with it
+        names = [f"u{r}a", f"u{r}b", f"u{r}c"]
+        assert refused == names[len(names) - len(refused):]
+        assert not any(key in on for key in refused)
+    assert on._refs["u58a"] == 1 and "u58a" not in on  # a refused reference is still learned from
+    assert len(on) == 4
