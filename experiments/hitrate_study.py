@@ -29,6 +29,13 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    plain-Python OrderedDict LRU (always). Acceptance: >= 1,000,000 refs/s.
 5. semi-online, apart from every online figure (metrics ``semi_online_*``): lookahead-W LRU, which
    sees the W requests queued at the engine (W = 1, 8, 64), on the conversation trace.
+6. information bounds, offline and apart from every online figure (metrics ``information_bound_*``,
+   raw ``information_bounds.csv``): ``quillcache.hitrate.bounds.reuse_oracle`` knows whether each
+   referenced block will be referenced again, never when, at every finite capacity; and, at the
+   acceptance capacities, the same oracle inverting whole requests at ``INFO_FLIP_RATES`` (a
+   reuse predictor that is wrong about that share of requests; median over the seeds). What part
+   of the LRU-to-Belady gap is *which* blocks come back, and how accurate an online predictor of
+   that would have to be.
 
 Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
 per policy, Belady dashed as the bound), ``paper/figures/hitrate_pooled.png`` and
@@ -62,9 +69,9 @@ NAME = "hitrate"
 POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "sieve", "arc", "2q", "lengthaware", "tinylfu", "lhd", "lrb", "quillhd",
                 "quillchain", "belady"]
 FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000,
-        "gen_sessions": 1000, "gen_seeds": (1, 2, 3)}
+        "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "flip_seeds": (0, 1, 2)}
 QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300,
-         "gen_sessions": 120, "gen_seeds": (1,)}
+         "gen_sessions": 120, "gen_seeds": (1,), "flip_seeds": (0,)}
 OURS = "quillchain"
 ACCEPT_GAP = 0.5  # issue 18: >= 50% of the LRU->Belady gap at 1k and 10k blocks on the conversation trace
 ACCEPT_GAP_CAPS = (1000, 10000)
@@ -77,6 +84,7 @@ DEFAULT_ALTERNATIVES: dict[str, dict] = {
     "period=16384": {"period": 16384}, "decay=0.5": {"decay": 0.5}, "che_mult=2": {"che_mult": 2.0},
     "quantile=0.99": {"quantile": 0.99},
 }
+INFO_FLIP_RATES = (0.05, 0.1, 0.2, 0.3)  # cell 6: share of requests whose reuse bits the noisy oracle inverts
 SEMI_ONLINE_WINDOWS = (1, 8, 64)  # lookahead windows in requests (cell 5, semi-online, reported apart)
 POOL_TOKENS = [3_000_000, 50_000_000]
 N_ENGINES = 10
@@ -456,6 +464,10 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
                                    value=(hr - lru) / (bel - lru) if bel - lru > 1e-12 else math.nan,
                                    unit="fraction of the LRU-to-Belady gap", notes=f"W = {w} requests", params=p))
 
+    # 3c. information bounds (cell 6 of the docstring; offline, separate metrics, never beside the online rows)
+    raw_info, info_rows = information_bounds(arrs, label, caps, table, cfg["flip_seeds"])
+    rows += info_rows
+
     # 4. throughput at 10k blocks
     tcap = 10000
     reps = cfg["reps"]
@@ -494,6 +506,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
                                           "gap_closed"], raw_gen, results_root)
     write_raw(NAME, "defaults_check.csv", ["trace", "seed", "cap_fraction", "alternative", "gap_closed"], raw_defaults,
               results_root)
+    write_raw(NAME, "information_bounds.csv", ["trace", "capacity_blocks", "flip_rate", "seed", "hit_rate"], raw_info,
+              results_root)
     write_raw(NAME, "throughput.csv", ["subject", "rep", "elapsed_s", "refs_per_s"], raw_tp, results_root)
     write_summary(NAME, rows, results_root, profile="quick" if quick else "full", anchors=anchors,
                   started_at=t_start)
@@ -502,12 +516,47 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     return rows
 
 
+def information_bounds(arrs: TraceArrays, label: str, caps: list[int | None], table: dict, seeds: tuple[int, ...]
+                       ) -> tuple[list[tuple], list[SummaryRow]]:
+    """Cell 6: the reuse oracle (exact at every finite capacity; noisy at the acceptance
+    capacities), as raw rows and summary rows with the share of the LRU-to-Belady gap."""
+    from quillcache.hitrate.bounds import reuse_oracle
+
+    raw: list[tuple] = []
+    rows: list[SummaryRow] = []
+    for cap in caps:
+        if cap is None:
+            continue
+        lru, bel = table[("lru", cap)], table[("belady", cap)]
+        rates = [0.0] + (list(INFO_FLIP_RATES) if cap in ACCEPT_GAP_CAPS else [])
+        for flip in rates:
+            hrs = []
+            for seed in seeds if flip > 0 else seeds[:1]:
+                hr = int(reuse_oracle(arrs, cap, flip, seed).sum()) / arrs.num_refs
+                raw.append((label, cap, flip, seed, hr))
+                hrs.append(hr)
+            sp = spread(hrs)
+            p = {"trace": label, "capacity_blocks": cap, "flip_rate": flip}
+            what = ("knows whether each block is referenced again, never when" if flip == 0 else
+                    f"the same, wrong about {flip:.0%} of requests (median of {len(hrs)} seeds)")
+            rows.append(SummaryRow.from_spread(sp, metric="information_bound_hit_rate", subject="reuse_oracle",
+                                               unit="fraction", baseline="lru", baseline_value=lru, n=len(hrs),
+                                               notes=f"offline: {what}", params=p))
+            gap = bel - lru
+            rows.append(SummaryRow(metric="information_bound_gap_closed", subject="reuse_oracle",
+                                   value=(sp["median"] - lru) / gap if gap > 1e-12 else math.nan,
+                                   unit="fraction of the LRU-to-Belady gap", n=len(hrs),
+                                   notes=f"lru={lru:.4f} oracle={sp['median']:.4f} belady={bel:.4f}", params=p))
+    return raw, rows
+
+
 # ---------------------------------------------------------------- figures
 
 
 def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/figures") -> list[Path]:
-    """Two figures from the results only: hit rate vs capacity per policy on the default trace
-    (Belady dashed as the bound), and pooled vs local caches."""
+    """Three figures from the results only: hit rate vs capacity per policy on the default trace
+    (Belady dashed as the bound, the reuse oracle dotted), pooled vs local caches, and the gap
+    closed on the generated traces."""
     from experiments.plotstyle import BASELINE, BOUND, GREY, PALETTE, figure, legend, save, style_axes
     from experiments.plotstyle import OURS as OURS_COLOUR
     from quillcache.results import read_raw, read_summary
@@ -532,6 +581,12 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3.5,
                 label=pol + (" (offline bound)" if pol == "belady" else " (ours)" if pol in (OURS, "quillhd") else ""),
                 **style)
+    info = read_raw(NAME, "information_bounds", results_root)
+    info = info[(info["trace"] == hr["trace"].iloc[0]) & (info["flip_rate"] == 0.0)] if len(hr) else info.iloc[:0]
+    if not info.empty:  # offline, like Belady: knows which blocks come back, not when
+        pts = sorted((int(c), float(h)) for c, h in zip(info["capacity_blocks"], info["hit_rate"]))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", color=BOUND, lw=1.6, marker="s", ms=3,
+                label="reuse oracle (offline: which blocks return, not when)")
     ax.set_xscale("log")
     ax.set_xticks(finite + [inf_x])
     ax.set_xticklabels([cap_label(c) for c in finite] + ["unlimited"])

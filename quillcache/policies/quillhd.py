@@ -43,11 +43,15 @@ trace of ``experiments/hitrate_study.py``.
 
 Relatives on the same machinery (options of this class, fixed by the subclasses): ``classes``
 picks the classification - ``"prefix"`` (above, the default), ``"reuse"`` (LHD's: first reference,
-then log-spaced reuse distance; ``quillcache.policies.lhd``) or ``"chain"`` (turns seen on the
-request's chain, hot prefixes, partial tails; ``quillcache.policies.quillchain``); ``leaf_first``
-re-queues a hinted request's cached blocks deepest first once it ends (real cache only); and
-``mode="challenger"`` replaces the two shadows by one that runs the rule the real cache does not,
-the two swapping rules when the shadow had more decayed prefix hits over a period.
+then log-spaced reuse distance; ``quillcache.policies.lhd``) or ``"chain"`` (18 classes: turns
+seen on the request's chain, reference counts of prefix hits, first sight, partial tails;
+``quillcache.policies.quillchain``); ``leaf_first`` re-queues a hinted request's cached blocks
+deepest first once it ends (real cache only); ``admit`` refuses, under the HD rule and with the
+cache full, a new key whose class's density at age 0 is below its victim's at the victim's age
+(and, in a hinted request, every later new key of it), in the real cache and in any shadow
+running the HD rule; and ``mode="challenger"`` replaces the two shadows by one that runs the rule
+the real cache does not, the two swapping rules when the shadow had more decayed prefix hits over
+a period.
 
 Memory: reference metadata (last time, class, count) is kept for every key ever seen, like a
 ghost list of unbounded length (about 24 bytes per key in a compiled version); ``remove`` forgets
