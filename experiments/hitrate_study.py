@@ -567,7 +567,7 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
     hr = hr[hr["trace"] == (main_trace if (hr["trace"] == main_trace).any() else hr["trace"].iloc[0])]
     finite = sorted(int(c) for c in hr["capacity_blocks"].dropna().unique())
     inf_x = (finite[-1] * 3) if finite else 1
-    fig, ax = figure(7.0, 3.8)
+    fig, ax = figure(9.0, 3.8)
     colours = itertools.cycle([PALETTE[2], PALETTE[3], PALETTE[4], PALETTE[5], GREY, PALETTE[7], PALETTE[1], PALETTE[6]])
     for pol in POLICY_ORDER:
         part = hr[hr["policy"] == pol]
@@ -593,7 +593,7 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
     ax.minorticks_off()
     style_axes(ax, xlabel="cache capacity (512-token blocks, log scale)", ylabel="block hit rate",
                title=f"Hit rate vs capacity ({main_trace})")
-    legend(ax, ncol=2)
+    legend(ax, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)  # beside the axes, clear of lines
     p1 = save(fig, out / "hitrate.png")
 
     s = read_summary(NAME, results_root)
