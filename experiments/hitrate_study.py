@@ -35,7 +35,10 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    acceptance capacities, the same oracle inverting whole requests at ``INFO_FLIP_RATES`` (a
    reuse predictor that is wrong about that share of requests; median over the seeds). What part
    of the LRU-to-Belady gap is *which* blocks come back, and how accurate an online predictor of
-   that would have to be.
+   that would have to be; beside it (``experiments.hitrate_predictability``, metrics
+   ``reuse_predictability_*``, raw ``predictability.csv``) how well what is known at a request's
+   arrival predicts whether its blocks come back: AUC and best accuracy of each feature and of a
+   two-fold logistic regression on all of them.
 
 Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
 per policy, Belady dashed as the bound), ``paper/figures/hitrate_pooled.png`` and
@@ -60,6 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.hitrate_predictability import predictability
 from quillcache.hitrate import HITRATE_POLICIES, SEMI_ONLINE, simulate
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
 from quillcache.results import Anchor, SummaryRow, print_table, spread, write_raw, write_summary
@@ -467,6 +471,17 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     # 3c. information bounds (cell 6 of the docstring; offline, separate metrics, never beside the online rows)
     raw_info, info_rows = information_bounds(arrs, label, caps, table, cfg["flip_seeds"])
     rows += info_rows
+    raw_pred = []
+    for pr in predictability(arrs):
+        raw_pred.append((label, pr.subject, pr.auc, pr.accuracy, pr.base_rate, pr.n))
+        p = {"trace": label}
+        rows.append(SummaryRow(metric="reuse_predictability_auc", subject=pr.subject, value=pr.auc, unit="AUC",
+                               n=pr.n, notes=f"{pr.n} requests whose last full block is new; "
+                                             f"{pr.base_rate:.1%} of them come back", params=p))
+        rows.append(SummaryRow(metric="reuse_predictability_accuracy", subject=pr.subject, value=pr.accuracy,
+                               unit="fraction", baseline="always 'does not come back'",
+                               baseline_value=1.0 - pr.base_rate, n=pr.n,
+                               notes="at the threshold best on the scored requests (optimistic)", params=p))
 
     # 4. throughput at 10k blocks
     tcap = 10000
@@ -507,6 +522,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     write_raw(NAME, "defaults_check.csv", ["trace", "seed", "cap_fraction", "alternative", "gap_closed"], raw_defaults,
               results_root)
     write_raw(NAME, "information_bounds.csv", ["trace", "capacity_blocks", "flip_rate", "seed", "hit_rate"], raw_info,
+              results_root)
+    write_raw(NAME, "predictability.csv", ["trace", "subject", "auc", "accuracy", "base_rate", "n"], raw_pred,
               results_root)
     write_raw(NAME, "throughput.csv", ["subject", "rep", "elapsed_s", "refs_per_s"], raw_tp, results_root)
     write_summary(NAME, rows, results_root, profile="quick" if quick else "full", anchors=anchors,

@@ -270,6 +270,8 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
         0.0, *study.INFO_FLIP_RATES}
     assert all(r.subject == "reuse_oracle" and 0.0 <= r.value <= hit[("lru", None)] + 1e-12 for r in info.values())
     assert not any(r.subject == "reuse_oracle" for r in rows if not r.metric.startswith("information_bound"))
+    pred = {r.subject: r for r in rows if r.metric == "reuse_predictability_auc"}
+    assert "logistic (all features)" in pred and all(0.0 <= r.value <= 1.0 for r in pred.values())
     beaten = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten"}
     assert set(beaten) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
     assert all(0.0 <= r.value <= 1.0 and r.n == 4 * (len(study.GEN_SHAPES) + 1) for r in beaten.values())
@@ -282,7 +284,8 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert {r.baseline for r in speeds} <= {"python_ordereddict_lru", "libcachesim_lru"}
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
-    for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv", "information_bounds.csv"):
+    for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv", "information_bounds.csv",
+                 "predictability.csv"):
         assert (tmp_path / "hitrate" / name).stat().st_size > 0
     paths = study.plot(str(tmp_path), tmp_path / "fig")
     assert all(p.stat().st_size > 1000 for p in paths)
