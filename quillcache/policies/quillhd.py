@@ -463,9 +463,10 @@ class QuillHdPolicy(EvictionPolicy):
     # ---- protocol -------------------------------------------------------------------------
     def admit(self, key: Key, size_bytes: int) -> bool:
         """Always True unless ``admit``: then, with the cache at ``capacity_keys`` and the HD rule
-        in force, a key worth less than the victim it would displace is refused (and, within a
-        hinted request, every later new key of it). A refused key is still a reference: it is
-        learned from, the shadows see it, and it is remembered like an evicted key."""
+        in force, a key worth less than the victim it would displace (``victim()`` with no keys
+        refused by a predicate) is refused, and, within a hinted request, every later new key of
+        it. A refused key is still a reference: it is learned from, the shadows see it, and it is
+        remembered like an evicted key. Call it once per attempt to store a key."""
         super().admit(key, size_bytes)
         if key in self._sizes or not self.admit_by_density:
             return True
