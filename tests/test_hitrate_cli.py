@@ -60,6 +60,29 @@ def test_table_and_files_match_simulate(tmp_path: Path) -> None:
     assert set(tidy["metric"]) == {"hit_rate", "gap_closed"} and set(tidy["profile"]) == {"custom"}
 
 
+def test_bounds_add_the_reuse_oracle_row(tmp_path: Path) -> None:
+    from quillcache.hitrate.arrays import load_arrays
+    from quillcache.hitrate.bounds import reuse_oracle
+
+    trace = write(tmp_path, good_lines())
+    out = tmp_path / "out"
+    p = cli(str(trace), "--policies", "sieve", "--capacities", "2,inf", "--bounds", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "reuse_oracle (offline: which blocks return, not when)" in p.stdout
+    df = pd.read_csv(out / "hitrate.csv")
+    assert list(df["policy"].unique()) == ["lru", "sieve", "belady", "reuse_oracle"]
+    arrs = load_arrays(trace)
+    oracle = df[df.policy == "reuse_oracle"].set_index(df[df.policy == "reuse_oracle"].capacity_blocks.fillna(-1))
+    assert oracle.loc[2, "hit_blocks"] == int(reuse_oracle(arrs, 2).sum())
+    unlimited = df[df.capacity_blocks.isna()].set_index("policy")
+    assert unlimited.loc["reuse_oracle", "hit_blocks"] == unlimited.loc["lru", "hit_blocks"]  # every reuse fits
+    at2 = df[df.capacity_blocks == 2].set_index("policy")
+    lru, bel = at2.loc["lru", "hit_rate"], at2.loc["belady", "hit_rate"]
+    if bel > lru:
+        assert at2.loc["reuse_oracle", "gap_closed"] == pytest.approx((at2.loc["reuse_oracle", "hit_rate"] - lru)
+                                                                      / (bel - lru))
+
+
 def test_generated_trace_block_size_is_read_from_its_lines(tmp_path: Path) -> None:
     trace = tmp_path / "s.jsonl"
     g = subprocess.run([sys.executable, "-m", "quillcache", "gen-trace", "sessions", "--out", str(trace),

@@ -9,6 +9,9 @@ row per policy and capacity: hit rate, hit blocks, gap closed, replay speed), ``
 ``meta.json`` in the project's results schema (``quillcache.results.read_summary`` reads them)
 and a ``hitrate.parquet`` twin when pyarrow is importable. Ctrl-C stops with exit status 130 and
 writes nothing. ``lru`` and ``belady`` (the offline bound) always run: the gap needs both.
+``--bounds`` adds ``reuse_oracle`` after them (``quillcache.hitrate.bounds``: an offline LRU that
+knows which blocks will be referenced again, never when), so the table also says how much of the
+gap on this trace is *which* blocks return and how much is *when*.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
                    help="a malformed trace line: stop naming it (default) or skip it (counted in the output)")
+    p.add_argument("--bounds", action="store_true",
+                   help="also run the reuse oracle (offline: knows which blocks are referenced again, never when)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table (the files are still written)")
 
 
@@ -95,6 +100,34 @@ def _policies(text: str | None) -> list[str]:
         raise ValueError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(sorted(HITRATE_KERNELS))}")
     rest = [n for n in names if n not in ("lru", "belady")]
     return ["lru", *dict.fromkeys(rest), "belady"]
+
+
+def with_reuse_oracle(df, arrs):
+    """``df`` (a ``sweep`` frame with lru and belady) plus one ``reuse_oracle`` row per capacity,
+    its gap closed computed the same way (unlimited runs as the number of distinct blocks)."""
+    import time
+
+    import pandas as pd
+
+    from quillcache.hitrate.bounds import reuse_oracle
+
+    records = []
+    for cap in dict.fromkeys(df["capacity_blocks"].tolist()):
+        at = df[df["capacity_blocks"].isna()] if pd.isna(cap) else df[df["capacity_blocks"] == cap]
+        t0 = time.perf_counter()
+        hits = int(reuse_oracle(arrs, max(1, arrs.num_unique if pd.isna(cap) else int(cap))).sum())
+        secs = time.perf_counter() - t0
+        rate = hits / arrs.num_refs if arrs.num_refs else 0.0
+        by = dict(zip(at["policy"], at["hit_rate"]))
+        lru, bel = by.get("lru"), by.get("belady")
+        gap = (rate - lru) / (bel - lru) if lru is not None and bel is not None and bel - lru > 1e-12 else pd.NA
+        records.append({"policy": "reuse_oracle", "capacity_blocks": cap, "hit_rate": rate, "hit_blocks": hits,
+                        "total_blocks": arrs.num_refs, "refs_per_s": arrs.num_refs / secs if secs > 0 else float("inf"),
+                        "gap_closed": gap})
+    extra = pd.DataFrame.from_records(records)
+    extra["capacity_blocks"] = extra["capacity_blocks"].astype("Int64")
+    extra["gap_closed"] = extra["gap_closed"].astype("Float64")
+    return pd.concat([df, extra], ignore_index=True)
 
 
 def _tidy_rows(df, trace: str, block_tokens: int) -> list:
@@ -150,8 +183,8 @@ def _print_table(df, title: str, paths: list[Path], note: str) -> None:
             r = part[part["capacity_blocks"].isna()] if pd.isna(c) else part[part["capacity_blocks"] == c]
             hr, g = float(r["hit_rate"].iloc[0]), r["gap_closed"].iloc[0]
             cells.append(f"{hr:.4f}" + ("" if pd.isna(g) or pol in ("lru", "belady") else f" {g * 100:+.1f}%"))
-        t.add_row(pol + (" (offline bound)" if pol == "belady" else " (semi-online)" if pol in SEMI_ONLINE else ""),
-                  *cells)
+        t.add_row(pol + (" (offline bound)" if pol == "belady" else " (offline: which blocks return, not when)"
+                         if pol == "reuse_oracle" else " (semi-online)" if pol in SEMI_ONLINE else ""), *cells)
     con.print(t)
     con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity", markup=False)
     if note:
@@ -210,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"quillcache hitrate: interrupted; no results were written under {out}", file=sys.stderr)
         return 130
+    if args.bounds:
+        df = with_reuse_oracle(df, arrs)
     try:
         paths = write_results(out, df, trace.stem, block_tokens)
     except OSError as exc:
