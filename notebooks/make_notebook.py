@@ -80,7 +80,7 @@ df[df.metric == "scan_s_per_mib"].pivot(index="subject", columns="file_bytes", v
      '''df = read_summary("safety", RESULTS)
 display(df[df.category.isna() | (df.category == "all")].pivot(index="mix", columns="metric", values="value"))
 read_anchors("safety", RESULTS)'''),
-    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO, kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests); `quillcache hitrate TRACE` prints such a table for any trace.',
+    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO, kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests) and how well arrival-time features predict reuse; `quillcache hitrate TRACE` prints such a table for any trace.',
      '''df = read_summary("hitrate", RESULTS)
 hr = df[(df.metric == "hit_rate") & (df.trace == "conversation_trace")]
 display(hr.pivot(index="subject", columns="capacity_blocks", values="value"))
@@ -92,6 +92,8 @@ display(df[df.metric.isin(["cells_beaten", "defaults_check"])][["metric", "subje
 display(df[df.metric == "replay_refs_per_s"].pivot_table(index="subject", columns="baseline", values="value"))
 info = df[df.metric == "information_bound_gap_closed"]  # offline: which blocks return, not when
 display(info.pivot_table(index="flip_rate", columns="capacity_blocks", values="value"))
+pred = df[df.metric.str.startswith("reuse_predictability")]  # how well arrival-time features predict reuse
+display(pred.pivot_table(index="subject", columns="metric", values="value"))
 read_anchors("hitrate", RESULTS)'''),
     ("replay", "Router study: TTFT, goodput and hit rate per routing/policy cell (engine compute is the engine model, a stand-in).",
      '''df = read_summary("replay", RESULTS)
