@@ -161,8 +161,8 @@ def predictability(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS)
     out = []
     for i, name in enumerate(FEATURES):
         a = auc(x[:, i], y)
-        sign = 1.0 if not (a < 0.5) else -1.0
-        out.append(Predictability(name, max(a, 1.0 - a) if a == a else a, best_accuracy(sign * x[:, i], y), base,
+        low = a < 0.5  # the feature predicts the other way (False for NaN)
+        out.append(Predictability(name, 1.0 - a if low else a, best_accuracy(-x[:, i] if low else x[:, i], y), base,
                                   len(y)))
     half = len(y) // 2
     folds = [(slice(0, half), slice(half, len(y))), (slice(half, len(y)), slice(0, half))]

@@ -41,7 +41,7 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    two-fold logistic regression on all of them.
 
 Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
-per policy, Belady dashed as the bound), ``paper/figures/hitrate_pooled.png`` and
+per policy, Belady dashed as the bound, the reuse oracle dotted), ``paper/figures/hitrate_pooled.png`` and
 ``paper/figures/hitrate_generalisation.png`` (gap closed per generated shape and capacity).
 Quick mode (smoke test) uses the first 2,500 requests, fewer capacities, 120 sessions per shape,
 one seed and 2 repetitions.

@@ -110,24 +110,19 @@ def with_reuse_oracle(df, arrs):
     import pandas as pd
 
     from quillcache.hitrate.bounds import reuse_oracle
+    from quillcache.hitrate.sweep import with_gap_closed
 
     records = []
     for cap in dict.fromkeys(df["capacity_blocks"].tolist()):
-        at = df[df["capacity_blocks"].isna()] if pd.isna(cap) else df[df["capacity_blocks"] == cap]
         t0 = time.perf_counter()
         hits = int(reuse_oracle(arrs, max(1, arrs.num_unique if pd.isna(cap) else int(cap))).sum())
         secs = time.perf_counter() - t0
-        rate = hits / arrs.num_refs if arrs.num_refs else 0.0
-        by = dict(zip(at["policy"], at["hit_rate"]))
-        lru, bel = by.get("lru"), by.get("belady")
-        gap = (rate - lru) / (bel - lru) if lru is not None and bel is not None and bel - lru > 1e-12 else pd.NA
-        records.append({"policy": "reuse_oracle", "capacity_blocks": cap, "hit_rate": rate, "hit_blocks": hits,
-                        "total_blocks": arrs.num_refs, "refs_per_s": arrs.num_refs / secs if secs > 0 else float("inf"),
-                        "gap_closed": gap})
+        records.append({"policy": "reuse_oracle", "capacity_blocks": cap,
+                        "hit_rate": hits / arrs.num_refs if arrs.num_refs else 0.0, "hit_blocks": hits,
+                        "total_blocks": arrs.num_refs, "refs_per_s": arrs.num_refs / secs if secs > 0 else float("inf")})
     extra = pd.DataFrame.from_records(records)
     extra["capacity_blocks"] = extra["capacity_blocks"].astype("Int64")
-    extra["gap_closed"] = extra["gap_closed"].astype("Float64")
-    return pd.concat([df, extra], ignore_index=True)
+    return with_gap_closed(pd.concat([df.drop(columns="gap_closed"), extra], ignore_index=True))
 
 
 def _tidy_rows(df, trace: str, block_tokens: int) -> list:

@@ -121,6 +121,7 @@ def chain_class(j, k, refs, tcls):
         return 1 + ref_class(refs)
     return 6 + 2 * (tcls - 1) + (1 if refs >= 2 else 0)
 
+
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
 

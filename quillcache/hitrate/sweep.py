@@ -39,6 +39,16 @@ def sweep(trace_or_arrays: object, policies: Sequence[str], capacities: Sequence
                 progress(policy, cap)
     df = pd.DataFrame.from_records(records)
     df["capacity_blocks"] = df["capacity_blocks"].astype("Int64")
+    return with_gap_closed(df)
+
+
+def with_gap_closed(df):
+    """``df`` (rows of ``policy``, ``capacity_blocks``, ``hit_rate``) with its ``gap_closed`` column
+    (re)computed from the ``lru`` and ``belady`` rows at each capacity (NA where either is missing
+    or the gap is not positive). Rows of other subjects (e.g. an information bound) get it too."""
+    import pandas as pd
+
+    df = df.reset_index(drop=True)
     df["gap_closed"] = pd.Series(pd.NA, index=df.index, dtype="Float64")
     by = {(p, c): h for p, c, h in zip(df["policy"], df["capacity_blocks"].fillna(-1), df["hit_rate"])}
     for i, (p, c) in enumerate(zip(df["policy"], df["capacity_blocks"].fillna(-1))):

@@ -22,9 +22,9 @@ Contract:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 import os
 import threading
+from collections.abc import Callable
 
 import zmq
 
