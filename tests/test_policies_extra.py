@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from quillcache.policies.base import PolicyKeyError, UnknownKeyError
@@ -294,7 +296,6 @@ def test_lhd_classes_by_reuse_distance_and_ignores_prefix_hints():
 
 
 def test_lrb_learns_a_regular_gap_and_samples_reproducibly():
-    import math
 
     from quillcache._mix import splitmix64
     from quillcache.policies.lrb import LrbPolicy
@@ -374,3 +375,58 @@ def test_quillchain_refuses_a_block_worth_less_than_its_victim_and_the_rest_of_i
         assert not any(key in on for key in refused)
     assert on._refs["u58a"] == 1 and "u58a" not in on  # a refused reference is still learned from
     assert len(on) == 4
+
+
+def test_quillchain_values_a_shared_prefix_by_its_own_rate():
+    """Shared-prefix rate: a request that branches off its known prefix where no earlier request
+    ended (a new conversation on a shared prompt, not the next turn of one) counts a fork on every
+    block of that prefix. A forked-from block with at least ``RATE_MIN_REFS`` references is worth
+    at least its own rate while in use, discounted by its silence: before anything is learned
+    (every density 0) that alone keeps the shared prompt over an unshared block that is younger."""
+    from quillcache.policies.quillchain import QuillChainPolicy
+    from quillcache.policies.quillhd import RATE_MIN_REFS, RATE_SILENCE_GAPS
+
+    def drive(p, keys):
+        k = 0
+        for key in keys:
+            if key not in p:
+                break
+            k += 1
+        p.begin_request(keys, k, len(keys) * 512)
+        evicted = []
+        for key in keys:
+            if key in p:
+                p.touch(key)
+            elif p.admit(key, 1):
+                if len(p) >= p.capacity_keys:
+                    evicted.append(p.victim())
+                    p.evict(evicted[-1])
+                p.insert(key, 1)
+        return evicted
+
+    runs = {}
+    for shared in (True, False):
+        p = QuillChainPolicy(capacity_keys=5, period=10**6, shared_rate=shared)
+        for branch in "abcd":  # t = 1..8: "s" then each request's own block
+            drive(p, ["s", branch])
+        runs[shared] = (p, [v for new in "efgh" for v in drive(p, [new])])
+    on, off = runs[True][0], runs[False][0]
+    assert on._fork == {"s": 3} and off._fork == {}  # requests 2-4 branched off "s"; no request ended there
+    assert on._refs["s"] == RATE_MIN_REFS
+    assert runs[False][1] == ["a", "b", "c", "s"]  # every density is 0: the oldest block goes
+    assert runs[True][1] == ["a", "b", "c", "d"]  # "s" is worth its rate, the others nothing
+    r = (4 - 1) / (7 - 1)  # references 1, 3, 5, 7
+    t = on._t + 1
+    assert on._value(on.class_of("s"), "s", t) == r * math.exp(-((t - 7) * r) / RATE_SILENCE_GAPS) > 0.0
+    assert on._value(on.class_of("h"), "h", t) == 0.0
+    # the next turn of a conversation extends the chain where its previous request ended: no fork
+    p = QuillChainPolicy(capacity_keys=8, period=10**6)
+    drive(p, ["s", "a"])
+    drive(p, ["s", "a", "a2"])
+    assert p._fork == {}
+    drive(p, ["s", "b"])  # a new conversation on the same prompt
+    assert p._fork == {"s": 1}
+    with pytest.raises(ValueError, match="shared_rate needs classes='chain'"):
+        QuillHdPolicy(shared_rate=True)
+    with pytest.raises(TypeError, match="shared_rate must be bool"):
+        QuillChainPolicy(shared_rate=1)

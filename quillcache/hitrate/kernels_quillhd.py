@@ -122,12 +122,29 @@ def chain_class(j, k, refs, tcls):
     return 6 + 2 * (tcls - 1) + (1 if refs >= 2 else 0)
 
 
+RATE_MIN_REFS = 4  # QuillChain's shared-prefix rate: a forked-from block with at least this many references
+RATE_SILENCE_GAPS = 4.0  # ... is valued at its own rate, discounted by exp(-silence / (this many mean gaps))
+
+
+@njit(cache=True, nogil=True)
+def shared_rate(v, t, last, refs, first):
+    """The value of a shared-prefix block ``v`` at time ``t`` from its own references: its rate
+    while in use, ``r = (refs - 1) / (last - first)``, times ``exp(-age * r / RATE_SILENCE_GAPS)``
+    (the longer it has been silent for its rate, the likelier it is no longer used). A cached
+    block's worth is its class's hit density at its age or, for a block that requests forked from
+    (``fork >= 1``) with at least ``RATE_MIN_REFS`` references, this rate if it is higher (written
+    out at its two uses, the victim choice and admission, for speed)."""
+    span = max(last[v] - first[v], 1)
+    r = (refs[v] - 1) / span
+    return r * math.exp(-((t - last[v]) * r) / RATE_SILENCE_GAPS)
+
+
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
 
 
 @njit(cache=True, nogil=True)
-def _qhd_victim(rule, t, last, head, hd, nb):
+def _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared):
     ncls = head.shape[0]
     if rule == RULE_LRU:
         if head[0] != NIL:
@@ -149,6 +166,10 @@ def _qhd_victim(rule, t, last, head, hd, nb):
             if bi >= nb:
                 bi = nb - 1
             val = hd[q, bi]
+            if shared and refs[h0] >= RATE_MIN_REFS and fork[h0] >= 1:  # the shared-prefix rate
+                rate = shared_rate(h0, t, last, refs, first)
+                if rate > val:
+                    val = rate
             if best == NIL or val < best_v or (val == best_v and a > best_a):
                 best = h0
                 best_v = val
@@ -156,9 +177,9 @@ def _qhd_victim(rule, t, last, head, hd, nb):
     return best
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb, cnt, inst,
-                admit, byp):
+                admit, byp, refs, first, fork, shared):
     """One reference in one cache instance (real or shadow; ``cnt[inst]`` counts its blocks);
     returns +1 on insert, 0 on touch, -1 when the block is not admitted.
 
@@ -172,12 +193,17 @@ def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head
     if byp[inst]:
         return -1
     if cnt[inst] >= cap:
-        v = _qhd_victim(rule, t, last, head, hd, nb)
+        v = _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared)
         if admit and rule == RULE_HD:
             bi = age_bucket(t - last[v])
             if bi >= nb:
                 bi = nb - 1
-            if hd[c, 0] < hd[lastc[v], bi]:
+            vv = hd[lastc[v], bi]
+            if shared and refs[v] >= RATE_MIN_REFS and fork[v] >= 1:  # the shared-prefix rate
+                rate = shared_rate(v, t, last, refs, first)
+                if rate > vv:
+                    vv = rate
+            if hd[c, 0] < vv:
                 byp[inst] = True
                 return -1
         _unlink(lastc[v], v, prev, nxt, head, tail, size)
@@ -206,20 +232,24 @@ def _quantile_age(rd, q):
 
 @njit(cache=True, nogil=True)
 def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode,
-            classes, leaf_first, admit):
+            classes, leaf_first, admit, shared):
     """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
     metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only,
     3 = challenger (one shadow runs the rule the real cache does not; the two swap when the shadow
     had more decayed prefix hits over a period).
     ``classes``: CLS_PREFIX, CLS_REUSE or CLS_CHAIN; ``leaf_first``: after each request, its cached
     blocks are re-queued deepest first, so within a class a chain loses its leaves before its root;
-    ``admit``: the HD rule refuses a new block worth less than its victim (see ``_qhd_access``)."""
+    ``admit``: the HD rule refuses a new block worth less than its victim (see ``_qhd_access``);
+    ``shared`` (CLS_CHAIN only): a block that requests forked from is worth at least its
+    ``shared_rate``."""
     ncls = CHAIN_CLASSES if classes == CLS_CHAIN else 8
     byp = np.zeros(3, np.bool_)  # per instance: a block of the current request was not admitted
     ends = np.zeros(u, np.int32)  # requests whose last full block was this block (CLS_CHAIN)
     last = np.zeros(u, np.int64)  # time of last reference (0 = never)
     lastc = np.zeros(u, np.int8)
     refs = np.zeros(u, np.int64)
+    first = np.zeros(u, np.int64)  # time of the first reference
+    fork = np.zeros(u, np.int32)  # requests that branched off a known prefix through this block (shared)
     expired = np.zeros(u, np.bool_)
     n_inst = 3
     incache = np.zeros((n_inst, u), np.bool_)
@@ -271,11 +301,18 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
         tcls = 0
         if classes == CLS_CHAIN:
             turns = 0
+            m = 0
             for p in range(s, e):
                 if last[blocks[p]] == 0:
                     break
                 turns += min(ends[blocks[p]], 1)
+                m += 1
             tcls = turn_class(turns)
+            # a fork: the known prefix ends inside the request, where no earlier request ended
+            # (a new branch of a shared prefix, not the next turn of a conversation)
+            if shared and 0 < m < e - s and ends[blocks[s + m - 1]] == 0:
+                for p in range(s, s + m):
+                    fork[blocks[p]] += 1
         for p in range(s, e):
             b = blocks[p]
             t += 1
@@ -295,6 +332,8 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                     hh[lastc[b], bi] += 1.0
             expired[b] = False
             refs[b] += 1
+            if refs[b] == 1:
+                first[b] = t
             j = p - s
             if classes == CLS_REUSE:
                 c = reuse_class(gap)
@@ -307,16 +346,16 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                 c = n if j >= k else 3 + n
             c_old = lastc[b]
             if _qhd_access(b, c_old, c, cap, rule, t, last, lastc, inc0, prev0, nxt0, head0, tail0, size0, hd, nb,
-                           cnt, 0, admit, byp) > 0:
+                           cnt, 0, admit, byp, refs, first, fork, shared) > 0:
                 n_ins += 1
             if mode == 0:
                 _qhd_access(b, c_old, c, cap, RULE_LRU, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd, nb,
-                            cnt, 1, admit, byp)
+                            cnt, 1, admit, byp, refs, first, fork, shared)
                 _qhd_access(b, c_old, c, cap, RULE_HD, t, last, lastc, inc2, prev2, nxt2, head2, tail2, size2, hd, nb,
-                            cnt, 2, admit, byp)
+                            cnt, 2, admit, byp, refs, first, fork, shared)
             elif mode == 3:
                 _qhd_access(b, c_old, c, cap, shadow_rule, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd,
-                            nb, cnt, 1, admit, byp)
+                            nb, cnt, 1, admit, byp, refs, first, fork, shared)
             last[b] = t
             lastc[b] = c
             if t >= next_upd:

@@ -12,6 +12,18 @@ What it uses of the structure of prefix-chained KV (and nothing of the future):
 - **Shared prompts and frequency.** A block that is a prefix hit and was referenced before is
   classed by its reference count (2, 3, 4-7, 8-15, >= 16): system prompts shared by many
   sessions climb those classes whatever the turn count of the request.
+- **Forks: a shared prefix is worth its own rate** (``shared_rate=True``). A request whose known
+  prefix (blocks seen before) ends inside it, at a block where no earlier request ended, has
+  branched off a shared prefix: a new conversation on a system prompt, not the next turn of a
+  conversation (which extends its chain exactly where its previous request ended). Every block of
+  that prefix counts a fork. A block with a fork and at least ``RATE_MIN_REFS`` (4) references is
+  worth, when its class's density is lower, its own rate while in use,
+  ``r = (refs - 1) / (last - first)``, discounted by how long it has been silent for that rate:
+  ``r * exp(-age * r / RATE_SILENCE_GAPS)`` (4 mean gaps). Why: densities are learned per class up
+  to the learning horizon, past which a class's density is 0 by construction, so class densities
+  alone dropped popular prompts whose gaps are longer than the horizon (and, before anything was
+  learned, every prompt), which is where S3-FIFO and SIEVE, keeping whatever was hit, won. Session
+  history never forks, so a finished conversation's blocks are not kept by their past rate.
 - **First sight.** Every other full block is classed by the request's turn bucket and whether it
   was seen before (a block coming back after an eviction is not a one-hit block).
 - **Partial last blocks.** A request's last block when ``input_tokens % block_tokens != 0`` has
@@ -24,13 +36,14 @@ What it uses of the structure of prefix-chained KV (and nothing of the future):
 18 classes in all (``quillcache.policies.quillhd.chain_class``). Per class and age, hit density
 (expected hits per unit of cache space-time; LHD's estimator on ghost lifetimes, as in
 ``quillcache.policies.quillhd``) is learned online; the victim is the class head with the lowest
-density. **Admission** (``admit=True``): when the cache is full and the hit-density rule is in
-force, a new block whose class's density at age 0 is below its victim's density at the victim's
-age is not stored (a refused block is still a reference: it is learned from). This is what keeps
-a stable subset of long conversations when they do not all fit, instead of cycling through them
-as LRU does. The default ``mode="challenger"`` guards the rule: one metadata-only shadow cache
-runs the other rule (partial tails first, then the globally least recent block, no admission);
-every ``period`` references the two swap rules if the shadow had more decayed prefix hits.
+density (a forked shared block: at least its rate, above). **Admission** (``admit=True``): when
+the cache is full and the hit-density rule is in force, a new block whose class's density at age
+0 is below its victim's worth is not stored (a refused block is still a reference: it is learned
+from). This is what keeps a stable subset of long conversations when they do not all fit,
+instead of cycling through them as LRU does. The default ``mode="challenger"`` guards the rule:
+one metadata-only shadow cache runs the other rule (partial tails first, then the globally least
+recent block, no admission); every ``period`` references the two swap rules if the shadow had
+more decayed prefix hits.
 
 How every default was chosen (never on the conversation trace alone):
 - the turn buckets and the power-of-two reference-count buckets were fixed before measuring; the
@@ -41,6 +54,11 @@ How every default was chosen (never on the conversation trace alone):
   QuillChain beats LRU, SIEVE and S3-FIFO, without lowering the gap closed on the conversation
   trace at 1k-50k blocks; ``block_tokens = 512`` is the Mooncake / generated traces' block size
   (set it to the engine's);
+- the fork gate, ``RATE_MIN_REFS = 4`` and the smooth discount were chosen on the same cells: a
+  per-block rate without the fork gate keeps finished conversations and loses short- and
+  long-session cells at 3%; from 2-3 references it loses more cells, from 6-8 too; a hard cut-off
+  after a number of mean gaps instead of ``exp`` loses a 30% single-turn cell more;
+  ``RATE_SILENCE_GAPS`` of 4, 6 or 8 won the same cells;
 - ``period = 2048`` came from a sweep of period (1024, 2048, 4096) x quantile (0.95, 0.99) x
   che_mult (1, 2) scored the same way; ``decay``, ``quantile``, ``che_mult`` and the challenger
   mode are QuillHD's values. Two alternatives close more of the gap in more generalisation cells
@@ -48,12 +66,14 @@ How every default was chosen (never on the conversation trace alone):
   baselines in fewer cells, and ``che_mult=2`` closes much less at 50k blocks on the conversation
   trace; the defaults favour never losing to a simple policy over a higher median;
 - every full run of the study re-checks the defaults against alternatives (``admit=False``,
-  other modes, periods, decay, che_mult and quantile) on the same cells: summary rows
-  ``defaults_check``, raw ``results/hitrate/defaults_check.csv``, listed in the report.
+  ``shared_rate=False``, other modes, periods, decay, che_mult and quantile) on the same cells:
+  summary rows ``defaults_check``, raw ``results/hitrate/defaults_check.csv``, listed in the
+  report.
 
-Memory: like QuillHD, reference metadata for every key ever seen (plus one end counter).
-Exactness: ``quillcache.hitrate.kernels.quillhd`` with ``classes=CLS_CHAIN, leaf_first=True``
-and ``admit`` is its compiled twin; the two agree hit for hit (tested on random traces).
+Memory: like QuillHD, reference metadata for every key ever seen (plus an end counter, a fork
+counter and the time of the first reference).
+Exactness: ``quillcache.hitrate.kernels.quillhd`` with ``classes=CLS_CHAIN, leaf_first=True``,
+``admit`` and ``shared`` is its compiled twin; the two agree hit for hit (tested on random traces).
 """
 
 from __future__ import annotations
@@ -66,6 +86,7 @@ class QuillChainPolicy(QuillHdPolicy):
 
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "challenger", period: int = 2048,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
-                 admit: bool = True) -> None:
+                 admit: bool = True, shared_rate: bool = True) -> None:
         super().__init__(capacity_keys=capacity_keys, mode=mode, period=period, decay=decay, quantile=quantile,
-                         che_mult=che_mult, block_tokens=block_tokens, classes="chain", leaf_first=True, admit=admit)
+                         che_mult=che_mult, block_tokens=block_tokens, classes="chain", leaf_first=True, admit=admit,
+                         shared_rate=shared_rate)

@@ -49,9 +49,12 @@ seen on the request's chain, reference counts of prefix hits, first sight, parti
 deepest first once it ends (real cache only); ``admit`` refuses, under the HD rule and with the
 cache full, a new key whose class's density at age 0 is below its victim's at the victim's age
 (and, in a hinted request, every later new key of it), in the real cache and in any shadow
-running the HD rule; and ``mode="challenger"`` replaces the two shadows by one that runs the rule
-the real cache does not, the two swapping rules when the shadow had more decayed prefix hits over
-a period.
+running the HD rule; ``shared_rate`` (chain classes only) values a key that hinted requests
+forked from (branched off where no request ended) with at least ``RATE_MIN_REFS`` references at
+no less than its own rate while in use, discounted by its silence (``_value``; see
+``quillcache.policies.quillchain``); and ``mode="challenger"`` replaces the two shadows by one
+that runs the rule the real cache does not, the two swapping rules when the shadow had more
+decayed prefix hits over a period.
 
 Memory: reference metadata (last time, class, count) is kept for every key ever seen, like a
 ghost list of unbounded length (about 24 bytes per key in a compiled version); ``remove`` forgets
@@ -63,6 +66,7 @@ reference replay harness; the two agree hit for hit (same float operations in th
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
@@ -76,6 +80,8 @@ RULE_LRU, RULE_HD = 0, 1
 MODES = ("adaptive", "hd", "lru", "challenger")
 CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.lhd), QuillChain's
 CHAIN_CLASSES = 18  # chain classes: partial tail, 5 prefix-hit reference-count classes, 6 turn classes x 2
+RATE_MIN_REFS = 4  # shared-prefix rate: a forked-from block with at least this many references ...
+RATE_SILENCE_GAPS = 4.0  # ... is worth its own rate, discounted by exp(-silence / (this many mean gaps))
 
 
 def reuse_class(gap: int) -> int:
@@ -172,13 +178,17 @@ class QuillHdPolicy(EvictionPolicy):
 
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
-                 classes: str = "prefix", leaf_first: bool = False, admit: bool = False) -> None:
+                 classes: str = "prefix", leaf_first: bool = False, admit: bool = False,
+                 shared_rate: bool = False) -> None:
         super().__init__()
         check_choice("mode", mode, MODES)
         check_choice("classes", classes, CLASSES)
-        for flag, value in (("leaf_first", leaf_first), ("admit", admit)):
+        for flag, value in (("leaf_first", leaf_first), ("admit", admit), ("shared_rate", shared_rate)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be bool, got {value!r}")
+        if shared_rate and classes != "chain":
+            raise ValueError(f"shared_rate needs classes='chain' (it counts forks where chains end), got {classes!r}")
+        self.shared_rate = shared_rate
         self.classes = classes
         self.leaf_first = leaf_first
         self.admit_by_density = admit
@@ -211,6 +221,8 @@ class QuillHdPolicy(EvictionPolicy):
         self._last: dict[Key, int] = {}
         self._lastc: dict[Key, int] = {}
         self._refs: dict[Key, int] = {}
+        self._first: dict[Key, int] = {}  # time of the first reference
+        self._fork: dict[Key, int] = {}  # shared_rate: requests that branched off a known prefix through the key
         self._expired: set[Key] = set()
         self._history: deque[tuple[int, Key]] = deque()
         self._hh = [[0.0] * NUM_BUCKETS for _ in range(ncls)]
@@ -263,12 +275,18 @@ class QuillHdPolicy(EvictionPolicy):
         self._req_closed = False
         self._bypass = [False, False, False]
         if self.classes == "chain":
-            turns = 0
+            turns = m = 0
             for key in keys:
                 if key not in self._last:
                     break
                 turns += min(self._ends.get(key, 0), 1)
+                m += 1
             self._req_turn_class = turn_class(turns)
+            # a fork: the known prefix ends inside the request where no earlier request ended (a
+            # new branch of a shared prefix, not the next turn of a conversation)
+            if self.shared_rate and 0 < m < len(keys) and self._ends.get(keys[m - 1], 0) == 0:
+                for key in keys[:m]:
+                    self._fork[key] = self._fork.get(key, 0) + 1
         if self.mode == "challenger":
             self._score[0] += num_hit
         for i, shadow in enumerate(self._shadows):
@@ -326,7 +344,9 @@ class QuillHdPolicy(EvictionPolicy):
             if key not in self._expired:
                 self._hh[self._lastc[key]][bi] += 1.0
         self._expired.discard(key)
-        self._refs[key] = self._refs.get(key, 0) + 1
+        self._refs[key] = refs = self._refs.get(key, 0) + 1
+        if refs == 1:
+            self._first[key] = t
         c = self._classify(key, touched, gap)
         return c, self._lastc.get(key)
 
@@ -335,7 +355,22 @@ class QuillHdPolicy(EvictionPolicy):
         age 0) than ``victim`` at its age at time ``t``."""
         if not self.admit_by_density or rule != RULE_HD:
             return False
-        return self._hd[c][0] < self._hd[inst.cls[victim]][_clamp(age_bucket(t - self._last[victim]))]
+        return self._hd[c][0] < self._value(inst.cls[victim], victim, t)
+
+    def _value(self, c: int, key: Key, t: int) -> float:
+        """A cached key's worth at time ``t``: its class's hit density at its age or, with
+        ``shared_rate`` and a key that requests forked from with at least ``RATE_MIN_REFS``
+        references, its own rate while in use ``r = (refs - 1) / (last - first)`` discounted by
+        ``exp(-age * r / RATE_SILENCE_GAPS)``, whichever is higher."""
+        last = self._last[key]
+        val = self._hd[c][_clamp(age_bucket(t - last))]
+        refs = self._refs[key]
+        if self.shared_rate and refs >= RATE_MIN_REFS and self._fork.get(key, 0) >= 1:
+            r = (refs - 1) / max(last - self._first[key], 1)
+            rate = r * math.exp(-((t - last) * r) / RATE_SILENCE_GAPS)
+            if rate > val:
+                val = rate
+        return val
 
     def _shadow_access(self, key: Key, c: int) -> None:
         cap = self._capacity()
@@ -455,7 +490,7 @@ class QuillHdPolicy(EvictionPolicy):
             if key is None:
                 continue
             a = t - self._last[key]
-            val = self._hd[c][_clamp(age_bucket(a))]
+            val = self._value(c, key, t)
             if best is None or val < best_v or (val == best_v and a > best_a):
                 best, best_v, best_a = key, val, a
         return best
@@ -512,6 +547,8 @@ class QuillHdPolicy(EvictionPolicy):
         self._last.pop(key, None)
         self._lastc.pop(key, None)
         self._refs.pop(key, None)
+        self._first.pop(key, None)
+        self._fork.pop(key, None)
         self._ends.pop(key, None)
         self._expired.discard(key)
 
