@@ -62,9 +62,9 @@ How every default was chosen (never on the conversation trace alone):
 - ``period = 2048`` came from a sweep of period (1024, 2048, 4096) x quantile (0.95, 0.99) x
   che_mult (1, 2) scored the same way; ``decay``, ``quantile``, ``che_mult`` and the challenger
   mode are QuillHD's values. Two alternatives close more of the gap in more generalisation cells
-  than they lose (``mode="adaptive"``, ``che_mult=2``; see ``defaults_check``) but beat all three
-  baselines in fewer cells, and ``che_mult=2`` closes much less at 50k blocks on the conversation
-  trace; the defaults favour never losing to a simple policy over a higher median;
+  than they lose (``mode="adaptive"``, ``period=1024``; see ``defaults_check``) but beat all three
+  baselines in fewer cells and close less of the gap at 10k-30k blocks on the conversation trace;
+  the defaults favour never losing to a simple policy over a higher median;
 - every full run of the study re-checks the defaults against alternatives (``admit=False``,
   ``shared_rate=False``, other modes, periods, decay, che_mult and quantile) on the same cells:
   summary rows ``defaults_check``, raw ``results/hitrate/defaults_check.csv``, listed in the
