@@ -21,7 +21,9 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    over seeds) per shape, capacity and policy, and for quillchain and quillhd the share of
    (trace, seed, capacity) cells in which each beats LRU, SIEVE and S3-FIFO (notes list the
    cells it does not); and ``defaults_check``: QuillChain's defaults against alternatives
-   (``DEFAULT_ALTERNATIVES``) on the same cells, which is how its defaults are justified.
+   (``DEFAULT_ALTERNATIVES``) on the same cells, which is how its defaults are justified; and
+   ``cells_beaten_heldout`` (raw ``heldout.csv``): the same count on every shape at seeds that were
+   never used to choose a default (``heldout_seeds``).
 4. replay throughput (block references/s, median of >= 5 repetitions, p10/p90 in the notes) of
    every kernel at 10k blocks, against, in the same run: libCacheSim's LRU (``libcachesim`` from
    PyPI) on the same reference stream written in its oracleGeneral binary format - imported here
@@ -73,9 +75,9 @@ NAME = "hitrate"
 POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "sieve", "arc", "2q", "lengthaware", "tinylfu", "lhd", "lrb", "quillhd",
                 "quillchain", "belady"]
 FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000,
-        "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "flip_seeds": (0, 1, 2)}
+        "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "heldout_seeds": (4, 5, 6), "flip_seeds": (0, 1, 2)}
 QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300,
-         "gen_sessions": 120, "gen_seeds": (1,), "flip_seeds": (0,)}
+         "gen_sessions": 120, "gen_seeds": (1,), "heldout_seeds": (2,), "flip_seeds": (0,)}
 OURS = "quillchain"
 ACCEPT_GAP = 0.5  # issue 18: >= 50% of the LRU->Belady gap at 1k and 10k blocks on the conversation trace
 ACCEPT_GAP_CAPS = (1000, 10000)
@@ -311,6 +313,13 @@ def generalisation_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
     return out
 
 
+def heldout_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
+    """(label, seed, arrays) of every generated shape at the held-out seeds: traces made the same
+    way as the generalisation table's but never looked at when QuillChain's defaults were chosen."""
+    return [(shape, seed, generated_trace(shape, seed, cfg["gen_sessions"])) for shape in GEN_SHAPES
+            for seed in cfg["heldout_seeds"]]
+
+
 def generalisation(policies: list[str], traces: list[tuple[str, int, TraceArrays]]) -> list[tuple]:
     """Raw rows (trace, seed, policy, cap_fraction, capacity_blocks, hit_rate, gap_closed)."""
     out = []
@@ -374,18 +383,29 @@ def generalisation_rows(raw: list[tuple], policies: list[str]) -> list[SummaryRo
                                                unit="fraction of the LRU-to-Belady gap", n=len(gaps),
                                                notes=f"median over {len(gaps)} seed(s)",
                                                params={"trace": label, "cap_fraction": f}))
+    return rows + cells_beaten_rows(raw, policies)
+
+
+def cells_beaten_rows(raw: list[tuple], policies: list[str], metric: str = "cells_beaten",
+                      trace: str = "generalisation") -> list[SummaryRow]:
+    """Per policy of ours and baseline of ``GEN_BASELINES``: the share of (trace, seed, capacity)
+    cells of ``raw`` (rows as ``generalisation`` returns) where ours has the strictly higher hit
+    rate; the notes name the (trace, capacity) of every cell it does not win."""
+    cells: dict[tuple[str, int, float], dict[str, float]] = {}
+    for label, seed, pol, f, _cap, hr, _gap in raw:
+        cells.setdefault((label, seed, f), {})[pol] = hr
+    rows = []
     for ours in (OURS, "quillhd"):
         if ours not in policies:
             continue
         for base in GEN_BASELINES:
-            won = [v[ours] > v[base] for by_seed in cells.values() for v in by_seed.values()]
-            lost = [(label, f) for (label, f), by_seed in cells.items() for v in by_seed.values()
-                    if v[ours] <= v[base]]
-            rows.append(SummaryRow(metric="cells_beaten", subject=ours, value=sum(won) / len(won), unit="fraction",
+            won = [v[ours] > v[base] for v in cells.values()]
+            lost = sorted({(label, f) for (label, _seed, f), v in cells.items() if v[ours] <= v[base]})
+            rows.append(SummaryRow(metric=metric, subject=ours, value=sum(won) / len(won), unit="fraction",
                                    baseline=base, n=len(won),
                                    notes=("beats it in every cell" if not lost else
-                                          "not beaten in: " + ", ".join(f"{lb} {f:.0%}" for lb, f in sorted(set(lost)))),
-                                   params={"trace": "generalisation"}))
+                                          "not beaten in: " + ", ".join(f"{lb} {f:.0%}" for lb, f in lost)),
+                                   params={"trace": trace}))
     return rows
 
 
@@ -452,6 +472,11 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     rows += generalisation_rows(raw_gen, policies)
     raw_defaults, default_rows = defaults_check(gen_traces)
     rows += default_rows
+    # 3a. held out: the same shapes at seeds never used to choose a default
+    held_policies = [p for p in policies if p in (*GEN_BASELINES, OURS, "quillhd", "belady")]
+    raw_held = generalisation(held_policies, heldout_traces(cfg))
+    rows += cells_beaten_rows(raw_held, held_policies, metric="cells_beaten_heldout",
+                              trace="generalisation, held-out seeds")
 
     # 3b. semi-online (cell 5 of the docstring; separate metrics, never beside the online rows): lookahead-W LRU sees the
     #    W requests queued at the engine
@@ -520,6 +545,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
               raw_pool, results_root)
     write_raw(NAME, "generalisation.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
                                           "gap_closed"], raw_gen, results_root)
+    write_raw(NAME, "heldout.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
+                                    "gap_closed"], raw_held, results_root)
     write_raw(NAME, "defaults_check.csv", ["trace", "seed", "cap_fraction", "alternative", "gap_closed"], raw_defaults,
               results_root)
     write_raw(NAME, "information_bounds.csv", ["trace", "capacity_blocks", "flip_rate", "seed", "hit_rate"], raw_info,

@@ -263,7 +263,8 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     semi = [r for r in rows if r.metric.startswith("semi_online")]
     assert {r.subject for r in semi} == SEMI_ONLINE and {r.params["window_requests"] for r in semi} == {1, 8, 64}
     assert not any(r.subject in SEMI_ONLINE for r in rows if not r.metric.startswith("semi_online"))
-    assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES}
+    assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES,
+                                                 "generalisation, held-out seeds"}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
     info = {(r.params["capacity_blocks"], r.params["flip_rate"]): r for r in rows
             if r.metric == "information_bound_hit_rate"}  # offline, apart from the online rows
@@ -276,6 +277,11 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     beaten = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten"}
     assert set(beaten) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
     assert all(0.0 <= r.value <= 1.0 and r.n == 4 * (len(study.GEN_SHAPES) + 1) for r in beaten.values())
+    held = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_heldout"}
+    assert set(held) == set(beaten)  # every shape at a seed the table does not use
+    assert not set(study.QUICK["heldout_seeds"]) & set(study.QUICK["gen_seeds"])
+    assert not set(study.FULL["heldout_seeds"]) & set(study.FULL["gen_seeds"])
+    assert all(0.0 <= r.value <= 1.0 and r.n == 4 * len(study.GEN_SHAPES) for r in held.values())
     gap = {(r.subject, r.params.get("capacity_blocks")): r.value for r in rows
            if r.metric == "gap_closed" and r.params["trace"] == label}
     for cap in (1000, 10000):  # the acceptance cells are present for ours
@@ -286,7 +292,7 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv", "information_bounds.csv",
-                 "predictability.csv"):
+                 "predictability.csv", "heldout.csv"):
         assert (tmp_path / "hitrate" / name).stat().st_size > 0
     paths = study.plot(str(tmp_path), tmp_path / "fig")
     assert all(p.stat().st_size > 1000 for p in paths)
