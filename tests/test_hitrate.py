@@ -392,3 +392,12 @@ def test_lookahead_is_semi_online_and_uses_only_its_window():
     assert np.array_equal(w0, replay(arrs, "lookahead", 2, window_requests=0))
     with pytest.raises(ValueError, match="window_requests=-1"):
         simulate(arrs, "lookahead", 2, window_requests=-1)
+
+
+def test_kernel_and_online_class_use_the_same_constants():
+    """The QuillHD kernel and its online class are twins: their shared constants cannot drift."""
+    from quillcache.hitrate import kernels_quillhd as kernel
+    from quillcache.policies import quillhd as online
+
+    for name in ("HD_SUB", "NUM_BUCKETS", "CHAIN_CLASSES", "RATE_MIN_REFS", "RATE_SILENCE_GAPS"):
+        assert getattr(kernel, name) == getattr(online, name), name
