@@ -130,10 +130,7 @@ RATE_SILENCE_GAPS = 4.0  # ... is valued at its own rate, discounted by exp(-sil
 def shared_rate(v, t, last, refs, first):
     """The value of a shared-prefix block ``v`` at time ``t`` from its own references: its rate
     while in use, ``r = (refs - 1) / (last - first)``, times ``exp(-age * r / RATE_SILENCE_GAPS)``
-    (the longer it has been silent for its rate, the likelier it is no longer used). A cached
-    block's worth is its class's hit density at its age or, for a block that requests forked from
-    (``fork >= 1``) with at least ``RATE_MIN_REFS`` references, this rate if it is higher (written
-    out at its two uses, the victim choice and admission, for speed)."""
+    (the longer it has been silent for its rate, the likelier it is no longer used)."""
     span = max(last[v] - first[v], 1)
     r = (refs[v] - 1) / span
     return r * math.exp(-((t - last[v]) * r) / RATE_SILENCE_GAPS)
@@ -145,16 +142,19 @@ RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ti
 
 @njit(cache=True, nogil=True)
 def _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared):
+    """(victim, its worth): under the HD rule a block's worth is its class's hit density at its
+    age or, for a block that requests forked from (``shared``, ``fork >= 1``) with at least
+    ``RATE_MIN_REFS`` references, its ``shared_rate`` if that is higher; the LRU rule reports 0."""
     ncls = head.shape[0]
     if rule == RULE_LRU:
         if head[0] != NIL:
-            return head[0]
+            return head[0], 0.0
         best = NIL
         for q in range(1, ncls):
             h0 = head[q]
             if h0 != NIL and (best == NIL or last[h0] < last[best]):
                 best = h0
-        return best
+        return best, 0.0
     best = NIL
     best_v = 0.0
     best_a = 0
@@ -166,7 +166,7 @@ def _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared):
             if bi >= nb:
                 bi = nb - 1
             val = hd[q, bi]
-            if shared and refs[h0] >= RATE_MIN_REFS and fork[h0] >= 1:  # the shared-prefix rate
+            if shared and refs[h0] >= RATE_MIN_REFS and fork[h0] >= 1:
                 rate = shared_rate(h0, t, last, refs, first)
                 if rate > val:
                     val = rate
@@ -174,7 +174,7 @@ def _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared):
                 best = h0
                 best_v = val
                 best_a = a
-    return best
+    return best, best_v
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -193,17 +193,9 @@ def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head
     if byp[inst]:
         return -1
     if cnt[inst] >= cap:
-        v = _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared)
+        v, worth = _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared)
         if admit and rule == RULE_HD:
-            bi = age_bucket(t - last[v])
-            if bi >= nb:
-                bi = nb - 1
-            vv = hd[lastc[v], bi]
-            if shared and refs[v] >= RATE_MIN_REFS and fork[v] >= 1:  # the shared-prefix rate
-                rate = shared_rate(v, t, last, refs, first)
-                if rate > vv:
-                    vv = rate
-            if hd[c, 0] < vv:
+            if hd[c, 0] < worth:
                 byp[inst] = True
                 return -1
         _unlink(lastc[v], v, prev, nxt, head, tail, size)

@@ -345,7 +345,7 @@ class QuillHdPolicy(EvictionPolicy):
                 self._hh[self._lastc[key]][bi] += 1.0
         self._expired.discard(key)
         self._refs[key] = refs = self._refs.get(key, 0) + 1
-        if refs == 1:
+        if refs == 1 and self.shared_rate:
             self._first[key] = t
         c = self._classify(key, touched, gap)
         return c, self._lastc.get(key)
