@@ -13,9 +13,10 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    engine i mod 10) or by conversation affinity (engine = dense id of the request's second block
    mod 10; on this trace every request starts with the same system-prompt block, so the second
    block names the conversation). Local hit rate = all engines' hits / all blocks.
-3. generalisation: ``GEN_SHAPES`` - six ``quillcache gen-trace sessions`` shapes (base, long
-   sessions, single turn, heavily shared prompts, high arrival rate, slow think time; 512-token
-   blocks, several seeds) - and ``synthetic_conversation_trace`` (geometric turn counts with mean
+3. generalisation: ``GEN_SHAPES`` - seven ``quillcache gen-trace sessions`` shapes (base, long
+   sessions, single turn, heavily shared prompts, high arrival rate, slow think time, tool-using
+   agents; 512-token blocks, several seeds; ``gen_agent`` was added after QuillChain's defaults were
+   fixed and never chose one) - and ``synthetic_conversation_trace`` (geometric turn counts with mean
    3, log-normal think times with a 60 s median and no floor, 8 shared system prompts of Zipf
    popularity), each at 1/3/10/30% of its distinct blocks, every policy: the gap closed (median
    over seeds) per shape, capacity and policy, and for quillchain and quillhd the share of
@@ -40,7 +41,11 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    that would have to be; beside it (``experiments.hitrate_predictability``, metrics
    ``reuse_predictability_*``, raw ``predictability.csv``) how well what is known at a request's
    arrival predicts whether its blocks come back: AUC and best accuracy of each feature and of a
-   two-fold logistic regression on all of them.
+   two-fold logistic regression on all of them. The other half, *when*: ``timing_oracle`` (Belady
+   that knows which blocks return exactly, and when only up to a log-normal factor per request) at
+   the acceptance capacities for ``INFO_TIMING_SIGMAS`` and for the sigma measured for "the
+   conversation comes back after the same gap as last time" (metric
+   ``timing_predictability_sigma``; raw ``timing_bounds.csv``).
 
 Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
 per policy, Belady dashed as the bound, the reuse oracle dotted), ``paper/figures/hitrate_pooled.png`` and
@@ -92,6 +97,7 @@ DEFAULT_ALTERNATIVES: dict[str, dict] = {
     "quantile=0.99": {"quantile": 0.99},
 }
 INFO_FLIP_RATES = (0.05, 0.1, 0.2, 0.3)  # cell 6: share of requests whose reuse bits the noisy oracle inverts
+INFO_TIMING_SIGMAS = (0.5, 1.0, 2.0)  # cell 6: the timing oracle's log-normal error (plus the measured one)
 SEMI_ONLINE_WINDOWS = (1, 8, 64)  # lookahead windows in requests (cell 5, semi-online, reported apart)
 POOL_TOKENS = [3_000_000, 50_000_000]
 N_ENGINES = 10
@@ -156,6 +162,7 @@ def synthetic_conversation_trace(n_conversations: int, seed: int = 7, duration_s
 # ``quillcache gen-trace sessions`` shapes (quillcache.traces.sessions.SessionsConfig fields), all at
 # 512-token blocks with Mooncake-like long prompts (token sizes x8 of the generator's defaults);
 # each differs from "base" in one or two knobs: session length, prompt sharing, arrival rate, think time
+# (gen_agent in several: it is the shape of an agent loop, not one knob turned)
 GEN_BASE = {"block_tokens": 512, "global_prompt_tokens": 8192, "tenant_prompt_tokens": 4096,
             "first_user_tokens_mean": 3200.0, "turn_user_tokens_mean": 960.0, "output_tokens_mean": 2000.0,
             "max_input_tokens": 131072}
@@ -167,6 +174,11 @@ GEN_SHAPES: dict[str, dict] = {
                            "tenant_prompt_tokens": 16384},
     "gen_high_rate": {"session_rate_per_s": 6.0, "think_time_median_s": 8.0},
     "gen_slow_think": {"think_time_median_s": 240.0, "think_time_sigma": 1.5, "session_rate_per_s": 0.5},
+    # tool-using agents: many long tool-definition prompts, several fast steps a session, each step
+    # appending a tool result (long) after a short tool call (the answer)
+    "gen_agent": {"num_tenants": 32, "prompts_per_tenant": 4, "tenant_prompt_tokens": 12288,
+                  "global_prompt_fraction": 0.2, "mean_turns": 6.0, "think_time_median_s": 4.0,
+                  "turn_user_tokens_mean": 2400.0, "output_tokens_mean": 300.0, "session_rate_per_s": 2.0},
 }
 
 
@@ -497,6 +509,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     # 3c. information bounds (cell 6 of the docstring; offline, separate metrics, never beside the online rows)
     raw_info, info_rows = information_bounds(arrs, label, caps, table, cfg["flip_seeds"])
     rows += info_rows
+    raw_timing, timing_rows = timing_bounds(arrs, label, table, cfg["flip_seeds"])
+    rows += timing_rows
     raw_pred = []
     for pr in predictability(arrs):
         raw_pred.append((label, pr.subject, pr.auc, pr.accuracy, pr.base_rate, pr.n))
@@ -549,6 +563,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
                                     "gap_closed"], raw_held, results_root)
     write_raw(NAME, "defaults_check.csv", ["trace", "seed", "cap_fraction", "alternative", "gap_closed"], raw_defaults,
               results_root)
+    write_raw(NAME, "timing_bounds.csv", ["trace", "capacity_blocks", "sigma", "seed", "hit_rate"], raw_timing,
+              results_root)
     write_raw(NAME, "information_bounds.csv", ["trace", "capacity_blocks", "flip_rate", "seed", "hit_rate"], raw_info,
               results_root)
     write_raw(NAME, "predictability.csv", ["trace", "subject", "auc", "accuracy", "base_rate", "n"], raw_pred,
@@ -584,14 +600,57 @@ def information_bounds(arrs: TraceArrays, label: str, caps: list[int | None], ta
             p = {"trace": label, "capacity_blocks": cap, "flip_rate": flip}
             what = ("knows whether each block is referenced again, never when" if flip == 0 else
                     f"the same, wrong about {flip:.0%} of requests (median of {len(hrs)} seeds)")
-            rows.append(SummaryRow.from_spread(sp, metric="information_bound_hit_rate", subject="reuse_oracle",
-                                               unit="fraction", baseline="lru", baseline_value=lru, n=len(hrs),
-                                               notes=f"offline: {what}", params=p))
-            gap = bel - lru
-            rows.append(SummaryRow(metric="information_bound_gap_closed", subject="reuse_oracle",
-                                   value=(sp["median"] - lru) / gap if gap > 1e-12 else math.nan,
-                                   unit="fraction of the LRU-to-Belady gap", n=len(hrs),
-                                   notes=f"lru={lru:.4f} oracle={sp['median']:.4f} belady={bel:.4f}", params=p))
+            rows += bound_rows("reuse_oracle", sp, len(hrs), lru, bel, what, p)
+    return raw, rows
+
+
+def bound_rows(subject: str, sp: dict, n: int, lru: float, bel: float, what: str, params: dict) -> list[SummaryRow]:
+    """An information bound's hit rate (median over seeds, against LRU) and its share of the
+    LRU-to-Belady gap."""
+    gap = bel - lru
+    return [SummaryRow.from_spread(sp, metric="information_bound_hit_rate", subject=subject, unit="fraction",
+                                   baseline="lru", baseline_value=lru, n=n, notes=f"offline: {what}", params=params),
+            SummaryRow(metric="information_bound_gap_closed", subject=subject,
+                       value=(sp["median"] - lru) / gap if gap > 1e-12 else math.nan,
+                       unit="fraction of the LRU-to-Belady gap", n=n,
+                       notes=f"lru={lru:.4f} oracle={sp['median']:.4f} belady={bel:.4f}", params=params)]
+
+
+def timing_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, ...]
+                  ) -> tuple[list[tuple], list[SummaryRow]]:
+    """Cell 6, the other half: how wrong a simple predictor of *when* a conversation returns is
+    (``turn_gap_log_ratios``: "after the same gap as last time", its robust sigma), and the timing
+    oracle (knows *which* blocks return; *when* wrong by ``exp(sigma * Z)`` per request) at the
+    acceptance capacities for ``INFO_TIMING_SIGMAS`` and that measured sigma; median over seeds."""
+    from experiments.hitrate_predictability import robust_sigma, turn_gap_log_ratios
+    from quillcache.hitrate.bounds import timing_oracle
+
+    ratios = turn_gap_log_ratios(arrs)
+    measured = robust_sigma(ratios)
+    rows: list[SummaryRow] = []
+    if len(ratios):
+        q1, q2, q3 = np.percentile(ratios, [25, 50, 75])
+        rows.append(SummaryRow(metric="timing_predictability_sigma", subject="same gap as the previous turn",
+                               value=measured, unit="robust sigma of log(next gap / previous gap)", n=len(ratios),
+                               notes=f"{len(ratios)} turns with a previous turn that come back; quartiles of the log "
+                                     f"ratio {q1:.2f} / {q2:.2f} / {q3:.2f}", params={"trace": label}))
+    sigmas = sorted(set(INFO_TIMING_SIGMAS) | ({round(measured, 2)} if math.isfinite(measured) else set()))
+    raw: list[tuple] = []
+    for cap in ACCEPT_GAP_CAPS:
+        if ("lru", cap) not in table:
+            continue
+        lru, bel = table[("lru", cap)], table[("belady", cap)]
+        for sigma in sigmas:
+            hrs = []
+            for seed in seeds:
+                hr = int(timing_oracle(arrs, cap, sigma, seed).sum()) / arrs.num_refs
+                raw.append((label, cap, sigma, seed, hr))
+                hrs.append(hr)
+            sp = spread(hrs)
+            p = {"trace": label, "capacity_blocks": cap, "sigma": sigma}
+            what = (f"knows which blocks return; when, wrong by a factor exp({sigma:g} Z) per request (median of "
+                    f"{len(hrs)} seeds){'; sigma as measured for the same-gap predictor' if sigma == round(measured, 2) else ''}")
+            rows += bound_rows("timing_oracle", sp, len(hrs), lru, bel, what, p)
     return raw, rows
 
 

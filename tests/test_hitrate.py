@@ -267,11 +267,18 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
                                                  "generalisation, held-out seeds"}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
     info = {(r.params["capacity_blocks"], r.params["flip_rate"]): r for r in rows
-            if r.metric == "information_bound_hit_rate"}  # offline, apart from the online rows
+            if r.metric == "information_bound_hit_rate" and r.subject == "reuse_oracle"}  # offline, apart
     assert {c for c, f in info if f == 0.0} == {1000, 10000} and {f for c, f in info if c == 1000} == {
         0.0, *study.INFO_FLIP_RATES}
     assert all(r.subject == "reuse_oracle" and 0.0 <= r.value <= hit[("lru", None)] + 1e-12 for r in info.values())
     assert not any(r.subject == "reuse_oracle" for r in rows if not r.metric.startswith("information_bound"))
+    timing = {(r.params["capacity_blocks"], r.params["sigma"]): r for r in rows
+              if r.metric == "information_bound_gap_closed" and r.subject == "timing_oracle"}
+    sigma = [r for r in rows if r.metric == "timing_predictability_sigma"]
+    assert len(sigma) == 1 and sigma[0].value > 0  # the quick trace's turns that come back
+    assert {c for c, _ in timing} == {1000, 10000}
+    assert {g for c, g in timing if c == 1000} == {*study.INFO_TIMING_SIGMAS, round(sigma[0].value, 2)}
+    assert all(r.value <= 1.0 + 1e-12 for r in timing.values())  # never above Belady
     pred = {r.subject: r for r in rows if r.metric == "reuse_predictability_auc"}
     assert "logistic (all features)" in pred and all(0.0 <= r.value <= 1.0 for r in pred.values())
     beaten = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten"}
@@ -292,7 +299,7 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv", "information_bounds.csv",
-                 "predictability.csv", "heldout.csv"):
+                 "predictability.csv", "heldout.csv", "timing_bounds.csv"):
         assert (tmp_path / "hitrate" / name).stat().st_size > 0
     paths = study.plot(str(tmp_path), tmp_path / "fig")
     assert all(p.stat().st_size > 1000 for p in paths)

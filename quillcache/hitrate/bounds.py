@@ -16,6 +16,14 @@ about a whole request, as a per-request classifier would be), every one of its r
 inverted. The hit rate as a function of ``flip_rate`` says how accurate an online predictor of
 reuse must be to close a given share of the gap.
 
+``timing_oracle`` is the other half: Belady itself (with bypass), but its knowledge of *when* is
+wrong by a factor. It knows exactly which blocks are referenced again, and for each request
+``q`` a factor ``exp(sigma * Z_q)`` (``Z_q`` standard normal, ``numpy.random.default_rng(seed)``,
+one draw per request) stretches or shrinks the distance to every next use that falls in ``q``:
+the whole return of a conversation is early or late together, as a predictor of the next turn's
+arrival would be. ``sigma = 0`` is Belady. The hit rate as a function of ``sigma`` says how much
+of the gap knowing *when* is worth once *which* is known.
+
 These are not online policies (they read ``TraceArrays.next_use``) and are not in the policy
 registry; they are reported apart from online results, like Belady.
 
@@ -38,8 +46,10 @@ from numba import njit
 from quillcache._checks import check_float, check_int
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
 from quillcache.hitrate.arrays import TraceArrays, validate_arrays
+from quillcache.hitrate.kernels import belady
 
-__all__ = ["flips", "reuse_oracle", "reuse_oracle_reference"]
+__all__ = ["NEVER", "flips", "noisy_next_use", "noisy_next_use_reference", "reuse_oracle", "reuse_oracle_reference",
+           "timing_factors", "timing_oracle"]
 
 _DEAD, _LIVE = 0, 1
 
@@ -128,4 +138,61 @@ def reuse_oracle_reference(arrs: TraceArrays, capacity_blocks: int, flip_rate: f
                 del where[v]
             where[b] = _LIVE if reused else _DEAD
             lists[where[b]][b] = None
+    return hits
+
+
+# ---------------------------------------------------------------- timing oracle
+
+NEVER = np.iinfo(np.int64).max // 4  # the timing oracle's next use of a block never referenced again
+
+
+def timing_factors(num_requests: int, sigma: float, seed: int) -> np.ndarray:
+    """float64[R]: ``exp(sigma * Z_q)`` per request ``q`` (all 1.0 when ``sigma`` is 0)."""
+    check_float("sigma", sigma, 0.0, 10.0)
+    check_int("seed", seed, 0)
+    if sigma == 0.0:
+        return np.ones(num_requests, np.float64)
+    return np.exp(sigma * np.random.default_rng(seed).standard_normal(num_requests))
+
+
+def noisy_next_use(arrs: TraceArrays, sigma: float, seed: int = 0) -> np.ndarray:
+    """int64[N]: the next use of each reference as the timing oracle sees it: ``NEVER`` where there
+    is none; else ``p + max(1, rint((q - p) * f[request of q]))`` for the reference at position
+    ``p`` whose next use is at ``q`` (``timing_factors``), so a next use is always in the future."""
+    validate_arrays(arrs)
+    f = timing_factors(arrs.num_requests, sigma, seed)
+    n = arrs.num_refs
+    pos = np.arange(n, dtype=np.int64)
+    nu = arrs.next_use.astype(np.int64)
+    out = np.full(n, NEVER, np.int64)
+    has = nu < n
+    req = np.searchsorted(arrs.req_offsets, nu[has], side="right") - 1  # the request holding each next use
+    dist = np.rint((nu[has] - pos[has]).astype(np.float64) * f[req]).astype(np.int64)
+    out[has] = pos[has] + np.maximum(dist, 1)
+    return out
+
+
+def noisy_next_use_reference(arrs: TraceArrays, sigma: float, seed: int = 0) -> list[int]:
+    """The same keys from a plain-Python walk of the trace (the specification)."""
+    validate_arrays(arrs)
+    f = timing_factors(arrs.num_requests, sigma, seed).tolist()
+    off, next_use = arrs.req_offsets.tolist(), arrs.next_use.tolist()
+    n = len(next_use)
+    owner = [r for r in range(arrs.num_requests) for _ in range(off[r + 1] - off[r])]
+    out = []
+    for p, q in enumerate(next_use):
+        if q >= n:
+            out.append(NEVER)
+        else:
+            out.append(p + max(1, int(np.rint(float(q - p) * f[owner[q]]))))
+    return out
+
+
+def timing_oracle(arrs: TraceArrays, capacity_blocks: int, sigma: float, seed: int = 0) -> np.ndarray:
+    """Per-request prefix hits (int32[R]) of Belady with bypass on ``noisy_next_use`` keys at
+    ``capacity_blocks`` blocks."""
+    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    keys = noisy_next_use(arrs, sigma, seed)
+    hits = np.zeros(arrs.num_requests, np.int32)
+    belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, keys, True)
     return hits

@@ -50,7 +50,8 @@ How every default was chosen (never on the conversation trace alone):
   class layout (reference counts for prefix hits, first-seen vs seen-before for the rest) and
   admission were kept because, over the 76 generalisation cells of
   ``experiments/hitrate_study.py`` (six generated session shapes x 3 seeds and the synthetic
-  trace, at 1/3/10/30% of each trace's distinct blocks), they raised the number of cells in which
+  trace, at 1/3/10/30% of each trace's distinct blocks; the seventh shape, ``gen_agent``, was
+  added to the table after every default was fixed), they raised the number of cells in which
   QuillChain beats LRU, SIEVE and S3-FIFO, without lowering the gap closed on the conversation
   trace at 1k-50k blocks; ``block_tokens = 512`` is the Mooncake / generated traces' block size
   (set it to the engine's);
