@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quillcache.hitrate.arrays import TraceArrays
+from quillcache.hitrate.turns import last_full_positions
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS
 
 FEATURES = ("turns_seen", "prompt_blocks", "known_blocks", "new_blocks", "log_gap")
@@ -43,14 +44,6 @@ class Predictability:
     accuracy: float  # at the best threshold on the scored half (optimistic)
     base_rate: float  # share of labelled requests whose blocks come back
     n: int  # labelled requests scored
-
-
-def last_full_positions(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
-    """int64[R]: the position (in ``arrs.blocks``) of each request's last full block, -1 if none."""
-    off = arrs.req_offsets
-    partial = (arrs.input_tokens % block_tokens) != 0
-    last = off[1:] - 1 - partial.astype(np.int64)
-    return np.where(last >= off[:-1], last, -1)
 
 
 def reuse_labels(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
@@ -69,29 +62,15 @@ def reuse_labels(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
 
 def request_features(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
     """float64[R, len(FEATURES)]: each request's features at its arrival (module docstring)."""
-    return _walk(arrs, block_tokens)[0]
-
-
-def previous_turns(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
-    """int64[R]: for each request, its conversation's previous turn: the request that created (first
-    referenced) and ended on the deepest block of its known prefix that a request created and ended
-    on, -1 when there is none. (A request that merely ended on a shared system prompt is not a
-    previous turn of every conversation that starts with that prompt.)"""
-    return _walk(arrs, block_tokens)[1]
-
-
-def _walk(arrs: TraceArrays, block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     off, blocks = arrs.req_offsets.tolist(), arrs.blocks.tolist()
     pos = last_full_positions(arrs, block_tokens).tolist()
     seen = np.zeros(arrs.num_unique, np.bool_)
     ended_at = np.full(arrs.num_unique, -1, np.int64)  # the latest request that ended on the block
-    made_end = np.full(arrs.num_unique, -1, np.int64)  # the request that created the block and ended on it
     out = np.zeros((arrs.num_requests, len(FEATURES)), np.float64)
-    prev_turn = np.full(arrs.num_requests, -1, np.int64)
     for r in range(arrs.num_requests):
         keys = blocks[off[r]:off[r + 1]]
         known = turns = 0
-        latest = prev = -1
+        latest = -1
         for b in keys:
             if not seen[b]:
                 break
@@ -99,44 +78,13 @@ def _walk(arrs: TraceArrays, block_tokens: int) -> tuple[np.ndarray, np.ndarray]
             if ended_at[b] >= 0:
                 turns += 1
                 latest = ended_at[b]
-            if made_end[b] >= 0:
-                prev = made_end[b]
         gap = math.log1p(r - latest) if latest >= 0 else 0.0
         out[r] = (turns, len(keys), known, len(keys) - known, gap)
-        prev_turn[r] = prev
-        if pos[r] >= 0 and not seen[blocks[pos[r]]]:
-            made_end[blocks[pos[r]]] = r
         for b in keys:
             seen[b] = True
         if pos[r] >= 0:
             ended_at[blocks[pos[r]]] = r
-    return out, prev_turn
-
-
-def turn_gap_log_ratios(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
-    """float64[M]: ``log(next gap / previous gap)``, in requests, for every request ``r`` with a
-    previous turn ``p`` (``previous_turns``) whose last full block is referenced again, first in
-    request ``q``: ``log((q - r) / (r - p))``, the error of predicting that the conversation comes
-    back after the same gap as last time (0 = exact; offline: it reads ``next_use``)."""
-    prev = previous_turns(arrs, block_tokens)
-    pos = last_full_positions(arrs, block_tokens)
-    n = arrs.num_refs
-    ok = (prev >= 0) & (pos >= 0)
-    ok[ok] = arrs.next_use[pos[ok]] < n
-    r = np.flatnonzero(ok)
-    q = np.searchsorted(arrs.req_offsets, arrs.next_use[pos[r]], side="right") - 1
-    later = q > r  # a block repeated inside one request is not a next turn
-    r, q = r[later], q[later]
-    return np.log((q - r) / (r - prev[r]))
-
-
-def robust_sigma(x: np.ndarray) -> float:
-    """The interquartile range over 1.349: a normal distribution's sigma, robust to outliers
-    (NaN when empty)."""
-    if len(x) == 0:
-        return math.nan
-    q1, q3 = np.percentile(x, [25, 75])
-    return float((q3 - q1) / 1.349)
+    return out
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:

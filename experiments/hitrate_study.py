@@ -622,8 +622,8 @@ def timing_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, 
     (``turn_gap_log_ratios``: "after the same gap as last time", its robust sigma), and the timing
     oracle (knows *which* blocks return; *when* wrong by ``exp(sigma * Z)`` per request) at the
     acceptance capacities for ``INFO_TIMING_SIGMAS`` and that measured sigma; median over seeds."""
-    from experiments.hitrate_predictability import robust_sigma, turn_gap_log_ratios
     from quillcache.hitrate.bounds import timing_oracle
+    from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
     ratios = turn_gap_log_ratios(arrs)
     measured = robust_sigma(ratios)
@@ -648,8 +648,9 @@ def timing_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, 
                 hrs.append(hr)
             sp = spread(hrs)
             p = {"trace": label, "capacity_blocks": cap, "sigma": sigma}
+            measured_note = "; sigma as measured for the same-gap predictor" if sigma == round(measured, 2) else ""
             what = (f"knows which blocks return; when, wrong by a factor exp({sigma:g} Z) per request (median of "
-                    f"{len(hrs)} seeds){'; sigma as measured for the same-gap predictor' if sigma == round(measured, 2) else ''}")
+                    f"{len(hrs)} seeds){measured_note}")
             rows += bound_rows("timing_oracle", sp, len(hrs), lru, bel, what, p)
     return raw, rows
 

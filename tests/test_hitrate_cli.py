@@ -60,9 +60,10 @@ def test_table_and_files_match_simulate(tmp_path: Path) -> None:
     assert set(tidy["metric"]) == {"hit_rate", "gap_closed"} and set(tidy["profile"]) == {"custom"}
 
 
-def test_bounds_add_the_reuse_oracle_row(tmp_path: Path) -> None:
+def test_bounds_add_the_reuse_and_timing_oracle_rows(tmp_path: Path) -> None:
     from quillcache.hitrate.arrays import load_arrays
-    from quillcache.hitrate.bounds import reuse_oracle
+    from quillcache.hitrate.bounds import reuse_oracle, timing_oracle
+    from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
     trace = write(tmp_path, good_lines())
     out = tmp_path / "out"
@@ -70,8 +71,16 @@ def test_bounds_add_the_reuse_oracle_row(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "reuse_oracle (offline: which blocks return, not when)" in p.stdout
     df = pd.read_csv(out / "hitrate.csv")
-    assert list(df["policy"].unique()) == ["lru", "sieve", "belady", "reuse_oracle"]
+    assert list(df["policy"].unique()) == ["lru", "sieve", "belady", "reuse_oracle", "timing_oracle"]
     arrs = load_arrays(trace)
+    sigma = round(robust_sigma(turn_gap_log_ratios(arrs)), 2)  # one turn comes back here: its spread is 0
+    assert "timing_oracle (offline: which, and roughly when)" in p.stdout
+    assert f"timing_oracle: sigma = {sigma:.2f}" in p.stdout
+    timing = df[df.policy == "timing_oracle"]
+    assert (timing["sigma"] == sigma).all() and df[df.policy != "timing_oracle"]["sigma"].isna().all()
+    for r in timing.itertuples():
+        cap = arrs.num_unique if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
+        assert r.hit_blocks == int(timing_oracle(arrs, cap, sigma).sum())
     oracle = df[df.policy == "reuse_oracle"].set_index(df[df.policy == "reuse_oracle"].capacity_blocks.fillna(-1))
     assert oracle.loc[2, "hit_blocks"] == int(reuse_oracle(arrs, 2).sum())
     unlimited = df[df.capacity_blocks.isna()].set_index("policy")
@@ -81,6 +90,15 @@ def test_bounds_add_the_reuse_oracle_row(tmp_path: Path) -> None:
     if bel > lru:
         assert at2.loc["reuse_oracle", "gap_closed"] == pytest.approx((at2.loc["reuse_oracle", "hit_rate"] - lru)
                                                                       / (bel - lru))
+
+
+def test_bounds_leave_the_timing_oracle_out_without_turns_and_say_so(tmp_path: Path) -> None:
+    trace = write(tmp_path, [line(0, [0, 1]), line(10, [2, 3]), line(20, [0, 1])])  # no turn comes back after a previous one
+    out = tmp_path / "out"
+    p = cli(str(trace), "--capacities", "1,inf", "--policies", "lru", "--bounds", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "timing_oracle: left out" in p.stdout
+    assert list(pd.read_csv(out / "hitrate.csv")["policy"].unique()) == ["lru", "belady", "reuse_oracle"]
 
 
 def test_generated_trace_block_size_is_read_from_its_lines(tmp_path: Path) -> None:

@@ -9,9 +9,13 @@ row per policy and capacity: hit rate, hit blocks, gap closed, replay speed), ``
 ``meta.json`` in the project's results schema (``quillcache.results.read_summary`` reads them)
 and a ``hitrate.parquet`` twin when pyarrow is importable. Ctrl-C stops with exit status 130 and
 writes nothing. ``lru`` and ``belady`` (the offline bound) always run: the gap needs both.
-``--bounds`` adds ``reuse_oracle`` after them (``quillcache.hitrate.bounds``: an offline LRU that
-knows which blocks will be referenced again, never when), so the table also says how much of the
-gap on this trace is *which* blocks return and how much is *when*.
+``--bounds`` adds two offline bounds after them (``quillcache.hitrate.bounds``): ``reuse_oracle``,
+an LRU that knows which blocks will be referenced again, never when; and ``timing_oracle``, Belady
+knowing exactly which blocks return but *when* only up to a factor ``exp(sigma * Z)`` per request,
+with ``sigma`` measured on the trace itself for "a conversation comes back after the same gap as its
+previous turn" (``quillcache.hitrate.turns``; left out, with a note, when the trace has no such
+turns). So the table also says how much of the gap on this trace is *which* blocks return and how
+much is *when*.
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
                    help="a malformed trace line: stop naming it (default) or skip it (counted in the output)")
     p.add_argument("--bounds", action="store_true",
-                   help="also run the reuse oracle (offline: knows which blocks are referenced again, never when)")
+                   help="also run the reuse oracle (offline: knows which blocks are referenced again, never when) "
+                        "and the timing oracle (offline: knows which, and when as roughly as 'the same gap as the "
+                        "previous turn')")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table (the files are still written)")
 
 
@@ -102,27 +108,43 @@ def _policies(text: str | None) -> list[str]:
     return ["lru", *dict.fromkeys(rest), "belady"]
 
 
-def with_reuse_oracle(df, arrs):
-    """``df`` (a ``sweep`` frame with lru and belady) plus one ``reuse_oracle`` row per capacity,
-    its gap closed computed the same way (unlimited runs as the number of distinct blocks)."""
+def with_bounds(df, arrs, block_tokens: int):
+    """``df`` (a ``sweep`` frame with lru and belady) plus one ``reuse_oracle`` and one
+    ``timing_oracle`` row per capacity, their gap closed computed the same way (unlimited runs as
+    the number of distinct blocks); the timing oracle's ``sigma`` is in its rows' ``sigma`` column
+    and is left out when the trace gives no turn to measure it on. Returns (frame, note)."""
     import time
 
     import pandas as pd
 
-    from quillcache.hitrate.bounds import reuse_oracle
+    from quillcache.hitrate.bounds import reuse_oracle, timing_oracle
     from quillcache.hitrate.sweep import with_gap_closed
+    from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
+    ratios = turn_gap_log_ratios(arrs, block_tokens)
+    sigma = robust_sigma(ratios)
+    bounds = {"reuse_oracle": (lambda cap: reuse_oracle(arrs, cap), None)}
+    if len(ratios) and sigma == sigma:
+        sigma = round(sigma, 2)
+        bounds["timing_oracle"] = (lambda cap: timing_oracle(arrs, cap, sigma), sigma)
+        note = (f"timing_oracle: sigma = {sigma:.2f}, the robust spread of log(next gap / previous gap) over "
+                f"{len(ratios):,} turns of this trace")
+    else:
+        note = "timing_oracle: left out, no request here has a previous turn that comes back to measure sigma on"
     records = []
-    for cap in dict.fromkeys(df["capacity_blocks"].tolist()):
-        t0 = time.perf_counter()
-        hits = int(reuse_oracle(arrs, max(1, arrs.num_unique if pd.isna(cap) else int(cap))).sum())
-        secs = time.perf_counter() - t0
-        records.append({"policy": "reuse_oracle", "capacity_blocks": cap,
-                        "hit_rate": hits / arrs.num_refs if arrs.num_refs else 0.0, "hit_blocks": hits,
-                        "total_blocks": arrs.num_refs, "refs_per_s": arrs.num_refs / secs if secs > 0 else float("inf")})
+    for name, (run_bound, sig) in bounds.items():
+        for cap in dict.fromkeys(df["capacity_blocks"].tolist()):
+            t0 = time.perf_counter()
+            hits = int(run_bound(max(1, arrs.num_unique if pd.isna(cap) else int(cap))).sum())
+            secs = time.perf_counter() - t0
+            records.append({"policy": name, "capacity_blocks": cap,
+                            "hit_rate": hits / arrs.num_refs if arrs.num_refs else 0.0, "hit_blocks": hits,
+                            "total_blocks": arrs.num_refs,
+                            "refs_per_s": arrs.num_refs / secs if secs > 0 else float("inf"),
+                            "sigma": float("nan") if sig is None else sig})
     extra = pd.DataFrame.from_records(records)
     extra["capacity_blocks"] = extra["capacity_blocks"].astype("Int64")
-    return with_gap_closed(pd.concat([df.drop(columns="gap_closed"), extra], ignore_index=True))
+    return with_gap_closed(pd.concat([df.drop(columns="gap_closed"), extra], ignore_index=True)), note
 
 
 def _tidy_rows(df, trace: str, block_tokens: int) -> list:
@@ -134,6 +156,9 @@ def _tidy_rows(df, trace: str, block_tokens: int) -> list:
     for r in df.itertuples(index=False):
         cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
         params = {"trace": trace, "block_tokens": block_tokens, **({} if cap is None else {"capacity_blocks": cap})}
+        sigma = getattr(r, "sigma", float("nan"))
+        if sigma == sigma:  # the timing oracle's error
+            params["sigma"] = float(sigma)
         rows.append(SummaryRow(metric="hit_rate", subject=r.policy, value=float(r.hit_rate), unit="fraction",
                                params=params))
         if not pd.isna(r.gap_closed):
@@ -159,6 +184,10 @@ def write_results(out: Path, df, trace: str, block_tokens: int) -> list[Path]:
     return paths
 
 
+LABELS = {"belady": " (offline bound)", "reuse_oracle": " (offline: which blocks return, not when)",
+          "timing_oracle": " (offline: which, and roughly when)"}
+
+
 def _print_table(df, title: str, paths: list[Path], note: str) -> None:
     import pandas as pd
     from rich.console import Console
@@ -178,8 +207,7 @@ def _print_table(df, title: str, paths: list[Path], note: str) -> None:
             r = part[part["capacity_blocks"].isna()] if pd.isna(c) else part[part["capacity_blocks"] == c]
             hr, g = float(r["hit_rate"].iloc[0]), r["gap_closed"].iloc[0]
             cells.append(f"{hr:.4f}" + ("" if pd.isna(g) or pol in ("lru", "belady") else f" {g * 100:+.1f}%"))
-        t.add_row(pol + (" (offline bound)" if pol == "belady" else " (offline: which blocks return, not when)"
-                         if pol == "reuse_oracle" else " (semi-online)" if pol in SEMI_ONLINE else ""), *cells)
+        t.add_row(pol + LABELS.get(pol, " (semi-online)" if pol in SEMI_ONLINE else ""), *cells)
     con.print(t)
     con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity", markup=False)
     if note:
@@ -238,14 +266,15 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"quillcache hitrate: interrupted; no results were written under {out}", file=sys.stderr)
         return 130
+    bounds_note = ""
     if args.bounds:
-        df = with_reuse_oracle(df, arrs)
+        df, bounds_note = with_bounds(df, arrs, block_tokens)
     try:
         paths = write_results(out, df, trace.stem, block_tokens)
     except OSError as exc:
         return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
     if not args.quiet:
-        note = report.summary() if report.skipped else ""
+        note = "\n".join(x for x in (report.summary() if report.skipped else "", bounds_note) if x)
         _print_table(df, f"quillcache hitrate: {trace.name}, {arrs.num_requests:,} requests, {arrs.num_refs:,} "
                          f"block references, {block_tokens}-token blocks", paths, note)
     return 0
