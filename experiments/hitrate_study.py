@@ -24,7 +24,11 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    cells it does not); and ``defaults_check``: QuillChain's defaults against alternatives
    (``DEFAULT_ALTERNATIVES``) on the same cells, which is how its defaults are justified; and
    ``cells_beaten_heldout`` (raw ``heldout.csv``): the same count on every shape at seeds that were
-   never used to choose a default (``heldout_seeds``).
+   never used to choose a default (``heldout_seeds``); and ``cells_beaten_random`` (raw
+   ``random_shapes.csv``, knobs ``random_shape_knobs.csv``): the same count on ``random_shapes``
+   session shapes with every knob of the generator drawn at once from ``RANDOM_SHAPE_SPACE``
+   (none used to choose a default); each count's notes say in how many cells the baseline already
+   equals Belady (nobody can beat it there).
 4. replay throughput (block references/s, median of >= 5 repetitions, p10/p90 in the notes) of
    every kernel at 10k blocks, against, in the same run: libCacheSim's LRU (``libcachesim`` from
    PyPI) on the same reference stream written in its oracleGeneral binary format - imported here
@@ -80,9 +84,11 @@ NAME = "hitrate"
 POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "sieve", "arc", "2q", "lengthaware", "tinylfu", "lhd", "lrb", "quillhd",
                 "quillchain", "belady"]
 FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000,
-        "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "heldout_seeds": (4, 5, 6), "flip_seeds": (0, 1, 2)}
+        "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "heldout_seeds": (4, 5, 6), "flip_seeds": (0, 1, 2),
+        "random_shapes": 40, "random_seed": 2}
 QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300,
-         "gen_sessions": 120, "gen_seeds": (1,), "heldout_seeds": (2,), "flip_seeds": (0,)}
+         "gen_sessions": 120, "gen_seeds": (1,), "heldout_seeds": (2,), "flip_seeds": (0,),
+         "random_shapes": 2, "random_seed": 2}
 OURS = "quillchain"
 ACCEPT_GAP = 0.5  # issue 18: >= 50% of the LRU->Belady gap at 1k and 10k blocks on the conversation trace
 ACCEPT_GAP_CAPS = (1000, 10000)
@@ -184,9 +190,14 @@ GEN_SHAPES: dict[str, dict] = {
 
 def generated_trace(shape: str, seed: int, num_sessions: int) -> TraceArrays:
     """The ``GEN_SHAPES[shape]`` session trace (``quillcache.traces.sessions``) as arrays."""
+    return session_arrays(num_sessions=num_sessions, seed=seed, **{**GEN_BASE, **GEN_SHAPES[shape]})
+
+
+def session_arrays(**config) -> TraceArrays:
+    """A ``quillcache.traces.sessions`` trace of ``SessionsConfig(**config)`` as arrays."""
     from quillcache.traces.sessions import SessionsConfig, generate
 
-    cfg = SessionsConfig(num_sessions=num_sessions, seed=seed, **{**GEN_BASE, **GEN_SHAPES[shape]})
+    cfg = SessionsConfig(**config)
     reqs = generate(cfg)
     return arrays_from_lists([q.hash_ids for q in reqs], timestamps_ms=[q.timestamp for q in reqs],
                              input_tokens=[q.input_length for q in reqs], output_tokens=[q.output_length for q in reqs],
@@ -332,6 +343,45 @@ def heldout_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
             for seed in cfg["heldout_seeds"]]
 
 
+# cell 3b: session shapes drawn at random, every knob at once, from these ranges (log-uniform where a
+# knob spans orders of magnitude); the rest as GEN_BASE, at most 64 turns a session
+RANDOM_SHAPE_SPACE: dict[str, tuple] = {
+    "mean_turns": ("log", 1.0, 16.0), "think_time_median_s": ("log", 2.0, 600.0),
+    "think_time_sigma": ("uniform", 0.3, 2.0), "session_rate_per_s": ("log", 0.2, 8.0),
+    "global_prompt_fraction": ("uniform", 0.0, 1.0), "num_tenants": ("int", 1, 64),
+    "tenant_prompt_tokens": ("choice", 0, 1024, 4096, 8192, 16384), "prompts_per_tenant": ("int", 1, 5),
+    "turn_user_tokens_mean": ("log", 100.0, 4000.0), "output_tokens_mean": ("log", 50.0, 3000.0),
+}
+
+
+def random_shape(rng: np.random.Generator) -> dict:
+    """One draw of every ``RANDOM_SHAPE_SPACE`` knob (SessionsConfig fields)."""
+    out: dict = {}
+    for name, (kind, *args) in RANDOM_SHAPE_SPACE.items():
+        if kind == "log":
+            out[name] = float(np.exp(rng.uniform(np.log(args[0]), np.log(args[1]))))
+        elif kind == "uniform":
+            out[name] = float(rng.uniform(args[0], args[1]))
+        elif kind == "int":
+            out[name] = int(rng.integers(args[0], args[1] + 1))
+        else:
+            out[name] = int(rng.choice(args))
+    return out
+
+
+def random_shape_traces(cfg: dict) -> list[tuple[str, int, TraceArrays, dict]]:
+    """(label, seed, arrays, knobs) of ``cfg["random_shapes"]`` shapes drawn by ``random_shape``
+    from ``numpy.random.default_rng(cfg["random_seed"])``; shape ``i`` is generated with seed
+    ``1000 + i``. None of them was used to choose a QuillChain default."""
+    rng = np.random.default_rng(cfg["random_seed"])
+    out = []
+    for i in range(cfg["random_shapes"]):
+        knobs = random_shape(rng)
+        arrs = session_arrays(num_sessions=cfg["gen_sessions"], seed=1000 + i, **{**GEN_BASE, "max_turns": 64, **knobs})
+        out.append((f"random_{i:02d}", 1000 + i, arrs, knobs))
+    return out
+
+
 def generalisation(policies: list[str], traces: list[tuple[str, int, TraceArrays]]) -> list[tuple]:
     """Raw rows (trace, seed, policy, cap_fraction, capacity_blocks, hit_rate, gap_closed)."""
     out = []
@@ -413,10 +463,13 @@ def cells_beaten_rows(raw: list[tuple], policies: list[str], metric: str = "cell
         for base in GEN_BASELINES:
             won = [v[ours] > v[base] for v in cells.values()]
             lost = sorted({(label, f) for (label, _seed, f), v in cells.items() if v[ours] <= v[base]})
+            no_room = sum(v[base] >= v["belady"] - 1e-12 for v in cells.values() if "belady" in v)
             rows.append(SummaryRow(metric=metric, subject=ours, value=sum(won) / len(won), unit="fraction",
                                    baseline=base, n=len(won),
                                    notes=("beats it in every cell" if not lost else
-                                          "not beaten in: " + ", ".join(f"{lb} {f:.0%}" for lb, f in lost)),
+                                          "not beaten in: " + ", ".join(f"{lb} {f:.0%}" for lb, f in lost))
+                                   + (f"; in {no_room} cell(s) {base} already equals Belady (no room to beat it)"
+                                      if no_room else ""),
                                    params={"trace": trace}))
     return rows
 
@@ -489,6 +542,12 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     raw_held = generalisation(held_policies, heldout_traces(cfg))
     rows += cells_beaten_rows(raw_held, held_policies, metric="cells_beaten_heldout",
                               trace="generalisation, held-out seeds")
+    # 3a'. random shapes: every knob of the generator drawn at once (cell 3 of the docstring)
+    rand = random_shape_traces(cfg)
+    raw_rand = generalisation(held_policies, [(label, seed, arrs) for label, seed, arrs, _ in rand])
+    rows += cells_beaten_rows(raw_rand, held_policies, metric="cells_beaten_random",
+                              trace="generalisation, random shapes")
+    rand_knobs = [(label, seed, *knobs.values()) for label, seed, _, knobs in rand]
 
     # 3b. semi-online (cell 5 of the docstring; separate metrics, never beside the online rows): lookahead-W LRU sees the
     #    W requests queued at the engine
@@ -563,6 +622,9 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
                                     "gap_closed"], raw_held, results_root)
     write_raw(NAME, "defaults_check.csv", ["trace", "seed", "cap_fraction", "alternative", "gap_closed"], raw_defaults,
               results_root)
+    write_raw(NAME, "random_shapes.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
+                                          "gap_closed"], raw_rand, results_root)
+    write_raw(NAME, "random_shape_knobs.csv", ["trace", "seed", *RANDOM_SHAPE_SPACE], rand_knobs, results_root)
     write_raw(NAME, "timing_bounds.csv", ["trace", "capacity_blocks", "sigma", "seed", "hit_rate"], raw_timing,
               results_root)
     write_raw(NAME, "information_bounds.csv", ["trace", "capacity_blocks", "flip_rate", "seed", "hit_rate"], raw_info,

@@ -264,7 +264,7 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert {r.subject for r in semi} == SEMI_ONLINE and {r.params["window_requests"] for r in semi} == {1, 8, 64}
     assert not any(r.subject in SEMI_ONLINE for r in rows if not r.metric.startswith("semi_online"))
     assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES,
-                                                 "generalisation, held-out seeds"}
+                                                 "generalisation, held-out seeds", "generalisation, random shapes"}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
     info = {(r.params["capacity_blocks"], r.params["flip_rate"]): r for r in rows
             if r.metric == "information_bound_hit_rate" and r.subject == "reuse_oracle"}  # offline, apart
@@ -284,6 +284,9 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     beaten = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten"}
     assert set(beaten) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
     assert all(0.0 <= r.value <= 1.0 and r.n == 4 * (len(study.GEN_SHAPES) + 1) for r in beaten.values())
+    rand = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_random"}
+    assert set(rand) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
+    assert all(r.n == 4 * study.QUICK["random_shapes"] for r in rand.values())
     held = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_heldout"}
     assert set(held) == set(beaten)  # every shape at a seed the table does not use
     assert not set(study.QUICK["heldout_seeds"]) & set(study.QUICK["gen_seeds"])
@@ -299,7 +302,8 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv", "information_bounds.csv",
-                 "predictability.csv", "heldout.csv", "timing_bounds.csv"):
+                 "predictability.csv", "heldout.csv", "timing_bounds.csv", "random_shapes.csv",
+                 "random_shape_knobs.csv"):
         assert (tmp_path / "hitrate" / name).stat().st_size > 0
     paths = study.plot(str(tmp_path), tmp_path / "fig")
     assert all(p.stat().st_size > 1000 for p in paths)
@@ -408,3 +412,19 @@ def test_kernel_and_online_class_use_the_same_constants():
 
     for name in ("HD_SUB", "NUM_BUCKETS", "CHAIN_CLASSES", "RATE_MIN_REFS", "RATE_SILENCE_GAPS"):
         assert getattr(kernel, name) == getattr(online, name), name
+
+
+def test_random_shapes_are_seeded_in_range_and_valid():
+    from experiments import hitrate_study as study
+
+    a = study.random_shape(np.random.default_rng(5))
+    assert a == study.random_shape(np.random.default_rng(5)) and set(a) == set(study.RANDOM_SHAPE_SPACE)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        knobs = study.random_shape(rng)
+        for name, (kind, *args) in study.RANDOM_SHAPE_SPACE.items():
+            v = knobs[name]
+            assert (v in args) if kind == "choice" else args[0] <= v <= args[1], (name, v)
+    traces = study.random_shape_traces({**study.QUICK, "gen_sessions": 20})
+    assert [t[0] for t in traces] == [f"random_{i:02d}" for i in range(study.QUICK["random_shapes"])]
+    assert all(arrs.num_refs > 0 for _, _, arrs, _ in traces)

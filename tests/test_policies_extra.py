@@ -336,6 +336,30 @@ def test_quillchain_evicts_a_chain_leaf_first_and_counts_turns():
     assert chain == ["a2", "a1", "s"]  # within a class, leaves before their ancestors
 
 
+def _drive_hinted(p, keys):
+    """One hinted request through a policy as the replay drives it: (its prefix hits, evicted keys,
+    stored keys, refused keys)."""
+    k = 0
+    for key in keys:
+        if key not in p:
+            break
+        k += 1
+    p.begin_request(keys, k, len(keys) * 512)
+    evicted, stored, refused = [], [], []
+    for key in keys:
+        if key in p:
+            p.touch(key)
+        elif p.admit(key, 1):
+            if len(p) >= p.capacity_keys:
+                evicted.append(p.victim())
+                p.evict(evicted[-1])
+            p.insert(key, 1)
+            stored.append(key)
+        else:
+            refused.append(key)
+    return k, evicted, stored, refused
+
+
 def test_quillchain_refuses_a_block_worth_less_than_its_victim_and_the_rest_of_its_request():
     """Admission by hit density: a shared two-block prompt comes back in every request, each
     request's own blocks never do. Once learned, a full cache refuses the new blocks (and every
@@ -344,23 +368,7 @@ def test_quillchain_refuses_a_block_worth_less_than_its_victim_and_the_rest_of_i
     from quillcache.policies.quillchain import QuillChainPolicy
 
     def drive(p, r):
-        keys = ["s", "h", f"u{r}a", f"u{r}b", f"u{r}c"]
-        k = 0
-        for key in keys:
-            if key not in p:
-                break
-            k += 1
-        p.begin_request(keys, k, len(keys) * 512)
-        refused = []
-        for key in keys:
-            if key in p:
-                p.touch(key)
-            elif p.admit(key, 1):
-                if len(p) >= p.capacity_keys:
-                    p.evict(p.victim())
-                p.insert(key, 1)
-            else:
-                refused.append(key)
+        k, _, _, refused = _drive_hinted(p, ["s", "h", f"u{r}a", f"u{r}b", f"u{r}c"])
         return k, refused
 
     on, off = QuillChainPolicy(capacity_keys=4, period=8), QuillChainPolicy(capacity_keys=4, period=8, admit=False)
@@ -387,22 +395,7 @@ def test_quillchain_values_a_shared_prefix_by_its_own_rate():
     from quillcache.policies.quillhd import RATE_MIN_REFS, RATE_SILENCE_GAPS
 
     def drive(p, keys):
-        k = 0
-        for key in keys:
-            if key not in p:
-                break
-            k += 1
-        p.begin_request(keys, k, len(keys) * 512)
-        evicted = []
-        for key in keys:
-            if key in p:
-                p.touch(key)
-            elif p.admit(key, 1):
-                if len(p) >= p.capacity_keys:
-                    evicted.append(p.victim())
-                    p.evict(evicted[-1])
-                p.insert(key, 1)
-        return evicted
+        return _drive_hinted(p, keys)[1]
 
     runs = {}
     for shared in (True, False):
@@ -430,3 +423,33 @@ def test_quillchain_values_a_shared_prefix_by_its_own_rate():
         QuillHdPolicy(shared_rate=True)
     with pytest.raises(TypeError, match="shared_rate must be bool"):
         QuillChainPolicy(shared_rate=1)
+
+
+def test_quillchain_admits_a_returning_shared_prefix_by_its_own_rate():
+    """Admission values the incoming block the way the victim choice values a cached one: a
+    forked-from prompt with at least ``RATE_MIN_REFS`` references that comes back after an eviction
+    is worth its own rate ``(refs - 1) / (t - first)``, not the density at age 0 of the class a
+    block missing from a request's prefix falls into; without ``shared_rate`` it is refused."""
+    from quillcache.policies.quillchain import QuillChainPolicy
+    from quillcache.policies.quillhd import RATE_MIN_REFS
+
+    def drive(p, keys):
+        return _drive_hinted(p, keys)[2]
+
+    outcome = {}
+    for shared in (True, False):
+        p = QuillChainPolicy(capacity_keys=4, period=10**6, shared_rate=shared)
+        for branch in "abc":  # t = 1..6: "s" at 1, 3, 5; requests 2 and 3 fork off it
+            drive(p, ["s", branch])
+        p.evict("s")  # metadata stays: the prompt is only out of the cache
+        drive(p, ["x"])  # t = 7; the cache is full again (a, b, c, x)
+        # nothing learned yet (period): every density is 0.01, but 0.001 for a block at age 0,
+        # so a block valued by its class alone is worth less than any victim
+        p._hd = [[0.001] + [0.01] * (len(row) - 1) for row in p._hd]
+        outcome[shared] = (p, drive(p, ["s", "e"]))  # t = 8: "s" comes back on a new branch
+    on, stored = outcome[True]
+    assert on._refs["s"] == RATE_MIN_REFS and on._fork["s"] == 3
+    assert on._incoming_value(on.class_of("s"), "s", 4, 8) == (4 - 1) / (8 - 1) > 0.01
+    assert on._incoming_value(on.class_of("x"), "x", 1, 8) == 0.001  # no fork: its class's density
+    assert stored == ["s"]  # "s" displaces a victim worth 0.01; "e" (worth 0.001) is then refused
+    assert outcome[False][1] == []  # without shared_rate "s" is worth 0.001 and refused, and "e" with it

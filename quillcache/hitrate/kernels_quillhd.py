@@ -136,6 +136,22 @@ def shared_rate(v, t, last, refs, first):
     return r * math.exp(-((t - last[v]) * r) / RATE_SILENCE_GAPS)
 
 
+@njit(cache=True, nogil=True)
+def incoming_worth(b, c, t, hd, refs, first, fork, shared):
+    """The worth of block ``b`` of class ``c`` being referenced at time ``t`` (``refs`` already
+    counts this reference), as ``_qhd_victim`` would value it at age 0: its class's hit density at
+    age 0 or, for a block that requests forked from with at least ``RATE_MIN_REFS`` references, its
+    own rate ``(refs - 1) / (t - first)`` if that is higher. A shared prompt coming back after an
+    eviction is valued by its own rate, not by the class that a block missing from a request's
+    prefix falls into."""
+    val = hd[c, 0]
+    if shared and refs[b] >= RATE_MIN_REFS and fork[b] >= 1:
+        r = (refs[b] - 1) / max(t - first[b], 1)
+        if r > val:
+            val = r
+    return val
+
+
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
 
@@ -183,9 +199,10 @@ def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head
     """One reference in one cache instance (real or shadow; ``cnt[inst]`` counts its blocks);
     returns +1 on insert, 0 on touch, -1 when the block is not admitted.
 
-    ``admit`` (the HD rule only): a new block whose class's density at age 0 is below the
-    victim's density at its age is not stored, and neither is any later uncached block of the same
-    request in this instance (``byp[inst]``; it could not be a prefix hit without this one)."""
+    ``admit`` (the HD rule only): a new block worth less than its victim is not stored, and neither
+    is any later uncached block of the same request in this instance (``byp[inst]``; it could not
+    be a prefix hit without this one). Worth is measured the same way on both sides: the victim's
+    is ``_qhd_victim``'s, the new block's is ``incoming_worth``."""
     if incache[b]:
         _unlink(c_old, b, prev, nxt, head, tail, size)
         _push(c, b, prev, nxt, head, tail, size)
@@ -195,7 +212,7 @@ def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head
     if cnt[inst] >= cap:
         v, worth = _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared)
         if admit and rule == RULE_HD:
-            if hd[c, 0] < worth:
+            if incoming_worth(b, c, t, hd, refs, first, fork, shared) < worth:
                 byp[inst] = True
                 return -1
         _unlink(lastc[v], v, prev, nxt, head, tail, size)

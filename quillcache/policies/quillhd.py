@@ -47,14 +47,16 @@ then log-spaced reuse distance; ``quillcache.policies.lhd``) or ``"chain"`` (18 
 seen on the request's chain, reference counts of prefix hits, first sight, partial tails;
 ``quillcache.policies.quillchain``); ``leaf_first`` re-queues a hinted request's cached blocks
 deepest first once it ends (real cache only); ``admit`` refuses, under the HD rule and with the
-cache full, a new key whose class's density at age 0 is below its victim's at the victim's age
-(and, in a hinted request, every later new key of it), in the real cache and in any shadow
-running the HD rule; ``shared_rate`` (chain classes only) values a key that hinted requests
-forked from (branched off where no request ended) with at least ``RATE_MIN_REFS`` references at
-no less than its own rate while in use, discounted by its silence (``_value``; see
-``quillcache.policies.quillchain``); and ``mode="challenger"`` replaces the two shadows by one
-that runs the rule the real cache does not, the two swapping rules when the shadow had more
-decayed prefix hits over a period.
+cache full, a new key worth less than its victim (its class's density at age 0 against the
+victim's worth at the victim's age; and, in a hinted request, every later new key of it), in the
+real cache and in any shadow running the HD rule; ``shared_rate`` (chain classes only) values a
+key that hinted requests forked from (branched off where no request ended) with at least
+``RATE_MIN_REFS`` references at no less than its own rate while in use, discounted by its
+silence (``_value``), on both sides of admission (``_incoming_value``: a shared prompt coming back
+after an eviction is worth its rate, not the density of the class a block missing from a
+request's prefix falls into; see ``quillcache.policies.quillchain``); and
+``mode="challenger"`` replaces the two shadows by one that runs the rule the real cache does not,
+the two swapping rules when the shadow had more decayed prefix hits over a period.
 
 Memory: reference metadata (last time, class, count) is kept for every key ever seen, like a
 ghost list of unbounded length (about 24 bytes per key in a compiled version); ``remove`` forgets
@@ -350,12 +352,23 @@ class QuillHdPolicy(EvictionPolicy):
         c = self._classify(key, touched, gap)
         return c, self._lastc.get(key)
 
-    def _refuses(self, inst: _Instance, rule: int, c: int, victim: Key, t: int) -> bool:
-        """``admit``: under the HD rule, a new block of class ``c`` is worth less (hit density at
-        age 0) than ``victim`` at its age at time ``t``."""
+    def _refuses(self, inst: _Instance, rule: int, c: int, key: Key, refs: int, victim: Key, t: int) -> bool:
+        """``admit``: under the HD rule, ``key`` (class ``c``, ``refs`` references with this one)
+        is worth less at time ``t`` (``_incoming_value``) than ``victim`` at its age."""
         if not self.admit_by_density or rule != RULE_HD:
             return False
-        return self._hd[c][0] < self._value(inst.cls[victim], victim, t)
+        return self._incoming_value(c, key, refs, t) < self._value(inst.cls[victim], victim, t)
+
+    def _incoming_value(self, c: int, key: Key, refs: int, t: int) -> float:
+        """A key's worth as it is referenced at time ``t`` (``refs`` counts this reference): its
+        class's hit density at age 0 or, under the conditions of ``_value``, its own rate
+        ``(refs - 1) / (t - first)``, whichever is higher (``_value`` at age 0)."""
+        val = self._hd[c][0]
+        if self.shared_rate and refs >= RATE_MIN_REFS and self._fork.get(key, 0) >= 1:
+            r = (refs - 1) / max(t - self._first[key], 1)
+            if r > val:
+                val = r
+        return val
 
     def _value(self, c: int, key: Key, t: int) -> float:
         """A cached key's worth at time ``t``: its class's hit density at its age or, with
@@ -383,7 +396,7 @@ class QuillHdPolicy(EvictionPolicy):
                 if len(shadow) >= cap:
                     v = self._choose(shadow, rule, always, self._t)
                     assert v is not None
-                    if self._refuses(shadow, rule, c, v, self._t):
+                    if self._refuses(shadow, rule, c, key, self._refs[key], v, self._t):
                         self._bypass[i + 1] = self._req is not None
                         continue
                     shadow.drop(v)
@@ -509,9 +522,10 @@ class QuillHdPolicy(EvictionPolicy):
         if not refused and self.capacity_keys is not None and len(self._sizes) >= self.capacity_keys:
             t = self._t + 1
             lt = self._last.get(key)
-            c = self._class_of_ref(key, False, t - lt if lt is not None else 0, self._refs.get(key, 0) + 1)
+            refs = self._refs.get(key, 0) + 1
+            c = self._class_of_ref(key, False, t - lt if lt is not None else 0, refs)
             v = self._choose(self._real, self._rule, always, t)
-            refused = v is not None and self._refuses(self._real, self._rule, c, v, t)
+            refused = v is not None and self._refuses(self._real, self._rule, c, key, refs, v, t)
         if not refused:
             return True
         self._bypass[0] = self._req is not None
