@@ -184,7 +184,7 @@ def noisy_next_use_reference(arrs: TraceArrays, sigma: float, seed: int = 0) -> 
         if q >= n:
             out.append(NEVER)
         else:
-            out.append(p + max(1, int(np.rint(float(q - p) * f[owner[q]]))))
+            out.append(p + max(1, round((q - p) * f[owner[q]])))  # half to even, as numpy.rint
     return out
 
 

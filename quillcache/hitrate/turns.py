@@ -7,7 +7,8 @@ so that block is never a prefix of anything). A request's *previous turn* is the
 created (first referenced) and ended on the deepest block of its known prefix that a request
 created and ended on: the next turn of a conversation extends its chain exactly where the previous
 request left it. A request that merely ends on a shared system prompt (a block someone else
-created) is nobody's previous turn, so every conversation on that prompt is not one conversation.
+created) is nobody's previous turn: otherwise every conversation that starts with that prompt
+would look like one conversation.
 
 Everything here reads only the past of each request except ``turn_gap_log_ratios``, which is an
 offline measurement (it reads ``TraceArrays.next_use``) of an online predictor's error.
