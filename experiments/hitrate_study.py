@@ -53,7 +53,8 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
 
 Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
 per policy, Belady dashed as the bound, the reuse oracle dotted), ``paper/figures/hitrate_pooled.png`` and
-``paper/figures/hitrate_generalisation.png`` (gap closed per generated shape and capacity).
+``paper/figures/hitrate_generalisation.png`` (gap closed per generated shape and capacity) and
+``paper/figures/hitrate_random.png`` (its distribution over the random shapes).
 Quick mode (smoke test) uses the first 2,500 requests, fewer capacities, 120 sessions per shape,
 one seed and 2 repetitions.
 """
@@ -807,7 +808,46 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
                       "clipped to [-1, 1]; 0 = LRU)", fontsize=8)
     legend(axes[0], ncol=4, fontsize=6)
     p3 = save(fig, out / "hitrate_generalisation.png")
-    return [p1, p2, p3]
+    return [p1, p2, p3, *plot_random_shapes(results_root, out)]
+
+
+def plot_random_shapes(results_root: str | None, out: Path) -> list[Path]:
+    """Box plots of the gap closed over the random session shapes (cell 3a'), per capacity
+    fraction and policy (clipped to [-1, 1]; 0 = LRU, 1 = Belady); [] when that cell has no rows."""
+    from experiments.plotstyle import BOUND, PALETTE, figure, save, style_axes
+    from experiments.plotstyle import OURS as OURS_COLOUR
+    from quillcache.results import read_raw
+
+    try:
+        rnd = read_raw(NAME, "random_shapes", results_root)
+    except FileNotFoundError:
+        return []
+    rnd = rnd.dropna(subset=["gap_closed"])
+    shown = [p for p in ("sieve", "s3fifo", "quillhd", OURS) if p in set(rnd["policy"])]
+    fracs = sorted(rnd["cap_fraction"].unique())
+    if rnd.empty or not shown:
+        return []
+    fig, ax = figure(7.0, 3.6)
+    w = 0.8 / len(shown)
+    for i, pol in enumerate(shown):
+        data = [np.clip(rnd[(rnd["policy"] == pol) & (rnd["cap_fraction"] == f)]["gap_closed"].to_numpy(), -1.0, 1.0)
+                for f in fracs]
+        colour = OURS_COLOUR if pol == OURS else PALETTE[(i + 1) % len(PALETTE)]
+        bp = ax.boxplot(data, positions=np.arange(len(fracs)) + (i - (len(shown) - 1) / 2) * w, widths=w * 0.85,
+                        patch_artist=True, showfliers=True, flierprops={"markersize": 2},
+                        medianprops={"color": BOUND, "lw": 1.2})
+        for box in bp["boxes"]:
+            box.set(facecolor=colour, alpha=0.7)
+        ax.plot([], [], color=colour, lw=6, label=pol + (" (ours)" if pol == OURS else ""))
+    ax.axhline(0, color=BOUND, lw=0.8)
+    ax.set_xticks(np.arange(len(fracs)))
+    ax.set_xticklabels([f"{f:.0%} of its blocks" for f in fracs])
+    n = rnd["trace"].nunique()
+    style_axes(ax, ylabel="share of the LRU-to-Belady gap",
+               title=f"Gap closed on {n} random session shapes (clipped to [-1, 1]; 0 = LRU, 1 = Belady)")
+    ax.set_ylim(-1.05, 1.05)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(shown), fontsize=7, frameon=False)
+    return [save(fig, out / "hitrate_random.png")]
 
 
 def main(argv: list[str] | None = None) -> None:
