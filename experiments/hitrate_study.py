@@ -344,7 +344,7 @@ def heldout_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
             for seed in cfg["heldout_seeds"]]
 
 
-# cell 3b: session shapes drawn at random, every knob at once, from these ranges (log-uniform where a
+# cell 3, random shapes: session shapes drawn at random, every knob at once, from these ranges (log-uniform where a
 # knob spans orders of magnitude); the rest as GEN_BASE, at most 64 turns a session
 RANDOM_SHAPE_SPACE: dict[str, tuple] = {
     "mean_turns": ("log", 1.0, 16.0), "think_time_median_s": ("log", 2.0, 600.0),
@@ -543,7 +543,7 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     raw_held = generalisation(held_policies, heldout_traces(cfg))
     rows += cells_beaten_rows(raw_held, held_policies, metric="cells_beaten_heldout",
                               trace="generalisation, held-out seeds")
-    # 3a'. random shapes: every knob of the generator drawn at once (cell 3 of the docstring)
+    # 3a. random shapes: every knob of the generator drawn at once (cell 3 of the docstring)
     rand = random_shape_traces(cfg)
     raw_rand = generalisation(held_policies, [(label, seed, arrs) for label, seed, arrs, _ in rand])
     rows += cells_beaten_rows(raw_rand, held_policies, metric="cells_beaten_random",
@@ -812,7 +812,7 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
 
 
 def plot_random_shapes(results_root: str | None, out: Path) -> list[Path]:
-    """Box plots of the gap closed over the random session shapes (cell 3a'), per capacity
+    """Box plots of the gap closed over the random session shapes (cell 3), per capacity
     fraction and policy (clipped to [-1, 1]; 0 = LRU, 1 = Belady); [] when that cell has no rows."""
     from experiments.plotstyle import BOUND, PALETTE, figure, save, style_axes
     from experiments.plotstyle import OURS as OURS_COLOUR

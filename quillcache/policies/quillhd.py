@@ -364,11 +364,19 @@ class QuillHdPolicy(EvictionPolicy):
         class's hit density at age 0 or, under the conditions of ``_value``, its own rate
         ``(refs - 1) / (t - first)``, whichever is higher (``_value`` at age 0)."""
         val = self._hd[c][0]
-        if self.shared_rate and refs >= RATE_MIN_REFS and self._fork.get(key, 0) >= 1:
-            r = (refs - 1) / max(t - self._first[key], 1)
+        if self._rated(key, refs):
+            r = self._own_rate(key, refs, t)
             if r > val:
                 val = r
         return val
+
+    def _rated(self, key: Key, refs: int) -> bool:
+        """``shared_rate`` on and ``key`` forked from with at least ``RATE_MIN_REFS`` references."""
+        return self.shared_rate and refs >= RATE_MIN_REFS and self._fork.get(key, 0) >= 1
+
+    def _own_rate(self, key: Key, refs: int, upto: int) -> float:
+        """``(refs - 1) / (upto - first)``: references per unit time since the first one."""
+        return (refs - 1) / max(upto - self._first[key], 1)
 
     def _value(self, c: int, key: Key, t: int) -> float:
         """A cached key's worth at time ``t``: its class's hit density at its age or, with
@@ -378,8 +386,8 @@ class QuillHdPolicy(EvictionPolicy):
         last = self._last[key]
         val = self._hd[c][_clamp(age_bucket(t - last))]
         refs = self._refs[key]
-        if self.shared_rate and refs >= RATE_MIN_REFS and self._fork.get(key, 0) >= 1:
-            r = (refs - 1) / max(last - self._first[key], 1)
+        if self._rated(key, refs):
+            r = self._own_rate(key, refs, last)
             rate = r * math.exp(-((t - last) * r) / RATE_SILENCE_GAPS)
             if rate > val:
                 val = rate
