@@ -28,7 +28,12 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    ``random_shapes.csv``, knobs ``random_shape_knobs.csv``): the same count on ``random_shapes``
    session shapes with every knob of the generator drawn at once from ``RANDOM_SHAPE_SPACE``
    (none used to choose a default); each count's notes say in how many cells the baseline already
-   equals Belady (nobody can beat it there).
+   equals Belady (nobody can beat it there); and ``loss_anatomy`` (raw ``loss_anatomy.csv``): in
+   every cell of the table, the held-out seeds and the random shapes where QuillChain does not beat
+   the best of LRU, SIEVE and S3-FIFO although that baseline is below Belady, the references the
+   baseline hits and QuillChain misses (and the reverse), by the block's uses in the whole trace
+   and the requests since its previous use (``quillcache.hitrate.anatomy``): what the remaining
+   losses are made of.
 4. replay throughput (block references/s, median of >= 5 repetitions, p10/p90 in the notes) of
    every kernel at 10k blocks, against, in the same run: libCacheSim's LRU (``libcachesim`` from
    PyPI) on the same reference stream written in its oracleGeneral binary format - imported here
@@ -77,6 +82,7 @@ import numpy as np
 
 from experiments.hitrate_predictability import predictability
 from quillcache.hitrate import HITRATE_POLICIES, SEMI_ONLINE, simulate
+from quillcache.hitrate.anatomy import GAP_LABELS, USES_LABELS, anatomy
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
 from quillcache.results import Anchor, SummaryRow, print_table, spread, write_raw, write_summary
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, default_trace_path
@@ -426,6 +432,48 @@ def defaults_check(traces: list[tuple[str, int, TraceArrays]]) -> tuple[list[tup
     return raw, rows
 
 
+def loss_anatomy(sets: dict[str, tuple[list[tuple[str, int, TraceArrays]], list[tuple]]]
+                 ) -> tuple[list[tuple], list[SummaryRow]]:
+    """For every cell of every set (name -> (traces, raw rows as ``generalisation`` returns)) where
+    QuillChain's hit rate is not above the best of ``GEN_BASELINES`` although that baseline is below
+    Belady: ``quillcache.hitrate.anatomy`` of QuillChain against that baseline. Raw rows (set, trace,
+    seed, cap_fraction, baseline, uses, previous_use, references, ours_only, baseline_only); summary
+    rows ``loss_anatomy``: per uses bucket and per previous-use bucket, the share of the net lost
+    references (baseline_only - ours_only, summed over the lost cells)."""
+    raw_out: list[tuple] = []
+    for name, (traces, raw) in sets.items():
+        by_cell: dict[tuple[str, int, float], dict[str, tuple[int, float]]] = {}
+        for label, seed, pol, f, cap, hr, _gap in raw:
+            by_cell.setdefault((label, seed, f), {})[pol] = (cap, hr)
+        arrays = {(label, seed): arrs for label, seed, arrs in traces}
+        for (label, seed, f), v in sorted(by_cell.items()):
+            best = max(GEN_BASELINES, key=lambda b: v[b][1])
+            cap, best_hr = v[best]
+            if v[OURS][1] > best_hr or best_hr >= v["belady"][1] - 1e-12:
+                continue
+            arrs = arrays[(label, seed)]
+            ours_hits = simulate(arrs, OURS, cap).hits_per_request
+            for c in anatomy(arrs, ours_hits, simulate(arrs, best, cap).hits_per_request):
+                raw_out.append((name, label, seed, f, best, c.uses, c.previous_use, c.references, c.a_only, c.b_only))
+    rows: list[SummaryRow] = []
+    cells = {(r[0], r[1], r[2], r[3]) for r in raw_out}
+    net = sum(r[9] - r[8] for r in raw_out)
+    for col, labels in ((5, USES_LABELS), (6, GAP_LABELS)):
+        for lb in labels:
+            mine = [r for r in raw_out if r[col] == lb]
+            if not any(r[8] or r[9] for r in mine):  # e.g. first references: never a hit of anyone
+                continue
+            lost = sum(r[9] - r[8] for r in mine)
+            rows.append(SummaryRow(metric="loss_anatomy", subject=OURS, value=lost / net if net > 0 else math.nan,
+                                   unit="fraction of the net lost references", baseline="best of lru, sieve, s3fifo",
+                                   n=len(cells), notes=f"{lost} of {net} net lost references over {len(cells)} lost "
+                                                       f"cells ({sum(r[9] for r in mine)} hit by the baseline only, "
+                                                       f"{sum(r[8] for r in mine)} by {OURS} only)",
+                                   params={"trace": "generalisation, all sets",
+                                           ("uses" if col == 5 else "previous_use"): lb}))
+    return raw_out, rows
+
+
 def generalisation_rows(raw: list[tuple], policies: list[str]) -> list[SummaryRow]:
     """Per trace shape, capacity fraction and policy: the gap closed (median over seeds, p10/p90);
     per policy of ours: the share of (trace, seed, capacity) cells where it beats each baseline."""
@@ -540,7 +588,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     rows += default_rows
     # 3a. held out: the same shapes at seeds never used to choose a default
     held_policies = [p for p in policies if p in (*GEN_BASELINES, OURS, "quillhd", "belady")]
-    raw_held = generalisation(held_policies, heldout_traces(cfg))
+    held_traces = heldout_traces(cfg)
+    raw_held = generalisation(held_policies, held_traces)
     rows += cells_beaten_rows(raw_held, held_policies, metric="cells_beaten_heldout",
                               trace="generalisation, held-out seeds")
     # 3a. random shapes: every knob of the generator drawn at once (cell 3 of the docstring)
@@ -549,6 +598,10 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     rows += cells_beaten_rows(raw_rand, held_policies, metric="cells_beaten_random",
                               trace="generalisation, random shapes")
     rand_knobs = [(label, seed, *knobs.values()) for label, seed, _, knobs in rand]
+    raw_anatomy, anatomy_rows = loss_anatomy({
+        "table": (gen_traces, raw_gen), "heldout": (held_traces, raw_held),
+        "random": ([(label, seed, arrs) for label, seed, arrs, _ in rand], raw_rand)})
+    rows += anatomy_rows
 
     # 3b. semi-online (cell 5 of the docstring; separate metrics, never beside the online rows): lookahead-W LRU sees the
     #    W requests queued at the engine
@@ -625,6 +678,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
               results_root)
     write_raw(NAME, "random_shapes.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
                                           "gap_closed"], raw_rand, results_root)
+    write_raw(NAME, "loss_anatomy.csv", ["set", "trace", "seed", "cap_fraction", "baseline", "uses", "previous_use",
+                                         "references", "ours_only", "baseline_only"], raw_anatomy, results_root)
     write_raw(NAME, "random_shape_knobs.csv", ["trace", "seed", *RANDOM_SHAPE_SPACE], rand_knobs, results_root)
     write_raw(NAME, "timing_bounds.csv", ["trace", "capacity_blocks", "sigma", "seed", "hit_rate"], raw_timing,
               results_root)

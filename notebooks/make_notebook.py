@@ -80,7 +80,7 @@ df[df.metric == "scan_s_per_mib"].pivot(index="subject", columns="file_bytes", v
      '''df = read_summary("safety", RESULTS)
 display(df[df.category.isna() | (df.category == "all")].pivot(index="mix", columns="metric", values="value"))
 read_anchors("safety", RESULTS)'''),
-    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO (and on held-out seeds and random session shapes, never used to choose a default), kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests; the timing oracle, which knows which blocks return and when only up to a factor) and how well arrival-time features predict reuse and the gap to the next turn; `quillcache hitrate TRACE` prints such a table for any trace.',
+    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO (and on held-out seeds and random session shapes, never used to choose a default), what the remaining losses are made of (net lost references by the uses of the block and the requests since its previous use), kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests; the timing oracle, which knows which blocks return and when only up to a factor) and how well arrival-time features predict reuse and the gap to the next turn; `quillcache hitrate TRACE` prints such a table for any trace.',
      '''df = read_summary("hitrate", RESULTS)
 hr = df[(df.metric == "hit_rate") & (df.trace == "conversation_trace")]
 display(hr.pivot(index="subject", columns="capacity_blocks", values="value"))
@@ -89,6 +89,8 @@ display(gap.pivot(index="subject", columns="capacity_blocks", values="value"))
 gen = df[(df.metric == "gap_closed") & df.cap_fraction.notna()]
 display(gen.pivot_table(index=["trace", "cap_fraction"], columns="subject", values="value"))
 display(df[df.metric.isin(["cells_beaten", "cells_beaten_heldout", "cells_beaten_random", "defaults_check"])][["metric", "subject", "baseline", "value", "n", "notes"]])
+anat = df[df.metric == "loss_anatomy"]  # where QuillChain still loses: net lost references by bucket
+display(anat[["uses", "previous_use", "value", "n", "notes"]])
 display(df[df.metric == "replay_refs_per_s"].pivot_table(index="subject", columns="baseline", values="value"))
 info = df[(df.metric == "information_bound_gap_closed") & (df.subject == "reuse_oracle")]  # offline: which blocks return, not when
 display(info.pivot_table(index="flip_rate", columns="capacity_blocks", values="value"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -264,7 +265,8 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert {r.subject for r in semi} == SEMI_ONLINE and {r.params["window_requests"] for r in semi} == {1, 8, 64}
     assert not any(r.subject in SEMI_ONLINE for r in rows if not r.metric.startswith("semi_online"))
     assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES,
-                                                 "generalisation, held-out seeds", "generalisation, random shapes"}
+                                                 "generalisation, held-out seeds", "generalisation, random shapes",
+                                                 "generalisation, all sets"}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
     info = {(r.params["capacity_blocks"], r.params["flip_rate"]): r for r in rows
             if r.metric == "information_bound_hit_rate" and r.subject == "reuse_oracle"}  # offline, apart
@@ -287,6 +289,13 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     rand = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_random"}
     assert set(rand) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
     assert all(r.n == 4 * study.QUICK["random_shapes"] for r in rand.values())
+    anat = [r for r in rows if r.metric == "loss_anatomy"]
+    for key in ("uses", "previous_use"):  # each split accounts for every net lost reference once
+        shares = [r.value for r in anat if key in r.params]
+        if shares:
+            assert math.isclose(sum(shares), 1.0) and all(r.subject == "quillchain" for r in anat)
+    lost = pd.read_csv(tmp_path / "hitrate" / "loss_anatomy.csv")
+    assert set(lost["set"]) <= {"table", "heldout", "random"} and (lost.references > 0).all()
     held = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_heldout"}
     assert set(held) == set(beaten)  # every shape at a seed the table does not use
     assert not set(study.QUICK["heldout_seeds"]) & set(study.QUICK["gen_seeds"])
