@@ -101,6 +101,26 @@ def test_bounds_leave_the_timing_oracle_out_without_turns_and_say_so(tmp_path: P
     assert list(pd.read_csv(out / "hitrate.csv")["policy"].unique()) == ["lru", "belady", "reuse_oracle"]
 
 
+def test_anatomy_compares_two_policies_reference_by_reference(tmp_path: Path) -> None:
+    from quillcache.hitrate import simulate
+    from quillcache.hitrate.arrays import load_arrays
+
+    trace = write(tmp_path, good_lines())
+    out = tmp_path / "out"
+    p = cli(str(trace), "--policies", "sieve", "--capacities", "2,4,inf", "--anatomy", "quillchain,sieve",
+            "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "anatomy: quillchain vs sieve" in p.stdout and "anatomy.csv" in p.stdout
+    anat = pd.read_csv(out / "anatomy.csv")
+    assert set(anat["capacity_blocks"]) == {2, 4}  # unlimited: nothing to tell apart
+    arrs = load_arrays(trace)
+    for cap, part in anat.groupby("capacity_blocks"):
+        assert part["references"].sum() == arrs.num_refs
+        assert part["a_hits"].sum() == simulate(arrs, "quillchain", int(cap)).hit_blocks
+        assert part["b_hits"].sum() == simulate(arrs, "sieve", int(cap)).hit_blocks
+        assert (part["net"] == part["a_only"] - part["b_only"]).all()
+
+
 def test_generated_trace_block_size_is_read_from_its_lines(tmp_path: Path) -> None:
     trace = tmp_path / "s.jsonl"
     g = subprocess.run([sys.executable, "-m", "quillcache", "gen-trace", "sessions", "--out", str(trace),
@@ -134,6 +154,9 @@ def test_skipped_lines_are_reported(tmp_path: Path) -> None:
     ("capacity text", ["{good}", "--capacities", "10,lots"], "--capacities: 'lots' is not a block count"),
     ("capacity negative", ["{good}", "--capacities", "-5"], "--capacities: '-5' is not a block count"),
     ("limit", ["{good}", "--limit", "0"], "--limit=0 must be >= 1"),
+    ("anatomy one", ["{good}", "--anatomy", "lru"], "--anatomy: 'lru' must name two different policies"),
+    ("anatomy same", ["{good}", "--anatomy", "lru, lru"], "must name two different policies"),
+    ("anatomy unknown", ["{good}", "--anatomy", "lru,mru"], "--anatomy: unknown policy 'mru'"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, args: list[str], needle: str) -> None:
     paths = {

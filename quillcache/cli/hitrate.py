@@ -15,7 +15,11 @@ knowing exactly which blocks return but *when* only up to a factor ``exp(sigma *
 with ``sigma`` measured on the trace itself for "a conversation comes back after the same gap as its
 previous turn" (``quillcache.hitrate.turns``; left out, with a note, when the trace has no such
 turns). So the table also says how much of the gap on this trace is *which* blocks return and how
-much is *when*.
+much is *when*. ``--anatomy A,B`` says where two policies differ (``quillcache.hitrate.anatomy``): at
+every finite capacity, the block references A hits and B misses and the reverse, by the block's uses
+in the whole trace and the requests since its previous use; two tables of the net difference
+(A only - B only) and ``anatomy.csv`` with every cell (``--anatomy quillchain,belady`` shows what a
+policy misses that the offline bound hits).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["DEFAULT_CAPACITIES", "configure", "parse_capacities", "run"]
+__all__ = ["DEFAULT_CAPACITIES", "anatomy_frame", "configure", "parse_anatomy", "parse_capacities", "run"]
 
 DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
 DEFAULT_OUT = Path("results") / "hitrate_cli"
@@ -37,6 +41,10 @@ examples:
 
   # two policies (lru and belady are always added), three capacities, results elsewhere
   quillcache hitrate trace.jsonl --policies quillchain,s3fifo --capacities 2000,20k,inf --out /tmp/hr
+
+  # where QuillChain and S3-FIFO differ at 2k and 20k blocks: references one hits and the other misses,
+  # by how often the block is used and how long ago it was used before
+  quillcache hitrate trace.jsonl --policies quillchain,s3fifo --capacities 2k,20k --anatomy quillchain,s3fifo
 
   # a generated trace of 16-token blocks (the size is read from its lines), malformed lines skipped
   quillcache gen-trace sessions --out s.jsonl --sessions 500
@@ -65,6 +73,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="also run the reuse oracle (offline: knows which blocks are referenced again, never when) "
                         "and the timing oracle (offline: knows which, and when as roughly as 'the same gap as the "
                         "previous turn')")
+    p.add_argument("--anatomy", default=None, metavar="A,B",
+                   help="also compare two policies reference by reference at every finite capacity: the block "
+                        "references A hits and B misses and the reverse, by the block's uses in the trace and the "
+                        "requests since its previous use (written to anatomy.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table (the files are still written)")
 
 
@@ -106,6 +118,67 @@ def _policies(text: str | None) -> list[str]:
         raise ValueError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(sorted(HITRATE_KERNELS))}")
     rest = [n for n in names if n not in ("lru", "belady")]
     return ["lru", *dict.fromkeys(rest), "belady"]
+
+
+def parse_anatomy(text: str | None) -> tuple[str, str] | None:
+    """``"quillchain,s3fifo"`` -> ``("quillchain", "s3fifo")``; ValueError unless two different known policies."""
+    from quillcache.hitrate import HITRATE_KERNELS
+
+    if text is None:
+        return None
+    names = [s.strip() for s in text.split(",")]
+    if len(names) != 2 or not all(names) or names[0] == names[1]:
+        raise ValueError(f"--anatomy: {text!r} must name two different policies, e.g. quillchain,s3fifo")
+    for n in names:
+        if n not in HITRATE_KERNELS:
+            raise ValueError(f"--anatomy: unknown policy {n!r}; known: {', '.join(sorted(HITRATE_KERNELS))}")
+    return names[0], names[1]
+
+
+def anatomy_frame(arrs, pair: tuple[str, str], caps: list[int | None], options: dict):
+    """One row per finite capacity and non-empty (uses, previous use) cell of
+    ``quillcache.hitrate.anatomy`` for the two policies of ``pair`` (a, b), with ``net`` = a_only - b_only."""
+    from dataclasses import asdict
+
+    import pandas as pd
+
+    from quillcache.hitrate import simulate
+    from quillcache.hitrate.anatomy import anatomy
+
+    a, b = pair
+    records = []
+    for cap in caps:
+        if cap is None:  # unlimited: every policy keeps everything, nothing to tell apart
+            continue
+        ha = simulate(arrs, a, cap, **options.get(a, {})).hits_per_request
+        hb = simulate(arrs, b, cap, **options.get(b, {})).hits_per_request
+        for c in anatomy(arrs, ha, hb):
+            records.append({"capacity_blocks": cap, "a": a, "b": b, **asdict(c), "net": c.a_only - c.b_only})
+    return pd.DataFrame.from_records(records)
+
+
+def _print_anatomy(frame, pair: tuple[str, str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from quillcache.hitrate.anatomy import GAP_LABELS, USES_LABELS
+
+    con = Console() if sys.stdout.isatty() else Console(width=160)
+    caps = list(dict.fromkeys(frame["capacity_blocks"].tolist()))
+    for col, labels, what in (("uses", USES_LABELS, "uses of the block in the trace"),
+                              ("previous_use", GAP_LABELS, "requests since its previous use")):
+        t = Table(title=f"anatomy: {pair[0]} vs {pair[1]}")
+        t.add_column(what, no_wrap=True)
+        for c in caps:
+            t.add_column(f"{int(c):,}", justify="right")
+        for lb in labels:
+            part = frame[frame[col] == lb]
+            if not len(part) or not (part["a_only"].any() or part["b_only"].any()):
+                continue
+            t.add_row(lb, *(f"{int(part[part.capacity_blocks == c]['net'].sum()):+,}" for c in caps))
+        con.print(t)
+    con.print(f"cells: block references only {pair[0]} hits minus those only {pair[1]} hits, per capacity in blocks "
+              f"(positive: {pair[0]} hits more there)", markup=False, highlight=False)
 
 
 def with_bounds(df, arrs, block_tokens: int):
@@ -225,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
             check_int("--limit", args.limit, 1)
         caps = parse_capacities(args.capacities)
         policies = _policies(args.policies)
+        pair = parse_anatomy(args.anatomy)
     except ValueError as exc:
         return _fail(str(exc))
     trace = Path(args.trace)
@@ -247,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
     from quillcache.hitrate.sweep import sweep
 
     arrs = arrays_from_requests(requests, block_tokens=block_tokens)
-    options = {p: {"block_tokens": block_tokens} for p in policies if "block_tokens" in HITRATE_KERNELS[p].options}
+    options = {p: {"block_tokens": block_tokens} for p in {*policies, *(pair or ())}
+               if "block_tokens" in HITRATE_KERNELS[p].options}
     show = not args.quiet and sys.stdout.isatty()
     if not args.quiet:
         print(f"quillcache hitrate: {len(requests):,} requests, {arrs.num_refs:,} block references from {trace.name}",
@@ -263,18 +338,26 @@ def run(args: argparse.Namespace) -> int:
                            progress=lambda p, c: bar.update(task, advance=1, cell=f"{p} @ {c or 'inf'}"))
         else:
             df = sweep(arrs, policies, caps, options=options)
+        bounds_note = ""
+        if args.bounds:
+            df, bounds_note = with_bounds(df, arrs, block_tokens)
+        anat = anatomy_frame(arrs, pair, caps, options) if pair else None
     except KeyboardInterrupt:
         print(f"quillcache hitrate: interrupted; no results were written under {out}", file=sys.stderr)
         return 130
-    bounds_note = ""
-    if args.bounds:
-        df, bounds_note = with_bounds(df, arrs, block_tokens)
     try:
         paths = write_results(out, df, trace.stem, block_tokens)
+        if anat is not None:
+            paths.append(out / "anatomy.csv")
+            anat.to_csv(paths[-1], index=False)
     except OSError as exc:
         return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
     if not args.quiet:
         note = "\n".join(x for x in (report.summary() if report.skipped else "", bounds_note) if x)
         _print_table(df, f"quillcache hitrate: {trace.name}, {arrs.num_requests:,} requests, {arrs.num_refs:,} "
                          f"block references, {block_tokens}-token blocks", paths, note)
+        if anat is not None and len(anat):
+            _print_anatomy(anat, pair)
+        elif anat is not None:
+            print(f"anatomy: no finite capacity among {args.capacities!r}: nothing to compare", flush=True)
     return 0
