@@ -399,7 +399,7 @@ def test_quillchain_values_a_shared_prefix_by_its_own_rate():
 
     runs = {}
     for shared in (True, False):
-        p = QuillChainPolicy(capacity_keys=5, period=10**6, shared_rate=shared)
+        p = QuillChainPolicy(capacity_keys=5, period=10**6, shared_rate=shared, second_chance=False)
         for branch in "abcd":  # t = 1..8: "s" then each request's own block
             drive(p, ["s", branch])
         runs[shared] = (p, [v for new in "efgh" for v in drive(p, [new])])

@@ -107,7 +107,8 @@ def _hd_runner(classes: int, leaf_first: bool, fixed: dict | None = None):
         return kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
                                int(o["block_tokens"]), int(o["period"]), float(o["decay"]), kernels.NUM_BUCKETS,
                                float(o["quantile"]), float(o["che_mult"]), mode, classes, leaf_first,
-                               bool(o.get("admit", False)), bool(o.get("shared_rate", False)))
+                               bool(o.get("admit", False)), bool(o.get("shared_rate", False)),
+                               bool(o.get("second_chance", False)))
 
     return run
 
@@ -148,7 +149,7 @@ HITRATE_KERNELS.register("quillhd", HitRateKernel(
 HITRATE_KERNELS.register("quillchain", HitRateKernel(
     _hd_runner(kernels.CLS_CHAIN, True),
     _online_defaults("quillchain", "mode", "period", "decay", "quantile", "che_mult", "block_tokens", "admit",
-                     "shared_rate"),
+                     "shared_rate", "second_chance"),
     _check_by_building("quillchain")))
 HITRATE_KERNELS.register("lhd", HitRateKernel(
     _hd_runner(kernels.CLS_REUSE, False, {"mode": "hd", "block_tokens": 512}),

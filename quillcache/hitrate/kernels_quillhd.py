@@ -152,6 +152,7 @@ def incoming_worth(b, c, t, hd, refs, first, fork, shared):
     return val
 
 
+SECOND_CHANCE_MAX = 64  # QuillChain's LRU rule: at most this many second chances per eviction
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
 
@@ -195,9 +196,14 @@ def _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared):
 
 @njit(cache=True, nogil=True, inline="always")
 def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb, cnt, inst,
-                admit, byp, refs, first, fork, shared):
+                admit, byp, refs, first, fork, shared, vis, second):
     """One reference in one cache instance (real or shadow; ``cnt[inst]`` counts its blocks);
     returns +1 on insert, 0 on touch, -1 when the block is not admitted.
+
+    ``second`` (second chance, the LRU rule only): a cached block touched when it has at least two
+    references and a fork (a shared prefix used again while cached) is marked in ``vis[inst]``; a
+    marked victim is unmarked and re-queued at the tail of its class instead, up to
+    ``SECOND_CHANCE_MAX`` times per eviction.
 
     ``admit`` (the HD rule only): a new block worth less than its victim is not stored, and neither
     is any later uncached block of the same request in this instance (``byp[inst]``; it could not
@@ -206,17 +212,28 @@ def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head
     if incache[b]:
         _unlink(c_old, b, prev, nxt, head, tail, size)
         _push(c, b, prev, nxt, head, tail, size)
+        if second and refs[b] >= 2 and fork[b] >= 1:
+            vis[inst, b] = True
         return 0
     if byp[inst]:
         return -1
     if cnt[inst] >= cap:
         v, worth = _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared)
+        if second and rule == RULE_LRU:
+            for _ in range(SECOND_CHANCE_MAX):
+                if v == NIL or not vis[inst, v]:
+                    break
+                vis[inst, v] = False
+                _unlink(lastc[v], v, prev, nxt, head, tail, size)
+                _push(lastc[v], v, prev, nxt, head, tail, size)
+                v, worth = _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared)
         if admit and rule == RULE_HD:
             if incoming_worth(b, c, t, hd, refs, first, fork, shared) < worth:
                 byp[inst] = True
                 return -1
         _unlink(lastc[v], v, prev, nxt, head, tail, size)
         incache[v] = False
+        vis[inst, v] = False
     else:
         cnt[inst] += 1
     incache[b] = True
@@ -241,7 +258,7 @@ def _quantile_age(rd, q):
 
 @njit(cache=True, nogil=True)
 def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode,
-            classes, leaf_first, admit, shared):
+            classes, leaf_first, admit, shared, second):
     """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
     metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only,
     3 = challenger (one shadow runs the rule the real cache does not; the two swap when the shadow
@@ -250,7 +267,8 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     blocks are re-queued deepest first, so within a class a chain loses its leaves before its root;
     ``admit``: the HD rule refuses a new block worth less than its victim (see ``_qhd_access``);
     ``shared`` (CLS_CHAIN only): a block that requests forked from is worth at least its
-    ``shared_rate``."""
+    ``shared_rate``; ``second`` (CLS_CHAIN only): the LRU rule gives a second chance to shared
+    prefixes used again while cached (``_qhd_access``)."""
     ncls = CHAIN_CLASSES if classes == CLS_CHAIN else 8
     byp = np.zeros(3, np.bool_)  # per instance: a block of the current request was not admitted
     ends = np.zeros(u, np.int32)  # requests whose last full block was this block (CLS_CHAIN)
@@ -260,6 +278,7 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     first = np.zeros(u, np.int64)  # time of the first reference
     fork = np.zeros(u, np.int32)  # requests that branched off a known prefix through this block (shared)
     expired = np.zeros(u, np.bool_)
+    vis = np.zeros((3, u), np.bool_)  # per instance: second chance earned (``second``)
     n_inst = 3
     incache = np.zeros((n_inst, u), np.bool_)
     prev = np.full((n_inst, u), NIL, np.int32)
@@ -319,7 +338,7 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
             tcls = turn_class(turns)
             # a fork: the known prefix ends inside the request, where no earlier request ended
             # (a new branch of a shared prefix, not the next turn of a conversation)
-            if shared and 0 < m < e - s and ends[blocks[s + m - 1]] == 0:
+            if (shared or second) and 0 < m < e - s and ends[blocks[s + m - 1]] == 0:
                 for p in range(s, s + m):
                     fork[blocks[p]] += 1
         for p in range(s, e):
@@ -355,16 +374,16 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                 c = n if j >= k else 3 + n
             c_old = lastc[b]
             if _qhd_access(b, c_old, c, cap, rule, t, last, lastc, inc0, prev0, nxt0, head0, tail0, size0, hd, nb,
-                           cnt, 0, admit, byp, refs, first, fork, shared) > 0:
+                           cnt, 0, admit, byp, refs, first, fork, shared, vis, second) > 0:
                 n_ins += 1
             if mode == 0:
                 _qhd_access(b, c_old, c, cap, RULE_LRU, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd, nb,
-                            cnt, 1, admit, byp, refs, first, fork, shared)
+                            cnt, 1, admit, byp, refs, first, fork, shared, vis, second)
                 _qhd_access(b, c_old, c, cap, RULE_HD, t, last, lastc, inc2, prev2, nxt2, head2, tail2, size2, hd, nb,
-                            cnt, 2, admit, byp, refs, first, fork, shared)
+                            cnt, 2, admit, byp, refs, first, fork, shared, vis, second)
             elif mode == 3:
                 _qhd_access(b, c_old, c, cap, shadow_rule, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd,
-                            nb, cnt, 1, admit, byp, refs, first, fork, shared)
+                            nb, cnt, 1, admit, byp, refs, first, fork, shared, vis, second)
             last[b] = t
             lastc[b] = c
             if t >= next_upd:

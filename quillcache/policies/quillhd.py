@@ -1,5 +1,10 @@
 """QuillHD: learned hit density per prefix class, with a tail-first-LRU safety net (ours).
 
+Longer than 600 lines because it is the plain-Python specification of its Numba kernel
+(``quillcache.hitrate.kernels.quillhd``): the learned densities, the classifications, both rules,
+admission, the shadows and the second chance act on the same per-key state in one order, and the
+kernel is checked against this class as a whole.
+
 Why: in a prefix KV cache a block is reused when its conversation (or shared prompt) comes back,
 after a think time that has a floor (tens of seconds) and a long tail, and with a probability that
 grows with the number of turns seen so far. LRU cannot tell a block that will come back from one
@@ -54,7 +59,10 @@ key that hinted requests forked from (branched off where no request ended) with 
 ``RATE_MIN_REFS`` references at no less than its own rate while in use, discounted by its
 silence (``_value``), on both sides of admission (``_incoming_value``: a shared prompt coming back
 after an eviction is worth its rate, not the density of the class a block missing from a
-request's prefix falls into; see ``quillcache.policies.quillchain``); and
+request's prefix falls into; see ``quillcache.policies.quillchain``); ``second_chance`` (chain
+classes only) makes the LRU rule skip, once, a victim that was touched while cached with at least
+two references and a fork (a shared prefix used again while cached): it is unmarked and re-queued
+at the tail of its class (``_choose_evicting``, at most ``SECOND_CHANCE_MAX`` per eviction); and
 ``mode="challenger"`` replaces the two shadows by one that runs the rule the real cache does not,
 the two swapping rules when the shadow had more decayed prefix hits over a period.
 
@@ -79,6 +87,7 @@ NUM_CLASSES = 8
 HD_SUB = 8
 NUM_BUCKETS = 320
 RULE_LRU, RULE_HD = 0, 1
+SECOND_CHANCE_MAX = 64  # the LRU rule with second_chance: at most this many second chances per eviction
 MODES = ("adaptive", "hd", "lru", "challenger")
 CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.lhd), QuillChain's
 CHAIN_CLASSES = 18  # chain classes: partial tail, 5 prefix-hit reference-count classes, 6 turn classes x 2
@@ -154,11 +163,12 @@ def _clamp(i: int) -> int:
 class _Instance:
     """One cache's membership: per-class key lists in LRU order (real cache or a shadow)."""
 
-    __slots__ = ("cls", "lists")
+    __slots__ = ("cls", "lists", "marked")
 
     def __init__(self, num_classes: int) -> None:
         self.lists: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_classes)]
         self.cls: dict[Key, int] = {}
+        self.marked: set[Key] = set()  # second_chance earned
 
     def __len__(self) -> int:
         return len(self.cls)
@@ -173,6 +183,7 @@ class _Instance:
     def drop(self, key: Key) -> None:
         c = self.cls.pop(key)
         del self.lists[c][key]
+        self.marked.discard(key)
 
 
 class QuillHdPolicy(EvictionPolicy):
@@ -181,16 +192,20 @@ class QuillHdPolicy(EvictionPolicy):
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
                  classes: str = "prefix", leaf_first: bool = False, admit: bool = False,
-                 shared_rate: bool = False) -> None:
+                 shared_rate: bool = False, second_chance: bool = False) -> None:
         super().__init__()
         check_choice("mode", mode, MODES)
         check_choice("classes", classes, CLASSES)
-        for flag, value in (("leaf_first", leaf_first), ("admit", admit), ("shared_rate", shared_rate)):
+        for flag, value in (("leaf_first", leaf_first), ("admit", admit), ("shared_rate", shared_rate),
+                            ("second_chance", second_chance)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be bool, got {value!r}")
         if shared_rate and classes != "chain":
             raise ValueError(f"shared_rate needs classes='chain' (it counts forks where chains end), got {classes!r}")
+        if second_chance and classes != "chain":
+            raise ValueError(f"second_chance needs classes='chain' (it counts forks where chains end), got {classes!r}")
         self.shared_rate = shared_rate
+        self.second_chance = second_chance
         self.classes = classes
         self.leaf_first = leaf_first
         self.admit_by_density = admit
@@ -286,7 +301,8 @@ class QuillHdPolicy(EvictionPolicy):
             self._req_turn_class = turn_class(turns)
             # a fork: the known prefix ends inside the request where no earlier request ended (a
             # new branch of a shared prefix, not the next turn of a conversation)
-            if self.shared_rate and 0 < m < len(keys) and self._ends.get(keys[m - 1], 0) == 0:
+            counts_forks = self.shared_rate or self.second_chance
+            if counts_forks and 0 < m < len(keys) and self._ends.get(keys[m - 1], 0) == 0:
                 for key in keys[:m]:
                     self._fork[key] = self._fork.get(key, 0) + 1
         if self.mode == "challenger":
@@ -402,14 +418,16 @@ class QuillHdPolicy(EvictionPolicy):
                 if self._bypass[i + 1]:
                     continue
                 if len(shadow) >= cap:
-                    v = self._choose(shadow, rule, always, self._t)
+                    v = self._choose_evicting(shadow, rule, always, self._t)
                     assert v is not None
                     if self._refuses(shadow, rule, c, key, self._refs[key], v, self._t):
                         self._bypass[i + 1] = self._req is not None
                         continue
                     shadow.drop(v)
-            elif self._req is None:  # unhinted: score per-reference hits instead of prefix hits
-                self._score[i + challenger] += 1
+            else:
+                if self._req is None:  # unhinted: score per-reference hits instead of prefix hits
+                    self._score[i + challenger] += 1
+                self._mark(shadow, key)
             shadow.place(key, c)
 
     def _finish(self, key: Key, c: int) -> None:
@@ -516,6 +534,26 @@ class QuillHdPolicy(EvictionPolicy):
                 best, best_v, best_a = key, val, a
         return best
 
+    def _mark(self, inst: _Instance, key: Key) -> None:
+        """``second_chance``: ``key`` (cached in ``inst``, being touched; its references already
+        counted) earns a second chance if it has at least two references and a fork."""
+        if self.second_chance and self._refs[key] >= 2 and self._fork.get(key, 0) >= 1:
+            inst.marked.add(key)
+
+    def _choose_evicting(self, inst: _Instance, rule: int, is_evictable: Predicate, t: int) -> Key | None:
+        """``_choose`` for an eviction about to happen: under the LRU rule with ``second_chance``, a
+        marked victim is unmarked and re-queued at the tail of its class, and the victim chosen
+        again, at most ``SECOND_CHANCE_MAX`` times."""
+        v = self._choose(inst, rule, is_evictable, t)
+        if self.second_chance and rule == RULE_LRU:
+            for _ in range(SECOND_CHANCE_MAX):
+                if v is None or v not in inst.marked:
+                    break
+                inst.marked.discard(v)
+                inst.lists[inst.cls[v]].move_to_end(v)
+                v = self._choose(inst, rule, is_evictable, t)
+        return v
+
     # ---- protocol -------------------------------------------------------------------------
     def admit(self, key: Key, size_bytes: int) -> bool:
         """Always True unless ``admit``: then, with the cache at ``capacity_keys`` and the HD rule
@@ -556,6 +594,7 @@ class QuillHdPolicy(EvictionPolicy):
         if self._req is None and self.mode == "challenger":
             self._score[0] += 1  # unhinted: the real cache's per-reference hits
         c, _ = self._observe(key, touched=True)
+        self._mark(self._real, key)
         self._real.place(key, c)
         self._shadow_access(key, c)
         self._finish(key, c)
@@ -579,5 +618,6 @@ class QuillHdPolicy(EvictionPolicy):
         self._real.drop(key)
 
     def victim(self, is_evictable: Predicate = always) -> Key | None:
-        # called before the insert that needs room: ages at the time that reference will get
-        return self._choose(self._real, self._rule, is_evictable, self._t + 1)
+        # called before the insert that needs room: ages at the time that reference will get; with
+        # second_chance, under the LRU rule, choosing re-queues the marked keys it passes over
+        return self._choose_evicting(self._real, self._rule, is_evictable, self._t + 1)
