@@ -242,6 +242,31 @@ def test_arrays_layout_and_next_use():
 # ---------------------------------------------------------------- study smoke test
 
 
+def test_loss_anatomy_picks_the_lost_cells_and_accounts_for_every_reference():
+    """``loss_anatomy`` takes only cells where ours is not above the best baseline and that baseline
+    is below Belady, compares ours with that baseline, and its cells cover the trace once."""
+    from experiments import hitrate_study as study
+
+    arrs = study.synthetic_conversation_trace(60)
+    cap = max(2, arrs.num_unique // 20)
+    hr = {p: simulate(arrs, p, cap).hit_rate for p in (*study.GEN_BASELINES, "belady")}
+    best = max(study.GEN_BASELINES, key=hr.get)
+    assert hr[best] < hr["belady"]
+
+    def rows(ours_hr: float, f: float = 0.05) -> list[tuple]:
+        return [("t", 1, p, f, cap, v, 0.0) for p, v in {**hr, "quillchain": ours_hr}.items()]
+
+    raw, summary = study.loss_anatomy({"s": ([("t", 1, arrs)], rows(hr[best]))})  # a tie: not beaten
+    assert {r[4] for r in raw} == {best} and sum(r[7] for r in raw) == arrs.num_refs
+    net = sum(r[9] - r[8] for r in raw)
+    ours = simulate(arrs, "quillchain", cap).hit_blocks
+    assert net == round(hr[best] * arrs.num_refs) - ours  # baseline-only minus ours-only = the difference
+    for key in ("uses", "previous_use"):  # shares of the net loss; none when ours in fact hits more
+        shares = [r.value for r in summary if key in r.params]
+        assert shares and (math.isclose(sum(shares), 1.0) if net > 0 else all(math.isnan(v) for v in shares))
+    assert study.loss_anatomy({"s": ([("t", 1, arrs)], rows(hr[best] + 0.01))})[0] == []  # ours wins: skipped
+
+
 def test_study_quick_smoke(tmp_path, monkeypatch):
     from experiments import hitrate_study as study
 
