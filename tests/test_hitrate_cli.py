@@ -121,6 +121,49 @@ def test_anatomy_compares_two_policies_reference_by_reference(tmp_path: Path) ->
         assert (part["net"] == part["a_only"] - part["b_only"]).all()
 
 
+def test_capacities_as_shares_of_the_distinct_blocks(tmp_path: Path) -> None:
+    """``N%`` resolves against the trace's distinct blocks by the study's rule (at least one block);
+    a share and a block count that resolve alike run once; the table and the files say which share
+    each capacity came from."""
+    from quillcache.hitrate import simulate
+    from quillcache.hitrate.arrays import load_arrays
+    from quillcache.results import read_summary
+
+    trace = write(tmp_path, good_lines())
+    arrs = load_arrays(trace)  # 8 distinct blocks
+    out = tmp_path / "out"
+    p = cli(str(trace), "--policies", "sieve", "--capacities", "1%,25%,50%,4,inf", "--anatomy", "lru,sieve",
+            "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    want = {0.01: max(1, int(arrs.num_unique * 0.01)), 0.25: int(arrs.num_unique * 0.25),
+            0.5: int(arrs.num_unique * 0.5)}
+    assert want == {0.01: 1, 0.25: 2, 0.5: 4}  # the trace was made for these numbers
+    assert "1% = 1" in p.stdout and "25% = 2" in p.stdout and "50% = 4" in p.stdout and "unlimited" in p.stdout
+    assert f"({arrs.num_unique:,} distinct)" in p.stdout
+    df = pd.read_csv(out / "hitrate.csv")
+    assert sorted(df["capacity_blocks"].dropna().astype(int).unique()) == [1, 2, 4]  # 50% and 4 ran once
+    for r in df.itertuples():
+        cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
+        assert r.hit_blocks == simulate(arrs, r.policy, cap).hit_blocks, (r.policy, cap)
+        share = {1: 0.01, 2: 0.25, 4: 0.5}.get(cap)
+        assert (pd.isna(r.capacity_share) if share is None else r.capacity_share == share), (cap, r.capacity_share)
+    tidy = read_summary("out", tmp_path)
+    fr = tidy.dropna(subset=["cap_fraction"])
+    assert set(zip(fr["capacity_blocks"].astype(int), fr["cap_fraction"])) == {(1, 0.01), (2, 0.25), (4, 0.5)}
+    assert set(pd.read_csv(out / "anatomy.csv")["capacity_blocks"]) == {1, 2, 4}
+
+
+def test_parse_and_resolve_capacities() -> None:
+    from quillcache.cli.hitrate import Share, parse_capacities, resolve_capacities
+
+    specs = parse_capacities("10k, 0.5%,.5%,100%,inf,2M")
+    assert specs == [10_000, Share(0.005, "0.5%"), Share(0.005, ".5%"), Share(1.0, "100%"), None, 2_000_000]
+    caps, shares = resolve_capacities(specs, 1_000)
+    assert caps == [10_000, 5, 1_000, None, 2_000_000]
+    assert shares == {5: Share(0.005, "0.5%"), 1_000: Share(1.0, "100%")}  # the first share of a count wins
+    assert resolve_capacities([Share(0.01, "1%")], 3) == ([1], {1: Share(0.01, "1%")})  # never below one block
+
+
 def test_generated_trace_block_size_is_read_from_its_lines(tmp_path: Path) -> None:
     trace = tmp_path / "s.jsonl"
     g = subprocess.run([sys.executable, "-m", "quillcache", "gen-trace", "sessions", "--out", str(trace),
@@ -153,6 +196,9 @@ def test_skipped_lines_are_reported(tmp_path: Path) -> None:
     ("capacity zero", ["{good}", "--capacities", "10,0"], "--capacities: '0' must be >= 1 block"),
     ("capacity text", ["{good}", "--capacities", "10,lots"], "--capacities: 'lots' is not a block count"),
     ("capacity negative", ["{good}", "--capacities", "-5"], "--capacities: '-5' is not a block count"),
+    ("share zero", ["{good}", "--capacities", "10,0%"], "--capacities: '0%' must be a share in (0%, 100%]"),
+    ("share over", ["{good}", "--capacities", "150%"], "--capacities: '150%' must be a share in (0%, 100%]"),
+    ("share text", ["{good}", "--capacities", "x%"], "--capacities: 'x%' is not a share of the distinct blocks"),
     ("limit", ["{good}", "--limit", "0"], "--limit=0 must be >= 1"),
     ("anatomy one", ["{good}", "--anatomy", "lru"], "--anatomy: 'lru' must name two different policies"),
     ("anatomy same", ["{good}", "--anatomy", "lru, lru"], "must name two different policies"),

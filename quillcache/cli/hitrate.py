@@ -1,8 +1,13 @@
 """``quillcache hitrate TRACE``: hit rate of eviction policies at several capacities, and the share
 of the LRU→Belady gap each closes (the hit-rate-only replay of :mod:`quillcache.hitrate`).
 
+Capacities are block counts (``10k``), ``inf``, or shares of the trace's distinct blocks (``1%``,
+``0.5%``): a share resolves after loading to ``max(1, int(distinct blocks * share))``, the rule of the
+hit-rate study's generalisation table, so one command line means the same cache pressure on traces
+of any size; the table heads say both, and ``hitrate.csv`` has a ``capacity_share`` column.
+
 Bad input (a missing or malformed trace, unsorted timestamps, an unknown policy, a capacity that
-is not a positive integer or ``inf``) prints ONE line ``quillcache hitrate: error: ...`` on stderr
+is not a positive integer, a share in (0, 100%] or ``inf``) prints ONE line ``quillcache hitrate: error: ...`` on stderr
 and exits with status 2; nothing is written. ``--out`` is checked to be writable before any work.
 Results go under ``--out`` (default ``results/hitrate_cli/<trace stem>/``): ``hitrate.csv`` (one
 row per policy and capacity: hit rate, hit blocks, gap closed, replay speed), ``summary.csv`` +
@@ -27,9 +32,11 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_CAPACITIES", "anatomy_frame", "configure", "parse_anatomy", "parse_capacities", "run"]
+__all__ = ["DEFAULT_CAPACITIES", "Share", "anatomy_frame", "configure", "parse_anatomy", "parse_capacities",
+           "resolve_capacities", "run"]
 
 DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
 DEFAULT_OUT = Path("results") / "hitrate_cli"
@@ -38,6 +45,9 @@ EPILOG = """\
 examples:
   # every policy at 1k, 10k, 30k, 50k, 100k blocks and unlimited on the Mooncake conversation trace
   quillcache hitrate ../shared/traces/conversation_trace.jsonl
+
+  # the same cache pressure on a trace of any size: 1%, 3%, 10% and 30% of its distinct blocks
+  quillcache hitrate trace.jsonl --policies quillchain,s3fifo,sieve --capacities 1%,3%,10%,30%
 
   # two policies (lru and belady are always added), three capacities, results elsewhere
   quillcache hitrate trace.jsonl --policies quillchain,s3fifo --capacities 2000,20k,inf --out /tmp/hr
@@ -63,8 +73,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="comma-separated policy names (default: every online policy with a hit-rate kernel; "
                         "the semi-online lookahead, which sees the queued requests, only when named)")
     p.add_argument("--capacities", default=DEFAULT_CAPACITIES,
-                   help=f"comma-separated capacities in blocks; k/M suffixes; inf = unlimited "
-                        f"(default {DEFAULT_CAPACITIES})")
+                   help=f"comma-separated capacities in blocks; k/M suffixes; N%% = that share of the trace's "
+                        f"distinct blocks; inf = unlimited (default {DEFAULT_CAPACITIES})")
     p.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT}/<trace stem>/)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
@@ -86,24 +96,68 @@ def _fail(msg: str) -> int:
 
 
 _CAP_RE = re.compile(r"^(\d+)([kKmM]?)$")
+_SHARE_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)%$")
 
 
-def parse_capacities(text: str) -> list[int | None]:
-    """``"1k,10000,inf"`` -> ``[1000, 10000, None]``; ValueError naming the bad item."""
-    out: list[int | None] = []
+@dataclass(frozen=True)
+class Share:
+    """A capacity given as a share of the trace's distinct blocks (``fraction`` in (0, 1])."""
+
+    fraction: float
+    text: str  # as the user wrote it, e.g. "1%"
+
+    def blocks(self, num_unique: int) -> int:
+        """The study's rule (``experiments.hitrate_study.generalisation``): at least one block."""
+        return max(1, int(num_unique * self.fraction))
+
+
+def parse_capacities(text: str) -> list[int | Share | None]:
+    """``"1k,10000,5%,inf"`` -> ``[1000, 10000, Share(0.05, "5%"), None]``; ValueError naming the bad item."""
+    out: list[int | Share | None] = []
     for item in text.split(","):
         s = item.strip()
         if s.lower() in ("inf", "unlimited"):
             out.append(None)
             continue
+        if s.endswith("%"):
+            m = _SHARE_RE.match(s)
+            if not m:
+                raise ValueError(f"--capacities: {item!r} is not a share of the distinct blocks (e.g. 1%, 0.5%)")
+            pct = float(m.group(1))
+            if not 0.0 < pct <= 100.0:
+                raise ValueError(f"--capacities: {item!r} must be a share in (0%, 100%]")
+            out.append(Share(pct / 100.0, s))
+            continue
         m = _CAP_RE.match(s)
         if not m:
-            raise ValueError(f"--capacities: {item!r} is not a block count (e.g. 1000, 10k, 2M) or inf")
+            raise ValueError(f"--capacities: {item!r} is not a block count (e.g. 1000, 10k, 2M), a share (1%) or inf")
         n = int(m.group(1)) * {"": 1, "k": 1000, "m": 1_000_000}[m.group(2).lower()]
         if n < 1:
             raise ValueError(f"--capacities: {item!r} must be >= 1 block")
         out.append(n)
     return list(dict.fromkeys(out))
+
+
+def resolve_capacities(specs: list[int | Share | None], num_unique: int) -> tuple[list[int | None], dict[int, Share]]:
+    """Block counts (None = unlimited) in the order given, duplicates dropped, and the share each
+    count came from, if any (``{1832: Share(0.01, "1%")}``; the first share wins when two resolve alike)."""
+    caps: list[int | None] = []
+    shares: dict[int, Share] = {}
+    for s in specs:
+        cap = s.blocks(num_unique) if isinstance(s, Share) else s
+        if isinstance(s, Share):
+            shares.setdefault(cap, s)
+        caps.append(cap)
+    return list(dict.fromkeys(caps)), shares
+
+
+def _cap_label(cap, shares: dict[int, Share]) -> str:
+    import pandas as pd
+
+    if cap is None or pd.isna(cap):
+        return "unlimited"
+    share = shares.get(int(cap))
+    return f"{share.text} = {int(cap):,}" if share else f"{int(cap):,}"
 
 
 def _policies(text: str | None) -> list[str]:
@@ -157,7 +211,7 @@ def anatomy_frame(arrs, pair: tuple[str, str], caps: list[int | None], options: 
     return pd.DataFrame.from_records(records)
 
 
-def _print_anatomy(frame, pair: tuple[str, str]) -> None:
+def _print_anatomy(frame, pair: tuple[str, str], shares: dict[int, Share]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -170,7 +224,7 @@ def _print_anatomy(frame, pair: tuple[str, str]) -> None:
         t = Table(title=f"anatomy: {pair[0]} vs {pair[1]}")
         t.add_column(what, no_wrap=True)
         for c in caps:
-            t.add_column(f"{int(c):,}", justify="right")
+            t.add_column(_cap_label(c, shares), justify="right")
         for lb in labels:
             part = frame[frame[col] == lb]
             if not len(part) or not (part["a_only"].any() or part["b_only"].any()):
@@ -229,6 +283,9 @@ def _tidy_rows(df, trace: str, block_tokens: int) -> list:
     for r in df.itertuples(index=False):
         cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
         params = {"trace": trace, "block_tokens": block_tokens, **({} if cap is None else {"capacity_blocks": cap})}
+        share = getattr(r, "capacity_share", float("nan"))
+        if share == share:  # the capacity was given as a share of the distinct blocks
+            params["cap_fraction"] = float(share)
         sigma = getattr(r, "sigma", float("nan"))
         if sigma == sigma:  # the timing oracle's error
             params["sigma"] = float(sigma)
@@ -261,7 +318,7 @@ LABELS = {"belady": " (offline bound)", "reuse_oracle": " (offline: which blocks
           "timing_oracle": " (offline: which, and roughly when)"}
 
 
-def _print_table(df, title: str, paths: list[Path], note: str) -> None:
+def _print_table(df, title: str, paths: list[Path], note: str, shares: dict[int, Share]) -> None:
     import pandas as pd
     from rich.console import Console
     from rich.table import Table
@@ -273,7 +330,7 @@ def _print_table(df, title: str, paths: list[Path], note: str) -> None:
     t = Table(title=title)
     t.add_column("policy", no_wrap=True)
     for c in caps:
-        t.add_column("unlimited" if pd.isna(c) else f"{int(c):,}", justify="right")
+        t.add_column(_cap_label(c, shares), justify="right")
     for pol, part in df.groupby("policy", sort=False):
         cells = []
         for c in caps:
@@ -282,10 +339,17 @@ def _print_table(df, title: str, paths: list[Path], note: str) -> None:
             cells.append(f"{hr:.4f}" + ("" if pd.isna(g) or pol in ("lru", "belady") else f" {g * 100:+.1f}%"))
         t.add_row(pol + LABELS.get(pol, " (semi-online)" if pol in SEMI_ONLINE else ""), *cells)
     con.print(t)
-    con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity", markup=False)
+    con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity"
+              + (" (columns: blocks, or share of the distinct blocks = blocks)" if shares else ""), markup=False)
     if note:
         con.print(note, markup=False, highlight=False)
     con.print("results: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
+
+
+def _is_na(x) -> bool:
+    import pandas as pd
+
+    return x is None or bool(pd.isna(x))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -296,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.limit is not None:
             check_int("--limit", args.limit, 1)
-        caps = parse_capacities(args.capacities)
+        cap_specs = parse_capacities(args.capacities)
         policies = _policies(args.policies)
         pair = parse_anatomy(args.anatomy)
     except ValueError as exc:
@@ -321,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
     from quillcache.hitrate.sweep import sweep
 
     arrs = arrays_from_requests(requests, block_tokens=block_tokens)
+    caps, shares = resolve_capacities(cap_specs, arrs.num_unique)
     options = {p: {"block_tokens": block_tokens} for p in {*policies, *(pair or ())}
                if "block_tokens" in HITRATE_KERNELS[p].options}
     show = not args.quiet and sys.stdout.isatty()
@@ -342,6 +407,8 @@ def run(args: argparse.Namespace) -> int:
         if args.bounds:
             df, bounds_note = with_bounds(df, arrs, block_tokens)
         anat = anatomy_frame(arrs, pair, caps, options) if pair else None
+        df["capacity_share"] = [shares[int(c)].fraction if not _is_na(c) and int(c) in shares else float("nan")
+                                for c in df["capacity_blocks"]]
     except KeyboardInterrupt:
         print(f"quillcache hitrate: interrupted; no results were written under {out}", file=sys.stderr)
         return 130
@@ -355,9 +422,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         note = "\n".join(x for x in (report.summary() if report.skipped else "", bounds_note) if x)
         _print_table(df, f"quillcache hitrate: {trace.name}, {arrs.num_requests:,} requests, {arrs.num_refs:,} "
-                         f"block references, {block_tokens}-token blocks", paths, note)
+                         f"block references ({arrs.num_unique:,} distinct), {block_tokens}-token blocks", paths, note,
+                     shares)
         if anat is not None and len(anat):
-            _print_anatomy(anat, pair)
+            _print_anatomy(anat, pair, shares)
         elif anat is not None:
             print(f"anatomy: no finite capacity among {args.capacities!r}: nothing to compare", flush=True)
     return 0
