@@ -99,7 +99,8 @@ def _options(draw, pol: str) -> dict:
     if pol == "quillchain":
         return {"period": draw(st.sampled_from([3, 8, 2048])),
                 "mode": draw(st.sampled_from(["challenger", "adaptive", "hd", "lru"])), "admit": draw(st.booleans()),
-                "shared_rate": draw(st.booleans()), "second_chance": draw(st.booleans())}
+                "shared_rate": draw(st.booleans()), "second_chance": draw(st.booleans()),
+                "block_tokens": draw(st.sampled_from([16, 512]))}  # period_refs scales the period by the block size
     if pol == "lhd":
         return {"period": draw(st.sampled_from([3, 8, 4096])), "decay": draw(st.sampled_from([0.5, 0.9]))}
     if pol == "lookahead":

@@ -453,3 +453,35 @@ def test_quillchain_admits_a_returning_shared_prefix_by_its_own_rate():
     assert on._incoming_value(on.class_of("x"), "x", 1, 8) == 0.001  # no fork: its class's density
     assert stored == ["s"]  # "s" displaces a victim worth 0.01; "e" (worth 0.001) is then refused
     assert outcome[False][1] == []  # without shared_rate "s" is worth 0.001 and refused, and "e" with it
+
+
+def test_quillchain_period_is_a_span_of_prompt_tokens():
+    """``period`` counts references of 512-token blocks: with smaller blocks the policy (and its
+    kernel runner, through the same ``period_refs``) waits proportionally more references, so a
+    learning period covers the same prompt tokens whatever the engine's block size."""
+    import numpy as np
+
+    from quillcache.hitrate import kernels, simulate
+    from quillcache.hitrate.arrays import arrays_from_lists
+    from quillcache.policies.quillchain import QuillChainPolicy, period_refs
+
+    assert period_refs(2048, 512) == 2048 and period_refs(2048, 16) == 65536 and period_refs(3, 1024) == 2
+    assert period_refs(1, 4096) == 1  # never below one reference
+    for bad in ((0, 16), (2048, 0)):
+        with pytest.raises(ValueError):
+            period_refs(*bad)
+    assert QuillChainPolicy(period=2048, block_tokens=16).period == 65536
+    assert QuillChainPolicy(period=2048).period == 2048
+    # the kernel runner converts the same way: QuillChain at 16-token blocks with period P equals
+    # the same kernel given P * 32 references directly (the online class is checked against the
+    # kernel with both block sizes in tests/test_hitrate.py)
+    rng = np.random.default_rng(5)
+    lists = [list(range(c * 50, c * 50 + int(rng.integers(1, 40)))) for c in rng.integers(0, 30, 300)]
+    arrs = arrays_from_lists(lists, input_tokens=[16 * len(x) - 3 for x in lists])
+    a = simulate(arrs, "quillchain", 120, block_tokens=16, period=4).hits_per_request
+    c = simulate(arrs, "quillchain", 120, block_tokens=16, period=128).hits_per_request
+    assert not np.array_equal(a, c)  # the period matters on this trace, so the check below can fail
+    hits = np.zeros(arrs.num_requests, np.int32)
+    kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, 120, hits, arrs.input_tokens, 16, 128, 0.9,
+                    kernels.NUM_BUCKETS, 0.95, 1.0, 3, kernels.CLS_CHAIN, True, True, True, True)
+    assert np.array_equal(a, hits)

@@ -37,6 +37,7 @@ from quillcache.hitrate.arrays import (
     validate_arrays,
 )
 from quillcache.policies import POLICIES, EvictionPolicy, make_policy
+from quillcache.policies.quillchain import period_refs
 from quillcache.policies.tinylfu import DOORKEEPER_SEED, TinyLfuPolicy
 from quillcache.registry import Registry
 from quillcache.sketch.reference import seed_key
@@ -97,15 +98,19 @@ def _run_tinylfu(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> i
                            p.doorkeeper_bits, np.uint64(seed_key(DOORKEEPER_SEED)))
 
 
-def _hd_runner(classes: int, leaf_first: bool, fixed: dict | None = None):
-    """The runner of a policy on the QuillHD kernel: ``classes`` and ``leaf_first`` fixed per policy."""
+def _hd_runner(classes: int, leaf_first: bool, fixed: dict | None = None,
+               period_of: Callable[[int, int], int] | None = None):
+    """The runner of a policy on the QuillHD kernel: ``classes`` and ``leaf_first`` fixed per policy;
+    ``period_of(period, block_tokens)`` gives the period in references when the policy's option is
+    in other units (QuillChain's ``period_refs``), as the policy class does."""
     fixed = fixed or {}
 
     def run(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
         o = {**fixed, **opts}
         mode = {"adaptive": 0, "hd": 1, "lru": 2, "challenger": 3}[o["mode"]]
+        period = int(o["period"]) if period_of is None else period_of(int(o["period"]), int(o["block_tokens"]))
         return kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
-                               int(o["block_tokens"]), int(o["period"]), float(o["decay"]), kernels.NUM_BUCKETS,
+                               int(o["block_tokens"]), period, float(o["decay"]), kernels.NUM_BUCKETS,
                                float(o["quantile"]), float(o["che_mult"]), mode, classes, leaf_first,
                                bool(o.get("admit", False)), bool(o.get("shared_rate", False)),
                                bool(o.get("second_chance", False)))
@@ -147,7 +152,7 @@ HITRATE_KERNELS.register("quillhd", HitRateKernel(
     _run_quillhd, _online_defaults("quillhd", "mode", "period", "decay", "quantile", "che_mult", "block_tokens"),
     _check_by_building("quillhd")))
 HITRATE_KERNELS.register("quillchain", HitRateKernel(
-    _hd_runner(kernels.CLS_CHAIN, True),
+    _hd_runner(kernels.CLS_CHAIN, True, period_of=period_refs),
     _online_defaults("quillchain", "mode", "period", "decay", "quantile", "che_mult", "block_tokens", "admit",
                      "shared_rate", "second_chance"),
     _check_by_building("quillchain")))

@@ -75,6 +75,16 @@ How every default was chosen (never on the conversation trace alone):
   study's set): it raised the cells won against all three baselines from 75 to 77 of 80 and 134 to
   141 of 160, where S3-FIFO had kept tenant prompts that QuillChain refused to re-admit; on the 76
   cells above it cost one 30% cell by less than a tenth of a point;
+- ``period`` counts references of 512-token blocks (``period_refs``): with ``block_tokens = b`` the
+  learning and challenger period is ``period * 512 / b`` references, the same span of prompt tokens.
+  Why: learned densities decay by ``decay`` every period, so a period fixed in references gave
+  16-token blocks a memory 32 times shorter in requests than the 512-token traces its value was
+  chosen on. Measured on the seven generated shapes at 16-token blocks (seeds 1 and 2, 200
+  sessions, 56 cells; prototype, not in the study): 37 cells beaten against all three baselines with
+  the period in references, 40 with it in tokens (40 and 41 at half and twice that span); on four
+  traces of ``quillcache gen-trace sessions``'s own 16-token defaults, 14 of 16 either way. At
+  512-token blocks nothing changes. Neither version wins the 30% cells at 16-token blocks, where
+  LRU or SIEVE beats QuillChain by under two points;
 - ``period = 2048`` came from a sweep of period (1024, 2048, 4096) x quantile (0.95, 0.99) x
   che_mult (1, 2) scored the same way; ``decay``, ``quantile``, ``che_mult`` and the challenger
   mode are QuillHD's values. Two alternatives close more of the gap in more generalisation cells
@@ -103,7 +113,19 @@ Exactness: ``quillcache.hitrate.kernels.quillhd`` with ``classes=CLS_CHAIN, leaf
 
 from __future__ import annotations
 
+from quillcache._checks import check_int
 from quillcache.policies.quillhd import QuillHdPolicy
+
+PERIOD_BLOCK_TOKENS = 512  # ``period`` counts references of blocks of this many tokens
+
+
+def period_refs(period: int, block_tokens: int) -> int:
+    """The learning / challenger period in references of ``block_tokens``-token blocks: ``period``
+    references of 512-token blocks, i.e. the same number of prompt tokens whatever the block size
+    (at least one reference). Both QuillChain and its kernel runner use this one conversion."""
+    period = check_int("period", period, 1)
+    block_tokens = check_int("block_tokens", block_tokens, 1)
+    return max(1, round(period * PERIOD_BLOCK_TOKENS / block_tokens))
 
 
 class QuillChainPolicy(QuillHdPolicy):
@@ -112,6 +134,7 @@ class QuillChainPolicy(QuillHdPolicy):
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "challenger", period: int = 2048,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
                  admit: bool = True, shared_rate: bool = True, second_chance: bool = True) -> None:
+        period = period_refs(period, block_tokens)  # self.period is in references of this block size
         super().__init__(capacity_keys=capacity_keys, mode=mode, period=period, decay=decay, quantile=quantile,
                          che_mult=che_mult, block_tokens=block_tokens, classes="chain", leaf_first=True, admit=admit,
                          shared_rate=shared_rate, second_chance=second_chance)
