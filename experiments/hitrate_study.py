@@ -27,8 +27,10 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    never used to choose a default (``heldout_seeds``); and ``cells_beaten_random`` (raw
    ``random_shapes.csv``, knobs ``random_shape_knobs.csv``): the same count on ``random_shapes``
    session shapes with every knob of the generator drawn at once from ``RANDOM_SHAPE_SPACE``
-   (none used to choose a default); each count's notes say in how many cells the baseline already
-   equals Belady (nobody can beat it there); and ``loss_anatomy`` (raw ``loss_anatomy.csv``): in
+   (none used to choose a default); ``cells_beaten_block16`` (raw ``block16.csv``): the same count
+   on every shape cut into 16-token blocks (vLLM's default; every other generated trace here has
+   512-token blocks, as Mooncake's), with QuillChain and QuillHD told the block size; each count's
+   notes say in how many cells the baseline already equals Belady (nobody can beat it there); and ``loss_anatomy`` (raw ``loss_anatomy.csv``): in
    every cell of the table, the held-out seeds and the random shapes where QuillChain does not beat
    the best of LRU, SIEVE and S3-FIFO although that baseline is below Belady, the references the
    baseline hits and QuillChain misses (and the reverse), by the block's uses in the whole trace
@@ -92,10 +94,10 @@ POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "sieve", "arc", "2q", "lengthawa
                 "quillchain", "belady"]
 FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000,
         "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "heldout_seeds": (4, 5, 6), "flip_seeds": (0, 1, 2),
-        "random_shapes": 40, "random_seed": 2}
+        "random_shapes": 40, "random_seed": 2, "block16_sessions": 200, "block16_seeds": (4, 5)}
 QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300,
          "gen_sessions": 120, "gen_seeds": (1,), "heldout_seeds": (2,), "flip_seeds": (0,),
-         "random_shapes": 2, "random_seed": 2}
+         "random_shapes": 2, "random_seed": 2, "block16_sessions": 15, "block16_seeds": (2,)}
 OURS = "quillchain"
 ACCEPT_GAP = 0.5  # issue 18: >= 50% of the LRU->Belady gap at 1k and 10k blocks on the conversation trace
 ACCEPT_GAP_CAPS = (1000, 10000)
@@ -215,11 +217,14 @@ def session_arrays(**config) -> TraceArrays:
 # ---------------------------------------------------------------- cells
 
 
-def hit_rate_table(arrs: TraceArrays, caps: list[int | None], policies: list[str]) -> dict[tuple[str, int | None], float]:
+def hit_rate_table(arrs: TraceArrays, caps: list[int | None], policies: list[str],
+                   options: dict[str, dict] | None = None) -> dict[tuple[str, int | None], float]:
+    """Hit rate per (policy, capacity); ``options`` gives kernel options per policy (e.g. block_tokens)."""
+    options = options or {}
     out = {}
     for pol in policies:
         for cap in caps:
-            out[(pol, cap)] = simulate(arrs, pol, cap).hit_rate
+            out[(pol, cap)] = simulate(arrs, pol, cap, **options.get(pol, {})).hit_rate
     return out
 
 
@@ -344,6 +349,19 @@ def generalisation_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
     return out
 
 
+BLOCK16_TOKENS = 16  # vLLM's default KV block size
+
+
+def block16_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
+    """Every ``GEN_SHAPES`` shape at ``BLOCK16_TOKENS``-token blocks (``block16_seeds``,
+    ``block16_sessions`` sessions each): the same sessions cut into blocks 32 times smaller, as an
+    engine with small KV blocks sees them. The full profile uses the held-out seeds 4 and 5: no
+    default was chosen on them (QuillChain's ``period_refs`` rule was checked at seeds 1 and 2)."""
+    return [(shape, seed, session_arrays(num_sessions=cfg["block16_sessions"], seed=seed,
+                                         **{**GEN_BASE, **GEN_SHAPES[shape], "block_tokens": BLOCK16_TOKENS}))
+            for shape in GEN_SHAPES for seed in cfg["block16_seeds"]]
+
+
 def heldout_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
     """(label, seed, arrays) of every generated shape at the held-out seeds: traces made the same
     way as the generalisation table's but never looked at when QuillChain's defaults were chosen."""
@@ -390,12 +408,13 @@ def random_shape_traces(cfg: dict) -> list[tuple[str, int, TraceArrays, dict]]:
     return out
 
 
-def generalisation(policies: list[str], traces: list[tuple[str, int, TraceArrays]]) -> list[tuple]:
+def generalisation(policies: list[str], traces: list[tuple[str, int, TraceArrays]],
+                   options: dict[str, dict] | None = None) -> list[tuple]:
     """Raw rows (trace, seed, policy, cap_fraction, capacity_blocks, hit_rate, gap_closed)."""
     out = []
     for label, seed, arrs in traces:
         caps = [max(1, int(arrs.num_unique * f)) for f in GEN_FRACTIONS]
-        tab = hit_rate_table(arrs, caps, policies)
+        tab = hit_rate_table(arrs, caps, policies, options)
         for f, cap in zip(GEN_FRACTIONS, caps):
             lru, bel = tab[("lru", cap)], tab[("belady", cap)]
             for pol in policies:
@@ -598,6 +617,12 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     raw_rand = generalisation(held_policies, [(label, seed, arrs) for label, seed, arrs, _ in rand])
     rows += cells_beaten_rows(raw_rand, held_policies, metric="cells_beaten_random",
                               trace="generalisation, random shapes")
+    # 3a. 16-token blocks: the same shapes as an engine with small KV blocks sees them
+    b16_traces = block16_traces(cfg)
+    raw_b16 = generalisation(held_policies, b16_traces,
+                             {p: {"block_tokens": BLOCK16_TOKENS} for p in (OURS, "quillhd") if p in held_policies})
+    rows += cells_beaten_rows(raw_b16, held_policies, metric="cells_beaten_block16",
+                              trace=f"generalisation, {BLOCK16_TOKENS}-token blocks")
     rand_knobs = [(label, seed, *knobs.values()) for label, seed, _, knobs in rand]
     raw_anatomy, anatomy_rows = loss_anatomy({
         "table": (gen_traces, raw_gen), "heldout": (held_traces, raw_held),
@@ -681,6 +706,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
                                           "gap_closed"], raw_rand, results_root)
     write_raw(NAME, "loss_anatomy.csv", ["set", "trace", "seed", "cap_fraction", "baseline", "uses", "previous_use",
                                          "references", "ours_only", "baseline_only"], raw_anatomy, results_root)
+    write_raw(NAME, "block16.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
+                                    "gap_closed"], raw_b16, results_root)
     write_raw(NAME, "random_shape_knobs.csv", ["trace", "seed", *RANDOM_SHAPE_SPACE], rand_knobs, results_root)
     write_raw(NAME, "timing_bounds.csv", ["trace", "capacity_blocks", "sigma", "seed", "hit_rate"], raw_timing,
               results_root)

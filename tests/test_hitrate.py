@@ -292,7 +292,7 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert not any(r.subject in SEMI_ONLINE for r in rows if not r.metric.startswith("semi_online"))
     assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES,
                                                  "generalisation, held-out seeds", "generalisation, random shapes",
-                                                 "generalisation, all sets"}
+                                                 "generalisation, 16-token blocks", "generalisation, all sets"}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
     info = {(r.params["capacity_blocks"], r.params["flip_rate"]): r for r in rows
             if r.metric == "information_bound_hit_rate" and r.subject == "reuse_oracle"}  # offline, apart
@@ -315,6 +315,14 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     rand = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_random"}
     assert set(rand) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
     assert all(r.n == 4 * study.QUICK["random_shapes"] for r in rand.values())
+    b16 = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_block16"}
+    assert set(b16) == set(beaten) and all(r.n == 4 * len(study.GEN_SHAPES) for r in b16.values())
+    raw16 = pd.read_csv(tmp_path / "hitrate" / "block16.csv")
+    assert set(raw16["trace"]) == set(study.GEN_SHAPES) and set(raw16["seed"]) == set(study.QUICK["block16_seeds"])
+    assert not set(study.FULL["block16_seeds"]) & set(study.FULL["gen_seeds"])  # held out of the table's seeds
+    shape16, seed16, arrs16 = study.block16_traces(study.QUICK)[0]  # QuillChain ran told the block size
+    row = raw16[(raw16.trace == shape16) & (raw16.seed == seed16) & (raw16.policy == "quillchain")].iloc[-1]
+    assert row.hit_rate == simulate(arrs16, "quillchain", int(row.capacity_blocks), block_tokens=16).hit_rate
     anat = [r for r in rows if r.metric == "loss_anatomy"]
     for key in ("uses", "previous_use"):  # each split accounts for every net lost reference once
         shares = [r.value for r in anat if key in r.params]
