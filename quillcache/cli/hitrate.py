@@ -152,9 +152,7 @@ def resolve_capacities(specs: list[int | Share | None], num_unique: int) -> tupl
 
 
 def _cap_label(cap, shares: dict[int, Share]) -> str:
-    import pandas as pd
-
-    if cap is None or pd.isna(cap):
+    if _is_na(cap):
         return "unlimited"
     share = shares.get(int(cap))
     return f"{share.text} = {int(cap):,}" if share else f"{int(cap):,}"
