@@ -100,7 +100,9 @@ def _options(draw, pol: str) -> dict:
         return {"period": draw(st.sampled_from([3, 8, 2048])),
                 "mode": draw(st.sampled_from(["challenger", "adaptive", "hd", "lru"])), "admit": draw(st.booleans()),
                 "shared_rate": draw(st.booleans()), "second_chance": draw(st.booleans()),
-                "block_tokens": draw(st.sampled_from([16, 512]))}  # period_refs scales the period by the block size
+                # period_refs scales the period and second_chance_max the second chances by the block size
+                # (16384: at most 2 second chances per eviction, so the bound itself is exercised)
+                "block_tokens": draw(st.sampled_from([16, 512, 16384]))}
     if pol == "lhd":
         return {"period": draw(st.sampled_from([3, 8, 4096])), "decay": draw(st.sampled_from([0.5, 0.9]))}
     if pol == "lookahead":
@@ -453,8 +455,11 @@ def test_kernel_and_online_class_use_the_same_constants():
     from quillcache.hitrate import kernels_quillhd as kernel
     from quillcache.policies import quillhd as online
 
-    for name in ("HD_SUB", "NUM_BUCKETS", "CHAIN_CLASSES", "RATE_MIN_REFS", "RATE_SILENCE_GAPS"):
+    for name in ("HD_SUB", "NUM_BUCKETS", "CHAIN_CLASSES", "RATE_MIN_REFS", "RATE_SILENCE_GAPS",
+                 "SECOND_CHANCE_TOKENS"):
         assert getattr(kernel, name) == getattr(online, name), name
+    for block_tokens in (1, 16, 512, 8192, 32768, 10**6):
+        assert kernel.second_chance_max(block_tokens) == online.second_chance_max(block_tokens), block_tokens
 
 
 def test_random_shapes_are_seeded_in_range_and_valid():

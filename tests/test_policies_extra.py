@@ -485,3 +485,53 @@ def test_quillchain_period_is_a_span_of_prompt_tokens():
     kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, 120, hits, arrs.input_tokens, 16, 128, 0.9,
                     kernels.NUM_BUCKETS, 0.95, 1.0, 3, kernels.CLS_CHAIN, True, True, True, True)
     assert np.array_equal(a, hits)
+
+
+def test_quillchain_second_chance_is_bounded_by_a_span_of_prompt_tokens():
+    """Second chance (the LRU rule): a shared prefix touched again while cached is marked; a marked
+    victim is unmarked and re-queued at the tail of its class instead, at most
+    ``second_chance_max(block_tokens) = SECOND_CHANCE_TOKENS // block_tokens`` times per eviction,
+    after which the victim goes even if marked. The bound is a span of prompt tokens, so 16-token
+    blocks get 32 times as many second chances as 512-token blocks (the same prompt is 32 times as
+    many blocks)."""
+    from quillcache.policies.quillchain import QuillChainPolicy
+    from quillcache.policies.quillhd import SECOND_CHANCE_TOKENS, second_chance_max
+
+    assert SECOND_CHANCE_TOKENS == 64 * 512
+    assert second_chance_max(512) == 64 and second_chance_max(16) == 2048 and second_chance_max(10**6) == 1
+    with pytest.raises(ValueError, match="block_tokens"):
+        second_chance_max(0)
+
+    def drive(p, keys):
+        k = 0
+        for key in keys:
+            if key not in p:
+                break
+            k += 1
+        p.begin_request(keys, k, len(keys) * p.block_tokens)  # whole blocks: no partial tail
+        evicted = []
+        for key in keys:
+            if key in p:
+                p.touch(key)
+            else:
+                if len(p) >= p.capacity_keys:
+                    evicted.append(p.victim())
+                    p.evict(evicted[-1])
+                p.insert(key, 1)
+        return evicted
+
+    outcome = {}
+    for block_tokens, second in ((512, True), (16384, True), (32768, True), (512, False)):
+        p = QuillChainPolicy(capacity_keys=6, period=10**6, mode="lru", block_tokens=block_tokens,
+                             second_chance=second)
+        drive(p, ["s1", "s2", "s3", "a"])
+        drive(p, ["s1", "s2", "s3", "b"])  # a new branch of s1-s3: a fork, and each is touched while cached
+        marked = set(p._real.marked)
+        evicted = [v for x in "cde" for v in drive(p, [x])]
+        outcome[(block_tokens, second)] = (p._second_max, marked, evicted, set(p._real.marked))
+    # s1-s3 share one class, queued deepest first (leaf_first): s3 is the oldest there, a the oldest of all
+    assert outcome[(512, False)] == (64, set(), ["a", "s3"], set())
+    # a budget of 64 re-queues all three (clearing their marks) and comes back to s3, now unmarked
+    assert outcome[(512, True)] == (64, {"s1", "s2", "s3"}, ["a", "s3"], set())
+    assert outcome[(16384, True)] == (2, {"s1", "s2", "s3"}, ["a", "s1"], set())  # s3, s2 spared; s1 goes marked
+    assert outcome[(32768, True)] == (1, {"s1", "s2", "s3"}, ["a", "s2"], {"s1"})  # s3 spared; s2 goes; s1 keeps its mark

@@ -152,7 +152,17 @@ def incoming_worth(b, c, t, hd, refs, first, fork, shared):
     return val
 
 
-SECOND_CHANCE_MAX = 64  # QuillChain's LRU rule: at most this many second chances per eviction
+SECOND_CHANCE_TOKENS = 64 * 512  # QuillChain's LRU rule: at most this many prompt tokens' worth of second chances per eviction
+
+
+@njit(cache=True, nogil=True)
+def second_chance_max(block_tokens):
+    """The most second chances per eviction with ``block_tokens``-token blocks:
+    ``SECOND_CHANCE_TOKENS // block_tokens`` (at least 1), the same span of a prompt whatever the
+    block size (64 at 512-token blocks, 2,048 at 16-token blocks)."""
+    return max(1, SECOND_CHANCE_TOKENS // block_tokens)
+
+
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
 
@@ -196,14 +206,14 @@ def _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared):
 
 @njit(cache=True, nogil=True, inline="always")
 def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head, tail, size, hd, nb, cnt, inst,
-                admit, byp, refs, first, fork, shared, vis, second):
+                admit, byp, refs, first, fork, shared, vis, second, sc_max):
     """One reference in one cache instance (real or shadow; ``cnt[inst]`` counts its blocks);
     returns +1 on insert, 0 on touch, -1 when the block is not admitted.
 
     ``second`` (second chance, the LRU rule only): a cached block touched when it has at least two
     references and a fork (a shared prefix used again while cached) is marked in ``vis[inst]``; a
     marked victim is unmarked and re-queued at the tail of its class instead, up to
-    ``SECOND_CHANCE_MAX`` times per eviction.
+    ``sc_max`` (``second_chance_max``) times per eviction.
 
     ``admit`` (the HD rule only): a new block worth less than its victim is not stored, and neither
     is any later uncached block of the same request in this instance (``byp[inst]``; it could not
@@ -220,7 +230,7 @@ def _qhd_access(b, c_old, c, cap, rule, t, last, lastc, incache, prev, nxt, head
     if cnt[inst] >= cap:
         v, worth = _qhd_victim(rule, t, last, head, hd, nb, refs, first, fork, shared)
         if second and rule == RULE_LRU:
-            for _ in range(SECOND_CHANCE_MAX):
+            for _ in range(sc_max):
                 if v == NIL or not vis[inst, v]:
                     break
                 vis[inst, v] = False
@@ -268,8 +278,10 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     ``admit``: the HD rule refuses a new block worth less than its victim (see ``_qhd_access``);
     ``shared`` (CLS_CHAIN only): a block that requests forked from is worth at least its
     ``shared_rate``; ``second`` (CLS_CHAIN only): the LRU rule gives a second chance to shared
-    prefixes used again while cached (``_qhd_access``)."""
+    prefixes used again while cached (``_qhd_access``), at most
+    ``second_chance_max(block_tokens)`` per eviction."""
     ncls = CHAIN_CLASSES if classes == CLS_CHAIN else 8
+    sc_max = second_chance_max(block_tokens)
     byp = np.zeros(3, np.bool_)  # per instance: a block of the current request was not admitted
     ends = np.zeros(u, np.int32)  # requests whose last full block was this block (CLS_CHAIN)
     last = np.zeros(u, np.int64)  # time of last reference (0 = never)
@@ -374,16 +386,16 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                 c = n if j >= k else 3 + n
             c_old = lastc[b]
             if _qhd_access(b, c_old, c, cap, rule, t, last, lastc, inc0, prev0, nxt0, head0, tail0, size0, hd, nb,
-                           cnt, 0, admit, byp, refs, first, fork, shared, vis, second) > 0:
+                           cnt, 0, admit, byp, refs, first, fork, shared, vis, second, sc_max) > 0:
                 n_ins += 1
             if mode == 0:
                 _qhd_access(b, c_old, c, cap, RULE_LRU, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd, nb,
-                            cnt, 1, admit, byp, refs, first, fork, shared, vis, second)
+                            cnt, 1, admit, byp, refs, first, fork, shared, vis, second, sc_max)
                 _qhd_access(b, c_old, c, cap, RULE_HD, t, last, lastc, inc2, prev2, nxt2, head2, tail2, size2, hd, nb,
-                            cnt, 2, admit, byp, refs, first, fork, shared, vis, second)
+                            cnt, 2, admit, byp, refs, first, fork, shared, vis, second, sc_max)
             elif mode == 3:
                 _qhd_access(b, c_old, c, cap, shadow_rule, t, last, lastc, inc1, prev1, nxt1, head1, tail1, size1, hd,
-                            nb, cnt, 1, admit, byp, refs, first, fork, shared, vis, second)
+                            nb, cnt, 1, admit, byp, refs, first, fork, shared, vis, second, sc_max)
             last[b] = t
             lastc[b] = c
             if t >= next_upd:

@@ -62,7 +62,8 @@ after an eviction is worth its rate, not the density of the class a block missin
 request's prefix falls into; see ``quillcache.policies.quillchain``); ``second_chance`` (chain
 classes only) makes the LRU rule skip, once, a victim that was touched while cached with at least
 two references and a fork (a shared prefix used again while cached): it is unmarked and re-queued
-at the tail of its class (``_choose_evicting``, at most ``SECOND_CHANCE_MAX`` per eviction); and
+at the tail of its class (``_choose_evicting``, at most ``second_chance_max(block_tokens)`` per
+eviction: the same span of prompt tokens whatever the block size); and
 ``mode="challenger"`` replaces the two shadows by one that runs the rule the real cache does not,
 the two swapping rules when the shadow had more decayed prefix hits over a period.
 
@@ -87,12 +88,20 @@ NUM_CLASSES = 8
 HD_SUB = 8
 NUM_BUCKETS = 320
 RULE_LRU, RULE_HD = 0, 1
-SECOND_CHANCE_MAX = 64  # the LRU rule with second_chance: at most this many second chances per eviction
+SECOND_CHANCE_TOKENS = 64 * 512  # the LRU rule with second_chance: at most this many prompt tokens' worth per eviction
 MODES = ("adaptive", "hd", "lru", "challenger")
 CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.lhd), QuillChain's
 CHAIN_CLASSES = 18  # chain classes: partial tail, 5 prefix-hit reference-count classes, 6 turn classes x 2
 RATE_MIN_REFS = 4  # shared-prefix rate: a forked-from block with at least this many references ...
 RATE_SILENCE_GAPS = 4.0  # ... is worth its own rate, discounted by exp(-silence / (this many mean gaps))
+
+
+def second_chance_max(block_tokens: int) -> int:
+    """The most second chances per eviction with ``block_tokens``-token blocks:
+    ``SECOND_CHANCE_TOKENS // block_tokens`` (at least 1). The bound is a span of prompt tokens, not
+    a number of blocks, so that a shared prompt gets the same protection whatever the engine's block
+    size: 64 at 512-token blocks (where it was chosen), 2,048 at 16-token blocks."""
+    return max(1, SECOND_CHANCE_TOKENS // check_int("block_tokens", block_tokens, 1))
 
 
 def reuse_class(gap: int) -> int:
@@ -224,6 +233,7 @@ class QuillHdPolicy(EvictionPolicy):
         self.quantile = float(quantile)
         self.che_mult = float(che_mult)
         self.block_tokens = block_tokens
+        self._second_max = second_chance_max(block_tokens)
         self._real = _Instance(ncls)
         self._shadows = ((_Instance(ncls), _Instance(ncls)) if mode == "adaptive" else (_Instance(ncls),)
                          if mode == "challenger" else ())
@@ -543,10 +553,10 @@ class QuillHdPolicy(EvictionPolicy):
     def _choose_evicting(self, inst: _Instance, rule: int, is_evictable: Predicate, t: int) -> Key | None:
         """``_choose`` for an eviction about to happen: under the LRU rule with ``second_chance``, a
         marked victim is unmarked and re-queued at the tail of its class, and the victim chosen
-        again, at most ``SECOND_CHANCE_MAX`` times."""
+        again, at most ``second_chance_max(block_tokens)`` times."""
         v = self._choose(inst, rule, is_evictable, t)
         if self.second_chance and rule == RULE_LRU:
-            for _ in range(SECOND_CHANCE_MAX):
+            for _ in range(self._second_max):
                 if v is None or v not in inst.marked:
                     break
                 inst.marked.discard(v)
