@@ -29,7 +29,8 @@ What it uses of the structure of prefix-chained KV (and nothing of the future):
 - **A shared prefix used again while cached gets a second chance under the LRU rule**
   (``second_chance=True``). A cached block touched with at least two references and a fork is
   marked; when the LRU rule would evict a marked block it unmarks it and re-queues it at the tail
-  of its class instead (at most 64 times per eviction). Why: prompts used a few times with gaps of
+  of its class instead, at most ``second_chance_max(block_tokens)`` times per eviction (64 at
+  512-token blocks, ``SECOND_CHANCE_TOKENS`` = 32,768 prompt tokens' worth at any size). Why: prompts used a few times with gaps of
   hundreds of requests were what SIEVE and S3-FIFO kept and the LRU rule dropped
   (``quillcache.hitrate.anatomy``); SIEVE's visited bit, limited to shared prefixes, keeps them.
 - **Partial last blocks.** A request's last block when ``input_tokens % block_tokens != 0`` has
@@ -100,6 +101,16 @@ How every default was chosen (never on the conversation trace alone):
   conversation trace the gap closed moves by -2.4 points at 30k and +2.5 at 50k blocks, under half
   a point elsewhere. A mark for every touched block (not only shared prefixes) won 20 fewer
   table cells and lost ground at 30k-100k blocks on the conversation trace;
+- the second-chance bound counts prompt tokens, not blocks (``SECOND_CHANCE_TOKENS`` = 64 blocks
+  of 512 tokens): at 16-token blocks a shared prompt is 32 times as many blocks, and a bound of
+  64 blocks ran out inside one prompt, after which the LRU rule evicted a marked shared prefix
+  anyway. Measured on the seven generated shapes at 16-token blocks (seeds 1 and 2, 200 sessions,
+  56 cells; prototype, not the study's seeds): 40 cells beaten against all three baselines with
+  64 blocks, 51 with 2,048 (the 30% cells: 1 and 10 of 14), 47 with 512, 51 with 8,192. At
+  512-token blocks nothing changes; there, a bound of 1,024 blocks won the same 86 table cells and
+  593 of 640 random-shape cells as 64, and a bound of 16 lost 2 and 13 of them: the bound matters
+  only where it binds. On four traces of ``quillcache gen-trace sessions``'s own 16-token
+  defaults, 14 of 16 cells either way;
 - every full run of the study re-checks the defaults against alternatives (``admit=False``,
   ``shared_rate=False``, other modes, periods, decay, che_mult and quantile) on the same cells:
   summary rows ``defaults_check``, raw ``results/hitrate/defaults_check.csv``, listed in the
