@@ -22,7 +22,10 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    over seeds) per shape, capacity and policy, and for quillchain and quillhd the share of
    (trace, seed, capacity) cells in which each beats LRU, SIEVE and S3-FIFO (notes list the
    cells it does not); and ``defaults_check``: QuillChain's defaults against alternatives
-   (``DEFAULT_ALTERNATIVES``) on the same cells, which is how its defaults are justified; and
+   (``DEFAULT_ALTERNATIVES``) on the same cells, which is how its defaults are justified;
+   ``selector_headroom``: on the same cells, how many the challenger, each of its rules alone and a
+   per-cell choice between them in hindsight win against the best of LRU, SIEVE and S3-FIFO (are
+   the losses left the selector's or the rules'?); and
    ``cells_beaten_heldout`` (raw ``heldout.csv``): the same count on every shape at seeds that were
    never used to choose a default (``heldout_seeds``); and ``cells_beaten_random`` (raw
    ``random_shapes.csv``, knobs ``random_shape_knobs.csv``): the same count on ``random_shapes``
@@ -452,6 +455,43 @@ def defaults_check(traces: list[tuple[str, int, TraceArrays]]) -> tuple[list[tup
     return raw, rows
 
 
+SELECTOR_RULES = {"hd rule only": "mode=hd", "lru rule only": "mode=lru"}  # defaults_check's fixed-rule alternatives
+
+
+def selector_headroom(raw_gen: list[tuple], raw_defaults: list[tuple]) -> list[SummaryRow]:
+    """Whether QuillChain's remaining losses on the table belong to its rule selector or to its two
+    rules: on the cells of ``defaults_check`` (those with room between LRU and Belady), the number
+    of cells in which each of these beats the best of ``GEN_BASELINES``: the challenger (the
+    defaults), each rule alone (``SELECTOR_RULES``), the better of the two fixed rules chosen per
+    cell in hindsight, and the best of all three chosen per cell in hindsight. No online selector
+    between the two rules can be relied on to beat a hindsight choice of the better fixed rule; if
+    the challenger wins as many cells as that choice, the cells left are the rules' to win."""
+    best: dict[tuple[str, int, float], float] = {}  # the best baseline's gap closed (LRU's is 0)
+    for label, seed, pol, f, _cap, _hr, gap in raw_gen:
+        if pol in GEN_BASELINES and not math.isnan(gap):
+            best[(label, seed, f)] = max(best.get((label, seed, f), 0.0), gap)
+    gaps: dict[tuple[str, int, float], dict[str, float]] = {}
+    for label, seed, f, alt, gap in raw_defaults:
+        gaps.setdefault((label, seed, f), {})[alt] = gap
+    wanted = ("defaults", *SELECTOR_RULES.values())
+    cells = {c: v for c, v in gaps.items() if c in best and all(a in v for a in wanted)}
+    fixed = list(SELECTOR_RULES.values())
+    choices = {f"{OURS} challenger": lambda v: v["defaults"],
+               **{f"{OURS} {name}": (lambda v, a=alt: v[a]) for name, alt in SELECTOR_RULES.items()},
+               "hindsight: better fixed rule per cell": lambda v: max(v[a] for a in fixed),
+               "hindsight: best of challenger and fixed rules per cell": lambda v: max(v[a] for a in wanted)}
+    rows = []
+    for subject, pick in choices.items():
+        won = sum(pick(v) > best[c] for c, v in cells.items())
+        rows.append(SummaryRow(metric="selector_headroom", subject=subject, value=float(won), unit="cells",
+                               baseline="best of lru, sieve, s3fifo", n=len(cells),
+                               notes=f"beats the best of {', '.join(GEN_BASELINES)} in {won} of {len(cells)} cells"
+                                     + (" (a choice in hindsight, not an online policy)"
+                                        if subject.startswith("hindsight") else ""),
+                               params={"trace": "generalisation"}))
+    return rows
+
+
 def loss_anatomy(sets: dict[str, tuple[list[tuple[str, int, TraceArrays]], list[tuple]]]
                  ) -> tuple[list[tuple], list[SummaryRow]]:
     """For every cell of every set (name -> (traces, raw rows as ``generalisation`` returns)) where
@@ -606,6 +646,7 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     rows += generalisation_rows(raw_gen, policies)
     raw_defaults, default_rows = defaults_check(gen_traces)
     rows += default_rows
+    rows += selector_headroom(raw_gen, raw_defaults)
     # 3a. held out: the same shapes at seeds never used to choose a default
     held_policies = [p for p in policies if p in (*GEN_BASELINES, OURS, "quillhd", "belady")]
     held_traces = heldout_traces(cfg)

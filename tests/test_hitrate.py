@@ -317,6 +317,13 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     rand = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_random"}
     assert set(rand) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
     assert all(r.n == 4 * study.QUICK["random_shapes"] for r in rand.values())
+    head = {r.subject: r for r in rows if r.metric == "selector_headroom"}
+    assert len(head) == 5 and len({r.n for r in head.values()}) == 1
+    hind_fixed, hind_all = head["hindsight: better fixed rule per cell"], head[
+        "hindsight: best of challenger and fixed rules per cell"]
+    for rule in ("quillchain hd rule only", "quillchain lru rule only"):  # a hindsight choice is never worse
+        assert head[rule].value <= hind_fixed.value <= hind_all.value <= hind_all.n
+    assert head["quillchain challenger"].value <= hind_all.value
     b16 = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_block16"}
     assert set(b16) == set(beaten) and all(r.n == 4 * len(study.GEN_SHAPES) for r in b16.values())
     raw16 = pd.read_csv(tmp_path / "hitrate" / "block16.csv")
