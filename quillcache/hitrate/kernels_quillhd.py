@@ -152,7 +152,7 @@ def incoming_worth(b, c, t, hd, refs, first, fork, shared):
     return val
 
 
-SECOND_CHANCE_TOKENS = 64 * 512  # QuillChain's LRU rule: at most this many prompt tokens' worth of second chances per eviction
+SECOND_CHANCE_TOKENS = 64 * 512  # QuillChain's LRU rule: second chances per eviction, in prompt tokens' worth
 
 
 @njit(cache=True, nogil=True)

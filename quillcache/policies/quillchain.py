@@ -30,9 +30,10 @@ What it uses of the structure of prefix-chained KV (and nothing of the future):
   (``second_chance=True``). A cached block touched with at least two references and a fork is
   marked; when the LRU rule would evict a marked block it unmarks it and re-queues it at the tail
   of its class instead, at most ``second_chance_max(block_tokens)`` times per eviction (64 at
-  512-token blocks, ``SECOND_CHANCE_TOKENS`` = 32,768 prompt tokens' worth at any size). Why: prompts used a few times with gaps of
-  hundreds of requests were what SIEVE and S3-FIFO kept and the LRU rule dropped
-  (``quillcache.hitrate.anatomy``); SIEVE's visited bit, limited to shared prefixes, keeps them.
+  512-token blocks, ``SECOND_CHANCE_TOKENS`` = 32,768 prompt tokens' worth at any size). Why:
+  prompts used a few times with gaps of hundreds of requests were what SIEVE and S3-FIFO kept and
+  the LRU rule dropped (``quillcache.hitrate.anatomy``); SIEVE's visited bit, limited to shared
+  prefixes, keeps them.
 - **Partial last blocks.** A request's last block when ``input_tokens % block_tokens != 0`` has
   its own class: the next turn fills it with more tokens, so engines never reuse it as a prefix.
 - **A chain is only as good as its prefix.** After each request its cached blocks are re-queued
