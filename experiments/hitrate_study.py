@@ -109,7 +109,7 @@ GEN_BASELINES = ("lru", "sieve", "s3fifo")
 # QuillChain's defaults and the alternatives they are checked against (cell 3, "defaults_check")
 DEFAULT_ALTERNATIVES: dict[str, dict] = {
     "defaults": {}, "admit=off": {"admit": False}, "shared_rate=off": {"shared_rate": False},
-    "second_chance=off": {"second_chance": False},
+    "second_chance=off": {"second_chance": False}, "cap_period=off": {"cap_period": False},
     "mode=adaptive": {"mode": "adaptive"}, "mode=hd": {"mode": "hd"},
     "mode=lru": {"mode": "lru"}, "period=1024": {"period": 1024}, "period=4096": {"period": 4096},
     "period=16384": {"period": 16384}, "decay=0.5": {"decay": 0.5}, "che_mult=2": {"che_mult": 2.0},

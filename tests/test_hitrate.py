@@ -464,10 +464,13 @@ def test_kernel_and_online_class_use_the_same_constants():
     from quillcache.policies import quillhd as online
 
     for name in ("HD_SUB", "NUM_BUCKETS", "CHAIN_CLASSES", "RATE_MIN_REFS", "RATE_SILENCE_GAPS",
-                 "SECOND_CHANCE_TOKENS"):
+                 "SECOND_CHANCE_TOKENS", "PERIOD_MIN_REFS"):
         assert getattr(kernel, name) == getattr(online, name), name
     for block_tokens in (1, 16, 512, 8192, 32768, 10**6):
         assert kernel.second_chance_max(block_tokens) == online.second_chance_max(block_tokens), block_tokens
+    for period in (1, 511, 512, 2048, 65536):
+        for capacity in (1, 300, 512, 1000, 4096, 10**6):
+            assert kernel.learning_period(period, capacity) == online.learning_period(period, capacity)
 
 
 def test_random_shapes_are_seeded_in_range_and_valid():

@@ -483,8 +483,47 @@ def test_quillchain_period_is_a_span_of_prompt_tokens():
     assert not np.array_equal(a, c)  # the period matters on this trace, so the check below can fail
     hits = np.zeros(arrs.num_requests, np.int32)
     kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, 120, hits, arrs.input_tokens, 16, 128, 0.9,
-                    kernels.NUM_BUCKETS, 0.95, 1.0, 3, kernels.CLS_CHAIN, True, True, True, True)
+                    kernels.NUM_BUCKETS, 0.95, 1.0, 3, kernels.CLS_CHAIN, True, True, True, True, True)
     assert np.array_equal(a, hits)
+
+
+def test_quillchain_period_is_at_most_the_capacity():
+    """With ``cap_period`` (QuillChain's default) a learning / challenger period lasts ``period``
+    references but at most the capacity in blocks, and at least ``PERIOD_MIN_REFS``: the kernel
+    with it equals the kernel without it given that shorter period, the online class agrees with
+    the kernel where the cap binds, and a class without a known capacity caps its periods by the
+    largest occupancy seen so far."""
+    import numpy as np
+
+    from quillcache.hitrate import simulate
+    from quillcache.hitrate.arrays import arrays_from_lists
+    from quillcache.hitrate.reference import replay
+    from quillcache.policies.quillchain import QuillChainPolicy
+    from quillcache.policies.quillhd import PERIOD_MIN_REFS, learning_period
+
+    assert PERIOD_MIN_REFS == 512
+    assert learning_period(2048, 1000) == 1000 and learning_period(2048, 100) == 512
+    assert learning_period(2048, 10**6) == 2048 and learning_period(300, 100) == 300
+    for bad in ((0, 10), (10, 0)):
+        with pytest.raises(ValueError):
+            learning_period(*bad)
+    rng = np.random.default_rng(11)
+    lists = [list(range(c * 40, c * 40 + int(rng.integers(1, 30)))) for c in rng.integers(0, 120, 1500)]
+    arrs = arrays_from_lists(lists, input_tokens=[512 * len(x) - 7 for x in lists])
+    assert arrs.num_refs > 8 * 2048  # several periods of either length
+    capped = simulate(arrs, "quillchain", 700).hits_per_request
+    assert np.array_equal(capped, simulate(arrs, "quillchain", 700, period=700, cap_period=False).hits_per_request)
+    assert not np.array_equal(capped, simulate(arrs, "quillchain", 700, cap_period=False).hits_per_request)
+    assert np.array_equal(capped, replay(arrs, "quillchain", 700))  # the class, where the cap binds
+    # below PERIOD_MIN_REFS blocks of capacity the period is PERIOD_MIN_REFS references
+    assert np.array_equal(simulate(arrs, "quillchain", 100).hits_per_request,
+                          simulate(arrs, "quillchain", 100, period=512, cap_period=False).hits_per_request)
+    p = QuillChainPolicy()  # no capacity: the largest occupancy so far stands for it
+    assert p._plen == PERIOD_MIN_REFS
+    for i in range(1500):  # updates at references 512 (512 keys held) and 1024 (1024 held)
+        p.insert(i, 1)
+    assert p._plen == 1024 and p._next_upd == 2048
+    assert QuillChainPolicy(cap_period=False)._plen == 2048
 
 
 def test_quillchain_second_chance_is_bounded_by_a_span_of_prompt_tokens():

@@ -163,6 +163,16 @@ def second_chance_max(block_tokens):
     return max(1, SECOND_CHANCE_TOKENS // block_tokens)
 
 
+PERIOD_MIN_REFS = 512  # ``cap_period``: a learning period is at least this many references
+
+
+@njit(cache=True, nogil=True)
+def learning_period(period, capacity):
+    """With ``cap_period``, a learning / challenger period lasts ``period`` references but at most
+    the capacity in blocks (at least ``PERIOD_MIN_REFS``)."""
+    return min(period, max(PERIOD_MIN_REFS, capacity))
+
+
 RULE_LRU = 0  # evict partial tails (class 0) first, then the globally least recent block
 RULE_HD = 1  # evict the class-list head with the lowest learned hit density (ties: older first)
 
@@ -268,7 +278,7 @@ def _quantile_age(rd, q):
 
 @njit(cache=True, nogil=True)
 def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode,
-            classes, leaf_first, admit, shared, second):
+            classes, leaf_first, admit, shared, second, cap_period):
     """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
     metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only,
     3 = challenger (one shadow runs the rule the real cache does not; the two swap when the shadow
@@ -279,7 +289,9 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     ``shared`` (CLS_CHAIN only): a block that requests forked from is worth at least its
     ``shared_rate``; ``second`` (CLS_CHAIN only): the LRU rule gives a second chance to shared
     prefixes used again while cached (``_qhd_access``), at most
-    ``second_chance_max(block_tokens)`` per eviction."""
+    ``second_chance_max(block_tokens)`` per eviction; ``cap_period``: a period lasts at most the
+    capacity in references (``learning_period``), so learned densities remember a few cache
+    lifetimes."""
     ncls = CHAIN_CLASSES if classes == CLS_CHAIN else 8
     sc_max = second_chance_max(block_tokens)
     byp = np.zeros(3, np.bool_)  # per instance: a block of the current request was not admitted
@@ -320,7 +332,8 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     shadow_rule = RULE_LRU  # mode 3: the rule the one shadow runs (the one the real cache does not)
     t = 0
     exp_pos = 0
-    next_upd = period
+    plen = learning_period(period, cap) if cap_period else period  # the capacity is fixed here
+    next_upd = plen
     n_ins = 0
     total = 0
     for r in range(off.shape[0] - 1):
@@ -399,8 +412,8 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
             last[b] = t
             lastc[b] = c
             if t >= next_upd:
-                next_upd += period
-                che = che_mult * cap * period / max(n_ins, 1)
+                next_upd += plen
+                che = che_mult * cap * plen / max(n_ins, 1)
                 n_ins = 0
                 qa = _quantile_age(rd, quantile)
                 horizon = int(max(che, qa, 1.0))

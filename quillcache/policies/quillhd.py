@@ -63,7 +63,9 @@ request's prefix falls into; see ``quillcache.policies.quillchain``); ``second_c
 classes only) makes the LRU rule skip, once, a victim that was touched while cached with at least
 two references and a fork (a shared prefix used again while cached): it is unmarked and re-queued
 at the tail of its class (``_choose_evicting``, at most ``second_chance_max(block_tokens)`` per
-eviction: the same span of prompt tokens whatever the block size); and
+eviction: the same span of prompt tokens whatever the block size); ``cap_period`` makes a period
+last at most the capacity in blocks (``learning_period``; without a known capacity, the largest
+occupancy so far), so learned densities remember a few cache lifetimes; and
 ``mode="challenger"`` replaces the two shadows by one that runs the rule the real cache does not,
 the two swapping rules when the shadow had more decayed prefix hits over a period.
 
@@ -94,6 +96,18 @@ CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.
 CHAIN_CLASSES = 18  # chain classes: partial tail, 5 prefix-hit reference-count classes, 6 turn classes x 2
 RATE_MIN_REFS = 4  # shared-prefix rate: a forked-from block with at least this many references ...
 RATE_SILENCE_GAPS = 4.0  # ... is worth its own rate, discounted by exp(-silence / (this many mean gaps))
+
+
+PERIOD_MIN_REFS = 512  # cap_period: a learning period is at least this many references
+
+
+def learning_period(period: int, capacity: int) -> int:
+    """The length in references of the next learning / challenger period with ``cap_period``:
+    ``period``, but at most the cache's capacity in blocks (and at least ``PERIOD_MIN_REFS``, which
+    bounds the share of each reference spent on the O(classes x age buckets) update). Densities
+    decay by ``decay`` every period, so their memory is a few cache lifetimes instead of a fixed
+    number of references, which is mostly stale history for a small cache."""
+    return min(check_int("period", period, 1), max(PERIOD_MIN_REFS, check_int("capacity", capacity, 1)))
 
 
 def second_chance_max(block_tokens: int) -> int:
@@ -201,12 +215,12 @@ class QuillHdPolicy(EvictionPolicy):
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
                  classes: str = "prefix", leaf_first: bool = False, admit: bool = False,
-                 shared_rate: bool = False, second_chance: bool = False) -> None:
+                 shared_rate: bool = False, second_chance: bool = False, cap_period: bool = False) -> None:
         super().__init__()
         check_choice("mode", mode, MODES)
         check_choice("classes", classes, CLASSES)
         for flag, value in (("leaf_first", leaf_first), ("admit", admit), ("shared_rate", shared_rate),
-                            ("second_chance", second_chance)):
+                            ("second_chance", second_chance), ("cap_period", cap_period)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be bool, got {value!r}")
         if shared_rate and classes != "chain":
@@ -228,7 +242,8 @@ class QuillHdPolicy(EvictionPolicy):
         check_float("che_mult", che_mult, 0.0, 1e6)
         self.capacity_keys = capacity_keys
         self.mode = mode
-        self.period = period
+        self.period = period  # references; with cap_period the most a period lasts (``learning_period``)
+        self.cap_period = cap_period
         self.decay = float(decay)
         self.quantile = float(quantile)
         self.che_mult = float(che_mult)
@@ -257,9 +272,10 @@ class QuillHdPolicy(EvictionPolicy):
         self._hd = [[0.0] * NUM_BUCKETS for _ in range(ncls)]
         self._rd = [0.0] * NUM_BUCKETS
         self._t = 0
-        self._next_upd = period
         self._n_ins = 0
         self._peak = 0
+        self._plen = self._period_len()  # the length of the period in progress
+        self._next_upd = self._plen
         self._horizon: int | None = None  # 2 * capacity until the first update
         # request hints
         self._req: Sequence[Key] | None = None
@@ -285,6 +301,9 @@ class QuillHdPolicy(EvictionPolicy):
 
     def hit_density(self, cls: int, age: int) -> float:
         return self._hd[cls][_clamp(age_bucket(age))]
+
+    def _period_len(self) -> int:
+        return learning_period(self.period, self._capacity()) if self.cap_period else self.period
 
     def _capacity(self) -> int:
         return self.capacity_keys if self.capacity_keys is not None else max(self._peak, 1)
@@ -445,8 +464,9 @@ class QuillHdPolicy(EvictionPolicy):
         self._lastc[key] = c
         self._history.append((self._t, key))
         if self._t >= self._next_upd:
-            self._next_upd += self.period
             self._update()
+            self._plen = self._period_len()
+            self._next_upd += self._plen
         req = self._req
         if req is not None and not self._req_closed and self._req_pos == len(req):
             self._close_request(req)
@@ -469,7 +489,7 @@ class QuillHdPolicy(EvictionPolicy):
 
     def _update(self) -> None:
         cap = self._capacity()
-        che = self.che_mult * cap * self.period / max(self._n_ins, 1)
+        che = self.che_mult * cap * self._plen / max(self._n_ins, 1)
         self._n_ins = 0
         qa = self._quantile_age()
         self._horizon = int(max(che, qa, 1.0))
