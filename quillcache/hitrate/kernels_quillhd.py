@@ -289,9 +289,9 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     ``shared`` (CLS_CHAIN only): a block that requests forked from is worth at least its
     ``shared_rate``; ``second`` (CLS_CHAIN only): the LRU rule gives a second chance to shared
     prefixes used again while cached (``_qhd_access``), at most
-    ``second_chance_max(block_tokens)`` per eviction; ``cap_period``: a period lasts at most the
-    capacity in references (``learning_period``), so learned densities remember a few cache
-    lifetimes."""
+    ``second_chance_max(block_tokens)`` per eviction; ``cap_period``: a period lasts at most as many
+    references as the cache holds blocks (``learning_period``), so learned densities remember a few
+    cache lifetimes."""
     ncls = CHAIN_CLASSES if classes == CLS_CHAIN else 8
     sc_max = second_chance_max(block_tokens)
     byp = np.zeros(3, np.bool_)  # per instance: a block of the current request was not admitted
