@@ -110,6 +110,7 @@ GEN_BASELINES = ("lru", "sieve", "s3fifo")
 DEFAULT_ALTERNATIVES: dict[str, dict] = {
     "defaults": {}, "admit=off": {"admit": False}, "shared_rate=off": {"shared_rate": False},
     "second_chance=off": {"second_chance": False}, "cap_period=off": {"cap_period": False},
+    "start_rule=hd": {"start_rule": "hd"},
     "mode=adaptive": {"mode": "adaptive"}, "mode=hd": {"mode": "hd"},
     "mode=lru": {"mode": "lru"}, "period=1024": {"period": 1024}, "period=4096": {"period": 4096},
     "period=16384": {"period": 16384}, "decay=0.5": {"decay": 0.5}, "che_mult=2": {"che_mult": 2.0},

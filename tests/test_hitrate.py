@@ -102,7 +102,8 @@ def _options(draw, pol: str) -> dict:
                 "shared_rate": draw(st.booleans()), "second_chance": draw(st.booleans()),
                 # period_refs scales the period and second_chance_max the second chances by the block size
                 # (16384: at most 2 second chances per eviction, so the bound itself is exercised)
-                "block_tokens": draw(st.sampled_from([16, 512, 16384]))}
+                "block_tokens": draw(st.sampled_from([16, 512, 16384])),
+                "start_rule": draw(st.sampled_from(["lru", "hd"]))}
     if pol == "lhd":
         return {"period": draw(st.sampled_from([3, 8, 4096])), "decay": draw(st.sampled_from([0.5, 0.9]))}
     if pol == "lookahead":
@@ -114,7 +115,8 @@ def _options(draw, pol: str) -> dict:
         return {"kin_ratio": draw(st.sampled_from([0.1, 0.25, 0.5])), "kout_ratio": draw(st.sampled_from([0.0, 0.5, 2.0]))}
     if pol == "quillhd":
         return {"period": draw(st.sampled_from([3, 8, 32, 4096])), "mode": draw(st.sampled_from(["adaptive", "hd", "lru", "challenger"])),
-                "decay": draw(st.sampled_from([0.5, 0.9])), "quantile": draw(st.sampled_from([0.5, 0.95]))}
+                "decay": draw(st.sampled_from([0.5, 0.9])), "quantile": draw(st.sampled_from([0.5, 0.95])),
+                "start_rule": draw(st.sampled_from(["hd", "lru"]))}
     if pol == "tinylfu":
         return {"sample_factor": draw(st.sampled_from([1, 2, 10])), "window_ratio": draw(st.sampled_from([0.0, 0.01, 0.3])),
                 "doorkeeper": draw(st.booleans())}

@@ -371,7 +371,9 @@ def test_quillchain_refuses_a_block_worth_less_than_its_victim_and_the_rest_of_i
         k, _, _, refused = _drive_hinted(p, ["s", "h", f"u{r}a", f"u{r}b", f"u{r}c"])
         return k, refused
 
-    on, off = QuillChainPolicy(capacity_keys=4, period=8), QuillChainPolicy(capacity_keys=4, period=8, admit=False)
+    # the real cache on the hit-density rule from the start (admission acts under that rule only)
+    on = QuillChainPolicy(capacity_keys=4, period=8, start_rule="hd")
+    off = QuillChainPolicy(capacity_keys=4, period=8, admit=False, start_rule="hd")
     results = [(r, drive(on, r), drive(off, r)) for r in range(60)]
     assert all(refused == [] for _, _, (_, refused) in results)  # without admission nothing is refused
     late = [(r, k, refused) for r, (k, refused), _ in results[30:]]
@@ -399,7 +401,7 @@ def test_quillchain_values_a_shared_prefix_by_its_own_rate():
 
     runs = {}
     for shared in (True, False):
-        p = QuillChainPolicy(capacity_keys=5, period=10**6, shared_rate=shared, second_chance=False)
+        p = QuillChainPolicy(capacity_keys=5, period=10**6, shared_rate=shared, second_chance=False, start_rule="hd")
         for branch in "abcd":  # t = 1..8: "s" then each request's own block
             drive(p, ["s", branch])
         runs[shared] = (p, [v for new in "efgh" for v in drive(p, [new])])
@@ -438,7 +440,7 @@ def test_quillchain_admits_a_returning_shared_prefix_by_its_own_rate():
 
     outcome = {}
     for shared in (True, False):
-        p = QuillChainPolicy(capacity_keys=4, period=10**6, shared_rate=shared)
+        p = QuillChainPolicy(capacity_keys=4, period=10**6, shared_rate=shared, start_rule="hd")
         for branch in "abc":  # t = 1..6: "s" at 1, 3, 5; requests 2 and 3 fork off it
             drive(p, ["s", branch])
         p.evict("s")  # metadata stays: the prompt is only out of the cache
@@ -483,7 +485,7 @@ def test_quillchain_period_is_a_span_of_prompt_tokens():
     assert not np.array_equal(a, c)  # the period matters on this trace, so the check below can fail
     hits = np.zeros(arrs.num_requests, np.int32)
     kernels.quillhd(arrs.req_offsets, arrs.blocks, arrs.num_unique, 120, hits, arrs.input_tokens, 16, 128, 0.9,
-                    kernels.NUM_BUCKETS, 0.95, 1.0, 3, kernels.CLS_CHAIN, True, True, True, True, True)
+                    kernels.NUM_BUCKETS, 0.95, 1.0, 3, kernels.CLS_CHAIN, True, True, True, True, True, True)
     assert np.array_equal(a, hits)
 
 
@@ -524,6 +526,44 @@ def test_quillchain_period_is_at_most_the_capacity():
         p.insert(i, 1)
     assert p._plen == 1024 and p._next_upd == 2048
     assert QuillChainPolicy(cap_period=False)._plen == 2048
+
+
+def test_quillchain_starts_on_the_lru_rule_until_the_hit_density_rule_beats_it():
+    """``start_rule="lru"`` (QuillChain's default): the real cache runs the LRU rule and the
+    challenger shadow the HD rule until a period in which the shadow had more prefix hits, after
+    which they swap; ``start_rule="hd"`` starts the other way round. On a trace where the two
+    starts give different hits, each start follows its rule alone up to its first swap and then
+    departs from it; the online class starts the same way as the kernel."""
+    import numpy as np
+
+    from quillcache.hitrate import simulate
+    from quillcache.hitrate.arrays import arrays_from_lists
+    from quillcache.hitrate.reference import replay
+    from quillcache.policies.quillchain import QuillChainPolicy
+    from quillcache.policies.quillhd import QuillHdPolicy
+
+    assert QuillChainPolicy().rule == "lru" and QuillChainPolicy(start_rule="hd").rule == "hd"
+    assert QuillHdPolicy().rule == "hd" and QuillHdPolicy(mode="challenger", start_rule="lru").rule == "lru"
+    assert QuillHdPolicy(mode="hd", start_rule="lru").rule == "hd"  # a fixed mode keeps its rule
+    with pytest.raises(ValueError, match="start_rule"):
+        QuillChainPolicy(start_rule="belady")
+    rng = np.random.default_rng(3)
+    lists = [list(range(c * 40, c * 40 + int(rng.integers(1, 30)))) for c in rng.integers(0, 200, 1500)]
+    arrs = arrays_from_lists(lists, input_tokens=[512 * len(x) - 7 for x in lists])
+    cap = 600
+    lru_start = simulate(arrs, "quillchain", cap).hits_per_request
+    hd_start = simulate(arrs, "quillchain", cap, start_rule="hd").hits_per_request
+    lru_only = simulate(arrs, "quillchain", cap, mode="lru").hits_per_request
+    hd_only = simulate(arrs, "quillchain", cap, mode="hd").hits_per_request
+    assert not np.array_equal(lru_start, hd_start)
+    # the requests before the first swap: an LRU start follows the LRU rule alone, an HD start the HD rule
+    assert (lru_start != lru_only).any() and (hd_start != hd_only).any()  # each start swapped at some point
+    first_lru = int(np.argmax(lru_start != lru_only))
+    first_hd = int(np.argmax(hd_start != hd_only))
+    assert first_lru > 0 and first_hd > 0
+    assert np.array_equal(lru_start[:first_lru], lru_only[:first_lru])
+    assert np.array_equal(hd_start[:first_hd], hd_only[:first_hd])
+    assert np.array_equal(lru_start, replay(arrs, "quillchain", cap))  # the online class starts the same way
 
 
 def test_quillchain_second_chance_is_bounded_by_a_span_of_prompt_tokens():

@@ -113,7 +113,8 @@ def _hd_runner(classes: int, leaf_first: bool, fixed: dict | None = None,
                                int(o["block_tokens"]), period, float(o["decay"]), kernels.NUM_BUCKETS,
                                float(o["quantile"]), float(o["che_mult"]), mode, classes, leaf_first,
                                bool(o.get("admit", False)), bool(o.get("shared_rate", False)),
-                               bool(o.get("second_chance", False)), bool(o.get("cap_period", False)))
+                               bool(o.get("second_chance", False)), bool(o.get("cap_period", False)),
+                               o.get("start_rule", "hd") == "lru")
 
     return run
 
@@ -149,12 +150,13 @@ HITRATE_KERNELS.register("belady", HitRateKernel(
                                                  arrs.next_use, bool(opts["bypass"])),
     _online_defaults("belady", "bypass"), _check_belady))
 HITRATE_KERNELS.register("quillhd", HitRateKernel(
-    _run_quillhd, _online_defaults("quillhd", "mode", "period", "decay", "quantile", "che_mult", "block_tokens"),
+    _run_quillhd, _online_defaults("quillhd", "mode", "period", "decay", "quantile", "che_mult", "block_tokens",
+                                   "start_rule"),
     _check_by_building("quillhd")))
 HITRATE_KERNELS.register("quillchain", HitRateKernel(
     _hd_runner(kernels.CLS_CHAIN, True, period_of=period_refs),
     _online_defaults("quillchain", "mode", "period", "decay", "quantile", "che_mult", "block_tokens", "admit",
-                     "shared_rate", "second_chance", "cap_period"),
+                     "shared_rate", "second_chance", "cap_period", "start_rule"),
     _check_by_building("quillchain")))
 HITRATE_KERNELS.register("lhd", HitRateKernel(
     _hd_runner(kernels.CLS_REUSE, False, {"mode": "hd", "block_tokens": 512}),

@@ -278,7 +278,7 @@ def _quantile_age(rd, q):
 
 @njit(cache=True, nogil=True)
 def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay, nb, quantile, che_mult, mode,
-            classes, leaf_first, admit, shared, second, cap_period):
+            classes, leaf_first, admit, shared, second, cap_period, start_lru):
     """QuillHD (``quillcache.policies.quillhd``). mode 0 = adaptive (follow the better of two
     metadata-only shadow caches), 1 = hit-density rule only, 2 = tail-first LRU rule only,
     3 = challenger (one shadow runs the rule the real cache does not; the two swap when the shadow
@@ -291,7 +291,8 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     prefixes used again while cached (``_qhd_access``), at most
     ``second_chance_max(block_tokens)`` per eviction; ``cap_period``: a period lasts at most as many
     references as the cache holds blocks (``learning_period``), so learned densities remember a few
-    cache lifetimes."""
+    cache lifetimes; ``start_lru`` (modes 0 and 3): the real cache starts on the LRU rule (in mode 3
+    the shadow on the HD rule) instead of the HD rule, whose densities are not learned yet."""
     ncls = CHAIN_CLASSES if classes == CLS_CHAIN else 8
     sc_max = second_chance_max(block_tokens)
     byp = np.zeros(3, np.bool_)  # per instance: a block of the current request was not admitted
@@ -328,8 +329,8 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
     score = np.zeros(3, np.float64)  # decayed prefix hits of shadow LRU (1), shadow HD (2)
     horizon = 2 * cap
     hb = min(age_bucket(horizon), nb - 1)  # the age bucket of the horizon (expired lifetimes)
-    rule = RULE_HD if mode != 2 else RULE_LRU
-    shadow_rule = RULE_LRU  # mode 3: the rule the one shadow runs (the one the real cache does not)
+    rule = RULE_LRU if mode == 2 or (start_lru and (mode == 0 or mode == 3)) else RULE_HD
+    shadow_rule = RULE_HD if rule == RULE_LRU else RULE_LRU  # mode 3: the rule the one shadow runs
     t = 0
     exp_pos = 0
     plen = learning_period(period, cap) if cap_period else period  # the capacity is fixed here

@@ -55,7 +55,9 @@ its rate and not by the class of a block that is missing from a request's prefix
 blocks fall into once the first one misses). The default ``mode="challenger"`` guards the rule:
 one metadata-only shadow cache runs the other rule (partial tails first, then the globally least
 recent block, no admission); every ``period`` references the two swap rules if the shadow had
-more decayed prefix hits.
+more decayed prefix hits. The real cache starts on the LRU rule and the shadow on the hit-density
+rule (``start_rule="lru"``): densities learned from nothing are not trusted with the real cache
+until they have beaten LRU over a period.
 
 How every default was chosen (never on the conversation trace alone):
 - the turn buckets and the power-of-two reference-count buckets were fixed before measuring; the
@@ -159,8 +161,9 @@ class QuillChainPolicy(QuillHdPolicy):
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "challenger", period: int = 2048,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
                  admit: bool = True, shared_rate: bool = True, second_chance: bool = True,
-                 cap_period: bool = True) -> None:
+                 cap_period: bool = True, start_rule: str = "lru") -> None:
         period = period_refs(period, block_tokens)  # self.period is in references of this block size
         super().__init__(capacity_keys=capacity_keys, mode=mode, period=period, decay=decay, quantile=quantile,
                          che_mult=che_mult, block_tokens=block_tokens, classes="chain", leaf_first=True, admit=admit,
-                         shared_rate=shared_rate, second_chance=second_chance, cap_period=cap_period)
+                         shared_rate=shared_rate, second_chance=second_chance, cap_period=cap_period,
+                         start_rule=start_rule)

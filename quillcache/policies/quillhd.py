@@ -65,9 +65,12 @@ two references and a fork (a shared prefix used again while cached): it is unmar
 at the tail of its class (``_choose_evicting``, at most ``second_chance_max(block_tokens)`` per
 eviction: the same span of prompt tokens whatever the block size); ``cap_period`` makes a period
 last at most the capacity in blocks (``learning_period``; without a known capacity, the largest
-occupancy so far), so learned densities remember a few cache lifetimes; and
+occupancy so far), so learned densities remember a few cache lifetimes;
 ``mode="challenger"`` replaces the two shadows by one that runs the rule the real cache does not,
-the two swapping rules when the shadow had more decayed prefix hits over a period.
+the two swapping rules when the shadow had more decayed prefix hits over a period; and
+``start_rule`` is the rule the real cache starts on in the modes that switch rules (``"hd"``, the
+default, or ``"lru"``; in challenger mode the shadow starts on the other), kept until a period's
+comparison of prefix hits says otherwise.
 
 Memory: reference metadata (last time, class, count) is kept for every key ever seen, like a
 ghost list of unbounded length (about 24 bytes per key in a compiled version); ``remove`` forgets
@@ -92,6 +95,7 @@ NUM_BUCKETS = 320
 RULE_LRU, RULE_HD = 0, 1
 SECOND_CHANCE_TOKENS = 64 * 512  # the LRU rule with second_chance: at most this many prompt tokens' worth per eviction
 MODES = ("adaptive", "hd", "lru", "challenger")
+START_RULES = ("hd", "lru")  # the rule the real cache starts on (adaptive and challenger modes)
 CLASSES = ("prefix", "reuse", "chain")  # QuillHD's, LHD's (quillcache.policies.lhd), QuillChain's
 CHAIN_CLASSES = 18  # chain classes: partial tail, 5 prefix-hit reference-count classes, 6 turn classes x 2
 RATE_MIN_REFS = 4  # shared-prefix rate: a forked-from block with at least this many references ...
@@ -215,9 +219,11 @@ class QuillHdPolicy(EvictionPolicy):
     def __init__(self, *, capacity_keys: int | None = None, mode: str = "adaptive", period: int = 4096,
                  decay: float = 0.9, quantile: float = 0.95, che_mult: float = 1.0, block_tokens: int = 512,
                  classes: str = "prefix", leaf_first: bool = False, admit: bool = False,
-                 shared_rate: bool = False, second_chance: bool = False, cap_period: bool = False) -> None:
+                 shared_rate: bool = False, second_chance: bool = False, cap_period: bool = False,
+                 start_rule: str = "hd") -> None:
         super().__init__()
         check_choice("mode", mode, MODES)
+        check_choice("start_rule", start_rule, START_RULES)
         check_choice("classes", classes, CLASSES)
         for flag, value in (("leaf_first", leaf_first), ("admit", admit), ("shared_rate", shared_rate),
                             ("second_chance", second_chance), ("cap_period", cap_period)):
@@ -258,8 +264,10 @@ class QuillHdPolicy(EvictionPolicy):
         # decayed prefix hits: adaptive: of the LRU shadow, the HD shadow; challenger: of the real
         # cache, its one shadow (which runs ``_shadow_rule``, the rule the real cache does not)
         self._score = [0.0, 0.0]
-        self._rule = RULE_LRU if mode == "lru" else RULE_HD
-        self._shadow_rule = RULE_LRU
+        self.start_rule = start_rule
+        starts_lru = mode == "lru" or (start_rule == "lru" and mode in ("adaptive", "challenger"))
+        self._rule = RULE_LRU if starts_lru else RULE_HD
+        self._shadow_rule = RULE_HD if starts_lru else RULE_LRU  # challenger: the rule the real cache does not run
         self._last: dict[Key, int] = {}
         self._lastc: dict[Key, int] = {}
         self._refs: dict[Key, int] = {}
