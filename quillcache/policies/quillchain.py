@@ -102,6 +102,24 @@ How every default was chosen (never on the conversation trace alone):
   twice or four times the capacity won fewer cells, and a period as long as the capacity with no
   upper bound learned too rarely in large caches (the conversation trace at 100k blocks: -2.2% of
   the gap, a loss to LRU);
+- the real cache starts on the LRU rule and the challenger shadow on the hit-density rule
+  (``start_rule="lru"``). Why: at 30% of the blocks, where LRU was what beat QuillChain, the real
+  cache on the HD rule from the start made its first evictions (and refusals) with densities
+  learned while nothing had been evicted yet; after one such period the swap to the LRU rule came
+  too late, because a swap hands each rule the content the other built, and a large cache takes
+  more than a period to turn it over. Measured on four sets of 40 random session shapes (seeds 7,
+  8, 9 and 11, 640 cells; prototype, not the study's seeds): 601 cells beaten against all three
+  baselines against 598 with the HD start; at 16-token blocks (seeds 1 and 2, 56 cells) 52 either
+  way. Then checked on the study's own sets: the table 88 of 88 against 86, the held-out seeds 84 of
+  84 either way, the study's random shapes 152 against 151 of 160, 16-token blocks 53 against 50
+  of 56. Its cost: the first period of a small cache runs the LRU rule, so on the conversation
+  trace the gap closed at 1k blocks falls from 25.6% to 24.1% (10k-50k rise by 1-2 points). Tried
+  and not kept: after a swap, waiting until the real cache has inserted half (or all) of its
+  capacity before comparing again (5 more cells on the random sets but 9 points less of the gap at
+  30k blocks on the conversation trace); comparing only once per capacity of insertions (45-47
+  instead of 52 of the 16-token cells with the HD start, 3 fewer on each of two random sets with the
+  LRU start); an LRU rule that first evicts blocks whose class density at
+  their age is 0 (worse in the 30% cells);
 - ``period = 2048`` came from a sweep of period (1024, 2048, 4096) x quantile (0.95, 0.99) x
   che_mult (1, 2) scored the same way; ``decay``, ``quantile``, ``che_mult`` and the challenger
   mode are QuillHD's values. Two alternatives close more of the gap in more generalisation cells
