@@ -532,15 +532,15 @@ def test_quillchain_starts_on_the_lru_rule_until_the_hit_density_rule_beats_it()
     """``start_rule="lru"`` (QuillChain's default): the real cache runs the LRU rule and the
     challenger shadow the HD rule until a period in which the shadow had more prefix hits, after
     which they swap; ``start_rule="hd"`` starts the other way round. On a trace where the two
-    starts give different hits, each start follows its rule alone up to its first swap and then
-    departs from it; the online class starts the same way as the kernel."""
+    rules part before the first comparison, each start follows its rule alone at least until that
+    comparison and departs from it later; the online class starts the same way as the kernel."""
     import numpy as np
 
     from quillcache.hitrate import simulate
     from quillcache.hitrate.arrays import arrays_from_lists
     from quillcache.hitrate.reference import replay
     from quillcache.policies.quillchain import QuillChainPolicy
-    from quillcache.policies.quillhd import QuillHdPolicy
+    from quillcache.policies.quillhd import QuillHdPolicy, learning_period
 
     assert QuillChainPolicy().rule == "lru" and QuillChainPolicy(start_rule="hd").rule == "hd"
     assert QuillHdPolicy().rule == "hd" and QuillHdPolicy(mode="challenger", start_rule="lru").rule == "lru"
@@ -550,19 +550,20 @@ def test_quillchain_starts_on_the_lru_rule_until_the_hit_density_rule_beats_it()
     rng = np.random.default_rng(3)
     lists = [list(range(c * 40, c * 40 + int(rng.integers(1, 30)))) for c in rng.integers(0, 200, 1500)]
     arrs = arrays_from_lists(lists, input_tokens=[512 * len(x) - 7 for x in lists])
-    cap = 600
+    cap = 200  # the first comparison of the two rules is at reference learning_period(2048, 200) = 512
+    first_cmp = learning_period(2048, cap)
     lru_start = simulate(arrs, "quillchain", cap).hits_per_request
     hd_start = simulate(arrs, "quillchain", cap, start_rule="hd").hits_per_request
     lru_only = simulate(arrs, "quillchain", cap, mode="lru").hits_per_request
     hd_only = simulate(arrs, "quillchain", cap, mode="hd").hits_per_request
-    assert not np.array_equal(lru_start, hd_start)
-    # the requests before the first swap: an LRU start follows the LRU rule alone, an HD start the HD rule
-    assert (lru_start != lru_only).any() and (hd_start != hd_only).any()  # each start swapped at some point
-    first_lru = int(np.argmax(lru_start != lru_only))
-    first_hd = int(np.argmax(hd_start != hd_only))
-    assert first_lru > 0 and first_hd > 0
-    assert np.array_equal(lru_start[:first_lru], lru_only[:first_lru])
-    assert np.array_equal(hd_start[:first_hd], hd_only[:first_hd])
+
+    def first_diff(a, b):  # the reference at which the first request with different hits begins
+        assert (a != b).any()
+        return int(arrs.req_offsets[int(np.argmax(a != b))])
+
+    assert first_diff(lru_only, hd_only) < first_cmp  # the rules part before any swap: a wrong start shows
+    assert first_diff(lru_start, lru_only) >= first_cmp  # the LRU start is the LRU rule until a swap ...
+    assert first_diff(hd_start, hd_only) >= first_cmp  # ... the HD start the HD rule; both swap later
     assert np.array_equal(lru_start, replay(arrs, "quillchain", cap))  # the online class starts the same way
 
 
