@@ -11,16 +11,39 @@ this prompt (the conversation gets another turn, or the prompt is shared). Only 
 full block is new (first seen in this request) are labelled: for the others (a prompt that is all
 shared system prompt, an exact repeat) the label would say nothing about the request.
 
-Features of request ``r``, all known at its arrival (``FEATURES``):
+Features of request ``r``, all known at its arrival (``FEATURES``; its own output length is not):
 - ``turns_seen``: blocks of its known prefix on which an earlier request ended (QuillChain's turn
   count), ``prompt_blocks``, ``known_blocks`` (leading blocks seen before), ``new_blocks``;
 - ``log_gap``: log(1 + requests since the previous request that ended on the deepest block of its
-  known prefix on which one ended), 0 when there is none.
+  known prefix on which one ended - its *parent*, the previous turn), 0 when there is none;
+- ``input_tokens``; ``tail_fill``: the share of its last block its prompt fills (0 when the prompt
+  ends on a block boundary);
+- from the parent, -1 when there is none: ``log_gap_ms`` (log(1 + milliseconds since it arrived)),
+  ``new_tokens`` (prompt tokens beyond the parent's prompt and output: the user's new turn, which
+  may be negative when the conversation was cut) and ``prev_output_tokens``.
 
 Scores: each feature alone (AUC taken in the better direction) and a logistic regression on all of
 them (standardised, L2-regularised, Newton's method), trained on one half of the trace and scored
 on the other, both ways; its accuracy is at the threshold that is best on the scored half itself,
 an optimistic figure. AUC is the rank statistic (ties count one half).
+
+Learned and online (``gbm_scores``): gradient-boosted trees (LightGBM) on the same features,
+retrained every ``GBM_CHUNK`` requests on the requests before, and scoring the next chunk, so a
+score never uses a later request's features. Two ways to label the training requests:
+
+- ``"online"``: what a cache knows when it retrains at request ``s``: request ``r`` came back if
+  a request before ``s`` referenced its last full block again; requests more recent than the 90th
+  percentile of the return distances (in requests) seen so far are left out, as not yet known
+  (the percentile is taken from the returns seen before ``s``, so it too uses only the past).
+  Scores made this way are online: truncating the trace after any request leaves every earlier
+  score unchanged (tested).
+- ``"every past label"``: every earlier labelled request with its true label, even one whose
+  return lies after ``s`` - more than any online policy can know, an upper bound for a learner.
+
+``quillcache.hitrate.predicted_reuse.predicted_reuse_lru`` replays a model's bits (score above a
+threshold; before the first model every bit is set, which is LRU) so its accuracy can be read as
+hits: the study reports every threshold of ``GBM_THRESHOLDS`` and the best of them in hindsight
+(an optimistic figure, labelled so).
 """
 
 from __future__ import annotations
@@ -34,7 +57,17 @@ from quillcache.hitrate.arrays import TraceArrays
 from quillcache.hitrate.turns import last_full_positions
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS
 
-FEATURES = ("turns_seen", "prompt_blocks", "known_blocks", "new_blocks", "log_gap")
+FEATURES = ("turns_seen", "prompt_blocks", "known_blocks", "new_blocks", "log_gap", "input_tokens", "tail_fill",
+            "log_gap_ms", "new_tokens", "prev_output_tokens")
+GBM_CHUNK = 500  # requests scored by one model; it is retrained on everything before them
+GBM_MIN_TRAIN = 1000  # labelled requests a first model needs (before it, no score: every bit set)
+GBM_RETURN_QUANTILE = 0.9  # online labels: requests younger than this quantile of the return distances seen are left out
+GBM_ROUNDS = 200
+GBM_PARAMS = {"objective": "binary", "learning_rate": 0.05, "num_leaves": 15, "deterministic": True,
+              "force_row_wise": True, "num_threads": 1, "verbose": -1}  # LightGBM's defaults otherwise
+GBM_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+LABEL_MODES = ("online", "every past label")
+GBM_SUBJECTS = {m: f"gradient-boosted trees ({m})" for m in LABEL_MODES}
 
 
 @dataclass(frozen=True)
@@ -64,6 +97,7 @@ def request_features(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKEN
     """float64[R, len(FEATURES)]: each request's features at its arrival (module docstring)."""
     off, blocks = arrs.req_offsets.tolist(), arrs.blocks.tolist()
     pos = last_full_positions(arrs, block_tokens).tolist()
+    ts, isl, osl = arrs.timestamps_ms.tolist(), arrs.input_tokens.tolist(), arrs.output_tokens.tolist()
     seen = np.zeros(arrs.num_unique, np.bool_)
     ended_at = np.full(arrs.num_unique, -1, np.int64)  # the latest request that ended on the block
     out = np.zeros((arrs.num_requests, len(FEATURES)), np.float64)
@@ -77,14 +111,75 @@ def request_features(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKEN
             known += 1
             if ended_at[b] >= 0:
                 turns += 1
-                latest = ended_at[b]
+                latest = int(ended_at[b])
         gap = math.log1p(r - latest) if latest >= 0 else 0.0
-        out[r] = (turns, len(keys), known, len(keys) - known, gap)
+        tail = (isl[r] % block_tokens) / block_tokens
+        if latest >= 0:
+            parent = (math.log1p(ts[r] - ts[latest]), isl[r] - isl[latest] - osl[latest], osl[latest])
+        else:
+            parent = (-1.0, -1.0, -1.0)
+        out[r] = (turns, len(keys), known, len(keys) - known, gap, isl[r], tail, *parent)
         for b in keys:
             seen[b] = True
         if pos[r] >= 0:
             ended_at[blocks[pos[r]]] = r
     return out
+
+
+def return_requests(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
+    """int64[R]: the request that next references request ``r``'s last full block, ``R`` when none
+    does (or ``r`` has no full block)."""
+    pos = last_full_positions(arrs, block_tokens)
+    req_of = np.repeat(np.arange(arrs.num_requests, dtype=np.int64), np.diff(arrs.req_offsets))
+    out = np.full(arrs.num_requests, arrs.num_requests, np.int64)
+    has = pos >= 0
+    nu = arrs.next_use[pos[has]]
+    back = nu < arrs.num_refs
+    idx = np.flatnonzero(has)[back]
+    out[idx] = req_of[nu[back]]
+    return out
+
+
+def training_set(labels: np.ndarray, returns: np.ndarray, s: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, labels) of the requests a model retrained at request ``s`` learns from, under
+    label ``mode`` (module docstring); nothing at or after ``s`` is read in ``"online"`` mode."""
+    idx = np.flatnonzero(labels[:s] >= 0)
+    if mode == "every past label":
+        return idx, labels[idx].astype(bool)
+    if mode != "online":
+        raise ValueError(f"label mode must be one of {LABEL_MODES}, got {mode!r}")
+    back = returns[idx] < s  # came back before s: known
+    if not back.any():
+        return idx[:0], np.zeros(0, np.bool_)
+    horizon = float(np.quantile(returns[idx][back] - idx[back], GBM_RETURN_QUANTILE))
+    old = idx <= s - horizon
+    return idx[old], back[old]
+
+
+def gbm_scores(arrs: TraceArrays, mode: str, block_tokens: int = MOONCAKE_BLOCK_TOKENS, seed: int = 0,
+               chunk: int = GBM_CHUNK, min_train: int = GBM_MIN_TRAIN) -> np.ndarray:
+    """float64[R]: each request's predicted probability that its blocks come back, from LightGBM
+    retrained every ``chunk`` requests on the earlier ones labelled under ``mode``; NaN before the
+    first model (fewer than ``min_train`` training requests, or one class only)."""
+    import lightgbm as lgb
+
+    x = request_features(arrs, block_tokens)
+    labels = reuse_labels(arrs, block_tokens)
+    returns = return_requests(arrs, block_tokens)
+    out = np.full(arrs.num_requests, np.nan)
+    for s in range(0, arrs.num_requests, chunk):
+        idx, y = training_set(labels, returns, s, mode)
+        if len(idx) < min_train or y.all() or not y.any():
+            continue
+        model = lgb.train(dict(GBM_PARAMS, seed=seed), lgb.Dataset(x[idx], y.astype(np.float64)),
+                          num_boost_round=GBM_ROUNDS)
+        out[s:s + chunk] = model.predict(x[s:s + chunk])
+    return out
+
+
+def predicted_bits(scores: np.ndarray, threshold: float) -> np.ndarray:
+    """bool[R]: score above ``threshold``; set where there is no score yet (LRU's behaviour)."""
+    return np.where(np.isnan(scores), True, scores > threshold)
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -145,8 +240,11 @@ def logistic_scores(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray
     return np.hstack([(test_x - mu) / sd, np.ones((len(test_x), 1))]) @ w
 
 
-def predictability(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[Predictability]:
-    """Each feature alone, then the two-fold logistic regression on all of them."""
+def predictability(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+                   gbm: dict[str, np.ndarray] | None = None) -> list[Predictability]:
+    """Each feature alone, then the two-fold logistic regression on all of them, then each
+    ``gbm_scores`` array of ``gbm`` (label mode -> scores), scored on the labelled requests it has
+    a score for (its accuracy at the threshold best on them: optimistic)."""
     y_all = reuse_labels(arrs, block_tokens)
     keep = y_all >= 0
     x, y = request_features(arrs, block_tokens)[keep], y_all[keep].astype(bool)
@@ -168,4 +266,12 @@ def predictability(arrs: TraceArrays, block_tokens: int = MOONCAKE_BLOCK_TOKENS)
         accs.append(best_accuracy(sc, y[te]))
     out.append(Predictability("logistic (all features)", float(np.mean(aucs)) if aucs else math.nan,
                               float(np.mean(accs)) if accs else math.nan, base, len(y)))
+    for mode, scores in (gbm or {}).items():
+        sc = np.asarray(scores, np.float64)[keep]
+        has = ~np.isnan(sc)
+        yy = y[has]
+        if not len(yy):
+            continue  # no model yet (too short a trace): no row rather than a NaN
+        out.append(Predictability(GBM_SUBJECTS[mode], auc(sc[has], yy), best_accuracy(sc[has], yy),
+                                  float(yy.mean()) if len(yy) else math.nan, len(yy)))
     return out

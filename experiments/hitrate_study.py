@@ -54,8 +54,12 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    of the LRU-to-Belady gap is *which* blocks come back, and how accurate an online predictor of
    that would have to be; beside it (``experiments.hitrate_predictability``, metrics
    ``reuse_predictability_*``, raw ``predictability.csv``) how well what is known at a request's
-   arrival predicts whether its blocks come back: AUC and best accuracy of each feature and of a
-   two-fold logistic regression on all of them. The other half, *when*: ``timing_oracle`` (Belady
+   arrival predicts whether its blocks come back: AUC and best accuracy of each feature, of a
+   two-fold logistic regression on all of them, and of gradient-boosted trees (LightGBM) retrained
+   on the past as the trace goes, with the labels an online cache has and with every past label;
+   and what the trees' bits are worth as hits (metrics ``learned_reuse_*``, raw
+   ``learned_reuse.csv``: ``quillcache.hitrate.predicted_reuse.predicted_reuse_lru`` at the
+   acceptance capacities, every threshold raw, the best in hindsight summarised). The other half, *when*: ``timing_oracle`` (Belady
    that knows which blocks return exactly, and when only up to a log-normal factor per request) at
    the acceptance capacities for ``INFO_TIMING_SIGMAS`` and for the sigma measured for "the
    conversation comes back after the same gap as last time" (metric
@@ -85,7 +89,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.hitrate_predictability import predictability
+from experiments.hitrate_predictability import (
+    GBM_SUBJECTS,
+    GBM_THRESHOLDS,
+    LABEL_MODES,
+    gbm_scores,
+    predictability,
+    predicted_bits,
+)
 from quillcache.hitrate import HITRATE_POLICIES, SEMI_ONLINE, simulate
 from quillcache.hitrate.anatomy import GAP_LABELS, USES_LABELS, anatomy
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
@@ -97,10 +108,11 @@ POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "sieve", "arc", "2q", "lengthawa
                 "quillchain", "belady"]
 FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000,
         "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "heldout_seeds": (4, 5, 6), "flip_seeds": (0, 1, 2),
-        "random_shapes": 40, "random_seed": 2, "block16_sessions": 200, "block16_seeds": (4, 5)}
+        "random_shapes": 40, "random_seed": 2, "block16_sessions": 200, "block16_seeds": (4, 5), "gbm": {}}
 QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300,
          "gen_sessions": 120, "gen_seeds": (1,), "heldout_seeds": (2,), "flip_seeds": (0,),
-         "random_shapes": 2, "random_seed": 2, "block16_sessions": 15, "block16_seeds": (2,)}
+         "random_shapes": 2, "random_seed": 2, "block16_sessions": 15, "block16_seeds": (2,),
+         "gbm": {"chunk": 250, "min_train": 300}}  # the quick trace is too short for the full profile's first model
 OURS = "quillchain"
 ACCEPT_GAP = 0.5  # issue 18: >= 50% of the LRU->Belady gap at 1k and 10k blocks on the conversation trace
 ACCEPT_GAP_CAPS = (1000, 10000)
@@ -692,8 +704,11 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     rows += info_rows
     raw_timing, timing_rows = timing_bounds(arrs, label, table, cfg["flip_seeds"])
     rows += timing_rows
+    gbm = {mode: gbm_scores(arrs, mode, **cfg["gbm"]) for mode in LABEL_MODES}
+    raw_learned, learned_rows = learned_reuse(arrs, label, table, gbm)
+    rows += learned_rows
     raw_pred = []
-    for pr in predictability(arrs):
+    for pr in predictability(arrs, gbm=gbm):
         raw_pred.append((label, pr.subject, pr.auc, pr.accuracy, pr.base_rate, pr.n))
         p = {"trace": label}
         rows.append(SummaryRow(metric="reuse_predictability_auc", subject=pr.subject, value=pr.auc, unit="AUC",
@@ -755,6 +770,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
               results_root)
     write_raw(NAME, "information_bounds.csv", ["trace", "capacity_blocks", "flip_rate", "seed", "hit_rate"], raw_info,
               results_root)
+    write_raw(NAME, "learned_reuse.csv", ["trace", "label_mode", "capacity_blocks", "threshold", "hit_rate",
+                                          "gap_closed"], raw_learned, results_root)
     write_raw(NAME, "predictability.csv", ["trace", "subject", "auc", "accuracy", "base_rate", "n"], raw_pred,
               results_root)
     write_raw(NAME, "throughput.csv", ["subject", "rep", "elapsed_s", "refs_per_s"], raw_tp, results_root)
@@ -789,6 +806,37 @@ def information_bounds(arrs: TraceArrays, label: str, caps: list[int | None], ta
             what = ("knows whether each block is referenced again, never when" if flip == 0 else
                     f"the same, wrong about {flip:.0%} of requests (median of {len(hrs)} seeds)")
             rows += bound_rows("reuse_oracle", sp, len(hrs), lru, bel, what, p)
+    return raw, rows
+
+
+def learned_reuse(arrs: TraceArrays, label: str, table: dict, gbm: dict[str, np.ndarray]
+                  ) -> tuple[list[tuple], list[SummaryRow]]:
+    """Cell 6, beside the bounds: the learned reuse predictor's bits replayed
+    (``predicted_reuse_lru``) at the acceptance capacities, every threshold as raw rows, the best
+    threshold in hindsight as summary rows (optimistic, labelled so)."""
+    from quillcache.hitrate.predicted_reuse import predicted_reuse_lru
+
+    raw: list[tuple] = []
+    rows: list[SummaryRow] = []
+    for mode, scores in gbm.items():
+        for cap in ACCEPT_GAP_CAPS:
+            lru, bel = table[("lru", cap)], table[("belady", cap)]
+            gap = bel - lru
+            found = []
+            for thr in GBM_THRESHOLDS:
+                hr = int(predicted_reuse_lru(arrs, cap, predicted_bits(scores, thr)).sum()) / arrs.num_refs
+                closed = (hr - lru) / gap if gap > 1e-12 else math.nan
+                raw.append((label, mode, cap, thr, hr, closed))
+                found.append((closed, thr, hr))
+            closed, thr, hr = max(found, key=lambda f: (not math.isnan(f[0]), f[0]))
+            p = {"trace": label, "capacity_blocks": cap, "threshold": thr, "label_mode": mode}
+            note = (f"bits of {GBM_SUBJECTS[mode]} replayed in two-list LRU; threshold {thr} best of "
+                    f"{len(GBM_THRESHOLDS)} in hindsight (optimistic)")
+            rows.append(SummaryRow(metric="learned_reuse_hit_rate", subject=GBM_SUBJECTS[mode], value=hr,
+                                   unit="fraction", baseline="lru", baseline_value=lru, notes=note, params=p))
+            rows.append(SummaryRow(metric="learned_reuse_gap_closed", subject=GBM_SUBJECTS[mode], value=closed,
+                                   unit="fraction of the LRU-to-Belady gap",
+                                   notes=f"lru={lru:.4f} learned={hr:.4f} belady={bel:.4f}", params=p))
     return raw, rows
 
 
@@ -933,7 +981,51 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
                       "clipped to [-1, 1]; 0 = LRU)", fontsize=8)
     legend(axes[0], ncol=4, fontsize=6)
     p3 = save(fig, out / "hitrate_generalisation.png")
-    return [p1, p2, p3, *plot_random_shapes(results_root, out)]
+    return [p1, p2, p3, *plot_random_shapes(results_root, out), *plot_learned_reuse(results_root, out)]
+
+
+def plot_learned_reuse(results_root: str | None, out: Path) -> list[Path]:
+    """Share of the gap closed by the learned reuse predictor's bits against its threshold, one
+    panel per acceptance capacity, beside QuillChain (online) and the exact reuse oracle
+    (offline); [] when that cell has no rows."""
+    from experiments.plotstyle import BASELINE, BOUND, PALETTE, figure, legend, save, style_axes
+    from experiments.plotstyle import OURS as OURS_COLOUR
+    from quillcache.results import read_raw
+
+    try:
+        lr = read_raw(NAME, "learned_reuse", results_root)
+        hr = read_raw(NAME, "hit_rates", results_root)
+        info = read_raw(NAME, "information_bounds", results_root)
+    except FileNotFoundError:
+        return []
+    if lr.empty:
+        return []
+    trace = lr["trace"].iloc[0]
+    caps = sorted(int(c) for c in lr["capacity_blocks"].unique())
+    hr = hr[hr["trace"] == trace].dropna(subset=["capacity_blocks"])
+    rate = {(p, int(c)): float(h) for p, c, h in zip(hr["policy"], hr["capacity_blocks"], hr["hit_rate"])}
+    info = info[(info["trace"] == trace) & (info["flip_rate"] == 0.0)]
+    oracle = {int(c): float(h) for c, h in zip(info["capacity_blocks"], info["hit_rate"])}
+    fig, axes = figure(7.0, 3.0, ncols=len(caps), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, cap in zip(axes, caps):
+        lru, bel = rate[("lru", cap)], rate[("belady", cap)]
+        for i, mode in enumerate(LABEL_MODES):
+            part = lr[(lr["capacity_blocks"] == cap) & (lr["label_mode"] == mode)].sort_values("threshold")
+            ax.plot(part["threshold"], np.clip(part["gap_closed"], -1.0, 1.0), marker="o", ms=3,
+                    color=PALETTE[1 + 2 * i], label=GBM_SUBJECTS[mode])
+        if (OURS, cap) in rate:
+            ax.axhline((rate[(OURS, cap)] - lru) / (bel - lru), color=OURS_COLOUR, lw=2.0, label=f"{OURS} (ours)")
+        if cap in oracle:
+            ax.axhline(min((oracle[cap] - lru) / (bel - lru), 1.0), color=BOUND, ls=":", lw=1.4,
+                       label="reuse oracle (offline)")
+        ax.axhline(0.0, color=BASELINE, lw=0.8, label="lru")
+        ax.set_ylim(-1.05, 1.05)
+        style_axes(ax, xlabel="threshold on the predicted probability", ylabel="share of the gap closed",
+                   title=f"{cap_label(cap)} blocks")
+    legend(axes[0], loc="lower left", fontsize=6)
+    fig.suptitle(f"A learned reuse predictor's bits as hits ({trace}; clipped to [-1, 1])", fontsize=8)
+    return [save(fig, out / "hitrate_learned_reuse.png")]
 
 
 def plot_random_shapes(results_root: str | None, out: Path) -> list[Path]:

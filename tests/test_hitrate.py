@@ -313,6 +313,13 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert all(r.value <= 1.0 + 1e-12 for r in timing.values())  # never above Belady
     pred = {r.subject: r for r in rows if r.metric == "reuse_predictability_auc"}
     assert "logistic (all features)" in pred and all(0.0 <= r.value <= 1.0 for r in pred.values())
+    learned = {(r.params["label_mode"], r.params["capacity_blocks"]): r for r in rows
+               if r.metric == "learned_reuse_hit_rate"}  # the trees' bits as hits, apart from the online table
+    assert set(learned) == {(m, c) for m in study.LABEL_MODES for c in study.ACCEPT_GAP_CAPS}
+    assert all(hit[("lru", None)] + 1e-12 >= r.value >= 0.0 and r.params["threshold"] in study.GBM_THRESHOLDS
+               for r in learned.values())
+    raw = pd.read_csv(tmp_path / "hitrate" / "learned_reuse.csv")  # every threshold, raw
+    assert len(raw) == len(study.LABEL_MODES) * len(study.ACCEPT_GAP_CAPS) * len(study.GBM_THRESHOLDS)
     beaten = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten"}
     assert set(beaten) == {(p, b) for p in ("quillchain", "quillhd") for b in study.GEN_BASELINES}
     assert all(0.0 <= r.value <= 1.0 and r.n == 4 * (len(study.GEN_SHAPES) + 1) for r in beaten.values())
