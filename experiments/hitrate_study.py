@@ -90,6 +90,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.hitrate_predictability import (
+    GBM_CHUNK,
     GBM_SUBJECTS,
     GBM_THRESHOLDS,
     LABEL_MODES,
@@ -705,7 +706,7 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     raw_timing, timing_rows = timing_bounds(arrs, label, table, cfg["flip_seeds"])
     rows += timing_rows
     gbm = {mode: gbm_scores(arrs, mode, **cfg["gbm"]) for mode in LABEL_MODES}
-    raw_learned, learned_rows = learned_reuse(arrs, label, table, gbm)
+    raw_learned, learned_rows = learned_reuse(arrs, label, table, gbm, cfg["gbm"].get("chunk", GBM_CHUNK))
     rows += learned_rows
     raw_pred = []
     for pr in predictability(arrs, gbm=gbm):
@@ -809,7 +810,7 @@ def information_bounds(arrs: TraceArrays, label: str, caps: list[int | None], ta
     return raw, rows
 
 
-def learned_reuse(arrs: TraceArrays, label: str, table: dict, gbm: dict[str, np.ndarray]
+def learned_reuse(arrs: TraceArrays, label: str, table: dict, gbm: dict[str, np.ndarray], chunk: int
                   ) -> tuple[list[tuple], list[SummaryRow]]:
     """Cell 6, beside the bounds: the learned reuse predictor's bits replayed
     (``predicted_reuse_lru``) at the acceptance capacities, every threshold as raw rows, the best
@@ -829,7 +830,8 @@ def learned_reuse(arrs: TraceArrays, label: str, table: dict, gbm: dict[str, np.
                 raw.append((label, mode, cap, thr, hr, closed))
                 found.append((closed, thr, hr))
             closed, thr, hr = max(found, key=lambda f: (not math.isnan(f[0]), f[0]))
-            p = {"trace": label, "capacity_blocks": cap, "threshold": thr, "label_mode": mode}
+            p = {"trace": label, "capacity_blocks": cap, "threshold": thr, "label_mode": mode,
+                 "retrain_every_requests": chunk}
             note = (f"bits of {GBM_SUBJECTS[mode]} replayed in two-list LRU; threshold {thr} best of "
                     f"{len(GBM_THRESHOLDS)} in hindsight (optimistic)")
             rows.append(SummaryRow(metric="learned_reuse_hit_rate", subject=GBM_SUBJECTS[mode], value=hr,
