@@ -100,6 +100,8 @@ display(timing.pivot_table(index="sigma", columns="capacity_blocks", values="val
 display(df[df.metric == "timing_predictability_sigma"][["subject", "value", "n", "notes"]])
 pred = df[df.metric.str.startswith("reuse_predictability")]  # how well arrival-time features predict reuse
 display(pred.pivot_table(index="subject", columns="metric", values="value"))
+learned = read_raw("hitrate", "learned_reuse", RESULTS)  # the trees' bits as hits, every threshold
+display(learned.pivot_table(index=["label_mode", "threshold"], columns="capacity_blocks", values="gap_closed"))
 read_anchors("hitrate", RESULTS)'''),
     ("replay", "Router study: TTFT, goodput and hit rate per routing/policy cell (engine compute is the engine model, a stand-in).",
      '''df = read_summary("replay", RESULTS)
