@@ -1015,7 +1015,7 @@ def plot_learned_reuse(results_root: str | None, out: Path) -> list[Path]:
         for i, mode in enumerate(LABEL_MODES):
             part = lr[(lr["capacity_blocks"] == cap) & (lr["label_mode"] == mode)].sort_values("threshold")
             ax.plot(part["threshold"], np.clip(part["gap_closed"], -1.0, 1.0), marker="o", ms=3,
-                    color=PALETTE[1 + 2 * i], label=GBM_SUBJECTS[mode])
+                    color=PALETTE[2 + 2 * i], label=GBM_SUBJECTS[mode])
         if (OURS, cap) in rate:
             ax.axhline((rate[(OURS, cap)] - lru) / (bel - lru), color=OURS_COLOUR, lw=2.0, label=f"{OURS} (ours)")
         if cap in oracle:
