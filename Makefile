@@ -15,13 +15,17 @@ export PYTHONFAULTHANDLER := 1
 PROFILE ?= quick
 
 
-.PHONY: install etcd-server test bench storage store crash recovery safety hitrate replay transfer master kvquant gateway cluster experiments figures paper notebook fuzz clean
+.PHONY: install etcd-server libgomp test bench storage store crash recovery safety hitrate replay transfer master kvquant gateway cluster experiments figures paper notebook fuzz clean
 
-install: $(STAMP) etcd-server
+install: $(STAMP) etcd-server libgomp
 
 # The cluster tests run a real etcd (Debian's etcd-server): installed with apt when root (CI), else they skip saying how.
 etcd-server:
 	@command -v etcd >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; else echo "etcd not found and not root: the etcd tests will be skipped (apt-get install etcd-server)"; fi; }
+
+# LightGBM (the hit-rate study's learned reuse predictor, which the tests exercise) loads libgomp (Debian's libgomp1).
+libgomp:
+	@ldconfig -p | grep -q 'libgomp\.so\.1' || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgomp1 >/dev/null; else echo "libgomp1 not found and not root: lightgbm will not import (apt-get install libgomp1)"; fi; }
 
 $(STAMP): setup.py pyproject.toml $(PYX)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
