@@ -32,7 +32,11 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    session shapes with every knob of the generator drawn at once from ``RANDOM_SHAPE_SPACE``
    (none used to choose a default); ``cells_beaten_block16`` (raw ``block16.csv``): the same count
    on every shape cut into 16-token blocks (vLLM's default; every other generated trace here has
-   512-token blocks, as Mooncake's), with QuillChain and QuillHD told the block size; each count's
+   512-token blocks, as Mooncake's), with QuillChain and QuillHD told the block size;
+   ``cells_beaten_mixed`` (raw ``mixed.csv``): the same count on ``MIX_SHAPES``, traces in which
+   several workloads share one cache (``mixed_arrays``: chat with agents, long chats with
+   classification calls on long shared prompts, every shape at once) and the classification part
+   alone, at ``mix_seeds``; each count's
    notes say in how many cells the baseline already equals Belady (nobody can beat it there); and ``loss_anatomy`` (raw ``loss_anatomy.csv``): in
    every cell of the table, the held-out seeds and the random shapes where QuillChain does not beat
    the best of LRU, SIEVE and S3-FIFO although that baseline is below Belady, the references the
@@ -85,6 +89,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -109,10 +114,11 @@ POLICY_ORDER = ["lru", "lfu", "fifo", "s3fifo", "sieve", "arc", "2q", "lengthawa
                 "quillchain", "belady"]
 FULL = {"caps": [1000, 10000, 30000, 50000, 100000, None], "limit": None, "reps": 5, "synth_conversations": 6000,
         "gen_sessions": 1000, "gen_seeds": (1, 2, 3), "heldout_seeds": (4, 5, 6), "flip_seeds": (0, 1, 2),
-        "random_shapes": 40, "random_seed": 2, "block16_sessions": 200, "block16_seeds": (4, 5), "gbm": {}}
+        "random_shapes": 40, "random_seed": 2, "block16_sessions": 200, "block16_seeds": (4, 5), "gbm": {},
+        "mix_seeds": (11, 12, 13)}
 QUICK = {"caps": [1000, 10000, None], "limit": 2500, "reps": 2, "synth_conversations": 300,
          "gen_sessions": 120, "gen_seeds": (1,), "heldout_seeds": (2,), "flip_seeds": (0,),
-         "random_shapes": 2, "random_seed": 2, "block16_sessions": 15, "block16_seeds": (2,),
+         "random_shapes": 2, "random_seed": 2, "block16_sessions": 15, "block16_seeds": (2,), "mix_seeds": (3,),
          "gbm": {"chunk": 250, "min_train": 300}}  # the quick trace is too short for the full profile's first model
 OURS = "quillchain"
 ACCEPT_GAP = 0.5  # issue 18: >= 50% of the LRU->Belady gap at 1k and 10k blocks on the conversation trace
@@ -384,6 +390,61 @@ def heldout_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
     way as the generalisation table's but never looked at when QuillChain's defaults were chosen."""
     return [(shape, seed, generated_trace(shape, seed, cfg["gen_sessions"])) for shape in GEN_SHAPES
             for seed in cfg["heldout_seeds"]]
+
+
+# cell 3, mixed shapes: one cache serving several workloads at once. A part is a GEN_SHAPES shape or a MIX_PARTS
+# entry; every part spans the same time (``mixed_arrays``)
+MIX_PARTS: dict[str, dict] = {
+    # classification-style calls: single requests on a few long shared instruction prompts, a few answer tokens
+    # (the shape of the shared-prompt requests of Mooncake's published traces)
+    "classify": {"num_tenants": 4, "prompts_per_tenant": 2, "tenant_prompt_tokens": 6144,
+                 "global_prompt_fraction": 0.0, "mean_turns": 1.2, "first_user_tokens_mean": 1500.0,
+                 "output_tokens_mean": 20.0, "session_rate_per_s": 6.0},
+}
+MIX_SHAPES: dict[str, tuple[str, ...]] = {
+    "mix_chat_agent": ("gen_base", "gen_agent"),
+    "mix_chat_classify": ("gen_long_sessions", "classify"),
+    "mix_every_shape": (*GEN_SHAPES, "classify"),
+    "classify_alone": ("classify",),  # the new part by itself: no other workload to learn from
+}
+
+
+def mix_part(name: str) -> dict:
+    """The SessionsConfig knobs of one part of a mixed trace (``GEN_BASE`` under them)."""
+    return {**GEN_BASE, **(GEN_SHAPES[name] if name in GEN_SHAPES else MIX_PARTS[name])}
+
+
+def mixed_arrays(parts: Sequence[str], seed: int, num_sessions: int) -> TraceArrays:
+    """The parts' session traces as one, merged by arrival time. Every part spans the same time:
+    part ``i`` gets ``num_sessions * rate_i / sum(rates)`` sessions (at least 1), ``rate_i`` its
+    session arrival rate. Each part keeps its own block ids (a part's ids are shifted past the
+    previous parts'), so parts share no block; requests with equal timestamps keep part order."""
+    from quillcache.traces.sessions import SessionsConfig, generate
+
+    knobs = [mix_part(p) for p in parts]
+    rates = [SessionsConfig(**k).session_rate_per_s for k in knobs]
+    merged: list[tuple[int, int, list[int], int, int]] = []
+    shift = 0
+    for i, (k, rate) in enumerate(zip(knobs, rates)):
+        n = max(1, round(num_sessions * rate / sum(rates)))
+        reqs = generate(SessionsConfig(**{**k, "num_sessions": n, "seed": seed}))
+        top = -1
+        for q in reqs:
+            ids = [h + shift for h in q.hash_ids]
+            top = max(top, *ids) if ids else top
+            merged.append((q.timestamp, i, ids, q.input_length, q.output_length))
+        shift = max(shift, top + 1)
+    merged.sort(key=lambda m: (m[0], m[1]))
+    return arrays_from_lists([m[2] for m in merged], timestamps_ms=[m[0] for m in merged],
+                             input_tokens=[m[3] for m in merged], output_tokens=[m[4] for m in merged],
+                             block_tokens=GEN_BASE["block_tokens"])
+
+
+def mixed_traces(cfg: dict) -> list[tuple[str, int, TraceArrays]]:
+    """(label, seed, arrays) of every ``MIX_SHAPES`` mix at ``mix_seeds`` (``gen_sessions`` sessions
+    per part on average), none used to choose a QuillChain default."""
+    return [(mix, seed, mixed_arrays(parts, seed, cfg["gen_sessions"] * len(parts)))
+            for mix, parts in MIX_SHAPES.items() for seed in cfg["mix_seeds"]]
 
 
 # cell 3, random shapes: session shapes drawn at random, every knob at once, from these ranges (log-uniform where a
@@ -672,6 +733,10 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     raw_rand = generalisation(held_policies, [(label, seed, arrs) for label, seed, arrs, _ in rand])
     rows += cells_beaten_rows(raw_rand, held_policies, metric="cells_beaten_random",
                               trace="generalisation, random shapes")
+    # 3a. mixed shapes: several workloads sharing one cache
+    raw_mix = generalisation(held_policies, mixed_traces(cfg))
+    rows += cells_beaten_rows(raw_mix, held_policies, metric="cells_beaten_mixed",
+                              trace="generalisation, mixed shapes")
     # 3a. 16-token blocks: the same shapes as an engine with small KV blocks sees them
     b16_traces = block16_traces(cfg)
     raw_b16 = generalisation(held_policies, b16_traces,
@@ -764,6 +829,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
                                           "gap_closed"], raw_rand, results_root)
     write_raw(NAME, "loss_anatomy.csv", ["set", "trace", "seed", "cap_fraction", "baseline", "uses", "previous_use",
                                          "references", "ours_only", "baseline_only"], raw_anatomy, results_root)
+    write_raw(NAME, "mixed.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
+                                  "gap_closed"], raw_mix, results_root)
     write_raw(NAME, "block16.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
                                     "gap_closed"], raw_b16, results_root)
     write_raw(NAME, "random_shape_knobs.csv", ["trace", "seed", *RANDOM_SHAPE_SPACE], rand_knobs, results_root)

@@ -88,7 +88,7 @@ gap = df[(df.metric == "gap_closed") & (df.trace == "conversation_trace")]
 display(gap.pivot(index="subject", columns="capacity_blocks", values="value"))
 gen = df[(df.metric == "gap_closed") & df.cap_fraction.notna()]
 display(gen.pivot_table(index=["trace", "cap_fraction"], columns="subject", values="value"))
-display(df[df.metric.isin(["cells_beaten", "cells_beaten_heldout", "cells_beaten_random", "cells_beaten_block16", "defaults_check",
+display(df[df.metric.isin(["cells_beaten", "cells_beaten_heldout", "cells_beaten_random", "cells_beaten_mixed", "cells_beaten_block16", "defaults_check",
                                "selector_headroom"])][["metric", "subject", "baseline", "value", "n", "notes"]])
 anat = df[df.metric == "loss_anatomy"]  # where QuillChain still loses: net lost references by bucket
 display(anat[["uses", "previous_use", "value", "n", "notes"]])

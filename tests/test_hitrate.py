@@ -296,6 +296,7 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert not any(r.subject in SEMI_ONLINE for r in rows if not r.metric.startswith("semi_online"))
     assert {r.params["trace"] for r in rows} == {label, study.SYNTH_LABEL, "generalisation", *study.GEN_SHAPES,
                                                  "generalisation, held-out seeds", "generalisation, random shapes",
+                                                 "generalisation, mixed shapes",
                                                  "generalisation, 16-token blocks", "generalisation, all sets"}
     assert any(r.metric == "pooled_hit_rate" and r.params["capacity_tokens"] == 3_000_000 for r in rows)
     info = {(r.params["capacity_blocks"], r.params["flip_rate"]): r for r in rows
@@ -334,6 +335,12 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     for rule in ("quillchain hd rule only", "quillchain lru rule only"):  # a hindsight choice is never worse
         assert head[rule].value <= hind_fixed.value <= hind_all.value <= hind_all.n
     assert head["quillchain challenger"].value <= hind_all.value
+    mixed = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_mixed"}
+    assert set(mixed) == set(beaten)
+    assert all(r.n == 4 * len(study.MIX_SHAPES) * len(study.QUICK["mix_seeds"]) for r in mixed.values())
+    raw_mix = pd.read_csv(tmp_path / "hitrate" / "mixed.csv")
+    assert set(raw_mix["trace"]) == set(study.MIX_SHAPES) and set(raw_mix["seed"]) == set(study.QUICK["mix_seeds"])
+    assert not set(study.FULL["mix_seeds"]) & {*study.FULL["gen_seeds"], *study.FULL["heldout_seeds"]}
     b16 = {(r.subject, r.baseline): r for r in rows if r.metric == "cells_beaten_block16"}
     assert set(b16) == set(beaten) and all(r.n == 4 * len(study.GEN_SHAPES) for r in b16.values())
     raw16 = pd.read_csv(tmp_path / "hitrate" / "block16.csv")
@@ -364,7 +371,7 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv", "information_bounds.csv",
-                 "predictability.csv", "heldout.csv", "timing_bounds.csv", "random_shapes.csv",
+                 "predictability.csv", "heldout.csv", "timing_bounds.csv", "random_shapes.csv", "mixed.csv",
                  "random_shape_knobs.csv"):
         assert (tmp_path / "hitrate" / name).stat().st_size > 0
     paths = study.plot(str(tmp_path), tmp_path / "fig")
@@ -496,3 +503,35 @@ def test_random_shapes_are_seeded_in_range_and_valid():
     traces = study.random_shape_traces({**study.QUICK, "gen_sessions": 20})
     assert [t[0] for t in traces] == [f"random_{i:02d}" for i in range(study.QUICK["random_shapes"])]
     assert all(arrs.num_refs > 0 for _, _, arrs, _ in traces)
+
+
+def test_a_mixed_trace_is_its_parts_interleaved_by_time_with_disjoint_blocks():
+    from experiments import hitrate_study as study
+    from quillcache.traces.sessions import SessionsConfig, generate
+
+    parts, seed, sessions = ("gen_base", "classify"), 3, 60
+    mixed = study.mixed_arrays(parts, seed, sessions)
+    rates = [SessionsConfig(**study.mix_part(p)).session_rate_per_s for p in parts]
+    alone = [generate(SessionsConfig(**{**study.mix_part(p), "seed": seed,
+                                        "num_sessions": max(1, round(sessions * r / sum(rates)))}))
+             for p, r in zip(parts, rates)]
+    assert len(alone[1]) > len(alone[0])  # the faster part has more sessions: both span the same time
+    assert (np.diff(mixed.timestamps_ms) >= 0).all()
+    # every request of every part, in arrival order (ties: part order)
+    flat = [(q.timestamp, i, q) for i, reqs in enumerate(alone) for q in reqs]
+    expected = sorted(flat, key=lambda x: (x[0], x[1]))
+    off, blocks = mixed.req_offsets, mixed.blocks
+    got = [blocks[off[r]:off[r + 1]].tolist() for r in range(mixed.num_requests)]
+    assert len(got) == len(expected)
+    assert [len(q) for q in got] == [len(q.hash_ids) for _, _, q in expected]
+    assert mixed.timestamps_ms.tolist() == [t for t, _, _ in expected]
+    # a part's block ids map one-to-one onto its own (its reuse is unchanged); the parts share no block
+    mapping: list[dict[int, int]] = [{}, {}]
+    for ids, (_, i, q) in zip(got, expected):
+        for h, o in zip(ids, q.hash_ids):
+            assert mapping[i].setdefault(o, h) == h
+    for m in mapping:
+        assert len(set(m.values())) == len(m)
+    assert mapping[0] and mapping[1] and not set(mapping[0].values()) & set(mapping[1].values())
+    labels = [t[0] for t in study.mixed_traces({**study.QUICK, "gen_sessions": 10})]
+    assert labels == [m for m in study.MIX_SHAPES for _ in study.QUICK["mix_seeds"]]
