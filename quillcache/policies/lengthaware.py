@@ -6,8 +6,8 @@ Architecture for Serving LLM Chatbot", FAST'25, section 4.2 / Table 1, which des
 We read "prioritizing" as eviction priority: among blocks of equal frequency, the one that sits
 later in its request (deeper in the prefix chain) is evicted first, because a later block is
 useless once an earlier one is gone while the reverse does not hold. (The opposite reading,
-evicting earlier blocks first, orphans whole chains; on the conversation trace it reaches 0.052
-at 10k blocks against LFU's 0.132, so we do not take it.)
+evicting earlier blocks first, orphans whole chains and fell far below LFU on the conversation
+trace, so we do not take it; ``docs/hitrate_tuning_log.md``.)
 
 Order: evict the minimum of ``(frequency, -depth, last access seq)`` where
 - frequency is 1 at insert and +1 per touch, forgotten when the key leaves (in-cache LFU);

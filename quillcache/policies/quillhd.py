@@ -41,10 +41,10 @@ rules on the same stream; every period the real cache switches to the rule whose
 prefix hits (decayed by ``decay``). Shadows and learning state cost O(1) per reference.
 
 Defaults (``period=4096`` references, ``decay=0.9``, ``quantile=0.95``, ``che_mult=1``) come
-from a small sweep on the Mooncake conversation trace (quantile 0.8-0.99, che_mult 1-4; gains at
-1k-3k blocks were insensitive to them, the 30k-50k region was not, which is why the adaptive
-shadow rule exists). They are the same for every capacity and were not re-tuned on the synthetic
-trace of ``experiments/hitrate_study.py``.
+from a small sweep of quantile and che_mult on the Mooncake conversation trace: the smallest
+caches were insensitive to them and the largest were not, which is why the adaptive shadow rule
+exists. They are the same for every capacity and were not re-tuned on the synthetic trace of
+``experiments/hitrate_study.py`` (the sweep's figures: ``docs/hitrate_tuning_log.md``).
 
 Relatives on the same machinery (options of this class, fixed by the subclasses): ``classes``
 picks the classification - ``"prefix"`` (above, the default), ``"reuse"`` (LHD's: first reference,
