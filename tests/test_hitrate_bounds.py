@@ -2,8 +2,9 @@
 plain-Python specification hit for hit, it never admits a block without a future reference, a
 noisy oracle inverts whole requests, and on the conversation trace knowing *which* blocks come
 back (not when) is worth the whole LRU-to-Belady gap from 10k blocks up but not at 1k; the timing
-oracle's keys equal their plain-Python specification, scale a whole request's next uses together,
-and at ``sigma = 0`` make it Belady hit for hit."""
+oracle's keys equal their plain-Python specification, are distinct (collisions broken without
+reordering), scale a whole request's next uses together, at ``sigma = 0`` make it Belady hit for
+hit, and at any ``sigma`` make its kernel agree with ``BeladyPolicy`` driven by the same keys."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quillcache.hitrate import simulate
+from quillcache.hitrate import bounds
 from quillcache.hitrate.arrays import arrays_from_lists
 from quillcache.hitrate.bounds import (NEVER, flips, noisy_next_use, noisy_next_use_reference, reuse_oracle,
-                                       reuse_oracle_reference, timing_factors, timing_oracle)
+                                       reuse_oracle_reference, timing_factors, timing_oracle,
+                                       timing_oracle_reference)
+from quillcache.hitrate.reference import replay
 from tests.test_hitrate import conversation_traces
 
 
@@ -82,16 +86,33 @@ def test_timing_keys_agree_with_the_reference_and_are_always_in_the_future(arrs,
     assert keys.tolist() == noisy_next_use_reference(arrs, sigma, seed)
     n = arrs.num_refs
     pos = np.arange(n)
-    assert np.array_equal(keys == NEVER, arrs.next_use >= n)  # exactly the blocks never referenced again
+    assert np.array_equal(keys >= NEVER, arrs.next_use >= n)  # exactly the blocks never referenced again
     assert (keys > pos).all()
+    assert len(set(keys.tolist())) == n  # no tie left for Belady's heap to break
     if sigma == 0.0:
-        assert np.array_equal(keys[keys != NEVER], arrs.next_use[keys != NEVER])
+        assert np.array_equal(keys, np.where(arrs.next_use < n, arrs.next_use, NEVER + pos))  # exact, nothing collides
 
 
 @given(arrs=conversation_traces(), cap=st.integers(1, 24))
 @settings(max_examples=100)
 def test_an_exact_timing_oracle_is_belady(arrs, cap):
     assert np.array_equal(timing_oracle(arrs, cap, 0.0), simulate(arrs, "belady", cap).hits_per_request)
+
+
+# requests of random block ids from a small pool: blocks repeat across and within requests, and no
+# prefix structure (which conversation_traces has) keeps a tie among noisy keys from deciding a
+# victim; at least 8 requests, since on shorter traces a tie rarely decides one that matters
+free_traces = st.lists(st.lists(st.integers(0, 9), max_size=6), min_size=8, max_size=24).map(arrays_from_lists)
+
+
+@given(arrs=st.one_of(free_traces, conversation_traces(max_requests=24)), cap=st.integers(1, 8),
+       sigma=st.sampled_from([0.3, 1.0, 2.5]), seed=st.integers(0, 7))
+@settings(max_examples=300)
+def test_a_noisy_timing_oracle_agrees_with_belady_policy_on_the_same_keys(arrs, cap, sigma, seed):
+    # noisy keys can tie (rounded distances collide; every last reference is "never"): the kernel and
+    # BeladyPolicy agree hit for hit only if the keys leave no tie for their heaps to break differently
+    fast = timing_oracle(arrs, cap, sigma, seed)
+    assert np.array_equal(fast, timing_oracle_reference(arrs, cap, sigma, seed)), (cap, sigma, seed)
 
 
 def test_timing_errors_stretch_a_whole_request_together_and_are_checked():
@@ -103,13 +124,30 @@ def test_timing_errors_stretch_a_whole_request_together_and_are_checked():
     nu = arrs.next_use
     for p in range(2, 5):  # request 1's references: next uses at positions 5, 6, 7 of request 2
         assert keys[p] == p + max(1, round((nu[p] - p) * f[2]))
-    assert (keys[5:] == NEVER).all()
+    assert keys[5:].tolist() == [NEVER + p for p in range(5, 9)]  # last references: NEVER + position
     with pytest.raises(ValueError, match="sigma"):
         timing_oracle(arrs, 2, -0.5)
     with pytest.raises(ValueError, match="capacity_blocks"):
         timing_oracle(arrs, 0, 1.0)
     with pytest.raises((TypeError, ValueError), match="seed"):
         noisy_next_use(arrs, 1.0, -1)
+    with pytest.raises(ValueError, match="next_use has 1 keys for 9 references"):  # the reference's own keys
+        replay(arrs, "belady", 2, next_use=np.zeros(1, np.int64))
+
+
+def test_colliding_noisy_keys_are_made_distinct_keeping_their_order():
+    # at seed 0, sigma 0.3 the noisy next uses of positions 0 (block 0, next use at 8) and 5 (block
+    # 2, next use at 10) both round to 12: the later reference's key becomes 13, which no other key
+    # holds, so nothing else moves (11 at position 4 stays below both)
+    arrs = arrays_from_lists([[], [], [], [2, 0, 0], [0, 0, 1], [3], [3, 2, 0, 1]])
+    f = timing_factors(arrs.num_requests, 0.3, 0)
+    nu, owner = arrs.next_use, np.repeat(np.arange(arrs.num_requests), np.diff(arrs.req_offsets))
+    noisy = [p + max(1, round((int(nu[p]) - p) * f[owner[nu[p]]])) for p in range(7)]
+    assert noisy[0] == noisy[5] == 12 and noisy[4] == 11  # the collision this case is about
+    keys = noisy_next_use(arrs, 0.3, 0)
+    assert keys.tolist() == [12, 2, 3, 4, 11, 13, 7] + [NEVER + p for p in range(7, 11)]
+    # BeladyPolicy and the kernel disagreed here while the keys tied
+    assert np.array_equal(timing_oracle(arrs, 3, 0.3, 0), timing_oracle_reference(arrs, 3, 0.3, 0))
 
 
 def test_conversation_trace_knowing_which_is_most_of_the_gap_when_is_the_rest(trace_path):
@@ -120,3 +158,15 @@ def test_conversation_trace_knowing_which_is_most_of_the_gap_when_is_the_rest(tr
         lru, bel = simulate(arrs, "lru", cap).hit_rate, simulate(arrs, "belady", cap).hit_rate
         late = timing_oracle(arrs, cap, 1.5).sum() / arrs.num_refs  # when, wrong by e**1.5 at one sigma
         assert share[0] <= (late - lru) / (bel - lru) <= share[1], (cap, lru, late, bel)
+
+
+def test_a_huge_timing_error_stays_far_and_below_never(monkeypatch):
+    """A factor too large for int64 (only at sigma near its bound) is a far next use, not an overflow."""
+    arrs = arrays_from_lists([[1, 2], [1, 2, 3], [4], [1, 2, 3, 5], [4, 1]])
+    monkeypatch.setattr(bounds, "timing_factors", lambda r, sigma, seed: np.full(r, 1e30))
+    keys = bounds.noisy_next_use(arrs, 10.0, 0)
+    reused = arrs.next_use < arrs.num_refs
+    pos = np.arange(arrs.num_refs)
+    assert (keys[reused] >= pos[reused] + bounds.FAR).all() and (keys[reused] < bounds.NEVER).all()
+    assert (keys[~reused] >= bounds.NEVER).all()
+    assert keys.tolist() == list(bounds.noisy_next_use_reference(arrs, 10.0, 0))

@@ -4,6 +4,7 @@ clear line and nothing written on bad input (the rules of ``quillcache replay``)
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +200,12 @@ def test_skipped_lines_are_reported(tmp_path: Path) -> None:
     ("share zero", ["{good}", "--capacities", "10,0%"], "--capacities: '0%' must be a share in (0%, 100%]"),
     ("share over", ["{good}", "--capacities", "150%"], "--capacities: '150%' must be a share in (0%, 100%]"),
     ("share text", ["{good}", "--capacities", "x%"], "--capacities: 'x%' is not a share of the distinct blocks"),
+    ("capacity huge", ["{good}", "--capacities", "10,9999999999999999999"],
+     "--capacities: '9999999999999999999' is too large (at most 4,611,686,018,427,387,904 blocks; use inf for "
+     "unlimited)"),
+    ("capacity huge M", ["{good}", "--capacities", "99999999999999999999M"],
+     "--capacities: '99999999999999999999M' is too large (at most"),
+    ("capacity just over", ["{good}", "--capacities", f"{2**62 + 1}"], f"--capacities: '{2**62 + 1}' is too large"),
     ("limit", ["{good}", "--limit", "0"], "--limit=0 must be >= 1"),
     ("anatomy one", ["{good}", "--anatomy", "lru"], "--anatomy: 'lru' must name two different policies"),
     ("anatomy same", ["{good}", "--anatomy", "lru, lru"], "must name two different policies"),
@@ -226,3 +233,186 @@ def test_an_unwritable_out_is_refused_before_the_work(tmp_path: Path) -> None:
     blocker.write_text("x")
     p = cli(str(trace), "--out", str(blocker / "sub"))
     assert p.returncode == 2 and "is a file, not a folder" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_capacity_bound_is_inclusive_and_sweep_refuses_what_int64_cannot_hold() -> None:
+    from quillcache.cli.hitrate import MAX_CAPACITY_BLOCKS, parse_capacities
+    from quillcache.hitrate.arrays import arrays_from_lists
+    from quillcache.hitrate.sweep import sweep
+
+    assert parse_capacities(f"{MAX_CAPACITY_BLOCKS},4611686018427387k") == [MAX_CAPACITY_BLOCKS, 4611686018427387000]
+    with pytest.raises(ValueError, match="too large"):
+        parse_capacities(f"{MAX_CAPACITY_BLOCKS + 1}")
+    arrs = arrays_from_lists([[1, 2], [1, 3]])
+    df = sweep(arrs, ["lru"], [MAX_CAPACITY_BLOCKS, None])
+    assert df["capacity_blocks"].tolist()[0] == MAX_CAPACITY_BLOCKS  # behaves as unlimited, labelled as given
+    assert df["hit_blocks"].tolist() == [1, 1]
+    with pytest.raises(ValueError, match=r"capacity_blocks=9223372036854775808 must be"):
+        sweep(arrs, ["lru"], [2, 2**63])
+
+
+def test_hash_ids_at_and_above_2_63_replay_like_small_ids(tmp_path: Path) -> None:
+    from quillcache.hitrate import simulate
+    from quillcache.hitrate.arrays import load_arrays
+
+    big = {0: 2**63, 1: 2**64 - 1, 2: 2**63 + 7, 3: 5, 4: 2**64 - 2, 5: 2**63 - 1, 6: 0, 7: 2**63 + 1}
+    small_trace = write(tmp_path, good_lines(), "small.jsonl")
+    big_lines = []
+    for ln in good_lines():
+        d = json.loads(ln)
+        d["hash_ids"] = [big[x] for x in d["hash_ids"]]
+        big_lines.append(json.dumps(d))
+    trace = write(tmp_path, big_lines, "big.jsonl")
+    out = tmp_path / "out"
+    p = cli(str(trace), "--policies", "quillchain", "--capacities", "2,4,inf", "--bounds", "--anatomy", "lru,belady",
+            "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and "quillchain" in p.stdout
+    df = pd.read_csv(out / "hitrate.csv")
+    small = load_arrays(small_trace)
+    assert f"({small.num_unique:,} distinct)" in p.stdout
+    for r in df[df.policy.isin(["lru", "quillchain", "belady"])].itertuples():
+        cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
+        assert r.hit_blocks == simulate(small, r.policy, cap).hit_blocks, (r.policy, cap)
+    assert set(pd.read_csv(out / "anatomy.csv")["capacity_blocks"]) == {2, 4}
+
+
+def test_out_must_name_a_folder(tmp_path: Path) -> None:
+    trace = write(tmp_path, good_lines())
+    p = subprocess.run([sys.executable, "-m", "quillcache", "hitrate", str(trace), "--out", "", "--capacities", "2"],
+                       capture_output=True, text=True, check=False, timeout=300, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and "--out '' names no folder" in errors[0] and "Traceback" not in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["trace.jsonl"]  # no results/hitrate_cli/trace/
+
+
+def test_a_rerun_replaces_the_whole_result_set(tmp_path: Path) -> None:
+    """A second run into the same --out leaves no file of the first that it did not write itself
+    (anatomy.csv, a parquet twin), no temporary folder, and every other file there untouched."""
+    trace = write(tmp_path, good_lines())
+    out = tmp_path / "out"
+    p = cli(str(trace), "--capacities", "1,2", "--policies", "fifo", "--anatomy", "lru,fifo", "--out", str(out),
+            "--quiet")
+    assert p.returncode == 0 and (out / "anatomy.csv").is_file(), p.stderr
+    (out / "hitrate.parquet").write_text("stale")  # as an earlier run with pyarrow would leave it
+    (out / "notes.txt").write_text("mine")
+    p = cli(str(trace), "--capacities", "1", "--policies", "fifo", "--out", str(out), "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert not (out / "anatomy.csv").exists()
+    assert not (out / "hitrate.parquet").exists() or (out / "hitrate.parquet").read_bytes() != b"stale"
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(x.name for x in out.iterdir() if x.name not in ("hitrate.parquet",)) == [
+        "hitrate.csv", "meta.json", "notes.txt", "summary.csv"]
+    assert pd.read_csv(out / "hitrate.csv")["capacity_blocks"].tolist() == [1, 1, 1]  # lru, fifo, belady
+
+
+def test_a_failed_write_leaves_the_previous_results_as_they_were(tmp_path: Path) -> None:
+    trace = write(tmp_path, good_lines())
+    out = tmp_path / "out"
+    assert cli(str(trace), "--capacities", "1,2", "--out", str(out), "--quiet").returncode == 0
+    before = {x.name: x.read_bytes() for x in out.iterdir()}
+    (out / "anatomy.csv").mkdir()  # the new anatomy.csv cannot go there
+    p = cli(str(trace), "--capacities", "4", "--anatomy", "lru,fifo", "--out", str(out), "--quiet")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and "anatomy.csv is a folder, not a file" in errors[0], p.stderr
+    assert {x.name: x.read_bytes() for x in out.iterdir() if x.is_file()} == before
+    assert sorted(x.name for x in out.iterdir() if x.is_dir()) == ["anatomy.csv"]  # no temporary folder left
+
+
+def _one_row(hit_rate: float):
+    return pd.DataFrame({"policy": ["lru"], "capacity_blocks": pd.array([2], dtype="Int64"), "hit_rate": [hit_rate],
+                         "hit_blocks": [1], "total_blocks": [2], "refs_per_s": [1.0],
+                         "gap_closed": pd.array([pd.NA], dtype="Float64")})
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("exc, needle", [
+    (KeyboardInterrupt(), None),
+    (OSError(28, "No space left on device"), "No space left on device (the files there are as they were)"),
+])
+def test_an_interrupted_or_failed_write_leaves_out_as_it_was(tmp_path: Path, fresh: bool, exc: BaseException,
+                                                              needle: str | None) -> None:
+    """Ctrl-C or an OSError while the files are being written: --out holds what it held before
+    (nothing, a folder made for the run removed again, when it did not exist)."""
+    from quillcache.cli.hitrate import write_results
+
+    out = tmp_path / "a" / "out"
+    if not fresh:
+        write_results(out, _one_row(0.5), "t", 512)
+    before = {x.name: x.read_bytes() for x in out.iterdir()} if not fresh else None
+
+    class Failing:
+        def to_csv(self, *a, **k):
+            raise exc
+
+    with pytest.raises(type(exc), match=needle and re.escape(needle)):
+        write_results(out, _one_row(0.75), "t", 512, Failing())
+    if fresh:
+        assert not (tmp_path / "a").exists()
+    else:
+        assert {x.name: x.read_bytes() for x in out.iterdir()} == before
+
+
+def test_ctrl_c_while_the_files_are_renamed_takes_effect_once_all_are(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from quillcache.cli import hitrate
+
+    out = tmp_path / "out"
+    hitrate.write_results(out, _one_row(0.5), "t", 512, pd.DataFrame({"x": [1]}))
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == out / "hitrate.csv":  # the first rename into --out: Ctrl-C arrives now
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(src, dst)
+
+    monkeypatch.setattr(hitrate.os, "replace", replace)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(hitrate.ResultsWritten):
+        hitrate.write_results(out, _one_row(0.75), "t", 512)
+    assert pd.read_csv(out / "hitrate.csv")["hit_rate"].tolist() == [0.75]
+    assert not (out / "anatomy.csv").exists()  # the stale one went too: the whole set is the new one
+    assert sorted(x.name for x in out.iterdir()) == ["hitrate.csv", "meta.json", "summary.csv"]
+    assert signal.getsignal(signal.SIGINT) is handler  # Ctrl-C works as before again
+
+
+def test_anatomy_on_a_trace_without_block_references_says_so(tmp_path: Path) -> None:
+    trace = write(tmp_path, [line(0, [], isl=0)])
+    out = tmp_path / "out"
+    p = cli(str(trace), "--anatomy", "quillchain,lru", "--capacities", "1,50%,inf", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "anatomy: trace.jsonl has no block references: nothing to compare" in p.stdout
+    assert "no finite capacity" not in p.stdout
+    anat = pd.read_csv(out / "anatomy.csv")
+    assert len(anat) == 0 and list(anat.columns) == ["capacity_blocks", "a", "b", "uses", "previous_use",
+                                                     "references", "a_hits", "b_hits", "a_only", "b_only", "net"]
+    p = cli(str(write(tmp_path, good_lines(), "g.jsonl")), "--anatomy", "quillchain,lru", "--capacities", "inf",
+            "--out", str(out))
+    assert p.returncode == 0 and "anatomy: no finite capacity among 'inf': nothing to compare" in p.stdout
+    assert len(pd.read_csv(out / "anatomy.csv")) == 0
+
+
+def test_bound_kernels_are_warmed_up_before_they_are_timed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The first call of each bound is on a separate tiny trace, so the timed calls on the real
+    trace never include Numba's compile or cache load."""
+    import quillcache.hitrate.bounds as bounds
+    from quillcache.cli.hitrate import with_bounds
+    from quillcache.hitrate.arrays import load_arrays
+    from quillcache.hitrate.sweep import sweep
+
+    arrs = load_arrays(write(tmp_path, good_lines()))
+    calls: list[tuple[str, object]] = []
+    for name in ("reuse_oracle", "timing_oracle"):
+        real = getattr(bounds, name)
+        monkeypatch.setattr(bounds, name, lambda a, *rest, _n=name, _f=real: calls.append((_n, a)) or _f(a, *rest))
+    df, _ = with_bounds(sweep(arrs, ["lru", "belady"], [2, None]), arrs, 512)
+    assert set(df["policy"]) == {"lru", "belady", "reuse_oracle", "timing_oracle"}
+    for name in ("reuse_oracle", "timing_oracle"):
+        seen = [a for n, a in calls if n == name]
+        assert len(seen) == 3 and seen[0] is not arrs and seen[0].num_requests == 2, name  # warm-up, then 2 caps
+        assert all(a is arrs for a in seen[1:]), name

@@ -7,13 +7,22 @@ hit-rate study's generalisation table, so one command line means the same cache 
 of any size; the table heads say both, and ``hitrate.csv`` has a ``capacity_share`` column.
 
 Bad input (a missing or malformed trace, unsorted timestamps, an unknown policy, a capacity that
-is not a positive integer, a share in (0, 100%] or ``inf``) prints ONE line ``quillcache hitrate: error: ...`` on stderr
-and exits with status 2; nothing is written. ``--out`` is checked to be writable before any work.
+is not a positive integer up to ``MAX_CAPACITY_BLOCKS``, a share in (0, 100%] or ``inf``, an empty
+``--out``) prints ONE line ``quillcache hitrate: error: ...`` on stderr and exits with status 2;
+nothing is written. ``--out`` is checked to be writable before any work.
 Results go under ``--out`` (default ``results/hitrate_cli/<trace stem>/``): ``hitrate.csv`` (one
 row per policy and capacity: hit rate, hit blocks, gap closed, replay speed), ``summary.csv`` +
-``meta.json`` in the project's results schema (``quillcache.results.read_summary`` reads them)
-and a ``hitrate.parquet`` twin when pyarrow is importable. Ctrl-C stops with exit status 130 and
-writes nothing. ``lru`` and ``belady`` (the offline bound) always run: the gap needs both.
+``meta.json`` in the project's results schema (``quillcache.results.read_summary`` reads them),
+a ``hitrate.parquet`` twin when pyarrow is importable and, with ``--anatomy``, ``anatomy.csv``
+(its header row only when there is nothing to compare). A run replaces that set as a whole
+(``write_results``): every file is written into a temporary folder inside ``--out``, then renamed
+into place with ``os.replace``, Ctrl-C held off until all are, and a file of the set this run does
+not produce (an earlier run's ``anatomy.csv`` or ``hitrate.parquet``) is removed. So Ctrl-C (exit
+status 130) or a failed write (exit status 2) leaves ``--out`` with the previous run's files as they
+were, a Ctrl-C during the renames takes effect once this run's complete set is in place, and other
+files in ``--out`` are never touched; only a process killed outright mid-rename can leave a mix (and
+a ``.hitrate-*`` temporary folder). ``lru`` and ``belady`` (the offline bound) always run: the gap
+needs both.
 ``--bounds`` adds two offline bounds after them (``quillcache.hitrate.bounds``): ``reuse_oracle``,
 an LRU that knows which blocks will be referenced again, never when; and ``timing_oracle``, Belady
 knowing exactly which blocks return but *when* only up to a factor ``exp(sigma * Z)`` per request,
@@ -30,16 +39,21 @@ policy misses that the offline bound hits).
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
+import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_CAPACITIES", "Share", "anatomy_frame", "configure", "parse_anatomy", "parse_capacities",
-           "resolve_capacities", "run"]
+__all__ = ["DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten", "Share", "anatomy_frame",
+           "configure", "parse_anatomy", "parse_capacities", "resolve_capacities", "run", "write_results"]
 
 DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
 DEFAULT_OUT = Path("results") / "hitrate_cli"
+MAX_CAPACITY_BLOCKS = 2**62  # far above any trace's distinct blocks, and safe in every int64 column
 
 EPILOG = """\
 examples:
@@ -112,7 +126,8 @@ class Share:
 
 
 def parse_capacities(text: str) -> list[int | Share | None]:
-    """``"1k,10000,5%,inf"`` -> ``[1000, 10000, Share(0.05, "5%"), None]``; ValueError naming the bad item."""
+    """``"1k,10000,5%,inf"`` -> ``[1000, 10000, Share(0.05, "5%"), None]``; ValueError naming the bad item
+    (a count must lie in ``[1, MAX_CAPACITY_BLOCKS]``)."""
     out: list[int | Share | None] = []
     for item in text.split(","):
         s = item.strip()
@@ -134,6 +149,9 @@ def parse_capacities(text: str) -> list[int | Share | None]:
         n = int(m.group(1)) * {"": 1, "k": 1000, "m": 1_000_000}[m.group(2).lower()]
         if n < 1:
             raise ValueError(f"--capacities: {item!r} must be >= 1 block")
+        if n > MAX_CAPACITY_BLOCKS:
+            raise ValueError(f"--capacities: {item!r} is too large (at most {MAX_CAPACITY_BLOCKS:,} blocks; "
+                             f"use inf for unlimited)")
         out.append(n)
     return list(dict.fromkeys(out))
 
@@ -189,13 +207,14 @@ def parse_anatomy(text: str | None) -> tuple[str, str] | None:
 
 def anatomy_frame(arrs, pair: tuple[str, str], caps: list[int | None], options: dict):
     """One row per finite capacity and non-empty (uses, previous use) cell of
-    ``quillcache.hitrate.anatomy`` for the two policies of ``pair`` (a, b), with ``net`` = a_only - b_only."""
-    from dataclasses import asdict
+    ``quillcache.hitrate.anatomy`` for the two policies of ``pair`` (a, b), with ``net`` = a_only - b_only.
+    The columns are the same when there is no row (no finite capacity, or no block reference)."""
+    from dataclasses import asdict, fields
 
     import pandas as pd
 
     from quillcache.hitrate import simulate
-    from quillcache.hitrate.anatomy import anatomy
+    from quillcache.hitrate.anatomy import AnatomyCell, anatomy
 
     a, b = pair
     records = []
@@ -206,7 +225,8 @@ def anatomy_frame(arrs, pair: tuple[str, str], caps: list[int | None], options: 
         hb = simulate(arrs, b, cap, **options.get(b, {})).hits_per_request
         for c in anatomy(arrs, ha, hb):
             records.append({"capacity_blocks": cap, "a": a, "b": b, **asdict(c), "net": c.a_only - c.b_only})
-    return pd.DataFrame.from_records(records)
+    columns = ["capacity_blocks", "a", "b", *(f.name for f in fields(AnatomyCell)), "net"]
+    return pd.DataFrame.from_records(records, columns=columns)
 
 
 def _print_anatomy(frame, pair: tuple[str, str], shares: dict[int, Share]) -> None:
@@ -237,30 +257,35 @@ def with_bounds(df, arrs, block_tokens: int):
     """``df`` (a ``sweep`` frame with lru and belady) plus one ``reuse_oracle`` and one
     ``timing_oracle`` row per capacity, their gap closed computed the same way (unlimited runs as
     the number of distinct blocks); the timing oracle's ``sigma`` is in its rows' ``sigma`` column
-    and is left out when the trace gives no turn to measure it on. Returns (frame, note)."""
+    and is left out when the trace gives no turn to measure it on. Each bound first runs once on a
+    two-request trace, so its ``refs_per_s`` times the replay and never Numba's JIT or cache load
+    (as the sweep's rows do). Returns (frame, note)."""
     import time
 
     import pandas as pd
 
+    from quillcache.hitrate.arrays import arrays_from_lists
     from quillcache.hitrate.bounds import reuse_oracle, timing_oracle
     from quillcache.hitrate.sweep import with_gap_closed
     from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
     ratios = turn_gap_log_ratios(arrs, block_tokens)
     sigma = robust_sigma(ratios)
-    bounds = {"reuse_oracle": (lambda cap: reuse_oracle(arrs, cap), None)}
+    bounds = {"reuse_oracle": (lambda a, cap: reuse_oracle(a, cap), None)}
     if len(ratios) and sigma == sigma:
         sigma = round(sigma, 2)
-        bounds["timing_oracle"] = (lambda cap: timing_oracle(arrs, cap, sigma), sigma)
+        bounds["timing_oracle"] = (lambda a, cap: timing_oracle(a, cap, sigma), sigma)
         note = (f"timing_oracle: sigma = {sigma:.2f}, the robust spread of log(next gap / previous gap) over "
                 f"{len(ratios):,} turns of this trace")
     else:
         note = "timing_oracle: left out, no request here has a previous turn that comes back to measure sigma on"
+    tiny = arrays_from_lists([[1, 2], [1, 3]])
     records = []
     for name, (run_bound, sig) in bounds.items():
+        run_bound(tiny, 2)  # compile (or load from Numba's cache) here, so refs_per_s times the replay only
         for cap in dict.fromkeys(df["capacity_blocks"].tolist()):
             t0 = time.perf_counter()
-            hits = int(run_bound(max(1, arrs.num_unique if pd.isna(cap) else int(cap))).sum())
+            hits = int(run_bound(arrs, max(1, arrs.num_unique if pd.isna(cap) else int(cap))).sum())
             secs = time.perf_counter() - t0
             records.append({"policy": name, "capacity_blocks": cap,
                             "hit_rate": hits / arrs.num_refs if arrs.num_refs else 0.0, "hit_blocks": hits,
@@ -295,21 +320,95 @@ def _tidy_rows(df, trace: str, block_tokens: int) -> list:
     return rows
 
 
-def write_results(out: Path, df, trace: str, block_tokens: int) -> list[Path]:
+RESULT_FILES = ("hitrate.csv", "summary.csv", "meta.json", "anchors.csv", "hitrate.parquet", "anatomy.csv")
+
+
+class ResultsWritten(KeyboardInterrupt):
+    """Ctrl-C came while the results were being renamed into place: they were all renamed first."""
+
+
+def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None) -> list[Path]:
+    """Write the run's files under ``out`` as one set and return their paths (meta.json aside).
+
+    Every file is written into a temporary folder inside ``out``, then renamed into ``out``
+    (``os.replace``, atomic per file) with Ctrl-C held off until all are, and a file of
+    ``RESULT_FILES`` this run does not produce is removed (the results-schema writer removes a
+    stale ``anchors.csv`` the same way). An exception before the renames (OSError, Ctrl-C) leaves
+    ``out`` as it was, folders made for this run removed again; a Ctrl-C during the renames raises
+    ``ResultsWritten`` once they are done. No other file in ``out`` is touched."""
     from quillcache.results import write_summary
 
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "hitrate.csv"]
-    df.to_csv(paths[0], index=False)
-    paths.append(write_summary(out.name, _tidy_rows(df, trace, block_tokens), out.parent, profile="custom"))
+    made = []
+    p = out
+    while not p.exists() and p.parent != p:
+        made.append(p)
+        p = p.parent
+    stage = None
     try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return paths
-    p = out / "hitrate.parquet"
-    df.to_parquet(p, index=False)
-    paths.append(p)
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".hitrate-", dir=out))
+        staged = {"hitrate.csv": stage / "hitrate.csv"}
+        df.to_csv(staged["hitrate.csv"], index=False)
+        summary = write_summary(out.name, _tidy_rows(df, trace, block_tokens), stage, profile="custom")
+        staged["summary.csv"], staged["meta.json"] = summary, summary.parent / "meta.json"
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            staged["hitrate.parquet"] = stage / "hitrate.parquet"
+            df.to_parquet(staged["hitrate.parquet"], index=False)
+        if anatomy is not None:
+            staged["anatomy.csv"] = stage / "anatomy.csv"
+            anatomy.to_csv(staged["anatomy.csv"], index=False)
+    except BaseException as exc:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        for d in made:  # innermost first; stops at one that is not empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"{exc.strerror or exc} (the files there are as they were)") from exc
+        raise
+    try:
+        interrupted = _move_into_place(out, staged)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    paths = [out / name for name in ("hitrate.csv", "summary.csv", "hitrate.parquet", "anatomy.csv") if name in staged]
+    if interrupted:
+        raise ResultsWritten(paths)
     return paths
+
+
+def _move_into_place(out: Path, staged: dict[str, Path]) -> bool:
+    """Rename the staged files into ``out`` and remove the stale ones, Ctrl-C deferred until done
+    (in the main thread); True when a Ctrl-C came meanwhile."""
+    import threading
+
+    for name in RESULT_FILES:  # what would make a rename or removal fail half-way, before any
+        if (out / name).is_dir() and not (out / name).is_symlink():
+            raise IsADirectoryError(21, f"{name} is a folder, not a file (the files there are as they were)",
+                                    str(out / name))
+    caught: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum)) if main else None
+    try:
+        for name in RESULT_FILES:
+            try:
+                if name in staged:
+                    os.replace(staged[name], out / name)
+                else:
+                    (out / name).unlink(missing_ok=True)
+            except OSError as exc:  # rare past the check above; say that the set is now mixed
+                raise OSError(exc.errno, f"{name}: {exc.strerror or exc}; the files before it in "
+                                         f"{', '.join(RESULT_FILES)} are this run's, the rest the previous "
+                                         f"run's") from exc
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    return bool(caught)
 
 
 LABELS = {"belady": " (offline bound)", "reuse_oracle": " (offline: which blocks return, not when)",
@@ -356,6 +455,9 @@ def run(args: argparse.Namespace) -> int:
     from quillcache.traces.loader import TraceError, load_trace_report
 
     try:
+        if args.out is not None and not args.out.strip():
+            raise ValueError(f"--out {args.out!r} names no folder: name a results folder, or leave --out out for "
+                             f"{DEFAULT_OUT}/<trace stem>/")
         if args.limit is not None:
             check_int("--limit", args.limit, 1)
         cap_specs = parse_capacities(args.capacities)
@@ -411,10 +513,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"quillcache hitrate: interrupted; no results were written under {out}", file=sys.stderr)
         return 130
     try:
-        paths = write_results(out, df, trace.stem, block_tokens)
-        if anat is not None:
-            paths.append(out / "anatomy.csv")
-            anat.to_csv(paths[-1], index=False)
+        paths = write_results(out, df, trace.stem, block_tokens, anat)
+    except ResultsWritten:
+        print(f"quillcache hitrate: interrupted; the results were written under {out} first", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"quillcache hitrate: interrupted; the files under {out} are as they were", file=sys.stderr)
+        return 130
     except OSError as exc:
         return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
     if not args.quiet:
@@ -424,6 +529,10 @@ def run(args: argparse.Namespace) -> int:
                      shares)
         if anat is not None and len(anat):
             _print_anatomy(anat, pair, shares)
+        elif anat is not None and not arrs.num_refs:
+            print(f"anatomy: {trace.name} has no block references: nothing to compare (anatomy.csv holds only "
+                  f"its header row)", flush=True)
         elif anat is not None:
-            print(f"anatomy: no finite capacity among {args.capacities!r}: nothing to compare", flush=True)
+            print(f"anatomy: no finite capacity among {args.capacities!r}: nothing to compare (anatomy.csv holds "
+                  f"only its header row)", flush=True)
     return 0

@@ -90,7 +90,8 @@ def compute_next_use(blocks: np.ndarray, num_unique: int) -> np.ndarray:
 
 
 def _densify(raw: np.ndarray) -> tuple[np.ndarray, int]:
-    """Remap arbitrary non-negative ids to 0..U-1 in order of first appearance."""
+    """Remap arbitrary ids (uint64: the trace's whole [0, 2**64)) to 0..U-1 in order of first
+    appearance; equal ids map to equal dense ids and different ids to different ones."""
     if raw.size == 0:
         return raw.astype(np.int32), 0
     uniq, first_idx, inverse = np.unique(raw, return_index=True, return_inverse=True)
@@ -101,20 +102,35 @@ def _densify(raw: np.ndarray) -> tuple[np.ndarray, int]:
     return rank_by_first[inverse.reshape(-1)].astype(np.int32), int(uniq.shape[0])
 
 
+_U64 = 1 << 64
+
+
+def _flat_ids(hash_lists: Sequence[Sequence[int]], n: int) -> np.ndarray:
+    """uint64[n]: every request's ids in order; ValueError naming the first id outside [0, 2**64)."""
+    try:
+        return np.fromiter((int(x) for h in hash_lists for x in h), dtype=np.uint64, count=n)
+    except OverflowError:
+        for r, h in enumerate(hash_lists):
+            for k, x in enumerate(h):
+                v = int(x)
+                if not 0 <= v < _U64:
+                    why = "non-negative" if v < 0 else "below 2**64"
+                    raise ValueError(f"hash ids must be {why}, got {v} (request {r}, position {k})") from None
+        raise
+
+
 def arrays_from_lists(hash_lists: Sequence[Sequence[int]], *, timestamps_ms: Sequence[int] | np.ndarray | None = None,
                       input_tokens: Sequence[int] | np.ndarray | None = None,
                       output_tokens: Sequence[int] | np.ndarray | None = None,
                       block_tokens: int = 512) -> TraceArrays:
-    """Build arrays from per-request hash-id lists (timestamps default to 0, 1, 2, ...;
-    input tokens to ``len * block_tokens``; output tokens to 0)."""
+    """Build arrays from per-request hash-id lists (ids in ``[0, 2**64)``, the trace schema's range;
+    ValueError naming the first id outside it). Timestamps default to 0, 1, 2, ...; input tokens
+    to ``len * block_tokens``; output tokens to 0."""
     r = len(hash_lists)
     lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=r)
     offsets = np.zeros(r + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((int(x) for h in hash_lists for x in h), dtype=np.int64, count=int(offsets[-1]))
-    if flat.size and flat.min() < 0:
-        raise ValueError(f"hash ids must be non-negative, got {int(flat.min())}")
-    blocks, u = _densify(flat)
+    blocks, u = _densify(_flat_ids(hash_lists, int(offsets[-1])))
     ts = np.arange(r, dtype=np.int64) if timestamps_ms is None else np.asarray(timestamps_ms, dtype=np.int64)
     isl = lengths * block_tokens if input_tokens is None else np.asarray(input_tokens, dtype=np.int64)
     osl = np.zeros(r, dtype=np.int64) if output_tokens is None else np.asarray(output_tokens, dtype=np.int64)

@@ -22,7 +22,10 @@ wrong by a factor. It knows exactly which blocks are referenced again, and for e
 one draw per request) stretches or shrinks the distance to every next use that falls in ``q``:
 the whole return of a conversation is early or late together, as a predictor of the next turn's
 arrival would be. ``sigma = 0`` is Belady. The hit rate as a function of ``sigma`` says how much
-of the gap knowing *when* is worth once *which* is known.
+of the gap knowing *when* is worth once *which* is known. Rounded keys can collide; collisions are
+broken by position without reordering distinct keys (``noisy_next_use``), so every key is distinct
+as in ``TraceArrays.next_use`` and ``timing_oracle`` agrees with its plain-Python specification
+``timing_oracle_reference`` (``BeladyPolicy`` through ``quillcache.hitrate.reference``) hit for hit.
 
 These are not online policies (they read ``TraceArrays.next_use``) and are not in the policy
 registry; they are reported apart from online results, like Belady.
@@ -47,9 +50,10 @@ from quillcache._checks import check_float, check_int
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
 from quillcache.hitrate.arrays import TraceArrays, validate_arrays
 from quillcache.hitrate.kernels import belady
+from quillcache.hitrate.reference import replay
 
 __all__ = ["NEVER", "flips", "noisy_next_use", "noisy_next_use_reference", "reuse_oracle", "reuse_oracle_reference",
-           "timing_factors", "timing_oracle"]
+           "timing_factors", "timing_oracle", "timing_oracle_reference"]
 
 _DEAD, _LIVE = 0, 1
 
@@ -143,7 +147,8 @@ def reuse_oracle_reference(arrs: TraceArrays, capacity_blocks: int, flip_rate: f
 
 # ---------------------------------------------------------------- timing oracle
 
-NEVER = np.iinfo(np.int64).max // 4  # the timing oracle's next use of a block never referenced again
+NEVER = np.iinfo(np.int64).max // 4  # a reference at position p with no next use has key NEVER + p
+FAR = 1 << 60  # the farthest noisy distance to a next use (exact as a float64): such a key stays below NEVER
 
 
 def timing_factors(num_requests: int, sigma: float, seed: int) -> np.ndarray:
@@ -156,19 +161,34 @@ def timing_factors(num_requests: int, sigma: float, seed: int) -> np.ndarray:
 
 
 def noisy_next_use(arrs: TraceArrays, sigma: float, seed: int = 0) -> np.ndarray:
-    """int64[N]: the next use of each reference as the timing oracle sees it: ``NEVER`` where there
-    is none; else ``p + max(1, rint((q - p) * f[request of q]))`` for the reference at position
-    ``p`` whose next use is at ``q`` (``timing_factors``), so a next use is always in the future."""
+    """int64[N]: the next use of each reference as the timing oracle sees it, all distinct.
+
+    The noisy key of the reference at position ``p`` is ``NEVER + p`` if the block is not referenced
+    again; else ``p + max(1, min(rint((q - p) * f[request of q]), FAR))`` for its next use at ``q``
+    (``timing_factors``), so a next use is always in the future. Rounded keys can collide, and
+    Belady's victim among equal keys would be up to its heap's shape, so the keys are then made
+    distinct without reordering any two that differ: in order of (noisy key, ``p``), each key is
+    ``max(noisy key, previous key + 1)``. Hence a key is never below its noisy key, the order of
+    keys is the order of (noisy key, ``p``) (of two equal noisy keys the later reference's counts
+    as farther, as ``N + p`` orders last references in ``TraceArrays.next_use``), where no two noisy
+    keys are equal nothing changes (at ``sigma = 0`` every key is ``next_use`` itself or ``NEVER + p``),
+    and a key is ``>= NEVER`` exactly when the block is not referenced again."""
     validate_arrays(arrs)
     f = timing_factors(arrs.num_requests, sigma, seed)
     n = arrs.num_refs
     pos = np.arange(n, dtype=np.int64)
     nu = arrs.next_use.astype(np.int64)
-    out = np.full(n, NEVER, np.int64)
+    noisy = NEVER + pos
     has = nu < n
     req = np.searchsorted(arrs.req_offsets, nu[has], side="right") - 1  # the request holding each next use
-    dist = np.rint((nu[has] - pos[has]).astype(np.float64) * f[req]).astype(np.int64)
-    out[has] = pos[has] + np.maximum(dist, 1)
+    # capped at FAR so that the conversion cannot overflow (a factor above ~1e13 only at huge sigma)
+    dist = np.minimum(np.rint((nu[has] - pos[has]).astype(np.float64) * f[req]), FAR).astype(np.int64)
+    noisy[has] = pos[has] + np.maximum(dist, 1)
+    order = np.lexsort((pos, noisy))  # by noisy key, then position
+    i = np.arange(n, dtype=np.int64)  # rank in that order
+    out = np.empty(n, np.int64)
+    # the i-th key in that order is max over j <= i of noisy_j + (i - j), i.e. max(noisy_i, key_{i-1} + 1)
+    out[order] = np.maximum.accumulate(noisy[order] - i) + i
     return out
 
 
@@ -179,20 +199,35 @@ def noisy_next_use_reference(arrs: TraceArrays, sigma: float, seed: int = 0) -> 
     off, next_use = arrs.req_offsets.tolist(), arrs.next_use.tolist()
     n = len(next_use)
     owner = [r for r in range(arrs.num_requests) for _ in range(off[r + 1] - off[r])]
-    out = []
+    noisy = []
     for p, q in enumerate(next_use):
         if q >= n:
-            out.append(NEVER)
+            noisy.append(NEVER + p)
         else:
-            out.append(p + max(1, round((q - p) * f[owner[q]])))  # half to even, as numpy.rint
+            noisy.append(p + max(1, min(round((q - p) * f[owner[q]]), FAR)))  # half to even, as numpy.rint
+    out = [0] * n
+    key = None
+    for p in sorted(range(n), key=lambda p: (noisy[p], p)):
+        key = noisy[p] if key is None else max(noisy[p], key + 1)
+        out[p] = key
     return out
 
 
 def timing_oracle(arrs: TraceArrays, capacity_blocks: int, sigma: float, seed: int = 0) -> np.ndarray:
     """Per-request prefix hits (int32[R]) of Belady with bypass on ``noisy_next_use`` keys at
-    ``capacity_blocks`` blocks."""
+    ``capacity_blocks`` blocks. The keys are distinct, so no victim is a tie-break: the kernel
+    agrees hit for hit with ``timing_oracle_reference`` (tested)."""
     cap = check_int("capacity_blocks", capacity_blocks, 1)
     keys = noisy_next_use(arrs, sigma, seed)
     hits = np.zeros(arrs.num_requests, np.int32)
     belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, keys, True)
     return hits
+
+
+def timing_oracle_reference(arrs: TraceArrays, capacity_blocks: int, sigma: float, seed: int = 0) -> np.ndarray:
+    """The same replay in plain Python: ``BeladyPolicy`` (bypass on) through the reference harness,
+    its next-use oracle returning ``noisy_next_use_reference`` keys: the specification of
+    ``timing_oracle``."""
+    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    keys = np.asarray(noisy_next_use_reference(arrs, sigma, seed), np.int64)
+    return replay(arrs, "belady", cap, next_use=keys)

@@ -14,19 +14,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from quillcache._checks import check_int
 from quillcache.hitrate import as_arrays, simulate
+
+_INT64_MAX = 2**63 - 1  # capacity_blocks is an Int64 column
 
 
 def sweep(trace_or_arrays: object, policies: Sequence[str], capacities: Sequence[int | None], *,
           options: Mapping[str, Mapping[str, object]] | None = None,
           progress: Callable[[str, int | None], None] | None = None):
-    """Run every policy at every capacity (None = unlimited) and return the tidy frame."""
+    """Run every policy at every capacity (None = unlimited, else an int in ``[1, 2**63 - 1]``, the
+    range of the Int64 column; ValueError naming the first capacity outside it, before any replay)."""
     import pandas as pd
 
     if isinstance(policies, str) or not policies:
         raise ValueError(f"policies must be a non-empty list of policy names, got {policies!r}")
     if isinstance(capacities, (str, int)) or not capacities:
         raise ValueError(f"capacities must be a non-empty list of block counts (None = unlimited), got {capacities!r}")
+    for cap in capacities:
+        if cap is not None:
+            check_int("capacity_blocks", cap, 1, _INT64_MAX)
     arrs = as_arrays(trace_or_arrays)
     options = options or {}
     records = []
