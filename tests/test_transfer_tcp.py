@@ -239,6 +239,11 @@ def test_connections_the_peer_drops_are_replaced_and_leave_no_fd_behind():
                 client.read(ldesc, 0, seg, desc.region_id, off, 64, timeout_s=10)
                 assert bytes(local) == region[off:off + 64].tobytes(), f"cycle {i}"
             stats = client.backend.client.stats
-            assert stats.connects == cycles + 1 and stats.stale_dropped + stats.retries == cycles, stats
+            # every connection after the first replaced one that was dropped: found stale in the pool, or broken
+            # under a read and retried once; each cycle's drop was replaced, and a busy machine may add a retry
+            # when the server's short idle timeout closes a fresh connection before its first request arrives
+            assert stats.connects == stats.reconnects + 1, stats
+            assert stats.reconnects == stats.stale_dropped + stats.retries, stats
+            assert cycles <= stats.stale_dropped + stats.retries <= 2 * cycles, stats
         _poll(lambda: srv.connections() == 0, 10, "the server dropping the last connection")
         _assert_nothing_left(fds, threads, f"{cycles} connections dropped by the peer")
