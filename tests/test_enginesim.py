@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import urllib.error
@@ -292,6 +293,20 @@ def test_cli_refuses_bad_flags():
     out = subprocess.run([sys.executable, "-m", "quillcache", "engine-sim", "--help"], capture_output=True, text=True,
                          timeout=60)
     assert "STAND-IN engine" in out.stdout
+
+
+def test_a_failed_start_names_the_engines_error_and_leaves_no_log_file_behind():
+    import glob
+    import tempfile
+
+    pattern = os.path.join(tempfile.gettempdir(), "engine-sim-*.log")
+    before = set(glob.glob(pattern))
+    sim = EngineSimProcess(["--block-size", "0"], start_timeout_s=60.0)
+    with pytest.raises(RuntimeError, match="--block-size"):
+        sim.start()
+    assert sim.proc is not None and sim.proc.returncode == 2
+    assert "--block-size" in sim.stderr_tail()  # the tail outlives the file
+    assert set(glob.glob(pattern)) <= before
 
 
 # ---- timing of headers, disconnects and faults ----------------------------------------------------------

@@ -4,7 +4,8 @@ Contract: ``with EngineSimProcess(["--fixed-ttft-ms", "500"]) as sim:`` (or ``En
 keyword options become flags, ``options_to_args``) starts ``python -m quillcache engine-sim
 --host 127.0.0.1 --port 0 ARGS``, reads its JSON line (the bound address, KV-event endpoints) and polls
 ``GET /health`` until it answers 200, both within ``start_timeout_s`` (else ``RuntimeError`` with the tail of its
-stderr). On exit it is ALWAYS stopped: SIGTERM, then SIGKILL after ``stop_timeout_s``. ``sim.url`` is
+stderr). On exit it is ALWAYS stopped: SIGTERM, then SIGKILL after ``stop_timeout_s``; ``stop`` (also run when
+``start`` fails) removes the stderr log file and keeps its tail for ``stderr_tail``, so no run leaves a file behind. ``sim.url`` is
 ``http://127.0.0.1:PORT``; ``sim.info`` the whole JSON line; ``sim.metrics()`` parses ``/metrics`` into
 ``{name{labels}: value}``.
 """
@@ -61,6 +62,7 @@ class EngineSimProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.info: dict = {}
         self._stderr: tempfile._TemporaryFileWrapper | None = None  # type: ignore[type-arg]
+        self._stderr_final = ""  # the log's tail, kept when ``stop`` removes the file
 
     @property
     def url(self) -> str:
@@ -72,8 +74,9 @@ class EngineSimProcess:
         return self.proc.pid
 
     def stderr_tail(self, n_bytes: int = 4000) -> str:
+        """The last ``n_bytes`` of the engine's stderr; after ``stop`` the last 4000 bytes it wrote."""
         if self._stderr is None:
-            return ""
+            return self._stderr_final[-n_bytes:]
         return Path(self._stderr.name).read_text(errors="replace")[-n_bytes:]
 
     def start(self) -> EngineSimProcess:
@@ -131,8 +134,14 @@ class EngineSimProcess:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        if self._stderr is not None:
+        if self._stderr is not None:  # the log file goes with the process; its tail stays readable
+            self._stderr_final = self.stderr_tail()
             self._stderr.close()
+            try:
+                os.unlink(self._stderr.name)
+            except OSError:
+                pass
+            self._stderr = None
         return self.proc.returncode
 
     def metrics(self) -> dict[str, float]:
@@ -144,8 +153,3 @@ class EngineSimProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        if self._stderr is not None:
-            try:
-                os.unlink(self._stderr.name)
-            except OSError:
-                pass
