@@ -31,7 +31,7 @@ import uuid
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -59,7 +59,10 @@ def _dumps(obj: Any) -> bytes:
 
 
 async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # the client left before its body was complete: nobody to answer
+        return _error(499, "client disconnected before the request body was complete")
     try:
         body = json.loads(raw)
     except RecursionError:

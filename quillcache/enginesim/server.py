@@ -1,4 +1,5 @@
-"""Serve one STAND-IN engine with uvicorn (uvloop + httptools) and announce it with one JSON line on stdout.
+"""Serve one STAND-IN engine with uvicorn (uvloop + httptools under ``quillcache.httpserve.guard``'s limits)
+and announce it with one JSON line on stdout.
 
 The line (printed once the socket accepts connections)::
 
@@ -49,7 +50,10 @@ def serve(config: EngineSimConfig, *, host: str = "127.0.0.1", port: int = 0, lo
         sock.close()
         return 2 if isinstance(e, ValueError) else 1
     app = build_app(config, engine)
-    uv = uvicorn.Config(app, loop="uvloop", http="httptools", log_level=log_level, access_log=False,
+    from quillcache.httpserve.guard import guarded_protocol
+
+    # httptools under quillcache.httpserve.guard's default limits (head size and time, body silence)
+    uv = uvicorn.Config(app, loop="uvloop", http=guarded_protocol(), log_level=log_level, access_log=False,
                         lifespan="on", timeout_graceful_shutdown=GRACEFUL_S, backlog=4096)
     server = uvicorn.Server(uv)
 

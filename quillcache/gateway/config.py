@@ -7,8 +7,9 @@ state, models discovered from the engines' ``/v1/models``) or from a JSON file (
                   "kv_events": "tcp://127.0.0.1:5557", "kv_events_replay": "tcp://127.0.0.1:5558"}],
      "models": {"m": {"base": "m"}, "m-sql": {"base": "m", "adapter": "m-sql"}},
      "tokenizer": "bytes", "chat_template": null, "block_size_tokens": 16,
-     "limits": {"max_body_bytes": 4194304, "max_json_depth": 32, "tenant_max_concurrency": 256},
-     "timeouts": {"connect_s": 2, "first_byte_s": 30, "idle_s": 60},
+     "limits": {"max_body_bytes": 4194304, "max_json_depth": 32, "tenant_max_concurrency": 256,
+                "max_head_bytes": 65536},
+     "timeouts": {"connect_s": 2, "first_byte_s": 30, "idle_s": 60, "client_head_s": 15, "client_body_s": 60},
      "retry": {"max_retries": 2, "backoff_s": 0.05}, "speculative_ttl_s": 2.0,
      "router": "cache_aware", "router_options": {"cache_threshold": 0.3},
      "peer_bind": "tcp://127.0.0.1:7701", "peers": ["tcp://127.0.0.1:7702"]}
@@ -122,10 +123,12 @@ class LimitsConfig:
     max_json_depth: int = 32  # deeper nesting of arrays/objects is refused with 400
     tenant_max_concurrency: int = 256  # default per-tenant in-flight limit (429 above it)
     max_upstream_connections: int = 4096  # the aiohttp pool (>= 1,000 concurrent streams)
+    max_head_bytes: int = 64 << 10  # a client's request line + headers above this: 431 (quillcache.httpserve.guard)
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            check_int(f"limits.{f.name}", getattr(self, f.name), 1, error=ConfigError, type_error=ConfigError)
+            check_int(f"limits.{f.name}", getattr(self, f.name), 256 if f.name == "max_head_bytes" else 1,
+                      error=ConfigError, type_error=ConfigError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +138,8 @@ class TimeoutsConfig:
     idle_s: float = 60.0  # longest silence between two chunks of a streaming response
     health_interval_s: float = 1.0  # between /health probes of each engine
     keepalive_s: float = 15.0  # an idle pooled upstream connection is closed after this
+    client_head_s: float = 15.0  # a client's request head (or a new connection's first) must be complete by then: 408
+    client_body_s: float = 60.0  # longest silence while a client's request body arrives: 408 (quillcache.httpserve)
 
     def __post_init__(self) -> None:
         for f in fields(self):

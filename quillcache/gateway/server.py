@@ -2,7 +2,9 @@
 (``GatewayProcess``, for tests and studies).
 
 ``serve`` binds the listening socket itself (so ``--port 0`` gets a free port), runs uvicorn with
-uvloop and httptools (``uvicorn[standard]``), prints ONE JSON line ``{"address", "url", "pid",
+uvloop and httptools (``uvicorn[standard]``) under ``quillcache.httpserve.guard``'s limits on client
+requests (head size and time, body silence: ``limits.max_head_bytes``, ``timeouts.client_head_s`` /
+``client_body_s``), prints ONE JSON line ``{"address", "url", "pid",
 "engines", "models"}`` on stdout once the gateway serves (after its first health probe), logs to
 stderr, and stops on SIGTERM/SIGINT (uvicorn's handlers: in-flight streams are cancelled, every
 lease released).
@@ -38,6 +40,7 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
     import uvicorn
 
     from quillcache.gateway.app import Gateway
+    from quillcache.httpserve.guard import HttpGuard, guarded_protocol
 
     gw = Gateway(config, tenants, secret=secret)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -54,7 +57,10 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
     sock.set_inheritable(True)
     bound = sock.getsockname()
     # proxy_headers off: the gateway is the front door (no X-Forwarded-* to trust), and the middleware costs a layer
-    ucfg = uvicorn.Config(gw.asgi, interface="asgi3", loop="uvloop", http="httptools", lifespan="on",
+    # httptools under quillcache.httpserve.guard's limits: no client holds a connection with a stalled or endless request
+    guard = HttpGuard(max_head_bytes=config.limits.max_head_bytes, head_timeout_s=config.timeouts.client_head_s,
+                      body_timeout_s=config.timeouts.client_body_s)
+    ucfg = uvicorn.Config(gw.asgi, interface="asgi3", loop="uvloop", http=guarded_protocol(guard), lifespan="on",
                           log_level=log_level, access_log=False, proxy_headers=False, backlog=backlog,
                           timeout_keep_alive=30, timeout_graceful_shutdown=5)
     server = uvicorn.Server(ucfg)
