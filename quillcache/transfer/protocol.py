@@ -15,7 +15,10 @@ Frames (``struct`` formats, sizes in bytes):
   server nonce ‖ client nonce)); the server checks it in constant time and answers ACCEPT (40:
   ``b"QCTK"``, version, HMAC-SHA256(secret, "server" ‖ client nonce ‖ server nonce)) or closes.
   Both sides prove the secret; neither reveals it; nonces are fresh per connection, so a recorded
-  exchange cannot be replayed.
+  exchange cannot be replayed. A server that cannot keep the connection (its slots are full, or it
+  dropped this unauthenticated connection to make room for a newer one) sends, in place of HELLO or
+  ACCEPT, a response frame with status BUSY and a reason, then closes; nothing has been requested
+  yet, so the client may retry on a fresh connection.
 
 A server handles the requests of one connection in order; a client may have several in flight on
 one connection and matches each response to its request by the request id. Any frame that breaks
@@ -98,6 +101,7 @@ class Status(enum.IntEnum):
     TOO_LARGE = 4
     BAD_FRAME = 5
     SHUTTING_DOWN = 6
+    BUSY = 7  # during authentication only: the server has no slot for this connection now (retry)
 
 
 @dataclass(frozen=True)

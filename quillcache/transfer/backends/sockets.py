@@ -53,11 +53,15 @@ class TcpConfig:
     ``window`` the requests in flight on one connection; ``progress_timeout_s`` how long any one
     socket call may go without moving a byte; ``idle_check_s`` after how long idle a pooled
     connection is probed for liveness before reuse; ``max_request_bytes`` the largest READ/WRITE a
-    server accepts; ``max_server_connections`` the connections a server holds at once;
-    ``auth_timeout_s`` how long an unauthenticated peer may take; ``server_idle_timeout_s`` when a
-    server drops a connection that sends nothing; ``lane_min_bytes`` the least bytes worth a
-    connection of their own when a batch is spread over connections; ``spin_us`` how long a
-    receive polls without blocking before it sleeps (0: never spin; see the module docstring);
+    server accepts; ``max_server_connections`` the authenticated connections a server holds at once;
+    ``max_preauth_connections`` the connections still authenticating that it holds besides them (when
+    full, the oldest is dropped for a new one: peers without the secret can never take the slots of
+    authenticated ones, and a client that answers its challenge promptly gets through; see
+    ``tcp_server``); ``auth_timeout_s`` how long an unauthenticated peer may take;
+    ``server_idle_timeout_s`` when a server drops a connection that sends nothing; ``lane_min_bytes``
+    the least bytes worth a connection of their own when a batch is spread over connections;
+    ``spin_us`` how long a receive polls without blocking before it sleeps (0: never spin; see the
+    module docstring);
     ``socket_buffer_bytes`` the send and receive buffer asked of the kernel for every connection
     (0: the kernel's autotuning; the kernel caps it at ``net.core.[rw]mem_max`` and doubles it);
     ``fast_path`` moves the bytes of READ/WRITE requests with the compiled ``FastChannel`` when it is
@@ -75,6 +79,7 @@ class TcpConfig:
     idle_check_s: float = 1.0
     max_request_bytes: int = 1 << 30
     max_server_connections: int = 256
+    max_preauth_connections: int = 128
     auth_timeout_s: float = 2.0
     server_idle_timeout_s: float = 600.0
     lane_min_bytes: int = 16 << 20
@@ -91,7 +96,7 @@ class TcpConfig:
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"TcpConfig.{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("connections_per_peer", "window", "max_request_bytes", "max_server_connections",
-                     "lane_min_bytes"):
+                     "max_preauth_connections", "lane_min_bytes"):
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"TcpConfig.{name} must be a positive int, got {v!r}")

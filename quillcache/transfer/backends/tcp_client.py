@@ -22,6 +22,11 @@ Invariants:
   every outcome is turned into the exception the plain ``Channel`` raises for it (``_fast_failed``);
   an answer whose header is not the expected OK one goes through the same Python checks either way
   (``_checked``), so both paths give the same bytes, outcomes and reasons.
+- A server that answers the handshake BUSY (its slots are full, or it dropped this connection, still
+  authenticating, to make room for a newer one) is tried again on a fresh connection after a jittered
+  backoff that doubles from ``BUSY_RETRY_FIRST_S`` up to ``BUSY_RETRY_MAX_S``, until the deadline of
+  the requests that need the connection (then they end TIMEOUT naming the server's reason). Nothing
+  was requested on a connection that was not accepted, so nothing is sent twice.
 - READ requests of a batch are sent in bursts: the window is refilled once half of it has been
   answered, with one send for all the new headers. A WRITE carries its payload (one send each) and
   is sent as soon as the window has room, so the peer always has payload to take.
@@ -33,6 +38,7 @@ import itertools
 import logging
 import math
 import os
+import random
 import socket
 import struct
 import threading
@@ -58,6 +64,8 @@ __all__ = ["ClientStats", "TcpClient", "parse_address"]
 log = logging.getLogger("quillcache.transfer.client")
 _TIMEOUT, _DEADLINE, _CLOSED, _MISMATCH = 1, 2, 3, 5  # FastChannel outcome codes (0: OK, 4: OSError)
 _REQUEST_IDS = itertools.count(1)
+BUSY_RETRY_FIRST_S = 0.002  # the first wait before connecting again to a server that answered BUSY ...
+BUSY_RETRY_MAX_S = 0.1  # ... doubled per BUSY answer in a row up to this (each wait jittered down to half)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -76,6 +84,7 @@ class ClientStats:
     reconnects: int = 0
     stale_dropped: int = 0
     retries: int = 0
+    busy_retries: int = 0  # connections the server answered BUSY during the handshake, tried again
 
 
 class _Conn:
@@ -107,6 +116,10 @@ class _Unsendable(Exception):
     """A request whose fields do not fit the wire header; it fails alone, nothing is sent."""
 
 
+class _Busy(Exception):
+    """The server answered the handshake BUSY: no slot for this connection now; try a fresh one later."""
+
+
 class _Broken(Exception):
     """The connection failed; ``reason`` says how. Outstanding requests may be retried."""
 
@@ -134,6 +147,35 @@ class TcpClient:
             return pool
 
     def _connect(self, address: str, deadline: float) -> _Conn:
+        """A fresh authenticated connection; a BUSY server is tried again with backoff until ``deadline``
+        (then ``socket.timeout`` naming its reason)."""
+        wait_s = BUSY_RETRY_FIRST_S
+        while True:
+            try:
+                return self._connect_once(address, deadline)
+            except _Busy as e:
+                self.stats.busy_retries += 1
+                pause_s = wait_s * random.uniform(0.5, 1.0)
+                if deadline - time.monotonic() <= pause_s:
+                    raise socket.timeout(f"{e} (tried again until the deadline)") from None
+                log.debug("%s; connecting again in %.3f s", e, pause_s)
+                time.sleep(pause_s)
+                wait_s = min(wait_s * 2, BUSY_RETRY_MAX_S)
+
+    @staticmethod
+    def _handshake_frame(ch: Channel, size: int, deadline: float, address: str) -> bytes:
+        """The server's next handshake frame of ``size`` bytes. A response frame in its place is a refusal:
+        BUSY raises ``_Busy``, any other status ``TransferError``, each with the server's reason."""
+        head = bytes(ch.recv(P.RESPONSE.size, deadline))  # every handshake frame is longer than a response
+        if head[:4] != P.RESPONSE_MAGIC:
+            return head + bytes(ch.recv(size - P.RESPONSE.size, deadline))
+        resp = P.decode_response(head)
+        reason = bytes(ch.recv(resp.length, deadline)).decode("utf-8", "replace")
+        if resp.status is P.Status.BUSY:
+            raise _Busy(f"{address} is busy: {reason}")
+        raise TransferError(f"{address} refused the connection ({resp.status.name}): {reason}")
+
+    def _connect_once(self, address: str, deadline: float) -> _Conn:
         cfg = self.config
         host, port = parse_address(address)
         timeout = max(0.001, min(cfg.connect_timeout_s, deadline - time.monotonic()))
@@ -142,16 +184,16 @@ class TcpClient:
             tune_socket(sock, cfg)
             ch = Channel(sock, cfg.progress_timeout_s, cfg.spin_us)
             hs_deadline = min(deadline, time.monotonic() + cfg.auth_timeout_s + cfg.connect_timeout_s)
-            server_nonce = P.decode_hello(bytes(ch.recv(P.HELLO.size, hs_deadline)))
+            server_nonce = P.decode_hello(self._handshake_frame(ch, P.HELLO.size, hs_deadline, address))
             client_nonce = P.new_nonce()
             ch.send(P.encode_proof(client_nonce, P.client_proof(self.secret, server_nonce, client_nonce)), None,
                     hs_deadline)
             try:
-                frame = ch.recv(P.ACCEPT.size, hs_deadline)
+                frame = self._handshake_frame(ch, P.ACCEPT.size, hs_deadline, address)
             except ConnectionError:
                 raise AuthenticationError(f"{address} closed the connection during authentication "
                                           "(wrong shared secret?)") from None
-            P.decode_accept(bytes(frame), self.secret, server_nonce, client_nonce)
+            P.decode_accept(frame, self.secret, server_nonce, client_nonce)
         except BaseException:
             sock.close()
             raise
