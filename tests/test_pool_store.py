@@ -402,3 +402,26 @@ def test_objects_larger_than_the_client_buffer_use_a_buffer_of_their_own(pool):
         assert len(s.engine.regions) == regions  # the temporary regions were unregistered
     finally:
         s.close()
+
+
+def test_a_second_node_under_a_live_nodes_id_is_refused_and_a_dead_ones_id_is_taken_over(pool, store):
+    """Starting a node under the id of a node that still serves its segment would unmount that segment (the
+    restart rule): it is refused, naming the id and endpoint, and the live node keeps its memory in the pool.
+    Once that node stops serving (its transfer server closed, its segment still mounted), the same id starts,
+    unmounts the stale segment and mounts its own."""
+    from quillcache.pool import NodeIdInUseError
+    from quillcache.pool.node import PoolNode
+
+    live = pool.nodes[0]
+    store.put("kept", b"k" * 5000, replicas=3)
+    with pytest.raises(NodeIdInUseError, match=f"{live.node_id!r} is in use.*{live.transfer_address}"):
+        PoolNode(pool.master, dram_bytes=4 * MiB, secret=pool.secret, node_id=live.node_id)
+    assert [s.segment_id for s in pool.master.segments() if s.node_id == live.node_id] == [live.segment_id]
+    assert bytes(store.get("kept")) == b"k" * 5000
+    live.engine.close()  # stops serving; its segment stays mounted, as after a crash
+    heir = PoolNode(pool.master, dram_bytes=4 * MiB, secret=pool.secret, node_id=live.node_id)
+    try:
+        mine = [s.segment_id for s in pool.master.segments() if s.node_id == live.node_id]
+        assert mine == [heir.segment_id] and heir.segment_id != live.segment_id
+    finally:
+        heir.close()

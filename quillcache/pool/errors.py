@@ -6,7 +6,8 @@ half-written object readable: a failed put is revoked at the master before the e
 
 from __future__ import annotations
 
-__all__ = ["CorruptObjectError", "MasterUnavailableError", "PoolClosedError", "PoolError", "PutFailedError"]
+__all__ = ["CorruptObjectError", "MasterUnavailableError", "NodeIdInUseError", "PoolClosedError", "PoolError",
+           "PutFailedError"]
 
 
 class PoolError(Exception):
@@ -28,3 +29,7 @@ class PoolClosedError(PoolError):
 
 class MasterUnavailableError(PoolError):
     """The master did not answer (down, paused, restarting) within the client's retry window."""
+
+
+class NodeIdInUseError(PoolError):
+    """A node started under the id of a node that is still serving its segment (names the id and where)."""

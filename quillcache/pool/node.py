@@ -63,7 +63,7 @@ from quillcache.master.client import MasterClient
 from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceError, SegmentExistsError,
                                      SegmentNotFoundError)
 from quillcache.master.types import PutRequest, ReplicaConfig, SegmentDescriptor
-from quillcache.pool.errors import CorruptObjectError, PoolClosedError
+from quillcache.pool.errors import CorruptObjectError, NodeIdInUseError, PoolClosedError
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, record_header, store_key
 from quillcache.rpc import RpcServer
@@ -77,6 +77,7 @@ PAGE_BYTES = 4096
 ALIGN_BYTES = 64
 U32_MAX = (1 << 32) - 1
 REANNOUNCE_CHUNK = 32
+LIVE_PROBE_TIMEOUT_S = 2.0  # at start: how long the endpoint of a segment under this node id gets to answer
 REGION_PREFIX = "pool-dram;"
 _NODE_SEP = ";node="
 
@@ -242,10 +243,33 @@ class PoolNode:
                                  endpoint=self.transfer_address, transport=self.engine.backend_name,
                                  region_ids=(self.region.region_id,))
 
+    def _live_holder(self, seg: SegmentDescriptor) -> bool:
+        """Whether another process still serves ``seg`` (a segment under this node id): its endpoint
+        answers an authenticated region list that includes one of the segment's regions. Our own
+        endpoint, an unreachable one, or one that no longer serves those regions is a stale mount."""
+        from quillcache.transfer import TransferError
+
+        if not seg.endpoint or seg.endpoint == self.transfer_address or seg.transport != self.engine.backend_name:
+            return False
+        try:
+            info = self.engine.open_segment(seg.endpoint, timeout_s=LIVE_PROBE_TIMEOUT_S)
+        except (TransferError, OSError, ValueError):
+            return False
+        return any(r.region_id in seg.region_ids for r in info.regions)
+
     def _mount(self) -> None:
-        """Unmount this node id's stale segments, then mount the buffer under a fresh random id."""
+        """Unmount this node id's stale segments, then mount the buffer under a fresh random id. At
+        start, a segment under this node id that a live process still serves is not stale: the node
+        refuses to start (``NodeIdInUseError``) instead of taking that node's memory out of the pool."""
         with self._lock:
-            for seg in self.master.segments():
+            segments = self.master.segments()
+            if not self._generation:
+                for seg in segments:
+                    if seg.node_id == self.node_id and self._live_holder(seg):
+                        raise NodeIdInUseError(
+                            f"node id {self.node_id!r} is in use: segment {seg.segment_id} at {seg.endpoint} is "
+                            f"still served there; give this node another --node-id, or stop that node first")
+            for seg in segments:
                 if seg.node_id == self.node_id:
                     try:
                         self.master.unmount_segment(seg.segment_id)
