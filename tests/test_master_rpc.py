@@ -470,3 +470,25 @@ def test_the_client_finds_the_plain_tcp_port_again_after_a_restart(tmp_path):
     finally:
         c.close()
         first.close()
+
+
+def test_the_plain_tcp_idle_timeout_is_a_flag(tmp_path):
+    import socket
+
+    bad = subprocess.run([sys.executable, "-m", "quillcache.master", "--data-dir", str(tmp_path / "bad"),
+                          "--stream-idle-timeout-s", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--stream-idle-timeout-s" in bad.stderr and "Traceback" not in bad.stderr
+    s = Server(tmp_path / "m", "--stream-idle-timeout-s", "0.5")
+    try:
+        host, port = s.info["stream_address"].removeprefix("qtcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:  # says nothing: closed after 0.5 s
+            head = _recv_exact(sock, 4)
+            reply = msgpack.unpackb(_recv_exact(sock, int.from_bytes(head, "big")), raw=False,
+                                    ext_hook=lambda c, d: msgpack.unpackb(d, raw=False))
+            assert reply[1:3] == [None, False] and reply[3]["code"] == ["RpcErrorCode", "IDLE_TIMEOUT"]
+            assert "idle_timeout_s=0.5 s" in reply[3]["message"] and sock.recv(1) == b""
+        with MasterClient(s.address, timeout_s=5) as c:
+            mount_three(c)
+            assert c.address == s.info["stream_address"] and len(c.segments()) == 3
+    finally:
+        s.close()

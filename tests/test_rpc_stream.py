@@ -2,8 +2,10 @@
 ZeroMQ transport, its own framing limits (a frame past ``max_frame_bytes`` refused and the connection kept; a
 length past ``drop_frame_bytes`` refused and the connection closed), malformed bodies answered while the server
 keeps serving, restarts, timeouts, lost connections, NOT_LEADER moves across transports, and close() with
-connections open. Servers bind 127.0.0.1 on free ports and are closed by ``with``; waits poll with deadlines.
-The target, codec and helpers are ``tests/test_rpc.py``'s."""
+connections open. The idle timeout (idle, stalled, trickling and non-reading peers closed; slots freed; the
+goodbye, and a client that reconnects or resends without running anything twice), connections turned away with
+a typed refusal, and refusals that quote untrusted fields in bounded form. Servers bind 127.0.0.1 on free ports
+and are closed by ``with``; waits poll with deadlines. The target, codec and helpers are ``tests/test_rpc.py``'s."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from test_rpc import CODEC, DEADLINE_S, METHODS, VALUES, Code, MasterError, Repl
 
 from quillcache.rpc import (PROTOCOL_VERSION, RpcClient, RpcErrorCode, RpcRejectedError, RpcRemoteError,
                             RpcTimeoutError, StreamServer)
-from quillcache.rpc.stream import HEADER, split_address
+from quillcache.rpc.codec import EXT_DATACLASS, EXT_ENUM
+from quillcache.rpc.errors import MAX_MESSAGE_CHARS
+from quillcache.rpc.stream import HEADER, StreamConnection, split_address
 
 LEN = struct.Struct(">I")
 
@@ -229,8 +233,9 @@ def test_connections_past_the_cap_are_closed_and_the_others_served():
             RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as b:
         assert a.echo(1) == 1 and b.echo(2) == 2
         with RpcClient(server.address, timeout_s=1.0, codec=CODEC) as c:
-            with pytest.raises(RpcTimeoutError, match="connection lost"):
-                c.echo(3)
+            with pytest.raises(RpcRejectedError, match="TOO_MANY_CONNECTIONS: 2 connections are open") as info:
+                c.echo(3)  # a refusal (the request did not run), not a lost connection
+            assert info.value.code is RpcErrorCode.TOO_MANY_CONNECTIONS
         assert server.num_turned_away == 1 and a.echo(4) == 4 and b.echo(5) == 5
         a.close()
         until(lambda: server.num_connections == 1, "a's connection to close")
@@ -267,3 +272,153 @@ def test_after_reply_runs_once_per_reply_after_the_client_has_it(transport):
         assert client.echo("still serving") == "still serving"
         until(lambda: len(seen) == 5, "hook 5")
     assert seen == [True] * 5
+
+
+# --- idle timeout, goodbyes, turned-away connections -------------------------------------------------------
+
+IDLE_S = 0.3  # a test's idle timeout: short, so each test takes about a second
+
+
+def read_goodbye(sock: socket.socket) -> dict:
+    """The goodbye the server sends before closing ``sock`` (request id None), then the end of the stream."""
+    sock.settimeout(DEADLINE_S)
+    _, rid, ok, payload = read_reply(sock)
+    assert (rid, ok) == (None, False), payload
+    assert sock.recv(1) == b"", "the server closes the connection after its goodbye"
+    return payload
+
+
+def test_an_idle_connection_gets_a_goodbye_and_is_closed():
+    with stream_serve(idle_timeout_s=IDLE_S) as server, raw_connect(server) as sock:
+        t0 = time.monotonic()
+        payload = read_goodbye(sock)
+        assert time.monotonic() - t0 >= IDLE_S * 0.9
+        assert payload["code"] == ["RpcErrorCode", "IDLE_TIMEOUT"]
+        assert "no request for the server's idle_timeout_s=0.3 s" in payload["message"]
+        until(lambda: server.num_connections == 0 and server.num_timed_out == 1, "the slot to be freed")
+
+
+@pytest.mark.parametrize("how", ["stalled", "trickling"])
+def test_a_request_begun_but_not_completed_times_out(how):
+    with stream_serve(idle_timeout_s=IDLE_S) as server, raw_connect(server) as sock:
+        body = msgpack.packb([1, 1, "echo", ["x" * 100], {}])
+        frame = LEN.pack(len(body)) + body
+        sock.sendall(frame[:6])
+        t0 = time.monotonic()
+        if how == "trickling":  # a byte well within each wait, never the whole frame within idle_timeout_s
+            sock.setblocking(False)
+            for i in range(6, len(frame) - 1):
+                try:
+                    sock.recv(1, socket.MSG_PEEK)
+                    break  # the goodbye is here
+                except BlockingIOError:
+                    pass
+                sock.send(frame[i:i + 1])
+                time.sleep(IDLE_S / 10)  # the trickle's pace (not a wait for the server: the loop polls for it)
+            sock.setblocking(True)
+        payload = read_goodbye(sock)
+        assert time.monotonic() - t0 < DEADLINE_S / 2
+        assert payload["code"] == ["RpcErrorCode", "IDLE_TIMEOUT"] and "begun but not completed" in payload["message"]
+        until(lambda: server.num_connections == 0, "the slot to be freed")
+        assert server.num_requests == 0  # the partial request never ran
+
+
+def test_a_peer_that_reads_none_of_its_reply_is_closed():
+    with stream_serve(idle_timeout_s=IDLE_S) as server:
+        sock = socket.socket()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the reply cannot fit in the buffers
+            sock.connect(("127.0.0.1", server.port))
+            body = msgpack.packb([1, 1, "echo", [b"x" * (16 << 20)], {}])
+            sock.sendall(LEN.pack(len(body)) + body)
+            until(lambda: server.num_timed_out == 1 and server.num_connections == 0, "the non-reader to be closed")
+        finally:
+            sock.close()
+
+
+def test_idle_connections_do_not_keep_the_slots_a_new_client_needs():
+    with stream_serve(max_connections=2, idle_timeout_s=IDLE_S) as server, \
+            raw_connect(server) as idle_a, raw_connect(server) as idle_b:
+        until(lambda: server.num_connections == 2, "both idle connections to be served")
+        with RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client:
+            with pytest.raises(RpcRejectedError) as info:
+                client.echo("turned away")
+            assert info.value.code is RpcErrorCode.TOO_MANY_CONNECTIONS
+            until(lambda: server.num_connections == 0, "the idle connections to time out")
+            assert client.echo("served") == "served"
+        assert server.num_timed_out == 2 and server.num_turned_away == 1
+        for sock in (idle_a, idle_b):
+            assert read_goodbye(sock)["code"] == ["RpcErrorCode", "IDLE_TIMEOUT"]
+
+
+def test_a_client_reconnects_after_an_idle_close_and_runs_each_call_once():
+    service = Service()  # counts the echo calls that ran
+    with stream_serve(service, idle_timeout_s=IDLE_S) as server, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client:
+        assert client.echo(1) == 1
+        until(lambda: server.num_timed_out == 1, "the client's idle connection to be closed")
+        assert client.echo(2) == 2  # the goodbye seen before sending: a fresh connection, nothing lost
+        assert service.num_calls == 2 and server.num_timed_out == 1
+
+
+def test_a_request_that_crosses_the_goodbye_is_sent_again_once(monkeypatch):
+    """The server closes the idle connection just as the client sends (the client's look before sending saw
+    nothing yet): the reply is the goodbye, the request never ran, and the client sends it again on a fresh
+    connection, where it runs once."""
+    service = Service()  # counts the echo calls that ran
+    with stream_serve(service, idle_timeout_s=IDLE_S) as server, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client:
+        assert client.echo("first") == "first"
+        until(lambda: server.num_timed_out == 1, "the client's idle connection to be closed")
+        monkeypatch.setattr(StreamConnection, "_peer_done", lambda self: False)  # the goodbye not seen in time
+        assert client.echo("second") == "second"
+        assert service.num_calls == 2
+
+
+# --- untrusted fields in refusals -----------------------------------------------------------------------------
+
+BIG = "\x00" * (4 << 20)  # 4 MiB of NULs: repr() would make 16 MiB of it
+
+
+@pytest.mark.parametrize("body, code, names", [
+    (msgpack.packb([BIG, 1, "echo", [], {}]), "BAD_VERSION", "protocol version '\\x00"),
+    (msgpack.packb([1, BIG, "echo", [], {}]), "BAD_FRAME", "request_id must be an int"),
+    (msgpack.packb([1, 1, BIG, [], {}]), "UNKNOWN_METHOD", "method '\\x00"),
+    (msgpack.packb([1, 1, "echo", [msgpack.ExtType(EXT_DATACLASS, msgpack.packb([BIG, {}]))], {}]), "BAD_FRAME",
+     "unknown type tag '\\x00"),
+    (msgpack.packb([1, 1, "echo", [msgpack.ExtType(EXT_ENUM, msgpack.packb(["Tier", BIG]))], {}]), "BAD_FRAME",
+     "Tier has no member '\\x00"),
+    (msgpack.packb([1, 1, "echo", [msgpack.ExtType(EXT_DATACLASS, msgpack.packb(["Replica", {BIG: 1}]))], {}]),
+     "BAD_FRAME", "cannot rebuild Replica: it has no field"),
+    (msgpack.packb([1, 1, "echo", [1], {BIG: 1}]), "BAD_ARGUMENTS", "echo: got an unexpected keyword argument"),
+], ids=["version", "request_id", "method", "ext tag", "enum member", "dataclass field", "keyword"])
+def test_a_huge_untrusted_field_gets_a_small_refusal_and_a_small_log_line(body, code, names, caplog):
+    with stream_serve() as server, raw_connect(server) as sock:
+        sock.sendall(LEN.pack(len(body)) + body)
+        (n,) = LEN.unpack(recv_exact(sock, 4))
+        assert n < 2048, f"a refusal of {n} bytes for a {len(body)}-byte request"
+        _, _, ok, payload = msgpack.unpackb(recv_exact(sock, n), raw=False,
+                                            ext_hook=lambda c, d: msgpack.unpackb(d, raw=False))
+        assert not ok and payload["code"] == ["RpcErrorCode", code]
+        assert names in payload["message"] and "(a str of 4194304 characters)" in payload["message"], \
+            payload["message"]
+        assert raw_exchange(sock, msgpack.packb([1, 9, "add", [2, 3], {}])) == [1, 9, True, 5]  # still serving
+    assert all(len(r.getMessage()) < 2048 for r in caplog.records)
+
+
+class Chatty(Service):
+    def shout(self) -> None:
+        raise MasterError(Code.NOT_FOUND, "x" * (1 << 20))  # a method's own message, 1 MiB long
+
+
+def test_an_error_message_past_the_limit_is_cut_on_the_wire():
+    with StreamServer(Chatty(), [*METHODS, "shout"], codec=CODEC) as server, \
+            RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as client, raw_connect(server) as sock:
+        body = msgpack.packb([1, 1, "shout", [], {}])
+        sock.sendall(LEN.pack(len(body)) + body)
+        (n,) = LEN.unpack(recv_exact(sock, 4))
+        assert n < 4 * MAX_MESSAGE_CHARS  # the message, and its copies in args and attrs, each cut
+        with pytest.raises(MasterError) as info:
+            client.shout()
+        assert info.value.code is Code.NOT_FOUND and info.value.message.startswith("x" * MAX_MESSAGE_CHARS)
+        assert info.value.message.endswith(f"... ({(1 << 20) - MAX_MESSAGE_CHARS} more characters)")

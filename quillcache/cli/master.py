@@ -1,6 +1,7 @@
 """``quillcache master``: serve the master over the network (the same as ``python -m quillcache.master``).
 
-Single mode: ``quillcache master --data-dir D [--host 127.0.0.1] [--port 0] [--stream-port 0 | --no-stream]``.
+Single mode: ``quillcache master --data-dir D [--host 127.0.0.1] [--port 0] [--stream-port 0 | --no-stream]
+[--stream-idle-timeout-s 60]``.
 HA mode adds ``--etcd HOST:PORT --name NAME --candidate ID --ttl-s 5``. Prints one JSON line
 ``{"address", "stream_address", "pid", "role", "epoch"}`` when serving or standing by; logs go to stderr; SIGTERM stops it.
 See :mod:`quillcache.master.server` and :mod:`quillcache.master.ha`.
@@ -25,6 +26,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-spin-us", type=argtypes.non_negative_float, default=100.0,
                         help="microseconds a plain-TCP connection's thread polls for the next request before it "
                              "sleeps (default 100; 0: never poll; see quillcache.rpc.stream)")
+    parser.add_argument("--stream-idle-timeout-s", type=argtypes.positive_float, default=None,
+                        help="seconds a plain-TCP connection may go without a request (or stall in one) before the "
+                             "server closes it; clients reconnect transparently (default 60: "
+                             "quillcache.rpc.stream.DEFAULT_IDLE_TIMEOUT_S)")
     parser.add_argument("--no-stream", dest="stream_port", action="store_const", const=None,
                         help="serve ZeroMQ only (no plain-TCP transport)")
     ha = parser.add_argument_group("high availability (etcd)")

@@ -8,18 +8,21 @@ Contract:
   Given one ZeroMQ address (and ``prefer_stream``, the default), the first call asks the server's
   ``master_status`` for its ``stream_address`` and, when there is one, goes on over plain TCP; a server that
   serves none (ZeroMQ only) keeps being called over ZeroMQ. When the plain-TCP server stops answering (a
-  timeout or a lost connection) the client goes back to the ZeroMQ address and asks again on the next call,
-  so a server restarted on the same ZeroMQ port with another stream port is found; a plain-TCP connection
-  refused (the request never left) is sent again at once over ZeroMQ, reads and writes alike, as ZeroMQ
-  would have queued it for the restarting server. Through etcd the leader
-  record already names the address to use (``qtcp://`` when the leader serves it).
+  timeout or a lost connection) or turns the client away (``TOO_MANY_CONNECTIONS``) the client goes back to the
+  ZeroMQ address and asks it again for the stream address: another one (a server restarted on the same ZeroMQ
+  port with another stream port) is used at once, the same one only after :data:`STREAM_RETRY_AFTER_S` (until
+  then calls go over ZeroMQ, which keeps serving when the plain-TCP port is saturated). A request that never left
+  (a plain-TCP connection refused) or that was turned away (it did not run) is sent again at once over
+  ZeroMQ, reads and writes alike, as ZeroMQ would have queued it for the restarting server. A plain-TCP
+  connection the server closed for being idle is replaced without a retry (:mod:`quillcache.rpc.client`).
+  Through etcd the leader record already names the address to use (``qtcp://`` when the leader serves it).
 - With ``etcd`` the client finds the leader through the election record (``{prefix}/election/{name}``),
   waiting up to ``retry_s`` for one to exist; with several addresses it rotates through them.
 - Retries, until ``retry_s`` has passed, with exponential backoff: NOT_LEADER answers (the call did not
-  run) for every method, moving to the leader the record names; timeouts (connection loss: the server
-  died, or is paused) for reads and heartbeats. A state-changing call that timed out is NOT resent
-  (it may have run): ``RpcTimeoutError`` says so, and the next call goes to the leader found anew;
-  ``retry_writes=True`` resends those as well (at-least-once: a repeated ``put_end(put_id=...)`` answers
+  run) for every method, moving to the leader the record names; TOO_MANY_CONNECTIONS (the call did not run)
+  for every method; timeouts (connection loss: the server died, or is paused) for reads and heartbeats.
+  A state-changing call that timed out is NOT resent (it may have run): ``RpcTimeoutError`` says so, and the
+  next call goes to the leader found anew; ``retry_writes=True`` resends those as well (at-least-once: a repeated ``put_end(put_id=...)`` answers
   OBJECT_ALREADY_EXISTS "already complete", a repeated ``put_start`` with a digest ``existing=True``).
 - Errors arrive typed: a master refusal as its :class:`~quillcache.master.MasterError` subclass (batch
   results hold those instances per key), RPC refusals as :class:`~quillcache.rpc.RpcRejectedError`.
@@ -32,6 +35,11 @@ Contract:
   per-key Python work on this side) and checked; a malformed reply raises
   :class:`~quillcache.rpc.RpcProtocolError`. A server without them (UNKNOWN_METHOD) is asked for the
   compact forms instead, rebuilt into the same columns.
+- Batches: the master refuses a batch call of more than :data:`~quillcache.master.wire.MAX_BATCH_KEYS` keys,
+  so every batch method sends a longer batch as consecutive calls of at most that many keys, in order, and joins
+  their results (one per key, in the caller's order). Each key is decided as in one call (as if the keys before
+  it had been done). Each call is its own atomic record: an exception that ends a longer write batch part-way (a
+  timeout, LOG_FAILED) leaves the keys of the calls before it done, as a retry that sends them again would find.
 - Thread-safe (one request in flight at a time; threads take turns). A context manager.
 """
 
@@ -44,18 +52,23 @@ import numpy as np
 
 from quillcache.cluster.client import Backoff
 from quillcache.cluster.descriptors import DEFAULT_PREFIX
-from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows
+from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows, concat_columns
 from quillcache.master.errors import InvalidParamsError, NotLeaderError
 from quillcache.master.types import (MasterStats, ObjectInfo, PinKind, PutRequest, PutStartResult, ReplicaConfig,
                                      ReplicaDescriptor, SegmentDescriptor, TickReport)
-from quillcache.master.wire import (BATCH_METHODS, NODE_METHODS, SERVICE_METHODS, WRITE_METHODS, decode_batch,
-                                    decode_columns, decode_sizes, encode_sizes, expand_put_results, expand_replicas,
-                                    put_rows, register_master_types)
+from quillcache.master.wire import (BATCH_METHODS, MAX_BATCH_KEYS, NODE_METHODS, SERVICE_METHODS, WRITE_METHODS,
+                                    decode_batch, decode_columns, decode_sizes, encode_sizes, expand_put_results,
+                                    expand_replicas, put_rows, register_master_types)
 from quillcache.master.errors import MasterError
 from quillcache.rpc import InProcessClient, RpcClient, RpcErrorCode, RpcRejectedError, RpcTimeoutError
 from quillcache.rpc.stream import is_stream_address
 
-__all__ = ["MasterClient"]
+__all__ = ["MasterClient", "STREAM_RETRY_AFTER_S"]
+
+# After the plain-TCP transport failed (or turned the client away), calls go over ZeroMQ this long before the
+# client moves back to the same stream address: a saturated stream port costs one failed try per period, not
+# one per call.
+STREAM_RETRY_AFTER_S = 10.0
 
 
 class MasterClient:
@@ -69,6 +82,7 @@ class MasterClient:
         self.timeout_s = float(timeout_s)
         self._zmq_rpc = None  # the ZeroMQ client to fall back to while on the plain-TCP transport
         self._probe_stream = False
+        self._stream_down: tuple[str, float] | None = None  # (stream address that failed, monotonic retry time)
         self.retry_s = float(retry_s)
         self.retry_writes = bool(retry_writes)
         self.backoff = backoff
@@ -111,13 +125,18 @@ class MasterClient:
             status = None
         self._probe_stream = False
         address = status.get("stream_address") if isinstance(status, dict) else None
-        if isinstance(address, str) and is_stream_address(address):
+        down = self._stream_down
+        if down is not None and (address != down[0] or time.monotonic() >= down[1]):
+            self._stream_down = down = None  # another stream address (a restart), or the wait is over
+        if down is None and isinstance(address, str) and is_stream_address(address):
             self._zmq_rpc, self._rpc = self._rpc, self._rpc_client(address, found_stream=True)
 
     def _lost_stream(self) -> None:
-        """The plain-TCP server did not answer: back to ZeroMQ, which asks again on the next call (a restarted
-        server may listen on another stream port)."""
+        """The plain-TCP server did not answer or turned us away: back to ZeroMQ, which is asked for the stream
+        address at once (a restarted server may listen on another stream port); the same address is tried again
+        after ``STREAM_RETRY_AFTER_S``."""
         if self._zmq_rpc is not None:
+            self._stream_down = (self._rpc.address, time.monotonic() + STREAM_RETRY_AFTER_S)
             self._rpc.close()
             self._rpc, self._zmq_rpc = self._zmq_rpc, None
             self._probe_stream = True
@@ -163,11 +182,21 @@ class MasterClient:
         fell_back = False
         while True:
             try:
-                if self._probe_stream:
+                if self._probe_stream or (self._stream_down is not None
+                                          and time.monotonic() >= self._stream_down[1]):
                     self._find_stream()
                 out = self._rpc.call(method, *args, **kwargs)
                 return decode_batch(out) if method in BATCH_METHODS else out
             except NotLeaderError:
+                if time.monotonic() >= deadline:
+                    raise
+            except RpcRejectedError as e:
+                if e.code is not RpcErrorCode.TOO_MANY_CONNECTIONS:
+                    raise
+                on_stream = self._zmq_rpc is not None
+                self._lost_stream()
+                if on_stream:
+                    continue  # turned away, so not run: at once over ZeroMQ
                 if time.monotonic() >= deadline:
                     raise
             except RpcTimeoutError as e:
@@ -249,6 +278,8 @@ class MasterClient:
     def batch_put_start(self, requests: Sequence[PutRequest], *,
                         client_id: str | None = None) -> list[PutStartResult | MasterError]:
         requests = list(requests)
+        if len(requests) > MAX_BATCH_KEYS:
+            return [r for part in _parts(requests) for r in self.batch_put_start(part, client_id=client_id)]
         rows = put_rows(requests)
         if rows is not None:
             out = self._call_compact("batch_put_start_compact", rows, client_id=client_id)
@@ -269,6 +300,10 @@ class MasterClient:
         keys = keys if isinstance(keys, (str, bytes)) else list(keys)
         if digests is not None and not isinstance(digests, (str, bytes)):
             digests = list(digests)
+        if _splittable(keys, sizes, digests):
+            return concat_columns([self.batch_put_start_columns(
+                keys[sl], sizes[sl], replica_num=replica_num, preferred_segment=preferred_segment, pin=pin,
+                digests=None if digests is None else digests[sl], client_id=client_id) for sl in _slices(keys)])
         wire_sizes = encode_sizes(sizes)
         out = self._call_columns("batch_put_start_columns", keys, wire_sizes, replica_num=replica_num,
                                  preferred_segment=preferred_segment, pin=pin, digests=digests, client_id=client_id)
@@ -291,18 +326,28 @@ class MasterClient:
 
     def batch_put_end(self, keys: Sequence[str], *,
                       put_ids: Sequence[int | None] | None = None) -> list[None | MasterError]:
-        return self.call("batch_put_end", list(keys), put_ids=None if put_ids is None else list(put_ids))
+        keys, put_ids = list(keys), None if put_ids is None else list(put_ids)
+        if _splittable(keys, put_ids):
+            return [r for sl in _slices(keys)
+                    for r in self.batch_put_end(keys[sl], put_ids=None if put_ids is None else put_ids[sl])]
+        return self.call("batch_put_end", keys, put_ids=put_ids)
 
     def put_revoke(self, key: str, *, put_id: int | None = None) -> None:
         return self.call("put_revoke", key, put_id=put_id)
 
     def batch_put_revoke(self, keys: Sequence[str], *,
                          put_ids: Sequence[int | None] | None = None) -> list[None | MasterError]:
-        return self.call("batch_put_revoke", list(keys), put_ids=None if put_ids is None else list(put_ids))
+        keys, put_ids = list(keys), None if put_ids is None else list(put_ids)
+        if _splittable(keys, put_ids):
+            return [r for sl in _slices(keys)
+                    for r in self.batch_put_revoke(keys[sl], put_ids=None if put_ids is None else put_ids[sl])]
+        return self.call("batch_put_revoke", keys, put_ids=put_ids)
 
     # ------------------------------------------------------------------ reads
     def get_replicas(self, keys: Sequence[str]) -> list[tuple[ReplicaDescriptor, ...] | MasterError]:
         keys = list(keys)
+        if len(keys) > MAX_BATCH_KEYS:
+            return [r for part in _parts(keys) for r in self.get_replicas(part)]
         out = self._call_compact("get_replicas_compact", keys)
         if out is None:
             return self.call("get_replicas", keys)
@@ -313,6 +358,8 @@ class MasterClient:
         :class:`ReplicaColumns` (``to_list()`` equals its value); the same read leases. A read:
         resent after a timeout within ``retry_s``."""
         keys = keys if isinstance(keys, (str, bytes)) else list(keys)
+        if _splittable(keys):
+            return concat_columns([self.get_replicas_columns(part) for part in _parts(keys)])
         out = self._call_columns("get_replicas_columns", keys)
         if out is not None:
             return out
@@ -326,7 +373,10 @@ class MasterClient:
         return expand_replicas(out[0], [out[1]])[0]
 
     def exists(self, keys: Sequence[str]) -> list[bool | MasterError]:
-        return self.call("exists", list(keys))
+        keys = list(keys)
+        if len(keys) > MAX_BATCH_KEYS:
+            return [r for part in _parts(keys) for r in self.exists(part)]
+        return self.call("exists", keys)
 
     def exist_key(self, key: str) -> bool:
         return self.call("exist_key", key)
@@ -336,7 +386,10 @@ class MasterClient:
         return self.call("remove", key, force=force)
 
     def batch_remove(self, keys: Sequence[str], *, force: bool = False) -> list[None | MasterError]:
-        return self.call("batch_remove", list(keys), force=force)
+        keys = list(keys)
+        if len(keys) > MAX_BATCH_KEYS:
+            return [r for part in _parts(keys) for r in self.batch_remove(part, force=force)]
+        return self.call("batch_remove", keys, force=force)
 
     def evict(self, target_bytes: int | None = None) -> list[str]:
         return self.call("evict", target_bytes)
@@ -369,6 +422,23 @@ class MasterClient:
 
     def snapshot_bytes(self) -> bytes:
         return self.call("snapshot_bytes")
+
+
+def _slices(keys: list) -> list[slice]:
+    """Consecutive slices of at most ``MAX_BATCH_KEYS`` covering ``keys``."""
+    return [slice(i, i + MAX_BATCH_KEYS) for i in range(0, len(keys), MAX_BATCH_KEYS)]
+
+
+def _parts(items: list) -> list[list]:
+    return [items[sl] for sl in _slices(items)]
+
+
+def _splittable(keys, *others) -> bool:
+    """``keys`` is a list longer than one call may carry and each of ``others`` is None or as long (a batch
+    whose lengths disagree is sent whole, for the master to refuse)."""
+    return (type(keys) is list and len(keys) > MAX_BATCH_KEYS
+            and all(o is None or (hasattr(o, "__getitem__") and not isinstance(o, (str, bytes))
+                                  and len(o) == len(keys)) for o in others))
 
 
 def _len(v) -> object:

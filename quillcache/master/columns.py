@@ -11,7 +11,8 @@ failed has ``counts[i] == 0`` and its :class:`~quillcache.master.errors.MasterEr
 ``errors[i]``; a key that did not fail has ``counts[i] >= 1`` (an object always has a replica).
 ``segments`` maps every segment id the replicas name to ``(node_id, endpoint, transport,
 region_id)``, so ``result(i)`` / ``replicas(i)`` rebuild exactly the value the per-object methods
-(``batch_put_start`` / ``get_replicas``) return for that key (tested).
+(``batch_put_start`` / ``get_replicas``) return for that key (tested). :func:`concat_columns` joins
+the columns of consecutive calls (a batch the client split) into the columns of all their keys.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from quillcache.master.errors import InvalidParamsError, MasterError
 from quillcache.master.types import PutStartResult, ReplicaDescriptor
 
-__all__ = ["PutColumns", "ReplicaColumns", "columns_from_rows"]
+__all__ = ["PutColumns", "ReplicaColumns", "columns_from_rows", "concat_columns"]
 
 # array field -> dtype on the wire and in memory
 PUT_DTYPES = {"put_ids": "<i8", "existing": "?", "counts": "u1", "segment_ids": "<u4", "offsets": "<i8",
@@ -162,3 +163,26 @@ def columns_from_rows(segments, rows: list, *, put: bool) -> PutColumns | Replic
     if put:
         return PutColumns(counts, seg_arr, off_arr, sizes, errors, _where(segments), put_ids, existing)
     return ReplicaColumns(counts, seg_arr, off_arr, sizes, errors, _where(segments))
+
+
+def concat_columns(parts: list) -> PutColumns | ReplicaColumns:
+    """The columns of the keys of ``parts`` (one type, non-empty list) in order: arrays joined, each part's error
+    rows moved past the keys before it, segment descriptions merged."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    errors: dict[int, MasterError] = {}
+    segments: dict[int, tuple] = {}
+    base = 0
+    for part in parts:
+        errors.update((base + i, e) for i, e in part.errors.items())
+        segments.update(part.segments)
+        base += len(part)
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts])
+
+    if isinstance(first, PutColumns):
+        return PutColumns(cat("counts"), cat("segment_ids"), cat("offsets"), cat("sizes"), errors, segments,
+                          cat("put_ids"), cat("existing"))
+    return ReplicaColumns(cat("counts"), cat("segment_ids"), cat("offsets"), cat("sizes"), errors, segments)

@@ -22,6 +22,12 @@ Contract:
 - The service runs with ``MasterConfig.defer_index_publish``: a call's residency-index rows are written
   after its reply is sent (the servers' ``after_reply`` hook) or, if another call comes first, before
   that call runs; either way under the node lock, so every call sees the index complete.
+- Limits: a batch call carries at most :data:`~quillcache.master.wire.MAX_BATCH_KEYS` keys (requests, rows);
+  a longer one is refused with INVALID_PARAMS naming the method, the count and the limit, before it takes the
+  node lock or changes anything (one call runs under the lock that every other client waits for; writes stay
+  one atomic record per call). ``MasterClient`` splits longer batches. The plain-TCP transport closes a
+  connection idle for ``--stream-idle-timeout-s`` (:class:`~quillcache.rpc.StreamServer`'s ``idle_timeout_s``),
+  so idle connections cannot hold its ``max_connections`` slots.
 - Bad input from the network gets a typed error: a master refusal as its :class:`MasterError` class;
   arguments that do not bind as the RPC layer's BAD_ARGUMENTS; anything else the service raises on
   malformed values (TypeError, ValueError, ...) as INVALID_PARAMS naming the method. Batch results carry
@@ -50,8 +56,9 @@ from quillcache.master.errors import InvalidParamsError, MasterError
 from quillcache.master.service import MasterService
 from quillcache.master.types import MasterConfig
 from quillcache.master.wire import (BATCH_METHODS, COLUMNS_METHODS, COMPACT_BATCH_METHODS, COMPACT_METHODS,
-                                    NODE_METHODS, SERVICE_METHODS, decode_sizes, encode_batch, encode_columns,
-                                    register_master_types)
+                                    MAX_BATCH_KEYS, NODE_METHODS, SERVICE_METHODS, decode_sizes, encode_batch,
+                                    encode_columns, register_master_types)
+from quillcache.rpc.errors import clip
 
 __all__ = ["MasterEndpoint", "SingleMaster", "run_server"]
 
@@ -120,6 +127,10 @@ class MasterEndpoint:
                 keys = args[0] if args else kwargs.get(keys_arg)
                 if not isinstance(keys, (list, tuple)):
                     raise InvalidParamsError(f"{name}: {keys_arg} must be a list, got {type(keys).__name__}")
+                if len(keys) > MAX_BATCH_KEYS:
+                    raise InvalidParamsError(f"{name}: {len(keys)} {keys_arg} in one call is past the master's "
+                                             f"limit of {MAX_BATCH_KEYS} per call (MAX_BATCH_KEYS); split the "
+                                             f"batch (MasterClient does)")
             if sized:  # raw int64 bytes -> one array (wire.decode_sizes); a list passes as it is
                 try:
                     if len(args) > 1:
@@ -140,9 +151,9 @@ class MasterEndpoint:
                         sig.bind(*args, **kwargs)
                     except TypeError:
                         raise e from None  # the RPC layer answers BAD_ARGUMENTS
-                    raise InvalidParamsError(f"{name}: bad arguments ({e})") from None
+                    raise InvalidParamsError(f"{name}: bad arguments ({clip(str(e))})") from None
                 except (ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
-                    raise InvalidParamsError(f"{name}: bad arguments ({type(e).__name__}: {e})") from None
+                    raise InvalidParamsError(f"{name}: bad arguments ({type(e).__name__}: {clip(str(e))})") from None
                 finally:
                     node.after_call()
             if compact:  # (segments, rows) as one native array; per-key errors as BatchError
@@ -194,6 +205,7 @@ def run_server(args) -> int:
     import zmq
 
     from quillcache.rpc import RpcServer, StreamServer
+    from quillcache.rpc.stream import DEFAULT_IDLE_TIMEOUT_S
     from quillcache.master.snapshot import SnapshotError
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
@@ -226,9 +238,10 @@ def run_server(args) -> int:
     endpoint = MasterEndpoint(node)
     methods = [*SERVICE_METHODS, *NODE_METHODS]
     server = RpcServer(endpoint, methods, args.host, args.port, name="master", after_reply=endpoint.after_reply)
-    stream = None if args.stream_port is None else StreamServer(endpoint, methods, args.host, args.stream_port,
-                                                                 spin_s=args.stream_spin_us * 1e-6, name="master",
-                                                                 after_reply=endpoint.after_reply)
+    stream = None if args.stream_port is None else StreamServer(
+        endpoint, methods, args.host, args.stream_port, spin_s=args.stream_spin_us * 1e-6,
+        idle_timeout_s=getattr(args, "stream_idle_timeout_s", None) or DEFAULT_IDLE_TIMEOUT_S, name="master",
+        after_reply=endpoint.after_reply)
     try:
         server.start()
         if stream is not None:

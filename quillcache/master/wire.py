@@ -5,10 +5,14 @@ Contract (shared by :mod:`.server` and :mod:`.client`, so both sides agree by co
   operation and its batch form, plus introspection); ``NODE_METHODS``: what the server process adds
   (``master_status``, ``snapshot_bytes``). ``WRITE_METHODS`` change state (a client never resends one
   after a timeout unless told to: it may have run); ``BATCH_METHODS`` return per-key lists.
+- ``MAX_BATCH_KEYS``: the most keys (requests, rows) one batch call may carry. The server refuses a longer
+  batch with INVALID_PARAMS before any work (the service runs a call under one lock, so the cap bounds how long
+  one call holds up every other client); ``MasterClient`` sends a longer batch as several calls.
 - ``register_master_types(codec)`` registers the master's dataclasses, enums and every error class
   (each under its own tag, so an ``ObjectNotFoundError`` arrives as one, with its ``code``).
 - A batch's per-key :class:`~quillcache.master.MasterError` travels as :class:`BatchError` (code +
-  message): ``encode_batch`` / ``decode_batch`` turn one into the other.
+  message, cut to the RPC layer's ``MAX_MESSAGE_CHARS`` like any error message on the wire):
+  ``encode_batch`` / ``decode_batch`` turn one into the other.
 - ``COMPACT_METHODS``: the compact forms of the hot calls (``get_replicas_compact``,
   ``get_replica_list_compact``, ``batch_put_start_compact``): requests and replies are msgpack-native
   arrays (no per-object dataclass through the codec); a reply is ``[segments, rows]`` with the
@@ -40,11 +44,11 @@ from quillcache.master.errors import ErrorCode, MasterError, error_for
 from quillcache.master.types import (MasterConfig, MasterStats, ObjectInfo, ObjectStatus, PinKind, PutRequest,
                                      PutStartResult, ReplicaConfig, ReplicaDescriptor, SegmentDescriptor, TickReport)
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
-from quillcache.rpc.errors import RpcProtocolError
+from quillcache.rpc.errors import RpcProtocolError, clip
 from quillcache.types import CacheTier
 
 __all__ = ["BATCH_METHODS", "BatchError", "COLUMNS_METHODS", "COMPACT_BATCH_METHODS", "COMPACT_METHODS",
-           "NODE_METHODS", "PUT_FIELDS", "REPLICA_FIELDS", "SERVICE_METHODS", "WRITE_METHODS", "decode_batch",
+           "MAX_BATCH_KEYS", "NODE_METHODS", "PUT_FIELDS", "REPLICA_FIELDS", "SERVICE_METHODS", "WRITE_METHODS", "decode_batch",
            "decode_columns", "decode_sizes", "encode_batch", "encode_columns", "encode_sizes", "expand_put_results",
            "expand_replicas", "put_rows", "register_master_types"]
 
@@ -65,6 +69,10 @@ BATCH_METHODS = frozenset({"batch_put_start", "batch_put_end", "batch_put_revoke
 COMPACT_METHODS = frozenset({"get_replicas_compact", "get_replica_list_compact", "batch_put_start_compact"})
 COMPACT_BATCH_METHODS = frozenset({"get_replicas_compact", "batch_put_start_compact"})  # rows hold per-key errors
 COLUMNS_METHODS = frozenset({"batch_put_start_columns", "get_replicas_columns"})
+# Keys per batch call. A key the master does not hold costs its most (a per-key error object, encoded): at this cap
+# one call of missing keys holds the master well under a client's default timeout; far above the batches the pool
+# and the studies send, and large enough that a call's fixed cost is small beside its keys'.
+MAX_BATCH_KEYS = 16_384
 PUT_FIELDS = ("counts", "segment_ids", "offsets", "sizes", "put_ids", "existing")  # reply order of the arrays
 REPLICA_FIELDS = ("counts", "segment_ids", "offsets", "sizes")
 _SIZE_DTYPE = np.dtype("<i8")
@@ -82,7 +90,7 @@ class BatchError:
 def encode_batch(values: list) -> list:
     if type(values) is list and values.count(None) == len(values):  # every key succeeded (batch_put_end & co)
         return values
-    return [BatchError(v.code, v.message) if isinstance(v, MasterError) else v for v in values]
+    return [BatchError(v.code, clip(v.message)) if isinstance(v, MasterError) else v for v in values]
 
 
 def decode_batch(values: list) -> list:
@@ -176,7 +184,7 @@ def encode_columns(cols: PutColumns | ReplicaColumns) -> list:
     put = isinstance(cols, PutColumns)
     fields, dtypes = (PUT_FIELDS, PUT_DTYPES) if put else (REPLICA_FIELDS, REPLICA_DTYPES)
     segments = [[s, *where] for s, where in cols.segments.items()]
-    errors = [[i, int(e.code), e.message] for i, e in cols.errors.items()]
+    errors = [[i, int(e.code), clip(e.message)] for i, e in cols.errors.items()]
     return [segments, errors, *[np.ascontiguousarray(getattr(cols, f), dtype=dtypes[f]).tobytes() for f in fields]]
 
 

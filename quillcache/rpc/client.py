@@ -14,7 +14,11 @@ Contract:
 - Transport by address: ``qtcp://HOST:PORT`` is the plain-TCP transport (one blocking socket, length-prefixed
   frames); ``tcp://HOST:PORT`` and ``HOST:PORT`` are ZeroMQ. A list may mix them; retries, timeouts and leader
   moves behave the same on both. On the plain-TCP transport a lost connection is an ``RpcTimeoutError`` at once
-  (not at the end of the timeout), and a refused connection is retried until the call's timeout.
+  (not at the end of the timeout), and a refused connection is retried until the call's timeout. A connection
+  the server closed for being idle is replaced without the caller noticing: before sending when the server's
+  goodbye is already there, else by sending the request again, once, on a fresh connection when the reply is
+  that ``IDLE_TIMEOUT`` goodbye (the server never read the request). A ``TOO_MANY_CONNECTIONS`` goodbye is raised
+  as that ``RpcRejectedError`` (the request did not run).
 - High availability: ``address`` may be several addresses. A reply whose error ``code`` is in ``retry_codes``
   (enum members, or their names: default ``{"NOT_LEADER"}``) makes the client move to another server and send the
   request again, up to ``max_retries`` times with exponential backoff (``backoff_s`` doubling up to
@@ -40,7 +44,7 @@ from quillcache._checks import check_float, check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
 from quillcache.rpc.errors import RpcConnectionError, RpcErrorCode, RpcRejectedError, RpcTimeoutError
 from quillcache.rpc.server import DEFAULT_MAX_FRAME_BYTES
-from quillcache.rpc.stream import DEFAULT_SPIN_S, StreamConnection, is_stream_address, split_address
+from quillcache.rpc.stream import DEFAULT_SPIN_S, GOODBYE_CODES, StreamConnection, is_stream_address, split_address
 from quillcache.rpc.wire import encode_request, error_from_wire, error_to_wire, parse_reply
 
 __all__ = ["InProcessClient", "RpcClient"]
@@ -169,20 +173,30 @@ class RpcClient:
             log.debug("%s: dropped a stale reply %s (waiting for %d)", self._current, reply_id, rid)
 
     def _stream_round_trip(self, frame: bytes, rid: int, method: str, timeout_s: float) -> tuple[bool, object]:
-        if self._stream is None:
-            self._stream = StreamConnection(self._current, 4 * self.max_frame_bytes, self.spin_s,
-                                            reconnect=self.stream_reconnect)
-        try:
-            data = self._stream.round_trip(frame, method, timeout_s)
-        except RpcTimeoutError:
-            self._timed_out()
-            raise
-        try:
-            reply_id, ok, payload = parse_reply(self.codec, data)
-        except Exception as e:  # the stream is out of step with us: start a fresh connection next time
-            self._timed_out()
-            raise RpcTimeoutError(f"{method} to {self._current}: a reply that does not parse ({e}); "
-                                  f"the request may or may not have run") from None
+        for fresh in (False, True):
+            if self._stream is None:
+                self._stream = StreamConnection(self._current, 4 * self.max_frame_bytes, self.spin_s,
+                                                reconnect=self.stream_reconnect)
+            try:
+                data = self._stream.round_trip(frame, method, timeout_s)
+            except RpcTimeoutError:
+                self._timed_out()
+                raise
+            try:
+                reply_id, ok, payload = parse_reply(self.codec, data)
+            except Exception as e:  # the stream is out of step with us: start a fresh connection next time
+                self._timed_out()
+                raise RpcTimeoutError(f"{method} to {self._current}: a reply that does not parse ({e}); "
+                                      f"the request may or may not have run") from None
+            if reply_id is None and not ok and payload.get("code") in GOODBYE_CODES:  # type: ignore[union-attr]
+                self._stream.close()  # the server closed the connection without reading the request
+                self._stream = None
+                if payload.get("code") is RpcErrorCode.IDLE_TIMEOUT and not fresh:  # type: ignore[union-attr]
+                    log.debug("%s: %s crossed the server's idle-timeout goodbye; sending it again on a fresh "
+                              "connection", self._current, method)
+                    continue
+                return ok, payload
+            break
         if reply_id == rid or (reply_id is None and not ok):
             return ok, payload
         self._timed_out()  # replies on one connection come in order: another id means the stream is broken

@@ -12,7 +12,8 @@ Contract:
   for an exception. The tag is ``name`` or ``cls.__qualname__``; registering the same class again under the same
   tag is a no-op, another class under a taken tag raises ``ValueError``. Encoding an unregistered dataclass or
   enum raises :class:`RpcEncodeError` naming it and ``register_type``.
-- ``decode`` raises only :class:`RpcProtocolError`, whatever the bytes (fuzzed in ``tests/test_rpc.py``).
+- ``decode`` raises only :class:`RpcProtocolError`, whatever the bytes (fuzzed in ``tests/test_rpc.py``); its
+  message quotes what it refuses with :func:`~quillcache.rpc.errors.quote` (bounded, whatever the frame holds).
 - ``DEFAULT_CODEC`` is the process-wide registry that ``RpcServer`` and ``RpcClient`` use unless given another;
   module-level ``register_type`` / ``register_error`` register there. Every codec knows the RPC layer's own
   ``RpcErrorCode`` and ``RpcRejectedError``.
@@ -29,7 +30,8 @@ from collections.abc import Mapping
 import msgpack
 
 from quillcache.registry import Registry
-from quillcache.rpc.errors import RpcEncodeError, RpcErrorCode, RpcProtocolError, RpcRejectedError
+from quillcache.rpc.errors import (MAX_QUOTE_CHARS, RpcEncodeError, RpcErrorCode, RpcProtocolError, RpcRejectedError,
+                                   clip, quote, quote_each)
 
 __all__ = ["Codec", "DEFAULT_CODEC", "EXT_DATACLASS", "EXT_ENUM", "EXT_TUPLE", "MAX_EXT_DEPTH",
            "register_error", "register_type"]
@@ -38,6 +40,7 @@ EXT_DATACLASS = 1
 EXT_ENUM = 2
 EXT_TUPLE = 3
 MAX_EXT_DEPTH = 64  # nested extension values (a dataclass in a tuple in a dataclass ...) allowed on decode
+_MAX_DETAIL_CHARS = 4 * MAX_QUOTE_CHARS  # an underlying error's text (msgpack's, a class's check) in a message
 
 
 class Codec:
@@ -49,6 +52,7 @@ class Codec:
         self._errors: Registry[type] = Registry("rpc error type")
         self._error_tags: dict[type, str] = {}
         self._depth = threading.local()
+        self._init_fields: dict[type, frozenset[str]] = {}  # a registered dataclass's constructor fields
         self.register_type(RpcErrorCode)
         self.register_error(RpcRejectedError)
 
@@ -58,7 +62,10 @@ class Codec:
         """Let dataclass or enum ``cls`` cross the wire under ``name`` (default ``cls.__qualname__``)."""
         if not isinstance(cls, type) or not (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum)):
             raise TypeError(f"register_type takes a dataclass or an enum class, got {cls!r}")
-        return self._register(self._types, self._type_tags, cls, name)
+        self._register(self._types, self._type_tags, cls, name)
+        if dataclasses.is_dataclass(cls):
+            self._init_fields[cls] = frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+        return cls
 
     def register_error(self, cls: type, name: str | None = None) -> type:
         """Raise ``cls`` (and unregistered subclasses, as ``cls``) client-side when the server raises it."""
@@ -137,7 +144,7 @@ class Codec:
             return dict(obj)
         if isinstance(obj, list):
             return list(obj)
-        raise RpcEncodeError(f"cannot encode a {cls.__module__}.{cls.__qualname__} ({obj!r:.80}); "
+        raise RpcEncodeError(f"cannot encode a {cls.__module__}.{cls.__qualname__} ({quote(obj)}); "
                              f"send native values, tuples, or registered dataclasses and enums")
 
     def _pack(self, obj: object) -> bytes:
@@ -152,7 +159,8 @@ class Codec:
         except RpcProtocolError:
             raise
         except Exception as e:  # msgpack's many errors, an ext hook's, a class's __post_init__
-            raise RpcProtocolError(f"undecodable frame of {len(data)} bytes: {type(e).__name__}: {e}") from e
+            raise RpcProtocolError(f"undecodable frame of {len(data)} bytes: {type(e).__name__}: "
+                                   f"{clip(str(e), _MAX_DETAIL_CHARS)}") from e
         finally:
             self._depth.n = 0
 
@@ -174,25 +182,30 @@ class Codec:
                 raise RpcProtocolError(f"unknown msgpack extension type {code}")
             body = self._unpack(data)
             if not (isinstance(body, list) and len(body) == 2 and isinstance(body[0], str)):
-                raise RpcProtocolError(f"extension {code} must hold [tag, value], got {body!r:.80}")
+                raise RpcProtocolError(f"extension {code} must hold [tag, value], got {quote(body)}")
             tag, value = body
             cls = self._types.get(tag, None)
             if cls is None:
-                raise RpcProtocolError(f"unknown type tag {tag!r}; registered: {sorted(self._types.names())}")
+                raise RpcProtocolError(f"unknown type tag {quote(tag)}; registered: {sorted(self._types.names())}")
             if code == EXT_ENUM:
                 if not issubclass(cls, enum.Enum):  # type: ignore[arg-type]
-                    raise RpcProtocolError(f"type tag {tag!r} is not an enum")
+                    raise RpcProtocolError(f"type tag {quote(tag)} is not an enum")
                 if not isinstance(value, str) or value not in cls.__members__:  # type: ignore[attr-defined]
-                    raise RpcProtocolError(f"{tag} has no member {value!r}")
+                    raise RpcProtocolError(f"{tag} has no member {quote(value)}")
                 return cls[value]  # type: ignore[index]
             if not dataclasses.is_dataclass(cls) or not isinstance(value, dict) \
                     or not all(isinstance(k, str) for k in value):
-                raise RpcProtocolError(f"type tag {tag!r} with {type(value).__name__} is not a dataclass's fields")
+                raise RpcProtocolError(f"type tag {quote(tag)} with {type(value).__name__} is not a dataclass's "
+                                       f"fields")
+            fields = self._init_fields[cls]  # type: ignore[index]
+            unknown = [k for k in value if k not in fields]
+            if unknown:
+                raise RpcProtocolError(f"cannot rebuild {tag}: it has no field {quote_each(unknown)}")
             try:
                 return cls(**value)  # type: ignore[operator]
             except Exception as e:
-                raise RpcProtocolError(f"cannot rebuild {tag} from fields {sorted(value)}: "
-                                       f"{type(e).__name__}: {e}") from e
+                raise RpcProtocolError(f"cannot rebuild {tag} from fields {quote(sorted(value))}: "
+                                       f"{type(e).__name__}: {clip(str(e), _MAX_DETAIL_CHARS)}") from e
         finally:
             self._depth.n = depth - 1
 

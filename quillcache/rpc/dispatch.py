@@ -9,22 +9,30 @@ Contract:
   an error reply (``wire.error_to_wire``); a result the codec cannot encode gets ``UNENCODABLE_RESULT``.
 - ``refuse(code, message)`` is the reply for a frame a transport refused before decoding (no request id).
 - ``num_requests`` counts frames handled or refused; ``num_refused`` those answered with an ``RpcErrorCode``.
-- It holds no lock: the transport decides how calls reach ``target`` (both servers of this package make them
-  reach it one at a time).
+- It holds no lock of its own: the transport decides how calls reach ``target`` (both servers of this package make
+  them reach it one at a time). ``handle(data, lock)`` decodes the frame before taking ``lock`` and holds it for
+  the counters, the call and the encoding of the reply, so decoding a large frame never holds up other callers.
+- A refusal quotes what it refuses with :func:`~quillcache.rpc.errors.quote` (a method name, an argument name),
+  so the reply and its log line stay small whatever the frame held.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+from contextlib import nullcontext
+from typing import ContextManager
 
 from quillcache.rpc.codec import Codec
-from quillcache.rpc.errors import RpcEncodeError, RpcErrorCode, RpcRejectedError
+from quillcache.rpc.errors import (MAX_QUOTE_CHARS, RpcEncodeError, RpcErrorCode, RpcRejectedError, clip, quote,
+                                   quote_each)
 from quillcache.rpc.wire import Request, encode_error_reply, encode_ok_reply, parse_request
 
 __all__ = ["Dispatcher", "check_methods"]
 
 log = logging.getLogger(__name__)
+
+_MAX_BIND_ERROR_CHARS = 2 * MAX_QUOTE_CHARS  # Python's "cannot bind" text, which quotes a keyword the peer sent
 
 
 def check_methods(target: object, methods: list[str]) -> None:
@@ -71,29 +79,49 @@ class Dispatcher:
         sig = self._signatures[req.method]
         if sig is None:
             return None
+        params = sig.parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):  # Python's message would quote them whole
+            unknown = [k for k in req.kwargs if k not in params or params[k].kind is params[k].POSITIONAL_ONLY]
+            if unknown:
+                self.num_refused += 1
+                return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS,
+                                        f"{req.method}: got an unexpected keyword argument {quote_each(unknown)}")
         try:
             sig.bind(*req.args, **req.kwargs)
         except TypeError as e:
             self.num_refused += 1
-            return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS, f"{req.method}: {e}")
+            return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS, f"{req.method}: {clip(str(e), _MAX_BIND_ERROR_CHARS)}")
         return None
 
-    def handle(self, data: bytes | memoryview) -> bytes:
-        """The reply frame to request frame ``data`` (module docstring)."""
-        self.num_requests += 1
-        codec = self.codec
-        req = None
+    def handle(self, data: bytes | memoryview, lock: ContextManager[object] | None = None) -> bytes:
+        """The reply frame to request frame ``data`` (module docstring); ``lock`` held for everything after
+        decoding."""
+        parsed = self._parse(data)
+        with nullcontext() if lock is None else lock:
+            self.num_requests += 1
+            if isinstance(parsed, RpcRejectedError):
+                self.num_refused += 1
+                log.warning("%s: refused a request: %s", self.name, parsed)
+                return encode_error_reply(self.codec, getattr(parsed, "request_id", None), parsed)
+            return self._call(*parsed)
+
+    def _parse(self, data: bytes | memoryview) -> tuple[Request, object] | RpcRejectedError:
+        """``(request, handler)``, or the refusal (its ``request_id`` attribute set when one was read). Touches no
+        state of this object, so it may run outside the transport's lock."""
         try:
-            req = parse_request(codec, data, self.max_frame_bytes)
-            fn = self._handlers.get(req.method)
-            if fn is None:
-                raise RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
-                                       f"method {req.method!r} is not served here; served: {self.served}")
+            req = parse_request(self.codec, data, self.max_frame_bytes)
         except RpcRejectedError as e:
-            self.num_refused += 1
-            log.warning("%s: refused a request: %s", self.name, e)
-            rid = getattr(e, "request_id", None) if req is None else req.request_id
-            return encode_error_reply(codec, rid, e)
+            return e
+        fn = self._handlers.get(req.method)
+        if fn is None:
+            e = RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
+                                 f"method {quote(req.method)} is not served here; served: {self.served}")
+            e.request_id = req.request_id  # type: ignore[attr-defined]
+            return e
+        return req, fn
+
+    def _call(self, req: Request, fn) -> bytes:
+        codec = self.codec
         try:
             value = fn(*req.args, **req.kwargs)
         except TypeError as e:  # arguments that do not bind, or a TypeError of the method's own

@@ -10,14 +10,71 @@ Contract:
 - A server-side exception whose class (or an ancestor) is registered (``register_error``) is raised client-side as
   that class, ``code`` included; any other is raised as :class:`RpcRemoteError` naming its type and message.
 - :class:`RpcTimeoutError` means "no reply in time": the request may or may not have been executed.
+- Untrusted values in messages are bounded: every message this package builds quotes a value a peer sent with
+  :func:`quote` (its ``repr``, cut to :data:`MAX_QUOTE_CHARS` characters plus its type and length), so a refusal
+  and its log line stay small whatever the peer sent; :func:`clip` cuts a whole message to
+  :data:`MAX_MESSAGE_CHARS` (an :class:`RpcRejectedError`'s message, and every error message a server sends,
+  ``wire.error_to_wire``). Both do work bounded by their limit, not by the value's size.
 """
 
 from __future__ import annotations
 
 import enum
+import reprlib
+from collections.abc import Iterable
 
-__all__ = ["RpcConnectionError", "RpcEncodeError", "RpcError", "RpcErrorCode", "RpcProtocolError",
-           "RpcRejectedError", "RpcRemoteError", "RpcTimeoutError"]
+__all__ = ["MAX_MESSAGE_CHARS", "MAX_QUOTE_CHARS", "RpcConnectionError", "RpcEncodeError", "RpcError",
+           "RpcErrorCode", "RpcProtocolError", "RpcRejectedError", "RpcRemoteError", "RpcTimeoutError", "clip",
+           "quote", "quote_each"]
+
+MAX_QUOTE_CHARS = 80  # characters of one untrusted value's repr quoted in a message or a log line
+MAX_MESSAGE_CHARS = 8192  # characters of one error message on the wire; above the master's messages for printable
+#                           keys (at most 4096 characters), so those are never cut
+_MAX_ITEMS = 8  # items of a container shown by quote()
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = MAX_QUOTE_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = _MAX_ITEMS
+
+
+def quote(value: object, max_chars: int = MAX_QUOTE_CHARS) -> str:
+    """``repr(value)`` when it is short; else at most ``max_chars`` characters of it, ``...`` and the value's size
+    (``'\\x00\\x00\\x00...' (a str of 4194304 characters)``). A str or bytes is sliced before its repr is taken and a
+    container shows its first items only, so the work is bounded by ``max_chars``, not by the value."""
+    sized = isinstance(value, (str, bytes, bytearray, list, tuple, dict, set, frozenset))
+    if isinstance(value, (str, bytes, bytearray)):
+        text = repr(value[:max_chars])
+        long = len(value) > max_chars
+    else:
+        text = _REPR.repr(value)
+        long = sized and len(value) > _MAX_ITEMS  # type: ignore[arg-type]
+    if len(text) > max_chars:
+        text, long = f"{text[:max_chars]}...", True
+    if not (long and sized):
+        return text
+    n = len(value)  # type: ignore[arg-type]
+    if isinstance(value, str):
+        what = f"a str of {n} characters"
+    elif isinstance(value, (bytes, bytearray)):
+        what = f"{n} bytes"
+    else:
+        what = f"a {type(value).__name__} of {n} item{'' if n == 1 else 's'}"
+    return f"{text} ({what})"
+
+
+def quote_each(values: Iterable[object], max_items: int = _MAX_ITEMS) -> str:
+    """The first ``max_items`` of ``values``, each by :func:`quote`, comma-separated, and how many more there are."""
+    values = list(values)
+    shown = ", ".join(quote(v) for v in values[:max_items])
+    return shown if len(values) <= max_items else f"{shown} and {len(values) - max_items} more"
+
+
+def clip(text: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` when it has at most ``max_chars`` characters; else its first ``max_chars`` and how many were cut."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}... ({len(text) - max_chars} more characters)"
 
 
 class RpcErrorCode(enum.Enum):
@@ -30,6 +87,10 @@ class RpcErrorCode(enum.Enum):
     UNKNOWN_METHOD = "UNKNOWN_METHOD"  # not in the server's whitelist
     BAD_ARGUMENTS = "BAD_ARGUMENTS"  # the arguments do not bind to the method's signature
     UNENCODABLE_RESULT = "UNENCODABLE_RESULT"  # the method returned a value the codec cannot encode
+    # The plain-TCP transport's goodbyes (request id None): the server closes the connection after sending one
+    # and never reads what follows it, so a request that crossed it on the way was NOT run.
+    IDLE_TIMEOUT = "IDLE_TIMEOUT"  # no complete request within the server's idle_timeout_s
+    TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"  # the server holds max_connections already
 
 
 class RpcError(Exception):
@@ -56,6 +117,7 @@ class RpcRejectedError(RpcError):
     """The server refused the request; ``code`` (an :class:`RpcErrorCode`) says why."""
 
     def __init__(self, code: RpcErrorCode, message: str) -> None:
+        message = clip(message) if isinstance(message, str) else message
         super().__init__(code, message)
         self.code = code
         self.message = message

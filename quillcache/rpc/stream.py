@@ -15,11 +15,20 @@ Contract:
   reads a frame, calls the method and writes the reply itself (no hand-off to another thread). Calls reach
   ``target`` one at a time (a server-wide lock), in arrival order per connection.
 - Limits: at most ``max_connections`` connections are served at once (one thread each); a connection past
-  that is closed at accept (``num_turned_away``), which its client sees as a lost connection. A frame past
-  ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and answered
-  ``FRAME_TOO_LARGE``; a length past ``drop_frame_bytes`` is answered ``FRAME_TOO_LARGE`` and the connection is
-  closed (its bytes are never buffered); a malformed body (the length prefix intact) gets its typed refusal and
-  the connection goes on. A connection idle or stalled mid-frame is never a problem for other connections.
+  that gets one ``TOO_MANY_CONNECTIONS`` refusal and is closed at accept (``num_turned_away``; logged at most once
+  per ``_TURN_AWAY_LOG_S``). A frame past ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and
+  answered ``FRAME_TOO_LARGE``; a length past ``drop_frame_bytes`` is answered ``FRAME_TOO_LARGE`` and the
+  connection is closed (its bytes are never buffered); a malformed body (the length prefix intact) gets its typed
+  refusal and the connection goes on.
+- Idle timeout (``idle_timeout_s``, default :data:`DEFAULT_IDLE_TIMEOUT_S`): a connection that sends no byte of a
+  request for ``idle_timeout_s``, that does not complete a request within ``idle_timeout_s`` of its first byte
+  (stalled or trickling mid-frame), or that reads none of its reply for ``idle_timeout_s``, is closed
+  (``num_timed_out``), so a connection slot is never held longer than that by a peer that does nothing. Before
+  closing for want of a request the server sends one ``IDLE_TIMEOUT`` refusal with no request id (a goodbye) and
+  never reads what arrives after it: a request that crossed the goodbye on the way was not run.
+- Goodbyes (``IDLE_TIMEOUT``, ``TOO_MANY_CONNECTIONS``) are replies with request id None, sent only when the
+  server closes the connection without reading further; a client sees one as the reply to the request it sent
+  (which did not run) or, between calls, as bytes waiting on an idle connection.
 - Polling before sleeping (``spin_s``, both sides, default :data:`DEFAULT_SPIN_S`): a connection's server thread
   polls its socket without blocking for up to ``spin_s`` for the next request, and a client for up to ``spin_s``
   for its reply, before sleeping in ``recv``. On a virtual machine most of a loopback round trip is the wake-up of
@@ -35,8 +44,10 @@ Contract:
   connection refused it keeps trying until the call's deadline (a restarting server is reached as ZeroMQ's
   reconnect would), or with ``reconnect=False`` gives up at once; a connection that could not be made raises
   ``RpcTimeoutError`` with ``sent = False`` (the request never left); a connection the server closed between
-  calls is noticed before sending (a non-blocking peek) and replaced; a lost connection or no reply in time closes the socket and raises ``RpcTimeoutError``
-  (the request may or may not have run).
+  calls, or on which it left a goodbye, is noticed before sending (a non-blocking peek) and replaced, nothing
+  sent; a lost connection or no reply in time closes the socket and raises ``RpcTimeoutError`` (the request may
+  or may not have run). ``RpcClient`` sends a request again, once, on a fresh connection when the reply is an
+  ``IDLE_TIMEOUT`` goodbye (the server closed the idle connection as the request crossed it).
 """
 
 from __future__ import annotations
@@ -51,9 +62,11 @@ from collections.abc import Callable
 from quillcache._checks import check_float, check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
 from quillcache.rpc.dispatch import Dispatcher
-from quillcache.rpc.errors import RpcErrorCode, RpcTimeoutError
+from quillcache.rpc.errors import RpcErrorCode, RpcRejectedError, RpcTimeoutError
+from quillcache.rpc.wire import encode_error_reply
 
-__all__ = ["DEFAULT_SPIN_S", "HEADER", "SCHEME", "StreamConnection", "StreamServer", "is_stream_address", "split_address"]
+__all__ = ["DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_SPIN_S", "GOODBYE_CODES", "HEADER", "SCHEME", "StreamConnection",
+           "StreamServer", "is_stream_address", "split_address"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +78,27 @@ _DONTWAIT = socket.MSG_DONTWAIT
 _now = time.perf_counter
 _SPIN_BACKOFF = 15
 DEFAULT_SPIN_S = 100e-6  # see the module docstring: chosen by experiments/master_study.py's transport rows
+# A connection that sends nothing (or stalls mid-frame) this long is closed. Far above any pause of a client in
+# use (a pool node heartbeats within the master's client_ttl_s); a client idle longer reconnects transparently.
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+GOODBYE_CODES = frozenset({RpcErrorCode.IDLE_TIMEOUT, RpcErrorCode.TOO_MANY_CONNECTIONS})
+_TURN_AWAY_LOG_S = 10.0  # at most one warning per this many seconds about connections turned away
+_DRAIN_RECVS = 16  # non-blocking reads that empty a closing connection's receive queue (so close sends FIN, not RST)
+_TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO / SO_SNDTIMEO
+_MAX_WAIT_S = 1e9  # a longer wait is set as this one (it fits any timeval; decades are forever here)
+
+
+def _set_wait(sock: socket.socket, option: int, seconds: float) -> None:
+    """Limit each blocking ``recv`` (``SO_RCVTIMEO``) or ``send`` (``SO_SNDTIMEO``) of ``sock`` to ``seconds`` (at
+    least 1 ms; 0 would mean no limit); one that waits that long fails with ``BlockingIOError``. Unlike a Python
+    socket timeout this leaves the socket blocking, so ``MSG_DONTWAIT`` polls (``_Reader.spin``) stay cheap."""
+    seconds = min(max(seconds, 1e-3), _MAX_WAIT_S)
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL.pack(whole, int((seconds - whole) * 1e6)))
+
+
+class _Stalled(Exception):
+    """A frame that did not arrive whole by its deadline."""
 
 
 def is_stream_address(address: str) -> bool:
@@ -83,21 +117,37 @@ def split_address(address: str) -> tuple[str, int]:
 class _Reader:
     """Buffered reads of whole frames from a blocking socket."""
 
-    __slots__ = ("sock", "buf", "skip")
+    __slots__ = ("sock", "buf", "skip", "wait_s")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, wait_s: float | None = None) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.skip = 0  # spin() calls left that do not poll (after a window that passed in vain)
+        self.wait_s = wait_s  # the socket's SO_RCVTIMEO between frames (server side), restored after a deadline
 
-    def fill(self, n: int) -> bool:
-        """At least ``n`` bytes buffered; False at end of stream first."""
+    def fill(self, n: int, deadline: float | None = None) -> bool:
+        """At least ``n`` bytes buffered; False at end of stream first. With ``deadline`` (a ``_now()`` time; the
+        socket's ``SO_RCVTIMEO`` in use) each wait is cut to what is left of it and ``_Stalled`` is raised once it
+        has passed; a wait that runs out raises ``BlockingIOError``."""
         buf, recv = self.buf, self.sock.recv
-        while len(buf) < n:
-            chunk = recv(max(_RECV_BYTES, n - len(buf)))
-            if not chunk:
-                return False
-            buf += chunk
+        if len(buf) >= n:
+            return True
+        limited = False
+        try:
+            while len(buf) < n:
+                if deadline is not None:
+                    left = deadline - _now()
+                    if left <= 0:
+                        raise _Stalled()
+                    _set_wait(self.sock, socket.SO_RCVTIMEO, left)
+                    limited = True
+                chunk = recv(max(_RECV_BYTES, n - len(buf)))
+                if not chunk:
+                    return False
+                buf += chunk
+        finally:
+            if limited and self.wait_s is not None:
+                _set_wait(self.sock, socket.SO_RCVTIMEO, self.wait_s)
         return True
 
     def spin(self, n: int, spin_s: float) -> bool | None:
@@ -132,10 +182,10 @@ class _Reader:
         del self.buf[:n]
         return out
 
-    def discard(self, n: int) -> bool:
-        """Discard ``n`` bytes without holding them; False at end of stream first."""
+    def discard(self, n: int, deadline: float | None = None) -> bool:
+        """Discard ``n`` bytes without holding them; False at end of stream first (``deadline`` as in ``fill``)."""
         while n > 0:
-            if not self.buf and not self.fill(1):
+            if not self.buf and not self.fill(1, deadline):
                 return False
             k = min(n, len(self.buf))
             del self.buf[:k]
@@ -148,12 +198,15 @@ class StreamServer:
 
     def __init__(self, target: object, methods: list[str], host: str = "127.0.0.1", port: int = 0, *,
                  codec: Codec | None = None, max_frame_bytes: int = 64 << 20, drop_frame_bytes: int | None = None,
-                 spin_s: float = DEFAULT_SPIN_S, max_connections: int = 1024, name: str = "rpc",
+                 spin_s: float = DEFAULT_SPIN_S, max_connections: int = 1024,
+                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, name: str = "rpc",
                  after_reply: Callable[[], None] | None = None) -> None:
         self.spin_s = check_float("spin_s", spin_s, 0.0)
         self.after_reply = after_reply  # called after each reply is sent (errors logged), e.g. deferred work
         self.max_connections = check_int("max_connections", max_connections, 1)
+        self.idle_timeout_s = check_float("idle_timeout_s", idle_timeout_s, 0.0, lo_open=True)
         self.num_turned_away = 0  # connections closed at accept because max_connections were open
+        self.num_timed_out = 0  # connections closed by the idle timeout
         self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)
         self.drop_frame_bytes = check_int("drop_frame_bytes", 4 * self.max_frame_bytes if drop_frame_bytes is None
                                           else drop_frame_bytes, self.max_frame_bytes)
@@ -164,6 +217,10 @@ class StreamServer:
         self.name = name
         self.codec = DEFAULT_CODEC if codec is None else codec
         self.dispatcher = Dispatcher(target, methods, self.codec, self.max_frame_bytes, name)
+        self._busy_frame = self._goodbye_frame(RpcErrorCode.TOO_MANY_CONNECTIONS, (
+            f"{self.max_connections} connections are open (max_connections): this one is closed unread"))
+        self._turned_away_unlogged = 0
+        self._turn_away_log_at = 0.0
         self._call_lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -253,7 +310,7 @@ class StreamServer:
         assert self._listener is not None
         while True:
             try:
-                sock, _peer = self._listener.accept()
+                sock, peer = self._listener.accept()
             except OSError:
                 return  # closed
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -262,28 +319,69 @@ class StreamServer:
                     sock.close()
                     return
                 if len(self._conns) >= self.max_connections:
-                    self.num_turned_away += 1
-                    log.warning("%s: %d connections open (max_connections): closing a new one from %s", self.name,
-                                len(self._conns), _peer)
-                    sock.close()
+                    self._turn_away(sock, peer)
                     continue
                 thread = threading.Thread(target=self._serve_connection, args=(sock,), daemon=True,
                                           name=f"{self.name}-stream:{self.port}")
                 self._conns[sock] = thread
             thread.start()
 
+    def _turn_away(self, sock: socket.socket, peer: object) -> None:
+        """(Under ``_conns_lock``) one TOO_MANY_CONNECTIONS goodbye, then close; a warning at most once per
+        ``_TURN_AWAY_LOG_S`` with the count since the last one."""
+        self.num_turned_away += 1
+        self._turned_away_unlogged += 1
+        now = _now()
+        if now >= self._turn_away_log_at:
+            log.warning("%s: %d connections open (max_connections): turned away %d new one(s) since the last "
+                        "report, the latest from %s", self.name, len(self._conns), self._turned_away_unlogged, peer)
+            self._turned_away_unlogged = 0
+            self._turn_away_log_at = now + _TURN_AWAY_LOG_S
+        _say_goodbye(sock, self._busy_frame)
+
+    def _goodbye_frame(self, code: RpcErrorCode, message: str) -> bytes:
+        """A length-prefixed refusal with no request id (module docstring: goodbyes)."""
+        reply = encode_error_reply(self.codec, None, RpcRejectedError(code, message))
+        return HEADER.pack(len(reply)) + reply
+
     def _serve_connection(self, sock: socket.socket) -> None:
-        reader = _Reader(sock)
+        idle_s = self.idle_timeout_s
+        _set_wait(sock, socket.SO_RCVTIMEO, idle_s)  # no byte of a request for idle_s: BlockingIOError
+        _set_wait(sock, socket.SO_SNDTIMEO, idle_s)  # a reply the peer does not read for idle_s: the same
+        reader = _Reader(sock, idle_s)
         dispatcher, lock, pack, unpack_from = self.dispatcher, self._call_lock, HEADER.pack, HEADER.unpack_from
         max_frame, drop_frame, spin_s = self.max_frame_bytes, self.drop_frame_bytes, self.spin_s
         after = self.after_reply
+        goodbye = None
         try:
             while True:
                 if spin_s and reader.spin(4, spin_s) is False:  # the next request of a busy client: no sleep
                     return
-                if not reader.fill(4):
+                started = False
+                try:
+                    if not reader.fill(1):  # idle: each wait is cut at idle_s by SO_RCVTIMEO
+                        return
+                    started = True
+                    deadline = _now() + idle_s  # the request has begun: all of it within idle_s
+                    if not reader.fill(4, deadline):
+                        return
+                    (n,) = unpack_from(reader.buf)
+                    body = None
+                    if n > drop_frame:
+                        pass  # refused below, then closed: its bytes are never read
+                    elif n > max_frame:
+                        del reader.buf[:4]
+                        if not reader.discard(n, deadline):
+                            return
+                    else:
+                        if not reader.fill(4 + n, deadline):
+                            return
+                        body = bytes(reader.buf[4:4 + n])
+                        del reader.buf[:4 + n]
+                except (BlockingIOError, _Stalled):
+                    goodbye = (f"a request begun but not completed within the server's idle_timeout_s={idle_s:g} s"
+                               if started else f"no request for the server's idle_timeout_s={idle_s:g} s")
                     return
-                (n,) = unpack_from(reader.buf)
                 if n > drop_frame:
                     with lock:
                         reply = dispatcher.refuse(RpcErrorCode.FRAME_TOO_LARGE, (
@@ -291,36 +389,55 @@ class StreamServer:
                             f"closing the connection"))
                     sock.sendall(pack(len(reply)) + reply)
                     return
-                if n > max_frame:
-                    del reader.buf[:4]
-                    if not reader.discard(n):
-                        return
+                if body is None:
                     with lock:
                         reply = dispatcher.refuse(RpcErrorCode.FRAME_TOO_LARGE, (
                             f"frame of {n} bytes is past the server's max_frame_bytes={max_frame}"))
                 else:
-                    if not reader.fill(4 + n):
-                        return
-                    body = bytes(reader.buf[4:4 + n])
-                    del reader.buf[:4 + n]
                     try:
-                        with lock:
-                            reply = dispatcher.handle(body)
+                        reply = dispatcher.handle(body, lock)  # decoded before taking the lock
                     except Exception:  # never let one request end the connection's thread
                         log.exception("%s: failed handling a request", self.name)
                         continue
-                sock.sendall(pack(len(reply)) + reply)
+                sock.sendall(pack(len(reply)) + reply)  # a peer not reading for idle_s: BlockingIOError
                 if after is not None:
                     try:
                         after()
                     except Exception:
                         log.exception("%s: the after-reply hook failed", self.name)
+        except BlockingIOError:  # a reply not read for idle_s
+            with self._conns_lock:
+                self.num_timed_out += 1
+            log.info("%s: closing a connection that read none of its reply for %g s", self.name, idle_s)
         except OSError:
             pass  # the peer went away (or close() shut the socket)
         finally:
             with self._conns_lock:
                 self._conns.pop(sock, None)
-            sock.close()
+                if goodbye is not None:
+                    self.num_timed_out += 1
+            if goodbye is not None:
+                log.debug("%s: %s", self.name, goodbye)
+                _say_goodbye(sock, self._goodbye_frame(RpcErrorCode.IDLE_TIMEOUT, (
+                    f"{goodbye}: closing the connection; nothing sent on it after the last reply is run")))
+            else:
+                sock.close()
+
+
+def _say_goodbye(sock: socket.socket, frame: bytes) -> None:
+    """Send ``frame`` (never blocking), stop sending, empty the receive queue and close: what was waiting or
+    arrives later is never read, and the goodbye goes out before the FIN (an unread queue would make close send
+    a RST, which can overtake it)."""
+    try:
+        sock.send(frame, _DONTWAIT)
+        sock.shutdown(socket.SHUT_WR)
+        for _ in range(_DRAIN_RECVS):
+            if not sock.recv(_RECV_BYTES, _DONTWAIT):
+                break
+    except OSError:
+        pass  # nothing waiting (BlockingIOError), or the peer is gone
+    finally:
+        sock.close()
 
 
 def _not_sent(message: str) -> RpcTimeoutError:
@@ -363,7 +480,7 @@ class StreamConnection:
     def round_trip(self, frame: bytes, method: str, timeout_s: float) -> bytes:
         """Send ``frame``, return the next reply frame; ``RpcTimeoutError`` (socket closed) on any failure."""
         deadline = time.monotonic() + timeout_s
-        if self._sock is not None and self._peer_closed():
+        if self._sock is not None and self._peer_done():
             self.close()  # the server closed this connection while we were not calling: a fresh one, nothing sent
         sock = self._sock if self._sock is not None else self._connect(deadline, method)
         reader = self._reader
@@ -397,18 +514,20 @@ class StreamConnection:
             raise RpcTimeoutError(f"{method} to {self.address}: connection lost ({e}); "
                                   f"the request may or may not have run") from None
 
-    def _peer_closed(self) -> bool:
-        """True when the server has closed (or reset) the connection: end of stream waiting, read without
-        blocking. Between calls nothing else can be waiting (replies are read whole)."""
+    def _peer_done(self) -> bool:
+        """True when the server is done with the connection: end of stream, a reset, or bytes waiting (peeked
+        without blocking). Replies are read whole, so bytes waiting between calls can only be a goodbye (module
+        docstring)."""
         sock = self._sock
         assert sock is not None
         sock.settimeout(0.0)
         try:
-            return sock.recv(1, socket.MSG_PEEK | _DONTWAIT) == b""
+            sock.recv(1, socket.MSG_PEEK | _DONTWAIT)
         except BlockingIOError:
-            return False
+            return False  # nothing waiting: the connection is open
         except OSError:
-            return True
+            pass
+        return True
 
     def close(self) -> None:
         if self._sock is not None:

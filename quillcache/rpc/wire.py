@@ -10,6 +10,10 @@ Contract:
 - ``parse_request`` refuses a bad frame with :class:`RpcRejectedError` (code ``BAD_FRAME``, ``BAD_VERSION``,
   ``MISSING_FIELD`` or ``FRAME_TOO_LARGE``) carrying the request id when one could be read; ``parse_reply``
   raises :class:`RpcProtocolError` for a reply that is not a reply.
+- ``parse_request`` quotes a field it refuses with :func:`~quillcache.rpc.errors.quote` (at most
+  ``MAX_QUOTE_CHARS`` of it), and ``error_to_wire`` cuts the message and every str among the exception's ``args``
+  and ``attrs`` to ``MAX_MESSAGE_CHARS`` (:func:`~quillcache.rpc.errors.clip`), so an error reply stays small
+  whatever the request carried or the method put in its message.
 - ``error_to_wire`` / ``error_from_wire``: a registered exception class (nearest registered ancestor in the MRO)
   comes back as that class, rebuilt the way ``pickle`` rebuilds exceptions (``cls(*args)``, then its instance
   attributes), falling back to ``cls.__new__`` with the message when its constructor refuses the args; its
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 
 from quillcache.rpc.codec import Codec
 from quillcache.rpc.errors import (RpcEncodeError, RpcErrorCode, RpcProtocolError, RpcRejectedError,
-                                   RpcRemoteError)
+                                   RpcRemoteError, clip, quote)
 
 __all__ = ["PROTOCOL_VERSION", "REQUEST_FIELDS", "Request", "encode_error_reply", "encode_ok_reply",
            "encode_request", "error_from_wire", "error_to_wire", "parse_reply", "parse_request"]
@@ -62,7 +66,7 @@ def parse_request(codec: Codec, data: bytes | memoryview, max_frame_bytes: int) 
     if not frame:
         raise _refuse(RpcErrorCode.MISSING_FIELD, f"empty request; fields are {list(REQUEST_FIELDS)}")
     if frame[0] != PROTOCOL_VERSION or type(frame[0]) is not int:
-        raise _refuse(RpcErrorCode.BAD_VERSION, f"protocol version {frame[0]!r} is not spoken here "
+        raise _refuse(RpcErrorCode.BAD_VERSION, f"protocol version {quote(frame[0])} is not spoken here "
                                                 f"(this server speaks {PROTOCOL_VERSION})", rid)
     if len(frame) != len(REQUEST_FIELDS):
         if len(frame) < len(REQUEST_FIELDS):
@@ -71,7 +75,7 @@ def parse_request(codec: Codec, data: bytes | memoryview, max_frame_bytes: int) 
         raise _refuse(RpcErrorCode.BAD_FRAME, f"request has {len(frame)} fields, not {len(REQUEST_FIELDS)}", rid)
     _, raw_rid, method, args, kwargs = frame
     if rid is None:
-        raise _refuse(RpcErrorCode.BAD_FRAME, f"request_id must be an int in [0, 2**64), got {raw_rid!r:.80}")
+        raise _refuse(RpcErrorCode.BAD_FRAME, f"request_id must be an int in [0, 2**64), got {quote(raw_rid)}")
     if not isinstance(method, str):
         raise _refuse(RpcErrorCode.BAD_FRAME, f"method must be a str, got {type(method).__name__}", rid)
     if not isinstance(args, list):
@@ -101,27 +105,30 @@ def parse_reply(codec: Codec, data: bytes | memoryview) -> tuple[int | None, boo
     if not (isinstance(frame, list) and len(frame) == 4 and frame[0] == PROTOCOL_VERSION
             and (frame[1] is None or type(frame[1]) is int) and isinstance(frame[2], bool)):
         raise RpcProtocolError(f"not a version-{PROTOCOL_VERSION} reply [version, request_id, ok, payload]: "
-                               f"{frame!r:.120}")
+                               f"{quote(frame)}")
     if not frame[2] and not (isinstance(frame[3], dict) and isinstance(frame[3].get("type"), str)
                              and isinstance(frame[3].get("message"), str)):
-        raise RpcProtocolError(f"error reply without type and message: {frame[3]!r:.120}")
+        raise RpcProtocolError(f"error reply without type and message: {quote(frame[3])}")
     return frame[1], frame[2], frame[3]
 
 
 def error_to_wire(codec: Codec, exc: BaseException) -> dict:
-    """The error map for ``exc``: ``code``, ``type``, ``message``, and ``args``/``attrs`` when they encode."""
+    """The error map for ``exc``: ``code``, ``type``, ``message``, and ``args``/``attrs`` when they encode; the
+    message and each str among ``args`` and ``attrs`` cut to ``MAX_MESSAGE_CHARS`` (module docstring)."""
     tag = codec.error_tag(type(exc))
     code = getattr(exc, "code", None)
     if code is not None and not _encodes(codec, code):
         code = f"{type(code).__name__}.{code.name}" if isinstance(code, enum.Enum) else str(code)
-    out: dict = {"code": code, "message": str(exc)}
+    out: dict = {"code": code, "message": clip(str(exc))}
     if tag is None:
         out["type"] = f"{type(exc).__module__}.{type(exc).__qualname__}"
         return out
     out["type"] = tag
-    if _encodes(codec, list(exc.args)):
-        out["args"] = list(exc.args)
-    attrs = {k: v for k, v in getattr(exc, "__dict__", {}).items() if not k.startswith("_")}
+    args = [clip(a) if type(a) is str else a for a in exc.args]
+    if _encodes(codec, args):
+        out["args"] = args
+    attrs = {k: clip(v) if type(v) is str else v for k, v in getattr(exc, "__dict__", {}).items()
+             if not k.startswith("_")}
     if attrs and _encodes(codec, attrs):
         out["attrs"] = attrs
     return out
