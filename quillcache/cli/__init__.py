@@ -7,7 +7,12 @@ Contract:
   never pays for the harness. A new command is one module and one line here.
 - Errors in user input exit with status 2 and a one-line message naming what was wrong (and the
   flag the user typed), no traceback; argparse's own errors are one line too (``OneLineParser``).
-- Ctrl-C prints one line and exits 130; a command says whether partial results were written.
+- Ctrl-C prints one line and exits 130; a command says whether partial results were written. A
+  command registered with ``stop_signals=True`` (one that starts processes or writes files) gets
+  SIGTERM and SIGHUP the same way (``quillcache.cli.signals``: its cleanup runs, exit 128 + the
+  signal number).
+- Only the command named on the command line is configured (its module imported), inside the same
+  Ctrl-C handling as its run: ``quillcache info`` never imports another command's dependencies.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
+from quillcache.cli.signals import describe, exit_status, stop_signals_interrupt
 from quillcache.registry import Registry
 
 __all__ = ["COMMANDS", "Command", "main"]
@@ -29,6 +35,7 @@ class Command:
 
     help: str
     module: str
+    stop_signals: bool = False  # SIGTERM/SIGHUP handled like Ctrl-C while it runs (quillcache.cli.signals)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -39,21 +46,21 @@ COMMANDS.register("info", Command("show versions and whether the compiled cores 
 COMMANDS.register("hash", Command("print the chained block hashes of a token sequence (Dynamo-compatible)",
                                   "quillcache.cli.hash"))
 COMMANDS.register("replay", Command("replay a request trace through the router, planner, store tiers and an "
-                                    "engine model", "quillcache.cli.replay"))
+                                    "engine model", "quillcache.cli.replay", stop_signals=True))
 COMMANDS.register("master", Command("serve the master (object metadata) over the network, alone or as an HA "
                                     "candidate through etcd", "quillcache.cli.master"))
 COMMANDS.register("node", Command("contribute DRAM (and an SSD tier) to the pool as a node of a master",
                                   "quillcache.cli.node"))
 COMMANDS.register("cluster", Command("run a master and N pool nodes on this machine (up), or show a pool (status)",
-                                     "quillcache.cli.cluster"))
+                                     "quillcache.cli.cluster", stop_signals=True))
 COMMANDS.register("gateway", Command("serve the OpenAI-compatible streaming gateway (cache-aware, identity-guarded "
                                      "routing over engines)", "quillcache.cli.gateway"))
 COMMANDS.register("engine-sim", Command("serve a STAND-IN engine (OpenAI-compatible, engine-model timing, block "
                                         "cache, vLLM KV events, fault knobs)", "quillcache.cli.engine_sim"))
 COMMANDS.register("hitrate", Command("hit rate of eviction policies at several capacities and the share of the "
-                                     "LRU-to-Belady gap each closes", "quillcache.cli.hitrate"))
+                                     "LRU-to-Belady gap each closes", "quillcache.cli.hitrate", stop_signals=True))
 COMMANDS.register("gen-trace", Command("write a generated trace (multi-turn sessions, or the identity-collision "
-                                       "workload)", "quillcache.cli.gen_trace"))
+                                       "workload)", "quillcache.cli.gen_trace", stop_signals=True))
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -63,28 +70,42 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _command_named(argv: list[str]) -> str | None:
+    """The subcommand on the command line: the first word that is not an option (the top-level parser
+    has no option taking a value), or None (``quillcache --help``)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = OneLineParser(prog="quillcache", description="QuillCache KV-cache pool and control plane")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     broken: dict[str, str] = {}
-    for name, command in COMMANDS.items():
-        parser = sub.add_parser(name, help=command.help, description=command.help)
-        try:
-            command.load().configure(parser)
-        except ImportError as exc:  # e.g. a compiled core that did not build: the other commands still work
-            broken[name] = f"{type(exc).__name__}: {exc}"
-            parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    chosen = _command_named(argv)
     try:
+        for name, command in COMMANDS.items():
+            parser = sub.add_parser(name, help=command.help, description=command.help)
+            if name != chosen:  # not run: its options (and the imports they need) are not needed
+                continue
+            try:
+                command.load().configure(parser)
+            except ImportError as exc:  # e.g. a compiled core that did not build: the other commands still work
+                broken[name] = f"{type(exc).__name__}: {exc}"
+                parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
         args = ap.parse_args(argv)
         if args.command in broken:
             print(f"quillcache {args.command}: unavailable ({broken[args.command]}); `quillcache info` says which "
                   f"compiled core is missing, `make install` rebuilds them", file=sys.stderr)
             return 1
-        return COMMANDS[args.command].load().run(args)
-    except KeyboardInterrupt:
-        # Ctrl-C: one line, the conventional status of SIGINT (128 + 2), no traceback
-        print("quillcache: interrupted", file=sys.stderr)
-        return 130
+        command = COMMANDS[args.command]
+        if not command.stop_signals:
+            return command.load().run(args)
+        with stop_signals_interrupt():
+            return command.load().run(args)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C (or, for a stop_signals command, SIGTERM/SIGHUP): one line, 128 + the signal, no traceback
+        print(f"quillcache: {describe(exc)}", file=sys.stderr)
+        return exit_status(exc)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 - ``quillcache cluster up --nodes N [--dram SIZE] [--ssd] [--etcd] [--dir D] [--client-ttl-s S]
   [--lease-ttl-s S]``: a :class:`~quillcache.pool.cluster.LocalCluster` (a master and N node processes on
-  127.0.0.1); prints one JSON line (master address, nodes with their addresses, base dir, the transfer
-  secret's environment variable name) and runs until Ctrl-C or SIGTERM, then stops every child.
+  127.0.0.1, N at most ``MAX_NODES``); prints one JSON line (master address, nodes with their addresses,
+  base dir, the transfer secret's environment variable name) and runs until Ctrl-C, SIGTERM or SIGHUP,
+  then stops every child and removes the temporary base dir (exit 0). The same signals during startup
+  stop what was started, say so, and exit 130 / 128 + the signal (``quillcache.cli.signals``).
 - ``quillcache cluster status --master ADDR [--json]``: a table of the pool's nodes and segments
   (capacity, used) and its totals (objects, pending puts).
 """
@@ -14,24 +16,39 @@ import argparse
 
 from quillcache.cli import argtypes
 
-
-
+SERVE_POLL_S = 3600.0  # the serving loop's sleep: any signal ends it at once
+MAX_STATUS_TIMEOUT_S = 3600.0  # cluster status --timeout-s: an hour is already far more than a master needs
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from quillcache.pool.cluster import MAX_NODES
+
     sub = parser.add_subparsers(dest="action", required=True)
-    up = sub.add_parser("up", help="start a master and N nodes on 127.0.0.1 and run until Ctrl-C")
-    up.add_argument("--nodes", type=argtypes.positive_int, default=3, help="number of node processes (default 3)")
+    up = sub.add_parser("up", help="start a master and N nodes on 127.0.0.1 and run until Ctrl-C",
+                        description=f"Start a master and N `quillcache node` processes (1..{MAX_NODES}) on "
+                                    f"127.0.0.1 free ports, print one JSON line (the master's address, every "
+                                    f"node's pid and addresses, the base dir and the transfer secret) once every "
+                                    f"node is mounted, and run until Ctrl-C, SIGTERM or SIGHUP; then every child "
+                                    f"is stopped and a temporary base dir removed (also when stopped while "
+                                    f"starting).")
+    up.add_argument("--nodes", type=argtypes.int_in_range(1, MAX_NODES), default=3,
+                    help=f"number of node processes, 1..{MAX_NODES} (default 3)")
     up.add_argument("--dram", type=argtypes.size_arg, default=256 << 20, metavar="SIZE", help="DRAM per node (default 256MiB)")
     up.add_argument("--ssd", action="store_true", help="give every node an SSD tier under --dir")
     up.add_argument("--etcd", action="store_true", help="start an etcd and register the nodes in it")
     up.add_argument("--dir", help="base directory (logs, master data, SSD tiers; default: a temporary one)")
     up.add_argument("--client-ttl-s", type=argtypes.positive_float, default=3.0, help="node expiry TTL (default 3)")
     up.add_argument("--lease-ttl-s", type=argtypes.positive_float, default=2.0, help="read lease TTL (default 2)")
-    st = sub.add_parser("status", help="show a pool's nodes, segments and usage")
-    st.add_argument("--master", required=True, metavar="ADDR", help="the master's address (tcp://HOST:PORT)")
+    st = sub.add_parser("status", help="show a pool's nodes, segments and usage",
+                        description="Ask the master at ADDR for its pool: a table of the nodes and their segments "
+                                    "(capacity, used) and the totals (objects, pending puts), or the same as one "
+                                    "JSON object with --json. Exit status 1 when the master does not answer "
+                                    "within --timeout-s, 2 for a malformed address or timeout.")
+    st.add_argument("--master", required=True, type=argtypes.address, metavar="ADDR",
+                    help="the master's address (tcp://HOST:PORT)")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    st.add_argument("--timeout-s", type=argtypes.positive_float, default=5.0, help="how long to wait for the master")
+    st.add_argument("--timeout-s", type=argtypes.positive_float_up_to(MAX_STATUS_TIMEOUT_S), default=5.0,
+                    help=f"how long to wait for the master, at most {MAX_STATUS_TIMEOUT_S:g} (default %(default)g)")
 
 
 def _mib(n: int) -> str:
@@ -44,33 +61,34 @@ def run(args: argparse.Namespace) -> int:
 
 def _up(args) -> int:
     import json
-    import signal
     import sys
-    import threading
+    import time
 
+    from quillcache.cli.signals import describe, exit_status
     from quillcache.pool.cluster import ClusterError, LocalCluster
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     cluster = LocalCluster(args.nodes, dram_bytes=args.dram, ssd=args.ssd, etcd=args.etcd, base_dir=args.dir,
                            client_ttl_s=args.client_ttl_s, lease_ttl_s=args.lease_ttl_s)
     try:
         try:
-            cluster.start()
+            cluster.start()  # stops what it started before raising, whatever the exception
         except (ClusterError, OSError) as e:
             print(f"quillcache cluster up: {e}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP (main turns them into this)
+            print(f"quillcache cluster up: {describe(exc)} while starting; every process it started was stopped",
+                  file=sys.stderr)
+            return exit_status(exc)
         print(json.dumps({"master": cluster.master_address, "base_dir": str(cluster.base_dir),
                           "secret_env": "QUILLCACHE_TRANSFER_SECRET", "secret": cluster.secret,
                           "etcd": cluster.etcd.endpoint if cluster.etcd is not None else None,
                           "nodes": [{"node_id": n.node_id, "pid": n.pid, "transfer": n.transfer_address,
                                      "control": n.control_address} for n in cluster.nodes]}), flush=True)
         try:
-            while not stop.wait(0.5):
-                pass
-        except KeyboardInterrupt:
-            pass
-        return 0
+            while True:
+                time.sleep(SERVE_POLL_S)
+        except KeyboardInterrupt:  # the way to stop it: every child is stopped below
+            return 0
     finally:
         cluster.close()
 

@@ -4,9 +4,14 @@
     quillcache gen-trace collision --out FILE [--seed S] [--requests N] [--mix realistic|adversarial]
 
 Both are deterministic from ``--seed``; ``quillcache replay FILE`` and
-:func:`quillcache.traces.loader.load_trace` read the result. The file is written to a temporary name and
-renamed into place, so a failed run never leaves a half-written trace. Bad parameters or an
-unwritable path: a one-line message on stderr and exit status 2, no traceback.
+:func:`quillcache.traces.loader.load_trace` read the result. The file is written to a temporary name
+(``.NAME.tmpPID``) beside it and renamed into place, so a failed or stopped run never leaves a
+half-written trace: an error, Ctrl-C, SIGTERM or SIGHUP removes the temporary file, leaves ``--out``
+as it was and says so (exit status 130 or 128 + the signal). ``--out`` must be a regular file or a
+new name: anything else there (a device, fifo, socket or folder) is refused and left as it is, and
+nothing under ``SYSTEM_DIRS`` is ever replaced; a symlink is followed: its target is replaced, the
+link kept. Bad parameters or an unwritable path: a one-line message on stderr and exit status 2, no
+traceback.
 """
 
 from __future__ import annotations
@@ -14,10 +19,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 
-__all__ = ["configure", "main", "run"]
+__all__ = ["SYSTEM_DIRS", "configure", "main", "run"]
+
+# never replaced, whatever --out says (after following symlinks): devices and kernel interfaces
+SYSTEM_DIRS = (Path("/dev"), Path("/proc"), Path("/sys"))
+# what an existing --out that is not a regular file is, by its stat.S_IFMT type
+FILE_KINDS = {stat.S_IFDIR: "directory", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+              stat.S_IFIFO: "fifo (named pipe)", stat.S_IFSOCK: "socket",
+              stat.S_IFLNK: "symlink that resolves to no file (a loop)"}
 
 _EPILOG = """examples:
   quillcache gen-trace sessions --out sessions.jsonl --sessions 2000 --seed 1
@@ -76,7 +89,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output .jsonl path (overwritten)")
+    p.add_argument("--out", required=True,
+                   help="output .jsonl path: a new file, or a regular file replaced as a whole; a symlink's "
+                        "target is replaced (the link kept); a device, fifo, socket or folder is refused")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (same seed -> same trace)")
 
 
@@ -113,24 +128,62 @@ def _generate(args: argparse.Namespace) -> tuple[list, str]:
     return reqs, f"{len(reqs)} {args.mix} collision requests, {len({r.tenant for r in reqs})} tenants"
 
 
+def _out_problem(text: str) -> tuple[Path, str | None]:
+    """The file ``--out text`` names (a symlink followed to its target) and why it cannot be written,
+    or None: it must be a regular file or a new name in an existing folder, outside ``SYSTEM_DIRS``."""
+    out = Path(text)
+    if not text.strip():
+        return out, f"--out {text!r} names no file"
+    try:
+        target = Path(os.path.realpath(out, strict=False))
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:  # a symlink loop, a name too long, a folder we may not search
+        return out, f"--out {out}: {exc.strerror or exc}"
+    named = f"--out {out}" if target == Path(os.path.abspath(out)) else f"--out {out} (a symlink to {target})"
+    system = next((d for d in SYSTEM_DIRS if target == d or d in target.parents), None)
+    if system is not None:
+        return target, f"{named} is under {system}, a system folder; a trace needs a regular file elsewhere"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = FILE_KINDS.get(stat.S_IFMT(st.st_mode), "special file")
+        return target, f"{named} is a {kind}, not a regular file; it was left as it is"
+    if not target.parent.is_dir():
+        return target, f"{named}: folder {target.parent} does not exist"
+    return target, None
+
+
+class _Interrupted(Exception):
+    """Ctrl-C or a stop signal while writing; ``written`` says whether the trace was already in place."""
+
+    def __init__(self, cause: KeyboardInterrupt, written: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.written = written
+
+
 def _write(reqs: list, workload: str, out: Path) -> None:
+    """Write to ``.NAME.tmpPID`` beside ``out`` and rename it over ``out``; on any exception (an
+    ``OSError``, Ctrl-C, a stop signal) the temporary file is removed and ``out`` is as it was
+    unless the rename was done (``_Interrupted.written``)."""
     from quillcache.traces import collision, sessions
 
     writer = sessions.write_jsonl if workload == "sessions" else collision.write_jsonl
-    if out.is_dir():
-        raise OSError(f"{out} is a directory; --out needs a file path")
-    if not out.parent.is_dir():
-        raise OSError(f"directory {out.parent} does not exist")
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    renamed = False
     try:
         writer(reqs, tmp)
+        _, problem = _out_problem(str(out))  # again: something may have been put there meanwhile
+        if problem:
+            raise OSError(problem)
         os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        renamed = True
+    except KeyboardInterrupt as exc:
+        raise _Interrupted(exc, renamed) from None
+    finally:
+        if not renamed:
+            tmp.unlink(missing_ok=True)
 
-
-DEFAULT_TENANTS = {"sessions": 8, "collision": 16}
 
 # config field -> the flag a user typed, so a refused value is named as it was given
 FLAGS = {"SessionsConfig.num_sessions": "--sessions", "SessionsConfig.num_requests": "--requests",
@@ -158,24 +211,35 @@ def _tenant_problem(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate and write the trace ``args`` describe; 0 on success, 2 (with a message) on bad input."""
+    """Generate and write the trace ``args`` describe; 0 on success, 2 (with a message) on bad input,
+    130 / 128 + the signal on Ctrl-C / SIGTERM / SIGHUP (saying whether the trace was written)."""
+    from quillcache.cli.signals import describe, exit_status
+
     prog = "quillcache gen-trace"
     out = Path(args.out)
-    problem = _tenant_problem(args) or (f"--out {out} is a directory; it needs a file path" if out.is_dir() else
-                                        f"--out {out}: folder {out.parent} does not exist"
-                                        if not out.parent.is_dir() else None)
+    target, problem = _out_problem(args.out)
+    problem = _tenant_problem(args) or problem
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
     try:
-        reqs, what = _generate(args)
-    except (TypeError, ValueError) as exc:
-        print(f"{prog}: {_flagged(str(exc))}", file=sys.stderr)
-        return 2
-    try:
-        _write(reqs, args.workload, out)
-    except OSError as exc:
-        print(f"{prog}: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        try:
+            reqs, what = _generate(args)
+        except (TypeError, ValueError) as exc:
+            print(f"{prog}: {_flagged(str(exc))}", file=sys.stderr)
+            return 2
+        _write(reqs, args.workload, target)
+    except KeyboardInterrupt as exc:
+        print(f"{prog}: {describe(exc)}; nothing was written to {out} (it is as it was)", file=sys.stderr)
+        return exit_status(exc)
+    except _Interrupted as exc:
+        said = f"the trace was written to {out} first" if exc.written else \
+            f"nothing was written to {out} (it is as it was)"
+        print(f"{prog}: {describe(exc.cause)}; {said}", file=sys.stderr)
+        return exit_status(exc.cause)
+    except OSError as exc:  # no errno: _out_problem's refusal, found again just before the rename
+        print(f"{prog}: {exc}" if exc.errno is None else f"{prog}: cannot write {out}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     print(f"wrote {what} to {out}")
     return 0

@@ -15,11 +15,12 @@ row per policy and capacity: hit rate, hit blocks, gap closed, replay speed), ``
 ``meta.json`` in the project's results schema (``quillcache.results.read_summary`` reads them),
 a ``hitrate.parquet`` twin when pyarrow is importable and, with ``--anatomy``, ``anatomy.csv``
 (its header row only when there is nothing to compare). A run replaces that set as a whole
-(``write_results``): every file is written into a temporary folder inside ``--out``, then renamed
-into place with ``os.replace``, Ctrl-C held off until all are, and a file of the set this run does
-not produce (an earlier run's ``anatomy.csv`` or ``hitrate.parquet``) is removed. So Ctrl-C (exit
-status 130) or a failed write (exit status 2) leaves ``--out`` with the previous run's files as they
-were, a Ctrl-C during the renames takes effect once this run's complete set is in place, and other
+(``write_results``, ``quillcache.cli.resultset``): every file is written into a temporary folder
+inside ``--out``, then renamed into place with ``os.replace``, Ctrl-C, SIGTERM and SIGHUP held off
+until all are, and a file of the set this run does not produce (an earlier run's ``anatomy.csv`` or
+``hitrate.parquet``) is removed. So Ctrl-C (exit status 130), SIGTERM/SIGHUP (128 + the signal) or a
+failed write (exit status 2) leaves ``--out`` with the previous run's files as they were, a signal
+during the renames takes effect once this run's complete set is in place, and other
 files in ``--out`` are never touched; only a process killed outright mid-rename can leave a mix (and
 a ``.hitrate-*`` temporary folder). ``lru`` and ``belady`` (the offline bound) always run: the gap
 needs both.
@@ -39,21 +40,21 @@ policy misses that the offline bound hits).
 from __future__ import annotations
 
 import argparse
-import os
+import os  # noqa: F401 - tests patch hitrate.os.replace, the rename quillcache.cli.resultset uses
 import re
-import shutil
-import signal
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from quillcache.cli.argtypes import MAX_COUNT
+from quillcache.cli.resultset import ResultsWritten, write_result_set
 
 __all__ = ["DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten", "Share", "anatomy_frame",
            "configure", "parse_anatomy", "parse_capacities", "resolve_capacities", "run", "write_results"]
 
 DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
 DEFAULT_OUT = Path("results") / "hitrate_cli"
-MAX_CAPACITY_BLOCKS = 2**62  # far above any trace's distinct blocks, and safe in every int64 column
+MAX_CAPACITY_BLOCKS = MAX_COUNT  # far above any trace's distinct blocks, and safe in every int64 column
 
 EPILOG = """\
 examples:
@@ -323,30 +324,16 @@ def _tidy_rows(df, trace: str, block_tokens: int) -> list:
 RESULT_FILES = ("hitrate.csv", "summary.csv", "meta.json", "anchors.csv", "hitrate.parquet", "anatomy.csv")
 
 
-class ResultsWritten(KeyboardInterrupt):
-    """Ctrl-C came while the results were being renamed into place: they were all renamed first."""
-
-
 def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None) -> list[Path]:
-    """Write the run's files under ``out`` as one set and return their paths (meta.json aside).
-
-    Every file is written into a temporary folder inside ``out``, then renamed into ``out``
-    (``os.replace``, atomic per file) with Ctrl-C held off until all are, and a file of
-    ``RESULT_FILES`` this run does not produce is removed (the results-schema writer removes a
-    stale ``anchors.csv`` the same way). An exception before the renames (OSError, Ctrl-C) leaves
-    ``out`` as it was, folders made for this run removed again; a Ctrl-C during the renames raises
+    """Write the run's files under ``out`` as one set (``quillcache.cli.resultset``: staged in a
+    temporary folder inside ``out``, renamed into place with Ctrl-C and the stop signals held off
+    until all are, a file of ``RESULT_FILES`` this run does not produce removed) and return their
+    paths (meta.json aside). An exception before the renames (OSError, Ctrl-C) leaves ``out`` as it
+    was, folders made for this run removed again; a signal during the renames raises
     ``ResultsWritten`` once they are done. No other file in ``out`` is touched."""
     from quillcache.results import write_summary
 
-    made = []
-    p = out
-    while not p.exists() and p.parent != p:
-        made.append(p)
-        p = p.parent
-    stage = None
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".hitrate-", dir=out))
+    def stage_files(stage: Path) -> dict[str, Path]:
         staged = {"hitrate.csv": stage / "hitrate.csv"}
         df.to_csv(staged["hitrate.csv"], index=False)
         summary = write_summary(out.name, _tidy_rows(df, trace, block_tokens), stage, profile="custom")
@@ -361,54 +348,11 @@ def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None) ->
         if anatomy is not None:
             staged["anatomy.csv"] = stage / "anatomy.csv"
             anatomy.to_csv(staged["anatomy.csv"], index=False)
-    except BaseException as exc:
-        if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)
-        for d in made:  # innermost first; stops at one that is not empty
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        if isinstance(exc, OSError):
-            raise OSError(exc.errno, f"{exc.strerror or exc} (the files there are as they were)") from exc
-        raise
-    try:
-        interrupted = _move_into_place(out, staged)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    paths = [out / name for name in ("hitrate.csv", "summary.csv", "hitrate.parquet", "anatomy.csv") if name in staged]
-    if interrupted:
-        raise ResultsWritten(paths)
-    return paths
+        return staged
 
-
-def _move_into_place(out: Path, staged: dict[str, Path]) -> bool:
-    """Rename the staged files into ``out`` and remove the stale ones, Ctrl-C deferred until done
-    (in the main thread); True when a Ctrl-C came meanwhile."""
-    import threading
-
-    for name in RESULT_FILES:  # what would make a rename or removal fail half-way, before any
-        if (out / name).is_dir() and not (out / name).is_symlink():
-            raise IsADirectoryError(21, f"{name} is a folder, not a file (the files there are as they were)",
-                                    str(out / name))
-    caught: list[int] = []
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum)) if main else None
-    try:
-        for name in RESULT_FILES:
-            try:
-                if name in staged:
-                    os.replace(staged[name], out / name)
-                else:
-                    (out / name).unlink(missing_ok=True)
-            except OSError as exc:  # rare past the check above; say that the set is now mixed
-                raise OSError(exc.errno, f"{name}: {exc.strerror or exc}; the files before it in "
-                                         f"{', '.join(RESULT_FILES)} are this run's, the rest the previous "
-                                         f"run's") from exc
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-    return bool(caught)
+    written = write_result_set(out, RESULT_FILES, stage_files, prefix=".hitrate-")
+    return [written[name] for name in ("hitrate.csv", "summary.csv", "hitrate.parquet", "anatomy.csv")
+            if name in written]
 
 
 LABELS = {"belady": " (offline bound)", "reuse_oracle": " (offline: which blocks return, not when)",
@@ -451,13 +395,14 @@ def _is_na(x) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
-    from quillcache.cli.replay import _check_out
+    from quillcache.cli.replay import _check_out, out_text_problem
+    from quillcache.cli.signals import describe, exit_status
     from quillcache.traces.loader import TraceError, load_trace_report
 
     try:
-        if args.out is not None and not args.out.strip():
-            raise ValueError(f"--out {args.out!r} names no folder: name a results folder, or leave --out out for "
-                             f"{DEFAULT_OUT}/<trace stem>/")
+        problem = out_text_problem(args.out, f"{DEFAULT_OUT}/<trace stem>/")
+        if problem:
+            raise ValueError(problem)
         if args.limit is not None:
             check_int("--limit", args.limit, 1)
         cap_specs = parse_capacities(args.capacities)
@@ -509,17 +454,17 @@ def run(args: argparse.Namespace) -> int:
         anat = anatomy_frame(arrs, pair, caps, options) if pair else None
         df["capacity_share"] = [shares[int(c)].fraction if not _is_na(c) and int(c) in shares else float("nan")
                                 for c in df["capacity_blocks"]]
-    except KeyboardInterrupt:
-        print(f"quillcache hitrate: interrupted; no results were written under {out}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"quillcache hitrate: {describe(exc)}; no results were written under {out}", file=sys.stderr)
+        return exit_status(exc)
     try:
         paths = write_results(out, df, trace.stem, block_tokens, anat)
-    except ResultsWritten:
-        print(f"quillcache hitrate: interrupted; the results were written under {out} first", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print(f"quillcache hitrate: interrupted; the files under {out} are as they were", file=sys.stderr)
-        return 130
+    except ResultsWritten as exc:
+        print(f"quillcache hitrate: {describe(exc)}; the results were written under {out} first", file=sys.stderr)
+        return exit_status(exc)
+    except KeyboardInterrupt as exc:
+        print(f"quillcache hitrate: {describe(exc)}; the files under {out} are as they were", file=sys.stderr)
+        return exit_status(exc)
     except OSError as exc:
         return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
     if not args.quiet:

@@ -1,12 +1,19 @@
 """``quillcache replay TRACE``: the command-line front of :func:`quillcache.harness.replay`.
 
 Bad input (a missing or malformed trace, non-monotonic timestamps, an unknown policy, router,
-model or GPU, a capacity <= 0) prints ONE line ``quillcache replay: error: ...`` on stderr and
+model or GPU, a capacity <= 0, a DRAM capacity above ``MAX_DRAM_BLOCKS`` blocks, any other count
+or size above ``MAX_COUNT``, an empty ``--out``) prints ONE line ``quillcache replay: error: ...`` on stderr and
 exits with status 2; nothing is written. ``--out`` is checked to be writable before any work.
 Results go under ``--out`` (default ``results/replay/<trace stem>/``): ``requests.csv`` (one row
 per request), ``replay.csv`` (the summary, one wide row), ``summary.csv`` + ``meta.json`` (the
 project's results schema: ``quillcache.results.read_summary`` reads it) and ``.parquet`` twins
-when pyarrow is importable. Ctrl-C stops with exit status 130 and writes nothing.
+when pyarrow is importable (``pool.csv`` too with ``--cluster``). A run replaces that set as a
+whole (``write_results``, ``quillcache.cli.resultset``): staged in a temporary folder inside
+``--out``, renamed into place, a file of the set this run does not produce (an earlier ``--cluster``
+run's ``pool.csv``) removed; a failed write leaves the previous set as it was. Ctrl-C stops with
+exit status 130 and writes nothing (one during the renames takes effect once this run's set is in
+place); SIGTERM and SIGHUP do the same with exit status 128 + the signal, and with ``--cluster``
+every node and master process is stopped and the pool's temporary folder removed first.
 """
 
 from __future__ import annotations
@@ -18,7 +25,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["configure", "run"]
+from quillcache.cli.argtypes import MAX_COUNT
+from quillcache.cli.resultset import ResultsWritten, write_result_set
+
+__all__ = ["MAX_DRAM_BLOCKS", "RESULT_FILES", "configure", "run", "write_results"]
+
+# --capacity-blocks, per node: far above any trace's distinct blocks, and small enough that setting up
+# the DRAM tier (linear in its bytes, also when it only accounts) stays quick; the other capacities
+# (the SSD and GPU tiers cost nothing per block, a byte budget is split in 16 TiB segments) stop at
+# MAX_COUNT, the int64-safe bound every count flag has
+MAX_DRAM_BLOCKS = 2**32
+DEFAULT_OUT = Path("results") / "replay"
+# every file a replay writes under --out (a run replaces them as one set; write_results)
+RESULT_FILES = ("requests.csv", "replay.csv", "pool.csv", "summary.csv", "meta.json", "anchors.csv",
+                "requests.parquet", "replay.parquet")
 
 EPILOG = """\
 examples:
@@ -87,7 +107,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="GPU KV capacity per engine, in blocks (default: from the engine model)")
     p.add_argument("--router", default=d.router, help=f"router: {', '.join(sorted(ROUTERS))} (default {d.router})")
     p.add_argument("--engines", type=int, default=d.engines, help=f"engines (nodes) (default {d.engines})")
-    p.add_argument("--out", default=None, help="results directory (default results/replay/<trace stem>/)")
+    p.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT}/<trace stem>/)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
                    help="a malformed trace line, or a request larger than an engine's GPU KV capacity: stop "
@@ -149,33 +169,40 @@ def _write_csv(path: Path, rows: list[dict[str, object]], columns: list[str]) ->
 
 
 def write_results(out: Path, result) -> list[Path]:
-    """``requests.csv`` (one row per request), ``replay.csv`` (the summary as one wide row) and
-    ``summary.csv`` in the project's results schema, so ``quillcache.results.read_summary`` reads
-    it (+ Parquet twins when pyarrow imports); returns the paths."""
+    """``requests.csv`` (one row per request), ``replay.csv`` (the summary as one wide row),
+    ``pool.csv`` (with ``--cluster``) and ``summary.csv`` + ``meta.json`` in the project's results
+    schema, so ``quillcache.results.read_summary`` reads it (+ Parquet twins when pyarrow imports),
+    written as one set (``quillcache.cli.resultset``: staged, renamed into place with Ctrl-C and the
+    stop signals held off until all are, a file of ``RESULT_FILES`` this run does not produce
+    removed); returns the paths (meta.json aside)."""
     from quillcache.harness.metrics import RequestRow
     from quillcache.results import write_summary
 
-    out.mkdir(parents=True, exist_ok=True)
     req_rows = [r.as_dict() for r in result.rows]
     summ = result.summary.as_dict()
-    paths = [out / "requests.csv", out / "replay.csv"]
-    _write_csv(paths[0], req_rows, RequestRow.columns())
-    _write_csv(paths[1], [summ], list(summ))
-    if result.pool is not None and result.pool.real_bytes:
-        pool = result.pool.as_dict()
-        paths.append(out / "pool.csv")
-        _write_csv(paths[-1], [pool], list(pool))
-    paths.append(write_summary(out.name, _tidy_rows(result), out.parent, profile="custom"))
-    try:
-        import pandas as pd
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return paths
-    for name, rows, cols in (("requests", req_rows, RequestRow.columns()), ("replay", [summ], list(summ))):
-        p = out / f"{name}.parquet"
-        pd.DataFrame(rows, columns=cols).to_parquet(p, index=False)
-        paths.append(p)
-    return paths
+
+    def stage_files(stage: Path) -> dict[str, Path]:
+        staged = {"requests.csv": stage / "requests.csv", "replay.csv": stage / "replay.csv"}
+        _write_csv(staged["requests.csv"], req_rows, RequestRow.columns())
+        _write_csv(staged["replay.csv"], [summ], list(summ))
+        if result.pool is not None and result.pool.real_bytes:
+            pool = result.pool.as_dict()
+            staged["pool.csv"] = stage / "pool.csv"
+            _write_csv(staged["pool.csv"], [pool], list(pool))
+        summary = write_summary(out.name, _tidy_rows(result), stage, profile="custom")
+        staged["summary.csv"], staged["meta.json"] = summary, summary.parent / "meta.json"
+        try:
+            import pandas as pd
+            import pyarrow  # noqa: F401
+        except ImportError:
+            return staged
+        for name, rows, cols in (("requests", req_rows, RequestRow.columns()), ("replay", [summ], list(summ))):
+            staged[f"{name}.parquet"] = stage / f"{name}.parquet"
+            pd.DataFrame(rows, columns=cols).to_parquet(staged[f"{name}.parquet"], index=False)
+        return staged
+
+    written = write_result_set(out, RESULT_FILES, stage_files, prefix=".replay-")
+    return [path for name, path in written.items() if name != "meta.json"]
 
 
 def _print_summary(result, paths: list[Path], load_note: str) -> None:
@@ -246,6 +273,14 @@ def _flagged(msg: str) -> str:
     return msg
 
 
+def out_text_problem(text: str | None, default: str) -> str | None:
+    """Why ``--out text`` names no folder (empty or blank), or None; ``default`` is what leaving
+    ``--out`` out writes to, said in the message."""
+    if text is not None and not text.strip():
+        return f"--out {text!r} names no folder: name a results folder, or leave --out out for {default}"
+    return None
+
+
 def _check_out(out: Path) -> str | None:
     """Why results could not be written under ``out``, or None: checked before any work, leaving
     nothing behind (a temporary file in the deepest existing folder; the results folder itself is
@@ -311,19 +346,23 @@ def _clock_problem(requests: list, time_scale: float) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
+    from quillcache.cli.signals import describe, exit_status
     from quillcache.harness.cluster_pool import MAX_BLOCK_BYTES, MAX_CLUSTER_NODES
     from quillcache.harness.config import ReplayConfig
     from quillcache.pool.cluster import ClusterError
     from quillcache.store.tier_codec import check_tier_codec
     from quillcache.traces.loader import TraceError, load_trace_report
 
-    for flag, v, lo in (("--capacity-blocks", args.capacity_blocks, 1), ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0),
-                        ("--gpu-capacity-blocks", args.gpu_capacity_blocks, 1), ("--engines", args.engines, 1),
-                        ("--limit", args.limit, 1), ("--dram-capacity-bytes", args.dram_capacity_bytes, 1),
-                        ("--ssd-capacity-bytes", args.ssd_capacity_bytes, 0)):
+    for flag, v, lo, hi in (("--capacity-blocks", args.capacity_blocks, 1, MAX_DRAM_BLOCKS),
+                            ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0, MAX_COUNT),
+                            ("--gpu-capacity-blocks", args.gpu_capacity_blocks, 1, MAX_COUNT),
+                            ("--engines", args.engines, 1, None), ("--limit", args.limit, 1, MAX_COUNT),
+                            ("--dram-capacity-bytes", args.dram_capacity_bytes, 1, MAX_COUNT),
+                            ("--ssd-capacity-bytes", args.ssd_capacity_bytes, 0, MAX_COUNT)):
         try:
-            if v is not None:
+            if v is not None:  # the low bound first: its message ("must be >= 1") is the familiar one
                 check_int(flag, v, lo)
+                check_int(flag, v, None, hi)
         except ValueError as exc:
             return _fail(str(exc))
     # (flag, value, low, high, low excluded): the same bounds as ReplayConfig, said with the flag's name
@@ -331,6 +370,9 @@ def run(args: argparse.Namespace) -> int:
                                      ("--time-scale", args.time_scale, 1e-6, 1e6, False)):
         if not math.isfinite(v) or not (lo < v if lo_open else lo <= v) or v > hi:
             return _fail(f"{flag}={v!r} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]")
+    problem = out_text_problem(args.out, f"{DEFAULT_OUT}/<trace stem>/")
+    if problem:
+        return _fail(problem)
     if args.block_bytes is not None and args.cluster is None:
         return _fail(f"--block-bytes={args.block_bytes} is the pool's block size: it needs --cluster N")
     try:
@@ -354,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         return _fail(_flagged(str(exc)))
     trace = Path(args.trace)
-    out = Path(args.out) if args.out else Path("results") / "replay" / trace.stem
+    out = Path(args.out) if args.out is not None else DEFAULT_OUT / trace.stem
     problem = _check_out(out)
     if problem:
         return _fail(problem)
@@ -384,15 +426,21 @@ def run(args: argparse.Namespace) -> int:
                 result = _run(requests, cfg, args, progress=lambda done, total: bar.update(task, completed=done))
         else:
             result = _run(requests, cfg, args)
-    except KeyboardInterrupt:
-        print(f"quillcache replay: interrupted; no results were written under {out}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP: a --cluster pool is stopped by now
+        print(f"quillcache replay: {describe(exc)}; no results were written under {out}", file=sys.stderr)
+        return exit_status(exc)
     except (ValueError, TypeError) as exc:  # e.g. a model whose weights do not fit the GPU, a request too large
         return _fail(_flagged(str(exc)))
     except ClusterError as exc:  # a node or the master did not start
         return _fail(f"--cluster {args.cluster}: the pool did not start: {str(exc).splitlines()[0]}")
     try:
         paths = write_results(out, result)
+    except ResultsWritten as exc:
+        print(f"quillcache replay: {describe(exc)}; the results were written under {out} first", file=sys.stderr)
+        return exit_status(exc)
+    except KeyboardInterrupt as exc:
+        print(f"quillcache replay: {describe(exc)}; the files under {out} are as they were", file=sys.stderr)
+        return exit_status(exc)
     except OSError as exc:
         return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
     if not args.quiet:

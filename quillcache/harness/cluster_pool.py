@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from quillcache.harness.bytepool import PoolBlock, PoolReport, _Predictor, block_payload, pool_key
 from quillcache.harness.config import ReplayConfig
 from quillcache.planner.cost_model import CostModel
+from quillcache.pool.cluster import MAX_NODES
 from quillcache.store.tier_codec import FP16
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "FILL", "MAX_BLOCK_BYTES", "MAX_CLUSTER_NODES", "ClusterPlan", "ClusterPool", "cluster_replay", "plan_cluster",
@@ -39,7 +40,7 @@ __all__ = ["DEFAULT_BLOCK_BYTES", "FILL", "MAX_BLOCK_BYTES", "MAX_CLUSTER_NODES"
 DEFAULT_BLOCK_BYTES = 16 << 10  # a 512-token Llama-3-8B block (64 MiB) scaled 1/4096
 FILL = 0.8  # of a node's segment, below the master's 0.90 eviction watermark
 MAX_BLOCK_BYTES = 64 << 20
-MAX_CLUSTER_NODES = 16
+MAX_CLUSTER_NODES = MAX_NODES  # LocalCluster's bound, the one `quillcache cluster up --nodes` has too
 _ALIGN_BYTES = 64  # MasterConfig.alignment_bytes
 _MiB = 1 << 20
 

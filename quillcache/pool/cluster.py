@@ -12,7 +12,15 @@ Contract:
   stores find it again).
 - ``close()`` (also on ``__exit__``, and when ``start`` fails half-way) always stops every child it started,
   paused or not, even when some died (SIGCONT, SIGTERM, then SIGKILL past a deadline), and removes a
-  ``base_dir`` it created. No atexit hooks: the caller's ``with``/``finally`` is the guarantee.
+  ``base_dir`` it created. No atexit hooks: the caller's ``with``/``finally`` is the guarantee. The
+  nodes are stopped together (SIGTERM to all, one shared deadline, then SIGKILL to the rest), then the
+  master: ``close`` waits one deadline for all the nodes, not one per node. A ``KeyboardInterrupt``
+  (Ctrl-C, or a stop signal the CLI turns into one) during ``start`` stops what was started before it
+  propagates. While a child is spawned and recorded, ``HELD_SIGNALS`` are held (in the main thread)
+  and sent again right after: a handler raising inside ``Popen`` would lose a started child's pid,
+  leaving a process nobody stops.
+- ``nodes`` is at most ``MAX_NODES`` (every node is a process of this machine, all booting at once);
+  ``quillcache cluster up --nodes`` and ``quillcache replay --cluster`` share the bound.
 """
 
 from __future__ import annotations
@@ -26,15 +34,22 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from quillcache.master.client import MasterClient
 
-__all__ = ["ClusterError", "ClusterStatus", "LocalCluster", "NodeProcess", "NodeStatus"]
+__all__ = ["MAX_NODES", "ClusterError", "ClusterStatus", "LocalCluster", "NodeProcess", "NodeStatus"]
 
 MiB = 1 << 20
+MAX_NODES = 16  # node processes one LocalCluster starts at most (they all boot at once on this machine)
+STOP_TIMEOUT_S = 10.0  # SIGTERM to SIGKILL, for every child together
+# held while a child is spawned and recorded (see the module docstring)
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class ClusterError(RuntimeError):
@@ -120,21 +135,49 @@ def _tail(path: Path, n: int = 20) -> str:
         return "(no log)"
 
 
-def _stop(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
-    if proc is None:
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """``HELD_SIGNALS`` are recorded, not handled, inside the block, then the previous handlers are
+    restored and each recorded signal is sent to this process again. Outside the main thread (no
+    handler runs there) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    if proc.poll() is None:
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        for sig in dict.fromkeys(caught):
+            os.kill(os.getpid(), sig)
+
+
+def _stop(proc: subprocess.Popen | None, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    _stop_all([proc], timeout_s)
+
+
+def _stop_all(procs: list[subprocess.Popen | None], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop every live process of ``procs`` (paused ones too): SIGCONT + SIGTERM to all, wait for all
+    until one shared deadline, then SIGKILL those left and reap them; closes their stdout pipes."""
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for p in live:
         try:
-            proc.send_signal(signal.SIGCONT)
-            proc.terminate()
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout_s)
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
         except ProcessLookupError:
             pass
-    if proc.stdout is not None:
-        proc.stdout.close()
+    deadline = time.monotonic() + timeout_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=timeout_s)
+    for p in procs:
+        if p is not None and p.stdout is not None:
+            p.stdout.close()
 
 
 class LocalCluster:
@@ -144,8 +187,8 @@ class LocalCluster:
                  etcd: bool = False, base_dir: str | os.PathLike | None = None, client_ttl_s: float = 3.0,
                  lease_ttl_s: float = 2.0, secret: str | None = None, heartbeat_s: float | None = None,
                  tick_s: float = 0.2, start_timeout_s: float = 60.0) -> None:
-        if not isinstance(nodes, int) or nodes < 1:
-            raise ValueError(f"nodes must be an int >= 1, got {nodes!r}")
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"nodes must be an int in [1, {MAX_NODES}], got {nodes!r}")
         self.num_nodes = nodes
         self.dram_bytes = int(dram_bytes)
         self.ssd = bool(ssd)
@@ -224,7 +267,8 @@ class LocalCluster:
         args = ["master", "--data-dir", str(self.base_dir / "master"), "--port", str(port),
                 "--lease-ttl-s", repr(self.lease_ttl_s), "--client-ttl-s", repr(self.client_ttl_s),
                 "--tick-s", repr(self.tick_s), "--log-level", "warning"]
-        self.master_proc, log_path = self._spawn(args, "master")
+        with _signals_held():
+            self.master_proc, log_path = self._spawn(args, "master")
         line = _read_json_line(self.master_proc, time.monotonic() + self.start_timeout_s, "quillcache master",
                                log_path)
         self.master_address = line["address"]
@@ -242,7 +286,8 @@ class LocalCluster:
                 args += ["--ssd-size", str(self.ssd_bytes)]
         if self.etcd is not None:
             args += ["--etcd", self.etcd.endpoint]
-        n.proc, n.log_path = self._spawn(args, n.node_id)
+        with _signals_held():
+            n.proc, n.log_path = self._spawn(args, n.node_id)
 
     def _await_node(self, n: NodeProcess, deadline: float) -> None:
         line = _read_json_line(n.proc, deadline, f"quillcache node {n.node_id}", n.log_path)
@@ -280,8 +325,7 @@ class LocalCluster:
             except Exception:
                 pass
         self._stores.clear()
-        for n in self.nodes:
-            _stop(n.proc)
+        _stop_all([n.proc for n in self.nodes])  # first, so they can unmount at the master
         _stop(self.master_proc)
         if self._client is not None:
             self._client.close()
