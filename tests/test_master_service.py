@@ -24,6 +24,7 @@ from quillcache.master import (
     SegmentNotFoundError, SnapshotError, StaleEpochError, kv_object_key, residency_key,
 )
 from quillcache.master.oplog import Op, encode_record
+from quillcache.master.types import MAX_DURATION_S
 from quillcache.master.snapshot import SNAPSHOT_NAME, encode_state, publish_snapshot
 from quillcache.master.snapshot_writer import SNAPSHOT_WRITERS, SnapshotOutcome, SnapshotWriter
 
@@ -215,7 +216,7 @@ def test_remove_refused_while_leased_or_incomplete(clock):
 
 # ---------------------------------------------------------------------------------------- eviction
 def test_watermark_eviction_order_skips_leased_pinned_and_incomplete(clock):
-    m = make(clock, nodes=1, units=20, evict_fraction=0.10, client_ttl_s=1e6)  # evict 2 units
+    m = make(clock, nodes=1, units=20, evict_fraction=0.10, client_ttl_s=MAX_DURATION_S)  # evict 2 units
     for i in range(15):
         put(m, f"o{i}")
         clock.t += 1.0
@@ -489,6 +490,7 @@ def test_truncated_wal_tail_loses_only_unacknowledged(clock, tmp_path):
     size = wal.stat().st_size
     with open(wal, "ab") as fh:  # a torn, unacknowledged append after the last sync
         fh.write(b"\x10\x00\x00\x00garbage")
+    m._dir_lock.release()  # (as the process's death would)
     r = MasterService(MasterConfig(alignment_bytes=UNIT), clock=clock, data_dir=tmp_path)
     assert sorted(r.keys()) == [f"k{i}" for i in range(5)]
     r.close()
@@ -519,6 +521,7 @@ def test_epoch_fencing(clock, tmp_path):
         m.put_start("k", 10)
     m._log.close()
     m.index.close()
+    m._dir_lock.release()  # (as the process's death would)
     with pytest.raises(StaleEpochError, match="older than epoch 3"):
         MasterService(MasterConfig(alignment_bytes=UNIT, epoch=2), clock=clock, data_dir=tmp_path)
     r = MasterService(MasterConfig(alignment_bytes=UNIT, epoch=5), clock=clock, data_dir=tmp_path)
@@ -585,6 +588,7 @@ def test_put_start_survives_a_process_crash_and_sync_put_start_fsyncs_it(clock, 
     assert m.durable_lsn == m.lsn - 1
     fd, m._log._wal._fd = m._log._wal._fd, -1  # the process dies: no close, no sync; the written bytes stay
     os.close(fd)
+    m._dir_lock.release()
     again = MasterService(MasterConfig(alignment_bytes=UNIT), clock=clock, data_dir=tmp_path)
     info = again.object_info("p")
     assert info.status is ObjectStatus.PENDING and info.put_id == r.put_id
@@ -670,6 +674,7 @@ def test_sigkill_loses_no_acknowledged_put(tmp_path):
         assert unacked_complete <= 8 * (kill + 1)
         m._log.close()
         m.index.close()
+        m._dir_lock.release()  # the next child takes the data dir
     assert len(acked) > KILLS
 
 
@@ -745,23 +750,28 @@ def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path)
     m.remove(keys[0], force=True)
     m.index.flush()  # the index's own log has the tail's records (as after a SIGKILL past its write)
     want = {k: m.index.locate([residency_key(k)[0]]) for k in keys}
-    for _ in range(2):  # no close: the log tail stays
+    m._dir_lock.release()  # each master "dies" without a close (the log tail stays): its process would release this
+    for _ in range(2):
         r = MasterService(cfg, clock=clock, data_dir=tmp_path)
         assert r.recovered_records == 3
         assert r.index.logical_bytes_written == 0
         assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
         assert want[keys[0]] == [[]] and len(want[keys[1]][0]) == 2
         r.check_invariants()
+        r._dir_lock.release()
     shutil.rmtree(tmp_path / "index")  # an index that lost everything is refilled from the tables
     r = MasterService(cfg, clock=clock, data_dir=tmp_path)
     assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
+    r._dir_lock.release()
     # an index that lost only the tail: the first restart writes it (and flushes), the next writes nothing
     shutil.rmtree(tmp_path / "index")
     written = []
-    for _ in range(2):
+    for i in range(2):
         r = MasterService(cfg, clock=clock, data_dir=tmp_path)
         written.append(r.index.logical_bytes_written)
         assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
+        if i == 0:
+            r._dir_lock.release()
     assert written[0] > 0 and written[1] == 0, written
     r.close()
 
@@ -788,6 +798,7 @@ def test_in_memory_index_is_rebuilt_from_snapshot_and_tail(clock, tmp_path, mate
     want = {k: sorted(m.index.locate([residency_key(k)[0]])[0], key=repr) for k in keys}
     assert sum(len(v) for v in want.values()) == 2 * 119 + 30
     assert not (tmp_path / "index").exists()
+    m._dir_lock.release()  # m "dies" without a close: its process would release this
     r = MasterService(cfg, clock=clock, data_dir=tmp_path)
     if materialize:
         r.close()

@@ -164,6 +164,7 @@ def test_sealed_segments_replay_in_order_and_covered_ones_are_deleted(tmp_path):
     want = table(m)
     m._log.close()  # a crash: no snapshot, three log files
     m.index.close()
+    m._dir_lock.release()  # (as the process's death would)
     again = service(tmp_path, snapshot_every_records=10**6, snapshot_writer="inline")
     try:
         assert table(again) == want and len(want) == 6

@@ -4,6 +4,9 @@ Single mode: ``quillcache master --data-dir D [--host 127.0.0.1] [--port 0] [--s
 [--stream-idle-timeout-s 60]``.
 HA mode adds ``--etcd HOST:PORT --name NAME --candidate ID --ttl-s 5``. Prints one JSON line
 ``{"address", "stream_address", "pid", "role", "epoch"}`` when serving or standing by; logs go to stderr; SIGTERM stops it.
+Every duration flag (``*-s``) takes seconds in (0, ``MAX_DURATION_S``] (one day; ``--warmup-s`` and
+``--restart-budget-s`` also 0); anything else, 0 for a TTL included, is refused with exit 2 naming the flag.
+A data dir serves one master at a time: a second master on it is refused (exit 1, naming the holder's pid).
 See :mod:`quillcache.master.server` and :mod:`quillcache.master.ha`.
 """
 
@@ -12,8 +15,28 @@ from __future__ import annotations
 import argparse
 
 from quillcache.cli import argtypes
+from quillcache.master.server import MAX_STREAM_SPIN_US
+from quillcache.master.types import MAX_DURATION_S
+
+# every duration flag (*-s) is a number of seconds in (0, MAX_DURATION_S] ([0, ...] where 0 has a meaning): a
+# larger one is a typo, and would overflow the waits of the master's threads
+_SECONDS = argtypes.positive_float_up_to(MAX_DURATION_S)
 
 
+def _up_to(high: float):
+    """A converter for a number in ``[0, high]`` (its message names the range)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 <= value <= high:  # (NaN fails)
+            raise argparse.ArgumentTypeError(f"{text!r} is not in [0, {high:.15g}]")
+        return value
+
+    convert.__name__ = f"number in [0, {high:.15g}]"
+    return convert
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,10 +46,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-port", type=argtypes.port, default=0,
                         help="port of the plain-TCP transport (qtcp://, which MasterClient prefers; "
                              "default 0: a free one)")
-    parser.add_argument("--stream-spin-us", type=argtypes.non_negative_float, default=100.0,
+    parser.add_argument("--stream-spin-us", type=_up_to(MAX_STREAM_SPIN_US), default=100.0,
                         help="microseconds a plain-TCP connection's thread polls for the next request before it "
-                             "sleeps (default 100; 0: never poll; see quillcache.rpc.stream)")
-    parser.add_argument("--stream-idle-timeout-s", type=argtypes.positive_float, default=None,
+                             f"sleeps (default 100; 0: never poll; at most {MAX_STREAM_SPIN_US:.0f}; see "
+                             "quillcache.rpc.stream)")
+    parser.add_argument("--stream-idle-timeout-s", type=_SECONDS, default=None,
                         help="seconds a plain-TCP connection may go without a request (or stall in one) before the "
                              "server closes it; clients reconnect transparently (default 60: "
                              "quillcache.rpc.stream.DEFAULT_IDLE_TIMEOUT_S)")
@@ -36,15 +60,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ha.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint: run as one candidate of an HA group")
     ha.add_argument("--name", default="master", help="the HA group's name (default 'master')")
     ha.add_argument("--candidate", help="this candidate's id (default HOSTNAME-PID)")
-    ha.add_argument("--ttl-s", type=argtypes.positive_int, default=5, help="leader lease TTL in seconds (default 5)")
+    ha.add_argument("--ttl-s", type=argtypes.int_in_range(1, int(MAX_DURATION_S)), default=5,
+                    help="leader lease TTL in seconds (default 5)")
     ha.add_argument("--prefix", default="/quillcache", help="etcd key prefix (default /quillcache)")
-    ha.add_argument("--warmup-s", type=argtypes.non_negative_float, default=0.5,
+    ha.add_argument("--warmup-s", type=_up_to(MAX_DURATION_S), default=0.5,
                     help="wait after winning the election before serving (default 0.5; see quillcache.master.ha)")
     ha.add_argument("--log-margin", type=argtypes.positive_int, default=10_000,
                     help="log records kept in etcd below the leader's last snapshot (default 10000)")
     parser.add_argument("--snapshot-every-records", type=argtypes.positive_int, default=None,
                         help="snapshot after this many log records (default: MasterConfig's)")
-    parser.add_argument("--restart-budget-s", type=argtypes.non_negative_float, default=None,
+    parser.add_argument("--restart-budget-s", type=_up_to(MAX_DURATION_S), default=None,
                         help="take snapshots as rarely as a restart within this many seconds allows (0: only the "
                              "--snapshot-every-records floor and the growth rule; default: MasterConfig's)")
     parser.add_argument("--snapshot-writer", choices=["fork", "inline"], default=None,
@@ -54,12 +79,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="fsync every put start too (default: a call that only starts puts is written to the "
                              "log and fsynced by the next call that changes anything else; a power loss can then "
                              "forget puts never ended, never a complete object)")
-    parser.add_argument("--lease-ttl-s", type=argtypes.non_negative_float, default=None,
-                        help="read lease TTL in seconds (default: MasterConfig's)")
-    parser.add_argument("--client-ttl-s", type=argtypes.non_negative_float, default=None,
-                        help="seconds without a heartbeat before a node is expired (default: MasterConfig's)")
-    parser.add_argument("--tick-s", type=argtypes.non_negative_float, default=1.0,
-                        help="seconds between timer runs: client expiry, zombie reclaim, eviction (default 1)")
+    parser.add_argument("--lease-ttl-s", type=_SECONDS, default=None,
+                        help=f"read lease TTL in seconds, at most {MAX_DURATION_S:.0f} (default: MasterConfig's)")
+    parser.add_argument("--client-ttl-s", type=_SECONDS, default=None,
+                        help=f"seconds without a heartbeat before a node is expired, at most {MAX_DURATION_S:.0f} "
+                             "(default: MasterConfig's)")
+    parser.add_argument("--tick-s", type=_SECONDS, default=1.0,
+                        help=f"seconds between timer runs: client expiry, zombie reclaim, eviction; at most "
+                             f"{MAX_DURATION_S:.0f} (default 1)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="stderr log level (default info)")
 
@@ -69,9 +96,6 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.etcd and (args.candidate is not None):
         print("quillcache master: --candidate needs --etcd (HA mode)", file=sys.stderr)
-        return 2
-    if args.tick_s <= 0:
-        print(f"quillcache master: --tick-s must be > 0, got {args.tick_s}", file=sys.stderr)
         return 2
     if args.etcd:
         from quillcache.cluster.client import parse_endpoint

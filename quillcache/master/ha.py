@@ -4,6 +4,7 @@ Roles. ``HaMaster`` is one master process of a group ``name``: a :class:`~quillc
 over its own data dir in replicated mode, a :class:`~quillcache.cluster.election.LeaderElection`
 candidate, a follower of the log in etcd, and (leader only) the writer of that log. Exactly one role:
 ``standby`` (follows the log, answers NOT_LEADER to every data call) or ``leader`` (serves).
+Each candidate has a data dir of its own, locked (:mod:`~quillcache.master.datadir`) until ``close``, across reopens.
 
 The log (``{prefix}/master/{name}/log/``). The leader commits every state-changing call as etcd txns
 guarded by ``EpochFence.compares()`` (``create_revision(election key) == epoch`` and its value is this
@@ -62,6 +63,7 @@ from collections.abc import Callable
 
 import msgpack
 
+from quillcache._checks import check_int
 from quillcache.cluster.client import Backoff, EtcdClient, EtcdError, EtcdUnavailableError, put_op, prefix_end
 from quillcache.cluster.descriptors import DEFAULT_PREFIX, LeaderInfo
 from quillcache.cluster.election import EpochFence, FencedError, LeaderElection
@@ -69,10 +71,12 @@ from quillcache.cluster.election import NotLeaderError as ElectionNotLeaderError
 from quillcache.cluster.watch import Watch, WatchEvent
 from quillcache.master.errors import LogFailedError, MasterError, NotLeaderError, StaleEpochError
 from quillcache.durability.fs import RealFs
+from quillcache.master.datadir import DataDirLock
 from quillcache.master.oplog import log_files
 from quillcache.master.service import MasterService
 from quillcache.master.snapshot import SNAPSHOT_NAME
-from quillcache.master.types import MasterConfig
+from quillcache.master.types import MAX_DURATION_S, MasterConfig
+from quillcache.master.validate import check_duration_s
 from quillcache.master.wire import register_master_types
 from quillcache.rpc import RpcClient
 
@@ -205,6 +209,8 @@ class HaMaster:
                  prefix: str = DEFAULT_PREFIX, warmup_s: float = DEFAULT_WARMUP_S,
                  log_margin: int = DEFAULT_LOG_MARGIN, clock: Callable[[], float] = time.time,
                  backoff: Backoff = Backoff(initial_s=0.2, max_s=5.0)) -> None:
+        check_int("ttl_s", ttl_s, 1, int(MAX_DURATION_S))  # (whole seconds: an etcd lease)
+        warmup_s = check_duration_s("warmup_s", warmup_s, zero_ok=True)
         self.data_dir = data_dir
         self.config = config
         self.etcd_endpoint = etcd
@@ -236,11 +242,18 @@ class HaMaster:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watch: Watch | None = None
-        self.service = self._open()
+        os.makedirs(data_dir, exist_ok=True)
+        self._dir_lock = DataDirLock(data_dir)  # held for this master's life, across every reopen of its service
+        try:
+            self.service = self._open()
+        except BaseException:
+            self._dir_lock.release()
+            raise
 
     # ------------------------------------------------------------------ service life
     def _open(self) -> MasterService:
-        return MasterService(self.config, clock=self.clock, data_dir=self.data_dir, replicate=self._replicate)
+        return MasterService(self.config, clock=self.clock, data_dir=self.data_dir, replicate=self._replicate,
+                             dir_lock=self._dir_lock)
 
     def _reopen(self, why: str) -> None:
         """Drop the in-memory state (it may hold records nobody committed) and reload it from the data dir."""
@@ -581,5 +594,6 @@ class HaMaster:
             try:
                 self.service.close()
             finally:
+                self._dir_lock.release()
                 if self.client is not None:
                     self.client.close()

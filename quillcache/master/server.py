@@ -9,6 +9,13 @@ Contract:
   standby), it prints ONE line of JSON to stdout: ``{"address": "tcp://HOST:PORT", "stream_address":
   "qtcp://HOST:PORT"|null, "pid": N, "role": "leader"|"standby"|"single", "epoch": E}``; everything else goes to stderr (logging). SIGTERM or SIGINT
   stops it cleanly (the RPC server closes, an HA leader resigns, the service snapshots and closes), exit 0.
+- Refused at start with one line on stderr and no traceback, nothing in the data dir changed (its lock file
+  aside, :mod:`~quillcache.master.datadir`): exit 2 (``EXIT_BAD_FLAG``) for a flag value that cannot work
+  (``--data-dir`` empty, not a directory, not creatable or not writable; a duration out of range, see
+  ``MAX_DURATION_S``); exit 1 (``EXIT_CANNOT_START``) for a data dir that cannot be opened (in use by another
+  master, named with its pid; a damaged, empty or foreign log or snapshot; an I/O error) or a port that cannot
+  be bound. A timer thread (``--tick-s``) that breaks stops the process with exit 1: a master never goes on
+  serving without its timer.
 - Single mode (no ``--etcd``): the local WAL is the log, as ``MasterService(data_dir=D)``. HA mode
   (``--etcd HOST:PORT --name N --candidate ID --ttl-s T``): :class:`~quillcache.master.ha.HaMaster`.
   etcd down at start is one error line per attempt, retried with backoff until it answers.
@@ -52,9 +59,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from quillcache._checks import check_float
+from quillcache.durability.wal import WalError
+from quillcache.master.datadir import DataDirInUseError
 from quillcache.master.errors import InvalidParamsError, MasterError
 from quillcache.master.service import MasterService
 from quillcache.master.types import MasterConfig
+from quillcache.master.validate import check_duration_s
 from quillcache.master.wire import (BATCH_METHODS, COLUMNS_METHODS, COMPACT_BATCH_METHODS, COMPACT_METHODS,
                                     MAX_BATCH_KEYS, NODE_METHODS, SERVICE_METHODS, decode_sizes, encode_batch,
                                     encode_columns, register_master_types)
@@ -63,6 +74,10 @@ from quillcache.rpc.errors import clip
 __all__ = ["MasterEndpoint", "SingleMaster", "run_server"]
 
 log = logging.getLogger(__name__)
+
+EXIT_BAD_FLAG = 2  # a flag value that cannot work: --data-dir unusable as a directory, a duration out of range
+EXIT_CANNOT_START = 1  # the data dir is damaged or in use, a port is taken, the timer failed
+MAX_STREAM_SPIN_US = 1_000_000.0  # the longest a plain-TCP connection's thread polls for its next request (1 s)
 
 _KEYS_ARG = {"get_replicas": "keys", "exists": "keys", "batch_put_start": "requests", "batch_put_end": "keys",
              "batch_put_revoke": "keys", "batch_remove": "keys", "get_replicas_compact": "keys",
@@ -187,10 +202,8 @@ class MasterEndpoint:
 
 def _config(args) -> MasterConfig:
     kw = {}
-    if getattr(args, "snapshot_every_records", None):
-        kw["snapshot_every_records"] = args.snapshot_every_records
-    for name in ("lease_ttl_s", "client_ttl_s", "snapshot_writer"):
-        if getattr(args, name, None):
+    for name in ("snapshot_every_records", "lease_ttl_s", "client_ttl_s", "snapshot_writer"):
+        if getattr(args, name, None) is not None:  # (0 is a value, refused by MasterService, not the default)
             kw[name] = getattr(args, name)
     if getattr(args, "restart_budget_s", None) is not None:
         kw["restart_budget_s"] = args.restart_budget_s
@@ -198,6 +211,35 @@ def _config(args) -> MasterConfig:
         kw["sync_put_start"] = True
     kw["defer_index_publish"] = True  # published after each reply is sent and before each call (MasterEndpoint)
     return MasterConfig(**kw)
+
+
+def _check_durations(args) -> None:
+    """The duration arguments in range (ValueError naming the flag otherwise): the CLI's parser checks them
+    too; this covers a caller that builds ``args`` itself."""
+    check_duration_s("--tick-s", args.tick_s)
+    if getattr(args, "stream_idle_timeout_s", None) is not None:
+        check_duration_s("--stream-idle-timeout-s", args.stream_idle_timeout_s)
+    check_float("--stream-spin-us", getattr(args, "stream_spin_us", 0.0), 0.0, MAX_STREAM_SPIN_US)
+
+
+def _prepare_data_dir(path: str) -> str | None:
+    """Create the data dir ``path`` when it is missing; what makes it unusable (a sentence naming it), or None.
+    Reads and creates nothing else: what is inside is the service's business (its lock, then recovery)."""
+    if not path.strip():
+        return f"--data-dir {path!r} is empty: it must name a directory"
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"--data-dir {path} is not writable (the master writes its log and snapshots there)"
+        return None
+    if os.path.lexists(path):
+        kind = ("a file" if os.path.isfile(path) else "a symlink to nothing" if not os.path.exists(path)
+                else "a special file")
+        return f"--data-dir {path} is {kind}, not a directory"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"--data-dir {path} cannot be created ({e.strerror or e})"
+    return None
 
 
 def run_server(args) -> int:
@@ -208,6 +250,15 @@ def run_server(args) -> int:
     from quillcache.rpc.stream import DEFAULT_IDLE_TIMEOUT_S
     from quillcache.master.snapshot import SnapshotError
 
+    try:
+        _check_durations(args)
+    except ValueError as e:
+        print(f"quillcache master: {e}", file=sys.stderr)
+        return EXIT_BAD_FLAG
+    problem = _prepare_data_dir(args.data_dir)
+    if problem is not None:
+        print(f"quillcache master: {problem}", file=sys.stderr)
+        return EXIT_BAD_FLAG
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
@@ -220,7 +271,6 @@ def run_server(args) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    os.makedirs(args.data_dir, exist_ok=True)
     try:
         if args.etcd:
             from quillcache.master.ha import HaMaster
@@ -230,10 +280,14 @@ def run_server(args) -> int:
                             ttl_s=args.ttl_s, prefix=args.prefix, warmup_s=args.warmup_s, log_margin=args.log_margin)
         else:
             node = SingleMaster.open(args.data_dir, _config(args))
-    except (MasterError, SnapshotError, OSError, ValueError) as e:
-        print(f"quillcache master: cannot open the master in {args.data_dir}: {type(e).__name__}: {e}",
+    except DataDirInUseError as e:
+        print(f"quillcache master: {e}", file=sys.stderr)
+        return EXIT_CANNOT_START
+    except (MasterError, SnapshotError, WalError, OSError, ValueError) as e:
+        why = " ".join(str(e).split())  # one line, whatever the message holds
+        print(f"quillcache master: cannot open the master in {args.data_dir}: {type(e).__name__}: {why}",
               file=sys.stderr)
-        return 1
+        return EXIT_CANNOT_START
     register_master_types()
     endpoint = MasterEndpoint(node)
     methods = [*SERVICE_METHODS, *NODE_METHODS]
@@ -269,19 +323,29 @@ def run_server(args) -> int:
                           "role": role, "epoch": epoch}), flush=True)
         log.info("master serving at %s as %s (epoch %s, lsn %d)", server.address, role, epoch, node.service.lsn)
 
+        timer_failed: list[BaseException] = []
+
         def tick_loop() -> None:
-            while not stop.wait(args.tick_s):
-                try:
-                    node.tick()
-                except MasterError as e:
-                    log.warning("tick: %s", e)
-                except Exception:
-                    log.exception("tick failed")
+            try:
+                while not stop.wait(args.tick_s):
+                    try:
+                        node.tick()
+                    except MasterError as e:
+                        log.warning("tick: %s", e)
+                    except Exception:
+                        log.exception("tick failed")
+            except BaseException as e:  # the timer itself broke: a master without it must not go on serving
+                timer_failed.append(e)
+                stop.set()
 
         ticker = threading.Thread(target=tick_loop, name="master-tick", daemon=True)
         ticker.start()
         while not stop.wait(0.5):
             pass
+        if timer_failed:
+            e = timer_failed[0]
+            print(f"quillcache master: the timer thread failed ({type(e).__name__}: {e}); stopping", file=sys.stderr)
+            return EXIT_CANNOT_START
         log.info("master at %s stopping", server.address)
         return 0
     finally:

@@ -39,6 +39,13 @@ the sealed segments are deleted once the snapshot is published; the service wait
 ``snapshot_inflight_records`` more changes were logged, which bounds the tail a restart replays);
 ``snapshot()`` and ``close`` write one inline and restart the log after it.
 ``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators.
+One master per data dir: before it reads anything in D the service takes D's exclusive lock
+(:class:`~.datadir.DataDirLock`, ``D/master.lock``) and holds it until ``close`` (or its process
+ends), so a second master on D, in any process, is refused with :class:`~.datadir.DataDirInUseError`
+naming D and the holder's pid, and nothing in D is touched; a refused or failed start releases it.
+``dir_lock=`` hands the service a lock its caller holds (and keeps: ``close`` leaves it held), so a
+caller that reopens the service on D (HA: :mod:`.ha`) keeps D locked in between. A simulated file
+system (``fs=``) is not locked.
 
 Residency: the state machine writes every COMPLETE object's replicas into the residency index
 (:mod:`.residency`) after the records are committed, so the planner sees what ``get_replicas``
@@ -70,6 +77,7 @@ from quillcache.index import IndexBackend, open_index
 from quillcache.master._kernels import (READ_BAD_KEY, READ_NOT_FOUND, all_new, check_new_puts, end_prefix,
                                        place_most_free, read_columns)
 from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows
+from quillcache.master.datadir import DataDirLock
 from quillcache.master.errors import (
     InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
     ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, SegmentExistsError, SegmentNotFoundError,
@@ -136,7 +144,8 @@ class MasterService(ReplicatedMode):
     def __init__(self, config: MasterConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
                  index: IndexBackend | None = None, data_dir: str | os.PathLike | None = None,
                  fs: FileSystem | None = None,
-                 replicate: Callable[[list[tuple[int, bytes]]], None] | None = None) -> None:
+                 replicate: Callable[[list[tuple[int, bytes]]], None] | None = None,
+                 dir_lock: DataDirLock | None = None) -> None:
         self.config = config = config if config is not None else MasterConfig()
         check_config(config)
         if not callable(clock):
@@ -144,12 +153,32 @@ class MasterService(ReplicatedMode):
         self._clock = clock
         self._fs = fs if fs is not None else RealFs()
         self.data_dir = os.fspath(data_dir) if data_dir is not None else None
+        self._dir_lock: DataDirLock | None = None
+        self._owns_dir_lock = False
+        if self.data_dir is not None:
+            if not self._fs.is_dir(self.data_dir):
+                self._fs.mkdir(self.data_dir)
+            if isinstance(self._fs, RealFs):  # (a simulated file system lives in this process only)
+                if dir_lock is None:
+                    self._dir_lock, self._owns_dir_lock = DataDirLock(self.data_dir), True
+                elif dir_lock.covers(self.data_dir):
+                    self._dir_lock = dir_lock
+                else:
+                    raise ValueError(f"dir_lock {dir_lock!r} is not a held lock of data dir {self.data_dir}")
+        try:
+            self._init_state(config, index, replicate)
+        except BaseException:
+            if self._owns_dir_lock:
+                self._dir_lock.release()
+            raise
+
+    def _init_state(self, config: MasterConfig, index: IndexBackend | None,
+              replicate: Callable[[list[tuple[int, bytes]]], None] | None) -> None:
+        """(``__init__``, the data dir locked) the index, the state, and the restart from the data dir."""
         self._owns_index = index is None
         if index is None:
             path = os.path.join(self.data_dir, "index") if self.data_dir is not None and config.index_on_disk else None
             opts = {"fs": self._fs} if config.index_kind == "art" and path is not None else {}
-            if self.data_dir is not None and not self._fs.is_dir(self.data_dir):
-                self._fs.mkdir(self.data_dir)
             index = open_index(config.index_kind, path, **opts)
         self.index = index
         self._projection = IndexProjection(index)
@@ -316,13 +345,17 @@ class MasterService(ReplicatedMode):
                 self.snapshot()
         finally:
             self._closed = True
-            if self._log is not None:
-                try:
-                    self._log.close()
-                except (OSError, WalError):
-                    pass
-            if self._owns_index:
-                self.index.close()
+            try:
+                if self._log is not None:
+                    try:
+                        self._log.close()
+                    except (OSError, WalError):
+                        pass
+                if self._owns_index:
+                    self.index.close()
+            finally:
+                if self._owns_dir_lock:
+                    self._dir_lock.release()  # another master may open the data dir from here on
 
     def __enter__(self) -> "MasterService":
         return self

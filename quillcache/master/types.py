@@ -20,6 +20,7 @@ from quillcache.types import CacheTier
 
 __all__ = [
     "ClientId",
+    "MAX_DURATION_S",
     "MasterConfig",
     "MasterStats",
     "ObjectInfo",
@@ -44,6 +45,10 @@ MAX_KEY_CHARS = 4096
 MAX_DIGEST_BYTES = 64
 MAX_REPLICAS = 16
 U32_MAX = (1 << 32) - 1
+# The longest TTL, timer period or timeout a master takes (MasterConfig's lease and client TTLs and restart
+# budget; the server's tick, plain-TCP idle timeout, HA lease TTL and warm-up): far above any useful setting,
+# far below where time arithmetic overflows (a wait longer than threading.TIMEOUT_MAX kills the waiting thread).
+MAX_DURATION_S = 86_400.0
 
 
 class ObjectStatus(enum.IntEnum):

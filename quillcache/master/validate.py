@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import math
 
+from quillcache._checks import check_float
 from quillcache.master.errors import InvalidParamsError
 from quillcache.master.types import (
-    MAX_DIGEST_BYTES, MAX_KEY_CHARS, MAX_REPLICAS, U32_MAX, MasterConfig, PinKind, PutRequest, ReplicaConfig,
-    SegmentDescriptor,
+    MAX_DIGEST_BYTES, MAX_DURATION_S, MAX_KEY_CHARS, MAX_REPLICAS, U32_MAX, MasterConfig, PinKind, PutRequest,
+    ReplicaConfig, SegmentDescriptor,
 )
 from quillcache.types import CacheTier
 
-__all__ = ["check_config", "check_key", "check_put", "check_put_fields", "check_put_row", "check_segment",
-           "key_error"]
+__all__ = ["check_config", "check_duration_s", "check_key", "check_put", "check_put_fields", "check_put_row",
+           "check_segment", "key_error"]
 
 MAX_NODE_BYTES = 200  # the residency index's limit on node names
 
@@ -23,11 +24,20 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def check_duration_s(name: str, value: object, *, zero_ok: bool = False) -> float:
+    """``value`` as a float number of seconds in ``(0, MAX_DURATION_S]`` (``[0, ...]`` with ``zero_ok``);
+    otherwise ``InvalidParamsError`` (a ``ValueError``) naming ``name``, the value and the range."""
+    return check_float(name, value, 0.0, MAX_DURATION_S, lo_open=not zero_ok, error=InvalidParamsError,
+                       type_error=InvalidParamsError)
+
+
 def check_config(c: MasterConfig) -> None:
     if not isinstance(c, MasterConfig):
         raise TypeError(f"config must be a MasterConfig, got {type(c).__name__}")
-    for name in ("lease_ttl_s", "client_ttl_s", "zombie_preempt_s", "zombie_reclaim_s", "soft_pin_ttl_s",
-                 "snapshot_every_s"):
+    for name in ("lease_ttl_s", "client_ttl_s"):
+        check_duration_s(f"MasterConfig.{name}", getattr(c, name))
+    check_duration_s("MasterConfig.restart_budget_s", c.restart_budget_s, zero_ok=True)
+    for name in ("zombie_preempt_s", "zombie_reclaim_s", "soft_pin_ttl_s", "snapshot_every_s"):  # only compared
         v = getattr(c, name)
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)):
             raise InvalidParamsError(f"MasterConfig.{name}={v!r} must be a positive finite number of seconds")
@@ -43,7 +53,7 @@ def check_config(c: MasterConfig) -> None:
         raise InvalidParamsError(f"MasterConfig.snapshot_every_records={c.snapshot_every_records!r} must be >= 1")
     if not _is_int(c.snapshot_inflight_records) or c.snapshot_inflight_records < 0:
         raise InvalidParamsError(f"MasterConfig.snapshot_inflight_records={c.snapshot_inflight_records!r} must be >= 0")
-    for name in ("restart_budget_s", "restart_s_per_object", "restart_s_per_change"):
+    for name in ("restart_s_per_object", "restart_s_per_change"):
         v = getattr(c, name)
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
             raise InvalidParamsError(f"MasterConfig.{name}={v!r} must be a finite number >= 0")

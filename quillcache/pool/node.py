@@ -19,7 +19,8 @@ What a node does:
   needed), and checks that the endpoint still belongs to the replica's node (a port reused by another
   node after a crash is refused before any byte moves).
 - At start, mounting is retried with backoff for ``mount_timeout_s`` while the master does not answer.
-- Heartbeats the master every ``heartbeat_s`` (keep it <= client_ttl_s / 3). On NEED_REMOUNT (the master
+- Heartbeats the master every ``heartbeat_s`` (keep it <= client_ttl_s / 3; more than ``MAX_HEARTBEAT_S`` is
+  refused with ValueError before anything starts). On NEED_REMOUNT (the master
   expired this node, or lost it) it mounts again and re-announces its SSD blocks (below); the master then
   holds nothing in this node's DRAM, so the whole segment starts free. While the master is unreachable it
   retries with backoff and keeps serving transfers.
@@ -59,10 +60,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from quillcache._checks import check_float
 from quillcache.master.client import MasterClient
 from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceError, SegmentExistsError,
                                      SegmentNotFoundError)
-from quillcache.master.types import PutRequest, ReplicaConfig, SegmentDescriptor
+from quillcache.master.types import MAX_DURATION_S, PutRequest, ReplicaConfig, SegmentDescriptor
 from quillcache.pool.errors import CorruptObjectError, NodeIdInUseError, PoolClosedError
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, record_header, store_key
@@ -78,6 +80,7 @@ ALIGN_BYTES = 64
 U32_MAX = (1 << 32) - 1
 REANNOUNCE_CHUNK = 32
 LIVE_PROBE_TIMEOUT_S = 2.0  # at start: how long the endpoint of a segment under this node id gets to answer
+MAX_HEARTBEAT_S = MAX_DURATION_S  # a heartbeat must come within the master's client TTL, which is at most this
 REGION_PREFIX = "pool-dram;"
 _NODE_SEP = ";node="
 
@@ -136,8 +139,7 @@ class PoolNode:
 
         if not isinstance(dram_bytes, int) or dram_bytes < PAGE_BYTES:
             raise ValueError(f"dram_bytes must be an int >= {PAGE_BYTES}, got {dram_bytes!r}")
-        if not heartbeat_s > 0:
-            raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
+        check_float("heartbeat_s", heartbeat_s, 0.0, MAX_HEARTBEAT_S, lo_open=True)  # (a longer wait kills its thread)
         self.node_id = node_id or f"node-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.heartbeat_s = float(heartbeat_s)
         self.capacity_bytes = dram_bytes // ALIGN_BYTES * ALIGN_BYTES

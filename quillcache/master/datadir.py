@@ -1,0 +1,129 @@
+"""The exclusive lock a master holds on its data dir for its whole life: one master per data dir.
+
+Two masters appending to one operation log overwrite each other's records, so acknowledged writes
+would be lost. Contract:
+- ``DataDirLock(data_dir)`` takes an exclusive, non-blocking ``flock`` of ``<data_dir>/master.lock``
+  (created when missing, never followed as a symlink; it holds the holder's pid as one decimal line
+  and no data), or raises :class:`DataDirInUseError` naming the dir and the holder's pid. It never
+  waits. Creating the dir and this file is all a master does to a data dir before it has the lock.
+- One holder per data dir, whoever asks: another process, or another ``DataDirLock`` in this process
+  (an ``flock`` belongs to an open file description, so a second open in the same process is refused
+  as well).
+- ``release()`` (idempotent; also when the object is collected) closes the file, which ends the lock.
+  A process that dies in any way (SIGKILL included) ends it with its file descriptors: a lock never
+  outlives its holder. The file stays behind; its pid is read only while someone holds the lock.
+- A child forked by this process (``os.fork``, e.g. the snapshot writer) closes its copies of every
+  lock before ``os.fork`` returns in it, without unlocking: the lock stays the parent's and ends with the parent,
+  never kept alive by an orphaned child. The file is close-on-exec, so no exec'd program inherits it.
+- Only the real file system is locked; callers skip the lock for a simulated one (it lives in one
+  process's memory).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import weakref
+
+__all__ = ["DataDirInUseError", "DataDirLock", "LOCK_NAME"]
+
+LOCK_NAME = "master.lock"
+_PID_READ_BYTES = 32  # a pid line is at most 20 digits and a newline
+
+_HELD: weakref.WeakSet[DataDirLock] = weakref.WeakSet()  # locks this process holds (closed in forked children)
+
+
+class DataDirInUseError(RuntimeError):
+    """The data dir is locked by another master; ``data_dir`` and ``pid`` (None when unknown) say which."""
+
+    def __init__(self, data_dir: str, pid: int | None) -> None:
+        if pid is None:
+            who = "pid unknown"
+        elif pid == os.getpid():
+            who = f"pid {pid}, this process"
+        else:
+            who = f"pid {pid}"
+        super().__init__(f"data dir {data_dir} is in use by another master ({who}; lock file "
+                         f"{os.path.join(data_dir, LOCK_NAME)}): one master per data dir")
+        self.data_dir = data_dir
+        self.pid = pid
+
+
+class DataDirLock:
+    """An exclusive lock on one data dir (module docstring)."""
+
+    def __init__(self, data_dir: str | os.PathLike) -> None:
+        self.data_dir = os.fspath(data_dir)
+        self.path = os.path.join(self.data_dir, LOCK_NAME)
+        self._fd = -1
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DataDirInUseError(self.data_dir, _read_pid(fd)) from None
+            try:  # who holds it, for the message another master gets; the lock does not depend on it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError:
+                pass
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        _HELD.add(self)
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def covers(self, data_dir: str | os.PathLike) -> bool:
+        """Whether this lock is held and is the lock of ``data_dir`` (the same directory, however named)."""
+        try:
+            return self.held and os.path.samefile(self.data_dir, data_dir)
+        except OSError:
+            return False
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            _HELD.discard(self)
+            os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: the process exit releases it anyway
+            pass
+
+    def __enter__(self) -> DataDirLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"DataDirLock({self.data_dir!r}, held={self.held})"
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, _PID_READ_BYTES, 0).decode("ascii").strip()
+        return int(text) if text.isdigit() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _close_in_child() -> None:
+    """(``os.fork``, in the child) drop this process's copies of the locks, without unlocking them."""
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
