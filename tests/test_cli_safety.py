@@ -143,7 +143,7 @@ def test_gen_trace_stopped_while_writing_leaves_no_temp_file_and_says_so(tmp_pat
     out = tmp_path / "trace.jsonl"
     out.write_text("OLD\n")
     res = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_WRITING.format(sig=sig), str(out)],
-                         capture_output=True, text=True, timeout=DEADLINE_S)
+                         capture_output=True, text=True, timeout=DEADLINE_S, preexec_fn=_default_stop_signals)
     assert res.returncode == status, (res.returncode, res.stderr)
     assert f"{word}; nothing was written to {out} (it is as it was)" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
@@ -206,8 +206,16 @@ def _start_marked(argv: list[str], tmp: Path, mark: str) -> tuple[subprocess.Pop
     tmpdir.mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir), MARK_ENV: mark}
     proc = subprocess.Popen([sys.executable, "-m", "quillcache", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_stop_signals)
     return proc, tmpdir
+
+
+def _default_stop_signals() -> None:
+    """In the child, before exec: the default dispositions of the signals a test sends. A test run from a
+    non-interactive shell (``nohup``, ``cmd &``) inherits SIGINT and SIGHUP ignored, and a command keeps an
+    ignored stop signal ignored (as ``nohup`` asks), so the test would not be testing its handling."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _spawned_all(tmpdir: Path, nodes: int) -> bool:
@@ -563,3 +571,22 @@ def test_a_stop_signal_while_a_node_is_spawned_loses_no_child(tmp_path):
         assert list(tmpdir.iterdir()) == []
     finally:
         _kill_marked(mark)
+
+
+def test_a_stop_signal_ignored_at_start_stays_ignored():
+    """``nohup quillcache cluster up &``: SIGHUP arrives ignored and must stay ignored (the user asked the
+    command to outlive the terminal); SIGTERM, not ignored, is handled."""
+    from quillcache.cli.signals import stop_signals_interrupt
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with stop_signals_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert callable(signal.getsignal(signal.SIGTERM))
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)

@@ -6,8 +6,9 @@
 that already cleans up after Ctrl-C (stopping child processes, removing temporary files and
 folders) runs unchanged; ``exit_status`` turns either into the conventional status (130 for Ctrl-C,
 128 + the signal number otherwise). A second stop signal while that cleanup runs is ignored, so the
-cleanup is never cut short by it. The previous handlers are restored on leaving the block; outside
-the main thread (where Python cannot install handlers) it does nothing.
+cleanup is never cut short by it. A stop signal ignored when the block is entered (``nohup``'s
+SIGHUP) stays ignored. The previous handlers are restored on leaving the block; outside the main
+thread (where Python cannot install handlers) it does nothing.
 
 ``interrupts_deferred()`` holds Ctrl-C and the stop signals off for a short critical section (renaming
 a result set into place): they are recorded, not raised, and the caller acts on them once it is done.
@@ -63,7 +64,9 @@ def stop_signals_interrupt() -> Iterator[None]:
         raised.append(signum)
         raise Terminated(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    # a signal ignored when the command started stays ignored (``nohup`` passes SIGHUP down ignored: the
+    # user asked the command to outlive the terminal)
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
