@@ -18,21 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from etcd_fixture import wait_until
 
 from quillcache.cli import main
 
 DEADLINE_S = 30.0  # for a child to stop once signalled; a healthy run takes well under a second
 
 
-def _poll(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.02)
+_poll = wait_until  # the suite's deadline-bounded poll
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from etcd_fixture import wait_until
 
 import quillcache.master.client as client_module
 import quillcache.master.server as server_module
@@ -38,13 +39,7 @@ IDLE_S = 0.3
 
 
 def until(predicate, what: str, deadline_s: float = DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, deadline_s, what, poll_s=0.005)
 
 
 class Master:

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 import pytest
+from etcd_fixture import wait_until
 
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferError, TransferRequest
 from quillcache.transfer.backends import tcp_server
@@ -39,11 +40,7 @@ REGION_BYTES = 1 << 16
 
 
 def _poll(predicate, timeout_s: float, what: str, interval_s: float = 0.002) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(interval_s)
+    wait_until(predicate, timeout_s, what, poll_s=interval_s)
 
 
 class _Attacker(threading.Thread):
