@@ -233,7 +233,11 @@ def test_errors_are_openai_shaped(sim):
     status, body = _post(sim.url + "/v1/completions", b"{not json")
     assert status == 400 and "not valid JSON" in body["error"]["message"]
     status, body = _post(sim.url + "/v1/completions", b"[" * 100_000 + b"]" * 100_000)
-    assert status == 400 and body["error"]["code"] == 400
+    assert status == 400 and "nested too deeply" in body["error"]["message"]
+    for constant in (b"NaN", b"Infinity", b"-Infinity"):  # Python's parser takes them; JSON has no such values
+        status, body = _post(sim.url + "/v1/completions",
+                             b'{"model": "quillcache-sim", "prompt": "hi", "temperature": ' + constant + b"}")
+        assert status == 400 and f"{constant.decode()} is not a JSON value" in body["error"]["message"], body
     assert _raw_status(sim, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                             b"content-length: " + str(33 << 20).encode() + b"\r\n\r\n" + b"a" * 65536) == 413
     assert _get(sim.url + "/health")[0] == 200  # still serving

@@ -1,19 +1,23 @@
 """argparse ``type=`` converters shared by the commands: each returns the value or raises
-``argparse.ArgumentTypeError`` with a one-line message naming the text (``OneLineParser`` prints it)."""
+``argparse.ArgumentTypeError`` with a one-line message naming the text (``OneLineParser`` prints it); and
+``directory_problem``, the check a command runs on a directory flag before any work (it may create the folder,
+so it is not a converter: parsing, ``--help`` included, has no side effect)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 
-__all__ = ["MAX_COUNT", "address", "int_in_range", "non_negative_float", "parse_size", "port", "positive_float",
-           "positive_float_up_to", "positive_int", "size_arg"]
+__all__ = ["MAX_COUNT", "SIZE_MULTIPLE_BYTES", "address", "directory_problem", "int_in_range", "non_negative_float",
+           "parse_size", "port", "positive_float", "positive_float_up_to", "positive_int", "size_arg"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
           "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 MIN_SIZE_BYTES = 4096
+SIZE_MULTIPLE_BYTES = 4096  # a size flag (size_arg) is whole pages: never rounded behind the user's back
 ADDRESS_SCHEMES = ("tcp://", "qtcp://")  # an RPC address: tcp://HOST:PORT, HOST:PORT, or a stream's qtcp://
 # a host name, an IPv4 address, or an IPv6 address in brackets
 _HOST = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)$")
@@ -92,20 +96,67 @@ def address(text: str) -> str:
     return text
 
 
-def parse_size(text: str) -> int:
-    """``"256MiB"`` -> 268435456; ``ValueError`` naming the text otherwise."""
+def _size_value(text: str) -> int | float:
+    """The bytes ``text`` says, exactly as typed (an int unless it has a fraction); ``ValueError`` naming it."""
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise ValueError(f"{text!r} is not a size (bytes, or a number with B/KiB/MiB/GiB/TiB/KB/MB/GB/TB)")
-    return int(float(m.group(1)) * _UNITS[unit])
+    number = m.group(1)
+    if "." not in number:
+        return int(number) * _UNITS[unit]
+    value = float(number) * _UNITS[unit]
+    if not math.isfinite(value):  # (int(inf) would raise OverflowError, which argparse does not catch)
+        raise ValueError(f"{text!r} is not a size (too large)")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """``"256MiB"`` -> 268435456 (a fraction of a byte rounded down); ``ValueError`` naming the text otherwise."""
+    return int(_size_value(text))
 
 
 def size_arg(text: str) -> int:
+    """A size flag: ``parse_size``'s forms, in [``MIN_SIZE_BYTES``, ``MAX_COUNT``] bytes and a whole multiple of
+    ``SIZE_MULTIPLE_BYTES``: anything else is refused, never rounded (``--dram 4097`` was silently 4096)."""
     try:
-        value = parse_size(text)
+        exact = _size_value(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    value = int(exact)
     if value < MIN_SIZE_BYTES:
         raise argparse.ArgumentTypeError(f"{text!r} is below the minimum of {MIN_SIZE_BYTES} bytes")
+    if value > MAX_COUNT:
+        shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"{shown!r} is above the maximum of {MAX_COUNT} bytes")
+    if exact != value or value % SIZE_MULTIPLE_BYTES:
+        down = value // SIZE_MULTIPLE_BYTES * SIZE_MULTIPLE_BYTES
+        said = value if exact == value else format(exact, ".15g")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is {said} bytes, not a multiple of {SIZE_MULTIPLE_BYTES}: give e.g. {down} or "
+            f"{down + SIZE_MULTIPLE_BYTES} (a whole number of MiB, GiB or TiB always is one)")
     return value
+
+
+def directory_problem(flag: str, path: str) -> str | None:
+    """Why ``path`` (typed as ``flag``) cannot be the directory a command writes in, a sentence naming both;
+    None when it can: an existing directory, or a missing one, which is then created (with its parents).
+    A file (or a special file, or a dangling symlink) in the way is refused, never replaced."""
+    if not path.strip():
+        return f"{flag} {path!r} is empty: it must name a directory"
+    if os.path.isdir(path):
+        return None
+    if os.path.lexists(path):
+        kind = ("a file" if os.path.isfile(path) else "a symlink to nothing" if not os.path.exists(path)
+                else "a special file")
+        return f"{flag} {path} is {kind}, not a directory"
+    above = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if os.path.lexists(above) and not os.path.isdir(above):
+        return f"{flag} {path} cannot be created: {above} is a file, not a directory"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"{flag} {path} cannot be created ({e.strerror or e})"
+    return None

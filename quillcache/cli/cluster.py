@@ -2,10 +2,12 @@
 
 - ``quillcache cluster up --nodes N [--dram SIZE] [--ssd] [--etcd] [--dir D] [--client-ttl-s S]
   [--lease-ttl-s S]``: a :class:`~quillcache.pool.cluster.LocalCluster` (a master and N node processes on
-  127.0.0.1, N at most ``MAX_NODES``); prints one JSON line (master address, nodes with their addresses,
-  base dir, the transfer secret's environment variable name) and runs until Ctrl-C, SIGTERM or SIGHUP,
-  then stops every child and removes the temporary base dir (exit 0). The same signals during startup
-  stop what was started, say so, and exit 130 / 128 + the signal (``quillcache.cli.signals``).
+  127.0.0.1, N at most ``MAX_NODES``); a bad flag (a SIZE not a multiple of 4096, a TTL out of the master's
+  range, a ``--dir`` that is a file) is refused with one line and exit 2 before anything starts; prints one
+  JSON line (master address, nodes with their addresses, base dir, the transfer secret's environment
+  variable name) and runs until Ctrl-C, SIGTERM or SIGHUP, then stops every child and removes the temporary
+  base dir (exit 0). The same signals during startup stop what was started, say so, and exit 130 / 128 + the
+  signal (``quillcache.cli.signals``).
 - ``quillcache cluster status --master ADDR [--json]``: a table of the pool's nodes and segments
   (capacity, used) and its totals (objects, pending puts).
 """
@@ -21,7 +23,10 @@ MAX_STATUS_TIMEOUT_S = 3600.0  # cluster status --timeout-s: an hour is already 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from quillcache.master.types import MAX_DURATION_S
     from quillcache.pool.cluster import MAX_NODES
+
+    ttl = argtypes.positive_float_up_to(MAX_DURATION_S)  # what `quillcache master` takes: refused here, not there
 
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start a master and N nodes on 127.0.0.1 and run until Ctrl-C",
@@ -33,12 +38,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                     f"starting).")
     up.add_argument("--nodes", type=argtypes.int_in_range(1, MAX_NODES), default=3,
                     help=f"number of node processes, 1..{MAX_NODES} (default 3)")
-    up.add_argument("--dram", type=argtypes.size_arg, default=256 << 20, metavar="SIZE", help="DRAM per node (default 256MiB)")
+    up.add_argument("--dram", type=argtypes.size_arg, default=256 << 20, metavar="SIZE",
+                    help="DRAM per node, a multiple of 4096 bytes (default 256MiB)")
     up.add_argument("--ssd", action="store_true", help="give every node an SSD tier under --dir")
     up.add_argument("--etcd", action="store_true", help="start an etcd and register the nodes in it")
-    up.add_argument("--dir", help="base directory (logs, master data, SSD tiers; default: a temporary one)")
-    up.add_argument("--client-ttl-s", type=argtypes.positive_float, default=3.0, help="node expiry TTL (default 3)")
-    up.add_argument("--lease-ttl-s", type=argtypes.positive_float, default=2.0, help="read lease TTL (default 2)")
+    up.add_argument("--dir", help="base directory, created when missing and kept afterwards (logs, master data, "
+                                  "SSD tiers; default: a temporary one, removed at exit)")
+    up.add_argument("--client-ttl-s", type=ttl, default=3.0,
+                    help=f"seconds without a heartbeat before the master expires a node, in (0, {MAX_DURATION_S:g}] "
+                         f"(default %(default)g)")
+    up.add_argument("--lease-ttl-s", type=ttl, default=2.0,
+                    help=f"read lease TTL in seconds, in (0, {MAX_DURATION_S:g}] (default %(default)g)")
     st = sub.add_parser("status", help="show a pool's nodes, segments and usage",
                         description="Ask the master at ADDR for its pool: a table of the nodes and their segments "
                                     "(capacity, used) and the totals (objects, pending puts), or the same as one "
@@ -67,6 +77,11 @@ def _up(args) -> int:
     from quillcache.cli.signals import describe, exit_status
     from quillcache.pool.cluster import ClusterError, LocalCluster
 
+    if args.dir is not None:
+        problem = argtypes.directory_problem("--dir", args.dir)  # (creates a missing one, as start would)
+        if problem:
+            print(f"quillcache cluster up: {problem}", file=sys.stderr)
+            return 2
     cluster = LocalCluster(args.nodes, dram_bytes=args.dram, ssd=args.ssd, etcd=args.etcd, base_dir=args.dir,
                            client_ttl_s=args.client_ttl_s, lease_ttl_s=args.lease_ttl_s)
     try:

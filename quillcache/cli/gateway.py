@@ -4,7 +4,8 @@
 API keys come from ``--keys FILE`` (``{"keys": [{"key", "tenant", "max_concurrency"?}]}``) or the environment
 (``QUILLCACHE_GATEWAY_KEYS=key=tenant,...``); ``QUILLCACHE_GATEWAY_SECRET`` keys the per-tenant cache salts (give
 every replica the same one). Prints one JSON line ``{"address", "url", "pid", "engines", "models"}`` when serving;
-SIGTERM stops it. See :mod:`quillcache.gateway`.
+SIGTERM stops it. Bad flags, config, key file, tokenizer or chat template: one line naming it, exit 2, before the
+gateway listens. See :mod:`quillcache.gateway`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import argparse
 
 from quillcache.cli import argtypes
-
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", metavar="URL[,URL...]",
@@ -25,6 +24,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="'bytes' or a tokenizer.json path (the engines' tokenizer)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                         help="stderr log level (default warning)")
+
+
+def _text_files_problem(args: argparse.Namespace, config) -> str | None:
+    """Why the tokenizer or chat template the gateway would load cannot be loaded (a sentence naming the flag or
+    config field), or None: checked before serving, as ``quillcache engine-sim`` does (the gateway loads them
+    again; a tokenizer.json is read twice at start-up, never per request)."""
+    from quillcache.textproc import load_chat_template, load_tokenizer
+
+    try:
+        load_tokenizer(config.tokenizer)
+    except ValueError as exc:  # TokenizerError: no such file, not a tokenizer.json, no 'tokenizers' package
+        where = "--tokenizer" if args.tokenizer is not None else f"config {args.config}: tokenizer"
+        return f"{where}: {exc}"
+    try:
+        load_chat_template(config.chat_template)
+    except ValueError as exc:  # ChatFormatError
+        return f"config {args.config}: chat_template: {exc}"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
         tenants = TenantTable.from_file(args.keys) if args.keys else TenantTable.from_env()
     except ConfigError as exc:
         print(f"quillcache gateway: {exc}", file=sys.stderr)
+        return 2
+    problem = _text_files_problem(args, config)
+    if problem:
+        print(f"quillcache gateway: {problem}", file=sys.stderr)
         return 2
     from quillcache.gateway.server import serve
     from quillcache.textproc import TokenizerError

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quillcache.cli.argtypes import MAX_COUNT
-from quillcache.cli.resultset import ResultsWritten, write_result_set
+from quillcache.cli.resultset import ResultsWritten, write_reported, write_result_set
 
 __all__ = ["DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten", "Share", "anatomy_frame",
            "configure", "parse_anatomy", "parse_capacities", "resolve_capacities", "run", "write_results"]
@@ -457,16 +457,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         print(f"quillcache hitrate: {describe(exc)}; no results were written under {out}", file=sys.stderr)
         return exit_status(exc)
-    try:
-        paths = write_results(out, df, trace.stem, block_tokens, anat)
-    except ResultsWritten as exc:
-        print(f"quillcache hitrate: {describe(exc)}; the results were written under {out} first", file=sys.stderr)
-        return exit_status(exc)
-    except KeyboardInterrupt as exc:
-        print(f"quillcache hitrate: {describe(exc)}; the files under {out} are as they were", file=sys.stderr)
-        return exit_status(exc)
-    except OSError as exc:
-        return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
+    paths, status = write_reported("hitrate", out, lambda: write_results(out, df, trace.stem, block_tokens, anat))
+    if status is not None:
+        return status
     if not args.quiet:
         note = "\n".join(x for x in (report.summary() if report.skipped else "", bounds_note) if x)
         _print_table(df, f"quillcache hitrate: {trace.name}, {arrs.num_requests:,} requests, {arrs.num_refs:,} "

@@ -16,7 +16,7 @@ import argparse
 
 from quillcache.cli import argtypes
 from quillcache.master.server import MAX_STREAM_SPIN_US
-from quillcache.master.types import MAX_DURATION_S
+from quillcache.master.types import MAX_DURATION_S, MasterConfig
 
 # every duration flag (*-s) is a number of seconds in (0, MAX_DURATION_S] ([0, ...] where 0 has a meaning): a
 # larger one is a typo, and would overflow the waits of the master's threads
@@ -80,10 +80,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "log and fsynced by the next call that changes anything else; a power loss can then "
                              "forget puts never ended, never a complete object)")
     parser.add_argument("--lease-ttl-s", type=_SECONDS, default=None,
-                        help=f"read lease TTL in seconds, at most {MAX_DURATION_S:.0f} (default: MasterConfig's)")
+                        help=f"read lease TTL in seconds, in (0, {MAX_DURATION_S:.0f}]; 0 is refused (exit 2), it "
+                             f"does not mean 'no lease' or 'the default' (default {MasterConfig.lease_ttl_s:g}: "
+                             f"MasterConfig.lease_ttl_s)")
     parser.add_argument("--client-ttl-s", type=_SECONDS, default=None,
-                        help=f"seconds without a heartbeat before a node is expired, at most {MAX_DURATION_S:.0f} "
-                             "(default: MasterConfig's)")
+                        help=f"seconds without a heartbeat before a node is expired, in (0, {MAX_DURATION_S:.0f}]; "
+                             f"0 is refused (exit 2), it does not mean 'never expire' or 'the default' (default "
+                             f"{MasterConfig.client_ttl_s:g}: MasterConfig.client_ttl_s)")
     parser.add_argument("--tick-s", type=_SECONDS, default=1.0,
                         help=f"seconds between timer runs: client expiry, zombie reclaim, eviction; at most "
                              f"{MAX_DURATION_S:.0f} (default 1)")

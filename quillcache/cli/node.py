@@ -2,9 +2,11 @@
 
 ``quillcache node --master ADDR --dram SIZE [--ssd DIR] [--ssd-size SIZE] [--etcd HOST:PORT] [--host H]
 [--port P] [--control-port P] [--node-id ID] [--heartbeat-s S]``. SIZE is bytes or a number with a unit
-(``256MiB``, ``1GiB``, ``512KiB``, ``2MB``). The transfer secret comes from ``QUILLCACHE_TRANSFER_SECRET``.
-Prints ONE JSON line when serving: ``{"node_id", "segment_id", "transfer", "control", "pid"}``; logs go to
-stderr; SIGTERM/SIGINT stop it cleanly (it unmounts), exit 0. Bad flags: one line, exit 2.
+(``256MiB``, ``1GiB``, ``512KiB``), a multiple of 4096 bytes (``4097`` or ``1MB`` is refused, not rounded).
+The transfer secret comes from ``QUILLCACHE_TRANSFER_SECRET`` (at least 16 bytes). Prints ONE JSON line when
+serving: ``{"node_id", "segment_id", "transfer", "control", "pid"}``; logs go to stderr; SIGTERM/SIGINT stop it
+cleanly (it unmounts), exit 0. Bad flags, a missing or short secret, an ``--ssd`` that is not a directory (or
+cannot be made one): one line naming it, exit 2, before anything starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from quillcache.cli import argtypes
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from quillcache.pool.node import MAX_HEARTBEAT_S
     from quillcache.transfer import SECRET_ENV
     from quillcache.transfer.backends.tcp import MIN_SECRET_BYTES
 
@@ -22,17 +25,40 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      f"{MIN_SECRET_BYTES} bytes, the same for every node and client of the pool; never sent). "
                      f"`quillcache cluster up` prints the one its nodes use.")
     parser.add_argument("--master", required=True, metavar="ADDR", help="the master's address (tcp://HOST:PORT)")
-    parser.add_argument("--dram", required=True, type=argtypes.size_arg, metavar="SIZE", help="DRAM to contribute, e.g. 1GiB")
-    parser.add_argument("--ssd", metavar="DIR", help="SSD tier directory (write-behind; re-announced at restart)")
-    parser.add_argument("--ssd-size", type=argtypes.size_arg, metavar="SIZE", help="SSD tier capacity (default 4x --dram)")
+    parser.add_argument("--dram", required=True, type=argtypes.size_arg, metavar="SIZE",
+                        help="DRAM to contribute, a multiple of 4096 bytes, e.g. 1GiB")
+    parser.add_argument("--ssd", metavar="DIR",
+                        help="SSD tier directory, created when missing (write-behind; re-announced at restart)")
+    parser.add_argument("--ssd-size", type=argtypes.size_arg, metavar="SIZE",
+                        help="SSD tier capacity, a multiple of 4096 bytes (default 4x --dram)")
     parser.add_argument("--etcd", metavar="HOST:PORT", help="register in the etcd node registry")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     parser.add_argument("--port", type=argtypes.port, default=0, help="transfer engine port (default 0: a free one)")
     parser.add_argument("--control-port", type=argtypes.port, default=0, help="control RPC port (default 0: a free one)")
     parser.add_argument("--node-id", help="this node's id (default node-HOST-PID-RANDOM); keep it across restarts")
-    parser.add_argument("--heartbeat-s", type=argtypes.positive_float, default=1.0,
-                        help="seconds between heartbeats (keep <= the master's client TTL / 3; default 1)")
+    parser.add_argument("--heartbeat-s", type=argtypes.positive_float_up_to(MAX_HEARTBEAT_S), default=1.0,
+                        help=f"seconds between heartbeats, at most {MAX_HEARTBEAT_S:g} (keep <= the master's client "
+                             f"TTL / 3; default 1)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _secret_problem(secret: str | None) -> str | None:
+    """Why the transfer secret from the environment would make the node fail to start, or None: checked before
+    any work (the transfer backend would refuse it only after the DRAM is mapped and the control RPC is up)."""
+    from quillcache.transfer import SECRET_ENV
+    from quillcache.transfer.backends.tcp import MIN_SECRET_BYTES
+
+    if not secret:
+        return (f"set {SECRET_ENV} (the pool's shared transfer secret, at least {MIN_SECRET_BYTES} bytes; "
+                f"`quillcache cluster up` prints the one its nodes use)")
+    try:
+        n = len(secret.encode("utf-8"))
+    except UnicodeEncodeError:  # undecodable bytes in the environment (surrogate escapes)
+        return f"{SECRET_ENV} is not valid UTF-8: the transfer secret must be UTF-8 text"
+    if n < MIN_SECRET_BYTES:
+        return (f"{SECRET_ENV} is {n} byte(s); the pool's transfer secret must be at least {MIN_SECRET_BYTES} "
+                f"bytes (the same for every node and client of the pool)")
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,10 +69,14 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
+    if args.ssd_size is not None and args.ssd is None:
+        print("quillcache node: --ssd-size needs --ssd DIR", file=sys.stderr)
+        return 2
     from quillcache.transfer import SECRET_ENV
 
-    if args.ssd_size is not None and not args.ssd:
-        print("quillcache node: --ssd-size needs --ssd DIR", file=sys.stderr)
+    problem = _secret_problem(os.environ.get(SECRET_ENV))
+    if problem:
+        print(f"quillcache node: {problem}", file=sys.stderr)
         return 2
     if args.etcd:
         from quillcache.cluster.client import parse_endpoint
@@ -56,10 +86,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"quillcache node: --etcd: {e}", file=sys.stderr)
             return 2
-    if not os.environ.get(SECRET_ENV):
-        print(f"quillcache node: set {SECRET_ENV} (the cluster's shared transfer secret, >= 16 bytes)",
-              file=sys.stderr)
-        return 2
+    if args.ssd is not None:
+        problem = argtypes.directory_problem("--ssd", args.ssd)  # (creates a missing one, as the node would)
+        if problem:
+            print(f"quillcache node: {problem}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()

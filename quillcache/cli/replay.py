@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from quillcache.cli.argtypes import MAX_COUNT
-from quillcache.cli.resultset import ResultsWritten, write_result_set
+from quillcache.cli.resultset import write_reported, write_result_set
 
 __all__ = ["MAX_DRAM_BLOCKS", "RESULT_FILES", "configure", "run", "write_results"]
 
@@ -295,8 +295,8 @@ def _check_out(out: Path) -> str | None:
     try:  # what access() says is not enough (root, read-only mounts, /proc): try a file there
         with tempfile.TemporaryFile(dir=probe):
             pass
-    except OSError as exc:
-        return f"--out {out}: cannot write in {probe} ({exc.strerror or exc})"
+    except OSError as exc:  # the folder exists: the error is about the file (e.g. /proc answers ENOENT)
+        return f"--out {out}: a temporary file cannot be created in {probe} ({exc.strerror or exc})"
     return None
 
 
@@ -433,16 +433,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(_flagged(str(exc)))
     except ClusterError as exc:  # a node or the master did not start
         return _fail(f"--cluster {args.cluster}: the pool did not start: {str(exc).splitlines()[0]}")
-    try:
-        paths = write_results(out, result)
-    except ResultsWritten as exc:
-        print(f"quillcache replay: {describe(exc)}; the results were written under {out} first", file=sys.stderr)
-        return exit_status(exc)
-    except KeyboardInterrupt as exc:
-        print(f"quillcache replay: {describe(exc)}; the files under {out} are as they were", file=sys.stderr)
-        return exit_status(exc)
-    except OSError as exc:
-        return _fail(f"cannot write results under {out}: {exc.strerror or exc}")
+    paths, status = write_reported("replay", out, lambda: write_results(out, result))
+    if status is not None:
+        return status
     if not args.quiet:
         if result.skipped_oversize:
             note = (note + "; " if note else "") + (f"{result.skipped_oversize} request(s) larger than an engine's "

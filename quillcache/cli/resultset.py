@@ -14,6 +14,10 @@ Ctrl-C, SIGTERM and SIGHUP held off until all are, and a file of ``names`` this 
   ``ResultsWritten`` (a ``KeyboardInterrupt`` carrying the signal) is raised then;
 - no file of ``out`` outside ``names`` is touched; only a process killed outright mid-rename can
   leave a mix (and a ``<prefix>*`` temporary folder).
+
+``write_reported(command, out, write)`` runs ``write()`` (a command's ``write_results``) and turns
+each of those outcomes into the command's one stderr line and exit status: ``(paths, None)`` when
+written, ``(None, status)`` otherwise.
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from quillcache.cli.signals import interrupts_deferred
+from quillcache.cli.signals import describe, exit_status, interrupts_deferred
 
-__all__ = ["ResultsWritten", "write_result_set"]
+__all__ = ["ResultsWritten", "write_reported", "write_result_set"]
+
+T = TypeVar("T")
 
 
 class ResultsWritten(KeyboardInterrupt):
@@ -96,3 +104,22 @@ def _move_into_place(out: Path, names: Sequence[str], staged: dict[str, Path]) -
                                          f"{', '.join(names)} are this run's, the rest the previous "
                                          f"run's") from exc
     return caught
+
+
+def write_reported(command: str, out: Path, write: Callable[[], T]) -> tuple[T | None, int | None]:
+    """``(write(), None)``; or, when the write did not simply succeed, ``(None, status)`` after one line on
+    stderr: ``quillcache COMMAND: ...`` saying whether the results were written (a signal during the renames:
+    ``ResultsWritten``, exit 128 + the signal, 130 for Ctrl-C), left as they were (a signal before them), or
+    could not be written (``OSError``: ``quillcache COMMAND: error: ...``, exit 2)."""
+    try:
+        return write(), None
+    except ResultsWritten as exc:
+        print(f"quillcache {command}: {describe(exc)}; the results were written under {out} first", file=sys.stderr)
+        return None, exit_status(exc)
+    except KeyboardInterrupt as exc:
+        print(f"quillcache {command}: {describe(exc)}; the files under {out} are as they were", file=sys.stderr)
+        return None, exit_status(exc)
+    except OSError as exc:
+        print(f"quillcache {command}: error: cannot write results under {out}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return None, 2

@@ -37,6 +37,7 @@ from starlette.routing import Route
 
 from quillcache.enginesim.config import STAND_IN_NOTE, EngineSimConfig
 from quillcache.enginesim.engine import FaultDraw, SimEngine, SimRequest
+from quillcache.httpserve.jsonbody import BodyError, loads_strict
 from quillcache.textproc import PromptError, TokenizerError, prompt_tokens
 
 __all__ = ["MAX_BODY_BYTES", "build_app"]
@@ -64,11 +65,9 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
     except ClientDisconnect:  # the client left before its body was complete: nobody to answer
         return _error(499, "client disconnected before the request body was complete")
     try:
-        body = json.loads(raw)
-    except RecursionError:
-        return _error(400, "request body is nested too deeply")
-    except ValueError as e:
-        return _error(400, f"request body is not valid JSON: {e}"[:200])
+        body = loads_strict(raw)
+    except BodyError as e:
+        return _error(400, str(e))
     if not isinstance(body, dict):
         return _error(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body

@@ -10,7 +10,9 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
 
 1. API key -> tenant (401 when missing or unknown);
 2. the body, at most ``limits.max_body_bytes`` (413), parsed as a JSON object nested at most
-   ``limits.max_json_depth`` deep (400);
+   ``limits.max_json_depth`` deep (400; ``NaN``/``Infinity``/``-Infinity``, which are not JSON, are refused
+   naming the constant, and nesting deeper than the parser's recursion says "nested too deeply", as
+   engine-sim does);
 3. ``model`` -> base model and LoRA adapter (404 when not served); a client ``cache_salt``
    narrows the tenant's scope to ``tenant:salt``;
 4. the tenant's in-flight limit (429);
@@ -61,6 +63,7 @@ from quillcache.gateway.residency import EntryState, EventSink, ResidencyTracker
 from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, salt_for, scope_tenant
 from quillcache.gateway.clients import UPSTREAM_CLIENTS
 from quillcache.gateway.upstream import UpstreamFailure
+from quillcache.httpserve.jsonbody import BodyError, loads_strict
 from quillcache.identity.scope import make_identity
 from quillcache.index import open_index
 from quillcache.textproc import PromptError, load_chat_template, load_tokenizer, prompt_token_array
@@ -86,6 +89,14 @@ class GatewayError(Exception):
 
 def _error_body(status: int, message: str, kind: str) -> dict:
     return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def _parse_body(raw: bytes, max_depth: int) -> Any:
+    """A request body's strict JSON value (``httpserve.jsonbody``); ``GatewayError`` 400 naming what is wrong."""
+    try:
+        return loads_strict(raw, max_depth)
+    except BodyError as exc:
+        raise GatewayError(400, str(exc), "invalid_request_error") from None
 
 
 def _json_depth_ok(value: Any, max_depth: int) -> bool:
@@ -464,11 +475,7 @@ class Gateway:
                 chunks.append(chunk)
         except ClientDisconnect:
             raise GatewayError(400, "client disconnected while sending the body", "invalid_request_error") from None
-        raw = b"".join(chunks)
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise GatewayError(400, "request body is not valid JSON (UTF-8)", "invalid_request_error") from None
+        body = _parse_body(b"".join(chunks), self.config.limits.max_json_depth)
         if not isinstance(body, dict):
             raise GatewayError(400, f"request body must be a JSON object, got {type(body).__name__}",
                                "invalid_request_error")

@@ -44,6 +44,20 @@ class TenantKey:
     max_concurrency: int | None = None  # None: the gateway's default
 
 
+MIN_KEY_CHARS = 8
+
+
+def _check_key(key: object, where: str) -> str:
+    """``key`` when it is a usable API key; ``ConfigError`` naming ``where`` (the file and entry) otherwise. The
+    message never quotes the key: it is a secret, and a short one is still someone's."""
+    if not isinstance(key, str) or len(key) < MIN_KEY_CHARS or any(c.isspace() for c in key):
+        got = (f"a {type(key).__name__}" if not isinstance(key, str) else
+               "one with whitespace" if any(c.isspace() for c in key) else f"{len(key)} character(s)")
+        raise ConfigError(f"{where}: API keys must be strings of at least {MIN_KEY_CHARS} characters without "
+                          f"whitespace, got {got}")
+    return key
+
+
 def _check_tenant(tenant: object, where: str) -> str:
     if not isinstance(tenant, str) or not TENANT_ID_RE.fullmatch(tenant) or ":" in tenant:
         raise ConfigError(f"{where}: tenant {tenant!r:.80} must be 1-128 characters from [A-Za-z0-9._@-]")
@@ -54,9 +68,8 @@ class TenantTable:
     """API key -> :class:`TenantKey` (see module doc)."""
 
     def __init__(self, keys: Mapping[str, TenantKey]) -> None:
-        for k, v in keys.items():
-            if not isinstance(k, str) or len(k) < 8 or any(c.isspace() for c in k):
-                raise ConfigError("API keys must be strings of at least 8 characters without whitespace")
+        for i, (k, v) in enumerate(keys.items()):
+            _check_key(k, f"key table entry {i}")  # (from_file and from_env name the file or variable first)
             _check_tenant(v.tenant, "key table")
         if not keys:
             raise ConfigError(f"no API keys: give --keys FILE or set {KEYS_ENV}=key=tenant[,key=tenant...]")
@@ -98,7 +111,7 @@ class TenantTable:
             mc = item.get("max_concurrency")
             if mc is not None and (type(mc) is not int or mc < 1):
                 raise ConfigError(f"{where}: max_concurrency must be an integer >= 1, got {mc!r:.40}")
-            if item["key"] in keys:
+            if _check_key(item["key"], where) in keys:
                 raise ConfigError(f"{where}: duplicate key")
             keys[item["key"]] = TenantKey(_check_tenant(item.get("tenant"), where), mc)
         return cls(keys)
@@ -111,7 +124,7 @@ class TenantTable:
             key, sep, tenant = part.strip().partition("=")
             if not sep:
                 raise ConfigError(f"{KEYS_ENV} entry {i} is not key=tenant")
-            keys[key] = TenantKey(_check_tenant(tenant, f"{KEYS_ENV} entry {i}"))
+            keys[_check_key(key, f"{KEYS_ENV} entry {i}")] = TenantKey(_check_tenant(tenant, f"{KEYS_ENV} entry {i}"))
         return cls(keys)
 
 
