@@ -13,6 +13,7 @@ What it shows (review defect "transfer engine pre-auth exhaustion"):
 - All authenticated slots taken: a new client is answered BUSY, tries again, and is served once a slot
   frees; one whose deadline passes first ends TIMEOUT naming the server's reason.
 - A cap that is not a positive int is refused, naming the field.
+- A BUSY retry cut short by the deadline still names the server's reason (``tcp_client.retry_busy``).
 
 Servers are closed in ``finally`` (context managers); waits are polls with deadlines.
 """
@@ -26,13 +27,15 @@ import selectors
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from etcd_fixture import wait_until
 
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferError, TransferRequest
-from quillcache.transfer.backends import tcp_server
+from quillcache.transfer.backends import acceptor
+from quillcache.transfer.backends.tcp_client import retry_busy
 
 SECRET = "quillcache-transfer-tests-secret-0123456789"
 SERVER_LOG = "quillcache.transfer.server"
@@ -102,6 +105,23 @@ def _conn_threads() -> int:
     return sum(t.name.startswith("qc-transfer-conn") for t in threading.enumerate())
 
 
+def _read_then_write(client, address: str, rdesc, served: np.ndarray, rng, timeout_s: float, r: int):
+    """One round of a fresh client against ``served`` (``rdesc``) at ``address``: open the segment, READ a random
+    range and WRITE 4096 fresh bytes at its start, each checked to the byte. Returns (local, ldesc, seg, off)."""
+    local = np.zeros(REGION_BYTES, dtype=np.uint8)
+    ldesc = client.register_region(local)
+    seg = client.open_segment(address, timeout_s=timeout_s)
+    off, n = int(rng.integers(0, REGION_BYTES // 2)), int(rng.integers(1, REGION_BYTES // 2))
+    client.read(ldesc, 0, seg, rdesc.region_id, off, n, timeout_s=timeout_s)
+    assert local[:n].tobytes() == served[off:off + n].tobytes(), f"round {r}: READ bytes differ"
+    local[:4096] = rng.integers(0, 256, 4096, dtype=np.uint8)
+    (st,) = client.transfer_sync([TransferRequest(Op.WRITE, ldesc.region_id, 0, seg.segment_id, rdesc.region_id, off,
+                                                  4096)], timeout_s=timeout_s)
+    assert st.outcome is Outcome.COMPLETED, f"round {r}, WRITE: {st}"
+    assert served[off:off + 4096].tobytes() == local[:4096].tobytes(), f"round {r}: WRITE did not land"
+    return local, ldesc, seg, off
+
+
 def test_silent_connections_cannot_starve_authenticated_clients():
     preauth, rounds, round_deadline_s = 16, 6, 5.0
     config = TcpConfig(max_preauth_connections=preauth, max_server_connections=8, auth_timeout_s=0.5)
@@ -112,28 +132,23 @@ def test_silent_connections_cannot_starve_authenticated_clients():
         srv = server.backend.server
         rdesc = server.register_region(served)
         with _attack(server.address, target=8 * preauth) as attacker:
-            _poll(lambda: srv.preauth_connections() == preauth and srv.stats.preauth_evicted >= 4 * preauth, 10,
+            # the flood under way: every pre-auth slot taken, and dropped connections opened again (twice over)
+            _poll(lambda: srv.preauth_connections() == preauth and attacker.opened >= 16 * preauth, 10,
                   "the attacker taking every pre-auth slot")
             for r in range(rounds):
+                # a round takes a few ms, less than the attacker may take to open again what the server dropped:
+                # start it only once the attacker holds every slot again, so the client has to take one from it
+                _poll(lambda: srv.preauth_connections() == preauth, 10, f"round {r}: the attacker refilling the slots")
                 evicted_before = srv.stats.preauth_evicted
                 t0 = time.monotonic()
                 with TransferEngine("tcp", secret=SECRET, serve=False,
                                     config=TcpConfig(connections_per_peer=2)) as client:  # fresh connections
-                    local = np.zeros(REGION_BYTES, dtype=np.uint8)
-                    ldesc = client.register_region(local)
-                    seg = client.open_segment(server.address, timeout_s=round_deadline_s)
-                    off, n = int(rng.integers(0, REGION_BYTES // 2)), int(rng.integers(1, REGION_BYTES // 2))
-                    client.read(ldesc, 0, seg, rdesc.region_id, off, n, timeout_s=round_deadline_s)
-                    assert local[:n].tobytes() == served[off:off + n].tobytes(), f"round {r}: READ bytes differ"
-                    fresh = rng.integers(0, 256, 4096, dtype=np.uint8)
-                    local[:4096] = fresh
-                    reqs = [TransferRequest(Op.WRITE, ldesc.region_id, 0, seg.segment_id, rdesc.region_id, off, 4096),
-                            TransferRequest(Op.READ, ldesc.region_id, 8192, seg.segment_id, rdesc.region_id, off, 4096)]
-                    for i, st in enumerate(client.transfer_sync(reqs[:1], timeout_s=round_deadline_s)
-                                           + client.transfer_sync(reqs[1:], timeout_s=round_deadline_s)):
-                        assert st.outcome is Outcome.COMPLETED, f"round {r}, request {i}: {st}"
-                    assert served[off:off + 4096].tobytes() == fresh.tobytes(), f"round {r}: WRITE did not land"
-                    assert local[8192:8192 + 4096].tobytes() == fresh.tobytes(), f"round {r}: read-back differs"
+                    local, ldesc, seg, off = _read_then_write(client, server.address, rdesc, served, rng,
+                                                              round_deadline_s, r)
+                    back = TransferRequest(Op.READ, ldesc.region_id, 8192, seg.segment_id, rdesc.region_id, off, 4096)
+                    (st,) = client.transfer_sync([back], timeout_s=round_deadline_s)
+                    assert st.outcome is Outcome.COMPLETED, f"round {r}, read-back: {st}"
+                    assert local[8192:8192 + 4096].tobytes() == local[:4096].tobytes(), f"round {r}: read-back differs"
                     busy_retries = client.backend.client.stats.busy_retries
                 took = time.monotonic() - t0
                 assert took < round_deadline_s, f"round {r} took {took:.2f} s ({busy_retries} BUSY retries)"
@@ -148,7 +163,7 @@ def test_silent_connections_cannot_starve_authenticated_clients():
 
 def test_a_flood_of_dropped_connections_leaves_a_bounded_log(caplog, monkeypatch):
     window_s, floods = 0.3, 2000
-    monkeypatch.setattr(tcp_server, "DROP_LOG_WINDOW_S", window_s)
+    monkeypatch.setattr(acceptor, "DROP_LOG_WINDOW_S", window_s)  # read when the server is built
     caplog.set_level(logging.WARNING, logger=SERVER_LOG)
     config = TcpConfig(max_preauth_connections=4, auth_timeout_s=0.2)
     t0 = time.monotonic()
@@ -171,7 +186,7 @@ def test_a_flood_of_dropped_connections_leaves_a_bounded_log(caplog, monkeypatch
     summaries = [m for m in lines if "unauthenticated connections dropped in the last" in m]
     single = [m for m in lines if m not in summaries]
     windows = elapsed_s / window_s + 1
-    assert len(lines) <= (tcp_server.DROP_LOG_BURST + 1) * windows, \
+    assert len(lines) <= (acceptor.DROP_LOG_BURST + 1) * windows, \
         f"{len(lines)} warning lines for {total} dropped connections in {elapsed_s:.1f} s"
     # every drop is logged one by one or counted in exactly one summary
     unlogged = sum(int(re.search(r"; (\d+) of them not logged one by one", m).group(1)) for m in summaries)
@@ -228,3 +243,31 @@ def test_a_client_is_answered_busy_while_every_authenticated_slot_is_taken_and_s
 def test_config_rejects_a_bad_preauth_cap_naming_the_field(value):
     with pytest.raises(ValueError, match="max_preauth_connections"):
         TcpConfig(max_preauth_connections=value)
+
+
+def test_retry_busy_names_the_busy_reason_when_the_deadline_cuts_a_later_try():
+    """A try after a BUSY answer that the deadline cuts short (the server had no time to answer) still ends
+    naming the server's reason; a timeout with no BUSY answer before it passes through as it is."""
+
+    class Busy(Exception):
+        pass
+
+    def connect_busy_then_cut(answers: list[str]):
+        def connect() -> None:
+            if answers:
+                raise Busy(answers.pop())
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            raise socket.timeout("deadline passed")
+        return connect
+
+    stats, logger = SimpleNamespace(busy_retries=0), logging.getLogger(SERVER_LOG)
+    deadline = time.monotonic() + 1.0
+    with pytest.raises(socket.timeout, match=r"^127.0.0.1:1 is busy: already serving 1 authenticated connections "
+                                             r"\(tried again until the deadline\)$"):
+        retry_busy(connect_busy_then_cut(["127.0.0.1:1 is busy: already serving 1 authenticated connections"]), Busy,
+                   deadline, stats, logger)
+    assert stats.busy_retries == 1
+    deadline = time.monotonic() + 0.05
+    with pytest.raises(socket.timeout, match=r"^deadline passed$"):
+        retry_busy(connect_busy_then_cut([]), Busy, deadline, stats, logger)
+    assert stats.busy_retries == 1

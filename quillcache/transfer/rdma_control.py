@@ -8,7 +8,14 @@ client answers PROOF (``client_proof``/``encode_proof``), the server checks it i
 (``decode_proof``) and answers ACCEPT (``server_proof``/``encode_accept``), which the client checks
 (``decode_accept``). Both sides prove the cluster's secret; neither sends it. Then the client sends
 its QP record and the server answers with its own; a later record on the same connection is a
-refresh.
+refresh. A server with no slot for the connection (its authenticated slots are full, or it dropped
+this connection, still authenticating, for a newer one) sends, in place of HELLO or ACCEPT, the TCP
+protocol's response frame with status BUSY and a reason, then closes; ``connect_peer`` raises
+``Busy`` for it (the caller may try again on a fresh connection: nothing was exchanged yet).
+
+The serving side does not use ``accept_peer`` any more: ``RdmaBackend`` runs the handshake without
+blocking on the accepting thread of its ``PreauthAcceptor`` (see ``backends/acceptor`` and
+``backends/rdma``); ``accept_peer`` stays as the blocking reference of the same exchange.
 
 Invariants:
 - Every read is bounded: a record's header is validated (``read_region_count``) before its region
@@ -26,9 +33,10 @@ import time
 
 from quillcache.transfer import protocol as P
 from quillcache.transfer.rdma_info import HEADER, REGION, QpInfo, decode_qp_info, encode_qp_info, read_region_count
-from quillcache.transfer.types import AuthenticationError
+from quillcache.transfer.types import AuthenticationError, ProtocolError
 
-__all__ = ["CTRL_IDLE_S", "accept_peer", "alive", "connect_peer", "recv_exact", "recv_info", "send_all", "send_info"]
+__all__ = ["CTRL_IDLE_S", "Busy", "accept_peer", "alive", "connect_peer", "recv_exact", "recv_info", "send_all",
+           "send_info", "tune"]
 
 CTRL_IDLE_S = 365 * 86400.0
 
@@ -74,14 +82,34 @@ def alive(sock: socket.socket | None) -> bool:
     return False
 
 
-def _tune(sock: socket.socket) -> None:
+class Busy(Exception):
+    """The server answered the handshake BUSY: no slot for this connection now; a fresh one may get one later."""
+
+
+def tune(sock: socket.socket) -> None:
+    """Every control connection: no Nagle delay (records are small), TCP keepalive (no idle timeout)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
+def _handshake_frame(sock: socket.socket, size: int, progress_s: float, deadline: float, where: str) -> bytes:
+    """The server's next handshake frame of ``size`` bytes. A response frame in its place is a refusal: BUSY
+    raises ``Busy``, any other status ``ProtocolError``, each with the server's reason."""
+    head = recv_exact(sock, P.RESPONSE.size, progress_s, deadline)  # HELLO and ACCEPT are longer than a response
+    if head[:4] != P.RESPONSE_MAGIC:
+        return head + recv_exact(sock, size - P.RESPONSE.size, progress_s, deadline)
+    resp = P.decode_response(head)  # a refusal's reason is at most MAX_REASON_BYTES
+    if resp.status is P.Status.OK:
+        raise ProtocolError(f"{where} answered OK in place of a handshake frame")
+    reason = recv_exact(sock, resp.length, progress_s, deadline).decode("utf-8", "replace") if resp.length else ""
+    if resp.status is P.Status.BUSY:
+        raise Busy(f"{where} is busy: {reason}")
+    raise ProtocolError(f"{where} refused the control connection ({resp.status.name}): {reason}")
+
+
 def accept_peer(sock: socket.socket, secret: bytes, auth_timeout_s: float) -> None:
-    """The serving half of the handshake; ``AuthenticationError``/``ProtocolError``/``OSError`` refuse."""
-    _tune(sock)
+    """The serving half of the handshake, blocking; ``AuthenticationError``/``ProtocolError``/``OSError`` refuse."""
+    tune(sock)
     nonce = P.new_nonce()
     send_all(sock, P.encode_hello(nonce), auth_timeout_s)
     proof = recv_exact(sock, P.PROOF.size, auth_timeout_s, first_s=auth_timeout_s)
@@ -91,20 +119,23 @@ def accept_peer(sock: socket.socket, secret: bytes, auth_timeout_s: float) -> No
 
 def connect_peer(host: str, port: int, secret: bytes, *, connect_timeout_s: float, auth_timeout_s: float,
                  progress_s: float, deadline: float) -> socket.socket:
-    """Connect (bounded by ``connect_timeout_s`` and ``deadline``) and authenticate; the caller owns the socket."""
+    """Connect (bounded by ``connect_timeout_s`` and ``deadline``) and authenticate; the caller owns the socket.
+
+    ``Busy`` when the server answers BUSY in place of HELLO or ACCEPT (the socket is closed)."""
     timeout = max(0.001, min(connect_timeout_s, deadline - time.monotonic()))
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
-        _tune(sock)
+        tune(sock)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         hs_deadline = min(deadline, time.monotonic() + auth_timeout_s + connect_timeout_s)
-        server_nonce = P.decode_hello(recv_exact(sock, P.HELLO.size, progress_s, hs_deadline))
+        server_nonce = P.decode_hello(_handshake_frame(sock, P.HELLO.size, progress_s, hs_deadline, where))
         client_nonce = P.new_nonce()
         send_all(sock, P.encode_proof(client_nonce, P.client_proof(secret, server_nonce, client_nonce)),
                  progress_s, hs_deadline)
         try:
-            accept = recv_exact(sock, P.ACCEPT.size, progress_s, hs_deadline)
+            accept = _handshake_frame(sock, P.ACCEPT.size, progress_s, hs_deadline, where)
         except ConnectionError:
-            raise AuthenticationError(f"{host}:{port} closed the control connection during authentication "
+            raise AuthenticationError(f"{where} closed the control connection during authentication "
                                       "(wrong shared secret?)") from None
         P.decode_accept(accept, secret, server_nonce, client_nonce)
     except BaseException:

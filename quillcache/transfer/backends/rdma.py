@@ -48,6 +48,23 @@ What it does:
   in error completes everything after it as flushed).
 - ``lanes`` is 1: one QP per peer, and concurrent ``execute`` calls to one peer take turns on it
   (a CQ is polled by one thread at a time, so no thread sees another's completions).
+
+The control listener against peers that do not know the secret: ``acceptor.PreauthAcceptor``, the TCP
+server's listener (its docstring states the rules), with the control connections' wording and this
+module's logger, counting in ``ctrl_stats``:
+
+- Authentication runs on the accepting thread (``qc-rdma-ctrl:PORT``) without a thread per connection;
+  only an authenticated connection gets a thread of its own (``qc-rdma-ctrl-conn:PORT``), which sends
+  ACCEPT and then serves its QP. So the control threads are at most one plus ``max_server_connections``
+  (and any that have just let their slot go and are ending), however many connections are opened.
+- The caps ``max_server_connections`` (authenticated control connections, ``_ctrl``) and
+  ``max_preauth_connections`` (authenticating ones, the oldest answered BUSY for a newer one),
+  ``auth_timeout_s``, and the rate-limited log of dropped connections are the acceptor's.
+- The initiating side tries a BUSY answer again on a fresh connection (``tcp_client.retry_busy``: a
+  jittered backoff until its deadline, then it gives up naming the server's reason;
+  ``ctrl_stats.busy_retries``).
+- ``close`` closes the acceptor (no connection is handed over after it, and every authenticating one is
+  closed), then shuts every authenticated connection and joins every thread.
 """
 
 from __future__ import annotations
@@ -62,9 +79,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from quillcache.transfer import rdma_control as C
+from quillcache.transfer.backends.acceptor import AcceptorStats, PreauthAcceptor
 from quillcache.transfer.backends.sockets import TcpConfig
 from quillcache.transfer.backends.tcp import _secret_bytes
-from quillcache.transfer.backends.tcp_client import TcpClient
+from quillcache.transfer.backends.tcp_client import TcpClient, retry_busy
 from quillcache.transfer.backends.tcp_server import TcpServer
 from quillcache.transfer.batch import Item
 from quillcache.transfer.rdma_info import ZERO_GID, QpInfo, gid_from_str
@@ -94,9 +112,16 @@ from quillcache.transfer.types import (
     TransferError,
 )
 
-__all__ = ["RdmaBackend", "RdmaConfig", "RdmaProbe", "probe"]
+__all__ = ["CtrlStats", "RdmaBackend", "RdmaConfig", "RdmaProbe", "probe"]
 
 log = logging.getLogger("quillcache.transfer.rdma")
+
+
+@dataclass
+class CtrlStats(AcceptorStats):
+    """Counters of the control listener (serving side: the acceptor's) and of BUSY answers met when connecting."""
+
+    busy_retries: int = 0     # initiating side: control connections a peer answered BUSY, tried again
 
 
 # ---- the backend ----------------------------------------------------------------------------------------------
@@ -143,9 +168,9 @@ class RdmaBackend:
         self._mrs: MrTable | None = None
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
-        self._lsock: socket.socket | None = None
-        self._acceptor: threading.Thread | None = None
-        self._ctrl: dict[socket.socket, threading.Thread] = {}
+        self._acceptor: PreauthAcceptor | None = None
+        self._ctrl: dict[socket.socket, threading.Thread] = {}  # authenticated, each with its thread (_lock)
+        self.ctrl_stats = CtrlStats()
         self._closing = False
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
@@ -169,10 +194,11 @@ class RdmaBackend:
             self._server_cq = v.cq.CQ(self._ctx, self.rdma_config.cq_entries)
             self._mrs = MrTable(v, self._pd, regions)
             self.server = TcpServer(regions, self.secret, self.config, self.host, self.port_tcp)
-            self._lsock = socket.create_server((self.host, self.ctrl_port), backlog=64)
-            ctrl_port = self._lsock.getsockname()[1]
-            self._acceptor = threading.Thread(target=self._accept_loop, name=f"qc-rdma-ctrl:{ctrl_port}",
-                                              daemon=True)
+            self._acceptor = PreauthAcceptor(self.host, self.ctrl_port, self.secret, self.config, self.ctrl_stats,
+                                             lock=self._lock, conns=self._ctrl, serve=self._serve_ctrl, log=log,
+                                             label="RDMA control", listener="RDMA control listener",
+                                             thread_name="qc-rdma-ctrl", conn_thread_name="qc-rdma-ctrl-conn")
+            ctrl_port = self._acceptor.port
             self._acceptor.start()
         except v.errors.PyverbsError as err:
             self.close()
@@ -190,20 +216,15 @@ class RdmaBackend:
             self._closing = True
             peers = list(self._peers.values())
             self._peers.clear()
+        if self._acceptor is not None:
+            self._acceptor.close()  # no control connection is handed over from here on: _ctrl is complete
+        with self._lock:
             ctrl = dict(self._ctrl)
-        if self._lsock is not None:
-            try:
-                self._lsock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._lsock.close()
         for s in ctrl:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._acceptor is not None:
-            self._acceptor.join(timeout=5)
         for t in ctrl.values():
             t.join(timeout=5)
         for peer in peers:
@@ -245,34 +266,27 @@ class RdmaBackend:
     def _recv_info(self, sock: socket.socket, deadline: float | None, first_s: float | None = None) -> QpInfo:
         return C.recv_info(sock, self.config.progress_timeout_s, self.rdma_config.max_regions, deadline, first_s)
 
-    # serving side
+    # serving side: the acceptor accepts, challenges and checks proofs (module docstring)
 
-    def _accept_loop(self) -> None:
-        assert self._lsock is not None
-        while True:
-            try:
-                sock, peer = self._lsock.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._closing:
-                    sock.close()
-                    return
-                if len(self._ctrl) >= self.config.max_server_connections:
-                    log.warning("refusing RDMA control connection from %s: already %d", peer, len(self._ctrl))
-                    sock.close()
-                    continue
-                t = threading.Thread(target=self._serve_ctrl, args=(sock, peer), daemon=True,
-                                     name=f"qc-rdma-ctrl-conn:{peer[1]}")
-                self._ctrl[sock] = t
-            t.start()
+    def ctrl_connections(self) -> int:
+        """Authenticated control connections held (at most ``max_server_connections``)."""
+        with self._lock:
+            return len(self._ctrl)
 
-    def _serve_ctrl(self, sock: socket.socket, peer: tuple) -> None:
+    def preauth_connections(self) -> int:
+        """Control connections still authenticating (at most ``max_preauth_connections``)."""
+        return 0 if self._acceptor is None else self._acceptor.authenticating()
+
+    # one thread per authenticated control connection (the acceptor adds it to _ctrl and starts it)
+
+    def _serve_ctrl(self, sock: socket.socket, peer: tuple, accept: bytes) -> None:
         cfg = self.config
         qp = None
         first: QpInfo | None = None
         try:
-            C.accept_peer(sock, self.secret, cfg.auth_timeout_s)
+            sock.setblocking(True)
+            C.tune(sock)
+            C.send_all(sock, accept, cfg.auth_timeout_s)
             psn = secrets.randbits(24)
             while True:
                 # no idle timeout: RDMA traffic never touches this connection, and closing it kills the QP
@@ -288,7 +302,7 @@ class RdmaBackend:
                 if theirs is first:
                     self._to_rts(qp, mine, theirs)
                 self._send_info(sock, mine, None)
-        except (AuthenticationError, ProtocolError) as err:
+        except ProtocolError as err:  # from a peer that proved the secret: rare, and worth a line each
             log.warning("closing RDMA control connection from %s: %s", peer, err)
         except ConnectionError as err:
             log.debug("RDMA control connection from %s ended: %s", peer, err)
@@ -315,13 +329,22 @@ class RdmaBackend:
             return peer
 
     def _connect(self, peer: _Peer, deadline: float) -> None:
-        """Open the control connection, exchange QP records and bring a fresh QP to RTS (peer.lock held)."""
+        """Open the control connection, exchange QP records and bring a fresh QP to RTS (peer.lock held).
+
+        A peer that answers BUSY is tried again on a fresh connection with a jittered backoff until ``deadline``
+        (then ``socket.timeout`` naming its reason: ``retry_busy``)."""
         assert self._v is not None
         cfg = self.config
         host, _, ctrl = parse_rdma_address(peer.address)
-        sock = C.connect_peer(host, ctrl, self.secret, connect_timeout_s=cfg.connect_timeout_s,
-                              auth_timeout_s=cfg.auth_timeout_s, progress_s=cfg.progress_timeout_s,
-                              deadline=deadline)
+
+        def connect() -> socket.socket:
+            if self._closing:
+                raise TransferError("the transfer engine is closed")
+            return C.connect_peer(host, ctrl, self.secret, connect_timeout_s=cfg.connect_timeout_s,
+                                  auth_timeout_s=cfg.auth_timeout_s, progress_s=cfg.progress_timeout_s,
+                                  deadline=deadline)
+
+        sock = retry_busy(connect, C.Busy, deadline, self.ctrl_stats, log)
         try:
             peer.sock = sock
             peer.cq = self._v.cq.CQ(self._ctx, self.rdma_config.cq_entries)

@@ -26,7 +26,8 @@ Invariants:
   authenticating, to make room for a newer one) is tried again on a fresh connection after a jittered
   backoff that doubles from ``BUSY_RETRY_FIRST_S`` up to ``BUSY_RETRY_MAX_S``, until the deadline of
   the requests that need the connection (then they end TIMEOUT naming the server's reason). Nothing
-  was requested on a connection that was not accepted, so nothing is sent twice.
+  was requested on a connection that was not accepted, so nothing is sent twice. (``retry_busy``, which
+  the RDMA backend's control connections use too.)
 - READ requests of a batch are sent in bursts: the window is refilled once half of it has been
   answered, with one send for all the new headers. A WRITE carries its payload (one send each) and
   is sent as soon as the window has room, so the peer always has payload to take.
@@ -44,7 +45,9 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from quillcache.transfer import protocol as P
 from quillcache.transfer.backends.sockets import Channel, TcpConfig, fast_channel, tune_socket
@@ -59,13 +62,41 @@ from quillcache.transfer.types import (
     TransferTimeoutError,
 )
 
-__all__ = ["ClientStats", "TcpClient", "parse_address"]
+__all__ = ["ClientStats", "TcpClient", "parse_address", "retry_busy"]
 
 log = logging.getLogger("quillcache.transfer.client")
 _TIMEOUT, _DEADLINE, _CLOSED, _MISMATCH = 1, 2, 3, 5  # FastChannel outcome codes (0: OK, 4: OSError)
 _REQUEST_IDS = itertools.count(1)
 BUSY_RETRY_FIRST_S = 0.002  # the first wait before connecting again to a server that answered BUSY ...
 BUSY_RETRY_MAX_S = 0.1  # ... doubled per BUSY answer in a row up to this (each wait jittered down to half)
+T = TypeVar("T")
+
+
+def retry_busy(connect: Callable[[], T], busy: type[Exception], deadline: float, stats: Any,
+               logger: logging.Logger) -> T:
+    """``connect()``, tried again on a fresh connection while it raises ``busy`` (the server answered the
+    handshake BUSY; nothing was requested yet): each time counted in ``stats.busy_retries`` and after a
+    jittered backoff that doubles from ``BUSY_RETRY_FIRST_S`` up to ``BUSY_RETRY_MAX_S`` (logged at debug
+    level on ``logger``); once the next wait would pass ``deadline``, or ``deadline`` passes during a try
+    after a BUSY answer, ``socket.timeout`` naming the server's reason. Other exceptions of ``connect`` pass
+    through."""
+    wait_s, busy_answer = BUSY_RETRY_FIRST_S, None
+    while True:
+        try:
+            return connect()
+        except socket.timeout:
+            if busy_answer is None or time.monotonic() < deadline:
+                raise
+            raise socket.timeout(f"{busy_answer} (tried again until the deadline)") from None
+        except busy as e:
+            busy_answer = e
+            stats.busy_retries += 1
+            pause_s = wait_s * random.uniform(0.5, 1.0)
+            if deadline - time.monotonic() <= pause_s:
+                raise socket.timeout(f"{e} (tried again until the deadline)") from None
+            logger.debug("%s; connecting again in %.3f s", e, pause_s)
+            time.sleep(pause_s)
+            wait_s = min(wait_s * 2, BUSY_RETRY_MAX_S)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -149,18 +180,7 @@ class TcpClient:
     def _connect(self, address: str, deadline: float) -> _Conn:
         """A fresh authenticated connection; a BUSY server is tried again with backoff until ``deadline``
         (then ``socket.timeout`` naming its reason)."""
-        wait_s = BUSY_RETRY_FIRST_S
-        while True:
-            try:
-                return self._connect_once(address, deadline)
-            except _Busy as e:
-                self.stats.busy_retries += 1
-                pause_s = wait_s * random.uniform(0.5, 1.0)
-                if deadline - time.monotonic() <= pause_s:
-                    raise socket.timeout(f"{e} (tried again until the deadline)") from None
-                log.debug("%s; connecting again in %.3f s", e, pause_s)
-                time.sleep(pause_s)
-                wait_s = min(wait_s * 2, BUSY_RETRY_MAX_S)
+        return retry_busy(lambda: self._connect_once(address, deadline), _Busy, deadline, self.stats, log)
 
     @staticmethod
     def _handshake_frame(ch: Channel, size: int, deadline: float, address: str) -> bytes:
