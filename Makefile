@@ -38,8 +38,12 @@ $(XSTAMP): $(STAMP)
 	$(PIP) install --quiet -e '.[dev,experiments,gateway-baselines]'
 	touch $(XSTAMP)
 
+# The suite on TEST_WORKERS processes (pytest-xdist; a file's tests stay on one worker, so its fixtures are
+# shared as before), then the tests marked `serial` (timing-sensitive) alone.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=10
+	$(PY) -m pytest -q -m serial
 
 # One study (or group) alone, in the profile asked for; `make figures paper` afterwards redraws.
 RUN := $(PY) -m experiments --no-report --profile $(PROFILE) --only

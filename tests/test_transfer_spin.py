@@ -36,6 +36,9 @@ from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, Transfer
 from quillcache.transfer.backends.sockets import Channel, tune_socket
 from quillcache.transfer.peer import PeerProcess, fill_pattern
 
+# Spin budgets against a peer process: run alone (make test runs `serial` tests after the parallel part).
+pytestmark = pytest.mark.serial
+
 SECRET = "quillcache-transfer-spin-tests-secret-0123"
 MiB = 1 << 20
 LONG_SPIN_US = 1_000_000
