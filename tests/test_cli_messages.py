@@ -404,3 +404,14 @@ def test_replay_and_hitrate_report_a_failed_write_through_it(command, tmp_path, 
     assert _one_line(capsys.readouterr().err) == \
         f"quillcache {command}: error: cannot write results under {tmp_path / 'out'}: No space left on device"
     assert seen == [command]
+
+
+@pytest.mark.parametrize("dram_bytes", [4097, 1_000_000, 0, 4096.0, True, "8MiB"])
+def test_local_cluster_refuses_dram_a_node_would_refuse(dram_bytes):
+    """``LocalCluster`` hands ``dram_bytes`` to ``quillcache node --dram``, which takes whole pages only: refused
+    in the constructor, before any process starts (was: a node start failure after the master had started)."""
+    from quillcache.pool.cluster import LocalCluster
+
+    with pytest.raises(ValueError, match=r"dram_bytes must be an int multiple of 4096"):
+        LocalCluster(1, dram_bytes=dram_bytes)
+    assert LocalCluster(1, dram_bytes=8 << 20).dram_bytes == 8 << 20

@@ -46,6 +46,7 @@ from quillcache.master.client import MasterClient
 __all__ = ["MAX_NODES", "ClusterError", "ClusterStatus", "LocalCluster", "NodeProcess", "NodeStatus"]
 
 MiB = 1 << 20
+PAGE_BYTES = 4096  # a node's --dram is a whole number of pages (cli.argtypes.size_arg)
 MAX_NODES = 16  # node processes one LocalCluster starts at most (they all boot at once on this machine)
 STOP_TIMEOUT_S = 10.0  # SIGTERM to SIGKILL, for every child together
 # held while a child is spawned and recorded (see the module docstring)
@@ -190,7 +191,11 @@ class LocalCluster:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be an int in [1, {MAX_NODES}], got {nodes!r}")
         self.num_nodes = nodes
-        self.dram_bytes = int(dram_bytes)
+        if isinstance(dram_bytes, bool) or not isinstance(dram_bytes, int) or dram_bytes < PAGE_BYTES \
+                or dram_bytes % PAGE_BYTES:
+            raise ValueError(f"dram_bytes must be an int multiple of {PAGE_BYTES} (what `quillcache node --dram` "
+                             f"takes), got {dram_bytes!r}")
+        self.dram_bytes = dram_bytes
         self.ssd = bool(ssd)
         self.ssd_bytes = ssd_bytes
         self.use_etcd = bool(etcd)
