@@ -415,3 +415,30 @@ def test_local_cluster_refuses_dram_a_node_would_refuse(dram_bytes):
     with pytest.raises(ValueError, match=r"dram_bytes must be an int multiple of 4096"):
         LocalCluster(1, dram_bytes=dram_bytes)
     assert LocalCluster(1, dram_bytes=8 << 20).dram_bytes == 8 << 20
+
+
+def test_cluster_up_stopped_as_its_line_goes_out_is_a_normal_stop(monkeypatch, capsys):
+    """A stop signal handled while ``cluster up`` prints its JSON line (a reader that stops the cluster as soon as it
+    sees the line: the fresh-clone CI run under load hit this window) ends it with 0 and stops every child, as one
+    while it serves does (was: exit 129 and "stopped by SIGHUP", as if start-up had been interrupted)."""
+    import signal
+
+    from quillcache.cli.signals import Terminated
+    from quillcache.pool.cluster import LocalCluster
+
+    closed = []
+    monkeypatch.setattr(LocalCluster, "start", lambda self: None)
+    monkeypatch.setattr(LocalCluster, "close", lambda self: closed.append(True))
+    monkeypatch.setattr(LocalCluster, "master_address", "tcp://127.0.0.1:1", raising=False)
+    monkeypatch.setattr(LocalCluster, "base_dir", "/nonexistent", raising=False)
+
+    class SignalAtFlush:
+        def write(self, text):
+            return len(text)
+
+        def flush(self):
+            raise Terminated(signal.SIGHUP)
+
+    monkeypatch.setattr("sys.stdout", SignalAtFlush())
+    assert main(["cluster", "up", "--nodes", "1", "--dram", "16MiB"]) == 0
+    assert closed == [True]

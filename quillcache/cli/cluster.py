@@ -94,12 +94,15 @@ def _up(args) -> int:
             print(f"quillcache cluster up: {describe(exc)} while starting; every process it started was stopped",
                   file=sys.stderr)
             return exit_status(exc)
-        print(json.dumps({"master": cluster.master_address, "base_dir": str(cluster.base_dir),
-                          "secret_env": "QUILLCACHE_TRANSFER_SECRET", "secret": cluster.secret,
-                          "etcd": cluster.etcd.endpoint if cluster.etcd is not None else None,
-                          "nodes": [{"node_id": n.node_id, "pid": n.pid, "transfer": n.transfer_address,
-                                     "control": n.control_address} for n in cluster.nodes]}), flush=True)
+        up = json.dumps({"master": cluster.master_address, "base_dir": str(cluster.base_dir),
+                         "secret_env": "QUILLCACHE_TRANSFER_SECRET", "secret": cluster.secret,
+                         "etcd": cluster.etcd.endpoint if cluster.etcd is not None else None,
+                         "nodes": [{"node_id": n.node_id, "pid": n.pid, "transfer": n.transfer_address,
+                                    "control": n.control_address} for n in cluster.nodes]})
+        # the print is inside the try: a signal handled right after the line went out (a reader that stops the
+        # cluster as soon as it sees it) is the normal stop, not an interrupted start
         try:
+            print(up, flush=True)
             while True:
                 time.sleep(SERVE_POLL_S)
         except KeyboardInterrupt:  # the way to stop it: every child is stopped below
