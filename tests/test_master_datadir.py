@@ -209,7 +209,8 @@ def test_bad_data_dir_values_are_refused_with_exit_2(tmp_path):
     a_file.write_bytes(b"precious")
     cases = [("", "--data-dir '' is empty"),
              (str(a_file), f"--data-dir {a_file} is a file, not a directory"),
-             (str(a_file / "sub"), f"--data-dir {a_file / 'sub'} cannot be created (Not a directory)"),
+             (str(a_file / "sub"),
+              f"--data-dir {a_file / 'sub'} cannot be created: {a_file} is a file, not a directory"),
              ("/proc/quillcache-test", "--data-dir /proc/quillcache-test cannot be created")]
     for value, want in cases:
         res = _run_master("--data-dir", value)

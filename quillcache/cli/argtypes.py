@@ -138,13 +138,16 @@ def size_arg(text: str) -> int:
     return value
 
 
-def directory_problem(flag: str, path: str) -> str | None:
+def directory_problem(flag: str, path: str, writes: str | None = None) -> str | None:
     """Why ``path`` (typed as ``flag``) cannot be the directory a command writes in, a sentence naming both;
     None when it can: an existing directory, or a missing one, which is then created (with its parents).
-    A file (or a special file, or a dangling symlink) in the way is refused, never replaced."""
+    A file (or a special file, or a dangling symlink) in the way is refused, never replaced. With ``writes``
+    (what the command writes there, for the message), an existing directory must also be writable."""
     if not path.strip():
         return f"{flag} {path!r} is empty: it must name a directory"
     if os.path.isdir(path):
+        if writes is not None and not os.access(path, os.W_OK | os.X_OK):
+            return f"{flag} {path} is not writable ({writes})"
         return None
     if os.path.lexists(path):
         kind = ("a file" if os.path.isfile(path) else "a symlink to nothing" if not os.path.exists(path)

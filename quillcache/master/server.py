@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable
 
 from quillcache._checks import check_float
+from quillcache.cli.argtypes import directory_problem
 from quillcache.durability.wal import WalError
 from quillcache.master.datadir import DataDirInUseError
 from quillcache.master.errors import InvalidParamsError, MasterError
@@ -225,21 +226,7 @@ def _check_durations(args) -> None:
 def _prepare_data_dir(path: str) -> str | None:
     """Create the data dir ``path`` when it is missing; what makes it unusable (a sentence naming it), or None.
     Reads and creates nothing else: what is inside is the service's business (its lock, then recovery)."""
-    if not path.strip():
-        return f"--data-dir {path!r} is empty: it must name a directory"
-    if os.path.isdir(path):
-        if not os.access(path, os.W_OK | os.X_OK):
-            return f"--data-dir {path} is not writable (the master writes its log and snapshots there)"
-        return None
-    if os.path.lexists(path):
-        kind = ("a file" if os.path.isfile(path) else "a symlink to nothing" if not os.path.exists(path)
-                else "a special file")
-        return f"--data-dir {path} is {kind}, not a directory"
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        return f"--data-dir {path} cannot be created ({e.strerror or e})"
-    return None
+    return directory_problem("--data-dir", path, writes="the master writes its log and snapshots there")
 
 
 def run_server(args) -> int:
