@@ -318,6 +318,13 @@ def test_node_refuses_a_heartbeat_out_of_range_at_parse_time(node_stub, value, c
     assert f"argument --heartbeat-s: {value!r} is not in (0, 86400]" in line and not node_stub
 
 
+@pytest.mark.parametrize("value", ["localhost", "tcp://h:0", "tcp://h:70000", "http://h:1", ""])
+def test_node_refuses_a_malformed_master_address_at_parse_time(node_stub, value, capsys):
+    # was: accepted, and the node failed connecting (exit 1); cluster status already checked its --master
+    line = _usage_error(["node", "--master", value, "--dram", "16MiB"], capsys)
+    assert f"argument --master: {value!r} is not an address" in line and not node_stub
+
+
 def test_node_heartbeat_bounds_are_pool_nodes():
     from quillcache.cli import node
     from quillcache.pool.node import MAX_HEARTBEAT_S

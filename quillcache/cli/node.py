@@ -24,7 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (f"environment: {SECRET_ENV} is required: the pool's shared transfer secret (at least "
                      f"{MIN_SECRET_BYTES} bytes, the same for every node and client of the pool; never sent). "
                      f"`quillcache cluster up` prints the one its nodes use.")
-    parser.add_argument("--master", required=True, metavar="ADDR", help="the master's address (tcp://HOST:PORT)")
+    parser.add_argument("--master", required=True, type=argtypes.address, metavar="ADDR",
+                        help="the master's address (tcp://HOST:PORT)")
     parser.add_argument("--dram", required=True, type=argtypes.size_arg, metavar="SIZE",
                         help="DRAM to contribute, a multiple of 4096 bytes, e.g. 1GiB")
     parser.add_argument("--ssd", metavar="DIR",
