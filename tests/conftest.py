@@ -4,8 +4,9 @@
 - ``trace_path``: the shared Mooncake conversation trace, found ONLY through
   ``quillcache.traces.loader.default_trace_path()`` (which honours $QUILLCACHE_TRACE); a test that
   takes the fixture is skipped, naming the path it looked at, when the file is absent.
-- ``quick_run``: an experiment's quick profile, run at most ONCE per test session (every test that
-  checks its output shares the run), so ``make test`` never runs a benchmark twice.
+- ``quick_run``: an experiment's quick profile, run at most ONCE per test process (every test that
+  checks its output shares the run). ``make test``'s xdist workers keep a file's tests together and
+  no study is checked by two files, so it never runs a benchmark twice.
 - ``read_summary``: read a ``summary.csv`` and check it against the results convention and against
   the rows the study returned (``quillcache.results``; nothing about speed).
 """

@@ -10,16 +10,16 @@ import hashlib
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+
+from test_master_rpc import Server
 
 from quillcache.cli import OneLineParser
 from quillcache.cli.master import configure
@@ -29,7 +29,6 @@ from quillcache.master.datadir import LOCK_NAME, DataDirInUseError, DataDirLock
 from quillcache.master.types import MAX_DURATION_S
 
 ROOT = Path(__file__).resolve().parents[1]
-START_DEADLINE_S = 30.0  # a master prints its JSON line (or exits) within this
 EXIT_DEADLINE_S = 15.0  # a refused master exits within this
 UNIT = 4096
 
@@ -38,29 +37,9 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT))
 
 
-class Master:
-    """One ``python -m quillcache master`` process that printed its JSON line; always killed by ``close()``."""
-
-    def __init__(self, data_dir: Path, *extra: str) -> None:
-        self.err_path = Path(f"{data_dir}.{time.monotonic_ns()}.stderr")
-        self.err = open(self.err_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "quillcache", "master", "--data-dir", str(data_dir),
-                                      "--client-ttl-s", "3600", *extra], stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, cwd=ROOT, env=_env())
-        ready, _, _ = select.select([self.proc.stdout], [], [], START_DEADLINE_S)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            self.close()
-            raise AssertionError(f"the master printed no JSON line; stderr: {self.err_path.read_text()[-2000:]}")
-        self.info = json.loads(line)
-        self.address = self.info["address"]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.proc.stdout.close()
-        self.err.close()
+def Master(data_dir: Path, *extra: str) -> Server:
+    """One master process (``test_master_rpc.Server``) that expires no client while a test runs."""
+    return Server(data_dir, "--client-ttl-s", "3600", *extra)
 
 
 def _run_master(*args: str) -> subprocess.CompletedProcess:

@@ -13,9 +13,8 @@ this connection, still authenticating, for a newer one) sends, in place of HELLO
 protocol's response frame with status BUSY and a reason, then closes; ``connect_peer`` raises
 ``Busy`` for it (the caller may try again on a fresh connection: nothing was exchanged yet).
 
-The serving side does not use ``accept_peer`` any more: ``RdmaBackend`` runs the handshake without
-blocking on the accepting thread of its ``PreauthAcceptor`` (see ``backends/acceptor`` and
-``backends/rdma``); ``accept_peer`` stays as the blocking reference of the same exchange.
+The serving half of the handshake is not here: ``RdmaBackend`` runs it without blocking on the
+accepting thread of its ``PreauthAcceptor`` (``backends/acceptor``), as the TCP server does.
 
 Invariants:
 - Every read is bounded: a record's header is validated (``read_region_count``) before its region
@@ -35,7 +34,7 @@ from quillcache.transfer import protocol as P
 from quillcache.transfer.rdma_info import HEADER, REGION, QpInfo, decode_qp_info, encode_qp_info, read_region_count
 from quillcache.transfer.types import AuthenticationError, ProtocolError
 
-__all__ = ["CTRL_IDLE_S", "Busy", "accept_peer", "alive", "connect_peer", "recv_exact", "recv_info", "send_all",
+__all__ = ["CTRL_IDLE_S", "Busy", "alive", "connect_peer", "recv_exact", "recv_info", "send_all",
            "send_info", "tune"]
 
 CTRL_IDLE_S = 365 * 86400.0
@@ -105,16 +104,6 @@ def _handshake_frame(sock: socket.socket, size: int, progress_s: float, deadline
     if resp.status is P.Status.BUSY:
         raise Busy(f"{where} is busy: {reason}")
     raise ProtocolError(f"{where} refused the control connection ({resp.status.name}): {reason}")
-
-
-def accept_peer(sock: socket.socket, secret: bytes, auth_timeout_s: float) -> None:
-    """The serving half of the handshake, blocking; ``AuthenticationError``/``ProtocolError``/``OSError`` refuse."""
-    tune(sock)
-    nonce = P.new_nonce()
-    send_all(sock, P.encode_hello(nonce), auth_timeout_s)
-    proof = recv_exact(sock, P.PROOF.size, auth_timeout_s, first_s=auth_timeout_s)
-    client_nonce = P.decode_proof(proof, secret, nonce)
-    send_all(sock, P.encode_accept(P.server_proof(secret, nonce, client_nonce)), auth_timeout_s)
 
 
 def connect_peer(host: str, port: int, secret: bytes, *, connect_timeout_s: float, auth_timeout_s: float,
