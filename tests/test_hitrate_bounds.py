@@ -4,7 +4,11 @@ noisy oracle inverts whole requests, and on the conversation trace knowing *whic
 back (not when) is worth the whole LRU-to-Belady gap from 10k blocks up but not at 1k; the timing
 oracle's keys equal their plain-Python specification, are distinct (collisions broken without
 reordering), scale a whole request's next uses together, at ``sigma = 0`` make it Belady hit for
-hit, and at any ``sigma`` make its kernel agree with ``BeladyPolicy`` driven by the same keys."""
+hit, and at any ``sigma`` make its kernel agree with ``BeladyPolicy`` driven by the same keys; the
+joint oracle (wrong about *which* and *when* together, giving up on overdue beliefs) equals its
+plain-Python specification, is Belady when it knows everything, believes a wrong request's blocks
+the other way, and on the conversation trace closes less than half the gap at 1k and 10k blocks
+with the same-gap timing predictor's spread and a reuse predictor wrong about a tenth of requests."""
 
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ from hypothesis import strategies as st
 from quillcache.hitrate import simulate
 from quillcache.hitrate import bounds
 from quillcache.hitrate.arrays import arrays_from_lists
-from quillcache.hitrate.bounds import (NEVER, flips, noisy_next_use, noisy_next_use_reference, reuse_oracle,
-                                       reuse_oracle_reference, timing_factors, timing_oracle,
+from quillcache.hitrate.bounds import (NEVER, false_return_distances, flips, give_up_positions, joint_flips,
+                                       joint_oracle, joint_oracle_reference, noisy_next_use, noisy_next_use_reference,
+                                       reuse_oracle, reuse_oracle_reference, timing_factors, timing_oracle,
                                        timing_oracle_reference)
 from quillcache.hitrate.reference import replay
 from tests.test_hitrate import conversation_traces
@@ -170,3 +175,88 @@ def test_a_huge_timing_error_stays_far_and_below_never(monkeypatch):
     assert (keys[reused] >= pos[reused] + bounds.FAR).all() and (keys[reused] < bounds.NEVER).all()
     assert (keys[~reused] >= bounds.NEVER).all()
     assert keys.tolist() == list(bounds.noisy_next_use_reference(arrs, 10.0, 0))
+
+
+# ---------------------------------------------------------------- joint oracle
+
+
+@given(arrs=st.one_of(free_traces, conversation_traces(max_requests=24)), cap=st.integers(1, 8),
+       sigma=st.sampled_from([0.0, 0.3, 1.0, 2.5]), flip_rate=st.sampled_from([0.0, 0.2, 0.5, 1.0]),
+       seed=st.integers(0, 7))
+@settings(max_examples=300)
+def test_the_joint_oracle_kernel_agrees_with_its_specification(arrs, cap, sigma, flip_rate, seed):
+    keys = noisy_next_use(arrs, sigma, seed, flip_rate)
+    assert keys.tolist() == noisy_next_use_reference(arrs, sigma, seed, flip_rate)
+    assert len(set(keys.tolist())) == len(keys)  # distinct, so no victim is a tie-break
+    fast = joint_oracle(arrs, cap, sigma, flip_rate, seed)
+    assert np.array_equal(fast, joint_oracle_reference(arrs, cap, sigma, flip_rate, seed)), (cap, sigma, flip_rate)
+
+
+@given(arrs=conversation_traces(), cap=st.integers(1, 24))
+@settings(max_examples=100)
+def test_a_joint_oracle_that_knows_everything_is_belady(arrs, cap):
+    assert np.array_equal(joint_oracle(arrs, cap, 0.0, 0.0), simulate(arrs, "belady", cap).hits_per_request)
+
+
+def test_a_wrong_request_is_believed_the_other_way_and_timing_draws_are_not_reused():
+    # requests: a b | a b c | d | a b c d: request 1's a, b, c come back; request 2's d comes back;
+    # the last request's blocks never do
+    arrs = arrays_from_lists([[0, 1], [0, 1, 2], [3], [0, 1, 2, 3]])
+    n, nu, pos = arrs.num_refs, arrs.next_use, np.arange(arrs.num_refs)
+    wrong = joint_flips(arrs.num_requests, 1.0, 3)
+    assert wrong.all() and not joint_flips(arrs.num_requests, 0.0, 3).any()
+    fake = false_return_distances(arrs, 3)
+    reuse = sorted((nu[nu < n] - pos[nu < n]).tolist())
+    assert set(fake.tolist()) <= set(reuse) and np.array_equal(fake, false_return_distances(arrs, 3))
+    keys = noisy_next_use(arrs, 0.0, 3, 1.0)
+    for p in range(n):
+        if nu[p] < n:
+            assert keys[p] >= NEVER  # comes back, believed never to
+        else:
+            assert p < keys[p] < NEVER  # never comes back, believed to (at a distance of the trace's)
+    # without flips, the keys are the timing oracle's whatever the flip stream would have drawn
+    assert np.array_equal(noisy_next_use(arrs, 0.7, 3, 0.0), noisy_next_use(arrs, 0.7, 3))
+    # the flip stream is not the timing stream: the same seed does not tie wrong requests to early ones
+    many = 20000
+    z = np.log(timing_factors(many, 1.0, 5))
+    w = joint_flips(many, 0.5, 5)
+    assert abs(z[w].mean() - z[~w].mean()) < 0.06
+    # no block is referenced twice: nothing to draw a believed return from, so "never"
+    lone = arrays_from_lists([[0], [1], [2]])
+    assert (false_return_distances(lone, 0) == -1).all()
+    assert (noisy_next_use(lone, 0.0, 0, 1.0) >= NEVER).all()
+    with pytest.raises(ValueError, match="flip_rate"):
+        joint_oracle(arrs, 2, 0.0, 1.5)
+
+
+def test_give_up_positions_are_the_believed_return_stretched_by_two_of_its_errors():
+    keys = np.array([10, NEVER + 1, 3, 7], np.int64)
+    assert give_up_positions(keys, 0.0).tolist() == [10, NEVER, 3, 7]  # exact: gives up right after
+    g = give_up_positions(keys, 0.5)  # distances 10, 1, 4 stretched by e**1 = 2.718...
+    assert g.tolist() == [27, NEVER, 2 + 3, 3 + 11]
+
+
+def test_a_false_belief_is_given_up_on_and_makes_room():
+    # cap 1; requests 5 | 8 | 6 | 6. Block 5 is believed back at position 1 (block 8 is there: the
+    # belief is wrong), 6 comes back at 3; 8 and the last 6 are believed never to.
+    from quillcache.hitrate.kernels import belady
+
+    arrs = arrays_from_lists([[5], [8], [6], [6]])
+    keys = np.array([1, NEVER + 1, 3, NEVER + 3], np.int64)
+    hits = np.zeros(4, np.int32)
+    bounds._expiring_belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, 1, hits, keys,
+                            give_up_positions(keys, 0.0), True)
+    assert hits.tolist() == [0, 0, 0, 1]  # at position 2, 5's belief has passed: 6 takes its place, then hits
+    stale = np.zeros(4, np.int32)
+    belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, 1, stale, keys, True)
+    assert stale.tolist() == [0, 0, 0, 0]  # Belady keeps the stale belief (key 1, the nearest) for ever
+
+
+def test_conversation_trace_half_the_gap_needs_a_reuse_predictor_right_about_nine_requests_in_ten(trace_path):
+    from quillcache.hitrate.arrays import load_arrays
+
+    arrs = load_arrays(trace_path)
+    for cap in (1000, 10000):
+        lru, bel = simulate(arrs, "lru", cap).hit_rate, simulate(arrs, "belady", cap).hit_rate
+        closed = {f: (joint_oracle(arrs, cap, 1.05, f).sum() / arrs.num_refs - lru) / (bel - lru) for f in (0.1, 0.3)}
+        assert closed[0.3] < closed[0.1] < 0.5, (cap, closed)
