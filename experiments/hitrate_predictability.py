@@ -221,6 +221,24 @@ def best_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(correct[cut].max() / len(y)) if len(y) else math.nan
 
 
+def best_balanced_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The best balanced accuracy ``(TPR + TNR) / 2`` of ``score > t`` over every threshold ``t``
+    (all 0 or all 1 included, which score 0.5); NaN if one class is empty. One minus it is the error
+    rate, the same on both classes, of the per-request flips of ``quillcache.hitrate.bounds`` that
+    this predictor matches."""
+    labels = np.asarray(labels).astype(bool)
+    npos, nneg = int(labels.sum()), int((~labels).sum())
+    if npos == 0 or nneg == 0:
+        return math.nan
+    order = np.argsort(-np.asarray(scores, np.float64), kind="mergesort")
+    s, y = np.asarray(scores, np.float64)[order], labels[order]
+    tp = np.concatenate(([0], np.cumsum(y)))  # predicting the top k positive
+    fp = np.concatenate(([0], np.cumsum(~y)))
+    bal = (tp / npos + (nneg - fp) / nneg) / 2.0
+    cut = np.concatenate(([True], s[1:] != s[:-1], [True]))  # only between distinct scores
+    return float(bal[cut].max())
+
+
 def logistic_fit(x: np.ndarray, y: np.ndarray, l2: float = 1e-3, iters: int = 30) -> np.ndarray:
     """Weights (bias last) of an L2-regularised logistic regression by Newton's method."""
     xb = np.hstack([x, np.ones((len(x), 1))])

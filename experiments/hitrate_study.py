@@ -67,7 +67,11 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    that knows which blocks return exactly, and when only up to a log-normal factor per request) at
    the acceptance capacities for ``INFO_TIMING_SIGMAS`` and for the sigma measured for "the
    conversation comes back after the same gap as last time" (metric
-   ``timing_predictability_sigma``; raw ``timing_bounds.csv``).
+   ``timing_predictability_sigma``; raw ``timing_bounds.csv``). Both halves together: the joint
+   oracle (``joint_oracle``: *when* as wrong as that measured sigma, *which* wrong about
+   ``INFO_FLIP_RATES`` of the requests and about the share matching the online trees' best balanced
+   accuracy; raw ``joint_bounds.csv``) at the acceptance capacities: what an online policy with
+   predictors that good could close.
 
 Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
 per policy, Belady dashed as the bound, the reuse oracle dotted), ``paper/figures/hitrate_pooled.png`` and
@@ -99,9 +103,11 @@ from experiments.hitrate_predictability import (
     GBM_SUBJECTS,
     GBM_THRESHOLDS,
     LABEL_MODES,
+    best_balanced_accuracy,
     gbm_scores,
     predictability,
     predicted_bits,
+    reuse_labels,
 )
 from quillcache.hitrate import HITRATE_POLICIES, SEMI_ONLINE, simulate
 from quillcache.hitrate.anatomy import GAP_LABELS, USES_LABELS, anatomy
@@ -773,6 +779,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     gbm = {mode: gbm_scores(arrs, mode, **cfg["gbm"]) for mode in LABEL_MODES}
     raw_learned, learned_rows = learned_reuse(arrs, label, table, gbm, cfg["gbm"].get("chunk", GBM_CHUNK))
     rows += learned_rows
+    raw_joint, joint_rows = joint_bounds(arrs, label, table, cfg["flip_seeds"], gbm["online"])
+    rows += joint_rows
     raw_pred = []
     for pr in predictability(arrs, gbm=gbm):
         raw_pred.append((label, pr.subject, pr.auc, pr.accuracy, pr.base_rate, pr.n))
@@ -836,6 +844,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     write_raw(NAME, "random_shape_knobs.csv", ["trace", "seed", *RANDOM_SHAPE_SPACE], rand_knobs, results_root)
     write_raw(NAME, "timing_bounds.csv", ["trace", "capacity_blocks", "sigma", "seed", "hit_rate"], raw_timing,
               results_root)
+    write_raw(NAME, "joint_bounds.csv", ["trace", "capacity_blocks", "sigma", "flip_rate", "seed", "hit_rate"],
+              raw_joint, results_root)
     write_raw(NAME, "information_bounds.csv", ["trace", "capacity_blocks", "flip_rate", "seed", "hit_rate"], raw_info,
               results_root)
     write_raw(NAME, "learned_reuse.csv", ["trace", "label_mode", "capacity_blocks", "threshold", "hit_rate",
@@ -957,6 +967,47 @@ def timing_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, 
             what = (f"knows which blocks return; when, wrong by a factor exp({sigma:g} Z) per request (median of "
                     f"{len(hrs)} seeds){measured_note}")
             rows += bound_rows("timing_oracle", sp, len(hrs), lru, bel, what, p)
+    return raw, rows
+
+
+def joint_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, ...], online_scores: np.ndarray
+                 ) -> tuple[list[tuple], list[SummaryRow]]:
+    """Cell 6, both halves together: the joint oracle (``quillcache.hitrate.bounds.joint_oracle``)
+    at the acceptance capacities, its *when* as wrong as the same-gap predictor (the measured sigma)
+    and its *which* wrong about ``INFO_FLIP_RATES`` of the requests and about the share that matches
+    the online trees (one minus their best balanced accuracy on the requests they scored); median
+    over seeds."""
+    from quillcache.hitrate.bounds import joint_oracle
+    from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
+
+    raw: list[tuple] = []
+    rows: list[SummaryRow] = []
+    ratios = turn_gap_log_ratios(arrs)
+    if not len(ratios):
+        return raw, rows  # no turn comes back twice: no measured timing spread to use
+    sigma = round(robust_sigma(ratios), 2)
+    y = reuse_labels(arrs)
+    keep = (y >= 0) & ~np.isnan(online_scores)
+    matched = 1.0 - best_balanced_accuracy(online_scores[keep], y[keep]) if keep.any() else math.nan
+    flips = sorted(set(INFO_FLIP_RATES) | ({round(matched, 3)} if math.isfinite(matched) else set()))
+    for cap in ACCEPT_GAP_CAPS:
+        if ("lru", cap) not in table:
+            continue
+        lru, bel = table[("lru", cap)], table[("belady", cap)]
+        for flip in flips:
+            hrs = []
+            for seed in seeds:
+                hr = int(joint_oracle(arrs, cap, sigma, flip, seed).sum()) / arrs.num_refs
+                raw.append((label, cap, sigma, flip, seed, hr))
+                hrs.append(hr)
+            sp = spread(hrs)
+            p = {"trace": label, "capacity_blocks": cap, "sigma": sigma, "flip_rate": flip}
+            match_note = ("; the share matching the online trees' best balanced accuracy"
+                          if flip == round(matched, 3) else "")
+            what = (f"which wrong about {flip:.1%} of requests{match_note}; when wrong by exp({sigma:g} Z) per "
+                    f"request (the same-gap predictor's sigma); gives up on a belief two of its errors overdue "
+                    f"(median of {len(hrs)} seeds)")
+            rows += bound_rows("joint_oracle", sp, len(hrs), lru, bel, what, p)
     return raw, rows
 
 

@@ -312,6 +312,10 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert {c for c, _ in timing} == {1000, 10000}
     assert {g for c, g in timing if c == 1000} == {*study.INFO_TIMING_SIGMAS, round(sigma[0].value, 2)}
     assert all(r.value <= 1.0 + 1e-12 for r in timing.values())  # never above Belady
+    joint = {(r.params["capacity_blocks"], r.params["flip_rate"]): r for r in rows
+             if r.metric == "information_bound_gap_closed" and r.subject == "joint_oracle"}
+    assert {c for c, _ in joint} == {1000, 10000} and {f for c, f in joint if c == 1000} >= set(study.INFO_FLIP_RATES)
+    assert all(r.params["sigma"] == round(sigma[0].value, 2) and r.value <= 1.0 + 1e-12 for r in joint.values())
     pred = {r.subject: r for r in rows if r.metric == "reuse_predictability_auc"}
     assert "logistic (all features)" in pred and all(0.0 <= r.value <= 1.0 for r in pred.values())
     learned = {(r.params["label_mode"], r.params["capacity_blocks"]): r for r in rows
@@ -371,7 +375,8 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     with open(tmp_path / "hitrate" / "summary.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     for name in ("hit_rates.csv", "pooled.csv", "throughput.csv", "generalisation.csv", "information_bounds.csv",
-                 "predictability.csv", "heldout.csv", "timing_bounds.csv", "random_shapes.csv", "mixed.csv",
+                 "predictability.csv", "heldout.csv", "timing_bounds.csv", "joint_bounds.csv", "random_shapes.csv",
+                 "mixed.csv",
                  "random_shape_knobs.csv"):
         assert (tmp_path / "hitrate" / name).stat().st_size > 0
     paths = study.plot(str(tmp_path), tmp_path / "fig")

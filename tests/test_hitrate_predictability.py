@@ -18,6 +18,7 @@ from experiments.hitrate_predictability import (
     LABEL_MODES,
     auc,
     best_accuracy,
+    best_balanced_accuracy,
     gbm_scores,
     logistic_scores,
     predictability,
@@ -44,6 +45,11 @@ def test_auc_and_best_accuracy_equal_brute_force(data):
     thresholds = [-math.inf, *sorted(set(s))]
     want_acc = max(float(((s > t) == y).mean()) for t in thresholds)
     assert math.isclose(best_accuracy(s, y), want_acc)
+    if len(pos) and len(neg):
+        want_bal = max((float((pos > t).mean()) + float((neg <= t).mean())) / 2 for t in thresholds)
+        assert math.isclose(best_balanced_accuracy(s, y), want_bal)
+    else:
+        assert math.isnan(best_balanced_accuracy(s, y))
 
 
 def test_logistic_finds_a_planted_signal_and_ignores_noise():
