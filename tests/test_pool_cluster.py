@@ -167,6 +167,56 @@ def test_cluster_up_runs_until_sigterm_and_stops_its_children(tmp_path):
             proc.wait()
 
 
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie nobody reaped yet is gone too
+    except FileNotFoundError:
+        return True
+
+
+def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path):
+    """SIGKILL runs no cleanup in ``cluster up``: its master and nodes notice they were re-parented
+    (``cli.parent``) and stop by themselves, each through its own cleanup."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "2", "--dram", "8MiB",
+                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        line = json.loads(proc.stdout.readline())
+        pids = [line["master_pid"], *(n["pid"] for n in line["nodes"])]
+        assert not any(_gone(p) for p in pids)
+        proc.kill()
+        proc.wait(timeout=30)
+        for pid in pids:
+            _poll(lambda pid=pid: _gone(pid), 20, f"child pid {pid} exit after its parent's SIGKILL")
+        for name in ("master", "node-0", "node-1"):
+            log = (tmp_path / f"{name}.log").read_text()
+            assert "is gone: stopping" in log, (name, log[-2000:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_started_otherwise_never_watches_a_parent(monkeypatch):
+    from quillcache.cli.parent import PARENT_ENV, parent_watch
+
+    for value in (None, "not-a-pid", "1", str(os.getpid())):  # unset, malformed, init, not our parent
+        if value is None:
+            monkeypatch.delenv(PARENT_ENV, raising=False)
+        else:
+            monkeypatch.setenv(PARENT_ENV, value)
+        assert parent_watch()() is False and PARENT_ENV not in os.environ
+    monkeypatch.setenv(PARENT_ENV, str(os.getppid()))
+    gone = parent_watch()
+    assert gone() is False and PARENT_ENV not in os.environ  # read once, never inherited
+
+
 def test_nodes_register_in_etcd_and_leave_when_killed(tmp_path):
     from quillcache.cluster.etcd import ETCD_INSTALL_HINT, find_etcd
     from quillcache.cluster.registry import EtcdRegistry

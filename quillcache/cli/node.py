@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    from quillcache.cli.parent import parent_watch
     from quillcache.pool.node import PoolNode
 
     try:
@@ -110,8 +111,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"node_id": node.node_id, "segment_id": node.segment_id, "transfer": node.transfer_address,
                           "control": node.control_address, "pid": os.getpid(),
                           "reannounced": node.counters.reannounced}), flush=True)
+        parent_gone = parent_watch()
         while not stop.wait(0.5):
-            pass
+            if parent_gone():
+                logging.getLogger("quillcache.node").warning("the process that started this node is gone: stopping")
+                break
         return 0
     finally:
         node.close()

@@ -61,6 +61,7 @@ from collections.abc import Callable
 
 from quillcache._checks import check_float
 from quillcache.cli.argtypes import directory_problem
+from quillcache.cli.parent import parent_watch
 from quillcache.durability.wal import WalError
 from quillcache.master.datadir import DataDirInUseError
 from quillcache.master.errors import InvalidParamsError, MasterError
@@ -327,8 +328,11 @@ def run_server(args) -> int:
 
         ticker = threading.Thread(target=tick_loop, name="master-tick", daemon=True)
         ticker.start()
+        parent_gone = parent_watch()
         while not stop.wait(0.5):
-            pass
+            if parent_gone():
+                log.warning("the process that started this master is gone: stopping")
+                break
         if timer_failed:
             e = timer_failed[0]
             print(f"quillcache master: the timer thread failed ({type(e).__name__}: {e}); stopping", file=sys.stderr)

@@ -12,7 +12,9 @@ Contract:
   stores find it again).
 - ``close()`` (also on ``__exit__``, and when ``start`` fails half-way) always stops every child it started,
   paused or not, even when some died (SIGCONT, SIGTERM, then SIGKILL past a deadline), and removes a
-  ``base_dir`` it created. No atexit hooks: the caller's ``with``/``finally`` is the guarantee. The
+  ``base_dir`` it created. No atexit hooks: the caller's ``with``/``finally`` is the guarantee; and
+  should this process die without running it (SIGKILL), every master and node child stops by itself
+  within a second or so (it polls whether it was re-parented: ``quillcache.cli.parent``). The
   nodes are stopped together (SIGTERM to all, one shared deadline, then SIGKILL to the rest), then the
   master: ``close`` waits one deadline for all the nodes, not one per node. A ``KeyboardInterrupt``
   (Ctrl-C, or a stop signal the CLI turns into one) during ``start`` stops what was started before it
@@ -41,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from quillcache.cli.parent import PARENT_ENV
 from quillcache.master.client import MasterClient
 
 __all__ = ["MAX_NODES", "ClusterError", "ClusterStatus", "LocalCluster", "NodeProcess", "NodeStatus"]
@@ -229,6 +232,7 @@ class LocalCluster:
 
         env = dict(os.environ)
         env[SECRET_ENV] = self.secret
+        env[PARENT_ENV] = str(os.getpid())  # a child stops once this process is gone (cli.parent)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
