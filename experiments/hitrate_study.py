@@ -990,6 +990,12 @@ def joint_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, .
     keep = (y >= 0) & ~np.isnan(online_scores)
     matched = 1.0 - best_balanced_accuracy(online_scores[keep], y[keep]) if keep.any() else math.nan
     flips = sorted(set(INFO_FLIP_RATES) | ({round(matched, 3)} if math.isfinite(matched) else set()))
+    if math.isfinite(matched):
+        rows.append(SummaryRow(metric="reuse_predictor_matched_flip_rate", subject=GBM_SUBJECTS["online"],
+                               value=round(matched, 3), unit="share of requests", n=int(keep.sum()),
+                               notes="one minus the best balanced accuracy of the online trees on the requests they "
+                                     "scored: the per-request error rate of the bounds' flips this predictor matches",
+                               params={"trace": label}))
     for cap in ACCEPT_GAP_CAPS:
         if ("lru", cap) not in table:
             continue
@@ -1101,7 +1107,63 @@ def plot(results_root: str | None = None, out_dir: str | os.PathLike = "paper/fi
                       "clipped to [-1, 1]; 0 = LRU)", fontsize=8)
     legend(axes[0], ncol=4, fontsize=6)
     p3 = save(fig, out / "hitrate_generalisation.png")
-    return [p1, p2, p3, *plot_random_shapes(results_root, out), *plot_learned_reuse(results_root, out)]
+    return [p1, p2, p3, *plot_random_shapes(results_root, out), *plot_learned_reuse(results_root, out),
+            *plot_joint_bounds(results_root, out)]
+
+
+def plot_joint_bounds(results_root: str | None, out: Path) -> list[Path]:
+    """Share of the gap closed against how wrong the *which* predictor is, one panel per
+    acceptance capacity: the joint oracle (when as wrong as the same-gap predictor) and the reuse
+    oracle (no when at all), medians over seeds, beside QuillChain (online), the 50% target and the
+    error rate that matches the online trees; [] when there are no joint rows."""
+    from experiments.plotstyle import BASELINE, BOUND, GREY, PALETTE, figure, legend, save, style_axes
+    from experiments.plotstyle import OURS as OURS_COLOUR
+    from quillcache.results import read_raw, read_summary
+
+    try:
+        jb = read_raw(NAME, "joint_bounds", results_root)
+        hr = read_raw(NAME, "hit_rates", results_root)
+        info = read_raw(NAME, "information_bounds", results_root)
+        summ = read_summary(NAME, results_root)
+    except FileNotFoundError:
+        return []
+    if jb.empty:
+        return []
+    trace = jb["trace"].iloc[0]
+    sigma = float(jb["sigma"].iloc[0])
+    caps = sorted(int(c) for c in jb["capacity_blocks"].unique())
+    hr = hr[hr["trace"] == trace].dropna(subset=["capacity_blocks"])
+    rate = {(p, int(c)): float(h) for p, c, h in zip(hr["policy"], hr["capacity_blocks"], hr["hit_rate"])}
+    matched = summ[(summ["metric"] == "reuse_predictor_matched_flip_rate") & (summ["trace"] == trace)]
+    fig, axes = figure(7.0, 3.0, ncols=len(caps), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, cap in zip(axes, caps):
+        lru, bel = rate[("lru", cap)], rate[("belady", cap)]
+
+        def closed(frame):
+            med = frame.groupby("flip_rate")["hit_rate"].median()
+            return med.index.to_numpy(), np.clip((med.to_numpy() - lru) / (bel - lru), -1.0, 1.0)
+
+        x, y = closed(jb[jb["capacity_blocks"] == cap])
+        ax.plot(x, y, marker="o", ms=3, color=PALETTE[2], lw=1.8,
+                label=f"joint oracle (offline: which, and when up to exp({sigma:g} Z))")
+        part = info[(info["trace"] == trace) & (info["capacity_blocks"] == cap)]
+        if not part.empty:
+            x, y = closed(part)
+            ax.plot(x, y, marker="s", ms=3, color=BOUND, ls=":", lw=1.4, label="reuse oracle (offline: which only)")
+        if (OURS, cap) in rate:
+            ax.axhline((rate[(OURS, cap)] - lru) / (bel - lru), color=OURS_COLOUR, lw=2.0, label=f"{OURS} (ours)")
+        ax.axhline(0.5, color=GREY, ls="--", lw=1.0, label="the 50% target")
+        ax.axhline(0.0, color=BASELINE, lw=0.8, label="lru")
+        if not matched.empty:
+            ax.axvline(float(matched["value"].iloc[0]), color=PALETTE[4], ls="-.", lw=1.0,
+                       label="as wrong as the online trees")
+        ax.set_ylim(-1.05, 1.05)
+        style_axes(ax, xlabel="requests the which-predictor gets wrong", ylabel="share of the gap closed",
+                   title=f"{cap_label(cap)} blocks")
+    legend(axes[0], loc="lower left", fontsize=6)
+    fig.suptitle(f"How good online predictors must be to close the gap ({trace}; clipped to [-1, 1])", fontsize=8)
+    return [save(fig, out / "hitrate_joint_bounds.png")]
 
 
 def plot_learned_reuse(results_root: str | None, out: Path) -> list[Path]:

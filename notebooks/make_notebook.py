@@ -80,7 +80,7 @@ df[df.metric == "scan_s_per_mib"].pivot(index="subject", columns="file_bytes", v
      '''df = read_summary("safety", RESULTS)
 display(df[df.category.isna() | (df.category == "all")].pivot(index="mix", columns="metric", values="value"))
 read_anchors("safety", RESULTS)'''),
-    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO (and on held-out seeds and random session shapes, never used to choose a default), what the remaining losses are made of (net lost references by the uses of the block and the requests since its previous use), kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests; the timing oracle, which knows which blocks return and when only up to a factor) and how well arrival-time features predict reuse and the gap to the next turn; `quillcache hitrate TRACE` prints such a table for any trace.',
+    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO (and on held-out seeds and random session shapes, never used to choose a default), what the remaining losses are made of (net lost references by the uses of the block and the requests since its previous use), kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests; the timing oracle, which knows which blocks return and when only up to a factor; the joint oracle, wrong about both, and the error rate the online trees match) and how well arrival-time features predict reuse and the gap to the next turn; `quillcache hitrate TRACE` prints such a table for any trace.',
      '''df = read_summary("hitrate", RESULTS)
 hr = df[(df.metric == "hit_rate") & (df.trace == "conversation_trace")]
 display(hr.pivot(index="subject", columns="capacity_blocks", values="value"))
@@ -98,6 +98,9 @@ display(info.pivot_table(index="flip_rate", columns="capacity_blocks", values="v
 timing = df[(df.metric == "information_bound_gap_closed") & (df.subject == "timing_oracle")]  # which exactly, when up to exp(sigma Z)
 display(timing.pivot_table(index="sigma", columns="capacity_blocks", values="value"))
 display(df[df.metric == "timing_predictability_sigma"][["subject", "value", "n", "notes"]])
+joint = df[(df.metric == "information_bound_gap_closed") & (df.subject == "joint_oracle")]  # which wrong about a share of requests, when as the same-gap predictor
+display(joint.pivot_table(index="flip_rate", columns="capacity_blocks", values="value"))
+display(df[df.metric == "reuse_predictor_matched_flip_rate"][["subject", "value", "n", "notes"]])  # the error rate the online trees match
 pred = df[df.metric.str.startswith("reuse_predictability")]  # how well arrival-time features predict reuse
 display(pred.pivot_table(index="subject", columns="metric", values="value"))
 learned = read_raw("hitrate", "learned_reuse", RESULTS)  # the trees' bits as hits, every threshold
