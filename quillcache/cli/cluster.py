@@ -94,7 +94,7 @@ def _up(args) -> int:
             print(f"quillcache cluster up: {describe(exc)} while starting; every process it started was stopped",
                   file=sys.stderr)
             return exit_status(exc)
-        up = json.dumps({"master": cluster.master_address, "master_pid": cluster.master_proc.pid,
+        up = json.dumps({"master": cluster.master_address, "master_pid": cluster.master_pid,
                          "base_dir": str(cluster.base_dir),
                          "secret_env": "QUILLCACHE_TRANSFER_SECRET", "secret": cluster.secret,
                          "etcd": cluster.etcd.endpoint if cluster.etcd is not None else None,

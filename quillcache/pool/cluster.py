@@ -220,6 +220,11 @@ class LocalCluster:
         self._client: MasterClient | None = None
         self._started = False
 
+    @property
+    def master_pid(self) -> int | None:
+        """The master process's pid (None before it is started)."""
+        return self.master_proc.pid if self.master_proc is not None else None
+
     # ================================================================ start / stop
     def __enter__(self) -> LocalCluster:
         return self.start()
