@@ -974,9 +974,9 @@ def joint_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, .
                  ) -> tuple[list[tuple], list[SummaryRow]]:
     """Cell 6, both halves together: the joint oracle (``quillcache.hitrate.bounds.joint_oracle``)
     at the acceptance capacities, its *when* as wrong as the same-gap predictor (the measured sigma)
-    and its *which* wrong about ``INFO_FLIP_RATES`` of the requests and about the share that matches
-    the online trees (one minus their best balanced accuracy on the requests they scored); median
-    over seeds."""
+    and its *which* right (the timing oracle that gives up on late returns) or wrong about
+    ``INFO_FLIP_RATES`` of the requests and about the share that matches the online trees (one minus
+    their best balanced accuracy on the requests they scored); median over seeds."""
     from quillcache.hitrate.bounds import joint_oracle
     from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
@@ -989,7 +989,7 @@ def joint_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, .
     y = reuse_labels(arrs)
     keep = (y >= 0) & ~np.isnan(online_scores)
     matched = 1.0 - best_balanced_accuracy(online_scores[keep], y[keep]) if keep.any() else math.nan
-    flips = sorted(set(INFO_FLIP_RATES) | ({round(matched, 3)} if math.isfinite(matched) else set()))
+    flips = sorted({0.0, *INFO_FLIP_RATES} | ({round(matched, 3)} if math.isfinite(matched) else set()))
     if math.isfinite(matched):
         rows.append(SummaryRow(metric="reuse_predictor_matched_flip_rate", subject=GBM_SUBJECTS["online"],
                                value=round(matched, 3), unit="share of requests", n=int(keep.sum()),
