@@ -6,9 +6,9 @@ oracle's keys equal their plain-Python specification, are distinct (collisions b
 reordering), scale a whole request's next uses together, at ``sigma = 0`` make it Belady hit for
 hit, and at any ``sigma`` make its kernel agree with ``BeladyPolicy`` driven by the same keys; the
 joint oracle (wrong about *which* and *when* together, giving up on overdue beliefs) equals its
-plain-Python specification, is Belady when it knows everything, believes a wrong request's blocks
+plain-Python specification, is Belady when it knows everything, believes a wrong request's new blocks
 the other way, and on the conversation trace closes less than half the gap at 1k and 10k blocks
-with the same-gap timing predictor's spread and a reuse predictor wrong about a tenth of requests."""
+with the same-gap timing predictor's spread and a reuse predictor as wrong as the online trees."""
 
 from __future__ import annotations
 
@@ -199,9 +199,9 @@ def test_a_joint_oracle_that_knows_everything_is_belady(arrs, cap):
 
 
 def test_a_wrong_request_is_believed_the_other_way_and_timing_draws_are_not_reused():
-    # requests: a b | a b c | d | a b c d: request 1's a, b, c come back; request 2's d comes back;
-    # the last request's blocks never do
-    arrs = arrays_from_lists([[0, 1], [0, 1, 2], [3], [0, 1, 2, 3]])
+    # requests: a b | a b c | d | a b c d | e: request 1's a, b, c come back; request 2's d comes back;
+    # request 3's blocks never do, nor does e
+    arrs = arrays_from_lists([[0, 1], [0, 1, 2], [3], [0, 1, 2, 3], [4]])
     n, nu, pos = arrs.num_refs, arrs.next_use, np.arange(arrs.num_refs)
     wrong = joint_flips(arrs.num_requests, 1.0, 3)
     assert wrong.all() and not joint_flips(arrs.num_requests, 0.0, 3).any()
@@ -209,11 +209,16 @@ def test_a_wrong_request_is_believed_the_other_way_and_timing_draws_are_not_reus
     reuse = sorted((nu[nu < n] - pos[nu < n]).tolist())
     assert set(fake.tolist()) <= set(reuse) and np.array_equal(fake, false_return_distances(arrs, 3))
     keys = noisy_next_use(arrs, 0.0, 3, 1.0)
+    exact = noisy_next_use(arrs, 0.0, 3)
+    new = [0, 1, 4, 5, 10]  # first references: a b (request 0), c (request 1), d (request 2), e (request 4)
     for p in range(n):
-        if nu[p] < n:
-            assert keys[p] >= NEVER  # comes back, believed never to
+        if p not in new:
+            assert keys[p] == exact[p]  # a block seen before keeps its true future
+        elif nu[p] < n:
+            assert keys[p] >= NEVER  # a new block that comes back, believed never to
         else:
             assert p < keys[p] < NEVER  # never comes back, believed to (at a distance of the trace's)
+    assert keys[5] >= NEVER and 10 < keys[10] < NEVER  # d comes back, believed not to; e the other way round
     # without flips, the keys are the timing oracle's whatever the flip stream would have drawn
     assert np.array_equal(noisy_next_use(arrs, 0.7, 3, 0.0), noisy_next_use(arrs, 0.7, 3))
     # the flip stream is not the timing stream: the same seed does not tie wrong requests to early ones
@@ -252,11 +257,32 @@ def test_a_false_belief_is_given_up_on_and_makes_room():
     assert stale.tolist() == [0, 0, 0, 0]  # Belady keeps the stale belief (key 1, the nearest) for ever
 
 
-def test_conversation_trace_half_the_gap_needs_a_reuse_predictor_right_about_nine_requests_in_ten(trace_path):
+def _expiring(lists, cap, keys, give_up):
+    arrs = arrays_from_lists(lists)
+    hits = np.zeros(arrs.num_requests, np.int32)
+    bounds._expiring_belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, np.array(keys, np.int64),
+                            np.array(give_up, np.int64), True)
+    return hits.tolist()
+
+
+def test_a_block_believed_never_back_goes_before_one_given_up_on_and_is_not_stored_in_its_place():
+    # cap 2; requests A | B | C | B. A is believed never to come back; B believed back at 1 (given up
+    # on once position 1 has passed) but truly back at 3. At C, A goes, not B: B then hits.
+    assert _expiring([[0], [1], [2], [1]], 2, [NEVER, 1, 5, NEVER + 3], [NEVER, 1, 6, NEVER]) == [0, 0, 0, 1]
+    # cap 1; requests A | D | C | A. A believed back at 1 (given up on from position 2), truly back at 3;
+    # D and C believed never to come back. Neither is stored in A's place, given up on or not: A hits.
+    assert _expiring([[0], [3], [2], [0]], 1, [1, NEVER + 1, NEVER + 2, NEVER + 3], [1, NEVER, NEVER, NEVER]) == [
+        0, 0, 0, 1]
+
+
+def test_conversation_trace_a_predictor_as_wrong_as_the_online_trees_closes_less_than_half(trace_path):
+    """The study measures the online trees as wrong as a predictor that errs on about 38% of requests;
+    with that *which* and the same-gap *when* (sigma 1.05), less than half the gap closes at 1k and
+    10k blocks, and a less wrong predictor closes more."""
     from quillcache.hitrate.arrays import load_arrays
 
     arrs = load_arrays(trace_path)
     for cap in (1000, 10000):
         lru, bel = simulate(arrs, "lru", cap).hit_rate, simulate(arrs, "belady", cap).hit_rate
-        closed = {f: (joint_oracle(arrs, cap, 1.05, f).sum() / arrs.num_refs - lru) / (bel - lru) for f in (0.1, 0.3)}
-        assert closed[0.3] < closed[0.1] < 0.5, (cap, closed)
+        closed = {f: (joint_oracle(arrs, cap, 1.05, f).sum() / arrs.num_refs - lru) / (bel - lru) for f in (0.1, 0.38)}
+        assert closed[0.38] < closed[0.1] and closed[0.38] < 0.5, (cap, closed)

@@ -203,15 +203,57 @@ def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):
+    """A node stopped by ``pause_node`` (SIGSTOP) cannot poll: the kernel's SIGCONT on its parent's
+    death (``cli.parent``) wakes it, and it stops like the others."""
+    import signal
+
+    script = (
+        "import json, sys, time\n"
+        "from quillcache.pool.cluster import LocalCluster\n"
+        f"c = LocalCluster(1, dram_bytes=8 << 20, base_dir={str(tmp_path)!r}).start()\n"
+        "c.pause_node(0)\n"
+        "print(json.dumps([c.master_pid, c.nodes[0].pid]), flush=True)\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = json.loads(proc.stdout.readline())
+        with open(f"/proc/{pids[1]}/stat") as fh:
+            assert fh.read().rsplit(")", 1)[1].split()[0] == "T"  # the node is stopped
+        proc.kill()
+        proc.wait(timeout=30)
+        for pid in pids:
+            _poll(lambda pid=pid: _gone(pid), 20, f"child pid {pid} exit after its parent's SIGKILL")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_child_started_otherwise_never_watches_a_parent(monkeypatch):
     from quillcache.cli.parent import PARENT_ENV, parent_watch
 
-    for value in (None, "not-a-pid", "1", str(os.getpid())):  # unset, malformed, init, not our parent
-        if value is None:
-            monkeypatch.delenv(PARENT_ENV, raising=False)
-        else:
-            monkeypatch.setenv(PARENT_ENV, value)
-        assert parent_watch()() is False and PARENT_ENV not in os.environ
+    assert os.getppid() != 1  # (else "our parent is gone" would be right)
+    live_stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # unset, malformed, init, a live process that is not our parent (ourselves; a stranger)
+        for value in (None, "not-a-pid", "1", str(os.getpid()), str(live_stranger.pid)):
+            if value is None:
+                monkeypatch.delenv(PARENT_ENV, raising=False)
+            else:
+                monkeypatch.setenv(PARENT_ENV, value)
+            assert parent_watch()() is False and PARENT_ENV not in os.environ
+    finally:
+        live_stranger.kill()
+        live_stranger.wait()
+    # a parent that died before the child looked: the named pid no longer exists
+    monkeypatch.setenv(PARENT_ENV, str(live_stranger.pid))
+    assert parent_watch()() is True
     monkeypatch.setenv(PARENT_ENV, str(os.getppid()))
     gone = parent_watch()
     assert gone() is False and PARENT_ENV not in os.environ  # read once, never inherited

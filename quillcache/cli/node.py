@@ -70,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
+    from quillcache.cli.parent import parent_watch
+
+    parent_gone = parent_watch()  # first: the parent may die while this node starts
     if args.ssd_size is not None and args.ssd is None:
         print("quillcache node: --ssd-size needs --ssd DIR", file=sys.stderr)
         return 2
@@ -97,7 +100,6 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    from quillcache.cli.parent import parent_watch
     from quillcache.pool.node import PoolNode
 
     try:
@@ -111,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"node_id": node.node_id, "segment_id": node.segment_id, "transfer": node.transfer_address,
                           "control": node.control_address, "pid": os.getpid(),
                           "reannounced": node.counters.reannounced}), flush=True)
-        parent_gone = parent_watch()
         while not stop.wait(0.5):
             if parent_gone():
                 logging.getLogger("quillcache.node").warning("the process that started this node is gone: stopping")

@@ -1,27 +1,61 @@
 """A child of ``LocalCluster`` (``quillcache cluster up``, ``replay --cluster``) stops when its
 parent is gone, even one killed by SIGKILL, whose ``finally`` blocks never ran.
 
-``PR_SET_PDEATHSIG`` would need ``preexec_fn``, which is unsafe in a parent with threads. Instead
-the parent names its pid in ``PARENT_ENV``; ``parent_watch`` (called once, at a child's start)
-removes the variable from the environment, so nothing the child starts inherits it, and returns a
-check the child's serving loop polls: true once ``os.getppid()`` is no longer that pid (the child
-was re-parented: its parent died). The child then stops as on SIGTERM, so its own cleanup runs. A
-process started any other way (the variable unset, malformed, or naming a pid that is not its
-parent's) gets a check that is always false.
+The parent names its pid in ``PARENT_ENV``. ``parent_watch``, called once at the very start of a
+child, removes the variable from the environment (nothing the child starts inherits it) and
+returns a check its serving loop polls: true once ``os.getppid()`` is no longer that pid (the child
+was re-parented because its parent died), or at once if the parent had already died before the
+call (the named pid no longer exists, or the child's parent is init). The child then stops as on
+SIGTERM, so its own cleanup runs. A process started any other way (the variable unset, malformed,
+or naming a live process that is not its parent) gets a check that is always false.
+
+A child that is stopped (SIGSTOP: ``LocalCluster.pause_node``) cannot poll, and a child in its own
+session gets no SIGCONT from the kernel when its process group is orphaned. So, on Linux, the
+watch also asks the kernel for SIGCONT on the parent's death (``prctl(PR_SET_PDEATHSIG)``):
+harmless to a running process, and it wakes a stopped one, which then sees the check. (That
+signal is sent when the *thread* that started the child exits, which may be before the parent
+does: another reason it is only SIGCONT, never a stop signal; the check is what decides.)
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from collections.abc import Callable
 
 __all__ = ["PARENT_ENV", "parent_watch"]
 
 PARENT_ENV = "QUILLCACHE_PARENT_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _never() -> bool:
     return False
+
+
+def _always() -> bool:
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _continue_on_parent_death() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # no prctl: a stopped child then waits for a SIGCONT from someone else
 
 
 def parent_watch() -> Callable[[], bool]:
@@ -31,6 +65,11 @@ def parent_watch() -> Callable[[], bool]:
         pid = int(raw) if raw is not None else None
     except ValueError:
         pid = None
-    if pid is None or pid <= 1 or pid != os.getppid():
+    if pid is None or pid <= 1:
         return _never
+    if pid != os.getppid():
+        # the parent died before this call (re-parented to init or a subreaper), or the variable names
+        # some other process (then it is not ours to watch)
+        return _always if os.getppid() == 1 or not _alive(pid) else _never
+    _continue_on_parent_death()
     return lambda: os.getppid() != pid

@@ -24,22 +24,24 @@ the whole return of a conversation is early or late together, as a predictor of 
 arrival would be. ``sigma = 0`` is Belady. The hit rate as a function of ``sigma`` says how much
 of the gap knowing *when* is worth once *which* is known.
 
-Both at once (``joint_oracle``): the timing oracle made wrong about *which* as well, the way
-``reuse_oracle`` is (``noisy_next_use(..., flip_rate=f)``). For a request drawn with probability
-``f`` (its own stream, independent of the timing factors: ``numpy.random.default_rng([seed, 1])``)
-every one of its references is believed the other way: a block that is referenced again is believed
-never to be (key ``NEVER + p``), and a block that is not is believed to come back after a distance
-drawn from the trace's own reuse distances (``false_return_distances``, stream ``[seed, 2]``): the
-return a predictor that expects one would assume (``f = 0`` draws nothing). A belief in a return
-that does not come is not kept for ever, as a key in the past would be by Belady (the nearest of
-all): the joint oracle gives up on a block once it is ``GIVE_UP_SIGMAS`` of its own log-errors
-overdue (the believed distance times ``exp(2 sigma)``; ``give_up_positions``), and evicts the
-blocks given up on first, the earliest given up on first (``_expiring_belady``); otherwise it is
-Belady with bypass on those keys. So at ``f = 0`` it is the timing oracle except for the returns
-it believed more than that much earlier (about 2% of requests, ``Z < -2``), and at ``f = 0`` and
-``sigma = 0`` no key passes and it is Belady. It says what share of the gap an online policy
-could close with a reuse predictor of a given per-request accuracy and a timing predictor of a
-given spread, together.
+Both at once (``joint_oracle``): the timing oracle made wrong about *which* as well
+(``noisy_next_use(..., flip_rate=f)``). For a request drawn with probability ``f`` (its own
+stream, independent of the timing factors: ``numpy.random.default_rng([seed, 1])``) every block
+*new* in it (its first reference in the trace) is believed the other way, as a per-request
+predictor of "does this request's new content come back" would get it wrong; blocks it shares with
+earlier requests keep their true future (generous to the oracle). A new block that is referenced
+again is believed never to be (key ``NEVER + p``), and one that is not is believed to come back
+after a distance drawn from the trace's own reuse distances (``false_return_distances``, stream
+``[seed, 2]``): the return a predictor that expects one would assume (``f = 0`` draws nothing). A
+belief in a return that does not come is not kept for ever, as a key in the past would be by
+Belady (the nearest of all): the joint oracle gives up on a block once it is ``GIVE_UP_SIGMAS`` of
+its own log-errors overdue (the believed distance times ``exp(2 sigma)``; ``give_up_positions``).
+Victims (``_expiring_belady``): a block believed never to come back first (and such a block is
+never stored into a full cache), then the blocks given up on, earliest first, then Belady with
+bypass on the keys. So at ``f = 0`` it is the timing oracle except for the returns it believed more
+than that much earlier (about 2% of requests, ``Z < -2``), and at ``f = 0`` and ``sigma = 0`` no
+key passes and it is Belady. It says what share of the gap a policy could close that commits to a
+reuse predictor of a given per-request accuracy and a timing predictor of a given spread.
 
 Rounded keys can collide; collisions are
 broken by position without reordering distinct keys (``noisy_next_use``), so every key is distinct
@@ -210,9 +212,10 @@ def noisy_next_use(arrs: TraceArrays, sigma: float, seed: int = 0, flip_rate: fl
 
     The noisy key of the reference at position ``p`` is ``NEVER + p`` if the block is not referenced
     again; else ``p + max(1, min(rint((q - p) * f[request of q]), FAR))`` for its next use at ``q``
-    (``timing_factors``), so a next use is always in the future. With ``flip_rate`` > 0, in a request
-    of ``joint_flips`` the key is ``NEVER + p`` if the block *is* referenced again, and
-    ``p + false_return_distances[p]`` if it is not (``NEVER + p`` when there is no distance to draw). Rounded keys can collide, and
+    (``timing_factors``), so a next use is always in the future. With ``flip_rate`` > 0, for a block
+    new in a request of ``joint_flips`` (its first reference in the trace) the key is ``NEVER + p``
+    if the block *is* referenced again, and ``p + false_return_distances[p]`` if it is not
+    (``NEVER + p`` when there is no distance to draw). Rounded keys can collide, and
     Belady's victim among equal keys would be up to its heap's shape, so the keys are then made
     distinct without reordering any two that differ: in order of (noisy key, ``p``), each key is
     ``max(noisy key, previous key + 1)``. Hence a key is never below its noisy key, the order of
@@ -234,7 +237,9 @@ def noisy_next_use(arrs: TraceArrays, sigma: float, seed: int = 0, flip_rate: fl
     dist = np.minimum(np.rint((nu[has] - pos[has]).astype(np.float64) * f[req]), FAR).astype(np.int64)
     noisy[has] = pos[has] + np.maximum(dist, 1)
     if wrong.any():
-        flipped = np.repeat(wrong, np.diff(arrs.req_offsets))  # per reference: its request is believed wrong
+        first = np.zeros(n, np.bool_)  # the block's first reference: new in its request
+        first[np.unique(arrs.blocks, return_index=True)[1]] = True
+        flipped = np.repeat(wrong, np.diff(arrs.req_offsets)) & first  # believed wrong: new blocks of wrong requests
         noisy[flipped & has] = NEVER + pos[flipped & has]
         fake = false_return_distances(arrs, seed)
         believed = flipped & ~has & (fake > 0)
@@ -257,8 +262,12 @@ def noisy_next_use_reference(arrs: TraceArrays, sigma: float, seed: int = 0, fli
     n = len(next_use)
     owner = [r for r in range(arrs.num_requests) for _ in range(off[r + 1] - off[r])]
     noisy = []
+    blocks = arrs.blocks.tolist()
+    seen: set[int] = set()
     for p, q in enumerate(next_use):
-        if wrong[owner[p]]:  # believed the other way
+        new = blocks[p] not in seen
+        seen.add(blocks[p])
+        if wrong[owner[p]] and new:  # a new block of a wrong request: believed the other way
             noisy.append(NEVER + p if q < n or fake[p] < 1 else p + fake[p])
         elif q >= n:
             noisy.append(NEVER + p)
@@ -315,10 +324,13 @@ def give_up_positions(keys: np.ndarray, sigma: float) -> np.ndarray:
 @njit(cache=True, nogil=True)
 def _expiring_belady(off, blocks, u, cap, hits, keys, give_up, bypass):
     """Belady with bypass on ``keys``, where a cached block whose give-up position has passed
-    (``give_up < p`` at the reference at position ``p`` that must evict) is evicted first, in
-    (give-up, key) order. Two lazy heaps (farthest key; nearest (give-up, key)) and a queue of
-    given-up blocks, which is in (give-up, key) order because positions pass in increasing order and a
-    give-up position pushed at ``p`` is above ``p``."""
+    (``give_up < p`` at the reference at position ``p`` that must evict) is given up on. The victim
+    is: a block believed never to come back (key ``>= NEVER``), the farthest, if one is cached (the
+    new block is not stored if its key is farther still); else nothing when the new block is
+    believed never to come back (not stored); else the block given up on first, in (give-up, key)
+    order; else the farthest key (Belady, with bypass). Two lazy heaps (farthest key; nearest
+    (give-up, key)) and a queue of given-up blocks, which is in (give-up, key) order because
+    positions pass in increasing order and a give-up position pushed at ``p`` is above ``p``."""
     n = blocks.shape[0]
     incache = np.zeros(u, np.bool_)
     gone = np.zeros(u, np.bool_)  # given up on while cached
@@ -355,15 +367,23 @@ def _expiring_belady(off, blocks, u, cap, hits, keys, give_up, bypass):
                             break
                     while qh < qt and not (incache[qb[qh]] and gone[qb[qh]] and key[qb[qh]] == qk[qh]):
                         qh += 1
-                    if qh < qt:
+                    while not (incache[ab[0]] and a1[0] == neg[ab[0]]):
+                        na = _heap_pop(a1, a2, ab, na)
+                    m = ab[0]  # the farthest key
+                    if key[m] >= NEVER:  # a block believed never to come back: the farthest of all
+                        if bypass and key[m] < keys[p]:
+                            continue
+                        v = m
+                        na = _heap_pop(a1, a2, ab, na)
+                    elif bypass and keys[p] >= NEVER:  # the new block is believed never to come back
+                        continue
+                    elif qh < qt:  # a block given up on
                         v = qb[qh]
                         qh += 1
                     else:
-                        while not (incache[ab[0]] and a1[0] == neg[ab[0]]):
-                            na = _heap_pop(a1, a2, ab, na)
-                        if bypass and key[ab[0]] < keys[p]:
+                        if bypass and key[m] < keys[p]:
                             continue
-                        v = ab[0]
+                        v = m
                         na = _heap_pop(a1, a2, ab, na)
                     incache[v] = False
                     size -= 1
@@ -396,10 +416,12 @@ def joint_oracle(arrs: TraceArrays, capacity_blocks: int, sigma: float, flip_rat
 def joint_oracle_reference(arrs: TraceArrays, capacity_blocks: int, sigma: float, flip_rate: float,
                            seed: int = 0) -> np.ndarray:
     """The same replay in plain Python (a scan of the cache per eviction): the specification of
-    ``joint_oracle``. At a miss with the cache full, the victim is, of the cached blocks whose
-    give-up position is below the current position, the one with the smallest (give-up, key); if
-    there is none, the one with the largest key, and then only if that key is not below the new
-    block's (bypass)."""
+    ``joint_oracle``. At a miss with the cache full: if the cached block with the largest key is
+    believed never to come back (key ``>= NEVER``) it is the victim, unless the new block's key is
+    larger still (then the new block is not stored); else a new block believed never to come back is
+    not stored; else the victim is, of the cached blocks whose give-up position is below the current
+    position, the one with the smallest (give-up, key); if there is none, the one with the largest
+    key, and then only if that key is not below the new block's (bypass)."""
     cap = check_int("capacity_blocks", capacity_blocks, 1)
     keys = noisy_next_use_reference(arrs, sigma, seed, flip_rate)
     slack = math.exp(GIVE_UP_SIGMAS * sigma)
@@ -417,11 +439,18 @@ def joint_oracle_reference(arrs: TraceArrays, capacity_blocks: int, sigma: float
         for p in range(off[r], off[r + 1]):
             b = blocks[p]
             if b not in cached and len(cached) >= cap:
+                far = max(cached, key=lambda c: cached[c][1])
                 passed = [c for c, (g, _) in cached.items() if g < p]
-                if passed:
+                if cached[far][1] >= NEVER:  # believed never to come back
+                    if cached[far][1] < keys[p]:
+                        continue  # bypass: the new block's key is farther still
+                    v = far
+                elif keys[p] >= NEVER:
+                    continue  # the new block is believed never to come back: not stored
+                elif passed:
                     v = min(passed, key=cached.__getitem__)
                 else:
-                    v = max(cached, key=lambda c: cached[c][1])
+                    v = far
                     if cached[v][1] < keys[p]:
                         continue  # bypass: the new block's key is the farthest
                 del cached[v]

@@ -238,6 +238,7 @@ def run_server(args) -> int:
     from quillcache.rpc.stream import DEFAULT_IDLE_TIMEOUT_S
     from quillcache.master.snapshot import SnapshotError
 
+    parent_gone = parent_watch()  # first: the parent may die while this master starts
     try:
         _check_durations(args)
     except ValueError as e:
@@ -328,7 +329,6 @@ def run_server(args) -> int:
 
         ticker = threading.Thread(target=tick_loop, name="master-tick", daemon=True)
         ticker.start()
-        parent_gone = parent_watch()
         while not stop.wait(0.5):
             if parent_gone():
                 log.warning("the process that started this master is gone: stopping")
