@@ -1146,18 +1146,18 @@ def plot_joint_bounds(results_root: str | None, out: Path) -> list[Path]:
 
         x, y = closed(jb[jb["capacity_blocks"] == cap])
         ax.plot(x, y, marker="o", ms=3, color=PALETTE[2], lw=1.8,
-                label=f"joint oracle (offline: which, and when up to exp({sigma:g} Z))")
+                label=f"joint oracle (offline: which, and when up to exp({sigma:g} Z); a wrong request: its new blocks)")
         part = info[(info["trace"] == trace) & (info["capacity_blocks"] == cap)]
         if not part.empty:
             x, y = closed(part)
-            ax.plot(x, y, marker="s", ms=3, color=BOUND, ls=":", lw=1.4, label="reuse oracle (offline: which only)")
+            ax.plot(x, y, marker="s", ms=3, color=BOUND, ls=":", lw=1.4, label="reuse oracle (offline: which only; a wrong request: all its blocks)")
         if (OURS, cap) in rate:
             ax.axhline((rate[(OURS, cap)] - lru) / (bel - lru), color=OURS_COLOUR, lw=2.0, label=f"{OURS} (ours)")
         ax.axhline(0.5, color=GREY, ls="--", lw=1.0, label="the 50% target")
         ax.axhline(0.0, color=BASELINE, lw=0.8, label="lru")
         if not matched.empty:
             ax.axvline(float(matched["value"].iloc[0]), color=PALETTE[4], ls="-.", lw=1.0,
-                       label="as wrong as the online trees")
+                       label="about as wrong as the online trees")
         ax.set_ylim(-1.05, 1.05)
         style_axes(ax, xlabel="requests the which-predictor gets wrong", ylabel="share of the gap closed",
                    title=f"{cap_label(cap)} blocks")
