@@ -175,11 +175,30 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _kill_parent_and_await_children(proc: subprocess.Popen, pids: list[int]) -> None:
+    """SIGKILL ``proc`` (no cleanup of its own runs) and poll until every child pid is gone."""
+    proc.kill()
+    proc.wait(timeout=30)
+    for pid in pids:
+        _poll(lambda pid=pid: _gone(pid), 20, f"child pid {pid} exit after its parent's SIGKILL")
+
+
+def _reap(proc: subprocess.Popen, pids: list[int]) -> None:
+    """Whatever a failed test left: the parent, then every child still there (woken first if paused)."""
+    import signal
+
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path):
     """SIGKILL runs no cleanup in ``cluster up``: its master and nodes notice they were re-parented
     (``cli.parent``) and stop by themselves, each through its own cleanup."""
-    import signal
-
     proc = subprocess.Popen([sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "2", "--dram", "8MiB",
                              "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids: list[int] = []
@@ -187,27 +206,17 @@ def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path):
         line = json.loads(proc.stdout.readline())
         pids = [line["master_pid"], *(n["pid"] for n in line["nodes"])]
         assert not any(_gone(p) for p in pids)
-        proc.kill()
-        proc.wait(timeout=30)
-        for pid in pids:
-            _poll(lambda pid=pid: _gone(pid), 20, f"child pid {pid} exit after its parent's SIGKILL")
+        _kill_parent_and_await_children(proc, pids)
         for name in ("master", "node-0", "node-1"):
             log = (tmp_path / f"{name}.log").read_text()
             assert "is gone: stopping" in log, (name, log[-2000:])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in pids:
-            if not _gone(pid):
-                os.kill(pid, signal.SIGKILL)
+        _reap(proc, pids)
 
 
 def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):
     """A node stopped by ``pause_node`` (SIGSTOP) cannot poll: the kernel's SIGCONT on its parent's
     death (``cli.parent``) wakes it, and it stops like the others."""
-    import signal
-
     script = (
         "import json, sys, time\n"
         "from quillcache.pool.cluster import LocalCluster\n"
@@ -221,18 +230,9 @@ def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):
         pids = json.loads(proc.stdout.readline())
         with open(f"/proc/{pids[1]}/stat") as fh:
             assert fh.read().rsplit(")", 1)[1].split()[0] == "T"  # the node is stopped
-        proc.kill()
-        proc.wait(timeout=30)
-        for pid in pids:
-            _poll(lambda pid=pid: _gone(pid), 20, f"child pid {pid} exit after its parent's SIGKILL")
+        _kill_parent_and_await_children(proc, pids)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in pids:
-            if not _gone(pid):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
+        _reap(proc, pids)
 
 
 def test_a_child_started_otherwise_never_watches_a_parent(monkeypatch):
