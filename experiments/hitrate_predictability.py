@@ -208,34 +208,39 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((ranks[labels].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
 
 
-def best_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
-    """The best accuracy of ``score > t`` over every threshold ``t`` (predicting all 0 or all 1
-    included)."""
+def _threshold_counts(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For "the top k scores are positive", k = 0..n: true and false positives, and a mask of the k
+    that fall between distinct scores (the thresholds ``score > t`` can make)."""
     labels = np.asarray(labels).astype(bool)
     order = np.argsort(-np.asarray(scores, np.float64), kind="mergesort")
     s, y = np.asarray(scores, np.float64)[order], labels[order]
-    tp = np.concatenate(([0], np.cumsum(y)))  # predicting the top k positive
+    tp = np.concatenate(([0], np.cumsum(y)))
     fp = np.concatenate(([0], np.cumsum(~y)))
-    correct = tp + (len(y) - int(y.sum()) - fp)
-    cut = np.concatenate(([True], s[1:] != s[:-1], [True]))  # only between distinct scores
-    return float(correct[cut].max() / len(y)) if len(y) else math.nan
+    cut = np.concatenate(([True], s[1:] != s[:-1], [True]))
+    return tp, fp, cut
+
+
+def best_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The best accuracy of ``score > t`` over every threshold ``t`` (predicting all 0 or all 1
+    included)."""
+    n = len(labels)
+    if not n:
+        return math.nan
+    tp, fp, cut = _threshold_counts(scores, labels)
+    correct = tp + (n - int(tp[-1]) - fp)
+    return float(correct[cut].max() / n)
 
 
 def best_balanced_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
     """The best balanced accuracy ``(TPR + TNR) / 2`` of ``score > t`` over every threshold ``t``
     (all 0 or all 1 included, which score 0.5); NaN if one class is empty. One minus it is the error
     rate, the same on both classes, of the per-request flips of ``quillcache.hitrate.bounds`` that
-    this predictor matches."""
-    labels = np.asarray(labels).astype(bool)
-    npos, nneg = int(labels.sum()), int((~labels).sum())
+    this predictor matches (a heuristic match where its errors are not symmetric)."""
+    tp, fp, cut = _threshold_counts(scores, labels)
+    npos, nneg = int(tp[-1]), int(fp[-1])
     if npos == 0 or nneg == 0:
         return math.nan
-    order = np.argsort(-np.asarray(scores, np.float64), kind="mergesort")
-    s, y = np.asarray(scores, np.float64)[order], labels[order]
-    tp = np.concatenate(([0], np.cumsum(y)))  # predicting the top k positive
-    fp = np.concatenate(([0], np.cumsum(~y)))
     bal = (tp / npos + (nneg - fp) / nneg) / 2.0
-    cut = np.concatenate(([True], s[1:] != s[:-1], [True]))  # only between distinct scores
     return float(bal[cut].max())
 
 

@@ -70,7 +70,7 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    ``timing_predictability_sigma``; raw ``timing_bounds.csv``). Both halves together: the joint
    oracle (``joint_oracle``: *when* as wrong as that measured sigma, *which* wrong about
    ``INFO_FLIP_RATES`` of the requests and about the share matching the online trees' best balanced
-   accuracy; raw ``joint_bounds.csv``) at the acceptance capacities: what an online policy with
+   accuracy; raw ``joint_bounds.csv``) at the acceptance capacities: what a policy that commits to
    predictors that good could close.
 
 Figures (``plot`` reads only the raw CSVs): ``paper/figures/hitrate.png`` (hit rate vs capacity
@@ -112,6 +112,7 @@ from experiments.hitrate_predictability import (
 from quillcache.hitrate import HITRATE_POLICIES, SEMI_ONLINE, simulate
 from quillcache.hitrate.anatomy import GAP_LABELS, USES_LABELS, anatomy
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
+from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 from quillcache.results import Anchor, SummaryRow, print_table, spread, write_raw, write_summary
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, default_trace_path
 
@@ -774,12 +775,13 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
     # 3c. information bounds (cell 6 of the docstring; offline, separate metrics, never beside the online rows)
     raw_info, info_rows = information_bounds(arrs, label, caps, table, cfg["flip_seeds"])
     rows += info_rows
-    raw_timing, timing_rows = timing_bounds(arrs, label, table, cfg["flip_seeds"])
+    gap_ratios = turn_gap_log_ratios(arrs)  # "the same gap as last time": the timing and joint bounds' sigma
+    raw_timing, timing_rows = timing_bounds(arrs, label, table, cfg["flip_seeds"], gap_ratios)
     rows += timing_rows
     gbm = {mode: gbm_scores(arrs, mode, **cfg["gbm"]) for mode in LABEL_MODES}
     raw_learned, learned_rows = learned_reuse(arrs, label, table, gbm, cfg["gbm"].get("chunk", GBM_CHUNK))
     rows += learned_rows
-    raw_joint, joint_rows = joint_bounds(arrs, label, table, cfg["flip_seeds"], gbm["online"])
+    raw_joint, joint_rows = joint_bounds(arrs, label, table, cfg["flip_seeds"], gap_ratios, gbm["online"])
     rows += joint_rows
     raw_pred = []
     for pr in predictability(arrs, gbm=gbm):
@@ -931,16 +933,14 @@ def bound_rows(subject: str, sp: dict, n: int, lru: float, bel: float, what: str
                        notes=f"lru={lru:.4f} oracle={sp['median']:.4f} belady={bel:.4f}", params=params)]
 
 
-def timing_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, ...]
+def timing_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, ...], ratios: np.ndarray
                   ) -> tuple[list[tuple], list[SummaryRow]]:
     """Cell 6, the other half: how wrong a simple predictor of *when* a conversation returns is
-    (``turn_gap_log_ratios``: "after the same gap as last time", its robust sigma), and the timing
-    oracle (knows *which* blocks return; *when* wrong by ``exp(sigma * Z)`` per request) at the
-    acceptance capacities for ``INFO_TIMING_SIGMAS`` and that measured sigma; median over seeds."""
+    (``ratios`` from ``turn_gap_log_ratios``: "after the same gap as last time", its robust sigma), and
+    the timing oracle (knows *which* blocks return; *when* wrong by ``exp(sigma * Z)`` per request) at
+    the acceptance capacities for ``INFO_TIMING_SIGMAS`` and that measured sigma; median over seeds."""
     from quillcache.hitrate.bounds import timing_oracle
-    from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
-    ratios = turn_gap_log_ratios(arrs)
     measured = robust_sigma(ratios)
     rows: list[SummaryRow] = []
     if len(ratios):
@@ -970,19 +970,18 @@ def timing_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, 
     return raw, rows
 
 
-def joint_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, ...], online_scores: np.ndarray
-                 ) -> tuple[list[tuple], list[SummaryRow]]:
+def joint_bounds(arrs: TraceArrays, label: str, table: dict, seeds: tuple[int, ...], ratios: np.ndarray,
+                 online_scores: np.ndarray) -> tuple[list[tuple], list[SummaryRow]]:
     """Cell 6, both halves together: the joint oracle (``quillcache.hitrate.bounds.joint_oracle``)
-    at the acceptance capacities, its *when* as wrong as the same-gap predictor (the measured sigma)
-    and its *which* right (the timing oracle that gives up on late returns) or wrong about
-    ``INFO_FLIP_RATES`` of the requests and about the share that matches the online trees (one minus
-    their best balanced accuracy on the requests they scored); median over seeds."""
+    at the acceptance capacities, its *when* as wrong as the same-gap predictor (the robust sigma of
+    ``ratios``, as in ``timing_bounds``) and its *which* right (the timing oracle that gives up on
+    late returns) or wrong about ``INFO_FLIP_RATES`` of the requests and about the share that
+    heuristically matches the online trees (one minus their best balanced accuracy on the requests
+    they scored); median over seeds."""
     from quillcache.hitrate.bounds import joint_oracle
-    from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
     raw: list[tuple] = []
     rows: list[SummaryRow] = []
-    ratios = turn_gap_log_ratios(arrs)
     if not len(ratios):
         return raw, rows  # no turn comes back twice: no measured timing spread to use
     sigma = round(robust_sigma(ratios), 2)
@@ -1146,11 +1145,13 @@ def plot_joint_bounds(results_root: str | None, out: Path) -> list[Path]:
 
         x, y = closed(jb[jb["capacity_blocks"] == cap])
         ax.plot(x, y, marker="o", ms=3, color=PALETTE[2], lw=1.8,
-                label=f"joint oracle (offline: which, and when up to exp({sigma:g} Z); a wrong request: its new blocks)")
+                label=f"joint oracle (offline: which, and when up to exp({sigma:g} Z); "
+                      "a wrong request: its new blocks)")
         part = info[(info["trace"] == trace) & (info["capacity_blocks"] == cap)]
         if not part.empty:
             x, y = closed(part)
-            ax.plot(x, y, marker="s", ms=3, color=BOUND, ls=":", lw=1.4, label="reuse oracle (offline: which only; a wrong request: all its blocks)")
+            ax.plot(x, y, marker="s", ms=3, color=BOUND, ls=":", lw=1.4,
+                    label="reuse oracle (offline: which only; a wrong request: all its blocks)")
         if (OURS, cap) in rate:
             ax.axhline((rate[(OURS, cap)] - lru) / (bel - lru), color=OURS_COLOUR, lw=2.0, label=f"{OURS} (ours)")
         ax.axhline(0.5, color=GREY, ls="--", lw=1.0, label="the 50% target")

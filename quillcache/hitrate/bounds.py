@@ -75,8 +75,9 @@ from quillcache.hitrate.arrays import TraceArrays, validate_arrays
 from quillcache.hitrate.kernels import belady
 from quillcache.hitrate.reference import replay
 
-__all__ = ["NEVER", "false_return_distances", "flips", "give_up_positions", "joint_flips", "joint_oracle", "joint_oracle_reference", "noisy_next_use", "noisy_next_use_reference", "reuse_oracle", "reuse_oracle_reference",
-           "timing_factors", "timing_oracle", "timing_oracle_reference"]
+__all__ = ["NEVER", "false_return_distances", "flips", "give_up_positions", "joint_flips", "joint_oracle",
+           "joint_oracle_reference", "noisy_next_use", "noisy_next_use_reference", "reuse_oracle",
+           "reuse_oracle_reference", "timing_factors", "timing_oracle", "timing_oracle_reference"]
 
 _DEAD, _LIVE = 0, 1
 
@@ -184,7 +185,7 @@ def timing_factors(num_requests: int, sigma: float, seed: int) -> np.ndarray:
 
 
 def joint_flips(num_requests: int, flip_rate: float, seed: int) -> np.ndarray:
-    """bool[R]: the requests whose every reference the joint oracle believes the other way (stream
+    """bool[R]: the requests whose new blocks the joint oracle believes the other way (stream
     ``[seed, 1]``, independent of ``timing_factors(..., seed)``; none drawn at ``flip_rate`` 0)."""
     check_float("flip_rate", flip_rate, 0.0, 1.0)
     check_int("seed", seed, 0)
