@@ -175,6 +175,11 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
 def _kill_parent_and_await_children(proc: subprocess.Popen, pids: list[int]) -> None:
     """SIGKILL ``proc`` (no cleanup of its own runs) and poll until every child pid is gone."""
     proc.kill()
@@ -228,11 +233,21 @@ def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):
     pids: list[int] = []
     try:
         pids = json.loads(proc.stdout.readline())
-        with open(f"/proc/{pids[1]}/stat") as fh:
-            assert fh.read().rsplit(")", 1)[1].split()[0] == "T"  # the node is stopped
+        assert _proc_state(pids[1]) == "T"  # pause_node returned once the node stopped
         _kill_parent_and_await_children(proc, pids)
     finally:
         _reap(proc, pids)
+
+
+def test_pause_and_resume_return_once_the_kernel_shows_them(cluster):
+    """Signals arrive asynchronously; ``pause_node``/``resume_node`` wait for the state they name, so
+    a caller never acts on a node it believes frozen while it still runs."""
+    n = cluster.nodes[2]
+    for _ in range(20):  # each round's reads come right after the call returns
+        cluster.pause_node(2)
+        assert _proc_state(n.pid) == "T"
+        cluster.resume_node(2)
+        assert _proc_state(n.pid) != "T"
 
 
 def test_a_child_started_otherwise_never_watches_a_parent(monkeypatch):

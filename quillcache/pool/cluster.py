@@ -8,7 +8,8 @@ Contract:
   to ``base_dir/<name>.log`` (quoted in every start error).
 - Failure injection on real processes: ``kill_node(i, sig)``, ``restart_node(i)`` (same node id and SSD
   directory: its flushed SSD blocks come back to the pool), ``pause_node(i)``/``resume_node(i)``
-  (SIGSTOP/SIGCONT), ``kill_master(sig)``, ``restart_master()`` (same data dir and port, so the nodes and
+  (SIGSTOP/SIGCONT; each returns once ``/proc`` shows the node stopped / running again),
+  ``kill_master(sig)``, ``restart_master()`` (same data dir and port, so the nodes and
   stores find it again).
 - ``close()`` (also on ``__exit__``, and when ``start`` fails half-way) always stops every child it started,
   paused or not, even when some died (SIGCONT, SIGTERM, then SIGKILL past a deadline), and removes a
@@ -157,6 +158,27 @@ def _signals_held() -> Iterator[None]:
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
         for sig in dict.fromkeys(caught):
             os.kill(os.getpid(), sig)
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether ``/proc/<pid>/stat`` shows the process stopped by a signal (state ``T``)."""
+    with open(f"/proc/{pid}/stat") as fh:  # the state follows the last ')' (the name may hold one)
+        return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _await_state(proc: subprocess.Popen, *, stopped: bool, timeout_s: float) -> None:
+    """Poll until ``proc`` is (or is no longer) stopped; a process that exited meanwhile ends the wait."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        try:
+            if _is_stopped(proc.pid) == stopped:
+                return
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if time.monotonic() > deadline:
+            what = "stop" if stopped else "resume"
+            raise TimeoutError(f"pid {proc.pid} did not {what} within {timeout_s:g} s")
+        time.sleep(0.001)
 
 
 def _stop(proc: subprocess.Popen | None, timeout_s: float = STOP_TIMEOUT_S) -> None:
@@ -381,11 +403,18 @@ class LocalCluster:
             if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
                 n.proc.wait(timeout=timeout_s)
 
-    def pause_node(self, i: int) -> None:
-        self.nodes[i].proc.send_signal(signal.SIGSTOP)
+    def pause_node(self, i: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGSTOP node ``i`` and return once the kernel shows it stopped (signals are delivered
+        asynchronously: without the wait, a caller could act on a node that still runs)."""
+        proc = self.nodes[i].proc
+        proc.send_signal(signal.SIGSTOP)
+        _await_state(proc, stopped=True, timeout_s=timeout_s)
 
-    def resume_node(self, i: int) -> None:
-        self.nodes[i].proc.send_signal(signal.SIGCONT)
+    def resume_node(self, i: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGCONT node ``i`` and return once it is no longer stopped."""
+        proc = self.nodes[i].proc
+        proc.send_signal(signal.SIGCONT)
+        _await_state(proc, stopped=False, timeout_s=timeout_s)
 
     def restart_node(self, i: int) -> NodeProcess:
         """Stop node ``i`` (if alive) and start it again: same node id and SSD dir; returns once mounted."""
