@@ -201,15 +201,25 @@ def _reap(proc: subprocess.Popen, pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path):
+@pytest.mark.parametrize("etcd", [False, True], ids=["plain", "etcd"])
+def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path, etcd):
     """SIGKILL runs no cleanup in ``cluster up``: its master and nodes notice they were re-parented
-    (``cli.parent``) and stop by themselves, each through its own cleanup."""
+    (``cli.parent``) and stop by themselves, each through its own cleanup; an ``--etcd`` server,
+    which cannot poll, gets SIGTERM from the kernel (``kill_on_parent_death``)."""
+    from quillcache.cluster.etcd import ETCD_INSTALL_HINT, find_etcd
+
+    if etcd and find_etcd() is None:
+        pytest.skip(ETCD_INSTALL_HINT)
     proc = subprocess.Popen([sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "2", "--dram", "8MiB",
-                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--dir", str(tmp_path), *(["--etcd"] if etcd else [])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids: list[int] = []
     try:
         line = json.loads(proc.stdout.readline())
         pids = [line["master_pid"], *(n["pid"] for n in line["nodes"])]
+        assert (line["etcd_pid"] is not None) == etcd
+        if etcd:
+            pids.append(line["etcd_pid"])
         assert not any(_gone(p) for p in pids)
         _kill_parent_and_await_children(proc, pids)
         for name in ("master", "node-0", "node-1"):
@@ -272,6 +282,35 @@ def test_a_child_started_otherwise_never_watches_a_parent(monkeypatch):
     monkeypatch.setenv(PARENT_ENV, str(os.getppid()))
     gone = parent_watch()
     assert gone() is False and PARENT_ENV not in os.environ  # read once, never inherited
+
+
+def test_a_child_that_cannot_poll_gets_killed_with_its_parent():
+    """``kill_on_parent_death``: a child that runs no code of ours (here ``sleep``; etcd in use) is
+    signalled by the kernel when its parent is SIGKILLed; from a thread other than the main one the
+    guard is not given (the kernel's signal would follow that thread's end)."""
+    import threading
+
+    from quillcache.cli.parent import kill_on_parent_death
+
+    script = ("import subprocess, signal\n"
+              "from quillcache.cli.parent import kill_on_parent_death\n"
+              "p = subprocess.Popen(['sleep', '600'], preexec_fn=kill_on_parent_death(signal.SIGTERM))\n"
+              "print(p.pid, flush=True)\n"
+              "p.wait()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(proc.stdout.readline())]
+        assert not _gone(pids[0])
+        _kill_parent_and_await_children(proc, pids)
+    finally:
+        _reap(proc, pids)
+    assert callable(kill_on_parent_death())
+    seen: list[object] = []
+    t = threading.Thread(target=lambda: seen.append(kill_on_parent_death()))
+    t.start()
+    t.join()
+    assert seen == [None]
 
 
 def test_nodes_register_in_etcd_and_leave_when_killed(tmp_path):

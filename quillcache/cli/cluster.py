@@ -98,6 +98,7 @@ def _up(args) -> int:
                          "base_dir": str(cluster.base_dir),
                          "secret_env": "QUILLCACHE_TRANSFER_SECRET", "secret": cluster.secret,
                          "etcd": cluster.etcd.endpoint if cluster.etcd is not None else None,
+                         "etcd_pid": cluster.etcd.pid if cluster.etcd is not None else None,
                          "nodes": [{"node_id": n.node_id, "pid": n.pid, "transfer": n.transfer_address,
                                     "control": n.control_address} for n in cluster.nodes]})
         # the print is inside the try: a signal handled right after the line went out (a reader that stops the

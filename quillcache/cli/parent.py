@@ -15,6 +15,13 @@ watch also asks the kernel for SIGCONT on the parent's death (``prctl(PR_SET_PDE
 harmless to a running process, and it wakes a stopped one, which then sees the check. (That
 signal is sent when the *thread* that started the child exits, which may be before the parent
 does: another reason it is only SIGCONT, never a stop signal; the check is what decides.)
+
+A child that is not ours to change (the ``etcd`` binary, which cannot poll) is started with
+``kill_on_parent_death(sig)`` as its ``preexec_fn``: between fork and exec it asks the kernel for
+``sig`` on its parent's death, and exits at once if the parent died before that (the request
+would then never fire). Because that signal follows the starting *thread*, the guard is only
+given when the child is started from the main thread (whose end is the process's end); from any
+other thread ``kill_on_parent_death`` returns None and the child is not guarded.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
-__all__ = ["PARENT_ENV", "parent_watch"]
+__all__ = ["PARENT_ENV", "kill_on_parent_death", "parent_watch"]
 
 PARENT_ENV = "QUILLCACHE_PARENT_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -56,6 +64,27 @@ def _continue_on_parent_death() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
     except (OSError, AttributeError):
         pass  # no prctl: a stopped child then waits for a SIGCONT from someone else
+
+
+def kill_on_parent_death(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen`` that makes the kernel send ``sig`` to the child when
+    this process dies (Linux, called from the main thread), or None where that cannot be promised.
+    The child kills itself (SIGKILL) if this process is already gone when it runs."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not between fork and exec
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    sig = int(sig)
+
+    def arm() -> None:  # runs in the child, before exec: no imports, no locks
+        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request was made
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
 
 
 def parent_watch() -> Callable[[], bool]:

@@ -10,7 +10,10 @@ Contract:
   gets healthy is killed and reported when the deadline passes. Nothing sleeps a fixed time.
 - It is always stopped: ``stop()`` (SIGTERM, then SIGKILL after ``stop_timeout_s``) runs on leaving the
   ``with`` block, on a failed start, and, through a finalizer, at interpreter exit for a process that was
-  never stopped. ``kill()`` is SIGKILL at once (a crashed etcd, for tests). ``stop()`` is idempotent.
+  never stopped. Should this process die without any of that (SIGKILL), the kernel sends etcd SIGTERM
+  (``quillcache.cli.parent.kill_on_parent_death``; Linux, when ``start()`` runs in the main thread; the
+  data directory is then left). ``kill()`` is SIGKILL at once (a crashed etcd, for tests). ``stop()``
+  is idempotent.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import weakref
 from pathlib import Path
 
 from quillcache._checks import check_float, check_int
+from quillcache.cli.parent import kill_on_parent_death
 
 __all__ = ["ETCD_INSTALL_HINT", "EtcdNotFoundError", "EtcdProcess", "EtcdStartError", "find_etcd", "free_port"]
 
@@ -143,7 +147,8 @@ class EtcdProcess:
                "--initial-cluster", f"{self.name}={peer_url}", "--initial-cluster-state", "new",
                "--logger", "zap", "--log-level", "warn"]
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          preexec_fn=kill_on_parent_death(signal.SIGTERM))
         self._finalizer = weakref.finalize(self, _terminate, self._proc, self.stop_timeout_s)
         try:
             self._wait_healthy()

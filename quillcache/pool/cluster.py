@@ -16,7 +16,8 @@ Contract:
   ``base_dir`` it created. No atexit hooks: the caller's ``with``/``finally`` is the guarantee; and
   should this process die without running it (SIGKILL), every master and node child stops by itself
   within a second or so, a paused one included (it polls whether it was re-parented, and the kernel
-  wakes a stopped one: ``quillcache.cli.parent``). The
+  wakes a stopped one: ``quillcache.cli.parent``), and the kernel sends an etcd SIGTERM (when
+  ``start`` ran in the main thread: ``quillcache.cluster.etcd``). The
   nodes are stopped together (SIGTERM to all, one shared deadline, then SIGKILL to the rest), then the
   master: ``close`` waits one deadline for all the nodes, not one per node. A ``KeyboardInterrupt``
   (Ctrl-C, or a stop signal the CLI turns into one) during ``start`` stops what was started before it
