@@ -162,9 +162,16 @@ def _signals_held() -> Iterator[None]:
 
 
 def _is_stopped(pid: int) -> bool:
-    """Whether ``/proc/<pid>/stat`` shows the process stopped by a signal (state ``T``)."""
-    with open(f"/proc/{pid}/stat") as fh:  # the state follows the last ')' (the name may hold one)
-        return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+    """Whether every thread of ``pid`` is stopped by a signal (state ``T`` in ``/proc``): a SIGSTOP
+    stops the threads one by one, so the main thread's state alone can say stopped too early."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:  # the state follows the last ')' (names may hold one)
+                states.append(fh.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that just exited
+            continue
+    return bool(states) and all(st == "T" for st in states)
 
 
 def _await_state(proc: subprocess.Popen, *, stopped: bool, timeout_s: float) -> None:
