@@ -63,25 +63,38 @@ def test_table_and_files_match_simulate(tmp_path: Path) -> None:
 
 def test_bounds_add_the_reuse_and_timing_oracle_rows(tmp_path: Path) -> None:
     from quillcache.hitrate.arrays import load_arrays
-    from quillcache.hitrate.bounds import reuse_oracle, timing_oracle
+    from quillcache.hitrate.bounds import joint_oracle, reuse_oracle, timing_oracle
     from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
+    from quillcache.results import read_summary
 
     trace = write(tmp_path, good_lines())
     out = tmp_path / "out"
-    p = cli(str(trace), "--policies", "sieve", "--capacities", "2,inf", "--bounds", "--out", str(out))
+    p = cli(str(trace), "--policies", "sieve", "--capacities", "2,inf", "--bounds", "--bound-flip-rates", "0.1,25%",
+            "--out", str(out))
     assert p.returncode == 0, p.stderr
     assert "reuse_oracle (offline: which blocks return, not when)" in p.stdout
     df = pd.read_csv(out / "hitrate.csv")
-    assert list(df["policy"].unique()) == ["lru", "sieve", "belady", "reuse_oracle", "timing_oracle"]
+    assert list(df["policy"].unique()) == ["lru", "sieve", "belady", "reuse_oracle", "timing_oracle",
+                                           "joint_oracle@10%", "joint_oracle@25%"]
     arrs = load_arrays(trace)
     sigma = round(robust_sigma(turn_gap_log_ratios(arrs)), 2)  # one turn comes back here: its spread is 0
     assert "timing_oracle (offline: which, and roughly when)" in p.stdout
     assert f"timing_oracle: sigma = {sigma:.2f}" in p.stdout
     timing = df[df.policy == "timing_oracle"]
-    assert (timing["sigma"] == sigma).all() and df[df.policy != "timing_oracle"]["sigma"].isna().all()
+    noisy = df.policy.isin(["timing_oracle", "joint_oracle@10%", "joint_oracle@25%"])
+    assert (df[noisy]["sigma"] == sigma).all() and df[~noisy]["sigma"].isna().all()
     for r in timing.itertuples():
         cap = arrs.num_unique if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
         assert r.hit_blocks == int(timing_oracle(arrs, cap, sigma).sum())
+    for name, rate in (("joint_oracle@10%", 0.1), ("joint_oracle@25%", 0.25)):
+        rows = df[df.policy == name]
+        assert (rows["flip_rate"] == rate).all() and len(rows) == 2
+        for r in rows.itertuples():
+            cap = arrs.num_unique if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
+            assert r.hit_blocks == int(joint_oracle(arrs, cap, sigma, rate).sum())
+    assert df[~df.policy.str.startswith("joint_oracle")]["flip_rate"].isna().all()
+    tidy = read_summary("out", tmp_path)
+    assert set(tidy[tidy.subject == "joint_oracle@25%"]["flip_rate"]) == {0.25}
     oracle = df[df.policy == "reuse_oracle"].set_index(df[df.policy == "reuse_oracle"].capacity_blocks.fillna(-1))
     assert oracle.loc[2, "hit_blocks"] == int(reuse_oracle(arrs, 2).sum())
     unlimited = df[df.capacity_blocks.isna()].set_index("policy")
@@ -98,7 +111,7 @@ def test_bounds_leave_the_timing_oracle_out_without_turns_and_say_so(tmp_path: P
     out = tmp_path / "out"
     p = cli(str(trace), "--capacities", "1,inf", "--policies", "lru", "--bounds", "--out", str(out))
     assert p.returncode == 0, p.stderr
-    assert "timing_oracle: left out" in p.stdout
+    assert "timing_oracle and joint_oracle: left out" in p.stdout
     assert list(pd.read_csv(out / "hitrate.csv")["policy"].unique()) == ["lru", "belady", "reuse_oracle"]
 
 
@@ -210,6 +223,11 @@ def test_skipped_lines_are_reported(tmp_path: Path) -> None:
     ("anatomy one", ["{good}", "--anatomy", "lru"], "--anatomy: 'lru' must name two different policies"),
     ("anatomy same", ["{good}", "--anatomy", "lru, lru"], "must name two different policies"),
     ("anatomy unknown", ["{good}", "--anatomy", "lru,mru"], "--anatomy: unknown policy 'mru'"),
+    ("flip text", ["{good}", "--bounds", "--bound-flip-rates", "5%,some"],
+     "--bound-flip-rates: 'some' is not a share of requests"),
+    ("flip one", ["{good}", "--bounds", "--bound-flip-rates", "1"], "--bound-flip-rates: '1' must be a share in [0%, 100%)"),
+    ("flip negative", ["{good}", "--bound-flip-rates=-2%"], "--bound-flip-rates: '-2%' must be a share"),
+    ("flip nan", ["{good}", "--bound-flip-rates", "nan"], "--bound-flip-rates: 'nan' must be a share"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, args: list[str], needle: str) -> None:
     paths = {
@@ -407,12 +425,13 @@ def test_bound_kernels_are_warmed_up_before_they_are_timed(monkeypatch: pytest.M
 
     arrs = load_arrays(write(tmp_path, good_lines()))
     calls: list[tuple[str, object]] = []
-    for name in ("reuse_oracle", "timing_oracle"):
+    names = ("reuse_oracle", "timing_oracle", "joint_oracle")
+    for name in names:
         real = getattr(bounds, name)
         monkeypatch.setattr(bounds, name, lambda a, *rest, _n=name, _f=real: calls.append((_n, a)) or _f(a, *rest))
-    df, _ = with_bounds(sweep(arrs, ["lru", "belady"], [2, None]), arrs, 512)
-    assert set(df["policy"]) == {"lru", "belady", "reuse_oracle", "timing_oracle"}
-    for name in ("reuse_oracle", "timing_oracle"):
+    df, _ = with_bounds(sweep(arrs, ["lru", "belady"], [2, None]), arrs, 512, [0.1])
+    assert set(df["policy"]) == {"lru", "belady", "reuse_oracle", "timing_oracle", "joint_oracle@10%"}
+    for name in names:
         seen = [a for n, a in calls if n == name]
         assert len(seen) == 3 and seen[0] is not arrs and seen[0].num_requests == 2, name  # warm-up, then 2 caps
         assert all(a is arrs for a in seen[1:]), name

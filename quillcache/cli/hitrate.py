@@ -30,7 +30,10 @@ knowing exactly which blocks return but *when* only up to a factor ``exp(sigma *
 with ``sigma`` measured on the trace itself for "a conversation comes back after the same gap as its
 previous turn" (``quillcache.hitrate.turns``; left out, with a note, when the trace has no such
 turns). So the table also says how much of the gap on this trace is *which* blocks return and how
-much is *when*. ``--anatomy A,B`` says where two policies differ (``quillcache.hitrate.anatomy``): at
+much is *when*. With ``sigma`` known, ``joint_oracle@F`` rows (``--bound-flip-rates``, default
+``DEFAULT_BOUND_FLIP_RATES``) are wrong about both at once: the timing oracle's error, and which
+blocks return inverted for a share F of the requests (giving up on blocks long overdue): the gap
+a predictor that wrong on both counts could close at best. ``--anatomy A,B`` says where two policies differ (``quillcache.hitrate.anatomy``): at
 every finite capacity, the block references A hits and B misses and the reverse, by the block's uses
 in the whole trace and the requests since its previous use; two tables of the net difference
 (A only - B only) and ``anatomy.csv`` with every cell (``--anatomy quillchain,belady`` shows what a
@@ -43,16 +46,18 @@ import argparse
 import os  # noqa: F401 - tests patch hitrate.os.replace, the rename quillcache.cli.resultset uses
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from quillcache.cli.argtypes import MAX_COUNT
 from quillcache.cli.resultset import ResultsWritten, write_reported, write_result_set
 
-__all__ = ["DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten", "Share", "anatomy_frame",
-           "configure", "parse_anatomy", "parse_capacities", "resolve_capacities", "run", "write_results"]
+__all__ = ["DEFAULT_BOUND_FLIP_RATES", "DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten", "Share", "anatomy_frame",
+           "configure", "parse_anatomy", "parse_capacities", "resolve_capacities", "parse_flip_rates", "run", "write_results"]
 
 DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
+DEFAULT_BOUND_FLIP_RATES = "5%,10%,20%"  # --bounds: the joint oracle's shares of requests wrong about which blocks return
 DEFAULT_OUT = Path("results") / "hitrate_cli"
 MAX_CAPACITY_BLOCKS = MAX_COUNT  # far above any trace's distinct blocks, and safe in every int64 column
 
@@ -98,6 +103,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="also run the reuse oracle (offline: knows which blocks are referenced again, never when) "
                         "and the timing oracle (offline: knows which, and when as roughly as 'the same gap as the "
                         "previous turn')")
+    p.add_argument("--bound-flip-rates", default=DEFAULT_BOUND_FLIP_RATES,
+                   help="with --bounds: one joint-oracle row per share of requests it is wrong about which blocks "
+                        f"return, on top of the timing oracle's error (e.g. 5%%,0.1; default "
+                        f"{DEFAULT_BOUND_FLIP_RATES.replace('%', '%%')})")
     p.add_argument("--anatomy", default=None, metavar="A,B",
                    help="also compare two policies reference by reference at every finite capacity: the block "
                         "references A hits and B misses and the reverse, by the block's uses in the trace and the "
@@ -124,6 +133,27 @@ class Share:
     def blocks(self, num_unique: int) -> int:
         """The study's rule (``experiments.hitrate_study.generalisation``): at least one block."""
         return max(1, int(num_unique * self.fraction))
+
+
+def parse_flip_rates(text: str) -> list[float]:
+    """``"5%,0.1"`` -> ``[0.05, 0.1]``: shares in [0, 1) as a percentage or a fraction; ValueError
+    naming the bad item."""
+    out: list[float] = []
+    for item in text.split(","):
+        s = item.strip()
+        try:
+            rate = float(s[:-1]) / 100.0 if s.endswith("%") else float(s)
+        except ValueError:
+            raise ValueError(f"--bound-flip-rates: {item!r} is not a share of requests (e.g. 10% or 0.1)") from None
+        if not 0.0 <= rate < 1.0:  # (NaN fails too)
+            raise ValueError(f"--bound-flip-rates: {item!r} must be a share in [0%, 100%)")
+        out.append(rate)
+    return list(dict.fromkeys(out))
+
+
+def joint_label(rate: float) -> str:
+    """The policy name of the joint oracle's rows at flip rate ``rate``: ``joint_oracle@10%``."""
+    return f"joint_oracle@{rate * 100:g}%"
 
 
 def parse_capacities(text: str) -> list[int | Share | None]:
@@ -254,11 +284,12 @@ def _print_anatomy(frame, pair: tuple[str, str], shares: dict[int, Share]) -> No
               f"(positive: {pair[0]} hits more there)", markup=False, highlight=False)
 
 
-def with_bounds(df, arrs, block_tokens: int):
-    """``df`` (a ``sweep`` frame with lru and belady) plus one ``reuse_oracle`` and one
-    ``timing_oracle`` row per capacity, their gap closed computed the same way (unlimited runs as
-    the number of distinct blocks); the timing oracle's ``sigma`` is in its rows' ``sigma`` column
-    and is left out when the trace gives no turn to measure it on. Each bound first runs once on a
+def with_bounds(df, arrs, block_tokens: int, flip_rates: Sequence[float] = ()):
+    """``df`` (a ``sweep`` frame with lru and belady) plus one ``reuse_oracle``, one
+    ``timing_oracle`` and one ``joint_label(f)`` row per flip rate ``f`` per capacity, their gap
+    closed computed the same way (unlimited runs as the number of distinct blocks); ``sigma`` is in
+    the timing and joint rows' ``sigma`` column (``flip_rate`` in the joint rows'), and both are left
+    out when the trace gives no turn to measure it on. Each bound first runs once on a
     two-request trace, so its ``refs_per_s`` times the replay and never Numba's JIT or cache load
     (as the sweep's rows do). Returns (frame, note)."""
     import time
@@ -266,23 +297,28 @@ def with_bounds(df, arrs, block_tokens: int):
     import pandas as pd
 
     from quillcache.hitrate.arrays import arrays_from_lists
-    from quillcache.hitrate.bounds import reuse_oracle, timing_oracle
+    from quillcache.hitrate.bounds import joint_oracle, reuse_oracle, timing_oracle
     from quillcache.hitrate.sweep import with_gap_closed
     from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 
     ratios = turn_gap_log_ratios(arrs, block_tokens)
     sigma = robust_sigma(ratios)
-    bounds = {"reuse_oracle": (lambda a, cap: reuse_oracle(a, cap), None)}
+    bounds = {"reuse_oracle": (lambda a, cap: reuse_oracle(a, cap), None, None)}
     if len(ratios) and sigma == sigma:
         sigma = round(sigma, 2)
-        bounds["timing_oracle"] = (lambda a, cap: timing_oracle(a, cap, sigma), sigma)
+        bounds["timing_oracle"] = (lambda a, cap: timing_oracle(a, cap, sigma), sigma, None)
+        for rate in flip_rates:
+            bounds[joint_label(rate)] = (lambda a, cap, _r=rate: joint_oracle(a, cap, sigma, _r), sigma, rate)
         note = (f"timing_oracle: sigma = {sigma:.2f}, the robust spread of log(next gap / previous gap) over "
-                f"{len(ratios):,} turns of this trace")
+                f"{len(ratios):,} turns of this trace"
+                + (f"; joint_oracle@F: the same error, and wrong about which blocks return for a share F of the "
+                   f"requests" if flip_rates else ""))
     else:
-        note = "timing_oracle: left out, no request here has a previous turn that comes back to measure sigma on"
+        note = ("timing_oracle" + (" and joint_oracle" if flip_rates else "")
+                + ": left out, no request here has a previous turn that comes back to measure sigma on")
     tiny = arrays_from_lists([[1, 2], [1, 3]])
     records = []
-    for name, (run_bound, sig) in bounds.items():
+    for name, (run_bound, sig, rate) in bounds.items():
         run_bound(tiny, 2)  # compile (or load from Numba's cache) here, so refs_per_s times the replay only
         for cap in dict.fromkeys(df["capacity_blocks"].tolist()):
             t0 = time.perf_counter()
@@ -292,7 +328,8 @@ def with_bounds(df, arrs, block_tokens: int):
                             "hit_rate": hits / arrs.num_refs if arrs.num_refs else 0.0, "hit_blocks": hits,
                             "total_blocks": arrs.num_refs,
                             "refs_per_s": arrs.num_refs / secs if secs > 0 else float("inf"),
-                            "sigma": float("nan") if sig is None else sig})
+                            "sigma": float("nan") if sig is None else sig,
+                            "flip_rate": float("nan") if rate is None else rate})
     extra = pd.DataFrame.from_records(records)
     extra["capacity_blocks"] = extra["capacity_blocks"].astype("Int64")
     return with_gap_closed(pd.concat([df.drop(columns="gap_closed"), extra], ignore_index=True)), note
@@ -311,8 +348,11 @@ def _tidy_rows(df, trace: str, block_tokens: int) -> list:
         if share == share:  # the capacity was given as a share of the distinct blocks
             params["cap_fraction"] = float(share)
         sigma = getattr(r, "sigma", float("nan"))
-        if sigma == sigma:  # the timing oracle's error
+        if sigma == sigma:  # the timing (and joint) oracle's error
             params["sigma"] = float(sigma)
+        flip = getattr(r, "flip_rate", float("nan"))
+        if flip == flip:  # the joint oracle's share of requests wrong about which blocks return
+            params["flip_rate"] = float(flip)
         rows.append(SummaryRow(metric="hit_rate", subject=r.policy, value=float(r.hit_rate), unit="fraction",
                                params=params))
         if not pd.isna(r.gap_closed):
@@ -359,6 +399,12 @@ LABELS = {"belady": " (offline bound)", "reuse_oracle": " (offline: which blocks
           "timing_oracle": " (offline: which, and roughly when)"}
 
 
+def _label(pol: str, semi_online) -> str:
+    if pol.startswith("joint_oracle@"):
+        return f" (offline: roughly when; which, wrong for {pol.split('@', 1)[1]} of requests)"
+    return LABELS.get(pol, " (semi-online)" if pol in semi_online else "")
+
+
 def _print_table(df, title: str, paths: list[Path], note: str, shares: dict[int, Share]) -> None:
     import pandas as pd
     from rich.console import Console
@@ -378,7 +424,7 @@ def _print_table(df, title: str, paths: list[Path], note: str, shares: dict[int,
             r = part[part["capacity_blocks"].isna()] if pd.isna(c) else part[part["capacity_blocks"] == c]
             hr, g = float(r["hit_rate"].iloc[0]), r["gap_closed"].iloc[0]
             cells.append(f"{hr:.4f}" + ("" if pd.isna(g) or pol in ("lru", "belady") else f" {g * 100:+.1f}%"))
-        t.add_row(pol + LABELS.get(pol, " (semi-online)" if pol in SEMI_ONLINE else ""), *cells)
+        t.add_row(pol + _label(pol, SEMI_ONLINE), *cells)
     con.print(t)
     con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity"
               + (" (columns: blocks, or share of the distinct blocks = blocks)" if shares else ""), markup=False)
@@ -408,6 +454,7 @@ def run(args: argparse.Namespace) -> int:
         cap_specs = parse_capacities(args.capacities)
         policies = _policies(args.policies)
         pair = parse_anatomy(args.anatomy)
+        flip_rates = parse_flip_rates(args.bound_flip_rates)
     except ValueError as exc:
         return _fail(str(exc))
     trace = Path(args.trace)
@@ -450,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
             df = sweep(arrs, policies, caps, options=options)
         bounds_note = ""
         if args.bounds:
-            df, bounds_note = with_bounds(df, arrs, block_tokens)
+            df, bounds_note = with_bounds(df, arrs, block_tokens, flip_rates)
         anat = anatomy_frame(arrs, pair, caps, options) if pair else None
         df["capacity_share"] = [shares[int(c)].fraction if not _is_na(c) and int(c) in shares else float("nan")
                                 for c in df["capacity_blocks"]]
