@@ -226,8 +226,9 @@ def test_skipped_lines_are_reported(tmp_path: Path) -> None:
     ("flip text", ["{good}", "--bounds", "--bound-flip-rates", "5%,some"],
      "--bound-flip-rates: 'some' is not a share of requests"),
     ("flip one", ["{good}", "--bounds", "--bound-flip-rates", "1"], "--bound-flip-rates: '1' must be a share in [0%, 100%)"),
-    ("flip negative", ["{good}", "--bound-flip-rates=-2%"], "--bound-flip-rates: '-2%' must be a share"),
-    ("flip nan", ["{good}", "--bound-flip-rates", "nan"], "--bound-flip-rates: 'nan' must be a share"),
+    ("flip negative", ["{good}", "--bounds", "--bound-flip-rates=-2%"], "--bound-flip-rates: '-2%' must be a share"),
+    ("flip nan", ["{good}", "--bounds", "--bound-flip-rates", "nan"], "--bound-flip-rates: 'nan' must be a share"),
+    ("flip without bounds", ["{good}", "--bound-flip-rates", "5%"], "--bound-flip-rates needs --bounds"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, args: list[str], needle: str) -> None:
     paths = {
@@ -435,3 +436,12 @@ def test_bound_kernels_are_warmed_up_before_they_are_timed(monkeypatch: pytest.M
         seen = [a for n, a in calls if n == name]
         assert len(seen) == 3 and seen[0] is not arrs and seen[0].num_requests == 2, name  # warm-up, then 2 caps
         assert all(a is arrs for a in seen[1:]), name
+
+
+def test_flip_rates_are_one_share_however_written() -> None:
+    from quillcache.cli.hitrate import joint_label, parse_flip_rates
+
+    assert parse_flip_rates("0.7%, 0.007,10%,0.1") == [0.007, 0.1]  # 0.7% is 0.006999... before rounding
+    assert [joint_label(r) for r in parse_flip_rates("0.7%,99.9999999%,0")] == [
+        "joint_oracle@0.7%", "joint_oracle@99.9999999%", "joint_oracle@0%"]
+    assert parse_flip_rates("none") == parse_flip_rates(" None ") == []

@@ -103,9 +103,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="also run the reuse oracle (offline: knows which blocks are referenced again, never when) "
                         "and the timing oracle (offline: knows which, and when as roughly as 'the same gap as the "
                         "previous turn')")
-    p.add_argument("--bound-flip-rates", default=DEFAULT_BOUND_FLIP_RATES,
+    p.add_argument("--bound-flip-rates", default=None,
                    help="with --bounds: one joint-oracle row per share of requests it is wrong about which blocks "
-                        f"return, on top of the timing oracle's error (e.g. 5%%,0.1; default "
+                        f"return, on top of the timing oracle's error (e.g. 5%%,0.1; none = no joint rows; default "
                         f"{DEFAULT_BOUND_FLIP_RATES.replace('%', '%%')})")
     p.add_argument("--anatomy", default=None, metavar="A,B",
                    help="also compare two policies reference by reference at every finite capacity: the block "
@@ -136,8 +136,11 @@ class Share:
 
 
 def parse_flip_rates(text: str) -> list[float]:
-    """``"5%,0.1"`` -> ``[0.05, 0.1]``: shares in [0, 1) as a percentage or a fraction; ValueError
-    naming the bad item."""
+    """``"5%,0.1"`` -> ``[0.05, 0.1]``: shares in [0, 1) as a percentage or a fraction, rounded to 12
+    decimals (so ``0.7%`` and ``0.007`` are one share, with one ``joint_label``); ``"none"`` -> ``[]``;
+    ValueError naming the bad item."""
+    if text.strip().lower() == "none":
+        return []
     out: list[float] = []
     for item in text.split(","):
         s = item.strip()
@@ -147,13 +150,13 @@ def parse_flip_rates(text: str) -> list[float]:
             raise ValueError(f"--bound-flip-rates: {item!r} is not a share of requests (e.g. 10% or 0.1)") from None
         if not 0.0 <= rate < 1.0:  # (NaN fails too)
             raise ValueError(f"--bound-flip-rates: {item!r} must be a share in [0%, 100%)")
-        out.append(rate)
+        out.append(round(rate, 12))
     return list(dict.fromkeys(out))
 
 
 def joint_label(rate: float) -> str:
     """The policy name of the joint oracle's rows at flip rate ``rate``: ``joint_oracle@10%``."""
-    return f"joint_oracle@{rate * 100:g}%"
+    return f"joint_oracle@{round(rate * 100, 10):.10g}%"
 
 
 def parse_capacities(text: str) -> list[int | Share | None]:
@@ -454,7 +457,9 @@ def run(args: argparse.Namespace) -> int:
         cap_specs = parse_capacities(args.capacities)
         policies = _policies(args.policies)
         pair = parse_anatomy(args.anatomy)
-        flip_rates = parse_flip_rates(args.bound_flip_rates)
+        if args.bound_flip_rates is not None and not args.bounds:
+            raise ValueError("--bound-flip-rates needs --bounds (it sets the joint-oracle rows that --bounds adds)")
+        flip_rates = parse_flip_rates(args.bound_flip_rates or DEFAULT_BOUND_FLIP_RATES)
     except ValueError as exc:
         return _fail(str(exc))
     trace = Path(args.trace)

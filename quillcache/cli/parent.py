@@ -69,13 +69,17 @@ def _continue_on_parent_death() -> None:
 def kill_on_parent_death(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` for ``subprocess.Popen`` that makes the kernel send ``sig`` to the child when
     this process dies (Linux, called from the main thread), or None where that cannot be promised.
-    The child kills itself (SIGKILL) if this process is already gone when it runs."""
+    The child kills itself (SIGKILL) if this process is already gone when it runs. Should the kernel
+    refuse the request (a seccomp filter), the child runs unguarded: nothing between fork and exec
+    can report it."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not between fork and exec
     except (OSError, AttributeError):
         return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
     parent = os.getpid()
     sig = int(sig)
 

@@ -8,7 +8,7 @@ Contract:
   to ``base_dir/<name>.log`` (quoted in every start error).
 - Failure injection on real processes: ``kill_node(i, sig)``, ``restart_node(i)`` (same node id and SSD
   directory: its flushed SSD blocks come back to the pool), ``pause_node(i)``/``resume_node(i)``
-  (SIGSTOP/SIGCONT; each returns once ``/proc`` shows the node stopped / running again),
+  (SIGSTOP/SIGCONT; each returns once ``/proc`` shows every thread of the node stopped / none),
   ``kill_master(sig)``, ``restart_master()`` (same data dir and port, so the nodes and
   stores find it again).
 - ``close()`` (also on ``__exit__``, and when ``start`` fails half-way) always stops every child it started,
@@ -161,27 +161,30 @@ def _signals_held() -> Iterator[None]:
             os.kill(os.getpid(), sig)
 
 
-def _is_stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` is stopped by a signal (state ``T`` in ``/proc``): a SIGSTOP
-    stops the threads one by one, so the main thread's state alone can say stopped too early."""
+def _thread_states(pid: int) -> list[str]:
+    """The ``/proc`` state letter of every thread of ``pid`` (empty once the process is gone)."""
     states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as fh:  # the state follows the last ')' (names may hold one)
                 states.append(fh.read().rsplit(")", 1)[1].split()[0])
-        except FileNotFoundError:  # a thread that just exited
+        except (FileNotFoundError, ProcessLookupError):  # a thread that exited between the listing and the read
             continue
-    return bool(states) and all(st == "T" for st in states)
+    return states
 
 
 def _await_state(proc: subprocess.Popen, *, stopped: bool, timeout_s: float) -> None:
-    """Poll until ``proc`` is (or is no longer) stopped; a process that exited meanwhile ends the wait."""
+    """Poll until every thread of ``proc`` is stopped by a signal (state ``T``), or, with ``stopped``
+    false, until none is: a SIGSTOP stops the threads one by one, so the main thread's state alone
+    can say stopped too early. Only the process's exit (``poll``) ends the wait otherwise."""
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None:
-        try:
-            if _is_stopped(proc.pid) == stopped:
-                return
-        except (FileNotFoundError, ProcessLookupError):
+        states = _thread_states(proc.pid)
+        if states and (all(st == "T" for st in states) if stopped else "T" not in states):
             return
         if time.monotonic() > deadline:
             what = "stop" if stopped else "resume"
@@ -412,14 +415,14 @@ class LocalCluster:
                 n.proc.wait(timeout=timeout_s)
 
     def pause_node(self, i: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """SIGSTOP node ``i`` and return once the kernel shows it stopped (signals are delivered
-        asynchronously: without the wait, a caller could act on a node that still runs)."""
+        """SIGSTOP node ``i`` and return once the kernel shows every thread of it stopped (signals are
+        delivered asynchronously: without the wait, a caller could act on a node that still runs)."""
         proc = self.nodes[i].proc
         proc.send_signal(signal.SIGSTOP)
         _await_state(proc, stopped=True, timeout_s=timeout_s)
 
     def resume_node(self, i: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """SIGCONT node ``i`` and return once it is no longer stopped."""
+        """SIGCONT node ``i`` and return once none of its threads is stopped."""
         proc = self.nodes[i].proc
         proc.send_signal(signal.SIGCONT)
         _await_state(proc, stopped=False, timeout_s=timeout_s)
