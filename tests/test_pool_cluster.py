@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -195,17 +197,25 @@ def _kill_parent_and_await_children(proc: subprocess.Popen, pids: list[int]) -> 
         _poll(lambda pid=pid: _gone(pid), 20, f"child pid {pid} exit after its parent's SIGKILL")
 
 
-def _reap(proc: subprocess.Popen, pids: list[int]) -> None:
-    """Whatever a failed test left: the parent, then every child still there (woken first if paused)."""
+@contextmanager
+def _parent(argv: list[str]) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """Start ``argv`` (a process that starts children); yields it and a list the test fills with
+    its children's pids. Whatever a failed test left is killed on the way out: the parent, then
+    every listed child still there (woken first if paused)."""
     import signal
 
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    for pid in pids:
-        if not _gone(pid):
-            os.kill(pid, signal.SIGCONT)
-            os.kill(pid, signal.SIGKILL)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        yield proc, pids
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("etcd", [False, True], ids=["plain", "etcd"])
@@ -217,13 +227,10 @@ def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path, etcd):
 
     if etcd and find_etcd() is None:
         pytest.skip(ETCD_INSTALL_HINT)
-    proc = subprocess.Popen([sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "2", "--dram", "8MiB",
-                             "--dir", str(tmp_path), *(["--etcd"] if etcd else [])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids: list[int] = []
-    try:
+    with _parent([sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "2", "--dram", "8MiB",
+                  "--dir", str(tmp_path), *(["--etcd"] if etcd else [])]) as (proc, pids):
         line = json.loads(proc.stdout.readline())
-        pids = [line["master_pid"], *(n["pid"] for n in line["nodes"])]
+        pids += [line["master_pid"], *(n["pid"] for n in line["nodes"])]
         assert (line["etcd_pid"] is not None) == etcd
         if etcd:
             pids.append(line["etcd_pid"])
@@ -232,8 +239,6 @@ def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path, etcd):
         for name in ("master", "node-0", "node-1"):
             log = (tmp_path / f"{name}.log").read_text()
             assert "is gone: stopping" in log, (name, log[-2000:])
-    finally:
-        _reap(proc, pids)
 
 
 def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):
@@ -246,14 +251,10 @@ def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):
         "c.pause_node(0)\n"
         "print(json.dumps([c.master_pid, c.nodes[0].pid]), flush=True)\n"
         "time.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    pids: list[int] = []
-    try:
-        pids = json.loads(proc.stdout.readline())
+    with _parent([sys.executable, "-c", script]) as (proc, pids):
+        pids += json.loads(proc.stdout.readline())
         assert _proc_state(pids[1]) == "T"  # pause_node returned once the node stopped
         _kill_parent_and_await_children(proc, pids)
-    finally:
-        _reap(proc, pids)
 
 
 def test_pause_and_resume_return_once_the_kernel_shows_them(cluster):
@@ -308,14 +309,10 @@ def test_a_child_that_cannot_poll_gets_killed_with_its_parent():
               "p = subprocess.Popen(['sleep', '600'], preexec_fn=kill_on_parent_death(signal.SIGTERM))\n"
               "print(p.pid, flush=True)\n"
               "p.wait()\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    pids: list[int] = []
-    try:
-        pids = [int(proc.stdout.readline())]
+    with _parent([sys.executable, "-c", script]) as (proc, pids):
+        pids.append(int(proc.stdout.readline()))
         assert not _gone(pids[0])
         _kill_parent_and_await_children(proc, pids)
-    finally:
-        _reap(proc, pids)
     assert callable(kill_on_parent_death())
     seen: list[object] = []
     t = threading.Thread(target=lambda: seen.append(kill_on_parent_death()))

@@ -33,8 +33,8 @@ turns). So the table also says how much of the gap on this trace is *which* bloc
 much is *when*. With ``sigma`` known, ``joint_oracle@F`` rows (``--bound-flip-rates``, default
 ``DEFAULT_BOUND_FLIP_RATES``) are wrong about both at once: the timing oracle's error, and which
 blocks return inverted for a share F of the requests (giving up on blocks long overdue): the gap
-a predictor that wrong on both counts could close at best. ``--anatomy A,B`` says where two policies differ (``quillcache.hitrate.anatomy``): at
-every finite capacity, the block references A hits and B misses and the reverse, by the block's uses
+a predictor that wrong on both counts could close at best. ``--anatomy A,B`` says where two
+policies differ (``quillcache.hitrate.anatomy``): at every finite capacity, the block references A hits and B misses and the reverse, by the block's uses
 in the whole trace and the requests since its previous use; two tables of the net difference
 (A only - B only) and ``anatomy.csv`` with every cell (``--anatomy quillchain,belady`` shows what a
 policy misses that the offline bound hits).
@@ -53,11 +53,12 @@ from pathlib import Path
 from quillcache.cli.argtypes import MAX_COUNT
 from quillcache.cli.resultset import ResultsWritten, write_reported, write_result_set
 
-__all__ = ["DEFAULT_BOUND_FLIP_RATES", "DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten", "Share", "anatomy_frame",
-           "configure", "parse_anatomy", "parse_capacities", "resolve_capacities", "parse_flip_rates", "run", "write_results"]
+__all__ = ["DEFAULT_BOUND_FLIP_RATES", "DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten",
+           "Share", "anatomy_frame", "configure", "joint_label", "parse_anatomy", "parse_capacities", "parse_flip_rates",
+           "resolve_capacities", "run", "write_results"]
 
 DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
-DEFAULT_BOUND_FLIP_RATES = "5%,10%,20%"  # --bounds: the joint oracle's shares of requests wrong about which blocks return
+DEFAULT_BOUND_FLIP_RATES = "5%,10%,20%"  # --bounds: joint-oracle shares of requests wrong about which blocks return
 DEFAULT_OUT = Path("results") / "hitrate_cli"
 MAX_CAPACITY_BLOCKS = MAX_COUNT  # far above any trace's distinct blocks, and safe in every int64 column
 
@@ -100,9 +101,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
                    help="a malformed trace line: stop naming it (default) or skip it (counted in the output)")
     p.add_argument("--bounds", action="store_true",
-                   help="also run the reuse oracle (offline: knows which blocks are referenced again, never when) "
-                        "and the timing oracle (offline: knows which, and when as roughly as 'the same gap as the "
-                        "previous turn')")
+                   help="also run the reuse oracle (offline: knows which blocks are referenced again, never when), "
+                        "the timing oracle (offline: knows which, and when as roughly as 'the same gap as the "
+                        "previous turn') and the joint oracle (as roughly when, and wrong about which for a share "
+                        "of requests: --bound-flip-rates)")
     p.add_argument("--bound-flip-rates", default=None,
                    help="with --bounds: one joint-oracle row per share of requests it is wrong about which blocks "
                         f"return, on top of the timing oracle's error (e.g. 5%%,0.1; none = no joint rows; default "
@@ -459,7 +461,8 @@ def run(args: argparse.Namespace) -> int:
         pair = parse_anatomy(args.anatomy)
         if args.bound_flip_rates is not None and not args.bounds:
             raise ValueError("--bound-flip-rates needs --bounds (it sets the joint-oracle rows that --bounds adds)")
-        flip_rates = parse_flip_rates(args.bound_flip_rates or DEFAULT_BOUND_FLIP_RATES)
+        flip_rates = parse_flip_rates(DEFAULT_BOUND_FLIP_RATES if args.bound_flip_rates is None
+                                      else args.bound_flip_rates)
     except ValueError as exc:
         return _fail(str(exc))
     trace = Path(args.trace)

@@ -57,13 +57,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _continue_on_parent_death() -> None:
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` with its argument types declared, or None off Linux or without it."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass  # no prctl: a stopped child then waits for a SIGCONT from someone else
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def _continue_on_parent_death() -> None:
+    prctl = _prctl()
+    if prctl is not None:  # (without it, a stopped child waits for a SIGCONT from someone else)
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
 
 
 def kill_on_parent_death(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
@@ -72,14 +82,11 @@ def kill_on_parent_death(sig: int = signal.SIGTERM) -> Callable[[], None] | None
     The child kills itself (SIGKILL) if this process is already gone when it runs. Should the kernel
     refuse the request (a seccomp filter), the child runs unguarded: nothing between fork and exec
     can report it."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not between fork and exec
-    except (OSError, AttributeError):
+    prctl = _prctl()  # resolved here, not between fork and exec
+    if prctl is None:
         return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
     parent = os.getpid()
     sig = int(sig)
 
