@@ -316,8 +316,8 @@ def with_bounds(df, arrs, block_tokens: int, flip_rates: Sequence[float] = ()):
             bounds[joint_label(rate)] = (lambda a, cap, _r=rate: joint_oracle(a, cap, sigma, _r), sigma, rate)
         note = (f"timing_oracle: sigma = {sigma:.2f}, the robust spread of log(next gap / previous gap) over "
                 f"{len(ratios):,} turns of this trace"
-                + (f"; joint_oracle@F: the same error, and wrong about which blocks return for a share F of the "
-                   f"requests" if flip_rates else ""))
+                + ("; joint_oracle@F: the same error, and wrong about which blocks return for a share F of the "
+                   "requests" if flip_rates else ""))
     else:
         note = ("timing_oracle" + (" and joint_oracle" if flip_rates else "")
                 + ": left out, no request here has a previous turn that comes back to measure sigma on")
