@@ -222,6 +222,21 @@ def test_gateway_refuses_a_missing_tokenizer_with_exit_2(gateway_serve, tmp_path
     assert _one_line(capsys.readouterr().err).startswith(f"quillcache gateway: config {conf}: chat_template: ")
     assert not calls
     assert main([*base, "--tokenizer", "bytes"]) == 0 and len(calls) == 1  # a good one still serves
+    # ... with what it checked: loaded once, not again by the gateway
+    from quillcache.textproc import ByteTokenizer, ChatMLTemplate
+    assert isinstance(calls[0]["tokenizer"], ByteTokenizer) and isinstance(calls[0]["template"], ChatMLTemplate)
+
+
+def test_engine_sim_serves_the_tokenizer_and_template_it_checked(monkeypatch, capsys):
+    import quillcache.enginesim.server
+    from quillcache.textproc import ByteTokenizer, ChatMLTemplate
+
+    calls = []
+    monkeypatch.setattr(quillcache.enginesim.server, "serve", lambda *a, **kw: calls.append(kw) or 0)
+    assert main(["engine-sim", "--tokenizer", "/nope/tokenizer.json"]) == 2 and not calls
+    assert "/nope/tokenizer.json" in _one_line(capsys.readouterr().err)
+    assert main(["engine-sim"]) == 0 and len(calls) == 1
+    assert isinstance(calls[0]["tokenizer"], ByteTokenizer) and isinstance(calls[0]["chat_template"], ChatMLTemplate)
 
 
 # ================================================================ 6. gateway request JSON: depth and NaN

@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
         from quillcache.textproc import load_chat_template, load_tokenizer
         from quillcache.types import KvLayout
 
-        load_tokenizer(config.tokenizer)
-        load_chat_template(config.chat_template)
+        tokenizer = load_tokenizer(config.tokenizer)  # loaded once: the engine serves these
+        chat_template = load_chat_template(config.chat_template)
         em = EngineModel.from_names(config.engine_model, config.gpu, layout=KvLayout(block_size_tokens=config.block_size))
         if config.gpu_blocks is None:
             em.gpu_capacity_blocks  # noqa: B018 - raises ValueError when the weights do not fit
@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from quillcache.enginesim.server import serve
 
     try:
-        return serve(config, host=args.host, port=args.port, log_level=args.log_level)
+        return serve(config, host=args.host, port=args.port, log_level=args.log_level, tokenizer=tokenizer,
+                     chat_template=chat_template)
     except Exception as e:  # e.g. a KV-event endpoint that cannot bind
         print(f"quillcache engine-sim: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -26,22 +26,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stderr log level (default warning)")
 
 
-def _text_files_problem(args: argparse.Namespace, config) -> str | None:
-    """Why the tokenizer or chat template the gateway would load cannot be loaded (a sentence naming the flag or
-    config field), or None: checked before serving, as ``quillcache engine-sim`` does (the gateway loads them
-    again; a tokenizer.json is read twice at start-up, never per request)."""
+def _load_text_files(args: argparse.Namespace, config) -> tuple[object, object, str | None]:
+    """(tokenizer, chat template, None) as the gateway will serve them, loaded once here so that a bad one is
+    refused before serving, or (None, None, why) with a sentence naming the flag or config field."""
     from quillcache.textproc import load_chat_template, load_tokenizer
 
     try:
-        load_tokenizer(config.tokenizer)
+        tokenizer = load_tokenizer(config.tokenizer)
     except ValueError as exc:  # TokenizerError: no such file, not a tokenizer.json, no 'tokenizers' package
         where = "--tokenizer" if args.tokenizer is not None else f"config {args.config}: tokenizer"
-        return f"{where}: {exc}"
+        return None, None, f"{where}: {exc}"
     try:
-        load_chat_template(config.chat_template)
+        template = load_chat_template(config.chat_template)
     except ValueError as exc:  # ChatFormatError
-        return f"config {args.config}: chat_template: {exc}"
-    return None
+        return None, None, f"config {args.config}: chat_template: {exc}"
+    return tokenizer, template, None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"quillcache gateway: {exc}", file=sys.stderr)
         return 2
-    problem = _text_files_problem(args, config)
+    tokenizer, template, problem = _load_text_files(args, config)
     if problem:
         print(f"quillcache gateway: {problem}", file=sys.stderr)
         return 2
@@ -73,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return serve(config, tenants, host=args.host, port=args.port,
-                     secret=os.environ.get(SECRET_ENV, "").encode(), log_level=args.log_level)
+                     secret=os.environ.get(SECRET_ENV, "").encode(), log_level=args.log_level,
+                     tokenizer=tokenizer, template=template)
     except (TokenizerError, ValueError, OSError) as exc:
         print(f"quillcache gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

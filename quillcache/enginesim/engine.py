@@ -34,7 +34,7 @@ from quillcache.enginesim.textgen import plan_output
 from quillcache.harness.engine_model import EngineModel
 from quillcache.kvevents.publisher import KvEventPublisher
 from quillcache.kvevents.types import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
-from quillcache.textproc import load_chat_template, load_tokenizer
+from quillcache.textproc import ChatTemplate, Tokenizer, load_chat_template, load_tokenizer
 from quillcache.types import KvLayout
 
 __all__ = ["FaultDraw", "SimEngine", "SimRequest"]
@@ -70,10 +70,13 @@ class FaultDraw:
 class SimEngine:
     """A stand-in engine (module docstring). Create it inside the serving event loop; ``close()`` it."""
 
-    def __init__(self, config: EngineSimConfig) -> None:
+    def __init__(self, config: EngineSimConfig, *, tokenizer: Tokenizer | None = None,
+                 chat_template: ChatTemplate | None = None) -> None:
+        """``tokenizer`` / ``chat_template``: ``config.tokenizer`` and ``config.chat_template`` already loaded (the
+        CLI loads them once, to refuse a bad one before serving); None loads them here."""
         self.config = config
-        self.tokenizer = load_tokenizer(config.tokenizer)
-        self.chat_template = load_chat_template(config.chat_template)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+        self.chat_template = chat_template if chat_template is not None else load_chat_template(config.chat_template)
         self.engine_model = EngineModel.from_names(config.engine_model, config.gpu,
                                                    layout=KvLayout(block_size_tokens=config.block_size))
         self.capacity_blocks = config.gpu_blocks or self.engine_model.gpu_capacity_blocks

@@ -26,7 +26,10 @@ __all__ = ["GRACEFUL_S", "serve"]
 GRACEFUL_S = 2
 
 
-def serve(config: EngineSimConfig, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> int:
+def serve(config: EngineSimConfig, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+          tokenizer=None, chat_template=None) -> int:
+    """Serve until signalled; returns the exit status. ``tokenizer`` / ``chat_template``: the config's, already
+    loaded (None: the engine loads them)."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -44,7 +47,7 @@ def serve(config: EngineSimConfig, *, host: str = "127.0.0.1", port: int = 0, lo
     from quillcache.enginesim.engine import SimEngine
 
     try:  # built before serving, so a bad KV-event endpoint is one line, not a lifespan traceback
-        engine = SimEngine(config)
+        engine = SimEngine(config, tokenizer=tokenizer, chat_template=chat_template)
     except (ValueError, zmq.ZMQError) as e:
         print(f"quillcache engine-sim: KV events: {e} (--kv-events / --kv-events-replay)", file=sys.stderr)
         sock.close()

@@ -66,7 +66,8 @@ from quillcache.gateway.upstream import UpstreamFailure
 from quillcache.httpserve.jsonbody import BodyError, loads_strict
 from quillcache.identity.scope import make_identity
 from quillcache.index import open_index
-from quillcache.textproc import PromptError, load_chat_template, load_tokenizer, prompt_token_array
+from quillcache.textproc import (ChatTemplate, PromptError, Tokenizer, load_chat_template, load_tokenizer,
+                                 prompt_token_array)
 from quillcache.types import Identity, KvLayout
 
 __all__ = ["Gateway", "build_app"]
@@ -241,7 +242,10 @@ class Gateway:
     upstream pool, health, metrics. ``app`` is its Starlette application; ``asgi`` the entry a server
     runs (the proxy routes without Starlette's per-request layers, the rest through ``app``)."""
 
-    def __init__(self, config: GatewayConfig, tenants: TenantTable, *, secret: bytes = b"") -> None:
+    def __init__(self, config: GatewayConfig, tenants: TenantTable, *, secret: bytes = b"",
+                 tokenizer: Tokenizer | None = None, template: ChatTemplate | None = None) -> None:
+        """``tokenizer`` / ``template``: ``config.tokenizer`` and ``config.chat_template`` already loaded (the CLI
+        loads them once, to refuse a bad one before serving); None loads them here."""
         self.config = config
         self.tenants = tenants
         self.secret = secret
@@ -250,8 +254,8 @@ class Gateway:
         self.urls = [e.url for e in config.engines]
         self.upstream = UPSTREAM_CLIENTS[config.upstream_client](config.timeouts, config.limits)
         self._targets = [{p: self.upstream.target(u + p) for p in (_COMPLETIONS, _CHAT)} for u in self.urls]
-        self.tokenizer = load_tokenizer(config.tokenizer)
-        self.template = load_chat_template(config.chat_template)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+        self.template = template if template is not None else load_chat_template(config.chat_template)
         self.layout = KvLayout(block_size_tokens=config.block_size_tokens)
         self.index = open_index(config.index_kind)
         self.tracker = ResidencyTracker(

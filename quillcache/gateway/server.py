@@ -35,14 +35,15 @@ __all__ = ["GatewayProcess", "serve"]
 
 
 def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: bytes = b"",
-          log_level: str = "warning", backlog: int = 4096) -> int:
-    """Serve until signalled (module doc); returns the exit status."""
+          log_level: str = "warning", backlog: int = 4096, tokenizer=None, template=None) -> int:
+    """Serve until signalled (module doc); returns the exit status. ``tokenizer`` / ``template``: the config's,
+    already loaded (None: the gateway loads them)."""
     import uvicorn
 
     from quillcache.gateway.app import Gateway
     from quillcache.httpserve.guard import HttpGuard, guarded_protocol
 
-    gw = Gateway(config, tenants, secret=secret)
+    gw = Gateway(config, tenants, secret=secret, tokenizer=tokenizer, template=template)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it (Linux): without it Nagle holds each small SSE event behind the
