@@ -13,10 +13,11 @@ import pytest
 from etcd_fixture import etcd, etcd_client, prefix, require_etcd, wait_until  # noqa: F401
 
 from quillcache.cluster.client import Backoff, EtcdClient, EtcdUnavailableError, parse_endpoint
-from quillcache.cluster.etcd import ETCD_INSTALL_HINT, EtcdNotFoundError, EtcdProcess, EtcdStartError, find_etcd, \
-    free_port
+from quillcache.cluster.etcd import ETCD_INSTALL_HINT, TEMP_PREFIX, EtcdNotFoundError, EtcdProcess, EtcdStartError, \
+    find_etcd, free_port
 from quillcache.cluster.lease import LeaseKeeper
 from quillcache.cluster.watch import Watch
+from quillcache.cluster.tempdirs import owner_of, process_identity
 
 
 def listening(port: int) -> bool:
@@ -57,6 +58,8 @@ def test_owned_directory_is_removed_even_when_the_block_raises():
     with pytest.raises(RuntimeError, match="boom"):
         with EtcdProcess() as proc:
             base = proc.log_path.parent
+            # owned by this process: no sweep removes it while this runs (quillcache.cluster.tempdirs)
+            assert owner_of(base) == process_identity() and base.name.startswith(TEMP_PREFIX)
             raise RuntimeError("boom")
     assert not proc.running() and not os.path.exists(base)
 

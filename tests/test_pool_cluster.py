@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,13 +199,14 @@ def _kill_parent_and_await_children(proc: subprocess.Popen, pids: list[int]) -> 
 
 
 @contextmanager
-def _parent(argv: list[str]) -> Iterator[tuple[subprocess.Popen, list[int]]]:
-    """Start ``argv`` (a process that starts children); yields it and a list the test fills with
-    its children's pids. Whatever a failed test left is killed on the way out: the parent, then
-    every listed child still there (woken first if paused)."""
+def _parent(argv: list[str], env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """Start ``argv`` (a process that starts children; ``env`` added to this environment); yields it
+    and a list the test fills with its children's pids. Whatever a failed test left is killed on the
+    way out: the parent, then every listed child still there (woken first if paused)."""
     import signal
 
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     pids: list[int] = []
     try:
         yield proc, pids
@@ -239,6 +241,36 @@ def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path, etcd):
         for name in ("master", "node-0", "node-1"):
             log = (tmp_path / f"{name}.log").read_text()
             assert "is gone: stopping" in log, (name, log[-2000:])
+
+
+def test_the_temporary_dir_a_sigkilled_cluster_up_left_is_removed_by_the_next_one(tmp_path):
+    """Without ``--dir`` the base dir is a temporary one that ``close`` removes; SIGKILL runs no close, so it
+    stays, and the next cluster that makes one removes it (its owner is gone: ``quillcache.cluster.tempdirs``). A
+    cluster still running keeps its own."""
+    argv = [sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "1", "--dram", "8MiB"]
+    env = {"TMPDIR": str(tmp_path)}
+    with _parent(argv, env) as (first, pids):
+        line = json.loads(first.stdout.readline())
+        pids += [line["master_pid"], line["nodes"][0]["pid"]]
+        left = Path(line["base_dir"])
+        assert left.parent == tmp_path and left.is_dir()
+        _kill_parent_and_await_children(first, pids)
+        assert left.is_dir()  # nobody removed it
+    with _parent(argv, env) as (second, pids):
+        line = json.loads(second.stdout.readline())
+        pids += [line["master_pid"], line["nodes"][0]["pid"]]
+        mine = Path(line["base_dir"])
+        assert not left.exists() and mine.is_dir() and mine != left
+        with _parent(argv, env) as (third, more):  # a running cluster's dir is not swept
+            line = json.loads(third.stdout.readline())
+            more += [line["master_pid"], line["nodes"][0]["pid"]]
+            assert mine.is_dir() and Path(line["base_dir"]).is_dir()
+            third.terminate()
+            assert third.wait(timeout=60) == 0
+            assert not Path(line["base_dir"]).exists()  # a normal stop removes its own
+        second.terminate()
+        assert second.wait(timeout=60) == 0
+        assert not mine.exists()
 
 
 def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):

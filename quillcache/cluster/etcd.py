@@ -11,8 +11,9 @@ Contract:
 - It is always stopped: ``stop()`` (SIGTERM, then SIGKILL after ``stop_timeout_s``) runs on leaving the
   ``with`` block, on a failed start, and, through a finalizer, at interpreter exit for a process that was
   never stopped. Should this process die without any of that (SIGKILL), the kernel sends etcd SIGTERM
-  (``quillcache.cli.parent.kill_on_parent_death``; Linux, when ``start()`` runs in the main thread; the
-  data directory is then left). ``kill()`` is SIGKILL at once (a crashed etcd, for tests). ``stop()``
+  (``quillcache.cli.parent.kill_on_parent_death``; Linux, when ``start()`` runs in the main thread); the
+  temporary data directory it then leaves is removed by the next ``EtcdProcess`` that makes one
+  (``quillcache.cluster.tempdirs``). ``kill()`` is SIGKILL at once (a crashed etcd, for tests). ``stop()``
   is idempotent.
 """
 
@@ -24,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,9 +33,11 @@ from pathlib import Path
 
 from quillcache._checks import check_float, check_int
 from quillcache.cli.parent import kill_on_parent_death
+from quillcache.cluster.tempdirs import make_owned_dir, sweep_stale_dirs
 
 __all__ = ["ETCD_INSTALL_HINT", "EtcdNotFoundError", "EtcdProcess", "EtcdStartError", "find_etcd", "free_port"]
 
+TEMP_PREFIX = "quillcache-etcd-"  # a data directory made for the server (none given), in tempfile.gettempdir()
 ETCD_INSTALL_HINT = ("etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu; `make test` does it when "
                      "run as root), or set $QUILLCACHE_ETCD to an etcd binary")
 
@@ -127,7 +129,8 @@ class EtcdProcess:
         if self._given_dir is not None:
             return self._given_dir
         if self._owned_dir is None:
-            self._owned_dir = tempfile.mkdtemp(prefix="quillcache-etcd-")
+            sweep_stale_dirs(TEMP_PREFIX)  # what a SIGKILLed owner left (no stop ran)
+            self._owned_dir = str(make_owned_dir(TEMP_PREFIX))
         return Path(self._owned_dir)
 
     # -- life cycle --------------------------------------------------------------------------------

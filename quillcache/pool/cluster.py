@@ -17,7 +17,8 @@ Contract:
   should this process die without running it (SIGKILL), every master and node child stops by itself
   within a second or so, a paused one included (it polls whether it was re-parented, and the kernel
   wakes a stopped one: ``quillcache.cli.parent``), and the kernel sends an etcd SIGTERM (when
-  ``start`` ran in the main thread: ``quillcache.cluster.etcd``). The
+  ``start`` ran in the main thread: ``quillcache.cluster.etcd``); the temporary ``base_dir`` it leaves
+  is removed by the next ``LocalCluster`` that makes one (``quillcache.cluster.tempdirs``). The
   nodes are stopped together (SIGTERM to all, one shared deadline, then SIGKILL to the rest), then the
   master: ``close`` waits one deadline for all the nodes, not one per node. A ``KeyboardInterrupt``
   (Ctrl-C, or a stop signal the CLI turns into one) during ``start`` stops what was started before it
@@ -38,7 +39,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -48,12 +48,14 @@ from pathlib import Path
 
 from quillcache.cli.parent import PARENT_ENV
 from quillcache.master.client import MasterClient
+from quillcache.cluster.tempdirs import make_owned_dir, sweep_stale_dirs
 
 __all__ = ["MAX_NODES", "ClusterError", "ClusterStatus", "LocalCluster", "NodeProcess", "NodeStatus"]
 
 MiB = 1 << 20
 PAGE_BYTES = 4096  # a node's --dram is a whole number of pages (cli.argtypes.size_arg)
 MAX_NODES = 16  # node processes one LocalCluster starts at most (they all boot at once on this machine)
+TEMP_PREFIX = "quillcache-cluster-"  # a base dir made for the cluster (none given), in tempfile.gettempdir()
 STOP_TIMEOUT_S = 10.0  # SIGTERM to SIGKILL, for every child together
 # held while a child is spawned and recorded (see the module docstring)
 HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -288,7 +290,8 @@ class LocalCluster:
         self._started = True
         try:
             if self._given_dir is None:
-                self.base_dir = Path(tempfile.mkdtemp(prefix="quillcache-cluster-"))
+                sweep_stale_dirs(TEMP_PREFIX)  # what a SIGKILLed cluster left (no close ran)
+                self.base_dir = make_owned_dir(TEMP_PREFIX)
                 self._owns_dir = True
             else:
                 self.base_dir = Path(self._given_dir)
