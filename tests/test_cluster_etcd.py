@@ -16,8 +16,8 @@ from quillcache.cluster.client import Backoff, EtcdClient, EtcdUnavailableError,
 from quillcache.cluster.etcd import ETCD_INSTALL_HINT, TEMP_PREFIX, EtcdNotFoundError, EtcdProcess, EtcdStartError, \
     find_etcd, free_port
 from quillcache.cluster.lease import LeaseKeeper
+from quillcache.cluster.tempdirs import owners_of, process_identity
 from quillcache.cluster.watch import Watch
-from quillcache.cluster.tempdirs import owner_of, process_identity
 
 
 def listening(port: int) -> bool:
@@ -58,8 +58,9 @@ def test_owned_directory_is_removed_even_when_the_block_raises():
     with pytest.raises(RuntimeError, match="boom"):
         with EtcdProcess() as proc:
             base = proc.log_path.parent
-            # owned by this process: no sweep removes it while this runs (quillcache.cluster.tempdirs)
-            assert owner_of(base) == process_identity() and base.name.startswith(TEMP_PREFIX)
+            # it names this process and the server: no sweep removes it while either runs (quillcache.cluster.tempdirs)
+            assert owners_of(base) == [process_identity(), process_identity(proc.pid)]
+            assert base.name.startswith(TEMP_PREFIX)
             raise RuntimeError("boom")
     assert not proc.running() and not os.path.exists(base)
 

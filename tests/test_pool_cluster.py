@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from quillcache.cli import main
+from quillcache.cluster.tempdirs import owners_of
 from quillcache.pool.cluster import LocalCluster
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -254,6 +255,8 @@ def test_the_temporary_dir_a_sigkilled_cluster_up_left_is_removed_by_the_next_on
         pids += [line["master_pid"], line["nodes"][0]["pid"]]
         left = Path(line["base_dir"])
         assert left.parent == tmp_path and left.is_dir()
+        # it names cluster up and every child working in it: none may be running when it is swept
+        assert {o.pid for o in owners_of(left)} == {first.pid, *pids}
         _kill_parent_and_await_children(first, pids)
         assert left.is_dir()  # nobody removed it
     with _parent(argv, env) as (second, pids):

@@ -11,8 +11,13 @@ gateway listens. See :mod:`quillcache.gateway`.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from quillcache.cli import argtypes
+
+if TYPE_CHECKING:
+    from quillcache.textproc import ChatTemplate, Tokenizer
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", metavar="URL[,URL...]",
@@ -26,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stderr log level (default warning)")
 
 
-def _load_text_files(args: argparse.Namespace, config) -> tuple[object, object, str | None]:
+def _load_text_files(args: argparse.Namespace, config) -> tuple[Tokenizer | None, ChatTemplate | None, str | None]:
     """(tokenizer, chat template, None) as the gateway will serve them, loaded once here so that a bad one is
     refused before serving, or (None, None, why) with a sentence naming the flag or config field."""
     from quillcache.textproc import load_chat_template, load_tokenizer

@@ -11,10 +11,10 @@ Contract:
 - It is always stopped: ``stop()`` (SIGTERM, then SIGKILL after ``stop_timeout_s``) runs on leaving the
   ``with`` block, on a failed start, and, through a finalizer, at interpreter exit for a process that was
   never stopped. Should this process die without any of that (SIGKILL), the kernel sends etcd SIGTERM
-  (``quillcache.cli.parent.kill_on_parent_death``; Linux, when ``start()`` runs in the main thread); the
-  temporary data directory it then leaves is removed by the next ``EtcdProcess`` that makes one
-  (``quillcache.cluster.tempdirs``). ``kill()`` is SIGKILL at once (a crashed etcd, for tests). ``stop()``
-  is idempotent.
+  (``quillcache.cli.parent.kill_on_parent_death``; Linux, when ``start()`` runs in the main thread). A
+  temporary data directory names this process and the server; once both have exited, the next
+  ``EtcdProcess`` that makes one removes it (``quillcache.cluster.tempdirs``). ``kill()`` is SIGKILL
+  at once (a crashed etcd, for tests). ``stop()`` is idempotent.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from quillcache._checks import check_float, check_int
 from quillcache.cli.parent import kill_on_parent_death
-from quillcache.cluster.tempdirs import make_owned_dir, sweep_stale_dirs
+from quillcache.cluster.tempdirs import add_user, make_owned_dir, sweep_stale_dirs
 
 __all__ = ["ETCD_INSTALL_HINT", "EtcdNotFoundError", "EtcdProcess", "EtcdStartError", "find_etcd", "free_port"]
 
@@ -152,6 +152,8 @@ class EtcdProcess:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           preexec_fn=kill_on_parent_death(signal.SIGTERM))
+        if self._owned_dir is not None:  # no sweep removes its data while it runs
+            add_user(self._owned_dir, self._proc.pid)
         self._finalizer = weakref.finalize(self, _terminate, self._proc, self.stop_timeout_s)
         try:
             self._wait_healthy()

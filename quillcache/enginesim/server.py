@@ -20,6 +20,7 @@ import sys
 
 from quillcache.enginesim.app import build_app
 from quillcache.enginesim.config import EngineSimConfig
+from quillcache.textproc import ChatTemplate, Tokenizer
 
 __all__ = ["GRACEFUL_S", "serve"]
 
@@ -27,7 +28,7 @@ GRACEFUL_S = 2
 
 
 def serve(config: EngineSimConfig, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-          tokenizer=None, chat_template=None) -> int:
+          tokenizer: Tokenizer | None = None, chat_template: ChatTemplate | None = None) -> int:
     """Serve until signalled; returns the exit status. ``tokenizer`` / ``chat_template``: the config's, already
     loaded (None: the engine loads them)."""
     import uvicorn

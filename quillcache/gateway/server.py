@@ -29,13 +29,17 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quillcache.textproc import ChatTemplate, Tokenizer
 
 __all__ = ["GatewayProcess", "serve"]
 
 
 def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: bytes = b"",
-          log_level: str = "warning", backlog: int = 4096, tokenizer=None, template=None) -> int:
+          log_level: str = "warning", backlog: int = 4096, tokenizer: Tokenizer | None = None,
+          template: ChatTemplate | None = None) -> int:
     """Serve until signalled (module doc); returns the exit status. ``tokenizer`` / ``template``: the config's,
     already loaded (None: the gateway loads them)."""
     import uvicorn

@@ -17,8 +17,9 @@ Contract:
   should this process die without running it (SIGKILL), every master and node child stops by itself
   within a second or so, a paused one included (it polls whether it was re-parented, and the kernel
   wakes a stopped one: ``quillcache.cli.parent``), and the kernel sends an etcd SIGTERM (when
-  ``start`` ran in the main thread: ``quillcache.cluster.etcd``); the temporary ``base_dir`` it leaves
-  is removed by the next ``LocalCluster`` that makes one (``quillcache.cluster.tempdirs``). The
+  ``start`` ran in the main thread: ``quillcache.cluster.etcd``). A temporary ``base_dir`` names this
+  process and every child started in it; once all of them have exited, the next ``LocalCluster``
+  that makes one removes it (``quillcache.cluster.tempdirs``). The
   nodes are stopped together (SIGTERM to all, one shared deadline, then SIGKILL to the rest), then the
   master: ``close`` waits one deadline for all the nodes, not one per node. A ``KeyboardInterrupt``
   (Ctrl-C, or a stop signal the CLI turns into one) during ``start`` stops what was started before it
@@ -47,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quillcache.cli.parent import PARENT_ENV
+from quillcache.cluster.tempdirs import add_user, make_owned_dir, sweep_stale_dirs
 from quillcache.master.client import MasterClient
-from quillcache.cluster.tempdirs import make_owned_dir, sweep_stale_dirs
 
 __all__ = ["MAX_NODES", "ClusterError", "ClusterStatus", "LocalCluster", "NodeProcess", "NodeStatus"]
 
@@ -282,6 +283,8 @@ class LocalCluster:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "quillcache", *args], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=log, env=self._env(), start_new_session=True)
+        if self._owns_dir:  # it works in the temporary base dir: no sweep removes it while the child runs
+            add_user(self.base_dir, proc.pid)
         return proc, log_path
 
     def start(self) -> LocalCluster:
@@ -300,6 +303,8 @@ class LocalCluster:
                 from quillcache.cluster.etcd import EtcdProcess
 
                 self.etcd = EtcdProcess(data_dir=self.base_dir / "etcd").start()
+                if self._owns_dir:
+                    add_user(self.base_dir, self.etcd.pid)
             self._start_master(port=0)
             self.nodes = [NodeProcess(i, f"node-{i}", str(self.base_dir / f"ssd-{i}") if self.ssd else None)
                           for i in range(self.num_nodes)]
