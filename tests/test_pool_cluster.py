@@ -246,8 +246,8 @@ def test_cluster_up_children_stop_when_it_is_sigkilled(tmp_path, etcd):
 
 def test_the_temporary_dir_a_sigkilled_cluster_up_left_is_removed_by_the_next_one(tmp_path):
     """Without ``--dir`` the base dir is a temporary one that ``close`` removes; SIGKILL runs no close, so it
-    stays, and the next cluster that makes one removes it (its owner is gone: ``quillcache.cluster.tempdirs``). A
-    cluster still running keeps its own."""
+    stays, and once every process it names has exited the next cluster that makes one removes it
+    (``quillcache.cluster.tempdirs``). A cluster still running keeps its own."""
     argv = [sys.executable, "-m", "quillcache", "cluster", "up", "--nodes", "1", "--dram", "8MiB"]
     env = {"TMPDIR": str(tmp_path)}
     with _parent(argv, env) as (first, pids):
@@ -274,6 +274,22 @@ def test_the_temporary_dir_a_sigkilled_cluster_up_left_is_removed_by_the_next_on
         second.terminate()
         assert second.wait(timeout=60) == 0
         assert not mine.exists()
+
+
+def test_a_temporary_base_dir_names_every_child_working_in_it(tmp_path, monkeypatch):
+    """The etcd server as well as the master and nodes, each named as soon as it is started."""
+    import tempfile
+
+    from quillcache.cluster.etcd import ETCD_INSTALL_HINT, find_etcd
+
+    if find_etcd() is None:
+        pytest.skip(ETCD_INSTALL_HINT)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with LocalCluster(1, dram_bytes=8 * MiB, etcd=True) as c:
+        assert c.base_dir.parent == tmp_path
+        named = {o.pid for o in owners_of(c.base_dir)}
+        assert named == {os.getpid(), c.etcd.pid, c.master_pid, c.nodes[0].pid}
+    assert not c.base_dir.exists()
 
 
 def test_a_paused_node_stops_too_when_its_parent_is_sigkilled(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import quillcache.cluster.tempdirs as td
 from quillcache.cluster.tempdirs import (OWNER_FILE, OWNER_FILE_MAX_BYTES, SWEPT_MARK, ProcessIdentity, add_user,
                                         make_owned_dir, owners_of, process_identity, running, sweep_stale_dirs)
 
@@ -74,8 +75,6 @@ def test_an_owned_dir_names_this_process_and_is_kept_while_it_runs(tmp_root):
 
 
 def test_a_failed_owner_file_write_leaves_no_directory(tmp_root, monkeypatch):
-    import quillcache.cluster.tempdirs as td
-
     def full(*a, **kw):
         raise OSError(28, "No space left on device")
 
@@ -85,6 +84,7 @@ def test_a_failed_owner_file_write_leaves_no_directory(tmp_root, monkeypatch):
     assert list(tmp_root.iterdir()) == []
 
 
+@pytest.mark.timeout(120)  # a blocking read of the fifo below would hang, not fail
 def test_the_sweep_removes_exactly_the_dirs_every_named_process_has_left(tmp_root, child):
     me = process_identity()
     dead = _dead_identity(child)
@@ -92,17 +92,22 @@ def test_the_sweep_removes_exactly_the_dirs_every_named_process_has_left(tmp_roo
     gone = _owned_by(tmp_root, "gone", dead)
     reused = _owned_by(tmp_root, "reused", dataclasses.replace(me, start_ticks=me.start_ticks - 1))
     rebooted = _owned_by(tmp_root, "rebooted", dataclasses.replace(me, boot_id="an-earlier-boot"))
+    target = _owned_by(tmp_root, "x", dead).rename(tmp_root / "not-ours")  # stale, but not under the prefix
     all_gone = _owned_by(tmp_root, "all-gone", dead, dataclasses.replace(dead, start_ticks=dead.start_ticks + 1))
     kept = {
         "mine": _owned_by(tmp_root, "mine", me),
         "a child still runs": _owned_by(tmp_root, "child-runs", dead, alive),
         "another pid namespace": _owned_by(tmp_root, "pid-ns", dataclasses.replace(dead, pid_ns=me.pid_ns + 1)),
         "another time namespace": _owned_by(tmp_root, "time-ns", dataclasses.replace(dead, time_ns=me.time_ns + 1)),
+        "another machine": _owned_by(tmp_root, "machine", dataclasses.replace(dead, machine="elsewhere",
+                                                                                 boot_id="its-boot")),
     }
     for name, text in {"unowned": None, "garbled": '{"processes": [', "empty": '{"processes": []}',
                        "bool pid": json.dumps({"processes": [{**dataclasses.asdict(dead), "pid": True}]}),
                        "extra key": json.dumps({"processes": [{**dataclasses.asdict(dead), "x": 1}]}),
-                       "deep": "[" * 100_000, "huge": " " * (OWNER_FILE_MAX_BYTES + 1) + "{}"}.items():
+                       "deep": "[" * 100_000,
+                       "huge": json.dumps({"processes": [dataclasses.asdict(dead)]}) + " " * OWNER_FILE_MAX_BYTES,
+                       }.items():
         d = tmp_root / (PREFIX + name.replace(" ", "-"))
         d.mkdir()
         if text is not None:
@@ -114,9 +119,8 @@ def test_the_sweep_removes_exactly_the_dirs_every_named_process_has_left(tmp_roo
     kept["a fifo for an owner file"] = fifo
     linked = tmp_root / (PREFIX + "linked-owner")  # followed, it would name whatever the link points at
     linked.mkdir()
-    (linked / OWNER_FILE).symlink_to(gone / OWNER_FILE)
+    (linked / OWNER_FILE).symlink_to(target / OWNER_FILE)
     kept["a symlinked owner file"] = linked
-    target = _owned_by(tmp_root, "x", dead).rename(tmp_root / "not-ours")
     (tmp_root / (PREFIX + "symlink")).symlink_to(target)
     kept["a symlink to a stale dir"] = tmp_root / (PREFIX + "symlink")
     kept["another prefix"] = target
@@ -136,8 +140,6 @@ def test_the_sweep_removes_exactly_the_dirs_every_named_process_has_left(tmp_roo
 
 def test_a_removal_cut_short_is_finished_by_the_next_sweep(tmp_root, child, monkeypatch):
     import shutil
-
-    import quillcache.cluster.tempdirs as td
 
     stale = _owned_by(tmp_root, "stale", _dead_identity(child))
     real_rmtree = shutil.rmtree
@@ -203,3 +205,81 @@ def test_another_users_dir_is_never_swept(tmp_root, child):
     theirs = _owned_by(tmp_root, "theirs", _dead_identity(child))
     os.chown(theirs, 65534, 65534)
     assert sweep_stale_dirs(PREFIX) == [] and theirs.is_dir()
+
+
+@pytest.mark.parametrize("unknown", ["no /proc of its own", "no boot id", "no namespace", "unreadable entry"])
+def test_what_cannot_be_told_is_kept(tmp_root, child, monkeypatch, unknown):
+    stale = _owned_by(tmp_root, "stale", _dead_identity(child))
+
+    def unreadable(entry):
+        raise td._Unknown("EACCES")
+
+    patch = {"no /proc of its own": ("_proc_is_ours", lambda: False), "no boot id": ("_boot_id", lambda: None),
+             "no namespace": ("_ns_inode", lambda kind: None),
+             "unreadable entry": ("_stat_start_and_state", unreadable)}[unknown]
+    with monkeypatch.context() as m:
+        m.setattr(td, *patch)
+        assert sweep_stale_dirs(PREFIX) == [] and stale.is_dir()
+    assert sweep_stale_dirs(PREFIX) == [stale]  # told, it goes
+
+
+def test_a_failed_add_user_leaves_the_owner_file_as_it_was(tmp_root, child, monkeypatch):
+    d = make_owned_dir(PREFIX)
+    before = (d / OWNER_FILE).read_bytes()
+
+    def full(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(td.os, "replace", full)
+    assert not add_user(d, child().pid)
+    assert (d / OWNER_FILE).read_bytes() == before and sorted(os.listdir(d)) == [OWNER_FILE]
+
+
+def test_add_user_drops_the_processes_known_to_have_exited(tmp_root, child):
+    d = make_owned_dir(PREFIX)
+    for _ in range(3):  # restarts: each worker exits before the next is named
+        worker = child()
+        assert add_user(d, worker.pid)
+        worker.kill()
+        worker.wait()
+    last = child()
+    assert add_user(d, last.pid)
+    assert owners_of(d) == [process_identity(), process_identity(last.pid)]
+
+
+def _remove_chain(top: Path) -> None:
+    """Remove ``top``, a chain of nested ``d`` directories of any depth, without recursion: move the
+    grandchild up one level, remove the emptied child, repeat (pytest's own cleanup of old temporary
+    folders would hit the recursion limit on it)."""
+    while (top / "d").is_dir():
+        if (top / "d" / "d").is_dir():
+            os.rename(top / "d" / "d", top / "up")
+            os.rmdir(top / "d")
+            os.rename(top / "up", top / "d")
+        else:
+            os.rmdir(top / "d")
+    os.rmdir(top)
+
+
+def test_a_tree_too_deep_to_remove_does_not_stop_the_sweep(tmp_root, child):
+    """A tombstone (or a stale dir) nested deeper than rmtree can recurse is left; the sweep goes on."""
+    tomb = tmp_root / (PREFIX + SWEPT_MARK + "0123456789abcdef")
+    tomb.mkdir()
+    try:
+        fd = os.open(tomb, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for _ in range(1200):
+                os.mkdir("d", dir_fd=fd)
+                nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        finally:
+            os.close(fd)
+        stale = _owned_by(tmp_root, "stale", _dead_identity(child))
+        assert sweep_stale_dirs(PREFIX) == [stale] and not stale.exists()
+        assert tomb.is_dir()  # left as it is, and no error
+    finally:
+        _remove_chain(tomb)
+    look_alike = tmp_root / (PREFIX + SWEPT_MARK + "not-a-tombstone")  # no owner file: kept, not taken for one
+    look_alike.mkdir()
+    assert sweep_stale_dirs(PREFIX) == [] and look_alike.is_dir()

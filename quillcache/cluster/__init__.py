@@ -8,8 +8,9 @@
   its create revision; a warm-up of one TTL) and ``EpochFence``.
 - ``client`` / ``lease`` / ``watch``: the etcd calls (over etcd's HTTP gateway with ``etcd3gw``), a
   kept-alive lease, a reconnecting watch. ``etcd``: ``EtcdProcess``, a real etcd for tests.
-- ``tempdirs``: temporary directories that name their owner process, and the sweep of those a SIGKILLed
-  owner left (``EtcdProcess`` and ``quillcache.pool.cluster.LocalCluster`` use it).
+- ``tempdirs``: temporary directories that name the processes working in them, and the sweep of those
+  they all left without removing (a SIGKILL runs no cleanup); ``EtcdProcess`` and
+  ``quillcache.pool.cluster.LocalCluster`` use it.
 
 Nothing here is imported by ``import quillcache.cluster``; import the submodule you need.
 """

@@ -87,7 +87,11 @@ class EtcdProcess:
 
     def __init__(self, binary: str | None = None, *, host: str = "127.0.0.1", client_port: int | None = None,
                  peer_port: int | None = None, data_dir: str | os.PathLike | None = None, name: str = "quillcache",
-                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0) -> None:
+                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0,
+                 owned_by: str | os.PathLike | None = None) -> None:
+        """``owned_by``: a ``quillcache.cluster.tempdirs`` directory the server works in (its ``data_dir``
+        is inside it): the server is named there as soon as it is started, so no sweep removes it while
+        the server runs."""
         self.binary = binary or find_etcd()
         if self.binary is None:
             raise EtcdNotFoundError(ETCD_INSTALL_HINT)
@@ -98,6 +102,7 @@ class EtcdProcess:
         self.start_timeout_s = check_float("start_timeout_s", start_timeout_s, 0.0, lo_open=True)
         self.stop_timeout_s = check_float("stop_timeout_s", stop_timeout_s, 0.0, lo_open=True)
         self._given_dir = Path(data_dir) if data_dir is not None else None
+        self._owned_by = Path(owned_by) if owned_by is not None else None
         self._owned_dir: str | None = None
         self._proc: subprocess.Popen | None = None
         self._finalizer: weakref.finalize | None = None
@@ -152,8 +157,9 @@ class EtcdProcess:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           preexec_fn=kill_on_parent_death(signal.SIGTERM))
-        if self._owned_dir is not None:  # no sweep removes its data while it runs
-            add_user(self._owned_dir, self._proc.pid)
+        for d in (self._owned_dir, self._owned_by):  # no sweep removes its data while it runs
+            if d is not None:
+                add_user(d, self._proc.pid)
         self._finalizer = weakref.finalize(self, _terminate, self._proc, self.stop_timeout_s)
         try:
             self._wait_healthy()

@@ -6,22 +6,30 @@ process left without removing (a SIGKILL runs no cleanup).
   Both write the file under a temporary name and rename it, so a reader sees all of it or none;
   ``make_owned_dir`` removes what it made if it fails half-way.
 - A process is named by its pid, its start time in clock ticks since boot (``/proc/<pid>/stat``
-  field 22), the kernel's boot id and the inodes of the pid and time namespaces it was seen from.
-  Within one boot and those namespaces, (pid, start time) names one process for ever: a pid reused
-  later comes with another start time.
+  field 22), the machine (``/etc/machine-id`` and host name), the kernel's boot id and the inodes
+  of the pid and time namespaces it was seen from. On one machine, within one boot and those
+  namespaces, (pid, start time) names one process for ever: a pid reused later comes with another
+  start time; every process of an earlier boot of the same machine has exited.
 - ``sweep_stale_dirs(prefix, root=None)`` removes each directory ``root/<prefix>*`` (``root``
   defaults to ``tempfile.gettempdir()``, where ``make_owned_dir`` puts them) that belongs to this
   user and whose owner file names only processes that are not running now (exited, zombies, or of
-  an earlier boot); it returns the paths removed. What it cannot tell, it keeps: a directory with no
-  owner file or one it cannot read (missing, malformed, not a regular file, over
+  an earlier boot of this machine); it returns the paths it swept. What it cannot tell, it keeps: a
+  directory with no owner file or one it cannot read (missing, malformed, not a regular file, over
   ``OWNER_FILE_MAX_BYTES``: it may be one being made at this moment, or not ours), one naming a
-  process seen from another pid or time namespace (its pid and start time mean nothing here), and
-  any process whose ``/proc`` entry cannot be read for a reason other than its absence.
-- A swept directory is first renamed to ``<prefix>swept-<random>`` (atomic: of several sweeps, one
-  wins), then removed; a removal cut short leaves that name, which every later sweep removes
-  without asking (``tempfile.mkdtemp`` never makes a ``-`` after the prefix, so no live directory
-  has it). Symlinks are never followed. Best effort: nothing here raises for a directory it cannot
-  read, rename or remove.
+  process of another machine (a ``TMPDIR`` shared over the network) or seen from another pid or time
+  namespace (its pid and start time mean nothing here), and every directory when this process has
+  no ``/proc`` of its own pid namespace or no boot id, or a process's ``/proc`` entry cannot be read
+  for a reason other than its absence.
+- A swept directory is first renamed to ``<prefix>swept-<16 hex digits>`` (atomic: of several
+  sweeps, one wins), then removed; a removal cut short leaves that name, which every later sweep
+  removes again without asking (``tempfile.mkdtemp`` never makes a ``-`` after the prefix, so no
+  directory it made with that prefix has such a name). Symlinks under ``root`` are never followed.
+  Best effort: a sweep raises for nothing but a bad prefix; a directory it cannot read, rename or
+  remove (one nested too deep to remove, for one) is left as it is.
+- Windows of no record: between ``mkdtemp`` and the owner file (a directory without one is kept),
+  and between starting a child and ``add_user`` (if the parent dies right then, a sweep does not
+  wait for that child). ``add_user`` drops the processes already known to have exited, so restarts
+  do not grow the file.
 - Linux only (``/proc``); where this process cannot name itself through ``/proc`` no owner file is
   written, so nothing it makes is ever swept.
 """
@@ -30,12 +38,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
+import socket
 import stat
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 __all__ = ["OWNER_FILE", "OWNER_FILE_MAX_BYTES", "SWEPT_MARK", "ProcessIdentity", "add_user", "make_owned_dir",
@@ -43,7 +53,8 @@ __all__ = ["OWNER_FILE", "OWNER_FILE_MAX_BYTES", "SWEPT_MARK", "ProcessIdentity"
 
 OWNER_FILE = ".owner.json"  # {"processes": [ProcessIdentity as a dict, ...]}
 OWNER_FILE_MAX_BYTES = 64 * 1024  # a larger one is not ours: the directory is kept
-SWEPT_MARK = "swept-"  # <prefix>swept-<random>: a directory being removed by a sweep
+SWEPT_MARK = "swept-"  # <prefix>swept-<16 hex digits>: a directory being removed by a sweep
+_TOMB = re.compile(re.escape(SWEPT_MARK) + r"[0-9a-f]{16}")  # what follows the prefix in a tombstone's name
 _WRITE_LOCK = threading.Lock()  # add_user's read-modify-write, between this process's threads
 
 
@@ -51,6 +62,7 @@ _WRITE_LOCK = threading.Lock()  # add_user's read-modify-write, between this pro
 class ProcessIdentity:
     pid: int
     start_ticks: int  # /proc/<pid>/stat field 22, clock ticks since boot
+    machine: str  # /etc/machine-id and host name
     boot_id: str
     pid_ns: int  # inode of the pid namespace it was seen from
     time_ns: int  # inode of the time namespace it was seen from (0: the kernel has none)
@@ -66,6 +78,18 @@ def _boot_id() -> str | None:
             return fh.read().decode("ascii").strip() or None
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def _machine() -> str | None:
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, "rb") as fh:
+                mid = fh.read(256).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if mid:
+            return f"{mid}/{socket.gethostname()}"
+    return None
 
 
 def _ns_inode(kind: str) -> int | None:
@@ -107,8 +131,8 @@ def process_identity(pid: int | None = None) -> ProcessIdentity | None:
     (no ``/proc`` of this pid namespace, no such process, an unreadable entry)."""
     if not _proc_is_ours():
         return None
-    boot, pid_ns, time_ns = _boot_id(), _ns_inode("pid"), _ns_inode("time")
-    if boot is None or pid_ns is None or time_ns is None:
+    machine, boot, pid_ns, time_ns = _machine(), _boot_id(), _ns_inode("pid"), _ns_inode("time")
+    if machine is None or boot is None or pid_ns is None or time_ns is None:
         return None
     try:
         st = _stat_start_and_state("self" if pid is None else str(pid))
@@ -116,13 +140,14 @@ def process_identity(pid: int | None = None) -> ProcessIdentity | None:
         return None
     if st is None:
         return None
-    return ProcessIdentity(os.getpid() if pid is None else pid, st[0], boot, pid_ns, time_ns)
+    return ProcessIdentity(os.getpid() if pid is None else pid, st[0], machine, boot, pid_ns, time_ns)
 
 
 def running(ident: ProcessIdentity) -> bool:
     """False only when the process is known to have exited: absent from ``/proc``, a zombie, its pid now
-    another process's, or of an earlier boot. True whenever that cannot be told (module doc)."""
-    if not _proc_is_ours() or ident.pid_ns != _ns_inode("pid") or ident.time_ns != _ns_inode("time"):
+    another process's, or of an earlier boot of this machine. True whenever that cannot be told (module doc)."""
+    if (not _proc_is_ours() or ident.machine != _machine() or ident.pid_ns != _ns_inode("pid")
+            or ident.time_ns != _ns_inode("time")):
         return True
     boot = _boot_id()
     if boot is None:
@@ -161,28 +186,30 @@ def make_owned_dir(prefix: str) -> Path:
 
 
 def add_user(path: str | os.PathLike, pid: int) -> bool:
-    """Name process ``pid`` in ``path``'s owner file too (a sweep then waits for it as well). Best effort:
-    False, with the file as it was, when the directory has no readable owner file, ``pid`` cannot be
-    named (it has already exited, for one) or the file cannot be written."""
+    """Name process ``pid`` in ``path``'s owner file too (a sweep then waits for it as well), dropping the
+    processes named there that are known to have exited. Best effort: False, with the file as it was,
+    when the directory has no readable owner file, ``pid`` cannot be named (it has already exited,
+    for one) or the file cannot be written."""
     path = Path(path)
     with _WRITE_LOCK:
         owners = owners_of(path)
         ident = process_identity(pid)
         if owners is None or ident is None:
             return False
-        if ident not in owners:
-            try:
-                _write_owners(path, [*owners, ident])
-            except OSError:
-                return False
+        keep = [o for o in owners if o != ident and running(o)]
+        try:
+            _write_owners(path, [*keep, ident])
+        except OSError:
+            return False
     return True
 
 
 def _identity_from(doc: object) -> ProcessIdentity | None:
-    if not isinstance(doc, dict) or set(doc) != {"pid", "start_ticks", "boot_id", "pid_ns", "time_ns"}:
+    if not isinstance(doc, dict) or set(doc) != {f.name for f in fields(ProcessIdentity)}:
         return None
     ints = [doc[k] for k in ("pid", "start_ticks", "pid_ns", "time_ns")]
-    if not all(type(v) is int and v >= 0 for v in ints) or doc["pid"] <= 0 or not isinstance(doc["boot_id"], str):
+    if (not all(type(v) is int and v >= 0 for v in ints) or doc["pid"] <= 0
+            or not all(isinstance(doc[k], str) for k in ("machine", "boot_id"))):
         return None
     return ProcessIdentity(**doc)
 
@@ -214,43 +241,53 @@ def owners_of(path: str | os.PathLike) -> list[ProcessIdentity] | None:
     return None if any(o is None for o in owners) else owners
 
 
-def _remove(path: Path) -> bool:
-    shutil.rmtree(path, ignore_errors=True)
-    return not os.path.lexists(path)
+def _remove(path: Path) -> None:
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:  # nested deeper than the interpreter recurses: left as it is
+        pass
 
 
 def sweep_stale_dirs(prefix: str, root: str | os.PathLike | None = None) -> list[Path]:
     """Remove the ``<prefix>*`` directories under ``root`` that every process they name has left (module
-    doc); the paths removed (as they were named before the sweep renamed them). Raises only ValueError,
+    doc); the paths swept, as they were named before the sweep renamed them. Raises only ValueError,
     for a ``prefix`` that is not a file name prefix."""
     if not prefix or os.sep in prefix or prefix in (".", ".."):
         raise ValueError(f"prefix must be a non-empty file name prefix, got {prefix!r}")
-    base = Path(tempfile.gettempdir() if root is None else root)
-    uid = os.geteuid()
-    removed: list[Path] = []
+    swept: list[Path] = []
     try:
+        base = Path(tempfile.gettempdir() if root is None else root)
         entries = [e for e in os.scandir(base) if e.name.startswith(prefix)]
-    except OSError:
-        return removed
+        uid = os.geteuid()
+    except OSError:  # no temporary folder, or one that cannot be listed
+        return swept
     for entry in entries:
         try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
+            if _sweep_one(entry, prefix, base, uid):
+                swept.append(Path(entry.path))
+        except Exception:  # best effort (module doc): one directory never stops the sweep of the others
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-            continue
-        path = Path(entry.path)
-        if entry.name.startswith(prefix + SWEPT_MARK):  # a sweep's removal cut short
-            _remove(path)
-            continue
-        owners = owners_of(path)
-        if owners is None or any(running(o) for o in owners):
-            continue
-        tomb = base / f"{prefix}{SWEPT_MARK}{secrets.token_hex(8)}"
-        try:
-            os.rename(path, tomb)
-        except OSError:  # another sweep renamed it first, or it cannot be
-            continue
-        _remove(tomb)
-        removed.append(path)
-    return removed
+    return swept
+
+
+def _sweep_one(entry: os.DirEntry, prefix: str, base: Path, uid: int) -> bool:
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        return False
+    path = Path(entry.path)
+    if _TOMB.fullmatch(entry.name[len(prefix):]):  # a sweep's removal cut short
+        _remove(path)
+        return False
+    owners = owners_of(path)
+    if owners is None or any(running(o) for o in owners):
+        return False
+    tomb = base / f"{prefix}{SWEPT_MARK}{secrets.token_hex(8)}"
+    try:
+        os.rename(path, tomb)
+    except OSError:  # another sweep renamed it first, or it cannot be
+        return False
+    _remove(tomb)
+    return True

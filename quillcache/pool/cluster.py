@@ -302,9 +302,8 @@ class LocalCluster:
             if self.use_etcd:
                 from quillcache.cluster.etcd import EtcdProcess
 
-                self.etcd = EtcdProcess(data_dir=self.base_dir / "etcd").start()
-                if self._owns_dir:
-                    add_user(self.base_dir, self.etcd.pid)
+                self.etcd = EtcdProcess(data_dir=self.base_dir / "etcd",
+                                        owned_by=self.base_dir if self._owns_dir else None).start()
             self._start_master(port=0)
             self.nodes = [NodeProcess(i, f"node-{i}", str(self.base_dir / f"ssd-{i}") if self.ssd else None)
                           for i in range(self.num_nodes)]
