@@ -284,9 +284,20 @@ def test_a_temporary_base_dir_names_every_child_working_in_it(tmp_path, monkeypa
 
     if find_etcd() is None:
         pytest.skip(ETCD_INSTALL_HINT)
+    from quillcache.cluster.etcd import EtcdProcess
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen_while_starting = []
+    wait_healthy = EtcdProcess._wait_healthy
+
+    def noting(self):  # what the owner file says before etcd is healthy (it may take a while)
+        seen_while_starting.append({o.pid for o in owners_of(self._owned_by)})
+        wait_healthy(self)
+
+    monkeypatch.setattr(EtcdProcess, "_wait_healthy", noting)
     with LocalCluster(1, dram_bytes=8 * MiB, etcd=True) as c:
         assert c.base_dir.parent == tmp_path
+        assert seen_while_starting == [{os.getpid(), c.etcd.pid}]
         named = {o.pid for o in owners_of(c.base_dir)}
         assert named == {os.getpid(), c.etcd.pid, c.master_pid, c.nodes[0].pid}
     assert not c.base_dir.exists()

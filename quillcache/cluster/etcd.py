@@ -157,10 +157,10 @@ class EtcdProcess:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           preexec_fn=kill_on_parent_death(signal.SIGTERM))
+        self._finalizer = weakref.finalize(self, _terminate, self._proc, self.stop_timeout_s)
         for d in (self._owned_dir, self._owned_by):  # no sweep removes its data while it runs
             if d is not None:
                 add_user(d, self._proc.pid)
-        self._finalizer = weakref.finalize(self, _terminate, self._proc, self.stop_timeout_s)
         try:
             self._wait_healthy()
         except BaseException:

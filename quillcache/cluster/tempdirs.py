@@ -6,32 +6,36 @@ process left without removing (a SIGKILL runs no cleanup).
   Both write the file under a temporary name and rename it, so a reader sees all of it or none;
   ``make_owned_dir`` removes what it made if it fails half-way.
 - A process is named by its pid, its start time in clock ticks since boot (``/proc/<pid>/stat``
-  field 22), the machine (``/etc/machine-id`` and host name), the kernel's boot id and the inodes
-  of the pid and time namespaces it was seen from. On one machine, within one boot and those
-  namespaces, (pid, start time) names one process for ever: a pid reused later comes with another
-  start time; every process of an earlier boot of the same machine has exited.
+  field 22), the kernel's boot id (random at every boot), the inodes of the pid and time
+  namespaces it was seen from, and the machine (``/etc/machine-id`` and host name; empty where
+  there is no machine id). Within one boot and those namespaces, (pid, start time) names one
+  process for ever: a pid reused later comes with another start time. Another boot id is an
+  earlier boot only when the machine is known and the same: two hosts sharing a ``TMPDIR`` have
+  different boot ids, and the namespace inodes of the initial namespaces are the same on every
+  host (hosts cloned from one image, with the same machine id and host name, are taken for one).
 - ``sweep_stale_dirs(prefix, root=None)`` removes each directory ``root/<prefix>*`` (``root``
   defaults to ``tempfile.gettempdir()``, where ``make_owned_dir`` puts them) that belongs to this
   user and whose owner file names only processes that are not running now (exited, zombies, or of
   an earlier boot of this machine); it returns the paths it swept. What it cannot tell, it keeps: a
   directory with no owner file or one it cannot read (missing, malformed, not a regular file, over
-  ``OWNER_FILE_MAX_BYTES``: it may be one being made at this moment, or not ours), one naming a
-  process of another machine (a ``TMPDIR`` shared over the network) or seen from another pid or time
-  namespace (its pid and start time mean nothing here), and every directory when this process has
-  no ``/proc`` of its own pid namespace or no boot id, or a process's ``/proc`` entry cannot be read
-  for a reason other than its absence.
+  ``OWNER_FILE_MAX_BYTES``: it may be one being made at this moment, or not ours); one naming a
+  process seen from another pid or time namespace (its pid and start time mean nothing here), or of
+  another boot of another or unknown machine (a ``TMPDIR`` shared over the network); every directory
+  when this process has no ``/proc`` of its own pid namespace, no boot id or no namespace inodes;
+  and a process whose ``/proc`` entry cannot be read for a reason other than its absence.
 - A swept directory is first renamed to ``<prefix>swept-<16 hex digits>`` (atomic: of several
   sweeps, one wins), then removed; a removal cut short leaves that name, which every later sweep
   removes again without asking (``tempfile.mkdtemp`` never makes a ``-`` after the prefix, so no
   directory it made with that prefix has such a name). Symlinks under ``root`` are never followed.
   Best effort: a sweep raises for nothing but a bad prefix; a directory it cannot read, rename or
-  remove (one nested too deep to remove, for one) is left as it is.
+  remove (one nested too deep to remove, for one) is left, in part or whole.
 - Windows of no record: between ``mkdtemp`` and the owner file (a directory without one is kept),
   and between starting a child and ``add_user`` (if the parent dies right then, a sweep does not
   wait for that child). ``add_user`` drops the processes already known to have exited, so restarts
   do not grow the file.
-- Linux only (``/proc``); where this process cannot name itself through ``/proc`` no owner file is
-  written, so nothing it makes is ever swept.
+- Linux only (``/proc``); where this process cannot name itself (no ``/proc`` of its own pid
+  namespace, no boot id, no namespace inodes) no owner file is written, so nothing it makes is ever
+  swept.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ __all__ = ["OWNER_FILE", "OWNER_FILE_MAX_BYTES", "SWEPT_MARK", "ProcessIdentity"
 OWNER_FILE = ".owner.json"  # {"processes": [ProcessIdentity as a dict, ...]}
 OWNER_FILE_MAX_BYTES = 64 * 1024  # a larger one is not ours: the directory is kept
 SWEPT_MARK = "swept-"  # <prefix>swept-<16 hex digits>: a directory being removed by a sweep
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 _TOMB = re.compile(re.escape(SWEPT_MARK) + r"[0-9a-f]{16}")  # what follows the prefix in a tombstone's name
 _WRITE_LOCK = threading.Lock()  # add_user's read-modify-write, between this process's threads
 
@@ -62,7 +67,7 @@ _WRITE_LOCK = threading.Lock()  # add_user's read-modify-write, between this pro
 class ProcessIdentity:
     pid: int
     start_ticks: int  # /proc/<pid>/stat field 22, clock ticks since boot
-    machine: str  # /etc/machine-id and host name
+    machine: str  # /etc/machine-id and host name; "" where there is no machine id
     boot_id: str
     pid_ns: int  # inode of the pid namespace it was seen from
     time_ns: int  # inode of the time namespace it was seen from (0: the kernel has none)
@@ -80,16 +85,18 @@ def _boot_id() -> str | None:
         return None
 
 
-def _machine() -> str | None:
+def _machine() -> str:
+    """``<machine id>/<host name>``, or "" without a machine id (32 hex digits; systemd's placeholder
+    ``uninitialized`` and the like are no id)."""
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:
             with open(path, "rb") as fh:
                 mid = fh.read(256).decode("ascii").strip()
         except (OSError, UnicodeDecodeError):
             continue
-        if mid:
+        if _MACHINE_ID.fullmatch(mid):
             return f"{mid}/{socket.gethostname()}"
-    return None
+    return ""
 
 
 def _ns_inode(kind: str) -> int | None:
@@ -131,8 +138,8 @@ def process_identity(pid: int | None = None) -> ProcessIdentity | None:
     (no ``/proc`` of this pid namespace, no such process, an unreadable entry)."""
     if not _proc_is_ours():
         return None
-    machine, boot, pid_ns, time_ns = _machine(), _boot_id(), _ns_inode("pid"), _ns_inode("time")
-    if machine is None or boot is None or pid_ns is None or time_ns is None:
+    boot, pid_ns, time_ns = _boot_id(), _ns_inode("pid"), _ns_inode("time")
+    if boot is None or pid_ns is None or time_ns is None:
         return None
     try:
         st = _stat_start_and_state("self" if pid is None else str(pid))
@@ -140,20 +147,19 @@ def process_identity(pid: int | None = None) -> ProcessIdentity | None:
         return None
     if st is None:
         return None
-    return ProcessIdentity(os.getpid() if pid is None else pid, st[0], machine, boot, pid_ns, time_ns)
+    return ProcessIdentity(os.getpid() if pid is None else pid, st[0], _machine(), boot, pid_ns, time_ns)
 
 
 def running(ident: ProcessIdentity) -> bool:
     """False only when the process is known to have exited: absent from ``/proc``, a zombie, its pid now
     another process's, or of an earlier boot of this machine. True whenever that cannot be told (module doc)."""
-    if (not _proc_is_ours() or ident.machine != _machine() or ident.pid_ns != _ns_inode("pid")
-            or ident.time_ns != _ns_inode("time")):
+    if not _proc_is_ours() or ident.pid_ns != _ns_inode("pid") or ident.time_ns != _ns_inode("time"):
         return True
     boot = _boot_id()
     if boot is None:
         return True
-    if boot != ident.boot_id:
-        return False
+    if boot != ident.boot_id:  # an earlier boot of this machine, or another machine's
+        return not (ident.machine and ident.machine == _machine())
     try:
         st = _stat_start_and_state(str(ident.pid))
     except _Unknown:
@@ -248,7 +254,7 @@ def _remove(path: Path) -> None:
         pass
 
 
-def sweep_stale_dirs(prefix: str, root: str | os.PathLike | None = None) -> list[Path]:
+def sweep_stale_dirs(prefix: str, root: str | os.PathLike[str] | None = None) -> list[Path]:
     """Remove the ``<prefix>*`` directories under ``root`` that every process they name has left (module
     doc); the paths swept, as they were named before the sweep renamed them. Raises only ValueError,
     for a ``prefix`` that is not a file name prefix."""
