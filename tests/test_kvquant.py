@@ -91,7 +91,7 @@ def test_bytes_per_element():
     assert make_codec("fp8_e4m3").bytes_per_element((32, 8, 128)) == 1 + 8 * 4 / (32 * 8 * 128)
     assert make_codec("int4").bytes_per_element((64, 2, 64)) == 0.5 + 8 / 32  # f32 scale + i32 zero per 32
     assert make_codec("int2").bytes_per_element((64, 2, 64), kind="value") == 0.25 + 8 / 32
-    assert shape  # the study reports the same figure for its 4,096 x 8 x 128 tensors
+    assert make_codec("int4").bytes_per_element(shape) == 0.5 + 8 / 32  # the study's 4,096 x 8 x 128 tensors
 
 
 def test_non_contiguous_input_is_accepted():
@@ -168,6 +168,113 @@ def test_resealed_blocks_with_impossible_contents_are_refused():
     blob[-1] |= 0xF0
     with pytest.raises(KVBlockError, match="padding"):
         decode_block(_reseal(bytes(blob)))
+
+
+def test_tiny_constant_groups_are_written_in_blocks_that_decode():
+    """A group far below float32's normal range gets a scale whose zero point stays within the bound
+    (a subnormal scale floor rounded down once made blocks that decode_block refused)."""
+    for v in (1e-37, -1e-37, 5e-38, 1.2573e-40, -3 * 2.0**-149, 2.0**-126):
+        x = np.full((32, 2, 8), v, np.float32)
+        for name in ("int4", "int2"):
+            for backend in ("reference", "numba"):
+                q = kq.quantize(x, name, kind="key", backend=backend)
+                assert np.abs(q.zeros).max() <= 2**20
+                y = decode_block(encode_block(q)).dequantize(backend)
+                assert np.array_equal(y, q.dequantize(backend))
+                assert np.abs(y.astype(np.float64) - v).max() <= max(abs(v) * 1e-6, 2.0**-150), (v, name, backend)
+    key = _kv(np.float32, (64, 2, 64))
+    key[:, 1, 5] = np.float32(1e-37)  # one tiny constant channel in a realistic key tensor
+    q = kq.quantize(key, "int2", kind="key")
+    assert np.array_equal(decode_block(encode_block(q)).dequantize(), q.dequantize())
+
+
+@pytest.mark.parametrize("name,opts", [("int4", {}), ("int2", {}), ("fp8_e4m3", {"scale": 150.0}), ("int8", {}),
+                                       ("fp8_e4m3", {})])
+def test_float16_values_near_its_maximum_never_dequantize_to_inf(name, opts):
+    x = np.full((32, 1, 32), 65504.0, np.float16)
+    x[::2] = -65504.0
+    x[1::4] = 50000.0
+    for backend in ("reference", "numba"):
+        q = make_codec(name, **opts).quantize(x, kind="key", backend=backend)
+        y = q.dequantize(backend)
+        assert np.isfinite(y).all(), (name, backend)
+        y2 = decode_block(encode_block(q)).dequantize(backend)
+        assert np.array_equal(y, y2)
+        step = float(q.scales.max()) * (448 / 8 if name == "fp8_e4m3" else 1)
+        assert np.abs(y.astype(np.float64) - x.astype(np.float64)).max() <= step
+
+
+def test_encoded_blocks_of_every_codec_always_decode_to_the_same_tensor():
+    rng = np.random.default_rng(3)
+    for exp in (-40, -30, -10, 0, 10, 30, 37):
+        x = (rng.standard_normal((64, 2, 32)) * 10.0**exp).astype(np.float32)
+        x[:, :, 3] = np.float32(10.0**exp)  # a constant channel
+        for name, opts in CASES:
+            for kind in ("key", "value"):
+                q = make_codec(name, **opts).quantize(x, kind=kind)
+                assert np.array_equal(decode_block(encode_block(q)).dequantize(), q.dequantize()), (name, opts, exp)
+
+
+def _resealed(q, edit) -> bytes:
+    body = bytearray(encode_block(q)[:-4])
+    edit(body)
+    return _reseal(bytes(body))
+
+
+@pytest.mark.parametrize("name,opts,dtype,scale", [
+    ("int8", {}, np.float32, 3e38), ("int8", {}, np.float16, 1e4), ("fp8_e4m3", {}, np.float32, 3e38),
+    ("fp8_e4m3", {}, np.float16, 1e4), ("int4", {}, np.float32, 3e38), ("int2", {}, np.float16, 1e5),
+])
+def test_a_resealed_scale_no_encoder_writes_is_refused(name, opts, dtype, scale):
+    """crc32c catches accidents, not edits: a block whose codes would decode past its dtype's range is refused."""
+    q = make_codec(name, **opts).quantize(_kv(dtype, (32, 2, 32)), kind="key")
+    blob = _resealed(q, lambda b: struct.pack_into("<f", b, HEADER_BYTES, scale))
+    with pytest.raises(KVBlockError) as e:
+        decode_block(blob)
+    assert e.value.field == "scales" and "beyond" in str(e.value)
+
+
+def test_resealed_blocks_with_inconsistent_fields_are_refused_naming_them():
+    x = _kv(np.float32, (32, 2, 32))
+    fixed = make_codec("fp8_e4m3", scale=1.0).quantize(x)
+    with pytest.raises(KVBlockError, match="fixed fp8 scale_option"):  # header says 1.0, scales say 0.5
+        decode_block(_resealed(fixed, lambda b: struct.pack_into("<f", b, HEADER_BYTES, 0.5)))
+    q8 = make_codec("int8").quantize(x)
+    with pytest.raises(KVBlockError) as e:  # only fp8 has a fixed scale
+        decode_block(_resealed(q8, lambda b: struct.pack_into("<f", b, 64, 1.0)))
+    assert e.value.field == "scale_option"
+    q4 = make_codec("int4").quantize(x, kind="key")
+    with pytest.raises(KVBlockError) as e:
+        decode_block(_resealed(q4, lambda b: struct.pack_into("<i", b, HEADER_BYTES + q4.scales.nbytes, 2**20 + 1)))
+    assert e.value.field == "zeros"
+    qw = make_codec("int8", window_tokens=4).quantize(x)
+    end = HEADER_BYTES + qw.scales.nbytes + qw.zeros.nbytes + qw.payload.nbytes
+    with pytest.raises(KVBlockError) as e:
+        decode_block(_resealed(qw, lambda b: struct.pack_into("<f", b, end, float("inf"))))
+    assert e.value.field == "window"
+    with pytest.raises(KVBlockError) as e:  # window_tokens == tokens
+        decode_block(_resealed(qw, lambda b: struct.pack_into("<I", b, 28, 32)))
+    assert e.value.field == "shape"
+    for offset, field in ((40, "zeros_bytes"), (56, "window_bytes")):
+        with pytest.raises(KVBlockError) as e:  # a section size the shape does not imply (total length kept)
+            decode_block(_resealed(qw, lambda b, o=offset: struct.pack_into("<Q", b, o, 4)))
+        assert e.value.field in ("length", field)
+    with pytest.raises(KVBlockError) as e:
+        decode_block(_resealed(q4, lambda b: (struct.pack_into("<Q", b, 40, q4.zeros.nbytes - 4),
+                                              struct.pack_into("<Q", b, 48, q4.payload.nbytes + 4))))
+    assert e.value.field == "zeros_bytes"
+
+
+def test_a_hand_built_quantized_tensor_that_does_not_fit_its_fields_is_refused():
+    import dataclasses
+
+    q = make_codec("int4").quantize(_kv(np.float32, (32, 2, 32)), kind="key")
+    for field, bad in (("scales", q.scales[:, :1]), ("zeros", q.zeros.astype(np.int64)), ("payload", q.payload[:-1]),
+                       ("window", np.zeros((1, 2, 32), np.float32)), ("scales", q.scales.astype(np.float64))):
+        broken = dataclasses.replace(q, **{field: bad})
+        for backend in ("reference", "numba"):
+            with pytest.raises(KVQuantError, match=field):
+                broken.dequantize(backend)
 
 
 # ----------------------------------------------------------------------------- bad input

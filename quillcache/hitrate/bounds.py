@@ -68,6 +68,7 @@ from collections import OrderedDict
 import numpy as np
 from numba import njit
 
+from quillcache._jitcache import guard_cache
 from quillcache._checks import check_float, check_int
 from quillcache.hitrate._klib import (NIL, _heap_compact, _heap_pop, _heap_push, _lists, _prefix_hits, _push,
                                       _unlink)
@@ -457,3 +458,7 @@ def joint_oracle_reference(arrs: TraceArrays, capacity_blocks: int, sigma: float
                 del cached[v]
             cached[b] = (until[p], keys[p])
     return hits
+
+
+# flush this module's cached kernels when it or a dependency changed (quillcache._jitcache)
+guard_cache(__name__, "quillcache.hitrate._klib", "quillcache.hitrate.kernels")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from quillcache._jitcache import guard_cache
 from quillcache.hitrate._klib import (
     NIL,
     _heap_compact,
@@ -260,3 +261,11 @@ def s3fifo(off, blocks, u, cap, hits, small_ratio, ghost_ratio, move_threshold):
                 where[b] = _S
     return total
 
+
+# flush this module's cached kernels when it or a dependency changed (quillcache._jitcache)
+guard_cache(__name__,
+            "quillcache.hitrate._klib",
+            "quillcache.hitrate.kernels_classic",
+            "quillcache.hitrate.kernels_lrb",
+            "quillcache.hitrate.kernels_quillhd",
+            "quillcache.hitrate.kernels_tinylfu")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from quillcache._jitcache import guard_cache
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
 
 __all__ = ["arc", "lookahead", "sieve", "twoq"]
@@ -209,3 +210,6 @@ def lookahead(off, blocks, u, cap, hits, next_use, window_requests):
             incache[b] = True
             nxt_use[b] = next_use[p]
     return total
+
+
+guard_cache(__name__, "quillcache.hitrate._klib")  # flush this module's cached kernels when a dependency changed

@@ -12,6 +12,7 @@ import math
 import numpy as np
 from numba import njit
 
+from quillcache._jitcache import guard_cache
 from quillcache._mix import splitmix64_nb as mix64
 from quillcache.hitrate._klib import _prefix_hits
 from quillcache.hitrate.kernels_quillhd import bitlen
@@ -126,3 +127,7 @@ def lrb(off, blocks, u, cap, hits, input_tokens, block_tokens, sample_size, wind
             labeled[b] = False
             last[b] = t
     return total
+
+
+# flush this module's cached kernels when it or a dependency changed (quillcache._jitcache)
+guard_cache(__name__, "quillcache._mix", "quillcache.hitrate._klib", "quillcache.hitrate.kernels_quillhd")

@@ -15,6 +15,7 @@ import math
 import numpy as np
 from numba import njit
 
+from quillcache._jitcache import guard_cache
 from quillcache.hitrate._klib import NIL, _prefix_hits, _push, _unlink
 
 HD_SUB = 8  # age buckets per octave above 16
@@ -446,3 +447,6 @@ def quillhd(off, blocks, u, cap, hits, input_tokens, block_tokens, period, decay
                     _unlink(c, b, prev0, nxt0, head0, tail0, size0)
                     _push(c, b, prev0, nxt0, head0, tail0, size0)
     return total
+
+
+guard_cache(__name__, "quillcache.hitrate._klib")  # flush this module's cached kernels when a dependency changed

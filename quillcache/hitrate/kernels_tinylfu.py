@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from quillcache._jitcache import guard_cache
 from quillcache._mix import splitmix64_nb as mix64
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
 
@@ -154,3 +155,7 @@ def tinylfu(off, blocks, u, cap, hits, window_cap, main_cap, protected_cap, samp
                 _push(win, b, prev, nxt, head, tail, size)
                 where[b] = win
     return total
+
+
+# flush this module's cached kernels when it or a dependency changed (quillcache._jitcache)
+guard_cache(__name__, "quillcache._mix", "quillcache.hitrate._klib")

@@ -30,6 +30,7 @@ from collections import OrderedDict
 import numpy as np
 from numba import njit
 
+from quillcache._jitcache import guard_cache
 from quillcache._checks import check_int
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
 from quillcache.hitrate.arrays import TraceArrays, validate_arrays
@@ -113,3 +114,6 @@ def predicted_reuse_lru_reference(arrs: TraceArrays, capacity_blocks: int, reque
             where[b] = _LIVE if bits[r] else _DEAD
             lists[where[b]][b] = None
     return out
+
+
+guard_cache(__name__, "quillcache.hitrate._klib")  # flush this module's cached kernels when a dependency changed

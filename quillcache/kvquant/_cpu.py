@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange
 
+from quillcache._jitcache import guard_cache
 from quillcache.kvquant import _scalar
 from quillcache.kvquant.fp8 import E4M3_TABLE
 
@@ -280,3 +281,7 @@ def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     out = np.empty(count, np.uint8)
     _unpack(packed, bits, out)
     return out
+
+
+# flush this module's cached kernels when it or a dependency changed (quillcache._jitcache)
+guard_cache(__name__, "quillcache.kvquant._scalar", "quillcache.kvquant.fp8")

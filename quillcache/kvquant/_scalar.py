@@ -60,10 +60,13 @@ def e4m3_encode_scalar(v, s):
 
 
 def asym_scale(mn, mx, qmaxf):
-    """The group scale: ``mx/qmax - mn/qmax`` (no overflow), at least ``max|.| * 2**-20``, 1 if 0."""
+    """The group scale: ``mx/qmax - mn/qmax`` (no overflow), at least ``max|.| * 2**-20`` (raised by
+    one subnormal step where that product rounded down), 1 if 0."""
     s = mx / qmaxf - mn / qmaxf
     amax = max(abs(mn), abs(mx))
     floor = amax * np.float32(9.5367431640625e-07)  # 2**-20
+    if floor * np.float32(1048576.0) < amax:  # exact product: only a subnormal floor can fail it
+        floor = floor + np.float32(1.401298464324817e-45)  # 2**-149
     if s < floor:
         s = floor
     if s == 0:
@@ -72,7 +75,7 @@ def asym_scale(mn, mx, qmaxf):
 
 
 def asym_zero(mn, s):
-    """The integer zero point ``rint(-mn / s)`` (|.| <= 2**20 + 1 by the scale floor)."""
+    """The integer zero point ``rint(-mn / s)`` (|.| <= 2**20 by the scale floor)."""
     return round(-mn / s)
 
 

@@ -17,10 +17,15 @@ A block decodes with no outside context. Layout (all integers little-endian)::
 Decoding checks, in order, and raises ``KVBlockError`` naming the field: length, magic, version,
 header size, total length against the declared sections, crc32c (any flipped bit fails here), then
 the header's meaning (known codec / kind / layout / dtype / granularity, bits of the codec, shape
->= 1, window < tokens, group size dividing, every section's size equal to what the shape implies)
-and the sections' contents (scales positive and finite, zero points within the bound
-``|z| <= 2**20 + 1``, no int8 code -128, no fp8 NaN code, zero padding bits, a finite window). A
-block that passes decodes to exactly the tensor that was encoded; nothing else decodes.
+>= 1, window < tokens, group size dividing, ``scale_option`` NaN except for fp8's fixed scale,
+every section's size equal to what the shape implies) and the sections' contents (scales
+positive and finite, fp8's all equal to its fixed scale when it has one, zero points within the
+bound ``|z| <= 2**20`` (``reference.MAX_ZERO_POINT``), no int8 code -128, no fp8 NaN code, zero
+padding bits, a finite window, and no code decoding to a magnitude beyond ``MAGNITUDE_LIMIT`` of
+the block's dtype: float32's largest finite value, and twice float16's (what an encoder's zero
+point rounding can reach for float16 input, clipped on dequantization). A block that passes
+decodes to exactly the tensor that was encoded, or, if resealed by hand, at least to finite values
+of its dtype; every other block is refused.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ import struct
 import crc32c
 import numpy as np
 
-from quillcache.kvquant.codecs import DTYPES, KINDS, QuantizedKV
+from quillcache.kvquant.codecs import DTYPES, FLOAT16_MAX, KINDS, QuantizedKV, expected_layout
 from quillcache.kvquant.errors import KVBlockError
-from quillcache.kvquant.fp8 import E4M3_NAN_CODE
+from quillcache.kvquant.fp8 import E4M3_NAN_CODE, E4M3_TABLE
+from quillcache.kvquant.reference import MAX_ZERO_POINT
 
 __all__ = ["BLOCK_MAGIC", "BLOCK_VERSION", "HEADER_BYTES", "decode_block", "encode_block"]
 
@@ -47,7 +53,7 @@ _BITS = {"int8": 8, "fp8_e4m3": 8, "int4": 4, "int2": 2}
 GRANULARITY_IDS = {"token_head": 0, "tensor": 1, "head": 2, "channel": 3, "token": 4}
 _GRANULARITIES = {"int8": ("token_head", "tensor"), "fp8_e4m3": ("head", "tensor"), "int4": ("channel", "token"),
                   "int2": ("channel", "token")}
-MAX_ZERO_POINT = 2**20 + 1
+MAGNITUDE_LIMIT = {"float32": float(np.finfo(np.float32).max), "float16": 2 * FLOAT16_MAX}
 
 
 def _host(a) -> np.ndarray:
@@ -68,17 +74,16 @@ def encode_block(q: QuantizedKV) -> bytes:
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
-def _expected_sizes(codec: str, gran: str, group: int, t_q: int, h: int, d: int) -> tuple[tuple[int, ...], int, int]:
-    """(scale grid shape, zero-point count, payload bytes) implied by the header."""
-    n = t_q * h * d
+def _peak_magnitude(codec: str, scales: np.ndarray, zeros: np.ndarray, payload: np.ndarray) -> float:
+    """An upper bound (float64, exact products) on the magnitude any of the block's codes decodes to."""
+    s = scales.astype(np.float64)
     if codec == "int8":
-        grid = (t_q, h) if gran == "token_head" else (1, 1)
-        return grid, 0, n
+        return 127.0 * float(s.max())
     if codec == "fp8_e4m3":
-        return ((1, h) if gran == "head" else (1, 1)), 0, n
-    bits = _BITS[codec]
-    grid = (t_q // group, h, d) if gran == "channel" else (t_q, h, d // group)
-    return grid, math.prod(grid), -(-n * bits // 8)
+        return float(E4M3_TABLE[int((payload & 0x7F).max())]) * float(s.max())
+    qmax = (1 << _BITS[codec]) - 1
+    z = zeros.astype(np.int64)
+    return float((np.maximum(np.abs(z), np.abs(qmax - z)) * s).max())
 
 
 def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
@@ -128,8 +133,10 @@ def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
         raise KVBlockError("group_size", f"group_size={group} for {codec} (expects 0)")
     if codec == "fp8_e4m3" and not (math.isnan(scale_option) or (math.isfinite(scale_option) and scale_option > 0)):
         raise KVBlockError("scale_option", f"{scale_option} is neither NaN nor a positive finite scale")
+    if codec != "fp8_e4m3" and not math.isnan(scale_option):
+        raise KVBlockError("scale_option", f"{scale_option} for {codec} (only fp8's fixed scale sets it; expects NaN)")
     dtype = np.dtype(DTYPES[dtype_id]).newbyteorder("<")
-    grid, n_z, payload_bytes = _expected_sizes(codec, gran, group, t_q, h, d)
+    grid, n_z, payload_bytes = expected_layout(codec, gran, group, t_q, h, d)
     for name, got, want in (("scales_bytes", n_scales, 4 * math.prod(grid)), ("zeros_bytes", n_zeros, 4 * n_z),
                             ("payload_bytes", n_payload, payload_bytes),
                             ("window_bytes", n_window, w * h * d * dtype.itemsize)):
@@ -146,6 +153,8 @@ def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
     window = np.frombuffer(mv, dtype, w * h * d, off).astype(DTYPES[dtype_id]).reshape(w, h, d)
     if not (np.isfinite(scales).all() and (scales > 0).all()):
         raise KVBlockError("scales", "a scale is not a positive finite number")
+    if codec == "fp8_e4m3" and not math.isnan(scale_option) and (scales != np.float32(scale_option)).any():
+        raise KVBlockError("scales", f"a scale differs from the block's fixed fp8 scale_option {scale_option}")
     if n_z and np.abs(zeros.astype(np.int64)).max() > MAX_ZERO_POINT:
         raise KVBlockError("zeros", f"a zero point exceeds {MAX_ZERO_POINT} in magnitude")
     if codec == "int8" and (payload == 0x80).any():
@@ -158,6 +167,10 @@ def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
             raise KVBlockError("payload", "padding bits of the last byte are not zero")
     if not np.isfinite(window).all():
         raise KVBlockError("window", "a full-precision window value is not finite")
+    peak, limit = _peak_magnitude(codec, scales, zeros, payload), MAGNITUDE_LIMIT[DTYPES[dtype_id]]
+    if not peak <= limit:
+        raise KVBlockError("scales", f"a code would decode to magnitude {peak:.6g}, beyond {limit:.6g} for "
+                                     f"{DTYPES[dtype_id]} (no encoder writes such a scale)")
     return QuantizedKV(codec=codec, kind=KINDS[kind_id], granularity=gran, dtype=DTYPES[dtype_id], shape=(t, h, d),
                        group_size=group, window_tokens=w, scales=scales, zeros=zeros, payload=payload, window=window,
                        scale_option=float(scale_option))

@@ -22,7 +22,14 @@ every extent >= 1, tokens minus window divisible by the group for per-channel gr
 divisible by the group for per-token groups (``KVQuantShapeError``); every value finite:
 NaN / ±inf are refused with ``NonFiniteError`` naming the first (token, head, channel), never
 saturated; a magnitude above ``MAX_ABS = 2**127`` with ``OutOfRangeError`` (its dequantized value
-could overflow). float16 input is always in range. Inputs are never modified.
+could overflow). float16 input is always in range, and its dequantized values are clipped to
+float16's largest finite value (a group's rounded zero point, or fp8's saturated code times a
+fixed scale, can overshoot a value near ±65504 by part of a step; the clip only moves a value
+toward the original). Inputs are never modified.
+
+``dequantize`` checks a ``QuantizedKV`` it is given (a public type, which may be built by hand)
+against the layout its header fields imply (``expected_layout``: array dtypes and sizes) before
+any kernel reads it, and raises ``KVQuantError`` naming the array that does not fit.
 """
 
 from __future__ import annotations
@@ -40,12 +47,30 @@ from quillcache.kvquant.kernels import KernelBackend, backend
 from quillcache.registry import Registry
 
 __all__ = ["CODECS", "DTYPES", "MAX_ABS", "Fp8E4M3Codec", "Int8Codec", "KINDS", "KiviCodec", "QuantizedKV", "Codec",
-           "make_codec"]
+           "expected_layout", "make_codec"]
 
 KINDS = ("key", "value")
 DTYPES = ("float16", "float32")
 MAX_GROUP = 65535
 MAX_ABS = 2.0**127  # the largest magnitude quantized (see reference.py)
+FLOAT16_MAX = 65504.0
+_BITS = {"int8": 8, "fp8_e4m3": 8, "int4": 4, "int2": 2}
+
+
+def expected_layout(codec: str, granularity: str, group_size: int, tokens_quantized: int, heads: int,
+                    head_dim: int) -> tuple[tuple[int, ...], int, int]:
+    """(scale grid shape, zero-point count, payload bytes) of a tensor with these header fields."""
+    n = tokens_quantized * heads * head_dim
+    if codec == "int8":
+        grid = (tokens_quantized, heads) if granularity == "token_head" else (1, 1)
+        return grid, 0, n
+    if codec == "fp8_e4m3":
+        return ((1, heads) if granularity == "head" else (1, 1)), 0, n
+    if granularity == "channel":
+        grid = (tokens_quantized // group_size, heads, head_dim)
+    else:
+        grid = (tokens_quantized, heads, head_dim // group_size)
+    return grid, math.prod(grid), -(-n * _BITS[codec] // 8)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -78,6 +103,27 @@ class QuantizedKV:
     def nbytes(self) -> int:
         """Bytes of the arrays (the block adds a fixed header and a crc32c)."""
         return int(self.payload.nbytes + self.scales.nbytes + self.zeros.nbytes + self.window.nbytes)
+
+    def check_layout(self) -> None:
+        """``KVQuantError`` naming the first array whose dtype or size is not what the fields imply."""
+        if len(self.shape) != 3 or min(self.shape) < 1 or not 0 <= self.window_tokens < self.shape[0]:
+            raise KVQuantError(f"shape={self.shape} window_tokens={self.window_tokens}: need (tokens, heads, "
+                               f"head_dim) >= 1 and 0 <= window_tokens < tokens")
+        t, h, d = self.shape
+        if self.codec in ("int4", "int2"):
+            extent = t - self.window_tokens if self.granularity == "channel" else d
+            if self.group_size < 1 or extent % self.group_size:
+                raise KVQuantError(f"group_size={self.group_size} does not divide {extent} ({self.granularity} "
+                                   f"groups)")
+        grid, n_zeros, payload_bytes = expected_layout(self.codec, self.granularity, self.group_size,
+                                                       t - self.window_tokens, h, d)
+        for name, arr, dtype, shape in (("scales", self.scales, "float32", grid),
+                                        ("zeros", self.zeros, "int32", grid if n_zeros else (0,)),
+                                        ("payload", self.payload, "uint8", (payload_bytes,)),
+                                        ("window", self.window, self.dtype, (self.window_tokens, h, d))):
+            if str(arr.dtype) != dtype or tuple(arr.shape) != shape:
+                raise KVQuantError(f"{name} is {arr.dtype} {tuple(arr.shape)}; a {self.codec} tensor of shape "
+                                   f"{self.shape} ({self.granularity}) needs {dtype} {shape}")
 
     def codec_object(self) -> "Codec":
         return make_codec(self.codec, **_options_of(self))
@@ -162,11 +208,15 @@ class Codec:
         """The tensor back, in its original dtype and shape (window tokens exact)."""
         if q.codec != self.name:
             raise KVQuantError(f"a {q.codec!r} tensor cannot be dequantized by codec {self.name!r}")
+        q.check_layout()
         k = _backend(backend)
         xp = _xp(q.payload)
         out = xp.empty(q.shape, dtype=q.dtype)
         t_q = q.shape[0] - q.window_tokens
-        out[:t_q] = self._decode(k, q)
+        y = self._decode(k, q)
+        if q.dtype == "float16":  # an overshoot past ±65504 would cast to ±inf (module docstring)
+            y = xp.clip(y, np.float32(-FLOAT16_MAX), np.float32(FLOAT16_MAX))
+        out[:t_q] = y
         out[t_q:] = q.window
         return out
 

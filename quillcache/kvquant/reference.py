@@ -16,11 +16,15 @@ tokens, ``Hs`` is 1 or heads): ``amax = max |x|`` over the cell; ``s = amax / QM
 Asymmetric (``int4``, ``int2``, KIVI's layout), groups of ``gt`` tokens x ``gd`` channels
 (keys: ``gt = G, gd = 1``, one group per channel per G tokens; values: ``gt = 1, gd = G``, one
 group per token per G channels); ``qmax = 2**bits - 1``:
-- ``s = mx / qmax - mn / qmax`` (never overflows, unlike ``mx - mn``), raised to at least
-  ``max(|mn|, |mx|) * 2**-20`` (so ``|x / s| <= 2**20``: codes and zero points stay exact small
-  integers; the floor only bites for a group whose range is below 2**-20 of its magnitude, where
-  it costs < 1e-6 relative error), and 1 where still 0;
-- the INTEGER zero point ``z = rint(-mn / s)`` (int32, ``|z| <= 2**20 + 1``);
+- ``s = mx / qmax - mn / qmax`` (never overflows, unlike ``mx - mn``), raised to at least the
+  floor ``f = max(|mn|, |mx|) * 2**-20``, and 1 where still 0. Where ``f`` is subnormal its
+  product rounds (possibly down), so it is raised by one subnormal step ``2**-149`` whenever
+  ``f * 2**20 < max(|mn|, |mx|)`` (the ``* 2**20`` is exact, and the condition never holds for a
+  normal ``f``). Hence ``|x / s| <= 2**20`` for every ``x`` of the group: codes and zero points
+  stay exact small integers. The floor only bites for a group whose range is below 2**-20 of its
+  magnitude, where it costs < 1e-6 relative error (or, for groups within 2**20 subnormal steps
+  of zero, at most half a step ``2**-150`` absolute);
+- the INTEGER zero point ``z = rint(-mn / s)`` (int32, ``|z| <= 2**20``: ``MAX_ZERO_POINT``);
 - ``q = clip(rint(x / s) + z, 0, qmax)``; ``x' = float32(q - z) * s`` (``q - z`` is an exact
   integer: one rounding, the product).
 
@@ -39,6 +43,9 @@ __all__ = ["asym_dequantize", "asym_quantize", "fp8_dequantize", "fp8_quantize",
 
 F32 = np.float32
 ZERO_POINT_FLOOR = F32(2.0**-20)
+ZERO_POINT_FLOOR_INVERSE = F32(2.0**20)
+SUBNORMAL_STEP = F32(2.0**-149)  # float32's smallest subnormal
+MAX_ZERO_POINT = 2**20  # |z| and |x / s| never exceed it (the scale floor)
 
 
 def _sym_scale(amax: np.ndarray, qmax: float) -> np.ndarray:
@@ -98,7 +105,10 @@ def asym_quantize(x: np.ndarray, bits: int, gt: int, gd: int) -> tuple[np.ndarra
     mn = xg.min(axis=(1, 4))
     mx = xg.max(axis=(1, 4))
     s = (mx / qf - mn / qf).astype(F32)
-    s = np.maximum(s, np.maximum(np.abs(mn), np.abs(mx)) * ZERO_POINT_FLOOR)
+    amax = np.maximum(np.abs(mn), np.abs(mx))
+    floor = (amax * ZERO_POINT_FLOOR).astype(F32)
+    floor[floor * ZERO_POINT_FLOOR_INVERSE < amax] += SUBNORMAL_STEP  # a subnormal floor rounded down
+    s = np.maximum(s, floor)
     s[s == 0] = F32(1.0)
     z = np.rint(-mn / s).astype(np.int32)
     se, ze = s[:, None, :, :, None], z[:, None, :, :, None]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from quillcache._jitcache import guard_cache
 from quillcache.routing.dynamo import _logits as _dyn_logits
 from quillcache.routing.dynamo import _select as _dyn_select
 
@@ -213,3 +214,6 @@ def plan_dynamo(keys, offsets, b0, b1, hashes, node_worker, allowed, public_slot
     out_f[0] = fetch
     out_f[1] = t
     return -1
+
+
+guard_cache(__name__, "quillcache.routing.dynamo")  # flush this module's cached kernels when a dependency changed
