@@ -24,6 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quillcache.durability.wal import HEADER_BYTES as WAL_HEADER_BYTES
+from quillcache.durability.wal import RECORD_HEADER_BYTES, scan
+from quillcache.store import ssd_log
 from quillcache.store.errors import CorruptBlockError, SsdLogMissingError, StoreError
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd import SsdTier
@@ -66,6 +69,18 @@ def _build(layout: str, d: str) -> dict[StoreKey, tuple[str, int, int]]:
 
 
 _PRISTINE: dict[str, tuple[str, dict]] = {}
+# slab layout: the pristine log file's name and its records as (first byte, end byte, keys named)
+_LOG_RECORDS: dict[str, tuple[str, list[tuple[int, int, set[StoreKey]]]]] = {}
+
+
+def _log_records(d: str) -> tuple[str, list[tuple[int, int, set[StoreKey]]]]:
+    (name,) = [n for n in os.listdir(d) if n.startswith("log-")]
+    out, pos = [], WAL_HEADER_BYTES
+    for _, payload in scan(os.path.join(d, name))[1]:
+        end = pos + RECORD_HEADER_BYTES + len(payload)
+        out.append((pos, end, {StoreKey.from_bytes(e[1]) for e in ssd_log.decode_record(payload)[1]}))
+        pos = end
+    return name, out
 
 
 def _pristine(layout: str) -> tuple[str, dict]:
@@ -74,6 +89,8 @@ def _pristine(layout: str) -> tuple[str, dict]:
         atexit.register(shutil.rmtree, root, True)
         d = os.path.join(root, "tier")
         _PRISTINE[layout] = (d, _build(layout, d))
+        if layout == "slab":
+            _LOG_RECORDS[layout] = _log_records(d)
     return _PRISTINE[layout]
 
 
@@ -169,6 +186,24 @@ class _Damage:
     def log_touched(self) -> bool:
         return any(n.startswith("log-") for n in set(self.hit) | self.gone)
 
+    def log_may_lose(self, layout: str) -> set[StoreKey] | None:
+        """The blocks the log's damage may cost: salvage skips only the records a flip or an appended
+        tail hit, so only the keys those records name (slab layout); None when any block may be lost
+        (the log header hit, the log cut, deleted, renamed or overwritten)."""
+        if layout != "slab":
+            return set()
+        name, records = _LOG_RECORDS[layout]
+        if name in self.gone or self.log_truncated:
+            return None
+        keys: set[StoreKey] = set()
+        for a, b in self.hit.get(name, []):
+            if a < WAL_HEADER_BYTES:
+                return None
+            for start, end, named in records:
+                if a < end and b > start:
+                    keys |= named
+        return keys
+
 
 def _check_tier(t: SsdTier, where: dict, dmg: _Damage, layout: str) -> None:
     rep = t.recovery
@@ -182,8 +217,9 @@ def _check_tier(t: SsdTier, where: dict, dmg: _Damage, layout: str) -> None:
         except CorruptBlockError:
             continue  # detected on read: never served wrong
         assert data == content(k, SIZES[k]), k.hex()
+    may_lose = dmg.log_may_lose(layout)
     for k, (name, start, end) in where.items():
-        intact = not dmg.touched(name, start, end, layout) and not (layout == "slab" and dmg.log_touched())
+        intact = not dmg.touched(name, start, end, layout) and may_lose is not None and k not in may_lose
         if intact:
             assert k in t, f"intact block {k.hex()} in {name} [{start}, {end}) not served; {rep}"
         elif k not in t:
@@ -214,7 +250,8 @@ def test_damaged_directory_always_reopens(layout, ops):
         try:
             t = SsdTier(d, capacity_bytes=CAP)
         except SsdLogMissingError as exc:  # the documented refusal: the slab layout's log is gone
-            assert layout == "slab" and dmg.log_touched() and "on_missing_log" in str(exc)
+            # only a log that is gone or whose header is hit: damage to records is salvaged
+            assert layout == "slab" and dmg.log_may_lose(layout) is None and "on_missing_log" in str(exc)
             t = SsdTier(d, capacity_bytes=CAP, on_missing_log="empty")
             assert len(t) == 0 and not t.recovery.clean and t.recovery.log_tail
         if "started empty" not in t.recovery.log_tail:

@@ -351,7 +351,8 @@ class WalWriter:
     def create(cls, path: str | os.PathLike, base_lsn: int, *, records: Iterable[bytes] = (),
                **kw) -> "WalWriter":
         """Atomically create a fresh log with a new epoch holding ``records`` (acknowledged when
-        this returns): temp file, fsync, rename, fsync directory. The temp file is removed on error."""
+        this returns): temp file, fsync, rename, fsync directory. On any error the handle is closed and
+        the temp file removed (a directory fsync failure leaves the renamed file, its name not durable)."""
         if isinstance(base_lsn, bool) or not isinstance(base_lsn, int) or not 1 <= base_lsn <= MAX_LSN:
             raise ValueError(f"WAL base_lsn must be an int in [1, 2**64 - 1], got {base_lsn!r}")
         w = cls(path, **kw)
@@ -369,6 +370,7 @@ class WalWriter:
             w._write_buffer()
             fs.fsync(fd)
             fs.rename(tmp, w.path)
+            fs.fsync_dir(os.path.dirname(w.path) or ".")
         except BaseException:
             w._fd = -1
             try:
@@ -377,7 +379,6 @@ class WalWriter:
                 if fs.exists(tmp):
                     fs.unlink(tmp)
             raise
-        fs.fsync_dir(os.path.dirname(w.path) or ".")
         w.durable_lsn, w.durable_bytes = w.next_lsn - 1, w._size
         return w
 

@@ -19,8 +19,12 @@ Residency model (invariants, checked after every step by tests/test_dataplane.py
   soft-pinned blocks are evicted only after every other evictable one.
 
 Eviction under pressure: a DRAM placement that does not fit evicts DRAM victims (policy order,
-skipping blocks in use); each victim is demoted to SSD if the SSD tier admits and can hold it
-(evicting SSD victims for room), else dropped from the node. A GPU hold beyond capacity drops
+skipping blocks in use); each victim is demoted to SSD if the SSD tier is healthy, admits it and
+can hold it (evicting SSD victims for room), else dropped from the node. A full disk under the SSD
+tier (``DiskFullError``) is not a shortage of SSD capacity: no SSD block is evicted for it.
+Bytes demoted from a DRAM store with ``checksum=True`` are checked against their crc32c first
+(whatever ``verify_dram_reads`` says): a block that fails is dropped as corrupt, never written to
+SSD under a fresh checksum. A GPU hold beyond capacity drops
 the GPU policy's victim. Before evicting anything, the victims are planned: if evicting every
 block that may be evicted would still not free enough bytes, ``StoreFullError`` is raised and
 nothing changed. (If the bytes suffice but the free space stays fragmented, more victims are
@@ -29,7 +33,8 @@ contents.)
 
 Reads: ``get`` returns a zero-copy read-only view for a DRAM hit (valid until the block leaves
 DRAM: take a lease to keep it, ``get(key, lease_ttl_s=...)``), and the bytes for an SSD hit,
-which is promoted to DRAM if that is possible without failing the read.
+which is promoted to DRAM if that is possible without failing the read (never from an unhealthy
+SSD tier: it refuses the delete that ends a promotion, so the bytes are served from SSD).
 
 Opening is recovery: DRAM is empty after a restart, so every GPU/DRAM entry of this node is
 removed from the index; the SSD tier recovered itself when it was opened, and the index is
@@ -330,7 +335,7 @@ class StoreDataPlane:
     def promote(self, key: StoreKey) -> CacheTier:
         """Move a block up one tier: SSD bytes → DRAM, or DRAM → GPU hold. Returns the new tier.
         ValueError if it is already as high as it can go; StoreFullError (nothing changed) if
-        no room can be made."""
+        no room can be made; TierUnhealthyError (nothing changed) for SSD bytes on an unhealthy tier."""
         with self._lock:
             key = self._require(key)
             where = self._placement.byte_tier(key)
@@ -349,7 +354,9 @@ class StoreDataPlane:
         """Move a block down one tier: a GPU hold is released (the bytes stay where they are),
         DRAM bytes move to SSD. Returns the block's tier afterwards (None if a GPU-only block
         left the node). BlockInUseError if pinned or leased; ValueError if it is in the lowest
-        tier; StoreFullError (nothing changed) if SSD has no room."""
+        tier; StoreFullError / DiskFullError / TierUnhealthyError (nothing changed) if SSD has no
+        room, its disk is full or it is unhealthy; CorruptBlockError if the DRAM bytes fail their
+        crc32c (DRAM store with ``checksum=True``): the block is then dropped from the node."""
         with self._lock:
             key = self._require(key)
             self._refuse_if_in_use(key, "demote")
@@ -363,7 +370,8 @@ class StoreDataPlane:
                              f"({self.tier_of(key).name})")
 
     def delete(self, key: StoreKey) -> None:
-        """Remove the block from every tier of this node. BlockInUseError if pinned or leased."""
+        """Remove the block from every tier of this node. BlockInUseError if pinned or leased;
+        TierUnhealthyError (nothing changed) if its bytes are on an unhealthy SSD tier."""
         with self._lock:
             key = self._require(key)
             self._refuse_if_in_use(key, "delete")

@@ -16,10 +16,17 @@ Every operation keeps the residency invariants stated in ``quillcache.store.data
   victims (``_plan``: policy order, skipping pinned, leased and protected keys, soft-pinned keys
   only in a second pass) whose footprints cover the need. If no plan exists, nothing has been
   changed yet and the placement fails; otherwise the victims are evicted and the placement
-  retried (more victims are planned if the free space stayed fragmented);
-- a DRAM victim is demoted to SSD when the SSD policy admits it and SSD room can be made (which
-  may evict SSD victims), else dropped from the node; an SSD victim is dropped; a GPU victim
-  loses its GPU hold;
+  retried (more victims are planned if the free space stayed fragmented). A ``DiskFullError`` (the
+  file system under the SSD tier is full) is not a capacity shortage: no victim is evicted for it;
+- bytes leave DRAM for SSD only after they pass their DRAM crc32c (when the DRAM store keeps
+  checksums): a block that fails is dropped as corrupt, never copied under a fresh SSD crc;
+- nothing is moved into or out of an unhealthy SSD tier (it refuses writes and deletes): an SSD
+  hit is then served without promotion, and a delete of a block with SSD bytes is refused before
+  anything changes;
+- a DRAM victim is demoted to SSD when the SSD tier is healthy, its policy admits the block and
+  SSD room can be made (which may evict SSD victims), else dropped from the node (also when the
+  disk is full or the tier turns unhealthy during the demotion); an SSD victim is dropped; a GPU
+  victim loses its GPU hold;
 - a residency change is reported to the index as soon as it happens: a new location is put
   before the old one is removed, and an SSD entry is removed before the SSD bytes are deleted
   (``quillcache.store.reconcile``'s order), so a crash leaves at worst entries that reconcile fixes;
@@ -40,7 +47,9 @@ from quillcache.store.errors import (
     BlockExistsError,
     BlockTooLargeError,
     CorruptBlockError,
+    DiskFullError,
     StoreFullError,
+    TierUnhealthyError,
 )
 from quillcache.store.keys import StoreKey
 from quillcache.store.leases import HoldTable
@@ -103,6 +112,7 @@ class Placement:
         self._holds = holds
         self._stats = stats
         self._on_evict = on_evict
+        self._verify_demotions = dram.config.checksum  # DRAM crcs exist: check them before bytes go to SSD
         self._gpu: dict[StoreKey, int] = {}  # GPU-held key -> size_bytes
         self._protected: set[StoreKey] = set()  # keys the operation in progress is moving
 
@@ -251,6 +261,12 @@ class Placement:
                     if required:
                         raise
                     return False
+                except DiskFullError as exc:  # evicting blocks frees no disk space (DiskFullError)
+                    if required:
+                        after = " (blocks evicted for capacity before stay evicted)" if changed else ""
+                        raise DiskFullError(f"block {key.hex()} ({size} bytes) was not stored in {tier.name} on node "
+                                            f"{self.node!r}: {exc}; no block was evicted for it{after}") from exc
+                    return False
                 except StoreFullError as exc:
                     plan = self._plan(tier, self._footprint(tier, size), store.free_bytes)
                     if plan is None:
@@ -264,11 +280,17 @@ class Placement:
             self._protected.discard(key)
 
     def _evict_from_dram(self, key: StoreKey) -> None:
-        """Pressure eviction of a DRAM block: demote it to SSD if possible, else drop it."""
+        """Pressure eviction of a DRAM block: demote it to SSD if possible, else drop it (module
+        docstring); a block whose DRAM bytes fail their crc32c is dropped as corrupt."""
         size = self._dram.size_of(key)
-        if (self._ssd is not None and self._policies[SSD].admit(key, size)
-                and self.demote_dram_to_ssd(key, required=False, pressure=True)):
-            return
+        if self._ssd is not None and self._ssd.healthy and self._policies[SSD].admit(key, size):
+            try:
+                if self.demote_dram_to_ssd(key, required=False, pressure=True):
+                    return
+            except CorruptBlockError:
+                return  # already dropped everywhere (drop_corrupt): its room is freed
+            except TierUnhealthyError:
+                pass  # the SSD tier failed during the demotion (nothing of this block changed): drop it
         self._policies[DRAM].evict(key)
         self._report_remove(key, DRAM)
         self._dram.delete(key)
@@ -362,11 +384,19 @@ class Placement:
 
     def demote_dram_to_ssd(self, key: StoreKey, *, required: bool, pressure: bool = False) -> bool:
         """Move a block's bytes from DRAM to SSD, evicting SSD victims for room. False (or
-        StoreFullError when ``required``; nothing of this block changed) if no room can be made.
+        StoreFullError / DiskFullError when ``required``; nothing of this block changed) if no room
+        can be made; TierUnhealthyError (nothing of this block changed) from an unhealthy SSD tier.
+        CorruptBlockError if the DRAM bytes fail their crc32c (checked whenever the DRAM store keeps
+        checksums): the block is then dropped everywhere and nothing is written to SSD.
         ``pressure``: the move is a DRAM eviction (the DRAM policy learns ``evict``)."""
         assert self._ssd is not None
         size = self._dram.size_of(key)
-        if not self._place(SSD, key, self._dram.get(key), required=required):
+        try:
+            data = self._dram.get(key, verify=self._verify_demotions)
+        except CorruptBlockError:
+            self.drop_corrupt(key, DRAM)
+            raise
+        if not self._place(SSD, key, data, required=required):
             return False
         pol = self._policies[DRAM]
         pol.evict(key) if pressure else pol.remove(key)
@@ -381,10 +411,15 @@ class Placement:
     def promote_ssd_to_dram(self, key: StoreKey, *, required: bool) -> bytes:
         """Read a block from SSD and move its bytes to DRAM, evicting DRAM victims for room; returns
         the bytes. Not ``required`` (a read hit): when the DRAM policy refuses it or no room can be
-        made, the bytes stay on SSD (counted in ``promotions_skipped``). ``required``:
-        BlockTooLargeError / StoreFullError instead. CorruptBlockError if the SSD copy failed
+        made, or the SSD tier is unhealthy (its copy could not be deleted), the bytes stay on SSD
+        (counted in ``promotions_skipped``). ``required``: BlockTooLargeError / StoreFullError /
+        TierUnhealthyError instead (nothing changed). CorruptBlockError if the SSD copy failed
         its check (the block is then forgotten everywhere)."""
         assert self._ssd is not None
+        unhealthy = not self._ssd.healthy
+        if required and unhealthy:
+            raise TierUnhealthyError(f"cannot promote block {key.hex()} on node {self.node!r}: the SSD tier "
+                                     f"{self._ssd.directory} is unhealthy and refuses deletes; nothing was changed")
         try:
             data = self._ssd.get(key)
         except CorruptBlockError:
@@ -392,7 +427,7 @@ class Placement:
             raise
         size = len(data)
         too_large = size > self._dram.max_block_bytes
-        if not required and (too_large or not self._policies[DRAM].admit(key, size)):
+        if not required and (unhealthy or too_large or not self._policies[DRAM].admit(key, size)):
             moved = False
         else:
             if too_large:
@@ -413,7 +448,12 @@ class Placement:
         return data
 
     def delete(self, key: StoreKey) -> None:
-        """Remove the block from every tier of this node (the caller checked it is not in use)."""
+        """Remove the block from every tier of this node (the caller checked it is not in use).
+        TierUnhealthyError, before anything changes, if its bytes are on an unhealthy SSD tier."""
+        if self._ssd is not None and key in self._ssd and not self._ssd.healthy:
+            raise TierUnhealthyError(f"cannot delete block {key.hex()} on node {self.node!r}: its bytes are on the "
+                                     f"SSD tier {self._ssd.directory}, which is unhealthy and refuses deletes; "
+                                     f"nothing was changed")
         if key in self._gpu:
             self._policies[GPU].remove(key)
             self._report_remove(key, GPU)

@@ -26,6 +26,13 @@ class StoreFullError(StoreError):
     """No room, even after evicting everything that may be evicted (pinned/leased blocks stay)."""
 
 
+class DiskFullError(StoreFullError):
+    """The file system under an SSD tier is out of space (ENOSPC/EDQUOT) although the tier's own
+    capacity is not used up. Not a capacity shortage: evicting the tier's blocks does not free disk
+    space (slabs are preallocated; deletes free nothing until a group commit succeeds), so callers
+    that make room by eviction must not evict for it. Nothing already stored was damaged."""
+
+
 class BlockExistsError(StoreError):
     """A put of a key that is already stored (blocks are immutable until deleted)."""
 

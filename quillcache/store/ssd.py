@@ -13,8 +13,9 @@ Durability contract (what "acknowledged" means):
 - ``put_async(key, data, callback)``: the block is written and visible at once but durable only
   once ``callback(key, None)`` fired: at the next ``flush()``/``put``/``put_many``/``close()``, or
   at an automatic group commit once ``group_commit_blocks`` blocks or ``group_commit_bytes``
-  bytes are pending. A failed commit calls ``callback(key, error)`` and removes the block; each
-  callback fires exactly once.
+  bytes are pending. A failed commit, an I/O error that turns the tier unhealthy while the block is
+  pending, or a failed crc32c check of the pending block on read calls ``callback(key, error)`` and
+  removes the block (its space is freed); each callback fires exactly once.
 - ``delete(key)``: takes effect at once (``get``, ``in``, ``keys`` stop seeing the block) and is
   durable at the next group commit (as above). A crash before that may bring the block back, with
   its own verified bytes, never with other bytes: the block's space is reused only after its
@@ -23,9 +24,11 @@ Durability contract (what "acknowledged" means):
 
 Failures: an fsync error is never retried and never trusted: the blocks of the failed commit are
 dropped and the tier turns unhealthy (``TierUnhealthyError`` on every later write; reads of what
-was acknowledged keep working). A full disk (ENOSPC) raises ``StoreFullError`` and damages nothing
-already stored; so does a full tier (the tier itself never evicts). A block that fails its crc32c
-on read raises ``CorruptBlockError`` and is dropped; wrong bytes are never returned.
+was acknowledged keep working; pending ``put_async`` blocks are dropped, their callbacks get the
+error). A full disk (ENOSPC/EDQUOT) raises ``DiskFullError`` (a ``StoreFullError`` that evicting
+blocks does not cure) and damages nothing already stored; a full tier raises ``StoreFullError``
+(the tier itself never evicts). A block that fails its crc32c on read raises ``CorruptBlockError``
+and is dropped; wrong bytes are never returned.
 
 Recovery (= opening): replay the log (slab layout) or list the objects (files layout), check every block's
 crc32c (``verify_on_open``), drop torn, corrupt or unreferenced data, sweep temp files, and report foreign
@@ -74,6 +77,7 @@ from quillcache.store.errors import (
     BlockNotFoundError,
     BlockTooLargeError,
     CorruptBlockError,
+    DiskFullError,
     ForeignFileError,
     StoreClosedError,
     StoreError,
@@ -168,15 +172,17 @@ class SsdTier:
         else:
             try:
                 self.recovery = self._open()
-            except (OSError, OverflowError, struct.error, AllocatorError) as exc:
+            except BaseException as exc:
                 layout = getattr(self, "_layout", None)
-                if layout is not None:
+                if layout is not None:  # release every handle the failed open took
                     try:
                         layout.close()
                     except OSError:
                         pass
-                raise SsdRecoveryError(f"SSD tier {self._dir} could not be opened: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+                if isinstance(exc, (OSError, OverflowError, struct.error, AllocatorError)):
+                    raise SsdRecoveryError(f"SSD tier {self._dir} could not be opened: "
+                                           f"{type(exc).__name__}: {exc}") from exc
+                raise
 
     # ---------------------------------------------------------------- opening = recovery
     def _open(self) -> SsdRecoveryReport:
@@ -281,10 +287,13 @@ class SsdTier:
                 rec = self._layout.stage(key, view, crc)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFullError(f"SSD tier {self._dir}: disk full writing block {key.hex()} "
-                                     f"of {len(view)} B ({exc})") from exc
+                raise DiskFullError(f"SSD tier {self._dir}: disk full writing block {key.hex()} "
+                                    f"of {len(view)} B ({exc})") from exc
             self._mark_unhealthy(exc)
-            raise TierUnhealthyError(f"SSD tier {self._dir}: I/O error writing block {key.hex()} ({exc})") from exc
+            err = TierUnhealthyError(f"SSD tier {self._dir}: I/O error writing block {key.hex()} ({exc}); the "
+                                     f"tier is unhealthy and its {len(self._pending_puts)} pending put(s) were dropped")
+            self._fail_pending(err)
+            raise err from exc
         self._live[key] = rec
         self._used += need
         self._pending_puts.append((key, rec, callback))
@@ -304,8 +313,8 @@ class SsdTier:
             self._drop_staged(puts)
             if full:
                 self._pending_deletes = dels + self._pending_deletes  # still to be made durable
-                err: StoreError = StoreFullError(f"SSD tier {self._dir}: disk full during a group commit of "
-                                                 f"{len(puts)} block(s) ({exc}); they were not stored")
+                err: StoreError = DiskFullError(f"SSD tier {self._dir}: disk full during a group commit of "
+                                                f"{len(puts)} block(s) ({exc}); they were not stored")
             else:
                 self._mark_unhealthy(exc)
                 err = TierUnhealthyError(f"SSD tier {self._dir}: group commit of {len(puts)} block(s) failed "
@@ -321,6 +330,14 @@ class SsdTier:
         except OSError as exc:  # the commit itself is durable; a failed log rotation is retried later
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self._mark_unhealthy(exc)
+
+    def _fail_pending(self, err: BaseException) -> None:
+        """The pending puts can never become durable (the tier turned unhealthy): drop them and fire
+        each callback once with ``err``. Pending deletes stay undone on disk (a restart may bring
+        those blocks back, as after a crash)."""
+        puts, self._pending_puts, self._pending_bytes = self._pending_puts, [], 0
+        self._drop_staged(puts)
+        self._fire(puts, err)
 
     def _drop_staged(self, puts) -> None:
         for key, rec, _ in puts:
@@ -420,13 +437,20 @@ class SsdTier:
 
     def _corrupt(self, key: StoreKey, rec: BlockRecord, why: str) -> CorruptBlockError:
         """Drop a block that failed its check; its delete is logged at the next group commit."""
+        err = CorruptBlockError(f"block {key.hex()} in SSD tier {self._dir} (segment {rec.segment_id}, offset "
+                                f"{rec.offset_bytes}, {rec.size_bytes} B) {why}; it was dropped")
         if self._live.get(key) is rec:
             del self._live[key]
             self._used -= self._layout.footprint_bytes(rec.size_bytes)
             if self._unhealthy is None and rec.durable:
                 self._pending_deletes.append((key, rec))
-        return CorruptBlockError(f"block {key.hex()} in SSD tier {self._dir} (segment {rec.segment_id}, offset "
-                                 f"{rec.offset_bytes}, {rec.size_bytes} B) {why}; it was dropped")
+            elif not rec.durable:  # a staged put: never logged, so it leaves the batch and its space is freed now
+                mine = [p for p in self._pending_puts if p[1] is rec]
+                self._pending_puts = [p for p in self._pending_puts if p[1] is not rec]
+                self._pending_bytes -= rec.size_bytes
+                self._layout.abort([rec])
+                self._fire(mine, err)
+        return err
 
     def get(self, key: StoreKey) -> bytes:
         """The block's bytes, crc32c-verified (account_only: a read-only view of zero bytes)."""
@@ -530,6 +554,9 @@ class SsdTier:
             try:
                 if self._unhealthy is None:
                     self._commit_pending()
+                elif self._pending_puts:
+                    self._fail_pending(TierUnhealthyError(
+                        f"SSD tier {self._dir} closed while unhealthy ({self._unhealthy}); pending put(s) dropped"))
             finally:
                 self._closed = True
                 self._layout.close()

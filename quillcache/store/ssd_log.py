@@ -8,7 +8,9 @@ module only adds what is the tier's:
 - the payloads: one log record per group commit, holding fixed 49-byte entries
   ``kind u8 | key 24 B | segment u32 | offset u64 | size u64 | crc u32`` (kind ``P`` put, ``D``
   delete). A log *generation* file starts with a snapshot of the live set (``S`` records) closed
-  by one ``E`` record; a file without its ``E`` record is not a valid generation;
+  by one ``E`` record; a file without its ``E`` record is not a valid generation, unless the
+  salvage scan reports damage where the ``E`` record was (generations are created complete, so
+  then the damage took it; see ``SlabLayout._replay``);
 - the policies it opens the WAL with: scans use the WAL's ``"salvage"`` mode (a damaged record
   that valid ones follow is skipped and its LSNs reported, instead of refusing the whole log: the
   tier is a cache, so losing the blocks a damaged record described is acceptable, serving wrong

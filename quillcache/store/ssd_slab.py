@@ -23,20 +23,23 @@ Damage (issue 11): a slab file whose size is not whole pages is used up to its l
 most ``slab_bytes``), blocks past it are dropped by key; one without a whole page is quarantined. A
 log generation that cannot be replayed is quarantined, never deleted. Slabs hold no keys or
 checksums, so with no usable log next to slab files the open is refused (``SsdLogMissingError``)
-unless ``on_missing_log="empty"``; never reported as a clean empty recovery. New log generations
-and slabs skip names a foreign file or directory holds.
+unless ``on_missing_log="empty"``; with no slab file an unusable log is quarantined and the tier
+starts empty (no block can have been lost); never reported as a clean empty recovery. An ``E``
+record lost in damage the salvage scan skipped does not make a generation unusable (``_replay``).
+New log generations and slabs skip names a foreign file or directory holds.
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 from collections.abc import Iterable
 
 from quillcache import alloc as _alloc
 from quillcache.durability.fs import FileSystem
-from quillcache.durability.wal import WalWriter
+from quillcache.durability.wal import RecoveryReport, WalWriter
 from quillcache.store import ssd_log as L
-from quillcache.store.errors import SsdLogMissingError, StoreFullError
+from quillcache.store.errors import DiskFullError, SsdLogMissingError, StoreFullError
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc, quarantine
 
@@ -117,10 +120,12 @@ class SlabLayout:
         state: dict[StoreKey, tuple[int, int, int, int, int]] = {}
         chosen = None
         unusable: list[tuple[str, str]] = []
+        notes: list[str] = []
         for gen, name in sorted(files.get("log", []), reverse=True):
             try:
                 scanned = L.scan_generation(fs, self._p(name))
-                state = self._replay(scanned[1])
+                notes = []
+                state = self._replay(scanned[1], scanned[0], notes)
             except Exception as exc:  # noqa: BLE001 - any damage makes this generation unusable
                 unusable.append((name, f"log generation unusable: {type(exc).__name__}: {exc}"))
                 continue
@@ -130,6 +135,8 @@ class SlabLayout:
             self._no_usable_log(files, unusable, rep)
             files = {k: v for k, v in files.items() if k not in ("slab", "log")}
         rep["dropped"] += unusable
+        if chosen is not None:
+            rep["dropped"] += [(chosen[1], why) for why in notes]
         for gen, name in files.get("log", []):
             if gen == chosen[0]:
                 continue
@@ -186,14 +193,21 @@ class SlabLayout:
         return live
 
     def _no_usable_log(self, files: dict, unusable: list[tuple[str, str]], rep: dict) -> None:
-        """No log generation could be replayed. With no slab and no log file nothing is left to
-        recover (the first log is written before any slab): start empty, saying so (not clean).
+        """No log generation could be replayed. With no slab file nothing is left to recover (the
+        first log is written before any slab, and blocks live only in slabs): start empty, saying so
+        (not clean), after moving any unusable log to quarantine.
         Otherwise the blocks cannot be recovered (slabs hold no keys): refuse, or with
         ``on_missing_log="empty"`` move every log and slab file to quarantine and start empty with
         the reason in the report."""
         slabs, logs = files.get("slab", []), files.get("log", [])
         if not slabs and not logs:  # never reported clean: the files may also have been deleted
             rep["log_tail"] = "no log file and no slab file: started empty"
+            return
+        if not slabs:  # no block was ever written (slabs come before blocks): nothing to lose
+            for _, name in logs:
+                quarantine(self.fs, self.dir, name, rep)
+            self.fs.fsync_dir(self.dir)
+            rep["log_tail"] = "no usable log and no slab file: the log(s) were quarantined, started empty"
             return
         what = (f"log file(s) {', '.join(f'{n} ({why})' for n, why in unusable)}" if unusable
                 else "no log file")
@@ -208,14 +222,26 @@ class SlabLayout:
         self.fs.fsync_dir(self.dir)
         rep["log_tail"] = f"{what}: started empty (on_missing_log='empty'); every block of {len(slabs)} slab(s) lost"
 
-    def _replay(self, records: list[tuple[int, bytes]]) -> dict[StoreKey, tuple[int, int, int, int, int]]:
+    def _replay(self, records: list[tuple[int, bytes]], report: RecoveryReport,
+                notes: list[str]) -> dict[StoreKey, tuple[int, int, int, int, int]]:
+        """The live set a generation describes. A generation file is created complete (its ``E``
+        record included, :func:`ssd_log.create_generation`), so a missing ``E`` record next to damage
+        the salvage scan skipped (just before the first batch record, or in the dropped tail) was
+        lost in that damage: the snapshot records that survived are used and a note is added to
+        ``notes`` (blocks of lost snapshot records are lost; every kept block is still crc-checked).
+        Without such damage a missing or misplaced record makes the generation unusable."""
         state: dict[StoreKey, tuple[int, int, int, int, int]] = {}
         ended = False
+        after_damage = {last + 1: (first, last) for first, last in report.damaged_lsns}
         for lsn, payload in records:
             kind, entries = L.decode_record(payload)
             if kind == L.KIND_END:
                 ended = True
                 continue
+            if kind == L.KIND_BATCH and not ended and lsn in after_damage:
+                ended = True
+                notes.append("the end-of-snapshot record was lost in damaged log records %d..%d; the snapshot "
+                             "records before them were used" % after_damage[lsn])
             if (kind == L.KIND_SNAPSHOT) == ended:
                 raise ValueError(f"record {lsn} of kind {kind!r} is out of place")
             for op, kb, seg, off, size, crc in entries:
@@ -228,6 +254,10 @@ class SlabLayout:
                         del state[key]
                 else:
                     raise ValueError(f"record {lsn}: unknown entry kind {op!r}")
+        if not ended and report.dropped_reason:
+            ended = True
+            notes.append(f"the end-of-snapshot record was lost in the damaged tail of the log "
+                         f"({report.dropped_reason}); the snapshot records before it were used")
         if not ended:
             raise ValueError("the generation's snapshot is incomplete (no end record)")
         return state
@@ -293,12 +323,12 @@ class SlabLayout:
             fs.fallocate(fd, 0, size)
             fs.fsync(fd)
             fs.rename(tmp, path)
+            fs.fsync_dir(self.dir)
         except BaseException:
             fs.close(fd)
             if fs.exists(tmp):
                 fs.unlink(tmp)
             raise
-        fs.fsync_dir(self.dir)
         slab = _Slab(no, fd, size, [])
         self.slabs[no] = slab
         return slab
@@ -317,9 +347,9 @@ class SlabLayout:
             try:
                 slab = self._new_slab()
             except OSError as exc:
-                if exc.errno == 28:
-                    raise StoreFullError(f"SSD tier {self.dir}: disk full creating a slab for {size} B block "
-                                         f"{key.hex()} ({exc})") from exc
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise DiskFullError(f"SSD tier {self.dir}: disk full creating a slab for {size} B block "
+                                        f"{key.hex()} ({exc})") from exc
                 raise
             if slab is None:
                 raise StoreFullError(
@@ -375,10 +405,13 @@ class SlabLayout:
                                          for s in self.slabs.values())
 
     def close(self) -> None:
-        if self.log is not None:
-            self.log.close()
-        for s in self.slabs.values():
-            if isinstance(s, _Slab):
-                self.fs.close(s.fd)
-        self.slabs = {}
+        """Close the log and every slab handle (also after an open that failed half-way, when
+        ``slabs`` still holds ``(fd, usable)`` tuples), even if closing the log fails."""
+        try:
+            if self.log is not None:
+                self.log.close()
+        finally:
+            slabs, self.slabs = self.slabs, {}
+            for s in slabs.values():
+                self.fs.close(s.fd if isinstance(s, _Slab) else s[0])
 
