@@ -151,6 +151,39 @@ def test_file_level_errors(tmp_path):
         load_trace(p, on_error="skip")
 
 
+def test_a_path_the_system_cannot_look_up_is_a_trace_error_naming_it(tmp_path):
+    long_name = tmp_path / ("x" * 300 + ".jsonl")  # one name over 255 bytes: ENAMETOOLONG, not ENOENT
+    for on_error in ("stop", "skip"):
+        with pytest.raises(TraceError, match=f"cannot access trace file {re.escape(str(long_name))}: File name too long"):
+            load_trace(long_name, on_error=on_error)
+    file_as_folder = _write(tmp_path, [_rec()]) / "t.jsonl"  # a path through a regular file: ENOTDIR
+    with pytest.raises(TraceError, match="does not exist"):
+        load_trace(file_as_folder)
+    with pytest.raises(TraceError, match=re.escape(f"cannot access trace file {'a' + chr(0) + 'b'!r}: embedded null")):
+        load_trace("a\x00b")
+
+
+def test_blank_lines_past_the_sniffed_head_do_not_make_a_file_empty(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n" * 9000 + _rec(ts=4) + "\n")  # 9000 bytes of blank lines, then a request
+    reqs, rep = load_trace_report(p)
+    assert [r.timestamp_ms for r in reqs] == [4] and rep.num_blank_lines == 9000 and rep.num_lines == 1
+    p.write_text("\n" * 9000 + "  \r\n")
+    with pytest.raises(TraceError, match="is empty"):
+        load_trace(p)
+
+
+def test_a_field_given_twice_is_malformed_not_last_one_wins(tmp_path):
+    dup = '{"timestamp": 7, "input_length": 600, "output_length": 5, "hash_ids": [0, 1], "timestamp": 0}'
+    p = _write(tmp_path, [_rec(ts=0), dup, _rec(ts=8)])
+    with pytest.raises(TraceError, match=r":2: field 'timestamp' appears twice in one object"):
+        load_trace(p)
+    reqs, rep = load_trace_report(p, on_error="skip")
+    assert [r.timestamp_ms for r in reqs] == [0, 8] and [s.line for s in rep.skipped] == [2]
+    with pytest.raises(TraceError, match=r"^x:1: field 'hash_ids' appears twice"):
+        parse_line(_rec()[:-1] + ', "hash_ids": [0]}', "x:1")
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads anything")
 def test_unreadable_file(tmp_path):
     p = _write(tmp_path, [_rec()])

@@ -11,7 +11,9 @@ as it was and says so (exit status 130 or 128 + the signal). ``--out`` must be a
 new name: anything else there (a device, fifo, socket or folder) is refused and left as it is, and
 nothing under ``SYSTEM_DIRS`` is ever replaced; a symlink is followed: its target is replaced, the
 link kept. Bad parameters or an unwritable path: a one-line message on stderr and exit status 2, no
-traceback.
+traceback; a refused value is named by the flag typed (``FLAGS``: every option's config field). Every
+line is checked with the loader's own line check before the file is written, so gen-trace never
+writes a trace (nor an empty one) that ``replay``/``hitrate`` would refuse: such knobs are refused.
 """
 
 from __future__ import annotations
@@ -185,19 +187,27 @@ def _write(reqs: list, workload: str, out: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-# config field -> the flag a user typed, so a refused value is named as it was given
-FLAGS = {"SessionsConfig.num_sessions": "--sessions", "SessionsConfig.num_requests": "--requests",
-         "CollisionConfig.num_requests": "--requests", "num_sessions": "--sessions", "num_requests": "--requests",
-         "num_tenants": "--tenants", "block_tokens": "--block-tokens", "block_size_tokens": "--block-tokens",
-         "mean_turns": "--mean-turns", "max_turns": "--max-turns", "tenant_skew": "--tenant-skew",
-         "adapter_fraction": "--adapter-fraction", "session_rate_per_s": "--session-rate"}
+# config field -> the flag a user typed, so a refused value is named as it was given: every field
+# that an option of configure() sets (test: each option's field maps to that option)
+FLAGS = {"num_sessions": "--sessions", "num_requests": "--requests", "seed": "--seed", "num_tenants": "--tenants",
+         "block_tokens": "--block-tokens", "block_size_tokens": "--block-tokens", "mix": "--mix",
+         "tenant_skew": "--tenant-skew", "adapter_fraction": "--adapter-fraction",
+         "num_global_prompts": "--global-prompts", "global_prompt_tokens": "--global-prompt-tokens",
+         "global_prompt_fraction": "--global-prompt-fraction", "prompts_per_tenant": "--tenant-prompts",
+         "tenant_prompt_tokens": "--tenant-prompt-tokens", "mean_turns": "--mean-turns", "max_turns": "--max-turns",
+         "think_time_median_s": "--think-time-s", "first_user_tokens_mean": "--first-user-tokens",
+         "turn_user_tokens_mean": "--turn-user-tokens", "output_tokens_mean": "--output-tokens",
+         "session_rate_per_s": "--session-rate", "max_input_tokens": "--max-input-tokens", "kv_dtype": "--kv-dtype"}
+# a config field as a whole word (not part of a longer name, nor already a flag such as "--mix")
+_FIELD_RE = re.compile(r"(?<![\w-])(?:(?:SessionsConfig|CollisionConfig)\.)?(" + "|".join(
+    sorted(map(re.escape, FLAGS), key=len, reverse=True)) + r")\b")
 
 
 def _flagged(msg: str) -> str:
-    msg = re.sub(r"\b(?:SessionsConfig|CollisionConfig)\.", "", msg)
-    for field in sorted(FLAGS, key=len, reverse=True):
-        msg = msg.replace(field, FLAGS[field])
-    return re.sub(r"\b\w+Config\.(?=--)", "", msg)  # "SessionsConfig.--mean-turns" -> "--mean-turns"
+    """``msg`` with each config field (``SessionsConfig.mean_turns``, ``max_input_tokens``) replaced by
+    its flag (``--mean-turns``); other ``XConfig.`` prefixes dropped."""
+    msg = _FIELD_RE.sub(lambda m: FLAGS[m.group(1)], msg)
+    return re.sub(r"\b(?:SessionsConfig|CollisionConfig)\.", "", msg)
 
 
 def _tenant_problem(args: argparse.Namespace) -> str | None:
@@ -225,10 +235,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             reqs, what = _generate(args)
-        except (TypeError, ValueError) as exc:
+            _write(reqs, args.workload, target)  # a line the loader would refuse: TraceError, nothing written
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: a safety net, knobs are bounded
             print(f"{prog}: {_flagged(str(exc))}", file=sys.stderr)
             return 2
-        _write(reqs, args.workload, target)
     except KeyboardInterrupt as exc:
         print(f"{prog}: {describe(exc)}; nothing was written to {out} (it is as it was)", file=sys.stderr)
         return exit_status(exc)

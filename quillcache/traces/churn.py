@@ -15,6 +15,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from quillcache._checks import check_float, check_int
 from quillcache._mix import splitmix64
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
 from quillcache.traces.loader import TraceRequest
@@ -55,6 +56,22 @@ def residency_churn(
     block_bytes: int = 512 * 128 * 1024,
     seed: int = 0,
 ) -> ChurnWorkload:
+    """The residency churn ``trace`` induces (see the module docstring).
+
+    ``target_entries`` >= 1 live replicas wanted; ``num_nodes`` and ``num_tenants`` >= 1;
+    ``dram_share`` in [0, 1] (each node's DRAM tier keeps at least one block, its SSD tier too);
+    ``churn_factor`` >= 0 finite; ``block_bytes`` >= 1; ``seed`` >= 0. A bad value raises
+    ``ValueError`` (``TypeError`` for a wrong type) naming the parameter; ``trace`` must be a list of
+    :class:`TraceRequest`. Invariant: applying ``batches`` in order (each: puts, then removes) to an
+    empty index gives exactly ``live``; after 200 passes over the trace it stops, targets met or not.
+    """
+    if not isinstance(trace, list) or not all(isinstance(r, TraceRequest) for r in trace):
+        raise TypeError(f"trace must be a list of TraceRequest, got {type(trace).__name__}")
+    for name, v, lo in (("target_entries", target_entries, 1), ("num_nodes", num_nodes, 1),
+                        ("num_tenants", num_tenants, 1), ("block_bytes", block_bytes, 1), ("seed", seed, 0)):
+        check_int(name, v, lo)
+    check_float("dram_share", dram_share, 0.0, 1.0)
+    check_float("churn_factor", churn_factor, 0.0)
     rng = random.Random(seed)
     per_node = max(2, int(1.15 * target_entries) // num_nodes)  # headroom: nodes fill unevenly
     dram_cap = max(1, int(per_node * dram_share))

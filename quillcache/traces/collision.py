@@ -19,7 +19,14 @@ Mixes (both deterministic from ``seed``):
   one scope field (tenant, adapter, model with the same tokenizer, tokenizer revision, KV dtype).
 
 Invariants: ids are interned per (parent id, block content), so a prefix shared by two requests has
-the same ids in both; every identity in a trace passes :func:`quillcache.identity.scope.make_identity`.
+the same ids in both; every identity in a trace passes :func:`quillcache.identity.scope.make_identity`;
+every request passes the loader's record check (:func:`quillcache.traces.schemas.check_record`):
+the knobs are bounded by the schema's limits (``block_size_tokens <= MAX_BLOCK_TOKENS``, a prompt of
+``max_prompt_blocks`` blocks under ``2**31`` tokens, ``mean_interarrival_ms <= MAX_TIMESTAMP_MS``),
+:func:`generate` refuses a stream whose timestamps would pass ``MAX_TIMESTAMP_MS`` and
+:func:`write_jsonl` checks every line before writing any. The adversarial mix needs two tenants or
+more (its cross-tenant attacker is another tenant). :func:`read_jsonl` reads with the loader's file
+and line checks plus the collision fields, so it refuses everything ``load_trace`` refuses.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ import numpy as np
 from quillcache._checks import check_choice, check_float, check_int
 from quillcache._mix import splitmix64_array
 from quillcache.identity.scope import make_identity
-from quillcache.traces.loader import TraceError
+from quillcache.traces.loader import TraceError, _decode, _open_trace, parse_line
+from quillcache.traces.schemas import MAX_BLOCK_TOKENS, MAX_TIMESTAMP_MS, SchemaError, check_record
 from quillcache.types import Identity, KvLayout
 
 __all__ = [
@@ -61,6 +69,7 @@ SIBLING = {"llama-3-8b": "llama-3-70b", "llama-3-70b": "llama-3-8b", "qwen2.5-7b
            "qwen2.5-14b": "qwen2.5-7b"}
 ADAPTERS = ("", "sql-lora", "chat-lora", "legal-lora")
 KV_DTYPES = ("bfloat16", "float8_e4m3")
+_MAX_TOKENS = 1 << 31  # the schema's (exclusive) limit on input_length
 _REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids", "block_tokens", "tenant", "model",
              "tokenizer", "adapter", "kv_dtype", "public_prefix_blocks", "intent")
 
@@ -80,15 +89,26 @@ class CollisionConfig:
 
     def __post_init__(self) -> None:
         check_choice("CollisionConfig.mix", self.mix, MIXES)
-        for name in ("num_requests", "block_size_tokens", "num_tenants", "num_public_prompts",
-                     "public_prompt_blocks", "num_templates", "max_prompt_blocks"):
+        for name in ("num_requests", "num_tenants", "num_public_prompts", "public_prompt_blocks", "num_templates",
+                     "max_prompt_blocks"):
             check_int(f"CollisionConfig.{name}", getattr(self, name), 1, type_error=ValueError)
+        check_int("CollisionConfig.block_size_tokens", self.block_size_tokens, 1, MAX_BLOCK_TOKENS,
+                  type_error=ValueError)
         check_int("CollisionConfig.seed", self.seed, 0, type_error=ValueError)
         if self.max_prompt_blocks < self.public_prompt_blocks + 4:
             raise ValueError(f"max_prompt_blocks={self.max_prompt_blocks} must leave room after a "
                              f"{self.public_prompt_blocks}-block public prompt (>= public_prompt_blocks + 4)")
-        check_float("CollisionConfig.mean_interarrival_ms", self.mean_interarrival_ms, 0.0, lo_open=True,
-                    type_error=ValueError)
+        # a realistic session may pass max_prompt_blocks by one turn (<= 6 blocks) before it ends, a new
+        # prompt has up to 16 blocks, and a partial tail block may follow: the longest prompt, in blocks
+        longest = max(self.max_prompt_blocks, 16) + 7
+        if longest * self.block_size_tokens >= _MAX_TOKENS:
+            raise ValueError(f"max_prompt_blocks={self.max_prompt_blocks} with block_size_tokens={self.block_size_tokens}"
+                             f" allows prompts of {longest} blocks, 2**31 tokens or more (the trace schema's limit)")
+        check_float("CollisionConfig.mean_interarrival_ms", self.mean_interarrival_ms, 0.0, MAX_TIMESTAMP_MS,
+                    lo_open=True, type_error=ValueError)
+        if self.mix == "adversarial" and self.num_tenants < 2:
+            raise ValueError(f"CollisionConfig.num_tenants={self.num_tenants}: mix='adversarial' needs >= 2 "
+                             "tenants (its cross-tenant attacker requests the victim's prompt as another tenant)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,56 +307,54 @@ def generate(cfg: CollisionConfig) -> list[CollisionRequest]:
     if not isinstance(cfg, CollisionConfig):
         raise TypeError(f"generate() takes a CollisionConfig, got {type(cfg).__name__}")
     rng = random.Random(cfg.seed)
-    return _realistic(cfg, rng) if cfg.mix == "realistic" else _adversarial(cfg, rng)
+    out = _realistic(cfg, rng) if cfg.mix == "realistic" else _adversarial(cfg, rng)
+    longest = max(r.input_length for r in out)
+    if longest >= _MAX_TOKENS:  # the config's bound makes this impossible; never write what the loader refuses
+        raise ValueError(f"a prompt of {longest} tokens is past the trace schema's limit 2**31; lower max_prompt_blocks")
+    if out[-1].timestamp > MAX_TIMESTAMP_MS:  # timestamps never decrease: the last is the largest
+        raise ValueError(f"{cfg.num_requests} requests {cfg.mean_interarrival_ms} ms apart reach timestamp "
+                         f"{out[-1].timestamp}, past the trace schema's limit {MAX_TIMESTAMP_MS}; lower "
+                         "num_requests or mean_interarrival_ms")
+    return out
 
 
 # --------------------------------------------------------------------------- JSONL
 def write_jsonl(requests: Iterable[CollisionRequest], path: str | Path) -> int:
-    """Write one JSON object per line (Mooncake fields first); returns the number written."""
-    n = 0
+    """Write one JSON object per line (Mooncake fields first); returns the number written.
+
+    Every line is checked with the loader's :func:`~quillcache.traces.loader.parse_line` first, and
+    the timestamps must not decrease; any failure raises :class:`TraceError` (``request N: what``)
+    before ``path`` is opened, so nothing is written."""
+    lines = []
+    last = -1
+    for i, r in enumerate(requests):
+        d = asdict(r)
+        d["hash_ids"] = list(r.hash_ids)
+        line = json.dumps(d, separators=(",", ":"))
+        ts = parse_line(line, f"request {i}").timestamp_ms
+        if ts < last:
+            raise TraceError(f"request {i}: timestamp {ts} is earlier than the previous request's {last}")
+        last = ts
+        lines.append(line)
     with open(path, "w", encoding="utf-8") as fh:
-        for r in requests:
-            d = asdict(r)
-            d["hash_ids"] = list(r.hash_ids)
-            fh.write(json.dumps(d, separators=(",", ":")) + "\n")
-            n += 1
-    return n
+        fh.writelines(line + "\n" for line in lines)
+    return len(lines)
 
 
-def _int(obj: dict, name: str, where: str, lo: int = 0) -> int:
-    return check_int(f"{where}: field {name}", obj.get(name), lo, error=TraceError, type_error=TraceError)
-
-
-def _parse(line: str, where: str) -> CollisionRequest:
+def _parse(raw: bytes, where: str) -> CollisionRequest:
+    """One line: the loader's decoding and record rules, then the collision fields and identity."""
     try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise TraceError(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        obj = _decode(raw)
+        check_record(obj)  # ranges, hash_ids, identity strings: exactly what load_trace refuses
+    except SchemaError as exc:
+        raise TraceError(f"{where}: {exc}") from None
+    assert isinstance(obj, dict)  # check_record refuses anything else
     missing = [k for k in _REQUIRED if k not in obj]
     if missing:
-        raise TraceError(f"{where}: missing field(s) {missing}")
-    bt = _int(obj, "block_tokens", where, 1)
-    isl = _int(obj, "input_length", where, 1)
-    ids = obj["hash_ids"]
-    if not isinstance(ids, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
-        raise TraceError(f"{where}: field 'hash_ids' must be a list of non-negative integers")
-    if len(ids) != -(-isl // bt):
-        raise TraceError(f"{where}: {len(ids)} hash_ids for input_length {isl}; expected ceil({isl}/{bt})")
-    strs = {}
-    for k in ("tenant", "model", "tokenizer", "adapter", "kv_dtype", "intent"):
-        if not isinstance(obj[k], str):
-            raise TraceError(f"{where}: field {k!r} must be a string")
-        strs[k] = obj[k]
-    if strs["intent"] not in INTENTS:
-        raise TraceError(f"{where}: intent {strs['intent']!r} is not one of {INTENTS}")
-    req = CollisionRequest(
-        timestamp=_int(obj, "timestamp", where), input_length=isl, output_length=_int(obj, "output_length", where),
-        hash_ids=tuple(ids), block_tokens=bt, public_prefix_blocks=_int(obj, "public_prefix_blocks", where), **strs,
-    )
-    if req.public_prefix_blocks > req.num_full_blocks:
-        raise TraceError(f"{where}: public_prefix_blocks {req.public_prefix_blocks} > {req.num_full_blocks} full blocks")
+        raise TraceError(f"{where}: missing field(s) {missing} (a collision trace carries all of {list(_REQUIRED)})")
+    if obj["intent"] not in INTENTS:
+        raise TraceError(f"{where}: intent {obj['intent']!r} is not one of {INTENTS}")
+    req = CollisionRequest(**{k: tuple(obj[k]) if k == "hash_ids" else obj[k] for k in _REQUIRED})
     try:
         req.identity()
     except (TypeError, ValueError) as exc:
@@ -345,21 +363,28 @@ def _parse(line: str, where: str) -> CollisionRequest:
 
 
 def read_jsonl(path: str | Path) -> list[CollisionRequest]:
-    """Read and validate a collision trace; a bad line is refused with its line number."""
+    """Read and validate a collision trace; a bad line is refused with its line number.
+
+    File and line checks are the loader's (:func:`quillcache.traces.loader.load_trace`: file-level
+    errors, UTF-8, a byte-order mark on line 1, blank lines, field ranges, sorted timestamps), plus
+    every collision field present and a valid identity; every problem is a :class:`TraceError`."""
     p = Path(path)
-    if not p.is_file():
-        raise TraceError(f"trace file {p} does not exist")
     out = []
     last = -1
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            r = _parse(line, f"{p}:{lineno}")
-            if r.timestamp < last:
-                raise TraceError(f"{p}:{lineno}: timestamp {r.timestamp} < previous {last}; traces must be sorted")
-            last = r.timestamp
-            out.append(r)
+    with _open_trace(p) as fh:
+        try:
+            for lineno, raw in enumerate(fh, 1):
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark
+                if not raw.strip():
+                    continue
+                r = _parse(raw, f"{p}:{lineno}")
+                if r.timestamp < last:
+                    raise TraceError(f"{p}:{lineno}: timestamp {r.timestamp} < previous {last}; traces must be sorted")
+                last = r.timestamp
+                out.append(r)
+        except OSError as exc:
+            raise TraceError(f"error reading trace file {p}: {exc.strerror or exc}") from None
     if not out:
-        raise TraceError(f"trace file {p} holds no requests")
+        raise TraceError(f"trace file {p} is empty (expected one JSON object per line)")
     return out

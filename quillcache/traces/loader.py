@@ -14,12 +14,16 @@ Invariants:
 - ``on_error="stop"`` (default) raises :class:`TraceError` ``"FILE:LINE: what was wrong"`` at the
   first malformed line; ``on_error="skip"`` drops malformed lines and returns exactly the good ones,
   listing every dropped line with its number and reason in :class:`TraceLoadReport`;
-- file-level problems (missing, a directory, empty, binary/compressed, unreadable, no valid line)
-  always raise :class:`TraceError`, whatever ``on_error`` says;
+- file-level problems (missing, a directory, empty or blank-only, binary/compressed, unreadable, a
+  path the system cannot look up such as a name over 255 bytes, no valid line) always raise
+  :class:`TraceError` naming the path, whatever ``on_error`` says - never a bare ``OSError``;
+- a JSON object that names a field twice is malformed (``field 'x' appears twice``): no value is
+  picked for the user;
 - :func:`synthesize_tokens` is a pure function of (hash id, position in block): equal hash-id
-  prefixes give equal token prefixes, block by block, and for ``block_tokens >= 4`` distinct ids
-  always give distinct blocks (the first four tokens are the base-vocabulary digits of a bijective
-  64-bit mix of the id).
+  prefixes give equal token prefixes, block by block, and for ``block_tokens >= D`` distinct ids
+  always give distinct blocks, where ``D`` is the number of base-``vocab_size`` digits of a 64-bit
+  value (4 for the default Llama-3 vocabulary; more for a smaller one): the first ``D`` tokens are
+  those digits of a bijective 64-bit mix of the id.
 
 :func:`default_trace_path` is the one place that finds the shared trace: ``$QUILLCACHE_TRACE`` if
 set, else ``../shared/traces/conversation_trace.jsonl`` relative to the project root
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +148,18 @@ def default_trace_path() -> Path:
     return Path(os.environ.get("QUILLCACHE_TRACE", DEFAULT_TRACE))
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``json.loads`` object hook: a key given twice is an error, not "the last one wins"."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # rare: only then look for the name
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise SchemaError(f"field {key!r} appears twice in one object; which value is meant is ambiguous")
+            seen.add(key)
+    return obj
+
+
 def _decode(line: str | bytes) -> object:
     if isinstance(line, bytes):
         try:
@@ -150,7 +167,10 @@ def _decode(line: str | bytes) -> object:
         except UnicodeDecodeError as exc:
             raise SchemaError(f"not UTF-8 text (byte {exc.start})") from None
     try:
-        return json.loads(line.rstrip("\r\n"))  # so an error's column is within the line as the user sees it
+        # rstrip: an error's column is within the line as the user sees it
+        return json.loads(line.rstrip("\r\n"), object_pairs_hook=_no_duplicate_keys)
+    except SchemaError:  # _no_duplicate_keys: its own message
+        raise
     except RecursionError:
         raise SchemaError("not valid JSON (nested too deeply)") from None
     except json.JSONDecodeError as exc:
@@ -182,21 +202,30 @@ def _check_args(limit: object, block_tokens: object, on_error: object) -> None:
 
 
 def _open_trace(p: Path):
-    """Open ``p`` for binary line reading after file-level checks (exists, a file, not empty/binary)."""
-    if not p.exists():
-        raise TraceError(f"trace file {p} does not exist (point the tool at your copy with a path argument)")
-    if p.is_dir():
+    """Open ``p`` for binary line reading after file-level checks (exists, a regular file, not binary);
+    every ``OSError`` on the way (a name too long, a folder that may not be searched, a read error)
+    becomes a :class:`TraceError` naming ``p``. An empty file passes: the caller finds no request."""
+    try:
+        st = os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        raise TraceError(f"trace file {p} does not exist (point the tool at your copy with a path argument)") from None
+    except OSError as exc:
+        raise TraceError(f"cannot access trace file {p}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # an embedded NUL byte
+        raise TraceError(f"cannot access trace file {str(p)!r}: {exc}") from None
+    if stat.S_ISDIR(st.st_mode):
         raise TraceError(f"{p} is a directory, not a trace file (give the path of a .jsonl file)")
-    if not p.is_file():
+    if not stat.S_ISREG(st.st_mode):
         raise TraceError(f"{p} is not a regular file")
     try:
         fh = open(p, "rb")  # noqa: SIM115 - returned open; the caller closes it with `with`
     except OSError as exc:
         raise TraceError(f"cannot open trace file {p}: {exc.strerror or exc}") from None
     try:
-        head = fh.read(_SNIFF_BYTES)
-        if not head.strip():
-            raise TraceError(f"trace file {p} is empty (expected one JSON object per line)")
+        try:
+            head = fh.read(_SNIFF_BYTES)
+        except OSError as exc:
+            raise TraceError(f"error reading trace file {p}: {exc.strerror or exc}") from None
         for magic, kind in _BINARY_MAGIC.items():
             if head.startswith(magic):
                 raise TraceError(f"{p} is a {kind} file, not JSON Lines text (decompress/convert it first)")
@@ -259,7 +288,8 @@ def load_trace_report(path: str | os.PathLike | None = None, *, limit: int | Non
             first = skipped[0]
             raise TraceError(f"trace file {p} holds no valid request: all {len(skipped)} line(s) are malformed "
                              f"(first, line {first.line}: {first.reason})")
-        raise TraceError(f"trace file {p} holds no requests")
+        # no line was read at all: nothing but blank lines (or a byte-order mark), however many
+        raise TraceError(f"trace file {p} is empty (expected one JSON object per line)")
     report = TraceLoadReport(path=str(p), num_lines=num_lines, num_blank_lines=num_blank, num_requests=len(out),
                              skipped=tuple(skipped), schemas=tuple(s for s in SCHEMAS if s in seen),
                              stopped_at_limit=at_limit)

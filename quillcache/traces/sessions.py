@@ -23,7 +23,15 @@ Invariants (tested):
 - ``len(hash_ids) == ceil(input_length / block_tokens)``; the last block may be partial and then
   has its own id (it differs from the full block the next turn puts there);
 - every line is the ``generated`` schema of :mod:`quillcache.traces.schemas`, which
-  :func:`quillcache.traces.loader.load_trace` reads back to the same values.
+  :func:`quillcache.traces.loader.load_trace` reads back to the same values: the knobs are bounded
+  by the schema's limits (``max_input_tokens``, ``max_turns`` and the token means below ``2**31``,
+  the median think time and mean session gap within ``MAX_TIMESTAMP_MS``), and :func:`generate`
+  checks every request against the limits a random draw can still break, so one that does (say a
+  timestamp past ``MAX_TIMESTAMP_MS`` ms) is a ``ValueError`` naming the knobs to change (``DRAWN_LIMITS``), never a
+  trace the loader refuses; :func:`write_jsonl` runs the loader's full line check on every line and
+  writes nothing if one fails;
+- a trace is never empty: when no session has a request (every first prompt exceeds
+  ``max_input_tokens``), :func:`generate` raises ``ValueError`` in both size modes.
 """
 
 from __future__ import annotations
@@ -36,16 +44,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from quillcache._checks import check_float, check_int
+from quillcache._checks import check_choice, check_float, check_int
 from quillcache.identity.scope import NAME_RE
-from quillcache.traces.schemas import MAX_BLOCK_TOKENS
-from quillcache.traces.loader import TraceRequest
-from quillcache.types import KvLayout
+from quillcache.traces.loader import TraceError, TraceRequest, parse_line
+from quillcache.traces.schemas import MAX_BLOCK_TOKENS, MAX_TIMESTAMP_MS
+from quillcache.types import _KNOWN_DTYPES, KvLayout
 
 __all__ = ["SessionRequest", "SessionsConfig", "generate", "write_jsonl"]
 
 # (model, tokenizer) of tenant deployments, assigned round-robin
 DEFAULT_MODELS: tuple[tuple[str, str], ...] = (("llama-3-8b", "llama3"), ("qwen2.5-7b", "qwen2.5"))
+MAX_TOKENS = (1 << 31) - 1  # the schema's limit on input_length / output_length (and turn)
+MAX_GAP_S = MAX_TIMESTAMP_MS / 1000.0  # a mean session gap or median think time longer than a whole trace
+# the schema limits a random draw can still break after the knobs are bounded: field -> (largest
+# value the loader accepts, the knobs that drive it); checked on every generated request
+DRAWN_LIMITS: dict[str, tuple[int, str]] = {
+    "timestamp": (MAX_TIMESTAMP_MS, "raise session_rate_per_s or lower think_time_median_s"),
+    "output_length": (MAX_TOKENS, "lower output_tokens_mean"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,8 +98,8 @@ class SessionsConfig:
         # every bad value is a ValueError naming SessionsConfig.<field> (a wrong type too)
         ints = [("num_sessions", 1, None), ("seed", 0, None), ("block_tokens", 1, MAX_BLOCK_TOKENS),
                 ("num_tenants", 1, None), ("num_global_prompts", 1, None), ("global_prompt_tokens", 0, None),
-                ("prompts_per_tenant", 1, None), ("tenant_prompt_tokens", 0, None), ("max_turns", 1, None),
-                ("max_input_tokens", 1, None)]
+                ("prompts_per_tenant", 1, None), ("tenant_prompt_tokens", 0, None), ("max_turns", 1, MAX_TOKENS + 1),
+                ("max_input_tokens", 1, MAX_TOKENS)]
         if self.num_requests is not None:
             ints.append(("num_requests", 1, None))
         for name, lo, hi in ints:
@@ -92,10 +108,18 @@ class SessionsConfig:
                              ("global_prompt_fraction", 0.0, 1.0), ("think_time_sigma", 0.0, 10.0),
                              ("length_sigma", 0.0, 10.0)):
             check_float(f"SessionsConfig.{name}", getattr(self, name), lo, hi, type_error=ValueError)
-        check_float("SessionsConfig.mean_turns", self.mean_turns, 1.0, type_error=ValueError)
-        for name in ("think_time_median_s", "first_user_tokens_mean", "turn_user_tokens_mean",
-                     "output_tokens_mean", "session_rate_per_s"):
-            check_float(f"SessionsConfig.{name}", getattr(self, name), 0.0, lo_open=True, type_error=ValueError)
+        # upper bounds (checked after the lower one) keep every draw finite (no OverflowError) and
+        # within the schema's limits
+        for name, lo, lo_open, hi in (("mean_turns", 1.0, False, MAX_TOKENS + 1),
+                                      ("think_time_median_s", 0.0, True, MAX_GAP_S),
+                                      ("first_user_tokens_mean", 0.0, True, MAX_TOKENS),
+                                      ("turn_user_tokens_mean", 0.0, True, MAX_TOKENS),
+                                      ("output_tokens_mean", 0.0, True, MAX_TOKENS)):
+            check_float(f"SessionsConfig.{name}", getattr(self, name), lo, lo_open=lo_open, type_error=ValueError)
+            check_float(f"SessionsConfig.{name}", getattr(self, name), hi=hi, type_error=ValueError)
+        # a mean gap between sessions (1 / rate) of at most the whole timestamp range
+        check_float("SessionsConfig.session_rate_per_s", self.session_rate_per_s, 1.0 / MAX_GAP_S,
+                    type_error=ValueError)
         if not self.models or any(not (isinstance(m, tuple) and len(m) == 2) for m in self.models):
             raise ValueError(f"SessionsConfig.models={self.models!r}; expected a non-empty tuple of (model, tokenizer)")
         for m, tok in self.models:
@@ -103,7 +127,8 @@ class SessionsConfig:
                 if not isinstance(v, str) or NAME_RE.fullmatch(v) is None:
                     raise ValueError(f"SessionsConfig.models: {what} {v!r} is malformed; "
                                      "expected 1-256 characters from [A-Za-z0-9._:@/+=-]")
-        KvLayout(dtype=self.kv_dtype, block_size_tokens=self.block_tokens)  # raises on a bad dtype
+        check_choice("SessionsConfig.kv_dtype", self.kv_dtype, _KNOWN_DTYPES)
+        KvLayout(dtype=self.kv_dtype, block_size_tokens=self.block_tokens)  # the layout every line names
         system = self.global_prompt_tokens + self.tenant_prompt_tokens
         if system >= self.max_input_tokens:
             raise ValueError(f"global_prompt_tokens + tenant_prompt_tokens = {system} leaves no room under "
@@ -270,8 +295,7 @@ def generate(cfg: SessionsConfig) -> list[SessionRequest]:
         if cfg.num_requests is not None and len(newest) >= cfg.num_requests and start_ms > -newest[0]:
             break  # every later session starts after the num_requests-th arrival: nothing can enter
         if cfg.num_requests is not None and not newest and sid >= 1000:
-            raise ValueError(f"1000 sessions produced no request: every first prompt exceeds "
-                             f"max_input_tokens={cfg.max_input_tokens}")
+            raise _no_request(cfg, sid)
         for r in _session(cfg, rng, ids, sid, start_ms, deployments, weights):
             out.append((r.timestamp, len(out), r))
             if cfg.num_requests is not None:
@@ -281,9 +305,23 @@ def generate(cfg: SessionsConfig) -> list[SessionRequest]:
                     heapq.heapreplace(newest, -r.timestamp)
         sid += 1
         start_ms += 1000.0 * rng.expovariate(cfg.session_rate_per_s)
+    if not out:
+        raise _no_request(cfg, sid)
     out.sort(key=lambda x: (x[0], x[1]))
     reqs = [r for _, _, r in out]
-    return _renumber(reqs[: cfg.num_requests] if cfg.num_requests is not None else reqs)
+    reqs = _renumber(reqs[: cfg.num_requests] if cfg.num_requests is not None else reqs)
+    for i, r in enumerate(reqs):
+        for field, (hi, knobs) in DRAWN_LIMITS.items():
+            if getattr(r, field) > hi:
+                raise ValueError(f"request {i} (session {r.session_id}, turn {r.turn}) would have {field} "
+                                 f"{getattr(r, field)}, past the trace schema's limit {hi}; {knobs}")
+    return reqs
+
+
+def _no_request(cfg: SessionsConfig, n_sessions: int) -> ValueError:
+    return ValueError(f"{n_sessions} sessions produced no request: every first prompt exceeds "
+                      f"max_input_tokens={cfg.max_input_tokens}; lower first_user_tokens_mean or "
+                      "raise max_input_tokens")
 
 
 def _renumber(reqs: list[SessionRequest]) -> list[SessionRequest]:
@@ -293,10 +331,18 @@ def _renumber(reqs: list[SessionRequest]) -> list[SessionRequest]:
 
 
 def write_jsonl(requests: Iterable[SessionRequest], path: str | Path) -> int:
-    """Write one JSON object per line (Mooncake fields first); returns the number written."""
-    n = 0
+    """Write one JSON object per line (Mooncake fields first); returns the number written.
+
+    Every line is checked with the loader's :func:`~quillcache.traces.loader.parse_line` first, and
+    the timestamps must not decrease; any failure raises :class:`~quillcache.traces.loader.TraceError`
+    (``request N: what``) before ``path`` is opened, so nothing is written."""
+    lines = [r.to_json() for r in requests]
+    last = -1
+    for i, line in enumerate(lines):
+        ts = parse_line(line, f"request {i}").timestamp_ms
+        if ts < last:
+            raise TraceError(f"request {i}: timestamp {ts} is earlier than the previous request's {last}")
+        last = ts
     with open(path, "w", encoding="utf-8") as fh:
-        for r in requests:
-            fh.write(r.to_json() + "\n")
-            n += 1
-    return n
+        fh.writelines(line + "\n" for line in lines)
+    return len(lines)
