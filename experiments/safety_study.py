@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quillcache.hashing.blocks import hash_blocks
+from quillcache.hashing.blocks import as_token_array, hash_blocks
 from quillcache.identity.scope import (
     PUBLIC_TENANT,
     UNSAFE_REASONS,
@@ -134,13 +134,13 @@ class MixResult:
 
 
 def public_policy(requests: list[CollisionRequest]) -> SharingPolicy:
-    """The operator's registration list: every public system prompt seen in the trace."""
-    prefixes = {r.hash_ids[: r.public_prefix_blocks] for r in requests if r.public_prefix_blocks}
-    blocks: set[int] = set()
+    """The operator's registration list: every public system prompt seen in the trace, registered
+    with its tokens (public blocks are written only by requests whose tokens are these)."""
+    prefixes = sorted({r.hash_ids[: r.public_prefix_blocks] for r in requests if r.public_prefix_blocks})
+    policy = SharingPolicy()
     for ids in prefixes:
-        toks = tokens_for(ids, BLOCK_TOKENS, len(ids) * BLOCK_TOKENS)
-        blocks.update(int(h) for h in hash_blocks(toks, BLOCK_TOKENS))
-    return SharingPolicy(public_blocks=frozenset(blocks))
+        policy = policy.with_public_prompt(tokens_for(ids, BLOCK_TOKENS, len(ids) * BLOCK_TOKENS), BLOCK_TOKENS)
+    return policy
 
 
 def replay(mix: str, n_requests: int, timing_requests: int, reps: int, index_kind: str = "art") -> MixResult:
@@ -166,8 +166,9 @@ def replay(mix: str, n_requests: int, timing_requests: int, reps: int, index_kin
         if ident is None:
             ident = idents[key] = r.identity()
         scope = on.scope(ident)
-        hashes = hash_blocks(r.tokens(), BLOCK_TOKENS)
-        preq = PlanRequest(scope, hashes, r.input_length, r.output_length)
+        tokens = as_token_array(r.tokens())
+        hashes = hash_blocks(tokens, BLOCK_TOKENS)
+        preq = PlanRequest(scope, hashes, r.input_length, r.output_length, tokens)
         res.requests += 1
         res.prompt_blocks += len(hashes)
         # naive content-hash cache: audit every hit against its writer

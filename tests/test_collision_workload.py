@@ -97,7 +97,8 @@ def test_jsonl_round_trip_and_mooncake_compatibility(tmp_path):
     [
         (lambda d: "{not json", "not valid JSON"),
         (lambda d: json.dumps({k: v for k, v in d.items() if k != "tenant"}), "missing field"),
-        (lambda d: json.dumps({**d, "tenant": "evil tenant/../"}), "malformed identity"),
+        (lambda d: json.dumps({**d, "tenant": "evil tenant/../"}), "field 'tenant' = 'evil tenant/../' is malformed"),
+        (lambda d: json.dumps({**d, "tenant": ""}), "malformed identity"),  # the schema's "not given": no identity
         (lambda d: json.dumps({**d, "hash_ids": d["hash_ids"][:-1]}), "hash_ids"),
         (lambda d: json.dumps({**d, "input_length": -3}), "input_length"),
         (lambda d: json.dumps({**d, "intent": "whatever"}), "intent"),
@@ -153,6 +154,10 @@ def test_safety_study_quick(tmp_path):
         assert served.value == 0 and served.n > 0
     assert got[("unsafe_reuses_served", "adversarial", None)].baseline_value > 0
     assert got[("naive_unsafe_share", "adversarial", "all")].value == 100.0
+    # registered public prompts are written public by the requests that carry their tokens, and reused
+    mixes = (tmp_path / "safety" / "mixes.csv").read_text().splitlines()
+    col = mixes[0].split(",").index("public_shared_blocks")
+    assert [int(line.split(",")[col]) > 0 for line in mixes[1:] if line.startswith("realistic,")] == [True], mixes
     # the seed's reported figures are anchors, never a same-run baseline
     assert all(r.baseline in ("", "guard off", "same planner, guard off", "naive cache, safe hits only")
                for r in rows)

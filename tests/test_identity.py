@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from quillcache.identity.scope import (
     validate_salt,
     validate_tenant_id,
 )
+from quillcache.hashing.blocks import hash_blocks
 from quillcache.index.keys import ResidencyEntry
 from quillcache.types import CacheTier, Identity, KvLayout
 
@@ -122,19 +124,61 @@ def test_policy_validation_and_public_prompt_registration():
 
 
 def test_scope_allowed_digests_and_write_digests():
-    policy = SharingPolicy(public_blocks=frozenset({5}))
+    public = list(range(100, 132))
+    h0, h1 = (int(h) for h in hash_blocks(public, 16))
+    policy = SharingPolicy(public_blocks=frozenset({5})).with_public_prompt(public, 16)
     reg = IdentityRegistry(policy)
     sc = reg.scope(ident())
     assert sc.digest == ident().digest() and sc.public_digest == ident().with_tenant("").digest()
     assert sc.allowed.shape == (2, 16) and bytes(sc.allowed[0]) == sc.digest and sc.public_slot == 1
     assert not sc.allowed.flags.writeable
-    assert sc.write_digests([5, 6]) == [sc.public_digest, sc.digest]
+    # public only where the tokens ARE the registered prompt's; a hash registered without tokens
+    # (5) and any request given without tokens are written under the own scope
+    assert sc.write_digests([h0, h1, 6], public + [0] * 16) == [sc.public_digest, sc.public_digest, sc.digest]
+    assert sc.write_digests([h0, h1]) == [sc.digest, sc.digest]
+    assert sc.write_digests([5, 6], list(range(32))) == [sc.digest, sc.digest]
+    assert sc.write_digests([], public) == []
     assert reg.scope(ident()) is sc  # cached
     assert reg.identity_of(sc.public_digest) == ident().with_tenant("")
     no_share = IdentityRegistry().scope(ident())
     assert no_share.public_digest is None and no_share.allowed.shape == (1, 16) and no_share.public_slot == -1
     with pytest.raises(ValueError):
         reg.scope(Identity(model="m", tenant="bad tenant"))
+
+
+def test_public_mask_needs_the_registered_tokens_through_each_block():
+    public = list(range(100, 164))  # 4 blocks of 16
+    policy = SharingPolicy().with_public_prompt(public, 16)
+    assert set(policy.public_prefixes) == policy.public_blocks and len(policy.public_blocks) == 4
+    hashes = hash_blocks(public, 16)
+    assert policy.public_mask(hashes, public, 16).tolist() == [True] * 4
+    # one token changed in block 2: blocks 0-1 are still the registered prefix, 2-3 are not,
+    # even when the hashes passed in are the registered ones (a forged collision)
+    bad = public[:40] + [7] + public[41:]
+    assert policy.public_mask(hashes, bad, 16).tolist() == [True, True, False, False]
+    assert policy.public_mask(hashes, [7] + public[1:], 16).tolist() == [False] * 4
+    assert policy.public_mask(hashes, np.array(public, dtype=np.uint64), 16).tolist() == [True] * 4
+    with pytest.raises(ValueError, match="fewer than 4 full blocks"):
+        policy.public_mask(hashes, public[:50], 16)
+    # an excluded tenant writes its own scope even with the registered tokens
+    only = IdentityRegistry(SharingPolicy(shared_tenants=frozenset({"acme"})).with_public_prompt(public, 16))
+    globex = only.scope(ident(tenant="globex"))
+    assert globex.write_digests(hashes, public) == [globex.digest] * 4
+    acme = only.scope(ident())
+    assert acme.write_digests(hashes, public) == [acme.public_digest] * 4
+
+
+def test_public_prefix_registration_is_validated():
+    policy = SharingPolicy().with_public_prompt(list(range(32)), 16)
+    h0 = min(policy.public_prefixes)
+    with pytest.raises(ValueError, match="already registered with other tokens"):
+        SharingPolicy(public_prefixes={h0: b"\x00" * 16}).with_public_prompt(list(range(32)), 16)
+    with pytest.raises(ValueError, match="16-byte digest"):
+        SharingPolicy(public_prefixes={1: b"short"})
+    with pytest.raises(TypeError, match="public_prefixes must be a mapping"):
+        SharingPolicy(public_prefixes=[(1, b"\x00" * 16)])
+    again = policy.with_public_prompt(list(range(48)), 16)  # extends the same prefix: no conflict
+    assert len(again.public_blocks) == 3 and dict(again.public_prefixes).items() >= dict(policy.public_prefixes).items()
 
 
 def test_audit_reuse_on_index_entries_names_reasons_and_refuses_unknown_digests():

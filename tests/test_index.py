@@ -141,6 +141,7 @@ class IndexMachine(RuleBasedStateMachine):
         assert len(first) == len(self.ref.d)
         for kind, rows in scans.items():
             assert rows == first, kind
+            assert len(self.ixs[kind]) == len(self.ref.d), kind  # len = replicas, in every backend
 
     def teardown(self):
         for ix in self.ixs.values():
@@ -214,6 +215,40 @@ def test_locate_returns_every_replica_in_order(index):
     assert [(e.node, e.tier) for e in got] == [("b", CacheTier.SSD), ("a", CacheTier.DRAM)]  # node numbers: b=1, a=2
 
 
+def test_len_is_the_replica_count_in_every_backend(index):
+    assert len(index) == 0
+    index.put([entry(h=h, node=n) for h in range(3) for n in ("n0", "n1")])
+    assert len(index) == 6  # not the 12 primary+secondary records, nor the 2 node names
+    index.remove([entry(h=0, node="n0").key])
+    assert len(index) == 5
+    index.close()
+    with pytest.raises(IndexClosedError):
+        len(index)
+
+
+def test_locate_order_is_node_then_identity_then_tier(index):
+    a, b = b"\x01" * 16, b"\x02" * 16
+    index.put([entry(h=5, tier=CacheTier.GPU, ident=b), entry(h=5, tier=CacheTier.SSD, ident=a),
+               entry(h=5, tier=CacheTier.DRAM, ident=a)])
+    (got,) = index.locate([5])
+    assert [(e.identity, e.tier) for e in got] == [(a, CacheTier.DRAM), (a, CacheTier.SSD), (b, CacheTier.GPU)]
+
+
+def test_remove_counts_the_keys_on_known_nodes(index):
+    index.put([entry(h=1)])
+    assert index.remove([entry(h=1).key, entry(h=2).key, entry(h=1, node="never-seen").key]) == 2
+    assert index.locate([1, 2]) == [[], []] and "never-seen" not in index.nodes()
+
+
+@pytest.mark.parametrize("field, value", [("seg", 1.5), ("seg", "1"), ("off", 2.0), ("size", True),
+                                          ("off", None)])
+def test_entry_locations_must_be_integers_naming_the_field(index, field, value):
+    name = {"seg": "segment_id", "off": "offset_bytes", "size": "size_bytes"}[field]
+    with pytest.raises(IndexKeyError, match=f"{name} must be an integer"):
+        index.put([entry(h=3, **{field: value})])
+    assert index.locate([3]) == [[]]
+
+
 @pytest.mark.parametrize("kind", PERSISTENT_KINDS)
 def test_path_that_is_not_an_index(kind, tmp_path):
     (tmp_path / "junk.txt").write_text("hello")
@@ -228,6 +263,35 @@ def test_corrupt_flat_snapshot_is_refused(tmp_path):
     (tmp_path / "f" / "flat.snapshot").write_bytes(b"\x93garbage")
     with pytest.raises(NotAnIndexError, match="not a valid flat-index snapshot"):
         open_index("flat", tmp_path / "f")
+
+
+@pytest.mark.parametrize("kind", ["flat", "sorted"])
+@pytest.mark.parametrize("records, why", [
+    (5, "records is a int"),
+    ([[b"a", b"b", b"c"]], "record \\d+: expected a \\[key, value\\] pair"),
+    ([[30, 16]], "record \\d+: expected a \\[key, value\\] pair"),
+    ([[b"B" + bytes(28), bytes(16)]], "needs a 30-byte key"),
+    ([[b"B" + bytes(29), None]], "record \\d+: expected"),
+    ([[b"N" + bytes(29), bytes(16)]], "needs a 30-byte key and a 0-byte value"),
+    ([[b"M" + b"n0", (1).to_bytes(4, "big")]], "malformed node-name record"),
+    ([[b"M\xff\x00", (1).to_bytes(4, "big")]], "malformed node-name record"),
+    ([[b"Z" + bytes(29), bytes(16)]], "unknown key family"),
+])
+def test_a_damaged_flat_snapshot_is_refused_naming_the_file_and_record(tmp_path, kind, records, why):
+    import msgpack
+
+    from quillcache.index.flat import _MAGIC, SNAPSHOT
+
+    ix = open_index(kind, tmp_path / "ix")
+    ix.put([entry()])
+    ix.close()
+    good = tmp_path / "ix" / SNAPSHOT
+    doc = msgpack.unpackb(good.read_bytes(), raw=False)
+    good.write_bytes(msgpack.packb({"magic": _MAGIC, "records": doc["records"] + records if isinstance(records, list)
+                                    else records}, use_bin_type=True))
+    with pytest.raises(NotAnIndexError, match=why) as exc:
+        open_index(kind, tmp_path / "ix")
+    assert str(good) in str(exc.value)
 
 
 @pytest.mark.parametrize("kind", sorted(INDEX_BACKENDS))

@@ -166,6 +166,87 @@ def test_public_blocks_are_shared_and_recorded_public():
     assert {v.reason for v in audit_reuse(ME, mine.reused_entries(), registry=reg)} == {ReuseReason.SHARED_PUBLIC}
 
 
+# ---- public-scope poisoning: a forged XXH3 collision must not be written public -------------------
+_M64 = (1 << 64) - 1
+_P1 = 0x9E3779B185EBCA87
+_AV = 0x165667919E3779F9
+
+
+def _le64(b: bytes, o: int) -> int:
+    return int.from_bytes(b[o:o + 8], "little")
+
+
+def _mix16(chunk: bytes, so: int, seed: int, ks: bytes) -> int:
+    p = (_le64(chunk, 0) ^ ((_le64(ks, so) + seed) & _M64)) * (_le64(chunk, 8) ^ ((_le64(ks, so + 8) - seed) & _M64))
+    return (p & _M64) ^ (p >> 64)
+
+
+def forge_block(target: int, seed: int, prefix48: bytes) -> bytes:
+    """64 bytes starting with ``prefix48`` whose xxh3_64(seed) is ``target`` (the reviewer's
+    construction on XXH3's 17..128-byte path: invert the avalanche, solve the last 16-byte term)."""
+    from quillcache.hashing._xxh3 import _KSECRET_BYTES as ks
+
+    h = target ^ (target >> 32)
+    h = (h * pow(_AV, -1, 1 << 64)) & _M64
+    acc = h ^ (h >> 37)
+    part = (64 * _P1 + _mix16(prefix48[16:32], 32, seed, ks) + _mix16(prefix48[32:48], 48, seed, ks)
+            + _mix16(prefix48[0:16], 0, seed, ks)) & _M64
+    need = (acc - part) & _M64
+    lo = 1 ^ ((_le64(ks, 16) + seed) & _M64)  # makes the multiplier 1
+    hi = need ^ ((_le64(ks, 24) - seed) & _M64)
+    return prefix48 + lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("shared_tenants", [None, frozenset({"acme"})])
+def test_forged_hash_collision_with_a_public_prompt_is_never_written_public(shared_tenants):
+    public = TOKENS[: 4 * BS]
+    pub_hashes = hash_blocks(public, BS)
+    forged0 = np.frombuffer(forge_block(int(pub_hashes[0]), 1337, np.full(12, 7, "<u4").tobytes()), "<u4")
+    forged = np.concatenate([forged0, public[BS:]]).astype(np.uint32)
+    # the premise: different tokens, the same chained hashes (so a hash-only check is fooled)
+    assert not np.array_equal(forged[:BS], public[:BS])
+    assert np.array_equal(hash_blocks(forged, BS), pub_hashes)
+    policy = SharingPolicy(shared_tenants=shared_tenants).with_public_prompt(public, BS)
+    ix, p, reg = setup(policy=policy, workers=["w0"])
+    mallory = ME.with_tenant("mallory")
+    p.record(p.plan(p.request(mallory, forged)))
+    written = {e.identity for e in ix.entries_on_node("w0")}
+    assert written == {mallory.digest()}  # the forged KV stays in mallory's own scope
+    victim = p.plan(p.request(ME, public))
+    assert victim.cached_tokens == 0
+    cands = [e for es in ix.locate(pub_hashes.tolist()) for e in es]
+    verdicts = audit_reuse(ME, cands, registry=reg)
+    assert verdicts and all(v.reason is ReuseReason.CROSS_TENANT for v in verdicts)
+    # the real prompt is still shared: acme's own request writes it public, globex reuses it
+    p.record(victim)
+    assert p.plan(p.request(ME.with_tenant("globex"), public)).cached_tokens == (
+        4 * BS if shared_tenants is None else 0)
+    assert p.plan(p.request(ME.with_tenant("acme"), public)).cached_tokens == 4 * BS
+
+
+def test_a_tenant_the_policy_excludes_records_public_prompts_in_its_own_scope():
+    public = TOKENS[: 4 * BS]
+    policy = SharingPolicy(shared_tenants=frozenset({"acme"})).with_public_prompt(public, BS)
+    ix, p, reg = setup(policy=policy, workers=["w0"])
+    globex = ME.with_tenant("globex")
+    p.record(p.plan(p.request(globex, public)))
+    assert {e.identity for e in ix.entries_on_node("w0")} == {globex.digest()}
+    assert p.plan(p.request(globex, public)).cached_tokens == 4 * BS  # it reuses its own copy
+    assert p.plan(p.request(ME, public)).cached_tokens == 0  # and nobody else sees its use
+
+
+def test_a_request_without_tokens_records_everything_in_its_own_scope():
+    policy = SharingPolicy().with_public_prompt(TOKENS[: 2 * BS], BS)
+    ix, p, reg = setup(policy=policy)
+    full = p.request(ME, TOKENS)
+    bare = PlanRequest(full.scope, full.block_hashes, full.input_tokens)
+    assert {e.identity for e in p.resident_entries(p.plan(bare))} == {ME.digest()}
+    with pytest.raises(ValueError, match="tokens has 3 ids"):
+        PlanRequest(full.scope, full.block_hashes, full.input_tokens, 0, TOKENS[:3])
+    with pytest.raises(TypeError, match="tokens must be None or a 1-D uint32"):
+        PlanRequest(full.scope, full.block_hashes, full.input_tokens, 0, TOKENS.astype(np.int64))
+
+
 def test_plan_batch_equals_sequential_plans():
     ix, p, _ = setup()
     _, q, _ = setup()

@@ -165,6 +165,65 @@ def test_load_tracker_acquire_release():
         LoadTracker(["a", "a"])
 
 
+def test_a_refused_acquire_changes_no_counter_and_counters_never_wrap():
+    t = LoadTracker(["w0", "w1"])
+    before = t.snapshot()
+    # decode_blocks does not fit: refused before the prefill counter moves (no leaked load)
+    with pytest.raises(ValueError, match="decode_blocks"):
+        t.acquire("w0", prefill_tokens=1000, decode_blocks=2**63)
+    # each value in int64, but two of them would wrap the counter negative: refused, per lease
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        t.acquire("w0", prefill_tokens=2**62, decode_blocks=0)
+    with pytest.raises(ValueError, match="decode_blocks"):
+        t.acquire("w0", prefill_tokens=0, decode_blocks=True)
+    assert t.snapshot() == before
+    # a counter already near the int64 limit (a long-lived tracker): the sum is checked too
+    from quillcache.routing.base import MAX_LEASE_LOAD
+
+    t._prefill[1] = 2**63 - 10
+    with pytest.raises(ValueError, match="would overflow worker 'w1'"):
+        t.acquire("w1", prefill_tokens=MAX_LEASE_LOAD, decode_blocks=3)
+    assert int(t.decode_blocks[1]) == 0 and int(t.inflight[1]) == 0
+    lease = t.acquire("w0", prefill_tokens=MAX_LEASE_LOAD, decode_blocks=MAX_LEASE_LOAD)
+    lease.release()
+    assert t.snapshot()["w0"] == before["w0"]
+
+
+@pytest.mark.parametrize("router", sorted(ROUTERS.names()))
+@pytest.mark.parametrize("field, value, message", [
+    ("overlaps", np.array([[1, 2], [0, 0], [0, 0]], dtype=object), "overlaps must have an integer dtype"),
+    ("overlaps", np.array([["1", "2"], ["0", "0"], ["0", "0"]]), "overlaps must have an integer dtype"),
+    ("overlaps", np.array([[np.nan, 1.0], [0, 0], [0, 0]]), "overlaps must have an integer dtype"),
+    ("overlaps", np.array([[-5, 1], [0, 0], [0, 0]]), "overlaps must be >= 0"),
+    ("active_prefill_tokens", np.array([np.nan, 0.0]), "active_prefill_tokens must be finite"),
+    ("active_prefill_tokens", np.array([-1000, 0]), "active_prefill_tokens must be >= 0"),
+    ("decode_blocks", np.array([None, 1], dtype=object), "decode_blocks must have an integer or float dtype"),
+    ("decode_blocks", np.array([np.inf, 1.0]), "decode_blocks must be finite"),
+])
+def test_select_refuses_bad_route_dtypes_and_values_naming_the_field(router, field, value, message):
+    cols = {"overlaps": np.zeros((3, 2), np.int64), "active_prefill_tokens": np.zeros(2, np.int64),
+            "decode_blocks": np.zeros(2, np.int64), field: value}
+    r = RouteRequest(cols["overlaps"], 64, 16, cols["active_prefill_tokens"], cols["decode_blocks"])
+    with pytest.raises(ValueError, match=message):
+        make_router(router, seed=0).select(r)
+    rt = make_router(router, seed=0)
+    if router != "round_robin":  # every router with a cost validates it too
+        with pytest.raises(ValueError, match=message):
+            rt.loads(r) if router == "cache_aware" else rt.logits(r)
+    # float loads (finite, >= 0) and unsigned overlaps stay valid
+    ok = RouteRequest(np.zeros((3, 2), np.uint32), 64, 16, np.array([0.0, 1.5]), np.array([2.0, 0.0]))
+    assert make_router(router, seed=0).select(ok) in (0, 1)
+
+
+@pytest.mark.parametrize("name", ["é" * 101, "gpu\x00a", "\ud800", "x" * 201])
+def test_worker_names_follow_the_index_node_name_rule(name):
+    with pytest.raises(ValueError, match="UTF-8 bytes without NUL"):
+        WorkerSpec(name=name)
+    with pytest.raises(ValueError, match="UTF-8 bytes without NUL"):
+        LoadTracker(["w0", name])
+    assert WorkerSpec(name="é" * 100).name == "é" * 100  # 200 bytes: the index takes it
+
+
 def test_live_load_spreads_traffic_instead_of_dog_piling():
     """Every request has its 8-block prefix cached on worker 0; requests stay in flight."""
     def pile(router_name: str) -> list[int]:

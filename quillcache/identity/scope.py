@@ -15,10 +15,24 @@ tenant         another tenant's KV is a privacy leak (prompt-leakage attacks reb
 =============  ================================================================================
 
 The one exception is :class:`SharingPolicy`: the operator registers *public* prefixes (e.g. a
-provider-wide system prompt) by their block hashes; those blocks are written under the public
-scope of their model (same model/tokenizer/adapter/layout, tenant ``""``) and may be read by every
-tenant the policy names. Nothing else is ever shared, and model, tokenizer, adapter and layout must
-match even for public blocks.
+provider-wide system prompt, :meth:`SharingPolicy.with_public_prompt`); those blocks live under the
+public scope of their model (same model/tokenizer/adapter/layout, tenant ``""``) and may be read by
+every tenant the policy names. Nothing else is ever shared, and model, tokenizer, adapter and layout
+must match even for public blocks.
+
+Public writes are checked by CONTENT, never by hash alone. A block hash (XXH3-64, the Dynamo chain)
+is not second-preimage resistant: a tenant can build different tokens whose chained block hashes
+equal a registered prompt's. So the policy keeps, per registered block, a BLAKE2b digest of the
+registered token prefix through that block, and a request's block is written under the public
+scope only when (a) the request's tenant may read the public scope and (b) the request's own token
+prefix through that block has the registered digest, i.e. the request's tokens ARE the registered
+prompt's tokens (:meth:`RequestScope.write_digests`). Everything else, a forged collision or a
+block registered by hash alone (``public_blocks`` without its tokens), is written under the
+request's own scope. Invariant: a public-scope entry written by a tenant request holds KV computed
+from the registered tokens, which is what makes :attr:`ReuseReason.SHARED_PUBLIC` safe. Reads are
+still checked by hash: a request whose tokens collide with a public prompt without being it may
+read the public KV, which computes ITS OWN answer from the wrong KV (as a collision inside its own
+scope would) and discloses nothing that is not public.
 
 Validation rule for tenant ids and salts (``TENANT_ID_RE``, ``SALT_RE``): 1 to 128 characters from
 ``[A-Za-z0-9._:@-]`` - ASCII letters, digits and ``. _ : @ -``; nothing else (no spaces, slashes,
@@ -60,8 +74,11 @@ What is exposed to whom (no side channel)
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
-from collections.abc import Iterable, Sequence
+import struct
+import types
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,24 +185,61 @@ def _check_block_hashes(values: Iterable[object]) -> frozenset[int]:
     return frozenset(out)
 
 
+_PREFIX_PERSON = b"qc-public-pfx"
+
+
+def _prefix_hasher(block_size_tokens: int) -> hashlib.blake2b:
+    """The running digest of a token prefix: BLAKE2b-128 over ``le_u32(bs)`` then the tokens as
+    little-endian uint32; ``.copy().digest()`` after block ``i`` commits to tokens ``[0, (i+1)*bs)``."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES, person=_PREFIX_PERSON)
+    h.update(struct.pack("<I", block_size_tokens))
+    return h
+
+
+def _le_tokens(tokens: object) -> np.ndarray:
+    from quillcache.hashing.blocks import as_token_array
+
+    return np.ascontiguousarray(as_token_array(tokens), dtype="<u4")
+
+
+def _check_prefixes(value: object) -> dict[int, bytes]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"public_prefixes must be a mapping block hash -> 16-byte digest, got {type(value).__name__}")
+    out: dict[int, bytes] = {}
+    for h, d in value.items():
+        h = check_int("public block hash", h, 0, _U64_MAX)
+        if not isinstance(d, bytes) or len(d) != DIGEST_BYTES:
+            raise ValueError(f"public_prefixes[{h}] must be a {DIGEST_BYTES}-byte digest, got {_show(d)}")
+        out[h] = d
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class SharingPolicy:
     """Which blocks may cross tenants: only operator-registered public prefixes.
 
-    ``public_blocks``: block hashes of registered public prefixes (e.g. a provider system prompt);
-    ``shared_tenants``: tenants allowed to read them (``None`` = every tenant). A public block is
-    still scoped to its model, tokenizer, adapter and layout.
+    ``public_blocks``: block hashes whose public-scope replica may be read (e.g. a provider system
+    prompt); ``shared_tenants``: tenants allowed to read them (``None`` = every tenant). A public
+    block is still scoped to its model, tokenizer, adapter and layout.
+    ``public_prefixes``: block hash -> BLAKE2b-128 digest of the registered token prefix through that
+    block (``with_public_prompt`` fills it; every key is also in ``public_blocks``). Only these
+    blocks are ever WRITTEN under the public scope, and only by a request whose token prefix has
+    that digest (:meth:`public_mask`). A hash registered in ``public_blocks`` without a prefix
+    digest may be read but is never written by a tenant request: its content cannot be checked.
     """
 
     public_blocks: frozenset[int] = frozenset()
     shared_tenants: frozenset[str] | None = None
+    public_prefixes: Mapping[int, bytes] = field(default_factory=dict, repr=False, hash=False)
     _sorted: np.ndarray = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.public_blocks, (frozenset, set, list, tuple, np.ndarray)):
             raise TypeError(f"public_blocks must be a set of block hashes, got {type(self.public_blocks).__name__}")
-        blocks = _check_block_hashes(self.public_blocks)
+        prefixes = _check_prefixes(self.public_prefixes)
+        blocks = _check_block_hashes(self.public_blocks) | frozenset(prefixes)
         object.__setattr__(self, "public_blocks", blocks)
+        object.__setattr__(self, "public_prefixes", types.MappingProxyType(prefixes))
         if self.shared_tenants is not None:
             if isinstance(self.shared_tenants, str) or not isinstance(self.shared_tenants, Iterable):
                 raise TypeError(f"shared_tenants must be a set of tenant ids or None, got {_show(self.shared_tenants)}")
@@ -210,18 +264,69 @@ class SharingPolicy:
         """May ``tenant`` read the public-scope replica of ``block_hash``?"""
         return self.shares_with(tenant) and int(block_hash) in self.public_blocks
 
+    def public_mask(self, block_hashes: Sequence[int] | np.ndarray, tokens: object,
+                    block_size_tokens: int) -> np.ndarray:
+        """Per block, True iff its hash has a registered prefix digest AND ``tokens[: (i+1)*bs]``
+        has that digest (the request's tokens are the registered prompt's through block ``i``).
+
+        ``tokens`` are the request's prompt token ids (at least ``len(block_hashes) * bs`` of them).
+        The digests cost one BLAKE2b pass over the prompt up to its last registered hash, only
+        when some block hash is registered.
+        """
+        n = len(block_hashes)
+        out = np.zeros(n, dtype=np.bool_)
+        pref = self.public_prefixes
+        if not pref or n == 0:
+            return out
+        bs = check_int("block_size_tokens", block_size_tokens, 1)
+        want = [(i, pref.get(int(h))) for i, h in enumerate(block_hashes)]
+        want = [(i, d) for i, d in want if d is not None]
+        if not want:
+            return out
+        toks = _le_tokens(tokens)
+        if len(toks) < n * bs:
+            raise ValueError(f"tokens has {len(toks)} ids, fewer than {n} full blocks of {bs}")
+        raw = memoryview(toks).cast("B")
+        hasher = _prefix_hasher(bs)
+        done = 0  # bytes hashed so far
+        for i, d in want:
+            end = (i + 1) * bs * 4
+            hasher.update(raw[done:end])
+            done = end
+            if hasher.copy().digest() != d:
+                # a longer prefix cannot match either: registration refuses two contents per hash
+                break
+            out[i] = True
+        return out
+
     def with_public_prompt(
         self, tokens: object, block_size_tokens: int, *, lora: str | None = None, namespace: str | None = None
     ) -> SharingPolicy:
-        """A policy that also shares every full block of ``tokens`` (hashed as the planner does)."""
+        """A policy that also shares every full block of ``tokens`` (hashed as the planner does),
+        keeping a digest of each block's token prefix so that only these tokens are written public.
+
+        Raises ``ValueError`` when a block hash is already registered with different tokens (a hash
+        collision between two registered prompts: the public scope can hold one content per hash).
+        """
         from quillcache.hashing.blocks import hash_blocks
 
         hashes = hash_blocks(tokens, block_size_tokens, lora=lora, namespace=namespace)
         if len(hashes) == 0:
             raise ValueError(f"a public prompt needs at least one full block of {block_size_tokens} tokens")
-        return SharingPolicy(
-            public_blocks=self.public_blocks | frozenset(int(h) for h in hashes), shared_tenants=self.shared_tenants
-        )
+        toks = _le_tokens(tokens)
+        raw = memoryview(toks).cast("B")
+        hasher = _prefix_hasher(block_size_tokens)
+        prefixes = dict(self.public_prefixes)
+        step = block_size_tokens * 4
+        for i, h in enumerate(hashes.tolist()):
+            hasher.update(raw[i * step:(i + 1) * step])
+            d = hasher.digest()
+            known = prefixes.setdefault(h, d)
+            if known != d:
+                raise ValueError(f"public block {i} (hash {h:#018x}) is already registered with other tokens; "
+                                 "two public prompts collide on this block hash")
+        return SharingPolicy(public_blocks=self.public_blocks, shared_tenants=self.shared_tenants,
+                             public_prefixes=prefixes)
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -265,7 +370,9 @@ def reuse_reason(request: Identity, candidate: Identity, block_hash: int, policy
 
     The plain-Python reference of the guard: safe iff every scope field matches, or the candidate
     is the public scope of the request's model/tokenizer/adapter/layout and the policy shares
-    ``block_hash`` with the request's tenant.
+    ``block_hash`` with the request's tenant. ``SHARED_PUBLIC`` is safe because public-scope
+    replicas are written only from the registered tokens (:meth:`RequestScope.write_digests`);
+    a forged collision is written under its writer's scope and audits as ``CROSS_TENANT``.
     """
     mism = []
     if candidate.model != request.model:
@@ -335,7 +442,6 @@ class IdentityRegistry:
                 identity=identity,
                 digest=own,
                 public_digest=pub if shares else None,
-                write_public_digest=pub,
                 allowed=allowed,
                 public_slot=1 if shares else -1,
                 policy=self.policy,
@@ -346,24 +452,34 @@ class IdentityRegistry:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RequestScope:
-    """What one request identity may read (``allowed`` digests) and write (``write_digests``)."""
+    """What one request identity may read (``allowed`` digests) and write (``write_digests``).
+
+    Invariant: a request writes only scopes it may read - its own, and the public scope only when
+    the policy shares with its tenant (``public_digest`` is not None)."""
 
     identity: Identity
     digest: bytes
     public_digest: bytes | None  # readable public scope, None when the policy does not share
-    write_public_digest: bytes  # where this identity's registered public blocks are written
     allowed: np.ndarray  # (k, 16) uint8, read-only: row 0 own digest, row 1 public (if shared)
     public_slot: int  # row of the public digest in ``allowed``, -1 if none
     policy: SharingPolicy
 
-    def write_digests(self, block_hashes: Sequence[int] | np.ndarray) -> list[bytes]:
-        """Per block, the scope its KV is recorded under: the public scope for registered
-        public blocks, the request's own scope for everything else (so nothing private is
-        ever written public, and public entries exist only for registered blocks)."""
-        pub = self.policy.public_blocks
-        if not pub:
-            return [self.digest] * len(block_hashes)
-        return [self.write_public_digest if int(h) in pub else self.digest for h in block_hashes]
+    def write_digests(self, block_hashes: Sequence[int] | np.ndarray, tokens: object = None) -> list[bytes]:
+        """Per block, the scope its KV is recorded under.
+
+        The public scope for exactly the blocks where (a) this tenant may read the public scope and
+        (b) ``tokens`` (the request's prompt token ids) are the registered public prompt's tokens
+        through that block (:meth:`SharingPolicy.public_mask`); the request's own scope for every
+        other block. Without ``tokens`` nothing can be checked, so every block is written under the
+        own scope. Hence nothing private is ever written public, a forged hash collision with a
+        public prompt lands only in its writer's scope, and a tenant the policy excludes keeps (and
+        can reuse) its own copy of a public prompt.
+        """
+        n = len(block_hashes)
+        if self.public_digest is None or tokens is None or not self.policy.public_prefixes:
+            return [self.digest] * n
+        mask = self.policy.public_mask(block_hashes, tokens, self.identity.layout.block_size_tokens)
+        return [self.public_digest if m else self.digest for m in mask.tolist()]
 
 
 Candidate = ResidencyEntry | tuple[int, Identity | bytes]

@@ -542,4 +542,6 @@ class ArtIndex(IndexBackend):
         self._ckpt_buf = None
 
     def __len__(self) -> int:
+        """The number of replicas (primary records), as every backend counts (O(1))."""
+        self._check_open()
         return len(self._primary)

@@ -3,12 +3,15 @@
 A backend implements five raw primitives over byte keys (``_raw_write``, ``_raw_get``,
 ``_raw_scan``, ``_raw_flush``, ``_raw_close``); this class builds the residency operations on top
 with the key layout of :mod:`quillcache.index.keys`, so every backend stores exactly the same
-records and answers exactly the same way.
+records and answers every operation of this class exactly the same way (``len`` included).
 
 Invariants:
 - For every replica there is exactly one primary and one secondary record, written in the same
   ``_raw_write`` batch (a backend applies a batch atomically with respect to ``flush``/crash).
-- ``locate`` returns, per requested hash, every replica in key order (node, tier, identity).
+- ``locate`` returns, per requested hash, every replica in key order: by interned node number
+  (the order in which the index first saw each node name), then identity digest, then tier.
+- ``len(index)`` is the number of replicas (primary records) in every backend; node-name and
+  secondary records are not counted.
 - After ``flush()`` returns, every earlier ``put``/``remove`` survives a crash (each backend states
   the mechanism); after ``close()`` the backend refuses further calls.
 """
@@ -254,7 +257,12 @@ class IndexBackend(abc.ABC):
         self._raw_write(puts, ())
 
     def remove(self, replica_keys: Iterable[K.ReplicaKey | K.ResidencyEntry]) -> int:
-        """Delete replicas (absent ones are ignored); returns how many keys were given."""
+        """Delete replicas (absent ones are ignored, without error).
+
+        Returns how many of the given keys name a node the index knows: each of those is deleted
+        if present, so an absent replica on a known node counts 1, while a key on a node the index
+        never saw is skipped (counts 0, nothing is written). It is not the number of replicas
+        actually removed."""
         self._check_open()
         deletes: list[bytes] = []
         for rk in replica_keys:
@@ -374,3 +382,9 @@ class IndexBackend(abc.ABC):
 
     def nodes(self) -> list[str]:
         return sorted(self._node_no)
+
+    def __len__(self) -> int:
+        """The number of replicas (primary records) held; backends override this with a cheaper
+        count of the same thing (this default is an O(N) scan of the primary family)."""
+        self._check_open()
+        return len(self._raw_scan(K.PRIMARY))

@@ -24,6 +24,28 @@ SNAPSHOT = "flat.snapshot"
 _MAGIC = "quillcache-flat-index-v1"
 
 
+def _record_problem(rec: object) -> str | None:
+    """What is wrong with one snapshot record (a ``[key, value]`` pair of bytes), or None."""
+    if not (isinstance(rec, (list, tuple)) and len(rec) == 2 and all(type(x) is bytes for x in rec)):
+        return f"expected a [key, value] pair of bytes, got {rec!r:.80}"
+    k, v = rec
+    fam = k[:1]
+    if fam in (K.PRIMARY, K.SECONDARY):
+        want = K.VALUE_BYTES if fam == K.PRIMARY else 0
+        if len(k) != K.KEY_BYTES or len(v) != want:
+            return f"a {fam!r} record needs a {K.KEY_BYTES}-byte key and a {want}-byte value, got {len(k)} and {len(v)}"
+        return None
+    if fam == K.NODE_NAME:
+        try:
+            ok = K.node_name_key(k[1:-1].decode("utf-8")) == k
+        except ValueError:  # IndexKeyError or UnicodeDecodeError
+            ok = False
+        if not ok or len(v) != 4:
+            return f"malformed node-name record {k!r:.80} -> {v!r:.20}"
+        return None
+    return f"unknown key family {fam!r}"
+
+
 class FlatIndex(IndexBackend):
     kind = "flat"
 
@@ -45,15 +67,23 @@ class FlatIndex(IndexBackend):
         return {}
 
     def _load(self, snap: Path) -> None:
+        """Read a snapshot, checking every record's shape first: a damaged one raises
+        ``NotAnIndexError`` naming the file and the first bad record, and nothing is loaded."""
         try:
             doc = msgpack.unpackb(snap.read_bytes(), raw=False)
             if not isinstance(doc, dict) or doc.get("magic") != _MAGIC:
                 raise ValueError("bad magic")
             records = doc["records"]
+            if not isinstance(records, list):
+                raise ValueError(f"records is a {type(records).__name__}, not a list")
+            for i, rec in enumerate(records):
+                why = _record_problem(rec)
+                if why is not None:
+                    raise ValueError(f"record {i}: {why}")
         except Exception as exc:
             raise NotAnIndexError(f"{snap} is not a valid flat-index snapshot ({exc})") from None
         for k, v in records:
-            self._apply_put(bytes(k), bytes(v))
+            self._apply_put(k, v)
 
     def _apply_put(self, k: bytes, v: bytes) -> None:
         self._map[k] = v
@@ -110,4 +140,6 @@ class FlatIndex(IndexBackend):
         self._by_block.clear()
 
     def __len__(self) -> int:
-        return len(self._map)
+        """The number of replicas (primary records), as every backend counts (O(blocks))."""
+        self._check_open()
+        return sum(map(len, self._by_block.values()))

@@ -126,12 +126,13 @@ def node_prefix(node_no: int) -> bytes:
 
 
 def pack_value(segment_id: int, offset_bytes: int, size_bytes: int) -> bytes:
-    if not (0 <= segment_id <= U32_MAX and 0 <= offset_bytes <= U64_MAX and 0 <= size_bytes <= U32_MAX):
-        raise IndexKeyError(
-            f"location out of range: segment_id={segment_id} (u32), offset_bytes={offset_bytes} (u64), "
-            f"size_bytes={size_bytes} (u32)"
-        )
-    return _VALUE.pack(segment_id, offset_bytes, size_bytes)
+    """The 16-byte value of a replica's location; each field must be an integer (Python or NumPy,
+    not bool) in range - ``segment_id`` u32, ``offset_bytes`` u64, ``size_bytes`` u32 - else
+    ``IndexKeyError`` naming the field and its value."""
+    seg = check_int("segment_id", segment_id, 0, U32_MAX, error=IndexKeyError, type_error=IndexKeyError)
+    off = check_int("offset_bytes", offset_bytes, 0, U64_MAX, error=IndexKeyError, type_error=IndexKeyError)
+    size = check_int("size_bytes", size_bytes, 0, U32_MAX, error=IndexKeyError, type_error=IndexKeyError)
+    return _VALUE.pack(seg, off, size)
 
 
 def unpack_primary(key: bytes) -> tuple[int, int, int, bytes]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from sortedcontainers import SortedDict
 
+from quillcache.index import keys as K
 from quillcache.index.flat import FlatIndex
 
 
@@ -51,3 +52,9 @@ class SortedIndex(FlatIndex):
 
     def _raw_scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
         return [self._raw_scan(p) for p in prefixes]
+
+    def __len__(self) -> int:
+        """The number of replicas (primary records), as every backend counts (O(log N))."""
+        self._check_open()
+        m = self._map
+        return m.bisect_left(prefix_end(K.PRIMARY)) - m.bisect_left(K.PRIMARY)

@@ -58,12 +58,19 @@ class TimingClass(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PlanRequest:
-    """One request to plan: its identity scope, its full blocks' hashes and its lengths."""
+    """One request to plan: its identity scope, its full blocks' hashes and its lengths.
+
+    ``tokens``: the prompt's token ids (1-D uint32, ``input_tokens`` of them) or None. Recording
+    needs them to write registered public blocks under the public scope (the tokens must BE the
+    registered prompt's, :meth:`RequestScope.write_digests`); without them every block is recorded
+    under the request's own scope. ``Planner.request`` always sets them.
+    """
 
     scope: RequestScope
     block_hashes: np.ndarray  # uint64, one per FULL prompt block, contiguous
     input_tokens: int
     output_tokens: int = 0
+    tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.scope, RequestScope):
@@ -75,6 +82,12 @@ class PlanRequest:
             raise ValueError("block_hashes must be contiguous (np.ascontiguousarray)")
         check_int("input_tokens", self.input_tokens, 1)  # an empty prompt is refused
         check_int("output_tokens", self.output_tokens, 0)
+        t = self.tokens
+        if t is not None:
+            if not isinstance(t, np.ndarray) or t.dtype != np.uint32 or t.ndim != 1:
+                raise TypeError(f"tokens must be None or a 1-D uint32 array, got {getattr(t, 'dtype', type(t).__name__)}")
+            if len(t) != self.input_tokens:
+                raise ValueError(f"tokens has {len(t)} ids but input_tokens={self.input_tokens}")
         bs = self.scope.identity.layout.block_size_tokens
         if len(h) != self.input_tokens // bs:
             raise ValueError(

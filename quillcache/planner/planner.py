@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from quillcache._checks import check_float, check_int
-from quillcache.hashing.blocks import hash_blocks
+from quillcache.hashing.blocks import as_token_array, hash_blocks
 from quillcache.identity.scope import IdentityRegistry, RequestScope
 from quillcache.index.base import IndexBackend
 from quillcache.index.keys import KEY_BYTES, ResidencyEntry
@@ -158,11 +158,12 @@ class Planner:
         """Validate, hash the prompt's full blocks and build a request (an empty prompt is refused)."""
         scope = self.scope(identity)
         lora = identity.adapter if self.config.hash_lora else None
-        hashes = hash_blocks(tokens, self._bs, lora=lora)
-        n_tokens = len(tokens)
+        toks = as_token_array(tokens)  # validated once; hash_blocks uses it as is
+        hashes = hash_blocks(toks, self._bs, lora=lora)
+        n_tokens = len(toks)
         if n_tokens == 0:
             raise ValueError("an empty prompt cannot be planned (0 tokens)")
-        return PlanRequest(scope, hashes, n_tokens, output_tokens)
+        return PlanRequest(scope, hashes, n_tokens, output_tokens, toks)
 
     # ---- planning ----------------------------------------------------------------------------
     def _costs(self, layout: KvLayout) -> _LayoutCosts:
@@ -281,10 +282,11 @@ class Planner:
     def resident_entries(self, plan: Plan) -> list[ResidencyEntry]:
         """Index entries to record once the request succeeded: every full prompt block on the
         prefill worker's GPU (and the decode worker's, when it is another engine), each under the
-        scope ``RequestScope.write_digests`` names."""
+        scope ``RequestScope.write_digests`` names from the request's tokens (a request built
+        without tokens records every block under its own scope)."""
         req = plan.request
         hashes = req.block_hashes.tolist()
-        digests = req.scope.write_digests(hashes)
+        digests = req.scope.write_digests(hashes, req.tokens)
         size = self._costs(req.scope.identity.layout).block_bytes
         nodes = [plan.worker] if plan.decode_worker == plan.worker else [plan.worker, plan.decode_worker]
         return [ResidencyEntry(h, node, CacheTier.GPU, d, 0, 0, size) for node in nodes for h, d in zip(hashes, digests)]

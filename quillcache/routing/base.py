@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from quillcache._checks import check_int
+from quillcache.index.keys import MAX_NODE_NAME_BYTES, node_name_key
 
 __all__ = [
+    "MAX_LEASE_LOAD",
     "EngineRole",
     "Lease",
     "LoadTracker",
@@ -39,6 +41,10 @@ __all__ = [
     "WorkerSpec",
     "pick_min",
 ]
+
+
+MAX_LEASE_LOAD = 1 << 40  # per lease, prefill tokens or decode blocks: far beyond any real request
+_I64_MAX = (1 << 63) - 1
 
 
 class EngineRole(enum.Enum):
@@ -59,14 +65,19 @@ class EngineRole(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerSpec:
-    """An engine worker; ``name`` is its node name in the residency index."""
+    """An engine worker; ``name`` is its node name in the residency index, so it follows the
+    index's node-name rule (:func:`quillcache.index.keys.node_name_key`): 1 to 200 UTF-8 bytes,
+    no NUL. A name the index would refuse is refused here, before any plan is made."""
 
     name: str
     role: EngineRole = EngineRole.BOTH
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
-            raise ValueError(f"worker name must be a non-empty str of at most 200 characters, got {self.name!r:.80}")
+        try:
+            node_name_key(self.name)
+        except ValueError:  # IndexKeyError, or UnicodeEncodeError for a lone surrogate
+            raise ValueError(f"worker name must be 1..{MAX_NODE_NAME_BYTES} UTF-8 bytes without NUL (an index "
+                             f"node name), got {self.name!r:.80}") from None
         if not isinstance(self.role, EngineRole):
             raise TypeError(f"role must be an EngineRole, got {self.role!r}")
 
@@ -180,18 +191,32 @@ class LoadTracker:
 
     def acquire(self, worker: int | str, *, prefill_tokens: int, decode_blocks: int,
                 decode_worker: int | str | None = None) -> Lease:
-        """Count a request's load now (before the upstream call); release it with the lease."""
+        """Count a request's load now (before the upstream call); release it with the lease.
+
+        ``prefill_tokens`` and ``decode_blocks`` must be integers in ``[0, MAX_LEASE_LOAD]`` and
+        the counters they add to must stay within int64; otherwise ``ValueError`` naming the
+        argument, and no counter has changed."""
         w = self._index(worker)
         d = w if decode_worker is None else self._index(decode_worker)
-        prefill_tokens = check_int("prefill_tokens", prefill_tokens, 0, type_error=ValueError)
-        decode_blocks = check_int("decode_blocks", decode_blocks, 0, type_error=ValueError)
+        prefill_tokens = check_int("prefill_tokens", prefill_tokens, 0, MAX_LEASE_LOAD, type_error=ValueError)
+        decode_blocks = check_int("decode_blocks", decode_blocks, 0, MAX_LEASE_LOAD, type_error=ValueError)
         with self._lock:
-            self._prefill[w] += prefill_tokens
-            self._decode[d] += decode_blocks
+            # every new value is computed and checked before any counter changes: a refused
+            # acquire leaves the tracker exactly as it was
+            p = int(self._prefill[w]) + prefill_tokens
+            db = int(self._decode[d]) + decode_blocks
+            if p > _I64_MAX:
+                raise ValueError(f"prefill_tokens={prefill_tokens} would overflow worker {self.names[w]!r}'s "
+                                 f"active prefill tokens ({int(self._prefill[w])} already)")
+            if db > _I64_MAX:
+                raise ValueError(f"decode_blocks={decode_blocks} would overflow worker {self.names[d]!r}'s "
+                                 f"decode blocks ({int(self._decode[d])} already)")
+            self._prefill[w] = p
+            self._decode[d] = db
             self._inflight[w] += 1
             if d != w:
                 self._inflight[d] += 1
-        return Lease(self, w, d, int(prefill_tokens), int(decode_blocks))
+        return Lease(self, w, d, prefill_tokens, decode_blocks)
 
     @contextmanager
     def track(self, worker: int | str, *, prefill_tokens: int, decode_blocks: int,
@@ -234,18 +259,39 @@ class RouteRequest:
         return int(self.overlaps.shape[1])
 
 
+def _check_column(name: str, a: np.ndarray, kinds: str) -> None:
+    """``a``'s dtype kind is in ``kinds`` and every value is finite and >= 0."""
+    if a.dtype.kind not in kinds:
+        want = "an integer" if kinds == "iu" else "an integer or float"
+        raise ValueError(f"{name} must have {want} dtype, got dtype {a.dtype}")
+    if a.size == 0:
+        return
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        raise ValueError(f"{name} must be finite, got {a.tolist()!r:.120}")
+    if a.dtype.kind != "u" and a.min() < 0:
+        raise ValueError(f"{name} must be >= 0, got {a.tolist()!r:.120}")
+
+
 def check_route(route: RouteRequest) -> None:
-    """Validate a route request (shapes, dtypes, sizes); routers call it before deciding."""
+    """Validate a route request (shapes, dtypes, values, sizes); routers call it before deciding.
+
+    ``overlaps``: an integer array of shape (3, n >= 1), values >= 0. ``active_prefill_tokens``
+    and ``decode_blocks``: integer or float arrays of shape (n,), finite and >= 0. ``eligible``:
+    None or a bool array of shape (n,). ``isl_tokens`` >= 1 and ``block_size_tokens`` >= 1 are
+    integers. Anything else raises ``ValueError`` (``TypeError`` for a non-RouteRequest) naming
+    the field."""
     if not isinstance(route, RouteRequest):
         raise TypeError(f"route must be a RouteRequest, got {type(route).__name__}")
     ov = route.overlaps
     if not isinstance(ov, np.ndarray) or ov.ndim != 2 or ov.shape[0] != 3 or ov.shape[1] < 1:
         raise ValueError(f"overlaps must be an int array of shape (3, n_workers >= 1), got {getattr(ov, 'shape', ov)}")
+    _check_column("overlaps", ov, "iu")
     n = ov.shape[1]
     for name in ("active_prefill_tokens", "decode_blocks"):
         a = getattr(route, name)
         if not isinstance(a, np.ndarray) or a.shape != (n,):
             raise ValueError(f"{name} must be an array of shape ({n},), got {getattr(a, 'shape', a)}")
+        _check_column(name, a, "iuf")
     if route.eligible is not None and (
         not isinstance(route.eligible, np.ndarray) or route.eligible.shape != (n,) or route.eligible.dtype != np.bool_
     ):

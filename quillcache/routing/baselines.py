@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quillcache.routing.base import Router, RouteRequest, pick_min
+from quillcache.routing.base import Router, RouteRequest, check_route, pick_min
 
 __all__ = ["LeastLoadedRouter", "PrefixAffinityRouter", "RoundRobinRouter"]
 
@@ -41,20 +41,30 @@ class LeastLoadedRouter(Router):
     name = "least_loaded"
 
     def logits(self, route: RouteRequest) -> np.ndarray:
+        check_route(route)
+        return self._logits(route)
+
+    @staticmethod
+    def _logits(route: RouteRequest) -> np.ndarray:
         return route.active_prefill_tokens / route.block_size_tokens + route.decode_blocks
 
     def _select(self, route: RouteRequest) -> int:
-        return pick_min(self.logits(route), route.eligible, self.rng)
+        return pick_min(self._logits(route), route.eligible, self.rng)
 
 
 class PrefixAffinityRouter(Router):
     name = "prefix_affinity"
 
     def logits(self, route: RouteRequest) -> np.ndarray:
+        check_route(route)
+        return self._logits(route)
+
+    @staticmethod
+    def _logits(route: RouteRequest) -> np.ndarray:
         # lexicographic (device, host, disk) overlap, negated so that lower is better
         ov = route.overlaps.astype(np.float64)
         scale = float(ov.max()) + 1.0
         return -(ov[0] * scale * scale + ov[1] * scale + ov[2])
 
     def _select(self, route: RouteRequest) -> int:
-        return pick_min(self.logits(route), route.eligible, self.rng)
+        return pick_min(self._logits(route), route.eligible, self.rng)

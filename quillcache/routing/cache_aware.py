@@ -44,7 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from quillcache._checks import check_float
-from quillcache.routing.base import Router, RouteRequest
+from quillcache.routing.base import Router, RouteRequest, check_route
 
 __all__ = ["CacheAwareRouter"]
 
@@ -78,6 +78,7 @@ class CacheAwareRouter(Router):
 
     def loads(self, route: RouteRequest) -> np.ndarray:
         """Each worker's live load in request-equivalents (blocks / this request's blocks)."""
+        check_route(route)
         bs = route.block_size_tokens
         n_blocks = -(-route.isl_tokens // bs)
         return (route.active_prefill_tokens / bs + route.decode_blocks) / n_blocks
