@@ -5,6 +5,7 @@ process), the official ``openai`` SDK as the client (headers through ``with_raw_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -208,6 +209,39 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_load(slow_stack
     _wait_until(lambda: _gauges(gw)["inflight"] == 0 and _gauges(gw)["tenant"] == 0, "loads back at zero")
     m = parse_metrics(gw.metrics_text())
     assert m["quillcache_gateway_client_disconnects_total"] >= 1
+
+
+def test_client_leaving_a_non_streaming_request_cancels_the_engines_work(slow_stack):
+    """The client gives up while the gateway waits for the engine's whole answer (500 ms TTFT + 400 tokens at
+    5 ms: 2.5 s of work): the engine must see the close at once, as it does for a stream."""
+    gw, e0 = slow_stack
+
+    def cancelled() -> float:
+        return parse_metrics(_get(e0.url + "/metrics")).get("quillcache_sim_cancelled_total", 0.0)
+
+    before = cancelled()
+    disconnects = parse_metrics(gw.metrics_text()).get("quillcache_gateway_client_disconnects_total", 0.0)
+
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            post = asyncio.create_task(s.post(
+                gw.url + "/v1/completions", headers={"authorization": f"Bearer {KEY_A}"},
+                json={"model": MODEL, "prompt": "abandoned " * 20, "max_tokens": 400, "stream": False}))
+            deadline = time.monotonic() + 10
+            while (await asyncio.to_thread(_gauges, gw))["inflight"] < 1:  # the gateway forwarded it
+                assert time.monotonic() < deadline and not post.done(), "the request never reached the engine"
+                await asyncio.sleep(0.01)
+            post.cancel()  # the client leaves (its connection closes)
+            with contextlib.suppress(asyncio.CancelledError):
+                await post
+
+    asyncio.run(main())
+    # a generation that ran to its end would not count as cancelled: this is the engine seeing the close
+    _wait_until(lambda: cancelled() >= before + 1, "the engine to count a cancellation")
+    _wait_until(lambda: _gauges(gw)["inflight"] == 0 and _gauges(gw)["tenant"] == 0, "loads back at zero")
+    m = parse_metrics(gw.metrics_text())
+    assert m["quillcache_gateway_client_disconnects_total"] == disconnects + 1
+    assert m.get('quillcache_gateway_requests_total{endpoint="/v1/completions",status="499"}', 0) >= 1
 
 
 def _get(url: str) -> str:

@@ -8,8 +8,10 @@ drawn from a seeded RNG (seed in the assertion messages)."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import random
+import threading
 import time
 
 import aiohttp
@@ -92,6 +94,24 @@ def test_malformed_and_deep_json_is_400(gw):
     _assert_clean_error(_post(gw.url + "/v1/chat/completions",
                               json.dumps({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}).encode()),
                         400, "wizard")
+
+
+def test_stream_null_is_false_as_in_the_openai_api(gw):
+    for path, body in (("/v1/completions", {"model": MODEL, "prompt": "null stream", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 2})):
+        st, raw, headers = _post(gw.url + path, json.dumps({**body, "stream": None}).encode())
+        assert st == 200, raw
+        assert {k.lower(): v for k, v in headers.items()}["content-type"].startswith("application/json")
+        assert json.loads(raw)["usage"]["completion_tokens"] == 2
+
+
+def test_a_number_that_overflows_a_float_is_400_naming_its_field(gw):
+    url = gw.url + "/v1/completions"
+    body = b'{"model": "%s", "prompt": "hi", "max_tokens": 2, "temperature": 1e400}' % MODEL.encode()
+    _assert_clean_error(_post(url, body), 400, "field 'temperature': the number 1e400 is out of range")
+    body = b'{"model": "%s", "prompt": "hi", "logit_bias": {"50": -1e999}}' % MODEL.encode()
+    _assert_clean_error(_post(url, body), 400, "field 'logit_bias.50': the number -1e999 is out of range")
 
 
 def test_unknown_model_is_404_and_unknown_route_too(gw):
@@ -250,6 +270,85 @@ def test_idle_timeout_mid_stream_ends_with_an_error_event(client):
             events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.strip()]
             assert "error" in events[-1] and "failed mid-stream" in events[-1]["error"]["message"]
             assert _wait_loads_zero(gw)
+
+
+_SSE_LINE_ENDS = {"lf": b"\n", "cr": b"\r", "crlf": b"\r\n"}
+
+
+def _sse_wire(framing: str) -> bytes:
+    """An OpenAI-shaped completion stream framed as named: ``lf``/``cr``/``crlf`` line ends (all valid SSE), or
+    ``unterminated`` (LF, the last event without its blank line)."""
+    eol = _SSE_LINE_ENDS.get(framing, b"\n")
+    events = [b"data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "fake",
+                                      "choices": [{"index": 0, "text": f"t{i}", "logprobs": None,
+                                                   "finish_reason": None}]}).encode() for i in range(3)]
+    wire = b"".join(e + eol + eol for e in events) + b"data: [DONE]"
+    return wire + (b"\n" if framing == "unterminated" else eol + eol)
+
+
+class _SseUpstream(http.server.BaseHTTPRequestHandler):
+    """A stand-in for an OpenAI-compatible engine whose SSE framing differs from engine-sim's: the completion
+    stream is ``_sse_wire(prompt)``, sent as HTTP chunks cut at points drawn from a seeded RNG."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        prompt = json.loads(self.rfile.read(int(self.headers["content-length"])))["prompt"]
+        wire = _sse_wire(prompt)
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        rng = random.Random(f"sse-{prompt}")
+        cuts = sorted(rng.sample(range(1, len(wire)), 12)) + [len(wire)]
+        start = 0
+        for cut in cuts:
+            self.wfile.write(b"%x\r\n%s\r\n" % (cut - start, wire[start:cut]))
+            self.wfile.flush()
+            start = cut
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@pytest.fixture(scope="module")
+def sse_upstream():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SseUpstream)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_sse_framed_with_cr_or_crlf_or_unterminated_passes_through_whole(client, sse_upstream):
+    with GatewayProcess([sse_upstream], keys=KEYS, config={"models": {"fake": {}}, "upstream_client": client}) as gw:
+        for framing in ("crlf", "cr", "lf", "unterminated"):
+            st, raw, _ = _post(gw.url + "/v1/completions", json.dumps(
+                {"model": "fake", "prompt": framing, "stream": True}).encode())
+            assert st == 200 and raw == _sse_wire(framing), (framing, raw[:200])
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+        for framing in ("crlf", "cr"):
+            texts = [ch.choices[0].text for ch in c.completions.create(model="fake", prompt=framing, stream=True)]
+            assert texts == ["t0", "t1", "t2"], framing
+        m = parse_metrics(gw.metrics_text())
+        assert m["quillcache_gateway_time_to_first_token_seconds_count"] == 6  # every stream produced output
+        assert m.get('quillcache_gateway_requests_total{endpoint="/v1/completions",status="200"}') == 6
+        assert _wait_loads_zero(gw)
 
 
 def test_cli_refuses_bad_flags_in_one_line(tmp_path, capsys, monkeypatch):

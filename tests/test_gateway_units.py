@@ -4,16 +4,22 @@ path's isolation and next-best fallback over the real planner and index."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import re
 
 import numpy as np
 import pytest
 
-from quillcache.gateway.config import ConfigError, EngineConfig, config_from_dict, load_config, parse_engine_urls
+from quillcache.gateway.app import Gateway
+from quillcache.gateway.config import (ConfigError, EngineConfig, ModelConfig, config_from_dict, load_config,
+                                       parse_engine_urls)
 from quillcache.gateway.decision import Decider, NoWorkerError
+from quillcache.gateway.proxying import sse_event_end
 from quillcache.gateway.residency import EntryState, ResidencyTracker
-from quillcache.gateway.tenants import TenantLimiter, TenantTable, salt_for, scope_tenant
+from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, salt_for, scope_tenant
+from quillcache.httpserve.jsonbody import BodyError, loads_strict
 from quillcache.hashing import hash_blocks
 from quillcache.identity.scope import SALT_RE, make_identity
 from quillcache.index import open_index
@@ -304,43 +310,7 @@ def test_excluded_planner_choice_falls_back_to_next_best_with_own_overlap():
 
 
 # ---------------------------------------------------------------------------------------------- peers
-def test_peer_link_applies_speculation_and_refuses_garbage():
-    import asyncio
-
-    import msgpack
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
-    from quillcache.gateway.peers import PeerLink
-
-    tr, index, clock = _tracker()
-    loop = asyncio.new_event_loop()
-    link = PeerLink(tr, loop, bind="inproc://g2-peer-test")
-    try:
-        good = msgpack.packb(["s", "e0", D_A, np.array([1, 2, 3], dtype="<u8").tobytes()])
-        msg = link._decode([good])
-        assert msg is not None
-        link._apply(*msg)
-        assert {(e.block_hash, e.identity) for e in index.entries_on_node("e0")} == {(1, D_A), (2, D_A), (3, D_A)}
-        link._apply(*link._decode([msgpack.packb(["r", "e0", D_A, np.array([2], dtype="<u8").tobytes()])]))
-        assert {e.block_hash for e in index.entries_on_node("e0")} == {1, 3}
-        for bad in ([good, good], [b"\xc1"], [msgpack.packb(["s", "e9", D_A, b""])],
-                    [msgpack.packb(["s", "e0", b"short", b""])], [msgpack.packb(["x", "e0", D_A, b""])],
-                    [msgpack.packb(["s", "e0", D_A, b"1234567"])], [msgpack.packb({"s": 1})]):
-            assert link._decode(bad) is None, bad
-
-        @settings(max_examples=300, deadline=None)
-        @given(st.binary(max_size=200))
-        def never_crashes(data):
-            m = link._decode([data])
-            if m is not None:
-                link._apply(*m)
-            tr.check()
-
-        never_crashes()
-    finally:
-        link.close()
-        loop.close()
+# the peer link's wire format and garbage refusal: tests/test_gateway_attribution.py
 
 
 def test_events_engines_get_a_bounded_speculation_and_events_fill_in_the_rest():
@@ -357,3 +327,131 @@ def test_events_engines_get_a_bounded_speculation_and_events_fill_in_the_rest():
     assert d.cached_tokens == 6 * BS
     d.lease.release()
     tr.check()
+
+
+# ------------------------------------------------------------------------------ model names, JSON, SSE
+def test_model_identity_names_outside_the_identity_rule_are_config_errors_naming_the_model():
+    engines = parse_engine_urls("http://127.0.0.1:9")
+    for models, fragment in (({"Llama 3 8B": {}}, r"models\['Llama 3 8B'\]: model 'Llama 3 8B': its name"),
+                             ({"qwen~2.5": {}}, r"model 'qwen~2.5': its name"),
+                             ({"x": {"base": "b c"}}, r"model 'x': base 'b c' must be 1-256 characters"),
+                             ({"x": {"base": "b", "adapter": "my adapter"}}, r"model 'x': adapter 'my adapter'")):
+        with pytest.raises(ConfigError, match=fragment):
+            config_from_dict({"models": models}, engines=engines)
+    with pytest.raises(ConfigError, match="model 'bad name'"):
+        ModelConfig(name="bad name")
+    # only the identity's fields follow the rule: a served name with a space and a valid base is fine
+    m = config_from_dict({"models": {"Llama 3 8B": {"base": "llama-3-8b", "adapter": "sql/v2+x=1"}}},
+                         engines=engines).models[0]
+    assert (m.name, m.base, m.adapter) == ("Llama 3 8B", "llama-3-8b", "sql/v2+x=1")
+
+
+def _gateway(models: dict | None = None) -> Gateway:
+    cfg = config_from_dict({"models": models or {}}, engines=parse_engine_urls("http://127.0.0.1:9"))
+    return Gateway(cfg, TenantTable({"sk-units-0001": TenantKey(tenant="tenant-u", max_concurrency=4)}))
+
+
+def test_discovery_skips_models_outside_the_identity_rule():
+    gw = _gateway()
+    listed = {"object": "list", "data": [
+        {"id": "Llama 3 8B"}, {"id": "good-base"}, {"id": "good-lora", "parent": "good-base"},
+        {"id": "bad lora", "parent": "good-base"}, {"id": "lora-of-bad", "parent": "bad base"}]}
+
+    async def get_json(url):
+        return listed
+
+    gw.upstream.get_json = get_json
+    gw.healthy = [True]
+    try:
+        asyncio.run(gw._discover_models())
+        assert sorted(gw.models) == ["good-base", "good-lora"]
+        assert (gw.models["good-lora"].base, gw.models["good-lora"].adapter) == ("good-base", "good-lora")
+    finally:
+        gw.index.close()
+
+
+def _asgi_post(gw: Gateway, path: str, body: dict, key: str = "sk-units-0001") -> tuple[int, dict]:
+    """One POST through the gateway's ASGI entry, in process (only for refusals made before any upstream)."""
+    raw = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(raw)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    sent = []
+    inbox = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def receive():
+        return inbox.pop(0) if inbox else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(gw.asgi(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+
+
+def test_a_model_whose_identity_is_malformed_is_a_404_naming_it_never_a_500():
+    gw = _gateway({"ok-model": {}})
+    try:
+        bad = ModelConfig(name="ok-model")
+        object.__setattr__(bad, "base", "Llama 3 8B")  # what ModelConfig refuses, had it got through
+        gw.models["Llama 3 8B"] = bad
+        status, err = _asgi_post(gw, "/v1/completions", {"model": "Llama 3 8B", "prompt": "hello", "max_tokens": 1})
+        assert status == 404, err
+        assert err["error"]["type"] == "model_not_found" and err["error"]["code"] == 404
+        assert err["error"]["message"].startswith("the model 'Llama 3 8B' cannot be served here: model=")
+        assert gw.limiter.total == 0
+    finally:
+        gw.index.close()
+
+
+def test_numbers_that_overflow_a_float_are_refused_naming_their_field():
+    for raw, fragment in ((b'{"model": "m", "temperature": 1e400}', "field 'temperature': the number 1e400"),
+                          (b'{"a": {"b": [1, 2.5, -1e999]}}', "field 'a.b[2]': the number -1e999"),
+                          (b'[0.5, 1E+309]', "field '[1]': the number 1E+309"),
+                          (b'1e400', "request body: the number 1e400"),
+                          (b'{"x": 1e400, "y": ', "request body: the number 1e400")):  # invalid after it
+        with pytest.raises(BodyError, match=re.escape(fragment) + " is out of range"):
+            loads_strict(raw)
+    v = loads_strict(b'{"t": 1.7976931348623157e308, "u": 1e-400, "n": -0.0, "i": 100000000000000000000}')
+    assert v == {"t": 1.7976931348623157e308, "u": 0.0, "n": -0.0, "i": 10 ** 20}
+    json.dumps(v, allow_nan=False)  # what the gateway forwards is JSON
+
+
+def _event_ends(stream: bytes) -> list[int]:
+    """Reference: offsets just past each blank line of an SSE byte stream (line ends LF, CR, CRLF)."""
+    ends, i, line_start = [], 0, 0
+    while i < len(stream):
+        c = stream[i:i + 1]
+        if c in (b"\r", b"\n"):
+            blank = i == line_start
+            i += 2 if stream[i:i + 2] == b"\r\n" else 1
+            if blank:
+                ends.append(i)
+            line_start = i
+        else:
+            i += 1
+    return ends
+
+
+def test_sse_event_ends_are_found_whatever_the_line_ends():
+    seed = 20240611
+    rng = random.Random(seed)
+    for case in range(300):
+        style = rng.choice(["lf", "cr", "crlf", "mixed"])
+        parts = []
+        for e in range(rng.randint(1, 4)):
+            for _ in range(rng.randint(1, 3)):
+                eol = {"lf": "\n", "cr": "\r", "crlf": "\r\n"}.get(style) or rng.choice(["\n", "\r", "\r\n"])
+                parts.append(f"data: {rng.choice(['', 'x', 'é', '{}'])}{e}" + eol)
+            parts.append({"lf": "\n", "cr": "\r", "crlf": "\r\n"}.get(style) or rng.choice(["\n", "\r", "\r\n"]))
+        stream = "".join(parts).encode()
+        ends = _event_ends(stream)
+        for n in range(len(stream) + 1):
+            prefix = stream[:n]
+            want = max([b for b in ends if b <= n], default=0)
+            if n + 1 in ends and stream[n - 1:n + 1] == b"\r\n":
+                want = n  # the blank line's CR arrived, its LF not yet: the event is complete already
+            assert sse_event_end(prefix) == want, (seed, case, prefix)

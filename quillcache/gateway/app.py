@@ -11,10 +11,11 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
 1. API key -> tenant (401 when missing or unknown);
 2. the body, at most ``limits.max_body_bytes`` (413), parsed as a JSON object nested at most
    ``limits.max_json_depth`` deep (400; ``NaN``/``Infinity``/``-Infinity``, which are not JSON, are refused
-   naming the constant, and nesting deeper than the parser's recursion says "nested too deeply", as
-   engine-sim does);
-3. ``model`` -> base model and LoRA adapter (404 when not served); a client ``cache_salt``
-   narrows the tenant's scope to ``tenant:salt``;
+   naming the constant, a number that overflows a float (``1e400``) naming its field, and nesting deeper
+   than the parser's recursion says "nested too deeply", as engine-sim does); ``"stream": null`` is false,
+   as in the OpenAI API;
+3. ``model`` -> base model and LoRA adapter (404 when not served, or when its identity is malformed,
+   naming the model); a client ``cache_salt`` narrows the tenant's scope to ``tenant:salt``;
 4. the tenant's in-flight limit (429);
 5. prompt tokens exactly as the engine computes them (:mod:`quillcache.textproc`, 400 when the
    prompt is malformed);
@@ -23,11 +24,15 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
    the engine's blocks and its ``usage.prompt_tokens_details.cached_tokens`` are per scope;
 8. a failure before the first byte retries on the next-best worker after a backoff
    (``retry.max_retries``), else 502 (the engines failed) or 503 (no engine available);
-9. a stream is passed through event by event; the response headers - ``x-quillcache-worker``,
+9. a stream is passed through event by event (SSE line ends LF, CR or CRLF; a last event without its
+   blank line is still sent when the engine's stream ends cleanly); the response headers - ``x-quillcache-worker``,
    ``x-quillcache-cached-tokens``, ``x-quillcache-timing-class``, ``x-quillcache-request-id`` -
    leave as soon as the engine's headers arrive, before the first token (no compression
    middleware); a failure mid-stream ends the stream with one SSE error event; a client
-   disconnect cancels the stream, which closes the upstream connection (the engine sees it).
+   disconnect cancels the stream, which closes the upstream connection (the engine sees it). A client
+   disconnect while the gateway waits for the engine's headers or reads a whole (non-streaming) body
+   does the same: from admission to the end of the response, ``ClientWatch`` cancels the request's
+   task on ``http.disconnect`` (status 499).
 
 Invariants: the load lease and the tenant's in-flight slot are released exactly once per admitted
 request, whatever ends it (``_Exchange.finish`` runs from ``finally`` and from the response's own
@@ -36,8 +41,8 @@ residency entries back; headers and errors name only the tenant's own scope.
 
 Longer than 600 lines because the admission, decision, forward, stream and release steps above share
 one request's exchange state, whose exactly-once release is the module's invariant; the pieces that
-stand alone (config, tenants, decision, residency, upstream clients, metrics, peers) are modules of
-their own.
+stand alone (config, tenants, decision, residency, upstream clients, metrics, peers, and the SSE cuts
+and client-disconnect watch in ``proxying``) are modules of their own.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from starlette.routing import Route
 from quillcache.gateway.config import GatewayConfig, ModelConfig
 from quillcache.gateway.decision import Decider, Decision, NoWorkerError
 from quillcache.gateway.metrics import GatewayMetrics
+from quillcache.gateway.proxying import ClientWatch, sse_event_end
 from quillcache.gateway.residency import EntryState, EventSink, ResidencyTracker
 from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, salt_for, scope_tenant
 from quillcache.gateway.clients import UPSTREAM_CLIENTS
@@ -122,9 +128,9 @@ class _ProxyStream:
     """The streaming pass-through as one lean ASGI response (what Starlette's ``StreamingResponse``
     does under ASGI 2.3, without its anyio task group and async-generator layer): headers first,
     then the engine's SSE stream whole events at a time (a partial event at a failure is dropped and
-    replaced by one error event); a client disconnect cancels it, which closes the upstream
-    connection; ``_Exchange.finish`` runs however it ends (also when the client is gone before the
-    body started)."""
+    replaced by one error event; at a clean end, bytes after the last blank line are sent as they
+    are); a client disconnect (``ex.watch``) cancels it, which closes the upstream connection;
+    ``_Exchange.finish`` runs however it ends (also when the client is gone before the body started)."""
 
     def __init__(self, gw: Gateway, ex: _Exchange, resp, t0: float, headers: dict[str, str]) -> None:
         self._gw = gw
@@ -135,19 +141,6 @@ class _ProxyStream:
             (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
     async def __call__(self, scope, receive, send) -> None:
-        me = asyncio.current_task()
-        state = [False, False]  # done, cancelled by the client
-
-        async def watch_disconnect() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    if not state[0]:
-                        state[1] = True
-                        me.cancel()
-                    return
-
-        watcher = asyncio.create_task(watch_disconnect())
         ex, resp = self._ex, self._resp
         metrics = self._gw.metrics
         completed = False
@@ -165,20 +158,23 @@ class _ProxyStream:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     completed = True
-                    break
+                    chunk, pending = pending, b""  # a last event the engine ended without its blank line
+                    if not chunk:
+                        break
                 except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - any upstream failure mid-stream
                     failure = exc
                     break
                 if pending:
                     chunk = pending + chunk
                     pending = b""
-                cut = chunk.rfind(b"\n\n")
-                if cut < 0:
-                    pending = chunk
-                    continue
-                if cut + 2 < len(chunk):
-                    pending = chunk[cut + 2:]
-                    chunk = chunk[:cut + 2]
+                if not completed:
+                    cut = sse_event_end(chunk)
+                    if cut == 0:
+                        pending = chunk
+                        continue
+                    if cut < len(chunk):
+                        pending = chunk[cut:]
+                        chunk = chunk[:cut]
                 now = perf()
                 if first:
                     first = False
@@ -189,19 +185,20 @@ class _ProxyStream:
                     metrics.itl.observe(now - last_t)
                 last_t = now
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if completed:
+                    break
             if failure is not None:
                 metrics.upstream_error(ex.decision.worker, "mid_stream")
                 log.info("upstream %s failed mid-stream: %r", ex.decision.worker, failure)
                 await send({"type": "http.response.body", "body": _MID_STREAM_ERROR, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not state[1]:
+            if ex.watch is None or not ex.watch.fired:
                 raise  # a cancellation that is not the client's (server shutdown)
+            ex.watch.absorb()
             metrics.disconnects.inc()
             ex.status = 499
         finally:
-            state[0] = True
-            watcher.cancel()
             if completed:
                 resp.release()
                 ex.resp = None
@@ -211,7 +208,7 @@ class _ProxyStream:
 class _Exchange:
     """One admitted request's resources: released exactly once by ``finish``."""
 
-    __slots__ = ("decision", "done", "endpoint", "gw", "ok", "resp", "status", "tenant")
+    __slots__ = ("decision", "done", "endpoint", "gw", "ok", "resp", "status", "tenant", "watch")
 
     def __init__(self, gw: Gateway, endpoint: str, tenant: str) -> None:
         self.gw = gw
@@ -222,11 +219,14 @@ class _Exchange:
         self.status = 0
         self.done = False
         self.ok = False  # the engine produced output (a first stream chunk, or a whole 2xx body)
+        self.watch: ClientWatch | None = None
 
     def finish(self) -> None:
         if self.done:
             return
         self.done = True
+        if self.watch is not None:
+            self.watch.close()
         if self.resp is not None:
             self.resp.close()
         if self.decision is not None:
@@ -269,6 +269,7 @@ class Gateway:
         self.healthy = [False] * len(names)
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self._discover = not config.models
+        self._skipped_models: set[str] = set()  # discovered names ModelConfig refused (logged once each)
         self._rounds = 0
         self._identities: dict[tuple[str, str], Identity] = {}
         self._tasks: list[asyncio.Task] = []
@@ -367,8 +368,10 @@ class Gateway:
                         self.models[mid] = ModelConfig(name=mid, base=parent, adapter=mid)
                     else:
                         self.models[mid] = ModelConfig(name=mid)
-                except ValueError:
-                    continue
+                except ValueError as exc:  # not servable (ModelConfig names why): skipped, said once
+                    if mid not in self._skipped_models and len(self._skipped_models) < 1000:
+                        self._skipped_models.add(mid)
+                        log.warning("engine %s serves a model the gateway cannot: %s", url, exc)
 
     async def _health_loop(self) -> None:
         interval = self.config.timeouts.health_interval_s
@@ -522,7 +525,8 @@ class Gateway:
             client_salt = body.get("cache_salt")
             if client_salt is not None and not isinstance(client_salt, str):
                 raise GatewayError(400, "'cache_salt' must be a string", "invalid_request_error")
-            stream = body.get("stream", False)
+            stream = body.get("stream")
+            stream = False if stream is None else stream  # null is false, as in the OpenAI API
             if not isinstance(stream, bool):
                 raise GatewayError(400, "'stream' must be true or false", "invalid_request_error")
             try:
@@ -535,7 +539,11 @@ class Gateway:
                 token_ids = prompt_token_array(kind, body, self.tokenizer, self.template)
             except PromptError as exc:
                 raise GatewayError(400, str(exc), "invalid_request_error") from None
-            identity = self._identity(model, tenant_scope)
+            try:
+                identity = self._identity(model, tenant_scope)
+            except ValueError as exc:  # ModelConfig keeps such models out; never a 500 if one got through
+                raise GatewayError(404, f"the model {model_name[:100]!r} cannot be served here: {exc}",
+                                   "model_not_found") from None
         except GatewayError as exc:
             metrics.request_done(endpoint, exc.status)
             return self._error_response(exc.status, str(exc), exc.kind)
@@ -544,8 +552,18 @@ class Gateway:
             return self._error_response(429, "too many concurrent requests for this API key's tenant",
                                         "rate_limit_error", headers={"retry-after": "1"})
         ex = _Exchange(self, endpoint, tk.tenant)
+        ex.watch = ClientWatch(request.receive)
         try:
             return await self._forward(ex, body, token_ids, out_tokens, identity, tenant_scope, stream, t0)
+        except asyncio.CancelledError:
+            if not ex.watch.fired:
+                ex.finish()
+                raise  # not the client's (a server shutdown)
+            ex.watch.absorb()  # the client left: closing the upstream response stops the engine's work
+            metrics.disconnects.inc()
+            ex.status = 499
+            ex.finish()
+            return Response(status_code=499)  # the server drops it: nobody is listening
         except BaseException:
             ex.finish()
             raise
@@ -556,7 +574,7 @@ class Gateway:
         excluded = self._excluded()
         why = "unhealthy"
         body["cache_salt"] = salt_for(tenant_scope, self.secret)
-        payload = json.dumps(body, separators=(",", ":")).encode()
+        payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()  # loads_strict: all finite
         request_id = f"qc-{uuid.uuid4().hex}"
         up_headers = {"content-type": "application/json", "x-request-id": request_id}
         retry = self.config.retry

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from quillcache._checks import check_float, check_int
+from quillcache.identity.scope import NAME_RE as _IDENTITY_NAME_RE
 
 __all__ = [
     "ConfigError",
@@ -101,7 +102,13 @@ class EngineConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A served model name: the base model and the LoRA adapter it names ("" = the base model)."""
+    """A served model name: the base model and the LoRA adapter it names ("" = the base model).
+
+    ``base`` (``name`` when left empty) and a non-empty ``adapter`` follow the identity name rule
+    (:data:`quillcache.identity.scope.NAME_RE`), since they become the request identity's model and
+    adapter; ``name`` itself is only matched against the client's ``model`` and may be any non-empty
+    string. A value outside the rule is a ``ConfigError`` naming the model, never a request that fails
+    later."""
 
     name: str
     base: str = ""
@@ -115,6 +122,12 @@ class ModelConfig:
             raise ConfigError("a model needs a non-empty name")
         if not self.base:
             object.__setattr__(self, "base", self.name)
+        for f in ("base", "adapter"):
+            v = getattr(self, f)
+            if (v or f == "base") and not _IDENTITY_NAME_RE.fullmatch(v):
+                what = "its name (the base model when no base is given)" if f == "base" and v == self.name else f
+                raise ConfigError(f"model {self.name!r:.80}: {what} {v!r:.80} must be 1-256 characters from "
+                                  "[A-Za-z0-9._:@/+=-] (the identity name rule)")
 
 
 @dataclass(frozen=True, kw_only=True)

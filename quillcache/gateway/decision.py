@@ -11,7 +11,10 @@ rest through their parents). Speculating the whole prompt makes the next decisio
 the events' latency: with a cap, a later turn of a conversation that arrived before the engine's
 events saw only the capped prefix, fell under the router's match threshold and went elsewhere
 (the gateway study's diagnosis; the default was chosen on workload seeds the study does not use).
-The gateway writes the speculation after the request's bytes have left (it is off the TTFT path).
+The gateway writes the speculation after the request's bytes have left (it is off the TTFT path),
+together with the request's CLAIM on every prompt block past the reused prefix (capped or not),
+open while the decision's lease is live: the residency tracker refuses to credit a root store of
+those blocks to any other scope meanwhile (:mod:`.residency`, rule 2).
 
 A router that takes per-worker resident block counts (``cache_aware``'s optional ``most_free``
 low-match fallback) reads them from the tracker's live entries per engine.
@@ -156,13 +159,17 @@ class Decider:
             return
         d.speculation = None
         name, hashes, scope, reused = spec
+        tracker = self.tracker
+        claimed = hashes[reused:]
         cap = self.speculative_max_blocks
-        if cap and self.tracker.modes[name] == "events" and len(hashes) > reused + cap:
+        if cap and tracker.modes[name] == "events" and len(hashes) > reused + cap:
             # the engine's events attribute the rest through their parents (residency module doc)
             hashes = hashes[: reused + cap]
-        d.speculated = recs = self.tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused)
-        if self.peers is not None and recs:
-            self._tell_peers(self.peers.speculated, name, recs)
+        # every block past the reused prefix may be stored by this request, speculated or not
+        claim = tracker.claim(name, claimed, scope.digest, d.lease, complete=len(hashes) - reused == len(claimed))
+        d.speculated = tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused, claim=claim)
+        if self.peers is not None and len(claimed):
+            self.peers.claimed(claim, claimed, len(hashes) - reused)
 
     def retract(self, d: Decision) -> None:
         """The request failed before its engine took it: drop what it speculated (or would have)."""
@@ -171,16 +178,8 @@ class Decider:
             recs = d.speculated
             d.speculated = None
             self.tracker.retract(recs)
-            if self.peers is not None:
-                self._tell_peers(self.peers.retracted, recs[0].engine, recs)
-
-    @staticmethod
-    def _tell_peers(send, engine: str, recs) -> None:
-        by_digest: dict[bytes, list[int]] = {}
-        for r in recs:
-            by_digest.setdefault(r.digest, []).append(r.h)
-        for digest, hs in by_digest.items():
-            send(engine, digest, hs)
+            if self.peers is not None and recs[0].claim is not None:
+                self.peers.retracted(recs[0].claim)
 
     def _fallback(self, plan: Plan, excluded) -> tuple[int, int]:
         """(worker, consecutive GPU blocks it holds for this scope) among the non-excluded workers."""

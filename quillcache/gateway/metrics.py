@@ -14,7 +14,7 @@ prompt_tokens_total / cached_tokens_total   counter    prompt tokens, and those 
 routing_decisions_total                     counter    worker, reason (prefix_hit, no_hit, retry, unhealthy)
 upstream_errors_total                       counter    worker, kind (connect, status, timeout, mid_stream)
 upstream_retries_total                      counter    worker (the worker retried away from)
-client_disconnects_total                    counter    streams the client closed before the end
+client_disconnects_total                    counter    admitted requests the client closed before the end
 inflight_requests                           gauge      worker (read from the live load counters at scrape)
 tenant_inflight_requests                    gauge      admitted requests of all tenants not yet finished
 engine_healthy                              gauge      worker (1 healthy, 0 not)
@@ -87,7 +87,7 @@ class GatewayMetrics:
         self.upstream_errors = Counter(_P + "upstream_errors_total", "Upstream failures", ["worker", "kind"],
                                        registry=r)
         self.retries = Counter(_P + "upstream_retries_total", "Retries away from a worker", ["worker"], registry=r)
-        self.disconnects = Counter(_P + "client_disconnects_total", "Streams the client closed early", registry=r)
+        self.disconnects = Counter(_P + "client_disconnects_total", "Admitted requests the client closed early", registry=r)
         self.kv_events = Counter(_P + "kv_events_total", "KV events applied", ["worker", "kind"], registry=r)
         self._routing = {(w, why): self.routing.labels(w, why) for w in workers for why in ROUTING_REASONS}
         self._errors = {(w, k): self.upstream_errors.labels(w, k) for w in workers for k in UPSTREAM_ERROR_KINDS}

@@ -480,7 +480,8 @@ class NativeUpstream:
                 await asyncio.wait_for(resp._read(ERROR_BODY_BYTES), self.timeouts.connect_s)
             except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - only summarised
                 pass
-            resp.close()
+            finally:  # also when the gateway's request is cancelled (its client left): the engine sees a close
+                resp.close()
             raise UpstreamFailure("status", f"engine answered HTTP {status}", status)
         return resp
 

@@ -3,41 +3,57 @@
 Every replica subscribes to every engine's KV events, so confirmed state would converge by itself -
 except that a stored ROOT block is attributed to a scope only through a pending speculation (see
 :mod:`.residency`), and a speculation lives in the replica that routed the request. ``PeerLink``
-closes that gap: each replica PUBlishes its speculations (and their retractions) on ``bind``, and
-SUBscribes to every address in ``peers``; a peer's speculation enters this replica's tracker as if
-routed here (pending, with the same TTL, confirmed by the same engine event), so both replicas hold
-the same entries and route the next turn of a conversation alike.
+closes that gap: each replica PUBlishes its requests' claims with their speculations, their
+retractions and their ends on ``bind``, and SUBscribes to every address in ``peers``; a peer's
+speculation enters this replica's tracker as if routed here (pending, with the same TTL, confirmed
+by the same engine event), so both replicas hold the same entries and route the next turn of a
+conversation alike. A peer's CLAIM (:meth:`.ResidencyTracker.claim`) enters it too and stays open
+until that peer says its request ended (``"e"``, sent when its tracker first sees the lease
+released) or for at most ``claim_max_s`` (a lost ``"e"``, a peer gone): so a speculation of that
+request that expired here by TTL, or was retracted, still keeps its store from being credited to
+another scope here, exactly as in the replica that routed it.
 
-Wire format (one ZeroMQ frame, msgpack): ``[kind, engine, digest, hashes]`` where ``kind`` is
-``"s"`` (speculate) or ``"r"`` (retract), ``digest`` the 16-byte scope digest and ``hashes`` the
-block hashes as little-endian u64 bytes. A frame that does not decode to exactly that, or names an
-engine this replica does not route to, is counted and dropped (a peer can never crash the link).
+Wire format (one ZeroMQ frame, msgpack): ``[kind, origin, engine, digest, hashes, cid, n_spec,
+complete]``: ``kind`` ``"c"`` (claim ``hashes`` and speculate their first ``n_spec``; ``complete``:
+those cover every claimed block), ``"r"`` (retract the speculation of claim ``cid``) or ``"e"``
+(claim ``cid``'s request ended); ``origin`` the sender's 8 random bytes (claim ids are per
+sender), ``digest`` the 16-byte scope digest, ``hashes`` the chain hashes as little-endian u64 bytes
+(empty for ``"r"``/``"e"``). A frame that does not decode to exactly that, or names an engine this
+replica does not route to, is counted and dropped (a peer can never crash the link).
 
 Invariants: the tracker is touched only on the event loop (the SUB thread hands every message over
 with ``call_soon_threadsafe``); a retraction from a peer removes only entries that peer's
 speculation created and that no event confirmed. Ordering between a peer's message and the
-engine's event is not guaranteed: an event that arrives first finds no speculation and the block
-stays unattributed here (never mis-attributed), so the replicas may differ by such blocks.
+engine's event is NOT guaranteed (nor is delivery: a full PUB queue drops, counted in
+``send_dropped``): an engine event that overtakes the claim of the request that caused it finds
+no claim here; if another scope is pending here on that chain hash alone, the store is credited
+to it (the replica that routed the request refuses it). The claim is published when the request's
+speculation is recorded, right after its bytes left, so such an overtaking needs the peer link to
+lag the engine's whole prefill plus its event path; closing it fully needs per-peer watermarks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
 import numpy as np
 import zmq
 
-from quillcache.gateway.residency import ResidencyTracker
+from quillcache.gateway.residency import Claim, ResidencyTracker
 
 __all__ = ["PeerLink", "PeerStats"]
 
 log = logging.getLogger(__name__)
 _DIGEST_BYTES = 16
 _MAX_FRAME_BYTES = 1 << 20
+_ORIGIN_BYTES = 8
+_MAX_REMOTE_CLAIMS = 200_000  # peers' claims whose end never came: forget the oldest half past this
 
 
 @dataclass(slots=True)
@@ -50,9 +66,14 @@ class PeerStats:
 
 class PeerLink:
     def __init__(self, tracker: ResidencyTracker, loop: asyncio.AbstractEventLoop, *, bind: str,
-                 peers: tuple[str, ...] = ()) -> None:
+                 peers: tuple[str, ...] = (), claim_max_s: float = 900.0) -> None:
+        """``claim_max_s``: how long a peer's claim stays open without its end message."""
+        if not claim_max_s > 0:
+            raise ValueError(f"claim_max_s must be > 0, got {claim_max_s!r}")
         self.tracker = tracker
         self.loop = loop
+        self.claim_max_s = float(claim_max_s)
+        self.origin = os.urandom(_ORIGIN_BYTES)
         self.stats = PeerStats()
         self._ctx = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -61,26 +82,36 @@ class PeerLink:
         self._pub.bind(bind[:-2] + ":*" if bind.startswith("tcp://") and bind.endswith(":0") else bind)
         self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers = tuple(peers)
-        self._remote: dict[tuple[str, int, bytes], object] = {}
+        # (origin, cid) -> a peer's claim and the entries its speculation created here
+        self._remote: dict[tuple[bytes, int], tuple[Claim, list]] = {}
+        self._apply_kind: dict[str, Callable[..., None]] = {
+            "c": self._apply_claim, "r": self._apply_retract, "e": self._apply_end}
         self._running = threading.Event()
         self._thread: threading.Thread | None = None
+        tracker.on_claim_end = self._claim_ended
 
     # ---- outgoing (event loop) ---------------------------------------------------------------
-    def _send(self, kind: str, engine: str, digest: bytes, hashes) -> None:
-        arr = np.ascontiguousarray(hashes, dtype="<u8")
+    def _send(self, kind: str, c: Claim, hashes: bytes = b"", n_spec: int = 0, complete: bool = True) -> None:
         try:
-            self._pub.send(msgpack.packb([kind, engine, digest, arr.tobytes()]), zmq.NOBLOCK)
+            self._pub.send(msgpack.packb([kind, self.origin, c.engine, c.digest, hashes, c.cid, n_spec, complete]),
+                           zmq.NOBLOCK)
             self.stats.sent += 1
         except zmq.Again:
             self.stats.send_dropped += 1
 
-    def speculated(self, engine: str, digest: bytes, hashes) -> None:
+    def claimed(self, c: Claim, hashes, n_spec: int) -> None:
+        """A request routed here: its claim on ``hashes`` (its blocks past the reused prefix, the same
+        as ``c.hashes``), of which it speculated the first ``n_spec``."""
         if len(hashes):
-            self._send("s", engine, digest, hashes)
+            arr = np.ascontiguousarray(hashes, dtype="<u8")
+            self._send("c", c, arr.tobytes(), n_spec, n_spec == len(hashes))
 
-    def retracted(self, engine: str, digest: bytes, hashes) -> None:
-        if len(hashes):
-            self._send("r", engine, digest, hashes)
+    def retracted(self, c: Claim) -> None:
+        self._send("r", c)
+
+    def _claim_ended(self, c: Claim) -> None:
+        """The tracker saw a local request's lease released (its sweep, on the event loop)."""
+        self._send("e", c)
 
     # ---- incoming (SUB thread -> event loop) -------------------------------------------------
     def start(self) -> PeerLink:
@@ -122,25 +153,43 @@ class PeerLink:
             msg = msgpack.unpackb(frames[0], raw=False)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, RecursionError):
             return None
-        if not (isinstance(msg, list) and len(msg) == 4 and msg[0] in ("s", "r") and isinstance(msg[1], str)
-                and isinstance(msg[2], bytes) and len(msg[2]) == _DIGEST_BYTES and isinstance(msg[3], bytes)
-                and len(msg[3]) % 8 == 0 and msg[1] in self.tracker.modes):
+        if not (isinstance(msg, list) and len(msg) == 8 and msg[0] in self._apply_kind
+                and isinstance(msg[1], bytes) and len(msg[1]) == _ORIGIN_BYTES
+                and isinstance(msg[2], str) and msg[2] in self.tracker.modes
+                and isinstance(msg[3], bytes) and len(msg[3]) == _DIGEST_BYTES
+                and isinstance(msg[4], bytes) and len(msg[4]) % 8 == 0
+                and type(msg[5]) is int and msg[5] >= 0
+                and type(msg[6]) is int and 0 <= msg[6] <= len(msg[4]) // 8 and type(msg[7]) is bool):
             return None
-        return msg[0], msg[1], msg[2], np.frombuffer(msg[3], dtype="<u8").astype(np.uint64)
+        return (msg[0], msg[1], msg[2], msg[3], np.frombuffer(msg[4], dtype="<u8").astype(np.uint64), msg[5],
+                msg[6], msg[7])
 
-    def _apply(self, kind: str, engine: str, digest: bytes, hashes: np.ndarray) -> None:
+    def _apply(self, kind: str, origin: bytes, engine: str, digest: bytes, hashes: np.ndarray, cid: int,
+               n_spec: int, complete: bool) -> None:
         self.stats.received += 1
-        if kind == "s":
-            for rec in self.tracker.speculate(engine, hashes, [digest] * len(hashes)):
-                self._remote[(engine, rec.h, digest)] = rec
-        else:
-            recs = [r for r in (self._remote.pop((engine, int(h), digest), None) for h in hashes) if r is not None]
-            self.tracker.retract(recs)
-        if len(self._remote) > 1_000_000:  # entries long confirmed or expired: forget the oldest half
+        self._apply_kind[kind]((origin, cid), engine, digest, hashes, n_spec, complete)
+
+    def _apply_claim(self, key, engine, digest, hashes, n_spec, complete) -> None:
+        tr = self.tracker
+        c = tr.claim(engine, hashes, digest, None, complete=complete, open_for_s=self.claim_max_s)
+        self._remote[key] = (c, tr.speculate(engine, hashes[:n_spec], [digest] * n_spec, claim=c))
+        if len(self._remote) > _MAX_REMOTE_CLAIMS:  # ends lost (or approximate engines'): forget the oldest half
             for k in list(self._remote)[: len(self._remote) // 2]:
                 del self._remote[k]
 
+    def _apply_retract(self, key, engine, digest, hashes, n_spec, complete) -> None:
+        got = self._remote.get(key)  # the claim stays open until its "e"
+        if got is not None:
+            self.tracker.retract(got[1])
+
+    def _apply_end(self, key, engine, digest, hashes, n_spec, complete) -> None:
+        got = self._remote.pop(key, None)
+        if got is not None:
+            self.tracker.end_claim(got[0])
+
     def close(self) -> None:
+        if self.tracker.on_claim_end == self._claim_ended:
+            self.tracker.on_claim_end = None
         self._running.clear()
         if self._thread is not None:
             self._thread.join(5)

@@ -15,13 +15,25 @@ engine's own hash), so a stored block is attributed to a scope by, in order: (1)
 scope - a child of a block attributed to scope S on that engine is S's, because the engine's hash
 chain carries the salt onward - preferring a pending speculation of S for that chain hash, then
 (2) for a block without an attributed parent, the pending speculation on that engine for that
-chain hash, ONLY when every pending speculation for it belongs to one scope (when two scopes wait
-for the same chain on one engine, the store could be either's: it is refused as ambiguous). A
-stored block neither explains stays UNATTRIBUTED: counted, never written (safety over hit rate).
-Why (2) is strict: a scope's pending entry confirmed by ANOTHER scope's store would make that
-scope's later ``cached_tokens`` depend on the other tenant's traffic. The gateway also retracts a
-request's speculation when it fails or its client leaves before the first token, so a cancelled
-request's entry cannot be confirmed by someone else's store. Deployment requirement: the engines
+chain hash, ONLY when every pending speculation for it belongs to one scope AND no other scope
+holds a CLAIM on that (engine, chain hash); otherwise the store could be either's and is refused
+as ambiguous. A stored block neither explains stays UNATTRIBUTED: counted, never written (safety
+over hit rate). Why (2) is strict: a scope's pending entry confirmed by ANOTHER scope's store
+would make that scope's later ``cached_tokens`` depend on the other tenant's traffic.
+
+Claims (:meth:`ResidencyTracker.claim`) are what make (2) sound: the pending set alone is not
+every request that can still cause a store, because a speculation leaves it by TTL while its
+request may still be queued or prefilling, and by retraction when the client left although the
+engine may have prefilled already. A claim records, per request routed to an events engine, the
+scope and the chain hashes it did not find there (all of them past the reused prefix, whatever
+``speculative_max_blocks`` speculated), independent of the speculation's TTL. It blocks other
+scopes' root attributions of those hashes while the request is IN FLIGHT (its routing lease is
+live; a peer's claim until that peer says it ended, at most ``claim_max_s``), and after it ended
+for ``claim_grace_s`` (default: the TTL) for its events still on the way - unless every block it
+speculated was confirmed (its stores are in: nothing of it is on the way) and its speculation
+covered all its claimed blocks. The reused prefix (the blocks the plan found on that engine for the
+scope) is not claimed: an engine that evicts such a block and recomputes it for the request before
+its ``BlockRemoved`` reaches the gateway is a race this does not cover. Deployment requirement: the engines
 are reachable only through the gateway(s), whose salts scope every store; a store by an outside
 client of a chain some scope is pending on could otherwise be attributed to that scope. A confirmed
 entry remembers its engine hash, so ``BlockRemoved`` deletes exactly it; ``AllBlocksCleared`` and
@@ -37,30 +49,36 @@ Invariants:
   this tracker holds as pending, confirmed or approximate (``check()`` verifies it in tests).
 - Nothing is ever written under a scope that no request of that scope routed (attribution only
   through a speculation - this replica's or a peer's - or a parent already attributed to that scope).
+- A root-rule attribution of a chain hash to scope S happens only while no other scope's claim on
+  that (engine, chain hash) blocks; claims are indexed per (engine, chain hash) in one dict write
+  per claimed block (C-level ``map``/``update``, no per-block Python loop on the request's path).
 - Confined to one thread (the gateway's event loop): the KV-event subscriber's thread hands its
   calls over with ``loop.call_soon_threadsafe`` (:class:`EventSink`).
 
 Two gateway replicas share prefix state by each subscribing to every engine's events AND linking
-as peers (:mod:`.peers`): each replica's speculations (and retractions) reach the other, enter its
-tracker as if routed there, and are confirmed by the same engine events, so both hold the same
-entries. Without the peer link a root block routed by the OTHER replica stays unattributed here
-(safe, but the next turn of that conversation through this replica misses its cache).
+as peers (:mod:`.peers`): each replica's claims, speculations, retractions and request ends reach
+the other, enter its tracker as if routed there, and are confirmed by the same engine events, so
+both hold the same entries. Replicas sharing engines MUST be linked: a replica knows no claim of a
+request routed elsewhere, so another replica's store of a chain that one scope alone is pending on
+here would be credited to that scope (see :mod:`.peers` for the ordering limit of the link).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from quillcache.index.base import IndexBackend
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
 from quillcache.types import CacheTier
 
-__all__ = ["EntryState", "EventSink", "ResidencyStats", "ResidencyTracker"]
+__all__ = ["Claim", "EntryState", "EventSink", "ResidencyStats", "ResidencyTracker"]
 
 _GPU = CacheTier.GPU
 _GPU_MEDIA = (None, "GPU", "gpu")  # vLLM's medium field (absent in older builds)
@@ -73,16 +91,50 @@ class EntryState(enum.Enum):
     DROPPED = "dropped"  # expired or removed (kept only by stale queue references)
 
 
-class _Rec:
-    __slots__ = ("digest", "engine", "engine_hash", "expires_s", "h", "state")
+class Claim:
+    """One request's claim on the chain hashes it may cause ``engine`` to store (module doc).
 
-    def __init__(self, engine: str, h: int, digest: bytes, state: EntryState, expires_s: float) -> None:
+    Open while ``lease.live`` (a local request's routing lease) or, with no lease (a peer's request),
+    until :meth:`ResidencyTracker.end_claim` or ``open_until_s``; ``ended_s`` is when it was first seen
+    ended. ``unconfirmed``: entries its speculation wrote that no store confirmed yet; ``lost``: one of
+    them left unconfirmed (expired, retracted, cleared) or the speculation did not cover every claimed
+    block, so its stores may still be on the way."""
+
+    __slots__ = ("cid", "digest", "ended_s", "engine", "hashes", "lease", "lost", "notified", "open_until_s",
+                 "unconfirmed")
+
+    def __init__(self, engine: str, digest: bytes, hashes: list[int], lease, open_until_s: float,
+                 lost: bool, cid: int) -> None:
+        self.engine = engine
+        self.digest = digest
+        self.hashes = hashes
+        self.lease = lease
+        self.open_until_s = open_until_s
+        self.lost = lost
+        self.cid = cid
+        self.unconfirmed = 0
+        self.ended_s: float | None = None
+        self.notified = False
+
+
+class _Rec:
+    __slots__ = ("claim", "digest", "engine", "engine_hash", "expires_s", "h", "state")
+
+    def __init__(self, engine: str, h: int, digest: bytes, state: EntryState, expires_s: float,
+                 claim: Claim | None = None) -> None:
         self.engine = engine
         self.h = h
         self.digest = digest
         self.state = state
         self.expires_s = expires_s
         self.engine_hash: int | None = None
+        self.claim = claim
+
+    def drop_unconfirmed(self) -> None:
+        """PENDING -> DROPPED without a store: its claim's stores may still come."""
+        self.state = EntryState.DROPPED
+        if self.claim is not None:
+            self.claim.lost = True
 
 
 @dataclass(slots=True)
@@ -94,7 +146,7 @@ class ResidencyStats:
     removed: int = 0
     cleared: int = 0
     unattributed: int = 0
-    ambiguous: int = 0  # root stores refused because pending speculations of several scopes matched
+    ambiguous: int = 0  # root stores refused: pending speculations or claims of several scopes matched
     approx_evicted: int = 0
     unknown_removals: int = 0
     by_engine: dict[str, int] = field(default_factory=dict)
@@ -105,11 +157,23 @@ class ResidencyTracker:
 
     def __init__(self, index: IndexBackend, engines: dict[str, str], *, ttl_s: float = 2.0,
                  block_bytes: int = 0, approx_capacity_blocks: dict[str, int] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``engines``: engine name -> ``"events"`` or ``"approximate"``."""
+                 clock: Callable[[], float] = time.monotonic, claim_grace_s: float | None = None) -> None:
+        """``engines``: engine name -> ``"events"`` or ``"approximate"``. ``claim_grace_s``: how long an
+        ended request's claim still blocks other scopes (default ``ttl_s``)."""
         self.index = index
         self.modes = dict(engines)
         self.ttl_s = float(ttl_s)
+        self.claim_grace_s = self.ttl_s if claim_grace_s is None else float(claim_grace_s)
+        if not (math.isfinite(self.claim_grace_s) and self.claim_grace_s >= 0):
+            raise ValueError(f"claim_grace_s must be a finite number >= 0, got {claim_grace_s!r}")
+        # (engine) -> chain hash -> the claims on it (one Claim, or a tuple of several)
+        self._claims: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
+            e: {} for e, m in self.modes.items() if m == "events"}
+        self._claimed: list[Claim] = []  # every claim still indexed (open, or ended and not yet dead)
+        self._next_sweep_s = -math.inf
+        self._sweep_every_s = min(0.25, self.claim_grace_s / 4) if self.claim_grace_s else 0.0
+        self._cids = 0
+        self.on_claim_end: Callable[[Claim], None] | None = None  # a local claim was seen ended (peers)
         self.block_bytes = int(block_bytes)
         self.clock = clock
         caps = approx_capacity_blocks or {}
@@ -123,11 +187,102 @@ class ResidencyTracker:
         self.stats = ResidencyStats()
 
     # ---- routing-time side (event loop) ------------------------------------------------------
+    def claim(self, engine: str, block_hashes: Sequence[int], digest: bytes, lease=None, *,
+              complete: bool = True, open_for_s: float | None = None) -> Claim:
+        """Claim ``block_hashes`` (the chain hashes a request routed to ``engine`` may cause it to store)
+        for scope ``digest``: open while ``lease.live`` or, with ``lease=None`` (a peer's request), until
+        :meth:`end_claim` or ``open_for_s`` from now. ``complete=False``: the request's speculation does not
+        cover every claimed block (its stores cannot all be seen confirmed). For an approximate engine the
+        claim is only a handle (nothing is attributed there, nothing is indexed). Cost: one dict write per
+        block, at C level."""
+        if engine not in self.modes:
+            raise KeyError(f"unknown engine {engine!r}")
+        table = self._claims.get(engine)
+        tolist = getattr(block_hashes, "tolist", None)
+        hl = tolist() if tolist is not None else [int(h) for h in block_hashes]
+        now = self.clock()
+        self._cids += 1
+        c = Claim(engine, digest, hl, lease, math.inf if open_for_s is None else now + open_for_s,
+                  not complete, self._cids)
+        if hl and table is not None:
+            prevs = list(map(table.get, hl))
+            merged = {p: self._merge(p, c, now) for p in set(prevs)}  # one per overlapping claim set: few
+            table.update(zip(hl, map(merged.__getitem__, prevs)))
+            self._claimed.append(c)
+        return c
+
+    def end_claim(self, c: Claim) -> None:
+        """A peer's request ended: its claim blocks for the grace period from now (or less, module doc)."""
+        if c.ended_s is None:
+            c.ended_s = self.clock()
+
+    def _blocking(self, c: Claim, now: float) -> bool:
+        """Whether ``c`` still blocks other scopes' root attributions (module doc)."""
+        if c.ended_s is None:
+            lease = c.lease
+            if (lease.live if lease is not None else now < c.open_until_s):
+                return True
+            c.ended_s = now
+        if c.unconfirmed <= 0 and not c.lost:
+            return False  # every block it speculated was stored: none of its stores is on the way
+        return now < c.ended_s + self.claim_grace_s
+
+    def _merge(self, prev, c: Claim, now: float):
+        if prev is None:
+            return c
+        kept = tuple(x for x in (prev if type(prev) is tuple else (prev,)) if self._blocking(x, now))
+        return kept + (c,) if kept else c
+
+    def _prune(self, prev, now: float):
+        if prev is None:
+            return None
+        kept = tuple(x for x in (prev if type(prev) is tuple else (prev,)) if self._blocking(x, now))
+        return (kept[0] if len(kept) == 1 else kept) if kept else None
+
+    def _other_scope_blocks(self, engine: str, h: int, digest: bytes) -> bool:
+        """Whether a claim of a scope other than ``digest`` blocks chain hash ``h`` on ``engine``."""
+        v = self._claims[engine].get(h)
+        if v is None:
+            return False
+        now = self.clock()
+        if type(v) is not tuple:
+            return v.digest != digest and self._blocking(v, now)
+        return any(c.digest != digest and self._blocking(c, now) for c in v)
+
+    def _sweep_claims(self, now: float) -> None:
+        """Tell the peer link of local claims seen ended; unindex claims that no longer block. Runs at
+        most every ``_sweep_every_s`` (a claim seen late blocks longer: the safe side)."""
+        if now < self._next_sweep_s:
+            return
+        self._next_sweep_s = now + self._sweep_every_s
+        kept: list[Claim] = []
+        for c in self._claimed:
+            blocking = self._blocking(c, now)
+            if c.ended_s is not None and not c.notified:
+                c.notified = True
+                if c.lease is not None and self.on_claim_end is not None:
+                    self.on_claim_end(c)
+            if blocking:
+                kept.append(c)
+                continue
+            table = self._claims[c.engine]
+            hl = c.hashes
+            prevs = list(map(table.get, hl))
+            repl = {p: self._prune(p, now) for p in set(prevs)}
+            if all(q is None for q in repl.values()):
+                deque(map(table.pop, hl, repeat(None)), maxlen=0)
+            else:
+                table.update(zip(hl, map(repl.__getitem__, prevs)))
+                for h in [h for h, p in zip(hl, prevs) if repl[p] is None]:
+                    del table[h]
+        self._claimed = kept
+
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
-                  reused_blocks: int = 0) -> list[_Rec]:
+                  reused_blocks: int = 0, claim: Claim | None = None) -> list[_Rec]:
         """Record that the blocks ``[reused_blocks:]`` of a routed request will be on ``engine``
         (the first ``reused_blocks`` the plan found there are refreshed in approximate mode).
-        Returns the new entries (``retract`` takes them back if the request fails)."""
+        Returns the new entries (``retract`` takes them back if the request fails); ``claim`` (the
+        request's, from :meth:`claim`) counts the pending ones it waits for."""
         live = self._live[engine]
         approx = self._approx.get(engine)
         if approx is not None:
@@ -147,7 +302,7 @@ class ResidencyTracker:
                 if approx is not None:
                     approx.move_to_end(k)
                 continue
-            rec = _Rec(engine, h, d, state, expires)
+            rec = _Rec(engine, h, d, state, expires, claim)
             live[k] = rec
             recs.append(rec)
             puts.append(ResidencyEntry(h, engine, _GPU, d, 0, 0, self.block_bytes))
@@ -159,12 +314,15 @@ class ResidencyTracker:
         if puts:
             self.index.put(puts)
             self.stats.speculated += len(puts)
+            if claim is not None and approx is None:
+                claim.unconfirmed += len(recs)
         if approx is not None and len(approx) > self._cap[engine]:
             self._evict_approx(engine, approx)
         return recs
 
     def retract(self, recs: Iterable[_Rec]) -> int:
-        """Take back entries a failed request speculated (those no event confirmed meanwhile)."""
+        """Take back entries a failed request speculated (those no event confirmed meanwhile). Its claim
+        stays: the engine may have stored the blocks before the client left (module doc)."""
         gone = []
         for rec in recs:
             if rec.state is EntryState.PENDING or rec.state is EntryState.APPROX:
@@ -173,7 +331,7 @@ class ResidencyTracker:
                 approx = self._approx.get(rec.engine)
                 if approx is not None:
                     approx.pop(k, None)
-                rec.state = EntryState.DROPPED
+                rec.drop_unconfirmed()
                 gone.append(ReplicaKey(rec.h, rec.engine, _GPU, rec.digest))
         if gone:
             self.index.remove(gone)
@@ -191,18 +349,19 @@ class ResidencyTracker:
         self.stats.approx_evicted += len(gone)
 
     def expire(self, now: float | None = None) -> int:
-        """Drop speculative entries whose TTL ran out unconfirmed; returns how many."""
-        q = self._expiry
-        if not q:
-            return 0
+        """Drop speculative entries whose TTL ran out unconfirmed (their claims stay); returns how many.
+        Also sweeps the claims (:meth:`_sweep_claims`)."""
         now = self.clock() if now is None else now
-        if q[0].expires_s > now:
+        if self._claimed:
+            self._sweep_claims(now)
+        q = self._expiry
+        if not q or q[0].expires_s > now:
             return 0
         gone = []
         while q and q[0].expires_s <= now:
             rec = q.popleft()
             if rec.state is EntryState.PENDING:
-                rec.state = EntryState.DROPPED
+                rec.drop_unconfirmed()
                 del self._live[rec.engine][(rec.h, rec.digest)]
                 gone.append(ReplicaKey(rec.h, rec.engine, _GPU, rec.digest))
                 pq = self._pending.get((rec.engine, rec.h))
@@ -225,8 +384,9 @@ class ResidencyTracker:
         if digest is None:
             while pq and pq[0].state is not EntryState.PENDING:
                 pq.popleft()
-            if pq and any(r.state is EntryState.PENDING and r.digest != pq[0].digest for r in pq):
-                self.stats.ambiguous += 1  # two scopes wait for this chain: whose block is it? nobody's
+            if pq and (any(r.state is EntryState.PENDING and r.digest != pq[0].digest for r in pq)
+                       or self._other_scope_blocks(engine, h, pq[0].digest)):
+                self.stats.ambiguous += 1  # two scopes may have stored this chain: whose block is it? nobody's
                 return None
             if pq:
                 found = pq.popleft()
@@ -277,6 +437,8 @@ class ResidencyTracker:
                 self.stats.unattributed += 1
                 parent = None
                 continue
+            if rec.state is EntryState.PENDING and rec.claim is not None:
+                rec.claim.unconfirmed -= 1
             rec.state = EntryState.CONFIRMED
             rec.engine_hash = e
             by_e[e] = rec
@@ -314,6 +476,8 @@ class ResidencyTracker:
             return 0
         gone = [ReplicaKey(rec.h, engine, _GPU, rec.digest) for rec in live.values()]
         for rec in live.values():
+            if rec.state is EntryState.PENDING:
+                rec.drop_unconfirmed()  # its request is still in flight: its claim stays
             rec.state = EntryState.DROPPED
         live.clear()
         self._by_engine_hash[engine].clear()

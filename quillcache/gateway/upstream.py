@@ -109,7 +109,8 @@ class Upstream:
                 await asyncio.wait_for(resp.content.read(ERROR_BODY_BYTES), self.timeouts.connect_s)
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 pass
-            resp.close()
+            finally:  # also when the gateway's request is cancelled (its client left): the engine sees a close
+                resp.close()
             raise UpstreamFailure("status", f"engine answered HTTP {status}", status)
         return resp
 
