@@ -48,6 +48,11 @@ def _check_name(field_name: str, value: object, *, allow_empty: bool) -> None:
         )
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise ValueError(f"Identity.{field_name}={value!r} contains control characters")
+    try:
+        value.encode("utf-8")  # canonical_bytes encodes every name: a lone surrogate could not be
+    except UnicodeEncodeError as e:
+        raise ValueError(f"Identity.{field_name}={value!r} is not encodable as UTF-8 ({e.reason} at "
+                         f"{e.start})") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,8 +73,8 @@ class KvLayout:
                 raise TypeError(f"KvLayout.{name} must be int, got {type(v).__name__}")
         if not 1 <= self.block_size_tokens <= 65536:
             raise ValueError(f"KvLayout.block_size_tokens={self.block_size_tokens}; expected 1..65536")
-        if self.tp_size < 1:
-            raise ValueError(f"KvLayout.tp_size={self.tp_size}; expected >= 1")
+        if not 1 <= self.tp_size < 2**32:  # canonical_bytes packs it into 4 bytes
+            raise ValueError(f"KvLayout.tp_size={self.tp_size}; expected 1..{2**32 - 1}")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"KvLayout.tp_rank={self.tp_rank}; expected 0..{self.tp_size - 1}")
 

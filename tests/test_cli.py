@@ -19,6 +19,10 @@ def test_hash_command_refuses_bad_input(capsys):
     # user-input errors: one line on stderr naming the problem, exit status 2, no traceback
     assert main(["hash", "1", "x"]) == 2
     assert "token ids must be integers" in capsys.readouterr().err
+    for bad in ("1_000", "\uff11", "-1", "+2", " 3"):  # int() would take the first two and the last two
+        assert main(["hash", "1", bad]) == 2
+        err = capsys.readouterr().err
+        assert "token 1 is" in err and err.count("\n") == 1, (bad, err)
     assert main(["hash", "--block-size", "0", "1", "2"]) == 2
     assert "block_size" in capsys.readouterr().err
 

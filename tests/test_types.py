@@ -34,6 +34,8 @@ def test_identity_encoding_is_unambiguous():
         (dict(model="m", tenant="x" * 300), "tenant"),
         (dict(model="m", adapter="a\nb"), "adapter"),
         (dict(model=3), "model"),
+        (dict(model="m\ud800"), "model.*UTF-8"),  # a lone surrogate: canonical_bytes could not encode it
+        (dict(model="m", tenant="t\udfff"), "tenant.*UTF-8"),
     ],
 )
 def test_identity_rejects_bad_fields(kwargs, match):
@@ -49,11 +51,17 @@ def test_identity_rejects_bad_fields(kwargs, match):
         (dict(block_size_tokens=True), "block_size_tokens"),
         (dict(tp_size=0), "tp_size"),
         (dict(tp_rank=2, tp_size=2), "tp_rank"),
+        (dict(tp_size=2**32), "tp_size"),  # canonical_bytes packs it into 4 bytes
     ],
 )
 def test_layout_rejects_bad_fields(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         KvLayout(**kwargs)
+
+
+def test_every_identity_that_constructs_has_a_digest():
+    ident = Identity(model="m\u00e9\U0001f600", tenant="t", layout=KvLayout(tp_size=2**32 - 1, tp_rank=7))
+    assert len(ident.digest()) == 16
 
 
 def test_tier_order():

@@ -48,11 +48,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"quillcache hash: {problem}", file=sys.stderr)
         return 2
     raw = args.tokens or sys.stdin.read().replace(",", " ").split()
-    try:
-        tokens = [int(t) for t in raw]
-    except ValueError as exc:
-        print(f"quillcache hash: token ids must be integers ({exc})", file=sys.stderr)
-        return 2
+    for i, t in enumerate(raw):  # ASCII decimal digits only (int() would also take '1_000' or '\uff11')
+        if not (t.isascii() and t.isdigit()):
+            print(f"quillcache hash: token ids must be integers written in ASCII digits 0-9; token {i} is {t!r:.40}",
+                  file=sys.stderr)
+            return 2
+    tokens = [int(t) for t in raw]
     try:
         hashes = hash_blocks(tokens, args.block_size, lora=args.lora, namespace=args.namespace)
     except (ValueError, TypeError) as exc:
