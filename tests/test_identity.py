@@ -231,3 +231,17 @@ def test_digest_guard_agrees_with_the_reference_audit(req, cand, public_cand, h,
     guard_ok = d in rows and (rows.index(d) != scope.public_slot or h in policy.public_blocks)
     (verdict,) = audit_reuse(req, [(h, d)], registry=reg)
     assert guard_ok == verdict.safe
+
+
+def test_a_sharing_policy_and_its_registry_pickle_and_copy_with_their_prompt_digests():
+    import copy
+    import pickle
+
+    from quillcache.identity.scope import IdentityRegistry, SharingPolicy
+
+    policy = SharingPolicy(shared_tenants=["acme"]).with_public_prompt(list(range(64)), 16)
+    for clone in (pickle.loads(pickle.dumps(policy)), copy.deepcopy(policy)):
+        assert clone == policy and dict(clone.public_prefixes) == dict(policy.public_prefixes)
+        assert clone.public_mask(list(policy.public_prefixes), list(range(64)), 16).all()
+    registry = pickle.loads(pickle.dumps(IdentityRegistry(policy)))
+    assert dict(registry.policy.public_prefixes) == dict(policy.public_prefixes)

@@ -248,6 +248,10 @@ class SharingPolicy:
         arr.flags.writeable = False
         object.__setattr__(self, "_sorted", arr)
 
+    def __reduce__(self):
+        # the read-only prefix view does not pickle; rebuild from plain values (pickle, copy.deepcopy)
+        return (_sharing_policy, (self.public_blocks, self.shared_tenants, dict(self.public_prefixes)))
+
     @property
     def enabled(self) -> bool:
         return bool(self.public_blocks)
@@ -266,8 +270,10 @@ class SharingPolicy:
 
     def public_mask(self, block_hashes: Sequence[int] | np.ndarray, tokens: object,
                     block_size_tokens: int) -> np.ndarray:
-        """Per block, True iff its hash has a registered prefix digest AND ``tokens[: (i+1)*bs]``
-        has that digest (the request's tokens are the registered prompt's through block ``i``).
+        """Per block, True when its hash has a registered prefix digest AND ``tokens[: (i+1)*bs]``
+        has that digest (the request's tokens are the registered prompt's through block ``i``);
+        the scan stops at the first registered block whose digest differs (every later block is
+        False: with digests from ``with_public_prompt`` a longer prefix cannot match either).
 
         ``tokens`` are the request's prompt token ids (at least ``len(block_hashes) * bs`` of them).
         The digests cost one BLAKE2b pass over the prompt up to its last registered hash, only
@@ -327,6 +333,11 @@ class SharingPolicy:
                                  "two public prompts collide on this block hash")
         return SharingPolicy(public_blocks=self.public_blocks, shared_tenants=self.shared_tenants,
                              public_prefixes=prefixes)
+
+
+def _sharing_policy(public_blocks: frozenset[int], shared_tenants: frozenset[str] | None,
+                    public_prefixes: dict[int, bytes]) -> SharingPolicy:
+    return SharingPolicy(public_blocks=public_blocks, shared_tenants=shared_tenants, public_prefixes=public_prefixes)
 
 
 # --------------------------------------------------------------------------- verdicts
