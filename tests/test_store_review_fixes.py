@@ -9,11 +9,15 @@ API (and the CrashFs fault hooks) and checks the invariant the finding broke.
 5. put_async blocks pending when a write error turns the tier unhealthy get their callback, once;
 6. a pending put_async block that fails its crc32c on read gets its callback and frees its space;
 7. failed opens and failed directory fsyncs leave no file handle open;
-9. a damaged log with no slab file opens empty (not refused).
+9. a damaged log with no slab file opens empty (not refused);
+10. a log rotation that fails after renaming its new generation loses no acknowledged put (second review D1);
+11. a new slab whose directory fsync failed leaves no slab file behind (D2);
+12. a DRAM pressure victim dropped as corrupt is reported to ``on_evict`` (R2).
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import random
 
@@ -350,3 +354,148 @@ def test_damaged_log_with_no_slab_opens_empty_and_keeps_the_evidence():
         t.put(K(1), b"works")
     with SsdTier("/t/ssd", capacity_bytes=16 * 4096, fs=fs) as t:
         assert t.get(K(1)) == b"works"
+
+
+# ---------------------------------------------------------------- 10. a failed log rotation (D1)
+
+class FullDiskRotation(CrashFs):
+    """The disk fills up during a log rotation: ``dir_fails`` directory fsyncs right after a log
+    generation's rename fail with ENOSPC (the rotation's own, then the one undoing it), with
+    ``unlink_fails`` removing a log generation fails, and while ``tmp_full`` a new generation's
+    temp file cannot be created (ENOSPC: later rotations fail before any rename)."""
+
+    dir_fails = 0
+    unlink_fails = False
+    tmp_full = False
+    _after_log_rename = False
+
+    def rename(self, src, dst):
+        super().rename(src, dst)
+        self._after_log_rename = dst.endswith(".qcl")
+
+    def fsync_dir(self, path):
+        if self.dir_fails and self._after_log_rename:
+            self.dir_fails -= 1
+            raise OSError(errno.ENOSPC, "simulated ENOSPC on a directory fsync")
+        return super().fsync_dir(path)
+
+    def unlink(self, path):
+        if self.unlink_fails and path.endswith(".qcl"):
+            raise OSError(errno.EIO, "simulated unlink failure")
+        return super().unlink(path)
+
+    def open(self, path, mode):
+        if self.tmp_full and "/log-" in path and path.endswith(".tmp"):
+            raise OSError(errno.ENOSPC, "simulated ENOSPC creating a log generation")
+        return super().open(path, mode)
+
+
+def _logs(fs: CrashFs) -> list[str]:
+    return sorted(p.rsplit("/", 1)[1] for p in fs.paths("/t/ssd") if p.endswith(".qcl"))
+
+
+@pytest.mark.parametrize("undo", ["removed", "dir-fsync-fails", "unlink-fails"])
+def test_failed_log_rotation_loses_no_acknowledged_put(undo):
+    """The new generation was renamed into place, its directory fsync failed: it must not stay
+    behind while commits go on to the old generation (the next open would pick it). Removed: the
+    tier stays healthy and later puts and deletes survive a clean reopen and crashes; if it cannot
+    be removed durably, the tier refuses writes. Either way every acknowledged put is recovered."""
+    fs = FullDiskRotation()
+    fs.mkdir("/t")
+    kw = dict(capacity_bytes=64 * 4096, slab_bytes=64 * 4096)
+    t = SsdTier("/t/ssd", log_rotate_bytes=4096, fs=fs, **kw)
+    fs.dir_fails = 2 if undo == "dir-fsync-fails" else 1
+    fs.unlink_fails = undo == "unlink-fails"
+    acked: list[int] = []
+    for h in range(1, 300):  # puts until a rotation runs and fails after its rename
+        t.put(K(h), blob(h, 100))
+        acked.append(h)
+        if not fs.dir_fails:
+            break
+    else:
+        pytest.fail("no log rotation ran")
+    fs.unlink_fails, fs.tmp_full = False, True  # the disk stays full: later rotations fail before a rename
+    assert t.healthy == (undo == "removed")
+    if t.healthy:
+        assert _logs(fs) == ["log-00000000.qcl"]  # the half-made generation is gone
+        t.delete(K(1))
+        acked.remove(1)
+    later = []
+    for h in range(1000, 1010):
+        try:
+            t.put(K(h), blob(h, 100))  # each retries the rotation (tmp_full: ENOSPC, no rename)
+        except TierUnhealthyError:
+            continue
+        later.append(h)
+    assert len(later) == (10 if undo == "removed" else 0) and t.healthy == (undo == "removed")
+    acked += later
+    rng = random.Random(20240611)
+    images = [copy.deepcopy(fs).crash(random.Random(rng.random())) for _ in range(12)]  # power lost now
+    t.close()
+    assert fs._fds == {}
+    fs.tmp_full = False
+    for img in [fs] + images:
+        with SsdTier("/t/ssd", fs=img, **kw) as t2:
+            assert [h for h in acked if K(h) not in t2] == []
+            assert all(t2.get(K(h)) == blob(h, 100) for h in acked)
+            assert K(1) not in t2 or undo != "removed"  # a durable delete stays deleted
+
+
+# ---------------------------------------------------------------- 11. orphan slabs (D2)
+
+class SlabDirFull(CrashFs):
+    """The next ``fails`` directory fsyncs right after a slab's rename fail with ENOSPC."""
+
+    fails = 0
+    _after_slab_rename = False
+
+    def rename(self, src, dst):
+        super().rename(src, dst)
+        self._after_slab_rename = dst.endswith(".qcs")
+
+    def fsync_dir(self, path):
+        if self.fails and self._after_slab_rename:
+            self.fails -= 1
+            raise OSError(errno.ENOSPC, "simulated ENOSPC on a directory fsync")
+        return super().fsync_dir(path)
+
+
+def test_new_slab_whose_directory_fsync_failed_leaves_no_slab_file():
+    fs = SlabDirFull()
+    fs.mkdir("/t")
+    slab_bytes = 16 * 4096
+    t = SsdTier("/t/ssd", capacity_bytes=64 * 4096, slab_bytes=slab_bytes, fs=fs)
+    slabs = lambda: [p for p in fs.paths("/t/ssd") if p.endswith((".qcs", ".qcs.tmp"))]  # noqa: E731
+    fs.fails = 3
+    for _ in range(3):  # each retry of a full disk would leave one more preallocated slab
+        with pytest.raises(DiskFullError):
+            t.put(K(1), b"x" * 100)
+    assert slabs() == [] and len(fs._fds) == 1  # only the log is open
+    assert len(t) == 0 and t.used_bytes == 0 and t.healthy
+    t.put(K(1), b"x" * 100)  # the disk has room again
+    assert [fs.stat(p).size_bytes for p in slabs()] == [slab_bytes]
+    t.close()
+    with SsdTier("/t/ssd", capacity_bytes=64 * 4096, fs=fs) as t2:
+        assert t2.get(K(1)) == b"x" * 100 and t2.recovery.clean
+        assert [fs.stat(p).size_bytes for p in slabs()] == [slab_bytes]
+
+
+# ---------------------------------------------------------------- 12. corrupt pressure victim (R2)
+
+def test_corrupt_dram_victim_is_reported_to_on_evict(tmp_path, index):
+    dram = LocalKvStore(4096, checksum=True)
+    evicted: list[tuple[int, CacheTier]] = []
+    dp = StoreDataPlane(NODE, dram=dram, ssd=SsdTier(tmp_path / "ssd", capacity_bytes=1 << 20, slab_bytes=256 << 10),
+                        index=index, on_evict=lambda k, t: evicted.append((k.block_hash, t)))
+    try:
+        dp.put(K(1), blob(1, 2048))
+        dp.put(K(3), blob(3, 1024))
+        _flip_dram_byte(dram, K(1))
+        assert dp.put(K(2), blob(2, 3000)) == DRAM  # K(1) (corrupt: dropped) and K(3) (demoted) are victims
+        assert K(1) not in dp and dp.tier_of(K(3)) == SSD
+        assert evicted == [(1, DRAM)]  # the drop is reported; the demotion moved K(3), it is not an eviction
+        st = dp.stats()
+        assert st.corrupt_blocks == 1 and st.evictions_dram == 0 and st.demotions_dram_to_ssd == 1
+        assert_consistent(dp, index)
+    finally:
+        dp.close()

@@ -31,7 +31,12 @@ Every operation keeps the residency invariants stated in ``quillcache.store.data
   before the old one is removed, and an SSD entry is removed before the SSD bytes are deleted
   (``quillcache.store.reconcile``'s order), so a crash leaves at worst entries that reconcile fixes;
 - keys being moved by the operation in progress are never chosen as victims;
-- a tier's policy learns ``evict`` for a pressure eviction and ``remove`` for any other departure.
+- a tier's policy learns ``evict`` for a pressure eviction and ``remove`` for any other departure;
+- ``on_evict(key, tier)`` is told of every pressure victim that leaves its tier without being moved: a
+  dropped DRAM victim (also one dropped because its bytes failed their crc32c when it was to be
+  demoted; counted in ``corrupt_blocks``, not ``evictions_dram``), an SSD victim, a released GPU hold.
+  A corrupt block found by an operation the caller asked for (read, promotion, demotion) is reported to
+  that caller by its ``CorruptBlockError`` instead.
 """
 
 from __future__ import annotations
@@ -287,8 +292,9 @@ class Placement:
             try:
                 if self.demote_dram_to_ssd(key, required=False, pressure=True):
                     return
-            except CorruptBlockError:
-                return  # already dropped everywhere (drop_corrupt): its room is freed
+            except CorruptBlockError:  # already dropped everywhere (drop_corrupt, counted there): its room
+                self._notify_evict(key, DRAM)  # is freed; the victim left the node, like any dropped one
+                return
             except TierUnhealthyError:
                 pass  # the SSD tier failed during the demotion (nothing of this block changed): drop it
         self._policies[DRAM].evict(key)
@@ -314,11 +320,14 @@ class Placement:
             self._stats.evictions_ssd += 1
             self._stats.bytes_evicted += size
         self._forget_if_gone(key)
+        self._notify_evict(key, tier)
+
+    def _notify_evict(self, key: StoreKey, tier: CacheTier) -> None:
         if self._on_evict is not None:
             try:
                 self._on_evict(key, tier)
             except Exception as exc:  # noqa: BLE001 - a listener must not break an eviction half-way
-                warnings.warn(f"on_evict({key.hex()}, {tier.name}) raised {exc!r}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"on_evict({key.hex()}, {tier.name}) raised {exc!r}", RuntimeWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ the moves (each written once)
     def store(self, key: StoreKey, data: memoryview, tier: CacheTier) -> CacheTier | None:

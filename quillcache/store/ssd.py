@@ -27,8 +27,10 @@ dropped and the tier turns unhealthy (``TierUnhealthyError`` on every later writ
 was acknowledged keep working; pending ``put_async`` blocks are dropped, their callbacks get the
 error). A full disk (ENOSPC/EDQUOT) raises ``DiskFullError`` (a ``StoreFullError`` that evicting
 blocks does not cure) and damages nothing already stored; a full tier raises ``StoreFullError``
-(the tier itself never evicts). A block that fails its crc32c on read raises ``CorruptBlockError``
-and is dropped; wrong bytes are never returned.
+(the tier itself never evicts). A log rotation (after a durable commit) that fails on a full disk is retried
+at a later commit, unless it left a newer log generation it could not durably remove (the next open would
+pick it): that, and any other rotation error, turns the tier unhealthy. A block that fails its crc32c on
+read raises ``CorruptBlockError`` and is dropped; wrong bytes are never returned.
 
 Recovery (= opening): replay the log (slab layout) or list the objects (files layout), check every block's
 crc32c (``verify_on_open``), drop torn, corrupt or unreferenced data, sweep temp files, and report foreign
@@ -327,9 +329,9 @@ class SsdTier:
         self._fire(puts, None)
         try:
             self._layout.after_commit(self._live)
-        except OSError as exc:  # the commit itself is durable; a failed log rotation is retried later
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                self._mark_unhealthy(exc)
+        except OSError as exc:  # the commit itself is durable; a rotation that failed on a full disk
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # left no newer generation: retried later
+                self._mark_unhealthy(exc)  # else (ssd_slab.StaleGenerationError included): no more writes
 
     def _fail_pending(self, err: BaseException) -> None:
         """The pending puts can never become durable (the tier turned unhealthy): drop them and fire

@@ -27,6 +27,12 @@ unless ``on_missing_log="empty"``; with no slab file an unusable log is quaranti
 starts empty (no block can have been lost); never reported as a clean empty recovery. An ``E``
 record lost in damage the salvage scan skipped does not make a generation unusable (``_replay``).
 New log generations and slabs skip names a foreign file or directory holds.
+
+Rotation (a new generation: a snapshot of the durable live set, made complete and durable before the
+old one is removed): recovery picks the newest generation, so a rotation that fails never leaves a
+newer generation behind while commits go on to the old one. If it failed after the rename (the
+directory fsync), the new file is removed durably, else ``StaleGenerationError`` turns the tier
+unhealthy. A new slab that failed after its rename is removed too (it holds no block yet).
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ def _slab_name(no: int) -> str:
 
 def _log_name(gen: int) -> str:
     return f"log-{gen:08d}.qcl"
+
+
+class StaleGenerationError(OSError):
+    """A failed log rotation left a newer log generation the next open may pick (``_undo_generation``):
+    commits to the current generation could be lost, so the tier turns unhealthy (errno EIO)."""
 
 
 class _Slab:
@@ -296,15 +307,38 @@ class SlabLayout:
         new_gen = self.gen + 1
         while self.fs.exists(self._p(_log_name(new_gen))):  # a foreign file/directory holds that name
             new_gen += 1
-        new = L.create_generation(self.fs, self._p(_log_name(new_gen)), next_lsn, records)  # name durable too
+        path = self._p(_log_name(new_gen))
+        try:
+            new = L.create_generation(self.fs, path, next_lsn, records)  # name durable too
+        except BaseException:
+            self._undo_generation(path)
+            raise
         old, self.log = self.log, new
+        old_gen, self.gen = self.gen, new_gen
+        self._snapshot_bytes = len(entries) * L.ENTRY_BYTES
         if old is not None:
             old.close()
-        if self.gen >= 0 and self.fs.exists(self._p(_log_name(self.gen))):
-            self.fs.unlink(self._p(_log_name(self.gen)))
+        if old_gen >= 0 and self.fs.exists(self._p(_log_name(old_gen))):
+            self.fs.unlink(self._p(_log_name(old_gen)))  # not durable if this fails: recovery sweeps it
             self.fs.fsync_dir(self.dir)
-        self.gen = new_gen
-        self._snapshot_bytes = len(entries) * L.ENTRY_BYTES
+
+    def _undo_generation(self, path: str) -> None:
+        """``create_generation`` failed. If it got as far as renaming the new generation into place
+        (its directory fsync failed), that complete, newer file would be picked by the next open
+        while the tier keeps committing to the current generation, losing every commit made from
+        now on: remove it and make that durable. If that fails too, raise
+        :class:`StaleGenerationError` (the tier must stop acknowledging writes). The path did not
+        exist before the rotation (``_rotate`` skips taken names), so a file there is ours."""
+        if not self.fs.exists(path):
+            return
+        try:
+            self.fs.unlink(path)
+            self.fs.fsync_dir(self.dir)
+        except OSError as exc:
+            raise StaleGenerationError(
+                errno.EIO, f"SSD tier {self.dir}: a failed log rotation left {path}, newer than the log in use, "
+                           f"and removing it durably failed ({exc}); the next open may pick it, so no write "
+                           f"may be acknowledged after this") from exc
 
     # ---------------------------------------------------------------- running
     def _new_slab(self) -> _Slab | None:
@@ -328,6 +362,11 @@ class SlabLayout:
             fs.close(fd)
             if fs.exists(tmp):
                 fs.unlink(tmp)
+            elif fs.exists(path):  # renamed, its directory fsync failed: an empty slab nothing owns
+                try:
+                    fs.unlink(path)  # if this is lost in a crash, the next open adopts an empty slab
+                except OSError:
+                    pass  # the error that matters is the one raised below
             raise
         slab = _Slab(no, fd, size, [])
         self.slabs[no] = slab
