@@ -357,3 +357,35 @@ def test_a_cancelled_stream_closes_the_upstream_connection():
                 await up.close()
 
     asyncio.run(main())
+
+
+def test_a_waiter_woken_and_cancelled_in_the_same_turn_passes_the_wake_up_on():
+    """The pool is full (one connection); two requests wait for a slot. The connection closes (a response
+    cancelled), which wakes the first waiter, and in the same loop turn that waiter's request is cancelled (its
+    client left). The second waiter must get the free slot, not wait for some later pool event."""
+
+    async def main():
+        async def answer(n, r):
+            if srv.connections == 1:  # the request holding the only slot: a stream that goes on
+                return [OK_HEAD + b"transfer-encoding: chunked\r\n\r\n"] + [_chunked([b"data: x\n\n"])[:-5], 0.05] * 200
+            return _ok()
+
+        async with RawServer(answer) as srv:
+            up = NativeUpstream(TimeoutsConfig(keepalive_s=30.0), LimitsConfig(max_upstream_connections=1))
+            await up.start()
+            try:
+                held = await up.open(srv.url + "/x", b"", {})
+                first = asyncio.create_task(up.open(srv.url + "/x", b"", {}))
+                second = asyncio.create_task(up.open(srv.url + "/x", b"", {}))
+                await _until(lambda: len(up.pool.waiters) == 2)
+                held.close()  # the slot is free: wakes the first waiter ...
+                first.cancel()  # ... whose client leaves in the same loop turn
+                await _until(second.done, 3.0)
+                resp = second.result()
+                assert await resp.read() == b'{"ok": true}'
+                resp.release()
+                assert first.cancelled() and up.open_connections <= 1
+            finally:
+                await up.close()
+
+    asyncio.run(main())

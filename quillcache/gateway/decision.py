@@ -12,9 +12,11 @@ the events' latency: with a cap, a later turn of a conversation that arrived bef
 events saw only the capped prefix, fell under the router's match threshold and went elsewhere
 (the gateway study's diagnosis; the default was chosen on workload seeds the study does not use).
 The gateway writes the speculation after the request's bytes have left (it is off the TTFT path),
-together with the request's CLAIM on every prompt block past the reused prefix (capped or not),
-open while the decision's lease is live: the residency tracker refuses to credit a root store of
-those blocks to any other scope meanwhile (:mod:`.residency`, rule 2).
+together with the request's CLAIM on every prompt block past the reused prefix (capped or not) and on
+the reused blocks from the first one whose entry is not yet CONFIRMED (another request's pending
+speculation, which may never reach the engine, or an entry gone since the plan), open while the
+decision's lease is live: the residency tracker refuses to credit a root store of those blocks to any
+other scope meanwhile (:mod:`.residency`, rule 2).
 
 A router that takes per-worker resident block counts (``cache_aware``'s optional ``most_free``
 low-match fallback) reads them from the tracker's live entries per engine.
@@ -142,7 +144,7 @@ class Decider:
         name = self.names[w]
         hashes = req.block_hashes
         d = Decision(name, w, cached, tc, reason, lease, req.input_tokens)
-        if len(hashes) > reused or self.tracker.modes[name] == "approximate":
+        if len(hashes) or self.tracker.modes[name] == "approximate":  # a fully reused prompt may still claim
             d.speculation = (name, hashes, req.scope, reused)
             if record:
                 self.record(d)
@@ -160,16 +162,21 @@ class Decider:
         d.speculation = None
         name, hashes, scope, reused = spec
         tracker = self.tracker
-        claimed = hashes[reused:]
+        events = tracker.modes[name] == "events"
+        digests = scope.write_digests(hashes)
+        # every block past the reused prefix may be stored by this request, speculated or not; so may a reused
+        # block whose entry is not confirmed (pending: another request's, which may never reach the engine)
+        first = tracker.confirmed_prefix(name, hashes[:reused], digests) if events and reused else reused
+        claimed = hashes[first:]
         cap = self.speculative_max_blocks
-        if cap and tracker.modes[name] == "events" and len(hashes) > reused + cap:
+        if cap and events and len(hashes) > reused + cap:
             # the engine's events attribute the rest through their parents (residency module doc)
             hashes = hashes[: reused + cap]
-        # every block past the reused prefix may be stored by this request, speculated or not
-        claim = tracker.claim(name, claimed, scope.digest, d.lease, complete=len(hashes) - reused == len(claimed))
-        d.speculated = tracker.speculate(name, hashes, scope.write_digests(hashes), reused_blocks=reused, claim=claim)
+        n_spec = len(hashes) - reused
+        claim = tracker.claim(name, claimed, scope.digest, d.lease, complete=n_spec == len(claimed))
+        d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim)
         if self.peers is not None and len(claimed):
-            self.peers.claimed(claim, claimed, len(hashes) - reused)
+            self.peers.claimed(claim, claimed, reused - first, n_spec)
 
     def retract(self, d: Decision) -> None:
         """The request failed before its engine took it: drop what it speculated (or would have)."""

@@ -9,8 +9,9 @@ is called from, when a pooled connection is idle.
 Invariants:
 
 - Pool: keep-alive connections per (host, port); at most ``max_upstream_connections`` open in
-  total (a request past it waits for one to be released or closed); an idle pooled connection is
-  closed after ``keepalive_s``, or as soon as the engine closes it or sends unsolicited bytes.
+  total (a request past it waits for one to be released or closed; each release or close wakes one
+  waiter, and a waiter cancelled after its wake-up passes it on, so no slot sits idle while a request
+  waits); an idle pooled connection is closed after ``keepalive_s``, or as soon as the engine closes it or sends unsolicited bytes.
 - A connection goes back to the pool only when its response ended complete and both sides allow
   keep-alive; any other end (``close``, cancellation, a parse error, a short body) closes it, so
   the engine sees a cancelled stream as a closed connection.
@@ -346,6 +347,10 @@ class _Pool:
                 self.waiters.append(w)
                 try:
                     await w
+                except asyncio.CancelledError:
+                    if w.done() and not w.cancelled():  # woken, then cancelled (its client left) in the same
+                        self._wake()  # loop turn: this task takes no slot, so pass the wake-up on
+                    raise
                 finally:
                     if w in self.waiters:
                         self.waiters.remove(w)

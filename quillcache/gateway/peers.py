@@ -7,19 +7,29 @@ closes that gap: each replica PUBlishes its requests' claims with their speculat
 retractions and their ends on ``bind``, and SUBscribes to every address in ``peers``; a peer's
 speculation enters this replica's tracker as if routed here (pending, with the same TTL, confirmed
 by the same engine event), so both replicas hold the same entries and route the next turn of a
-conversation alike. A peer's CLAIM (:meth:`.ResidencyTracker.claim`) enters it too and stays open
+conversation alike. A peer's CLAIM (:meth:`.ResidencyTracker.claim`) on an events engine (including
+the reused blocks that were not confirmed when it was recorded) enters it too and stays open
 until that peer says its request ended (``"e"``, sent when its tracker first sees the lease
 released) or for at most ``claim_max_s`` (a lost ``"e"``, a peer gone): so a speculation of that
 request that expired here by TTL, or was retracted, still keeps its store from being credited to
 another scope here, exactly as in the replica that routed it.
 
-Wire format (one ZeroMQ frame, msgpack): ``[kind, origin, engine, digest, hashes, cid, n_spec,
-complete]``: ``kind`` ``"c"`` (claim ``hashes`` and speculate their first ``n_spec``; ``complete``:
-those cover every claimed block), ``"r"`` (retract the speculation of claim ``cid``) or ``"e"``
-(claim ``cid``'s request ended); ``origin`` the sender's 8 random bytes (claim ids are per
-sender), ``digest`` the 16-byte scope digest, ``hashes`` the chain hashes as little-endian u64 bytes
-(empty for ``"r"``/``"e"``). A frame that does not decode to exactly that, or names an engine this
-replica does not route to, is counted and dropped (a peer can never crash the link).
+Wire format (one ZeroMQ frame, msgpack): ``[kind, origin, engine, digest, hashes, cid, n_skip,
+n_spec, complete]``: ``kind`` ``"c"`` (claim ``hashes`` and speculate ``hashes[n_skip:n_skip +
+n_spec]``: the first ``n_skip`` are reused blocks whose entries were not confirmed, claimed only;
+``complete``: the speculation covers every claimed block), ``"r"`` (retract the speculation of claim
+``cid``) or ``"e"`` (claim ``cid``'s request ended); ``origin`` the sender's 8 random bytes (claim
+ids are per sender), ``digest`` the 16-byte scope digest, ``hashes`` the chain hashes as
+little-endian u64 bytes (empty for ``"r"``/``"e"``; repeats are dropped by the claim). A frame that
+does not decode to exactly that, or names an engine this replica does not route to, is counted and
+dropped (a peer can never crash the link).
+
+Memory: a peer's claim on an ``approximate`` engine (nothing is attributed there, and no ``"e"`` is
+ever sent for it) enters this tracker as speculation only; just its entries are kept, for a
+retraction. What is kept per peer claim for ``"r"``/``"e"`` is bounded by the total number of hashes
+(``_MAX_REMOTE_HASHES``, counting each claim as one more; about 0.15 GiB with approximate engines'
+entries): past it the oldest are forgotten (an events engine's claim then stays open here until
+``claim_max_s``: the safe side).
 
 Invariants: the tracker is touched only on the event loop (the SUB thread hands every message over
 with ``call_soon_threadsafe``); a retraction from a peer removes only entries that peer's
@@ -38,6 +48,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,7 +64,7 @@ log = logging.getLogger(__name__)
 _DIGEST_BYTES = 16
 _MAX_FRAME_BYTES = 1 << 20
 _ORIGIN_BYTES = 8
-_MAX_REMOTE_CLAIMS = 200_000  # peers' claims whose end never came: forget the oldest half past this
+_MAX_REMOTE_HASHES = 1 << 20  # kept for peers' claims (hashes + entries + 1 each): the oldest forgotten past this
 
 
 @dataclass(slots=True)
@@ -82,8 +93,10 @@ class PeerLink:
         self._pub.bind(bind[:-2] + ":*" if bind.startswith("tcp://") and bind.endswith(":0") else bind)
         self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers = tuple(peers)
-        # (origin, cid) -> a peer's claim and the entries its speculation created here
-        self._remote: dict[tuple[bytes, int], tuple[Claim, list]] = {}
+        # (origin, cid) -> a peer's claim (None on an approximate engine), the entries its speculation created
+        # here, and its size (hashes + entries + 1); oldest first, ``_remote_size`` in all (module doc)
+        self._remote: OrderedDict[tuple[bytes, int], tuple[Claim | None, list, int]] = OrderedDict()
+        self._remote_size = 0
         self._apply_kind: dict[str, Callable[..., None]] = {
             "c": self._apply_claim, "r": self._apply_retract, "e": self._apply_end}
         self._running = threading.Event()
@@ -91,20 +104,22 @@ class PeerLink:
         tracker.on_claim_end = self._claim_ended
 
     # ---- outgoing (event loop) ---------------------------------------------------------------
-    def _send(self, kind: str, c: Claim, hashes: bytes = b"", n_spec: int = 0, complete: bool = True) -> None:
+    def _send(self, kind: str, c: Claim, hashes: bytes = b"", n_skip: int = 0, n_spec: int = 0,
+              complete: bool = True) -> None:
         try:
-            self._pub.send(msgpack.packb([kind, self.origin, c.engine, c.digest, hashes, c.cid, n_spec, complete]),
-                           zmq.NOBLOCK)
+            self._pub.send(msgpack.packb([kind, self.origin, c.engine, c.digest, hashes, c.cid, n_skip, n_spec,
+                                          complete]), zmq.NOBLOCK)
             self.stats.sent += 1
         except zmq.Again:
             self.stats.send_dropped += 1
 
-    def claimed(self, c: Claim, hashes, n_spec: int) -> None:
-        """A request routed here: its claim on ``hashes`` (its blocks past the reused prefix, the same
-        as ``c.hashes``), of which it speculated the first ``n_spec``."""
+    def claimed(self, c: Claim, hashes, n_skip: int, n_spec: int) -> None:
+        """A request routed here: its claim on ``hashes`` (the same as ``c.hashes``: its first ``n_skip``
+        are reused blocks not confirmed, the rest its blocks past the reused prefix, of which it
+        speculated the first ``n_spec``)."""
         if len(hashes):
             arr = np.ascontiguousarray(hashes, dtype="<u8")
-            self._send("c", c, arr.tobytes(), n_spec, n_spec == len(hashes))
+            self._send("c", c, arr.tobytes(), n_skip, n_spec, n_skip == 0 and n_spec == len(hashes))
 
     def retracted(self, c: Claim) -> None:
         self._send("r", c)
@@ -153,38 +168,50 @@ class PeerLink:
             msg = msgpack.unpackb(frames[0], raw=False)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, RecursionError):
             return None
-        if not (isinstance(msg, list) and len(msg) == 8 and msg[0] in self._apply_kind
+        if not (isinstance(msg, list) and len(msg) == 9 and msg[0] in self._apply_kind
                 and isinstance(msg[1], bytes) and len(msg[1]) == _ORIGIN_BYTES
                 and isinstance(msg[2], str) and msg[2] in self.tracker.modes
                 and isinstance(msg[3], bytes) and len(msg[3]) == _DIGEST_BYTES
                 and isinstance(msg[4], bytes) and len(msg[4]) % 8 == 0
                 and type(msg[5]) is int and msg[5] >= 0
-                and type(msg[6]) is int and 0 <= msg[6] <= len(msg[4]) // 8 and type(msg[7]) is bool):
+                and type(msg[6]) is int and type(msg[7]) is int and msg[6] >= 0 and msg[7] >= 0
+                and msg[6] + msg[7] <= len(msg[4]) // 8 and type(msg[8]) is bool):
             return None
         return (msg[0], msg[1], msg[2], msg[3], np.frombuffer(msg[4], dtype="<u8").astype(np.uint64), msg[5],
-                msg[6], msg[7])
+                msg[6], msg[7], msg[8])
 
     def _apply(self, kind: str, origin: bytes, engine: str, digest: bytes, hashes: np.ndarray, cid: int,
-               n_spec: int, complete: bool) -> None:
+               n_skip: int, n_spec: int, complete: bool) -> None:
         self.stats.received += 1
-        self._apply_kind[kind]((origin, cid), engine, digest, hashes, n_spec, complete)
+        self._apply_kind[kind]((origin, cid), engine, digest, hashes, n_skip, n_spec, complete)
 
-    def _apply_claim(self, key, engine, digest, hashes, n_spec, complete) -> None:
+    def _forget(self, key):
+        got = self._remote.pop(key, None)
+        if got is not None:
+            self._remote_size -= got[2]
+        return got
+
+    def _apply_claim(self, key, engine, digest, hashes, n_skip, n_spec, complete) -> None:
         tr = self.tracker
-        c = tr.claim(engine, hashes, digest, None, complete=complete, open_for_s=self.claim_max_s)
-        self._remote[key] = (c, tr.speculate(engine, hashes[:n_spec], [digest] * n_spec, claim=c))
-        if len(self._remote) > _MAX_REMOTE_CLAIMS:  # ends lost (or approximate engines'): forget the oldest half
-            for k in list(self._remote)[: len(self._remote) // 2]:
-                del self._remote[k]
+        self._forget(key)  # a repeated claim id replaces the earlier one here (the tracker keeps both claims)
+        n = n_skip + n_spec
+        c = (tr.claim(engine, hashes, digest, None, complete=complete, open_for_s=self.claim_max_s)
+             if tr.modes[engine] == "events" else None)  # approximate: speculation only (module doc)
+        recs = tr.speculate(engine, hashes[:n], [digest] * n, reused_blocks=n_skip, claim=c)
+        size = 1 + len(recs) + (len(c.hashes) if c is not None else 0)
+        self._remote[key] = (c, recs, size)
+        self._remote_size += size
+        while self._remote_size > _MAX_REMOTE_HASHES:  # ends lost, or approximate engines': forget the oldest
+            self._remote_size -= self._remote.popitem(last=False)[1][2]
 
-    def _apply_retract(self, key, engine, digest, hashes, n_spec, complete) -> None:
+    def _apply_retract(self, key, engine, digest, hashes, n_skip, n_spec, complete) -> None:
         got = self._remote.get(key)  # the claim stays open until its "e"
         if got is not None:
             self.tracker.retract(got[1])
 
-    def _apply_end(self, key, engine, digest, hashes, n_spec, complete) -> None:
-        got = self._remote.pop(key, None)
-        if got is not None:
+    def _apply_end(self, key, engine, digest, hashes, n_skip, n_spec, complete) -> None:
+        got = self._forget(key)
+        if got is not None and got[0] is not None:
             self.tracker.end_claim(got[0])
 
     def close(self) -> None:

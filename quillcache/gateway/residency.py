@@ -31,9 +31,13 @@ scopes' root attributions of those hashes while the request is IN FLIGHT (its ro
 live; a peer's claim until that peer says it ended, at most ``claim_max_s``), and after it ended
 for ``claim_grace_s`` (default: the TTL) for its events still on the way - unless every block it
 speculated was confirmed (its stores are in: nothing of it is on the way) and its speculation
-covered all its claimed blocks. The reused prefix (the blocks the plan found on that engine for the
-scope) is not claimed: an engine that evicts such a block and recomputes it for the request before
-its ``BlockRemoved`` reaches the gateway is a race this does not cover. Deployment requirement: the engines
+covered all its claimed blocks. Of the reused prefix (the blocks the plan found on that engine for the
+scope), the request claims every block from the first one whose entry is not CONFIRMED when it is
+recorded (:meth:`confirmed_prefix`): a PENDING entry is another request's speculation, which may never
+reach the engine (its client left, its upstream failed), so this request may store that block itself.
+The CONFIRMED leading blocks are not claimed: an engine that evicts such a block and recomputes it for
+the request before its ``BlockRemoved`` reaches the gateway is a race this does not cover. A claim
+holds each chain hash once (repeats are dropped). Deployment requirement: the engines
 are reachable only through the gateway(s), whose salts scope every store; a store by an outside
 client of a chain some scope is pending on could otherwise be attributed to that scope. A confirmed
 entry remembers its engine hash, so ``BlockRemoved`` deletes exactly it; ``AllBlocksCleared`` and
@@ -199,7 +203,7 @@ class ResidencyTracker:
             raise KeyError(f"unknown engine {engine!r}")
         table = self._claims.get(engine)
         tolist = getattr(block_hashes, "tolist", None)
-        hl = tolist() if tolist is not None else [int(h) for h in block_hashes]
+        hl = list(dict.fromkeys(tolist() if tolist is not None else [int(h) for h in block_hashes]))
         now = self.clock()
         self._cids += 1
         c = Claim(engine, digest, hl, lease, math.inf if open_for_s is None else now + open_for_s,
@@ -271,11 +275,23 @@ class ResidencyTracker:
             repl = {p: self._prune(p, now) for p in set(prevs)}
             if all(q is None for q in repl.values()):
                 deque(map(table.pop, hl, repeat(None)), maxlen=0)
-            else:
+            else:  # pop with a default: a hash that is gone already (or repeated) cannot break the sweep
                 table.update(zip(hl, map(repl.__getitem__, prevs)))
-                for h in [h for h, p in zip(hl, prevs) if repl[p] is None]:
-                    del table[h]
+                deque(map(table.pop, [h for h, p in zip(hl, prevs) if repl[p] is None], repeat(None)), maxlen=0)
         self._claimed = kept
+
+    def confirmed_prefix(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes]) -> int:
+        """How many leading ``block_hashes`` have a CONFIRMED entry under their ``digests`` on ``engine``
+        (a request claims its reused blocks from there on: module doc)."""
+        live = self._live[engine]
+        tolist = getattr(block_hashes, "tolist", None)
+        hl = tolist() if tolist is not None else [int(h) for h in block_hashes]
+        n = 0
+        for rec in map(live.get, zip(hl, digests)):
+            if rec is None or rec.state is not EntryState.CONFIRMED:
+                break
+            n += 1
+        return n
 
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
                   reused_blocks: int = 0, claim: Claim | None = None) -> list[_Rec]:
