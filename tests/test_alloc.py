@@ -407,6 +407,16 @@ def test_free_batch_validates_everything_first(cls):
     assert a.regions() == [(0, 1000, True)]
 
 
+@pytest.mark.parametrize("cls", IMPLS)
+def test_free_batch_takes_allocations_as_their_handles(cls):
+    a = cls(1000, 16)
+    first, second, third = a.allocate(10), a.allocate(20), a.allocate(30)
+    a.free_batch([first, second.handle])  # an Allocation stands for its handle, mixed with plain handles
+    assert a.num_live_allocations == 1
+    a.free_batch((third,))
+    assert a.regions() == [(0, 1000, True)]
+
+
 def test_churn_identical_in_both_and_deterministic():
     fast, slow = both(1 << 20, 4096, alignment=16)
     rng = np.random.default_rng(5)

@@ -7,6 +7,8 @@ accuracy tests use seeded Zipf streams and exact counts from ``np.unique``/``Cou
 
 from __future__ import annotations
 
+import struct
+
 import threading
 from collections import Counter
 
@@ -366,6 +368,9 @@ BAD_CONFIGS = [
     (dict(eps=1e-12, delta=0.1), ValueError, "eps=1e-12"),
     (dict(eps=0.1, delta=1e-30), ValueError, "delta=1e-30"),
     (dict(eps=1e-8, delta=0.01), ValueError, "eps=1e-08"),
+    (dict(eps=5e-324, delta=0.1), ValueError, "eps=5e-324"),  # e/eps is infinite: no OverflowError
+    (dict(eps=1e-309, delta=0.1), ValueError, "eps=1e-309"),
+    (dict(eps=0.1, delta=5e-324), ValueError, "delta=5e-324"),
     (dict(eps=0.1, delta=0.1, seed=-1), ValueError, "seed=-1"),
     (dict(eps=0.1, delta=0.1, seed=2**64), ValueError, "seed=18446744073709551616"),
     (dict(eps=0.1, delta=0.1, aging_window=0), ValueError, "aging_window=0"),
@@ -444,6 +449,12 @@ def test_single_key_calls_validate():
         CountMinSketch.from_bytes(b"x" * 200)
     with pytest.raises(TypeError):
         CountMinSketch.from_bytes("not bytes")
+    blob = bytearray(CountMinSketch(eps=0.1, delta=0.1).to_bytes())
+    for offset, value in ((8, 5e-324), (16, 5e-324)):  # eps, then delta, patched to a subnormal
+        bad = bytearray(blob)
+        struct.pack_into("<d", bad, offset, value)
+        with pytest.raises(ValueError, match="5e-324"):
+            CountMinSketch.from_bytes(bytes(bad))
 
 
 def test_accepted_input_forms():

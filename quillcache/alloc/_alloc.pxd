@@ -1,5 +1,5 @@
 # Declarations of the compiled offset allocator's C state (see _alloc.pyx and
-# quillcache/alloc_reference.py for the algorithm). Types and constants only, so other Cython
+# quillcache/alloc/reference.py for the algorithm). Types and constants only, so other Cython
 # modules can size and inspect a Core; the functions stay private to _alloc.pyx.
 
 from libc.stdint cimport uint8_t, uint32_t

@@ -186,7 +186,10 @@ def validate_size_array(sizes: object, capacity_bytes: int) -> np.ndarray:
 
 
 def validate_handle_array(handles: object) -> np.ndarray:
-    """Check a batch of handles (1-D integer array-like); return a contiguous int64 array."""
+    """Check a batch of handles (1-D integer array-like, or a sequence that may hold ``Allocation``s,
+    each standing for its handle); return a contiguous int64 array."""
+    if isinstance(handles, (list, tuple)) and any(isinstance(h, Allocation) for h in handles):
+        handles = [h.handle if isinstance(h, Allocation) else h for h in handles]  # not rows of 3 fields
     arr = np.asarray(handles)
     if arr.ndim != 1:
         raise InvalidHandleError(f"handles must be 1-D, got shape {arr.shape}", handle=handles)

@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -69,6 +70,14 @@ class SketchConfig:
         if self.aging_window is not None:
             object.__setattr__(self, "aging_window", check_int("aging_window", self.aging_window, 1, MASK64))
         object.__setattr__(self, "top_k", check_int("top_k", self.top_k, 0, MAX_TOP_K))
+        # a coarse bound before computing the geometry (e/eps or ln(1/delta) of a subnormal is infinite,
+        # and ceil(inf) raises OverflowError); the exact bounds follow
+        if not math.e / self.eps <= 2 * MAX_WIDTH:
+            raise ValueError(f"eps={self.eps!r} gives width ceil(e/eps) = {math.e / self.eps:.3g} > {MAX_WIDTH} "
+                             f"counters per row")
+        if not -math.log(self.delta) <= MAX_DEPTH + 1:
+            raise ValueError(f"delta={self.delta!r} gives depth ceil(ln(1/delta)) = {-math.log(self.delta):.3g} > "
+                             f"{MAX_DEPTH} rows")
         width, depth = dimensions_for(self.eps, self.delta)
         if width > MAX_WIDTH:
             raise ValueError(f"eps={self.eps!r} gives width {width} > {MAX_WIDTH} counters per row")
