@@ -36,7 +36,7 @@ import struct
 import crc32c
 import numpy as np
 
-from quillcache.kvquant.codecs import DTYPES, FLOAT16_MAX, KINDS, QuantizedKV, expected_layout
+from quillcache.kvquant.codecs import CODEC_BITS, DTYPES, FLOAT16_MAX, KINDS, QuantizedKV, expected_layout
 from quillcache.kvquant.errors import KVBlockError
 from quillcache.kvquant.fp8 import E4M3_NAN_CODE, E4M3_TABLE
 from quillcache.kvquant.reference import MAX_ZERO_POINT
@@ -49,7 +49,6 @@ _HEADER = struct.Struct("<4sHHBBBBBBHIIIIQQQQf")
 HEADER_BYTES = _HEADER.size
 _CRC_BYTES = 4
 CODEC_IDS = {"int8": 1, "fp8_e4m3": 2, "int4": 3, "int2": 4}
-_BITS = {"int8": 8, "fp8_e4m3": 8, "int4": 4, "int2": 2}
 GRANULARITY_IDS = {"token_head": 0, "tensor": 1, "head": 2, "channel": 3, "token": 4}
 _GRANULARITIES = {"int8": ("token_head", "tensor"), "fp8_e4m3": ("head", "tensor"), "int4": ("channel", "token"),
                   "int2": ("channel", "token")}
@@ -67,7 +66,7 @@ def encode_block(q: QuantizedKV) -> bytes:
     window = window.astype(window.dtype.newbyteorder("<"))
     t, h, d = q.shape
     header = _HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, HEADER_BYTES, CODEC_IDS[q.codec], KINDS.index(q.kind), 0,
-                          DTYPES.index(q.dtype), GRANULARITY_IDS[q.granularity], _BITS[q.codec], q.group_size,
+                          DTYPES.index(q.dtype), GRANULARITY_IDS[q.granularity], CODEC_BITS[q.codec], q.group_size,
                           t, h, d, q.window_tokens, scales.nbytes, zeros.nbytes, payload.nbytes, window.nbytes,
                           q.scale_option)
     body = b"".join((header, scales.tobytes(), zeros.tobytes(), payload.tobytes(), window.tobytes()))
@@ -81,7 +80,7 @@ def _peak_magnitude(codec: str, scales: np.ndarray, zeros: np.ndarray, payload: 
         return 127.0 * float(s.max())
     if codec == "fp8_e4m3":
         return float(E4M3_TABLE[int((payload & 0x7F).max())]) * float(s.max())
-    qmax = (1 << _BITS[codec]) - 1
+    qmax = (1 << CODEC_BITS[codec]) - 1
     z = zeros.astype(np.int64)
     return float((np.maximum(np.abs(z), np.abs(qmax - z)) * s).max())
 
@@ -120,8 +119,8 @@ def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
     gran = {v: k for k, v in GRANULARITY_IDS.items()}.get(gran_id)
     if gran not in _GRANULARITIES[codec]:
         raise KVBlockError("granularity", f"granularity id {gran_id} is not one of {codec}'s {_GRANULARITIES[codec]}")
-    if bits != _BITS[codec]:
-        raise KVBlockError("bits", f"{bits} bits for codec {codec} (expects {_BITS[codec]})")
+    if bits != CODEC_BITS[codec]:
+        raise KVBlockError("bits", f"{bits} bits for codec {codec} (expects {CODEC_BITS[codec]})")
     if min(t, h, d) < 1 or w >= t:
         raise KVBlockError("shape", f"tokens={t} heads={h} head_dim={d} window_tokens={w}")
     t_q = t - w

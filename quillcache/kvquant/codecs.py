@@ -54,7 +54,7 @@ DTYPES = ("float16", "float32")
 MAX_GROUP = 65535
 MAX_ABS = 2.0**127  # the largest magnitude quantized (see reference.py)
 FLOAT16_MAX = 65504.0
-_BITS = {"int8": 8, "fp8_e4m3": 8, "int4": 4, "int2": 2}
+CODEC_BITS = {"int8": 8, "fp8_e4m3": 8, "int4": 4, "int2": 2}  # bits per code
 
 
 def expected_layout(codec: str, granularity: str, group_size: int, tokens_quantized: int, heads: int,
@@ -70,7 +70,7 @@ def expected_layout(codec: str, granularity: str, group_size: int, tokens_quanti
         grid = (tokens_quantized // group_size, heads, head_dim)
     else:
         grid = (tokens_quantized, heads, head_dim // group_size)
-    return grid, math.prod(grid), -(-n * _BITS[codec] // 8)
+    return grid, math.prod(grid), -(-n * CODEC_BITS[codec] // 8)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

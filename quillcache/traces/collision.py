@@ -31,6 +31,7 @@ and line checks plus the collision fields, so it refuses everything ``load_trace
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Iterable
@@ -42,7 +43,7 @@ import numpy as np
 from quillcache._checks import check_choice, check_float, check_int
 from quillcache._mix import splitmix64_array
 from quillcache.identity.scope import make_identity
-from quillcache.traces.loader import TraceError, _decode, _open_trace, parse_line
+from quillcache.traces.loader import TraceError, _decode, parse_line, trace_lines
 from quillcache.traces.schemas import MAX_BLOCK_TOKENS, MAX_TIMESTAMP_MS, SchemaError, check_record
 from quillcache.types import Identity, KvLayout
 
@@ -371,20 +372,15 @@ def read_jsonl(path: str | Path) -> list[CollisionRequest]:
     p = Path(path)
     out = []
     last = -1
-    with _open_trace(p) as fh:
-        try:
-            for lineno, raw in enumerate(fh, 1):
-                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]  # a UTF-8 byte-order mark
-                if not raw.strip():
-                    continue
-                r = _parse(raw, f"{p}:{lineno}")
-                if r.timestamp < last:
-                    raise TraceError(f"{p}:{lineno}: timestamp {r.timestamp} < previous {last}; traces must be sorted")
-                last = r.timestamp
-                out.append(r)
-        except OSError as exc:
-            raise TraceError(f"error reading trace file {p}: {exc.strerror or exc}") from None
+    with contextlib.closing(trace_lines(p)) as lines:
+        for lineno, raw in lines:
+            if not raw.strip():
+                continue
+            r = _parse(raw, f"{p}:{lineno}")
+            if r.timestamp < last:
+                raise TraceError(f"{p}:{lineno}: timestamp {r.timestamp} < previous {last}; traces must be sorted")
+            last = r.timestamp
+            out.append(r)
     if not out:
         raise TraceError(f"trace file {p} is empty (expected one JSON object per line)")
     return out

@@ -34,10 +34,11 @@ Trace files are never vendored.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,6 +239,21 @@ def _open_trace(p: Path):
     return fh
 
 
+def trace_lines(p: Path) -> Iterator[tuple[int, bytes]]:
+    """``p``'s lines, numbered from 1, after the file-level checks (:func:`_open_trace`): a UTF-8
+    byte-order mark on line 1 removed, blank lines included (the caller decides); an ``OSError``
+    while reading is a :class:`TraceError` naming ``p``. Close it (``contextlib.closing``) to close
+    the file when stopping early."""
+    with _open_trace(p) as fh:
+        try:
+            for lineno, raw in enumerate(fh, 1):
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark
+                yield lineno, raw
+        except OSError as exc:
+            raise TraceError(f"error reading trace file {p}: {exc.strerror or exc}") from None
+
+
 def load_trace_report(path: str | os.PathLike | None = None, *, limit: int | None = None,
                       block_tokens: int | None = None,
                       on_error: str = "stop") -> tuple[list[TraceRequest], TraceLoadReport]:
@@ -256,33 +272,28 @@ def load_trace_report(path: str | os.PathLike | None = None, *, limit: int | Non
     last_ts, last_line = -1, 0
     num_lines = num_blank = 0
     at_limit = False
-    with _open_trace(p) as fh:
-        try:
-            for lineno, raw in enumerate(fh, 1):
-                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]  # a UTF-8 byte-order mark
-                if not raw.strip():
-                    num_blank += 1
-                    continue
-                num_lines += 1
-                try:
-                    req, schema = _record(raw, block_tokens)
-                    if req.timestamp_ms < last_ts:
-                        raise SchemaError(f"timestamp {req.timestamp_ms} is earlier than timestamp {last_ts} at "
-                                          f"line {last_line}; a trace must be sorted by timestamp")
-                except SchemaError as exc:
-                    if not skip:
-                        raise TraceError(f"{p}:{lineno}: {exc}") from None
-                    skipped.append(SkippedLine(lineno, str(exc)))
-                    continue
-                last_ts, last_line = req.timestamp_ms, lineno
-                seen.add(schema)
-                out.append(req)
-                if limit is not None and len(out) >= limit:
-                    at_limit = True
-                    break
-        except OSError as exc:
-            raise TraceError(f"error reading trace file {p}: {exc.strerror or exc}") from None
+    with contextlib.closing(trace_lines(p)) as lines:
+        for lineno, raw in lines:
+            if not raw.strip():
+                num_blank += 1
+                continue
+            num_lines += 1
+            try:
+                req, schema = _record(raw, block_tokens)
+                if req.timestamp_ms < last_ts:
+                    raise SchemaError(f"timestamp {req.timestamp_ms} is earlier than timestamp {last_ts} at "
+                                      f"line {last_line}; a trace must be sorted by timestamp")
+            except SchemaError as exc:
+                if not skip:
+                    raise TraceError(f"{p}:{lineno}: {exc}") from None
+                skipped.append(SkippedLine(lineno, str(exc)))
+                continue
+            last_ts, last_line = req.timestamp_ms, lineno
+            seen.add(schema)
+            out.append(req)
+            if limit is not None and len(out) >= limit:
+                at_limit = True
+                break
     if not out:
         if skipped:
             first = skipped[0]
