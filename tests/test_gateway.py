@@ -228,7 +228,9 @@ def test_client_leaving_a_non_streaming_request_cancels_the_engines_work(slow_st
                 gw.url + "/v1/completions", headers={"authorization": f"Bearer {KEY_A}"},
                 json={"model": MODEL, "prompt": "abandoned " * 20, "max_tokens": 400, "stream": False}))
             deadline = time.monotonic() + 10
-            while (await asyncio.to_thread(_gauges, gw))["inflight"] < 1:  # the gateway forwarded it
+            # the engine itself holds the request (the gateway's own in-flight gauge rises at its routing
+            # decision, before the request's bytes are sent: a client leaving then never reaches the engine)
+            while await asyncio.to_thread(_engine_requests, e0) < 1:
                 assert time.monotonic() < deadline and not post.done(), "the request never reached the engine"
                 await asyncio.sleep(0.01)
             post.cancel()  # the client leaves (its connection closes)
@@ -249,6 +251,13 @@ def _get(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.read().decode()
+
+
+def _engine_requests(engine) -> float:
+    """Requests the stand-in engine holds now (running or waiting for a batch slot), from its /metrics."""
+    m = parse_metrics(_get(engine.url + "/metrics"))
+    return sum(v for k, v in m.items()
+               if k.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")))
 
 
 def _gauges(gw) -> dict[str, float]:
