@@ -215,8 +215,10 @@ class Codec:
         t_q = q.shape[0] - q.window_tokens
         y = self._decode(k, q)
         if q.dtype == "float16":  # an overshoot past ±65504 would cast to ±inf (module docstring)
-            y = xp.clip(y, np.float32(-FLOAT16_MAX), np.float32(FLOAT16_MAX))
-        out[:t_q] = y
+            # clipped and cast in one pass, straight into the result (no float32 temporary)
+            xp.clip(y, np.float32(-FLOAT16_MAX), np.float32(FLOAT16_MAX), out=out[:t_q])
+        else:
+            out[:t_q] = y
         out[t_q:] = q.window
         return out
 
