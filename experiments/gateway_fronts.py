@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from quillcache.cli.parent import kill_on_parent_death
 from quillcache.registry import Registry
 from quillcache.cluster.etcd import free_port as _free_port
 
@@ -124,7 +125,8 @@ class _RouterProcess:
         cmd = [sys.executable, "-m", f"{module}.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "RUST_LOG": "warn", "NO_COLOR": "1"})
+                                     env={**os.environ, "RUST_LOG": "warn", "NO_COLOR": "1"},
+                                     preexec_fn=kill_on_parent_death(signal.SIGTERM))
 
     def tail(self, n: int = 1500) -> str:
         return Path(self._log.name).read_bytes()[-n:].decode(errors="replace")

@@ -71,6 +71,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.microbench import bench_main
+from quillcache.cli.parent import kill_on_parent_death
 from quillcache.master import (MasterConfig, MasterService, ObjectNotReadyError, ObjectStatus, PutRequest,
                                ReplicaConfig, SegmentDescriptor, SegmentExistsError, residency_key)
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
@@ -165,7 +166,7 @@ class ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "quillcache.master", "--data-dir", str(data_dir),
                                       "--port", "0", *(extra or [])], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=str(REPO),
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=kill_on_parent_death(signal.SIGKILL))
         self.info = self._ready_line(timeout_s)
         self.ready_s = time.perf_counter() - t0
         self.address = self.info["address"]

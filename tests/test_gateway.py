@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -277,3 +280,47 @@ def test_health_ready_and_metrics_names(stack):
                  "quillcache_gateway_upstream_retries_total", "quillcache_gateway_inflight_requests",
                  "quillcache_gateway_engine_healthy"):
         assert name in text, name
+
+
+@pytest.mark.parametrize("what", ["engine", "gateway"])
+def test_a_stand_in_engine_or_gateway_stops_when_the_process_that_started_it_is_sigkilled(what):
+    """A killed test or study runs no ``finally``: the kernel stops its engines and gateways
+    (``kill_on_parent_death``), so no orphan keeps serving."""
+    import signal
+
+    script = (
+        "import sys\n"
+        "from quillcache.enginesim.process import EngineSimProcess\n"
+        "from quillcache.gateway.server import GatewayProcess\n"
+        f"e = EngineSimProcess(['--model', {MODEL!r}]).start()\n"
+        "pid = e.pid\n"
+        f"if {what!r} == 'gateway':\n"
+        "    pid = GatewayProcess([e.url]).__enter__().proc.pid\n"
+        "print(e.pid, pid, flush=True)\n"
+        "sys.stdin.read()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids), parent.stderr
+        parent.kill()
+        parent.wait(timeout=30)
+        for p in set(pids):
+            _wait_until(lambda p=p: not _alive(p), f"pid {p} to exit after its parent's SIGKILL", 30.0)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -7,13 +7,15 @@ keyword options become flags, ``options_to_args``) starts ``python -m quillcache
 stderr). On exit it is ALWAYS stopped: SIGTERM, then SIGKILL after ``stop_timeout_s``; ``stop`` (also run when
 ``start`` fails) removes the stderr log file and keeps its tail for ``stderr_tail``, so no run leaves a file behind. ``sim.url`` is
 ``http://127.0.0.1:PORT``; ``sim.info`` the whole JSON line; ``sim.metrics()`` parses ``/metrics`` into
-``{name{labels}: value}``.
+``{name{labels}: value}``. Should this process die without stopping it (SIGKILL), the kernel sends the engine
+SIGTERM (``quillcache.cli.parent.kill_on_parent_death``; Linux, when started from the main thread).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Sequence
+
+from quillcache.cli.parent import kill_on_parent_death
 
 __all__ = ["EngineSimProcess", "options_to_args", "parse_metrics"]
 
@@ -83,7 +87,9 @@ class EngineSimProcess:
         self._stderr = tempfile.NamedTemporaryFile(prefix="engine-sim-", suffix=".log", delete=False)
         env = dict(os.environ, **(self.env or {}))
         cmd = [sys.executable, "-m", "quillcache", "engine-sim", "--host", "127.0.0.1", "--port", "0", *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
+        # stopped by the kernel should this process die without stopping it (a killed study or test run)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
+                                     preexec_fn=kill_on_parent_death(signal.SIGTERM))
         deadline = time.monotonic() + self.start_timeout_s
         try:
             line = self._read_line(deadline)

@@ -31,6 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quillcache.cli.parent import kill_on_parent_death
+
 if TYPE_CHECKING:
     from quillcache.textproc import ChatTemplate, Tokenizer
 
@@ -101,7 +103,9 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
 
 class GatewayProcess:
     """A gateway in a child process (module doc). ``url`` is its base URL once entered; ``wait_ready=False``
-    returns once it serves, before any engine is healthy."""
+    returns once it serves, before any engine is healthy. Should this process die without leaving the
+    ``with`` (SIGKILL), the kernel sends the gateway SIGTERM (``quillcache.cli.parent.kill_on_parent_death``;
+    Linux, when entered from the main thread)."""
 
     def __init__(self, engines: list[str] | None = None, *, keys: dict[str, str] | None = None,
                  key_limits: dict[str, int] | None = None, config: dict[str, Any] | None = None,
@@ -132,8 +136,10 @@ class GatewayProcess:
         cmd = [sys.executable, "-m", "quillcache", "gateway", "--config", str(d / "config.json"),
                "--keys", str(d / "keys.json"), "--host", "127.0.0.1", "--port", "0", "--log-level", self.log_level]
         env = {**os.environ, **self.env}
+        # the kernel stops the gateway should this process die without stopping it (a killed study or test
+        # run): nothing else would, since it reads nothing from us
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(d / "stderr.log", "wb"), env=env,
-                                     text=True)
+                                     text=True, preexec_fn=kill_on_parent_death(signal.SIGTERM))
         try:
             self._wait_started()
         except BaseException:
