@@ -16,7 +16,8 @@ Invariants:
   calling thread, so a single synchronous request crosses no thread.
 - At most ``max_inflight_requests`` requests are in flight per engine; a submit past that raises
   ``TransferError`` (bounded memory), nothing of it started.
-- ``close`` stops the backend (serving and connections) and the I/O threads; it is idempotent.
+- ``close`` stops the backend (serving and connections) and the I/O threads; it is idempotent. A
+  batch submitted while ``close`` runs ends every request it could not start FAILED.
 """
 
 from __future__ import annotations
@@ -240,12 +241,24 @@ class TransferEngine:
             if not isinstance(e, Exception):
                 raise
 
+    def _start(self, address: str, lane: list[Item]) -> None:
+        """Run ``lane`` on an I/O thread; once ``close`` has stopped them (it ran since ``_prepare`` checked),
+        its requests end FAILED at once, so none stays pending, counted in flight or holding its range."""
+        try:
+            self._io.submit(self._run, address, lane)
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            if not self._closed:
+                raise
+            for it in lane:
+                it.finish(Outcome.FAILED, "the transfer engine was closed before the request was sent")
+
     def submit(self, requests: Sequence[TransferRequest], *, timeout_s: float | None = None) -> TransferBatch:
-        """Start ``requests`` and return at once; each ends by ``timeout_s`` (default ``default_timeout_s``)."""
+        """Start ``requests`` and return at once; each ends by ``timeout_s`` (default ``default_timeout_s``).
+        A ``close`` racing this submit ends the requests it has not started FAILED (never left pending)."""
         batch, by_peer = self._prepare(requests, timeout_s)
         for address, items in by_peer.items():
             for lane in self._lanes(address, items):
-                self._io.submit(self._run, address, lane)
+                self._start(address, lane)
         return batch
 
     def transfer_sync(self, requests: Sequence[TransferRequest], *, timeout_s: float | None = None
@@ -262,7 +275,7 @@ class TransferEngine:
         else:
             lanes = [(address, lane) for address, items in by_peer.items() for lane in self._lanes(address, items)]
             for address, lane in lanes[1:]:
-                self._io.submit(self._run, address, lane)
+                self._start(address, lane)
             if lanes:
                 self._run(*lanes[0])
         if not batch.done:

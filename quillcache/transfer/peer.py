@@ -7,7 +7,8 @@ with the secret read from ``QUILLCACHE_TRANSFER_SECRET``, and prints one JSON li
 
 Then it reads commands, one per line, from stdin and answers each with one JSON line:
 ``rusage`` → this process's CPU seconds (user, system); ``crc OFFSET LENGTH`` → the crc32c of that
-range of its region; ``stats`` → the server's counters; ``waits`` → its compiled receive-wait
+range of its region (a malformed command or a range outside the region: ``{"error": …}``; the peer
+keeps serving); ``stats`` → the server's counters; ``waits`` → its compiled receive-wait
 counters (spins, paid, preempted, blocked; summed over open connections). EOF on stdin (or SIGTERM) stops it cleanly.
 Tests and the transfer study start it as a real second process.
 """
@@ -69,7 +70,13 @@ class PeerProcess:
         reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout_s)
-        if not box or not box[0]:
+        if box and not box[0]:  # EOF: the peer's stdout closed (it exited, or is exiting)
+            try:
+                code = self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise RuntimeError(f"peer process (pid {self.proc.pid}) exited (code {code}) without answering")
+        if not box:
             raise RuntimeError(f"peer process (pid {self.proc.pid}) gave no answer within {timeout_s} s "
                                f"(exit code {self.proc.poll()})")
         return json.loads(box[0])
@@ -110,6 +117,20 @@ def _answer(obj: object) -> None:
     sys.stdout.flush()
 
 
+def _crc_command(region: np.ndarray, args: list[str]) -> dict:
+    """``crc OFFSET LENGTH``: the crc32c of exactly that range, or an error naming what is wrong (never a
+    shorter range's crc; the peer goes on serving)."""
+    try:
+        off, n = (int(a) for a in args)
+    except ValueError:
+        off = n = -1
+    if off < 0 or n < 0:
+        return {"error": f"crc takes OFFSET LENGTH, two non-negative integers, got {' '.join(args)!r}"}
+    if off + n > region.nbytes:
+        return {"error": f"crc range [{off}, {off + n}) lies outside the region of {region.nbytes} bytes"}
+    return {"crc": crc32c.crc32c(memoryview(region)[off:off + n])}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m quillcache.transfer.peer", description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", type=int, required=True, help="size of the served region")
@@ -146,9 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             if cmd == "rusage":
                 ru = resource.getrusage(resource.RUSAGE_SELF)
                 _answer({"user_s": ru.ru_utime, "system_s": ru.ru_stime})
-            elif cmd == "crc" and len(rest) == 2:
-                off, n = int(rest[0]), int(rest[1])
-                _answer({"crc": crc32c.crc32c(memoryview(region)[off:off + n])})
+            elif cmd == "crc":
+                _answer(_crc_command(region, rest))
             elif cmd == "stats":
                 server = getattr(engine.backend, "server", None)
                 _answer(dataclasses.asdict(server.stats) if server is not None else {})

@@ -18,8 +18,11 @@ Invariants:
   only, since a LOCAL_WRITE registration would pin read-only pages for writing). ``sync`` registers
   new regions and deregisters vanished ones; the table's ``unregister`` is wrapped on that
   instance so a region's MR is deregistered — its rkey revoked — BEFORE the region is forgotten,
-  and no peer can then write into a buffer its owner believes is free. Each MR keeps its own view
-  of the buffer, so the pinned memory stays alive as long as the MR.
+  and no peer can then write into a buffer its owner believes is free. While that ``unregister``
+  waits for the region's in-flight users the region is RETIRING: ``sync`` (a peer's key refresh, a
+  local transfer) does not register it again, so no new rkey for it reaches a peer; if the wait
+  fails (the region stays registered) it stops retiring and the next ``sync`` registers it again.
+  Each MR keeps its own view of the buffer, so the pinned memory stays alive as long as the MR.
 - pyverbs names used are those of rdma-core v44 (Debian bookworm) through v59: ``Context(name=)``,
   ``PD``, ``CQ(ctx, cqe)``, ``MR(pd, length, access, address=)``, ``QP(pd, QPInitAttr, QPAttr)``,
   ``QPCap``, ``QPAttr``, ``AHAttr``/``GlobalRoute``/``GID``, ``SGE``, ``SendWR`` + ``set_wr_rdma``,
@@ -382,20 +385,33 @@ class _Mr:
 
 
 class MrTable:
-    """The MRs mirroring one ``RegionTable`` in one protection domain (thread-safe)."""
+    """The MRs mirroring one ``RegionTable`` in one protection domain (thread-safe). ``_retiring`` counts, per
+    region id, the wrapped ``unregister`` calls in progress; ``sync`` registers no MR for such a region."""
 
     def __init__(self, verbs: SimpleNamespace, pd: object, regions: RegionTable) -> None:
         self._v, self._pd, self._regions = verbs, pd, regions
         self._mrs: dict[int, _Mr] = {}
+        self._retiring: dict[int, int] = {}
         self._lock = threading.RLock()
         original = regions.unregister
 
         def unregister(region, *, timeout_s: float = 30.0) -> None:
             rid = getattr(region, "region_id", region)
+            if type(rid) is not int:
+                return original(region, timeout_s=timeout_s)  # raises, naming what is wrong with ``region``
             with self._lock:
-                if rid in self._mrs:
-                    self._dereg(rid)
-            original(region, timeout_s=timeout_s)
+                self._retiring[rid] = self._retiring.get(rid, 0) + 1  # before the MR goes: no sync brings it back
+                try:
+                    if rid in self._mrs:
+                        self._dereg(rid)
+                except BaseException:
+                    self._unretire(rid)
+                    raise
+            try:
+                original(region, timeout_s=timeout_s)
+            finally:
+                with self._lock:
+                    self._unretire(rid)
 
         regions.unregister = unregister  # type: ignore[method-assign]
         self._wrapped = True
@@ -405,6 +421,11 @@ class MrTable:
             self.close()
             raise
 
+    def _unretire(self, rid: object) -> None:
+        n = self._retiring.pop(rid, 0) - 1
+        if n > 0:
+            self._retiring[rid] = n
+
     def _dereg(self, rid: int) -> None:
         m = self._mrs.pop(rid)
         try:
@@ -413,14 +434,14 @@ class MrTable:
             m.view.release()
 
     def sync(self) -> None:
-        """Register the table's new regions, deregister the ones it no longer has."""
+        """Register the table's new regions (not those being unregistered), deregister the ones it no longer has."""
         v = self._v
         with self._lock:
             current = {r.region_id: r for r in self._regions.describe()}
             for rid in [rid for rid in self._mrs if rid not in current]:
                 self._dereg(rid)
             for rid, r in current.items():
-                if rid in self._mrs:
+                if rid in self._mrs or rid in self._retiring:
                     continue
                 try:
                     view = self._regions.checkout(rid, 0, r.length_bytes, write=False)

@@ -44,6 +44,10 @@ Invariants:
   So no connection is handed over once ``close`` has returned, and an owner that copies ``conns`` after
   ``close`` has them all. Counters of ``stats`` other than those named here are the owner's; the
   accepting thread touches only these.
+- One connection's failure is its own: a connection whose thread cannot start (out of threads or
+  memory) gives its slot back and is answered BUSY (``stats.refused_busy``; the client tries again),
+  and an unexpected error while admitting or authenticating one closes that connection
+  (``stats.auth_failures``); the accepting thread goes on accepting either way.
 - ``close`` wakes the accepting thread, which closes every authenticating connection and ends; then
   ``close`` closes the listening socket. Authenticated connections are the owner's to close.
 """
@@ -264,7 +268,10 @@ class PreauthAcceptor:
                         except OSError:
                             pass
                     else:
-                        self._on_proof_bytes(tag)
+                        try:
+                            self._on_proof_bytes(tag)
+                        except Exception as e:  # that connection fails alone: accepting goes on
+                            self._drop_broken(tag.sock, tag.peer, e)
                 if self.closing:
                     break
                 if accept and not self._accept_some(burst):
@@ -302,8 +309,21 @@ class PreauthAcceptor:
                     return False
                 continue  # that connection is gone already (ECONNABORTED and the like)
             self.stats.accepted += 1
-            self._admit(sock, peer)
+            try:
+                self._admit(sock, peer)
+            except Exception as e:  # that connection fails alone (the selector refused it, say): accepting goes on
+                self._drop_broken(sock, peer, e)
         return True
+
+    def _drop_broken(self, sock: socket.socket, peer: tuple, error: BaseException) -> None:
+        """Close a connection that failed unexpectedly on the accepting thread, wherever it was; count it."""
+        self._pending.pop(sock, None)
+        try:
+            self._sel.unregister(sock)
+        except (KeyError, ValueError, OSError):
+            pass  # not registered (any more)
+        self._failed(peer, f"cannot take the connection: {error!r}")
+        sock.close()
 
     def _admit(self, sock: socket.socket, peer: tuple) -> None:
         """Challenge a new connection, making room among the authenticating ones if they are all taken."""
@@ -397,4 +417,16 @@ class PreauthAcceptor:
         if full:
             self._refuse_busy(p.sock, p.peer)
             return
-        thread.start()
+        try:
+            thread.start()
+        except Exception as e:  # "can't start new thread": out of threads or memory, for now
+            with self._lock:
+                self._conns.pop(p.sock, None)  # its slot is free again; nothing was served on it
+            self._no_thread(p.sock, p.peer, e)
+
+    def _no_thread(self, sock: socket.socket, peer: tuple, error: BaseException) -> None:
+        """Answer BUSY (the client tries again later) to an authenticated connection whose thread did not start."""
+        self.stats.refused_busy += 1
+        answer_busy(sock, f"cannot start a thread for this connection now: {error}")
+        self._drops.drop(f"{self._kind}refused busy", f"refusing {self._who}: cannot start its thread: %s", peer,
+                         error)

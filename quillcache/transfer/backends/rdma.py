@@ -226,7 +226,8 @@ class RdmaBackend:
             except OSError:
                 pass
         for t in ctrl.values():
-            t.join(timeout=5)
+            if t.ident is not None:  # started (one whose start failed is not in the table; never join it)
+                t.join(timeout=5)
         for peer in peers:
             with peer.lock:
                 self._drop(peer)

@@ -40,14 +40,18 @@ try:
 except ImportError:  # not built: the plain-Python Channel does everything
     FastChannel = None
 
-__all__ = ["Channel", "FastChannel", "TcpConfig", "fast_channel", "tune_socket"]
+__all__ = ["MAX_TIMEOUT_S", "Channel", "FastChannel", "TcpConfig", "fast_channel", "tune_socket"]
 
 from dataclasses import dataclass
+
+MAX_TIMEOUT_S = 1e6  # the longest timeout of a TcpConfig (11.6 days): finite, and within every OS wait (epoll
+# takes at most 2**31 - 1 ms, about 24.8 days; a kernel socket timeout is a timeval)
 
 
 @dataclass(frozen=True)
 class TcpConfig:
-    """Knobs of the TCP backend (both sides). Times in seconds, sizes in bytes.
+    """Knobs of the TCP backend (both sides). Times in seconds (each positive and at most ``MAX_TIMEOUT_S``;
+    no infinite timeout), sizes in bytes.
 
     ``connections_per_peer`` bounds the client's persistent connections to one peer;
     ``window`` the requests in flight on one connection; ``progress_timeout_s`` how long any one
@@ -108,8 +112,9 @@ class TcpConfig:
         for name in ("connect_timeout_s", "progress_timeout_s", "idle_check_s", "auth_timeout_s",
                      "server_idle_timeout_s"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-                raise ValueError(f"TcpConfig.{name} must be a positive number of seconds, got {v!r}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= MAX_TIMEOUT_S:
+                raise ValueError(f"TcpConfig.{name} must be a positive number of seconds up to {MAX_TIMEOUT_S:g} "
+                                 f"(finite: it becomes a kernel socket timeout), got {v!r}")
 
 
 def tune_socket(sock: socket.socket, config: TcpConfig) -> None:

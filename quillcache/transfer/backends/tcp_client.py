@@ -30,7 +30,12 @@ Invariants:
   the RDMA backend's control connections use too.)
 - READ requests of a batch are sent in bursts: the window is refilled once half of it has been
   answered, with one send for all the new headers. A WRITE carries its payload (one send each) and
-  is sent as soon as the window has room, so the peer always has payload to take.
+  is sent as soon as the window has room, so the peer always has payload to take -- unless the
+  answers still owed ahead of it (READ data and answer headers) exceed a quarter of this
+  connection's receive buffer (``_Conn.owed_max``): then those answers are received first. The
+  server answers in order on one thread, so it takes a WRITE's payload only after it has sent
+  every answer before it; answers that fit in our receive buffer never block it, while more would
+  leave both sides blocked sending (a READ-then-WRITE deadlock until ``progress_timeout_s``).
 """
 
 from __future__ import annotations
@@ -119,13 +124,18 @@ class ClientStats:
 
 
 class _Conn:
-    __slots__ = ("ch", "address", "last_used_s", "hbuf", "hview", "fast")
+    """One authenticated connection. ``owed_max``: the most answer bytes that may be owed to us when a WRITE's
+    payload is sent: a quarter of this socket's receive buffer as the kernel reports it, well within what
+    its receive window admits while we are not reading, whatever the server's own buffers (module docstring)."""
+
+    __slots__ = ("ch", "address", "last_used_s", "hbuf", "hview", "fast", "owed_max")
 
     def __init__(self, ch: Channel, address: str, fast: object = None) -> None:
         self.ch, self.address, self.fast = ch, address, fast
         self.hbuf = bytearray(P.RESPONSE.size)
         self.hview = memoryview(self.hbuf)
         self.last_used_s = time.monotonic()
+        self.owed_max = ch.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
 
 
 class _Pool:
@@ -185,11 +195,15 @@ class TcpClient:
     @staticmethod
     def _handshake_frame(ch: Channel, size: int, deadline: float, address: str) -> bytes:
         """The server's next handshake frame of ``size`` bytes. A response frame in its place is a refusal:
-        BUSY raises ``_Busy``, any other status ``TransferError``, each with the server's reason."""
+        BUSY raises ``_Busy``, any other non-OK status ``TransferError``, each with the server's reason (at
+        most ``MAX_REASON_BYTES``). An OK one is no refusal: ``ProtocolError``, nothing more read (its length
+        is unbounded and comes from a peer that has not proved the secret)."""
         head = bytes(ch.recv(P.RESPONSE.size, deadline))  # every handshake frame is longer than a response
         if head[:4] != P.RESPONSE_MAGIC:
             return head + bytes(ch.recv(size - P.RESPONSE.size, deadline))
-        resp = P.decode_response(head)
+        resp = P.decode_response(head)  # a refusal's reason is at most MAX_REASON_BYTES
+        if resp.status is P.Status.OK:
+            raise ProtocolError(f"{address} answered OK in place of a handshake frame")
         reason = bytes(ch.recv(resp.length, deadline)).decode("utf-8", "replace")
         if resp.status is P.Status.BUSY:
             raise _Busy(f"{address} is busy: {reason}")
@@ -442,14 +456,17 @@ class TcpClient:
         raise OSError(err, os.strerror(err))
 
     def _pipeline(self, conn: _Conn, queue: deque[Item]) -> None:
-        """Run ``queue`` on ``conn``; on a broken connection, requeue (or fail) what was in flight and return."""
+        """Run ``queue`` on ``conn``; on a broken connection, requeue (or fail) what was in flight and return.
+        A WRITE's payload is sent only while at most ``conn.owed_max`` answer bytes are owed ahead of it (else
+        the answers are received first: no READ-then-WRITE deadlock; module docstring)."""
         cfg = self.config
-        ch, fast, hbuf = conn.ch, conn.fast, conn.hbuf
+        fast, hbuf = conn.fast, conn.hbuf
         window = cfg.window
         refill_at = window // 2  # refill once half the window is answered: one send for many READ headers
         pending: deque[tuple[Item, int]] = deque()
         READ, COMPLETED = Op.READ, Outcome.COMPLETED
         monotonic = time.monotonic
+        hsize, owed, owed_max = P.RESPONSE.size, 0, conn.owed_max  # answer bytes the server still has to send
         try:
             while queue or pending:
                 if queue and (len(pending) <= refill_at or (len(pending) < window and queue[0].request.op is not READ)):
@@ -461,6 +478,8 @@ class TcpClient:
                             queue.popleft().finish(Outcome.TIMEOUT, "deadline passed before the request was sent")
                             continue
                         req = it.request
+                        if owed > owed_max and req.op is not READ:
+                            break  # receive answers first: the server takes this payload only after sending them
                         rid = next(_REQUEST_IDS)
                         try:
                             head = self._head(req.op, rid, req.remote_region, req.remote_offset_bytes,
@@ -473,8 +492,10 @@ class TcpClient:
                         if it.deadline_s < deadline:
                             deadline = it.deadline_s
                         if req.op is READ:
+                            owed += hsize + req.length_bytes
                             heads.append(head)
                             continue
+                        owed += hsize
                         if heads:  # keep the order: the READ headers before this WRITE go first
                             self._send(conn, b"".join(heads), None, deadline)
                             heads = []
@@ -499,6 +520,7 @@ class TcpClient:
                     it.finish(Outcome.FAILED, str(e))
                     raise _Broken("the peer closes a connection after refusing a request") from None
                 pending.popleft()
+                owed -= hsize + req.length_bytes if is_read else hsize
                 it.batch.finish(it.index, COMPLETED, "", req.length_bytes)
         except socket.timeout:
             now = monotonic()

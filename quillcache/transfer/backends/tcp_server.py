@@ -262,4 +262,5 @@ class TcpServer:
             except OSError:
                 pass
         for t in conns.values():
-            t.join(timeout=5)
+            if t.ident is not None:  # started (one whose start failed is not in the table; never join it)
+                t.join(timeout=5)
