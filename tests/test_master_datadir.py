@@ -6,6 +6,7 @@ the command line and in the constructors (ValueError); a timer thread that break
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -269,3 +271,75 @@ def test_a_timer_thread_that_breaks_stops_the_master(tmp_path):
     assert json.loads(res.stdout)["role"] == "single"  # it served, then stopped
     assert res.returncode == 1, res.stderr[-2000:]
     assert "quillcache master: the timer thread failed (OverflowError" in res.stderr
+
+
+
+_HOLDER = (  # holds <dir>/master.lock with the pid given in argv[2] written in it, until stdin closes
+    "import fcntl, os, sys\n"
+    "fd = os.open(os.path.join(sys.argv[1], 'master.lock'), os.O_RDWR | os.O_CREAT, 0o644)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+    "os.ftruncate(fd, 0); os.pwrite(fd, (sys.argv[2] + '\\n').encode(), 0)\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.read()\n")
+
+
+@contextlib.contextmanager
+def _lock_holder(d, recorded_pid: int):
+    """A process holding ``d``'s lock file with ``recorded_pid`` in it (as the snapshot writer forked by a master
+    SIGKILLed just after the fork holds its copy, its dead parent's pid in the file); stopped on the way out."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(d), str(recorded_pid)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "held\n"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _exited_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_a_lock_kept_by_a_child_of_an_exited_holder_is_waited_for(tmp_path, monkeypatch):
+    """The recorded holder has exited and a process it forked still has the file open: the new holder polls
+    instead of refusing, and gets the lock once that process lets go. The first poll's wait is where it lets
+    go, so the first try always finds the lock held."""
+    import quillcache.master.datadir as datadir
+
+    d = tmp_path / "m"
+    d.mkdir()
+    with _lock_holder(d, _exited_pid()) as child:
+        waits = []
+
+        def child_lets_go(seconds):
+            waits.append(seconds)
+            if child.poll() is None:
+                child.stdin.close()
+                child.wait(timeout=30)
+
+        monkeypatch.setattr(datadir, "_sleep", child_lets_go)
+        with DataDirLock(d) as lock:
+            assert lock.held and waits
+
+
+def test_a_live_holder_is_refused_at_once_and_a_child_past_the_grace_is_named(tmp_path, monkeypatch):
+    import quillcache.master.datadir as datadir
+
+    d = tmp_path / "m"
+    d.mkdir()
+    with _lock_holder(d, os.getppid()):  # a recorded holder that is running: refused without waiting
+        monkeypatch.setattr(datadir, "_sleep", lambda s: pytest.fail("waited although the holder runs"))
+        with pytest.raises(DataDirInUseError, match=f"pid {os.getppid()};") as ei:
+            DataDirLock(d)
+        assert not ei.value.holder_exited
+    monkeypatch.undo()
+    dead = _exited_pid()
+    with _lock_holder(d, dead):  # a recorded holder that has exited, but its copy is never let go
+        t0 = time.monotonic()
+        with pytest.raises(DataDirInUseError, match=f"pid {dead}, which has exited, but a process it forked") as ei:
+            DataDirLock(d, dead_holder_grace_s=0.2)
+        assert ei.value.holder_exited and time.monotonic() - t0 >= 0.2

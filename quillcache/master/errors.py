@@ -7,7 +7,8 @@ Contract:
   batch calls never raise for one bad key: they return, per key, the value or the
   :class:`MasterError` instance that a single-key call would have raised.
 - A refused call changed nothing (the only exception is an eviction a ``put_start`` ran before it
-  still found no space: that eviction is logged and stays done, as in Mooncake).
+  still found no space: that eviction is logged and stays done, as in Mooncake; a put larger than
+  every segment evicts nothing, since no eviction could make room for it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "ObjectExistsError",
     "ObjectNotFoundError",
     "ObjectNotReadyError",
+    "RecordEncodeError",
     "SegmentExistsError",
     "SegmentNotFoundError",
     "StaleEpochError",
@@ -87,6 +89,13 @@ class NoSpaceError(MasterError):
 
 class InvalidParamsError(MasterError, ValueError):
     code = ErrorCode.INVALID_PARAMS
+
+
+class RecordEncodeError(InvalidParamsError):
+    """INVALID_PARAMS: a state change whose operation-log record cannot be encoded (a string that is
+    not valid UTF-8, an int outside msgpack's range). Raised before the change is applied: the
+    refused record changed nothing (the argument checks refuse such values first; this is the
+    backstop)."""
 
 
 class SegmentNotFoundError(MasterError):

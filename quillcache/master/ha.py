@@ -117,19 +117,20 @@ class _Groups:
             first_s, epoch_s, part_s = key[len(base):].split("/")
             first, epoch, part = int(first_s), int(epoch_s), int(part_s)
             n_records, n_parts, chunk = msgpack.unpackb(value, raw=False)
-        except Exception as e:  # not ours: never stop following for one odd key
-            log.warning("master log: ignoring key %r (%s)", key, e)
-            return
-        g = self._parts.setdefault((first, epoch), {"n_records": n_records, "n_parts": n_parts, "chunks": {}})
-        g["chunks"][part] = chunk
-        if len(g["chunks"]) == g["n_parts"]:
+            g = self._parts.setdefault((first, epoch), {"n_records": n_records, "n_parts": n_parts, "chunks": {}})
+            g["chunks"][part] = chunk
+            if len(g["chunks"]) != g["n_parts"]:
+                return
             del self._parts[(first, epoch)]
             payloads = msgpack.unpackb(b"".join(g["chunks"][i] for i in range(g["n_parts"])), raw=False)
-            if len(payloads) != g["n_records"]:
-                log.warning("master log: group %d of epoch %d has %d records, expected %d; ignored", first, epoch,
-                            len(payloads), g["n_records"])
-                return
-            self.complete[first] = payloads
+            if not isinstance(payloads, list) or not all(type(p) is bytes for p in payloads) \
+                    or len(payloads) != g["n_records"]:
+                raise ValueError(f"group {first} of epoch {epoch} must assemble to an array of {g['n_records']!r} "
+                                 f"bytes payloads, got {payloads!r:.60}")
+        except Exception as e:  # not ours: never stop following for one odd key (nor for a group it completes)
+            log.warning("master log: ignoring key %r (%s: %s)", key, type(e).__name__, e)
+            return
+        self.complete[first] = payloads
 
     def take(self, lsn: int) -> list[tuple[int, bytes]]:
         """The records after ``lsn`` that follow it without a gap (consumed groups are dropped)."""

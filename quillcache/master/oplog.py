@@ -21,7 +21,11 @@ service took (e.g. the replica placement of a ``PUT_START``), never something to
     REMOVE     key
     EVICT      [key, ...]
     EXPIRE     node_id
-    RECLAIM    (reclaim every zombie whose deadline is <= now_s)
+    RECLAIM    (reclaim every zombie whose deadline is <= now_s, deadlines from the applying master's
+               zombie_reclaim_s: the form logs written before RECLAIM_LISTED hold; still read, no longer written)
+    RECLAIM_LISTED [key, ...], [[segment_id, offset], ...]: the reclaim the writer decided, named: drop these
+               PENDING puts and release these ranges of pre-empted (discarded) puts; replay does exactly this,
+               whatever the replaying master's zombie_reclaim_s
     EPOCH      (the writer's epoch starts here)
     BATCH      [record, ...]: the records of one service call, each a whole record as above (not a BATCH),
                applied in order; one WAL record (one LSN) per call, so replay decodes one msgpack document
@@ -53,7 +57,7 @@ from quillcache.durability.fs import FileSystem
 from quillcache.durability.wal import WalWriter, scan
 from quillcache.master._kernels import all_of_type
 
-__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record", "log_files", "num_changes",
+__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record", "join_encoded", "log_files", "num_changes",
            "sealed_segments", "segment_path"]
 
 WAL_NAME = "master.wal"
@@ -73,11 +77,12 @@ class Op(enum.IntEnum):
     BATCH = 11
     PUT_END_MANY = 12
     PUT_START_MANY = 13
+    RECLAIM_LISTED = 14
 
 
 _NUM_FIELDS = {Op.MOUNT: 7, Op.UNMOUNT: 1, Op.PUT_START: 8, Op.PUT_END: 1, Op.PUT_REVOKE: 1, Op.REMOVE: 1,
                Op.EVICT: 1, Op.EXPIRE: 1, Op.RECLAIM: 0, Op.EPOCH: 0, Op.BATCH: 1, Op.PUT_END_MANY: 1,
-               Op.PUT_START_MANY: 9}
+               Op.PUT_START_MANY: 9, Op.RECLAIM_LISTED: 2}
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 
@@ -172,6 +177,20 @@ def encode_batch(records: list) -> tuple[bytes, int]:
         return _packb(records[0]), num_changes(records[0])
     last = records[-1]
     return _packb([Op.BATCH, last[1], last[2], records]), sum(num_changes(r) for r in records)
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def join_encoded(records: list, payloads: list[bytes]) -> tuple[bytes, int]:
+    """``encode_batch(records)`` built from ``payloads[i] == encode_record(records[i])`` (each record
+    encoded once, when it was made: byte for byte the same payload, tested)."""
+    if len(records) == 1:
+        return payloads[0], num_changes(records[0])
+    last = records[-1]
+    head = _packer.pack_array_header(4) + _packb(Op.BATCH) + _packb(last[1]) + _packb(last[2])
+    return (head + _packer.pack_array_header(len(payloads)) + b"".join(payloads),
+            sum(num_changes(r) for r in records))
 
 
 class OpLog:

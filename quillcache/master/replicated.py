@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from quillcache.durability.wal import WalError, WalIOError
-from quillcache.master.errors import InvalidParamsError, LogFailedError, MasterError, NotLeaderError, StaleEpochError
-from quillcache.master.oplog import Op, decode_record, encode_batch, num_changes
+from quillcache.master.errors import (InvalidParamsError, LogFailedError, MasterError, NotLeaderError,
+                                     RecordEncodeError, StaleEpochError)
+from quillcache.master.oplog import Op, decode_record, encode_record, join_encoded, num_changes
 from quillcache.master.snapshot import encode_state
 from quillcache.master.types import ObjectStatus
 
@@ -64,6 +65,15 @@ class ReplicatedMode:
         if self._failed is not None:
             raise LogFailedError(f"the operation log failed earlier ({self._failed}); the master is read-only")
 
+    def _check_readable(self) -> None:
+        """Reads (get_replicas in every form, exists, object_info) after a log or replication failure
+        are LOG_FAILED too: the failed call's changes are applied in memory but were never
+        acknowledged (and may be lost), so nothing is answered from that memory; the owner reopens
+        the service from its data dir (HA does; a single master is restarted)."""
+        if self._failed is not None:
+            raise LogFailedError(f"the operation log failed earlier ({self._failed}); the master answers no "
+                                 f"read from a state holding an unacknowledged change until it is reopened")
+
     def _check_leading(self) -> None:
         self._check_open()
         if self._following:
@@ -71,8 +81,15 @@ class ReplicatedMode:
                                  "until it is promoted")
 
     def _record(self, rec: list) -> None:
-        """Apply one record and keep it for this call's WAL record (written by ``_commit``: one
-        record, one LSN, per call; a BATCH when the call made several state changes)."""
+        """Encode one record, then apply it and keep it for this call's WAL record (written by
+        ``_commit``: one record, one LSN, per call; a BATCH when the call made several state changes).
+        A record that cannot be encoded is refused (RecordEncodeError) BEFORE it is applied: memory
+        and log never hold a change the other lacks."""
+        try:
+            payload = encode_record(rec)
+        except Exception as exc:  # msgpack raises several types (UnicodeEncodeError, OverflowError, TypeError)
+            raise RecordEncodeError(f"{Op(rec[0]).name} record cannot be written to the operation log "
+                                    f"({type(exc).__name__}: {exc}); nothing was changed") from None
         recs = self._call_recs
         if not recs and self._projection.pending():  # rows a previous call deferred go first (and are
             self._projection.publish()                # never discarded with this call's, should it fail)
@@ -81,12 +98,15 @@ class ReplicatedMode:
         if not recs:
             self._call_lsn = lsn
         recs.append(rec)
+        self._call_payloads.append(payload)
 
-    def _commit(self) -> None:
+    def _commit(self, *, appended: bool = False) -> None:
+        """Log this call's records and commit the log (one fsync) if the call changed anything;
+        ``appended``: records were appended to the local log directly (``follow``), commit them too."""
         recs = self._call_recs
         written_only = (bool(recs) and not self.config.sync_put_start and self._replicate is None
                         and all(r[0] in _PUT_START_OPS for r in recs))  # MasterConfig.sync_put_start
-        changed = bool(recs) or bool(self._unreplicated)
+        changed = bool(recs) or bool(self._unreplicated) or appended
         if recs:
             self._log_call()
         if self._unreplicated:
@@ -107,16 +127,17 @@ class ReplicatedMode:
 
     def _log_call(self) -> None:
         recs, self._call_recs = self._call_recs, []
-        payload, changes = encode_batch(recs)
+        payloads, self._call_payloads = self._call_payloads, []
+        payload, changes = join_encoded(recs, payloads)
         lsn = self._call_lsn
         if self._replicate is not None:  # the local log gets it once the replicated log has it (_commit)
             self._unreplicated.append((lsn, payload))
             self._unreplicated_changes += changes - 1
         elif self._log is not None:
             try:
-                got = self._log.append(payload, changes)
-                if got != lsn:
-                    raise WalError(f"operation log is at lsn {got}, expected {lsn}")
+                if self._log.next_lsn != lsn:  # checked before the append: a wrong record is never written
+                    raise WalError(f"operation log is at lsn {self._log.next_lsn}, expected {lsn}")
+                self._log.append(payload, changes)
             except (OSError, WalError) as exc:
                 self._failed = exc
                 self._projection.discard()
@@ -137,8 +158,9 @@ class ReplicatedMode:
         if self._log is not None:
             try:
                 for lsn, payload in batch:
-                    if self._log.append(payload) != lsn:
+                    if self._log.next_lsn != lsn:  # (checked first: a wrong record is never written)
                         raise WalError(f"local log is at lsn {self._log.next_lsn - 1}, expected {lsn}")
+                    self._log.append(payload)
                 self._log.records_since_rotate += extra
             except (OSError, WalError) as exc:
                 self._failed = exc
@@ -157,6 +179,7 @@ class ReplicatedMode:
         st = self._state
         if st.space_attached:
             st.detach_space()
+        appended = False
         try:
             for lsn, payload in records:
                 if lsn <= st.lsn:
@@ -167,14 +190,17 @@ class ReplicatedMode:
                 try:
                     st.apply(rec, lsn)
                     changes = num_changes(rec)
-                    if self._log is not None and self._log.append(payload, changes) != lsn:
-                        raise WalError(f"local log is at lsn {self._log.next_lsn - 1}, expected {lsn}")
+                    if self._log is not None:
+                        if self._log.next_lsn != lsn:  # (checked first: a wrong record is never written)
+                            raise WalError(f"local log is at lsn {self._log.next_lsn - 1}, expected {lsn}")
+                        self._log.append(payload, changes)
+                        appended = True
                 except Exception as exc:
                     self._failed = exc
                     raise
         finally:
             if self._failed is None:
-                self._commit()
+                self._commit(appended=appended)  # the records applied are fsynced in the local log
         if self._failed is None:
             self._maybe_snapshot()
         return st.lsn

@@ -103,7 +103,7 @@ class SingleMaster:
         pass
 
     def after_call(self) -> None:
-        pass  # a failed log keeps answering LOG_FAILED for state changes (reads go on)
+        pass  # a failed log keeps answering LOG_FAILED for state changes and reads (until restarted)
 
     def status(self) -> dict:
         st = self.service.stats()

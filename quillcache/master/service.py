@@ -9,7 +9,7 @@ Semantics (REFERENCE §4/§9, issue 14 item 1):
 - ``put_start(key, size, config)`` places up to ``replica_num`` replicas on DISTINCT nodes, best
   effort: the preferred segment first, then segments by most free bytes (ties by segment id); fewer
   replicas rather than failure; only when none fits does it evict (below) and try once more, then
-  NO_SPACE. ``put_end`` makes the object readable and immutable; ``put_revoke`` cancels it.
+  NO_SPACE (a put larger than every segment is NO_SPACE at once: no eviction could make room). ``put_end`` makes the object readable and immutable; ``put_revoke`` cancels it.
 - Same key again: a COMPLETE object, or a PENDING one younger than ``zombie_preempt_s``, with the
   same content digest is returned (``existing=True``); otherwise OBJECT_ALREADY_EXISTS. A PENDING
   put older than ``zombie_preempt_s`` is a zombie: a new put_start pre-empts it (its ranges stay
@@ -42,7 +42,8 @@ the sealed segments are deleted once the snapshot is published; the service wait
 One master per data dir: before it reads anything in D the service takes D's exclusive lock
 (:class:`~.datadir.DataDirLock`, ``D/master.lock``) and holds it until ``close`` (or its process
 ends), so a second master on D, in any process, is refused with :class:`~.datadir.DataDirInUseError`
-naming D and the holder's pid, and nothing in D is touched; a refused or failed start releases it.
+naming D and the holder's pid, and nothing in D is touched; a refused or failed start releases it
+(and closes the log and the index it opened: no file stays open).
 ``dir_lock=`` hands the service a lock its caller holds (and keeps: ``close`` leaves it held), so a
 caller that reopens the service on D (HA: :mod:`.ha`) keeps D locked in between. A simulated file
 system (``fs=``) is not locked.
@@ -54,7 +55,9 @@ log at restart (they are the source of truth); ``config.index_on_disk`` keeps it
 with its own log, checkpointed with every snapshot of the master.
 
 Batch forms return per-key results (the value or the :class:`MasterError`); single-key forms raise.
-A log that fails to write or sync turns the service read-only for state changes (LOG_FAILED).
+A log that fails to write or sync turns the service failed: every state change AND every read
+(``get_replicas`` in each form, ``exists``, ``object_info``) answers LOG_FAILED, since memory then holds
+the failed call's change that nobody acknowledged; reopening from the data dir ends it.
 
 Replicated mode (HA): ``MasterService(..., replicate=fn)``, see :mod:`quillcache.master.replicated`.
 """
@@ -80,8 +83,8 @@ from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_r
 from quillcache.master.datadir import DataDirLock
 from quillcache.master.errors import (
     InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
-    ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, SegmentExistsError, SegmentNotFoundError,
-    StaleEpochError,
+    ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, RecordEncodeError, SegmentExistsError,
+    SegmentNotFoundError, StaleEpochError,
 )
 from quillcache.master.oplog import Op, OpLog, decode_record
 from quillcache.master.replicated import ReplicatedMode
@@ -168,8 +171,14 @@ class MasterService(ReplicatedMode):
         try:
             self._init_state(config, index, replicate)
         except BaseException:
-            if self._owns_dir_lock:
-                self._dir_lock.release()
+            try:  # a failed start leaves no file open: the log and the index it opened are closed
+                if getattr(self, "_log", None) is not None:
+                    self._log.close()
+                if getattr(self, "_owns_index", False) and getattr(self, "index", None) is not None:
+                    self.index.close()
+            finally:
+                if self._owns_dir_lock:
+                    self._dir_lock.release()
             raise
 
     def _init_state(self, config: MasterConfig, index: IndexBackend | None,
@@ -188,6 +197,7 @@ class MasterService(ReplicatedMode):
         self._soft_ttl = float(config.soft_pin_ttl_s)
         self._log: OpLog | None = None
         self._call_recs: list[list] = []  # this call's records, applied, not yet in the log (_commit)
+        self._call_payloads: list[bytes] = []  # each one's encoding (made before it was applied: _record)
         self._call_lsn = 0
         self._failed: BaseException | None = None
         self._closed = False
@@ -593,6 +603,9 @@ class MasterService(ReplicatedMode):
             try:
                 self._record([Op.PUT_START_MANY, self._epoch, now, self._soft_ttl, first, keys, sizes,
                               allocs.tolist(), [pin] * n, [None] * n, [1] * n, flat.tolist()])
+            except RecordEncodeError:  # a key the kernel let through (not valid UTF-8): nothing was applied;
+                self._undo_unapplied(keys[0], first, flat.tolist())  # the reference refuses it key by key
+                return None
             except BaseException:
                 self._undo_unapplied(keys[0], first, flat.tolist())
                 raise
@@ -638,7 +651,8 @@ class MasterService(ReplicatedMode):
         younger than ``zombie_preempt_s``, with the same digest is returned (existing); otherwise
         OBJECT_ALREADY_EXISTS; an older PENDING one is pre-empted. A new put is placed by one
         :class:`BatchPlacer` for the whole batch; when nothing fits, the puts so far are recorded,
-        eviction runs and the put is placed once more (else NO_SPACE). The new puts go into ONE
+        eviction runs and the put is placed once more (else NO_SPACE); a put larger than every
+        segment's capacity evicts nothing (NO_SPACE at once). The new puts go into ONE
         record (PUT_START_MANY; PUT_START for one), or one per run between evictions."""
         self._check_writable()
         self._check_client(client_id)
@@ -692,8 +706,8 @@ class MasterService(ReplicatedMode):
                         run.flat += (s, off)
                     else:
                         reps = place(alloc, n, preferred)
-                        if not reps and st.segments:
-                            self._record_run(run, now)
+                        if not reps and st.segments and alloc <= max(g.capacity_bytes for g in st.segments.values()):
+                            self._record_run(run, now)  # (eviction runs only when it could make room for it)
                             run = _PutRun(st.next_put_id)
                             run_keys = run.keys
                             self._evict(now, self._evict_target())
@@ -709,8 +723,8 @@ class MasterService(ReplicatedMode):
                         run.add_many(key, size, alloc, pin, digest, reps)
                     new[key] = (row, digest)
                     add(row)
-                except (LogFailedError, StaleEpochError):
-                    raise
+                except (LogFailedError, StaleEpochError, RecordEncodeError):  # (the latter: the run's puts so far
+                    raise                                                    # were not recorded: the call fails)
                 except MasterError as exc:
                     add(exc)
         finally:
@@ -933,6 +947,7 @@ class MasterService(ReplicatedMode):
         same leases and errors."""
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
             raise InvalidParamsError(f"keys must be a sequence of str, got {type(keys).__name__}")
+        self._check_readable()
         if not self.fast_paths:
             segments, rows = self.get_replicas_compact(keys)
             return columns_from_rows(segments, rows, put=False)
@@ -958,6 +973,7 @@ class MasterService(ReplicatedMode):
 
     def _read(self, keys: Sequence[str]) -> list[ObjectRecord | MasterError]:
         """The COMPLETE objects of ``keys`` (each leased and accessed now) or each key's error."""
+        self._check_readable()
         now = self._now()
         lease_end = now + self.config.lease_ttl_s
         objects = self._state.objects
@@ -978,6 +994,7 @@ class MasterService(ReplicatedMode):
 
     def exists(self, keys: Sequence[str]) -> list[bool | MasterError]:
         """Per key: is it COMPLETE? Touches no lease and no access time."""
+        self._check_readable()
         objects = self._state.objects
         out: list = []
         for key in keys:
@@ -1053,7 +1070,7 @@ class MasterService(ReplicatedMode):
             if due or stale:
                 reclaimed = sorted(o.key for o in stale)
                 reclaimed_bytes = sum(d[3] for d in due) + sum(o.alloc_bytes * len(o.replicas) for o in stale)
-                self._record([Op.RECLAIM, self._epoch, now])
+                self._record([Op.RECLAIM_LISTED, self._epoch, now, reclaimed, [[d[1], d[2]] for d in due]])
             if st.capacity_bytes and st.used_bytes > cfg.high_watermark * st.capacity_bytes:
                 evicted = self._evict(now, self._evict_target())
         finally:
@@ -1063,6 +1080,7 @@ class MasterService(ReplicatedMode):
 
     # ================================================================ introspection
     def object_info(self, key: str) -> ObjectInfo:
+        self._check_readable()
         key = check_key(key)
         obj = self._state.objects.get(key)
         if obj is None:

@@ -30,7 +30,7 @@ import msgpack
 import numpy as np
 
 from quillcache.durability.fs import CREATE_EXCL, READ, FileSystem, RealFs
-from quillcache.master.oplog import Op, OpLog, decode_record
+from quillcache.master.oplog import Op, OpLog, decode_record, num_changes
 from quillcache.index.keys import IDENTITY_BYTES
 from quillcache.master._residency import residency_keys
 from quillcache.master.residency import IndexProjection
@@ -282,6 +282,24 @@ def _where(state: MasterState, segs: np.ndarray) -> tuple[list[str], np.ndarray]
     return [node_of[i] for i in inverse.tolist()], np.asarray([int(d.tier) for d in descs], dtype=np.uint8)[inverse]
 
 
+def _replay(state: MasterState, tail: list[tuple[int, bytes]], data_dir: str) -> int:
+    """Apply the log tail; returns the state changes it held (``num_changes``). A record that does not
+    decode or apply is a SnapshotError naming the data dir, its LSN and op (never a bare KeyError)."""
+    changes = 0
+    apply = state.apply
+    for lsn, payload in tail:
+        rec = None
+        try:
+            rec = decode_record(payload)
+            apply(rec, lsn)
+        except Exception as exc:
+            what = Op(rec[0]).name if rec is not None else "record"
+            raise SnapshotError(f"{data_dir}: master log {what} at lsn {lsn} does not apply to the state "
+                                f"({type(exc).__name__}: {exc}); the log does not continue this snapshot") from exc
+        changes += num_changes(rec)
+    return changes
+
+
 def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, data_dir: str, *, now: float,
             lease_ttl_s: float) -> tuple[OpLog, int]:
     """Restart: load the snapshot, replay the log tail, rebuild the allocators, reset soft state
@@ -308,8 +326,12 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
         fill_index(state, projection, loaded)
     log = OpLog(data_dir, fs)
     tail = log.recover(state.lsn)
-    for lsn, payload in tail:
-        state.apply(decode_record(payload), lsn)
+    try:
+        changes = _replay(state, tail, data_dir)
+    except BaseException:
+        log.close()  # (a refused restart leaves no file open)
+        raise
+    log.records_since_rotate = changes  # the snapshot cadence counts state changes, as a live master does
     if refilled:  # built from the snapshot just now: the tail's changes are all missing from it
         projection.flush()  # (an on-disk index: durable, so the next restart finds it whole)
     else:

@@ -347,6 +347,23 @@ class MasterState:
             if self.objects[key].started_s + self._reclaim_s <= now:
                 self._drop_object(self.objects.pop(key))
 
+    def _reclaim_listed(self, now: float, keys: list, ranges: list) -> None:
+        """RECLAIM_LISTED: drop the named PENDING puts, release the named discarded ranges (the writer's
+        decision; nothing is re-decided, so a replay with another ``_reclaim_s`` does the same). A name
+        that is not a pending put / discarded range is a ValueError, raised before anything changes."""
+        release = {(r[0], r[1]) for r in ranges}
+        found = [d for d in self.discarded if (d[1], d[2]) in release]
+        missing = [k for k in keys if k not in self.pending]
+        if missing or len(found) != len(release) or len(release) != len(ranges):
+            raise ValueError(f"RECLAIM_LISTED names puts {missing!r:.80} that are not pending or ranges that "
+                             f"are not discarded ({len(found)} of {len(ranges)} found)")
+        if found:
+            self.discarded = [d for d in self.discarded if (d[1], d[2]) not in release]
+            for _, s, off, alloc in found:
+                self._release(s, off, alloc)
+        for key in keys:
+            self._drop_object(self.objects.pop(key))
+
     def _epoch(self, now: float) -> None:
         pass
 
@@ -355,7 +372,7 @@ class MasterState:
         for rec in records:  # the batch's LSN is already set
             apply(rec)
 
-    _reclaim_s = 600.0  # set by the service from its config (zombie_reclaim_s)
+    _reclaim_s = 600.0  # set by the service from its config (zombie_reclaim_s): pre-emption deadlines, old RECLAIM
 
     # ---------------------------------------------------------------- helpers
     def index_rows(self, obj: ObjectRecord) -> list[tuple[str, CacheTier, int, int, int]]:
@@ -504,4 +521,4 @@ class MasterState:
 _HANDLERS = {Op.MOUNT: "_mount", Op.UNMOUNT: "_unmount", Op.PUT_START: "_put_start", Op.PUT_END: "_put_end",
              Op.PUT_REVOKE: "_put_revoke", Op.REMOVE: "_remove", Op.EVICT: "_evict", Op.EXPIRE: "_expire",
              Op.RECLAIM: "_reclaim", Op.EPOCH: "_epoch", Op.BATCH: "_batch", Op.PUT_END_MANY: "_put_end_many",
-             Op.PUT_START_MANY: "_put_start_many"}
+             Op.PUT_START_MANY: "_put_start_many", Op.RECLAIM_LISTED: "_reclaim_listed"}

@@ -1,6 +1,8 @@
 """Argument checks of the master's public calls: each refusal is an ``InvalidParamsError`` naming
 the argument, its value and the allowed range (a bad key, size, replica count, pin, digest,
-segment descriptor or config never reaches the state machine)."""
+segment descriptor or config never reaches the state machine). Every string a record stores (key,
+node id, endpoint, transport) must be valid UTF-8 (a lone surrogate is refused) and every int fit
+msgpack, so a checked call's log record can always be encoded."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from quillcache.master.types import (
 from quillcache.types import CacheTier
 
 __all__ = ["check_config", "check_duration_s", "check_key", "check_put", "check_put_fields", "check_put_row",
-           "check_segment", "key_error"]
+           "check_segment", "key_error", "utf8_ok"]
 
 MAX_NODE_BYTES = 200  # the residency index's limit on node names
+_MSGPACK_INT_MIN, _MSGPACK_INT_MAX = -(1 << 63), (1 << 64) - 1  # what the operation log can store
 
 
 def _is_int(v: object) -> bool:
@@ -73,10 +76,22 @@ def check_config(c: MasterConfig) -> None:
                                  f"{SNAPSHOT_WRITERS.names()}")
 
 
+def utf8_ok(s: str) -> bool:
+    """Can ``s`` be written as UTF-8 (what the operation log stores)? False for a lone surrogate."""
+    if s.isascii():  # (O(1) for a str)
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_key(key: object) -> str:
-    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS or not utf8_ok(key):
         shown = f"{key!r:.60}" if isinstance(key, str) else f"{type(key).__name__} {key!r:.60}"
-        raise InvalidParamsError(f"key {shown} must be a non-empty str of at most {MAX_KEY_CHARS} characters")
+        raise InvalidParamsError(f"key {shown} must be a non-empty str of at most {MAX_KEY_CHARS} characters, "
+                                 f"valid UTF-8 (no lone surrogate)")
     return key
 
 
@@ -114,7 +129,7 @@ _PINS = {int(p): int(p) for p in PinKind}
 def check_put_fields(key: object, size: object, n: object, preferred: object, pin: object, digest: object,
                      max_object_bytes: int) -> tuple[str, int, int, int | None, int, bytes | None]:
     """The checks of ``check_put`` on the request's fields, in the same order with the same messages."""
-    if (type(key) is str and 0 < len(key) <= MAX_KEY_CHARS and type(size) is int and 0 < size <= max_object_bytes
+    if (type(key) is str and 0 < len(key) <= MAX_KEY_CHARS and key.isascii() and type(size) is int and 0 < size <= max_object_bytes
             and type(n) is int and 1 <= n <= MAX_REPLICAS and preferred is None and digest is None
             and type(pin) in (int, PinKind) and pin in _PINS):  # the common request: every check passes
         return key, size, n, None, _PINS[pin], None
@@ -144,17 +159,21 @@ def check_segment(d: object, alignment: int) -> int:
     """Validate a descriptor to mount; returns its tier as an int."""
     if not isinstance(d, SegmentDescriptor):
         raise InvalidParamsError(f"mount_segment takes a SegmentDescriptor, got {type(d).__name__}")
-    if not isinstance(d.node_id, str) or not d.node_id or "\x00" in d.node_id \
+    if not isinstance(d.node_id, str) or not d.node_id or "\x00" in d.node_id or not utf8_ok(d.node_id) \
             or len(d.node_id.encode("utf-8", "surrogatepass")) > MAX_NODE_BYTES:
-        raise InvalidParamsError(f"segment node_id={d.node_id!r} must be 1..{MAX_NODE_BYTES} UTF-8 bytes, no NUL")
+        raise InvalidParamsError(f"segment node_id={d.node_id!r} must be 1..{MAX_NODE_BYTES} UTF-8 bytes "
+                                 f"(no lone surrogate), no NUL")
     if not _is_int(d.segment_id) or not 0 <= d.segment_id <= U32_MAX:
         raise InvalidParamsError(f"segment_id={d.segment_id!r} must be an int in [0, 2**32-1]")
     if not _is_int(d.capacity_bytes) or not alignment <= d.capacity_bytes <= U32_MAX * alignment:
         raise InvalidParamsError(f"segment {d.segment_id}: capacity_bytes={d.capacity_bytes!r} must be an int in "
                                  f"[{alignment}, {U32_MAX * alignment}] (alignment_bytes={alignment})")
-    if not isinstance(d.endpoint, str) or not isinstance(d.transport, str) \
-            or not all(_is_int(r) for r in d.region_ids):
-        raise InvalidParamsError(f"segment {d.segment_id}: endpoint and transport must be str, region_ids ints")
+    if not isinstance(d.endpoint, str) or not isinstance(d.transport, str) or not utf8_ok(d.endpoint) \
+            or not utf8_ok(d.transport) or not all(_is_int(r) and _MSGPACK_INT_MIN <= r <= _MSGPACK_INT_MAX
+                                                   for r in d.region_ids):
+        raise InvalidParamsError(f"segment {d.segment_id}: endpoint={d.endpoint!r:.60} and transport="
+                                 f"{d.transport!r:.60} must be valid UTF-8 str (no lone surrogate), region_ids="
+                                 f"{d.region_ids!r:.60} ints in [-2**63, 2**64-1]")
     try:
         return int(CacheTier(d.tier))
     except ValueError:
