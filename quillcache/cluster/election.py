@@ -6,6 +6,11 @@ The design is Mooncake's master election (REFERENCE §9):
   The winner's **epoch** is that key's create revision (unique and increasing in etcd, so a fencing
   token). A loser watches the key from the revision it read and tries again when the key is deleted
   (resigned, or its holder's lease expired).
+- **Lease hygiene**: a round campaigns only with a lease whose keeper is ``alive()`` (no loss seen and
+  its local deadline not passed: the deadline can pass before the keeper's thread notices). A lease
+  that fails that check (also at the end of the warm-up: the won key goes with it), that etcd answers
+  "lease not found" for, or that holds the key from an earlier round, is revoked (so its key goes at
+  once) and replaced by a new one; a candidate never waits for its own key to go and keeps campaigning.
 - **Warm-up**: after winning, the candidate keeps its lease alive for ``warmup_s`` (one TTL by default)
   before it reports leadership, then checks the key is still its own: by then an old leader that is
   alive has seen its own lease deadline pass (see ``LeaseKeeper``) and stepped down. So a SIGKILLed
@@ -179,12 +184,33 @@ class LeaderElection:
                 except Exception:
                     log.exception("election %r: on_lost callback raised", self.name)
 
+    def _drop_lease(self, why: str) -> None:
+        """Give up the current lease: revoke it first (the key it holds goes at once, even while the
+        keeper's thread is still waiting on a late keep-alive answer), then stop its keeper."""
+        with self._lock:
+            keeper, self._keeper = self._keeper, None
+        if keeper is None:
+            return
+        log.warning("election %r: %r drops lease %x (%s) and campaigns with a new one", self.name,
+                    self.candidate_id, keeper.lease_id, why)
+        try:
+            self.client.revoke(keeper.lease_id)
+        except EtcdError as e:  # unreachable: the lease (and its key) expires by itself
+            log.warning("election %r: could not revoke lease %x (%s); it will expire", self.name,
+                        keeper.lease_id, e)
+        keeper.stop(revoke=False)
+
     def _ensure_lease(self, deadline: float) -> int:
+        """The lease to campaign with: the current one only while its keeper is alive (no loss seen AND
+        its local deadline not passed: a deadline can pass before the keeper's thread notices), else a
+        new one (the old one is revoked first)."""
         delays = self._backoff.delays()
         while True:
             keeper = self._keeper
-            if keeper is not None and keeper.lost_reason is None:
+            if keeper is not None and keeper.alive():
                 return keeper.lease_id
+            if keeper is not None:
+                self._drop_lease(keeper.lost_reason or "its local deadline passed without a confirmed refresh")
             keeper = LeaseKeeper(self.client, self.ttl_s, on_lost=self._on_lease_lost,
                                  name=f"election {self.name} ({self.candidate_id})")
             try:
@@ -219,6 +245,11 @@ class LeaderElection:
                 log.warning("election %r: %s; retrying in %.1f s", self.name, e, delay)
                 self._cancel.wait(delay)
                 continue
+            except EtcdError as e:
+                if "lease not found" not in str(e):
+                    raise
+                self._drop_lease(f"etcd no longer knows it: {e}")  # expired behind the keeper's back
+                continue
             if epoch is not None:
                 if self.on_elected is not None:
                     self.on_elected(epoch)
@@ -232,13 +263,18 @@ class LeaderElection:
                               [range_op(self.key)], what=f"campaign for {self.key}")
         if not res.succeeded:
             holder = res.ranges[0][0] if res.ranges and res.ranges[0] else None
-            if holder is not None:
+            if holder is not None and holder.lease == lease:  # our own key of an earlier round: never wait on it
+                self._drop_lease(f"the key {self.key} still held by it is from an earlier round")
+            elif holder is not None:
                 self._wait_for_delete(res.revision + 1, deadline)
             return None
         epoch = res.revision  # the put ran in this txn: the key's create revision
         log.info("election %r: %r won epoch %d; warming up", self.name, self.candidate_id, epoch)
         warmup_s = self._keeper.granted_ttl_s if self.warmup_s is None else self.warmup_s  # type: ignore[union-attr]
-        if self._cancel.wait(warmup_s) or self._keeper is None or not self._keeper.alive():
+        if self._cancel.wait(warmup_s):
+            return None
+        if self._keeper is None or not self._keeper.alive():  # the won key must not outlive this round
+            self._drop_lease("it was not confirmed alive at the end of the warm-up")
             return None
         kv = self.client.get(self.key)
         if kv is None or kv.create_revision != epoch or kv.lease != lease:

@@ -4,7 +4,10 @@ Contract:
 - ``find_etcd()`` returns the path of the ``etcd`` binary ($QUILLCACHE_ETCD, then ``PATH``, then
   ``/usr/bin/etcd``) or None; ``ETCD_INSTALL_HINT`` says how to get one (Debian's ``etcd-server``).
 - ``EtcdProcess`` starts one single-member etcd on 127.0.0.1 (client and peer ports free ones unless
-  given), its data in a temporary directory it owns, and returns from ``start()`` only when the server
+  given: two distinct ports, chosen while both are held, and chosen again, up to ``PORT_ATTEMPTS`` times,
+  when etcd could not bind one because another process took it meanwhile; given ports are never
+  changed, and the same port for both is refused), its data in a temporary directory it owns, and
+  returns from ``start()`` only when the server
   answers ``/health`` with ``"true"``: it polls with a deadline, waiting on the process itself between
   polls, so an etcd that exits early is reported at once with the tail of its log, and one that never
   gets healthy is killed and reported when the deadline passes. Nothing sleeps a fixed time.
@@ -20,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -35,8 +39,12 @@ from quillcache._checks import check_float, check_int
 from quillcache.cli.parent import kill_on_parent_death
 from quillcache.cluster.tempdirs import add_user, make_owned_dir, sweep_stale_dirs
 
-__all__ = ["ETCD_INSTALL_HINT", "EtcdNotFoundError", "EtcdProcess", "EtcdStartError", "find_etcd", "free_port"]
+__all__ = ["ETCD_INSTALL_HINT", "EtcdNotFoundError", "EtcdProcess", "EtcdStartError", "find_etcd", "free_port",
+           "free_ports"]
 
+log = logging.getLogger(__name__)
+
+PORT_ATTEMPTS = 3  # starts with freshly chosen ports, when etcd finds one of the chosen ports taken
 TEMP_PREFIX = "quillcache-etcd-"  # a data directory made for the server (none given), in tempfile.gettempdir()
 ETCD_INSTALL_HINT = ("etcd is not installed: `apt-get install etcd-server` (Debian/Ubuntu; `make test` does it when "
                      "run as root), or set $QUILLCACHE_ETCD to an etcd binary")
@@ -47,7 +55,12 @@ class EtcdNotFoundError(FileNotFoundError):
 
 
 class EtcdStartError(RuntimeError):
-    """etcd exited or did not become healthy in time; the message carries the tail of its log."""
+    """etcd exited or did not become healthy in time; the message carries the tail of its log.
+    ``port_taken``: it could not bind a port (another process listens there)."""
+
+    def __init__(self, message: str, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 def find_etcd() -> str | None:
@@ -63,9 +76,22 @@ def find_etcd() -> str | None:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` DISTINCT TCP ports nobody listens on right now: every socket stays bound until all are
+    chosen (the kernel may hand out a port again once its socket is closed)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(check_int("n", n, 1)):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _terminate(proc: subprocess.Popen, timeout_s: float) -> None:
@@ -98,6 +124,8 @@ class EtcdProcess:
         self.host = host
         self.client_port = check_int("client_port", client_port, 1, 65535) if client_port is not None else None
         self.peer_port = check_int("peer_port", peer_port, 1, 65535) if peer_port is not None else None
+        if client_port is not None and client_port == peer_port:
+            raise ValueError(f"client_port and peer_port are both {client_port}: etcd needs two distinct ports")
         self.name = name
         self.start_timeout_s = check_float("start_timeout_s", start_timeout_s, 0.0, lo_open=True)
         self.stop_timeout_s = check_float("stop_timeout_s", stop_timeout_s, 0.0, lo_open=True)
@@ -106,6 +134,7 @@ class EtcdProcess:
         self._owned_dir: str | None = None
         self._proc: subprocess.Popen | None = None
         self._finalizer: weakref.finalize | None = None
+        self._log_from = 0
 
     # -- where it listens --------------------------------------------------------------------------
     @property
@@ -142,20 +171,41 @@ class EtcdProcess:
     def start(self) -> EtcdProcess:
         if self.running():
             raise RuntimeError(f"etcd at {self.endpoint} is already running (pid {self.pid})")
+        pick_client, pick_peer = self.client_port is None, self.peer_port is None
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if pick_client or pick_peer:
+                given = {p for p in (self.client_port, self.peer_port) if p is not None}
+                ports = [p for p in free_ports(3, self.host) if p not in given]
+                if pick_client:
+                    self.client_port = ports.pop(0)
+                if pick_peer:
+                    self.peer_port = ports.pop(0)
+            try:
+                return self._start_once()
+            except EtcdStartError as e:
+                if not (pick_client or pick_peer) or not e.port_taken or attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("etcd could not bind a port it was given (%s); starting it again on other ports "
+                            "(attempt %d of %d)", e.args[0].splitlines()[0], attempt + 1, PORT_ATTEMPTS)
+                if pick_client:
+                    self.client_port = None
+                if pick_peer:
+                    self.peer_port = None
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> EtcdProcess:
         base = self._base_dir()
         base.mkdir(parents=True, exist_ok=True)
-        if self.client_port is None:
-            self.client_port = free_port(self.host)
-        if self.peer_port is None:
-            self.peer_port = free_port(self.host)
+        assert self.client_port is not None and self.peer_port is not None
         peer_url = f"http://{self.host}:{self.peer_port}"
         cmd = [self.binary, "--name", self.name, "--data-dir", str(base / "data"),
                "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                "--initial-cluster", f"{self.name}={peer_url}", "--initial-cluster-state", "new",
                "--logger", "zap", "--log-level", "warn"]
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        with open(self.log_path, "ab") as out:
+            self._log_from = out.tell()  # this start's part of the log
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=kill_on_parent_death(signal.SIGTERM))
         self._finalizer = weakref.finalize(self, _terminate, self._proc, self.stop_timeout_s)
         for d in (self._owned_dir, self._owned_by):  # no sweep removes its data while it runs
@@ -190,7 +240,16 @@ class EtcdProcess:
             except subprocess.TimeoutExpired:
                 continue
             raise EtcdStartError(f"etcd ({self.binary}) exited with status {code} before it was healthy at "
-                                 f"{self.endpoint}; log tail:\n{self._log_tail()}")
+                                 f"{self.endpoint}; log tail:\n{self._log_tail()}", port_taken=self._bind_failed())
+
+    def _bind_failed(self) -> bool:
+        """This start's log says a port was taken (etcd's ``bind: address already in use``)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_from)
+                return b"address already in use" in f.read()
+        except OSError:
+            return False
 
     def _log_tail(self, n_lines: int = 15) -> str:
         try:

@@ -263,8 +263,9 @@ class _EtcdMembershipWatch:
                 out = MembershipEvent(kind=kind, node_id=seg.node_id, segment=seg, revision=ev.revision)
         self._callback(out)
 
-    def _resync(self, _compacted: int) -> None:
-        """Events were compacted away: diff a fresh listing against what the callback has been told."""
+    def _resync(self, _compacted: int) -> int:
+        """Events were compacted away: diff a fresh listing against what the callback has been told; the
+        revision listed at (the watch goes on after it, so no change after the listing is missed)."""
         segments, revision = self._registry._list()
         now = {s.node_id: s for s in segments}
         with self._lock:
@@ -276,6 +277,7 @@ class _EtcdMembershipWatch:
             self._known = dict(now)
         for ev in events:
             self._callback(ev)
+        return revision
 
     def cancel(self) -> None:
         self._watch.cancel()

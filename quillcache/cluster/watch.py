@@ -6,7 +6,10 @@ Contract:
   the revision after the last one delivered, so a restarted etcd loses no event (as long as it has not
   compacted them).
 - When etcd has compacted the revisions the watch still needed, ``on_compacted(compact_revision)`` is
-  called (the caller re-reads the state it follows) and the watch continues from the present.
+  called (the caller re-reads the state it follows) and the watch is re-opened at once: after the
+  revision ``on_compacted`` returns (the one the caller read its state at, so no change between that
+  read and the new stream is lost), or from the present when it returns None or there is none. etcd
+  cancels such a watch but leaves its stream open, so the stream is always ended here, never read on.
 - A stream that breaks is re-opened with backoff; each failure logs one warning naming the endpoint.
   An exception raised by a callback is logged with its traceback and the watch goes on.
 - ``cancel()`` stops the thread (it shuts the stream's socket to interrupt a blocked read) and waits
@@ -31,6 +34,10 @@ __all__ = ["Watch", "WatchEvent"]
 log = logging.getLogger(__name__)
 
 
+class _Reopen(Exception):
+    """etcd canceled the watch (a compaction) but keeps its stream open: end it and open a new one."""
+
+
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     """``kind`` is ``"put"`` or ``"delete"``; ``prev`` the key's previous value where etcd sent it."""
@@ -47,7 +54,7 @@ class Watch:
 
     def __init__(self, client: EtcdClient, key: str, on_event: Callable[[WatchEvent], None], *,
                  prefix: bool = False, start_revision: int | None = None,
-                 on_compacted: Callable[[int], None] | None = None, backoff: Backoff = Backoff(),
+                 on_compacted: Callable[[int], int | None] | None = None, backoff: Backoff = Backoff(),
                  name: str = "") -> None:
         self._client = client
         self._key = key
@@ -115,7 +122,10 @@ class Watch:
                 message = json.loads(line)
                 if "error" in message:
                     raise ValueError(f"watch error {message['error']}")
-                confirmed |= self._handle(message["result"])
+                try:
+                    confirmed |= self._handle(message["result"])
+                except _Reopen:
+                    return True  # at once, from ``_next_revision``: nothing more comes on this stream
             return confirmed
         finally:
             with self._lock:
@@ -134,8 +144,10 @@ class Watch:
                         self._key, self._client.endpoint, compacted)
             self._next_revision = None
             if self._on_compacted is not None and not self._stop.is_set():
-                self._call(self._on_compacted, compacted)
-            return True
+                read_at = self._call(self._on_compacted, compacted)
+                if isinstance(read_at, int) and not isinstance(read_at, bool) and read_at >= compacted:
+                    self._next_revision = read_at + 1
+            raise _Reopen
         if result.get("canceled"):
             raise ValueError(f"etcd canceled the watch: {result.get('cancel_reason', 'no reason given')}")
         for ev in result.get("events", []):
@@ -149,11 +161,12 @@ class Watch:
             self._next_revision = kv.mod_revision + 1
         return True
 
-    def _call(self, fn: Callable, arg: object) -> None:
+    def _call(self, fn: Callable, arg: object) -> object:
         try:
-            fn(arg)
+            return fn(arg)
         except Exception:  # a callback's bug must not end the watch
             log.exception("watch callback for %r raised; the watch goes on", self._key)
+            return None
 
     # -- stopping ------------------------------------------------------------------------------------
     def cancel(self) -> None:

@@ -6,10 +6,10 @@ buffer), ``node`` (``PoolNode``), ``store`` (``PooledStore``), ``embedded`` (a p
 ``cluster`` (``LocalCluster``: real processes on loopback), ``errors``.
 """
 
-from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, NodeIdInUseError, PoolClosedError,
-                                    PoolError, PutFailedError)
+from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, NodeIdInUseError, PersistFailedError,
+                                    PoolClosedError, PoolError, PutFailedError)
 from quillcache.pool.embedded import EmbeddedPool, embedded_store
 from quillcache.pool.store import PoolStats, PooledStore, PutOutcome
 
-__all__ = ["CorruptObjectError", "EmbeddedPool", "MasterUnavailableError", "NodeIdInUseError", "PoolClosedError",
-           "PoolError", "PoolStats", "PooledStore", "PutFailedError", "PutOutcome", "embedded_store"]
+__all__ = ["CorruptObjectError", "EmbeddedPool", "MasterUnavailableError", "NodeIdInUseError", "PersistFailedError",
+           "PoolClosedError", "PoolError", "PoolStats", "PooledStore", "PutFailedError", "PutOutcome", "embedded_store"]

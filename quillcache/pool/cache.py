@@ -13,7 +13,9 @@ Invariants:
   then only staging).
 - A view handed to a caller (``export``) pins its range: the range is not freed or reused while any
   view of it (or a slice of one) is alive; an entry evicted or dropped while pinned is freed when its last
-  view goes. So a returned ``memoryview`` never changes under its holder.
+  view goes. So a returned ``memoryview`` never changes under its holder. A call that finds or caches an
+  entry and returns a view of it (``lookup``, ``insert_and_export``) pins it in the same critical section:
+  an entry is never evictable between being found (or cached) and being pinned.
 - Thread-safe (one lock); view releases are queued and applied at the next call (a release may happen
   in any thread, at any time).
 """
@@ -116,15 +118,20 @@ class LocalCache:
             if not a.cached and not a.pinned():
                 self._free(a)
 
-    def export(self, a: Alloc, nbytes: int) -> memoryview:
-        """A read-only view of the first ``nbytes`` of ``a`` that pins it (module docstring)."""
-        with self._lock:
-            ex = a.exporter() if a.exporter is not None else None
-            if ex is None:
-                ex = self._arr[a.offset:a.offset + nbytes]
-                a.exporter = weakref.ref(ex, lambda _r, a=a, q=self._released: q.append(a))
-            view = memoryview(ex).toreadonly()
+    def _export_locked(self, a: Alloc, nbytes: int) -> memoryview:
+        ex = a.exporter() if a.exporter is not None else None
+        if ex is None:
+            ex = self._arr[a.offset:a.offset + nbytes]
+            a.exporter = weakref.ref(ex, lambda _r, a=a, q=self._released: q.append(a))
+        view = memoryview(ex).toreadonly()
         return view[:nbytes] if nbytes != view.nbytes else view
+
+    def export(self, a: Alloc, nbytes: int) -> memoryview:
+        """A read-only view of the first ``nbytes`` of ``a`` that pins it (module docstring). ``a`` must be
+        the caller's (allocated, or pinned by a view it holds): an unpinned cached entry may already be
+        evicted, so cache-then-view is ``insert_and_export``."""
+        with self._lock:
+            return self._export_locked(a, nbytes)
 
     def writable(self, a: Alloc) -> memoryview:
         return self.view[a.offset:a.offset + a.size]
@@ -133,16 +140,26 @@ class LocalCache:
         """Keep ``a`` (holding ``key``'s verified framed bytes) as the cached copy; False (and ``a``
         stays the caller's) when it does not fit the budget or caching is off."""
         with self._lock:
-            self._drain()
-            if a.size > self.cache_bytes or key in self._lru:
+            return self._insert_locked(key, a, payload_bytes)
+
+    def insert_and_export(self, key: str, a: Alloc, payload_bytes: int) -> memoryview:
+        """``insert`` then ``export`` of the first ``payload_bytes`` in ONE critical section: the view pins
+        ``a`` before any other thread can evict it (cached or not, ``a`` is freed when its last view goes)."""
+        with self._lock:
+            self._insert_locked(key, a, payload_bytes)
+            return self._export_locked(a, payload_bytes)
+
+    def _insert_locked(self, key: str, a: Alloc, payload_bytes: int) -> bool:
+        self._drain()
+        if a.size > self.cache_bytes or key in self._lru:
+            return False
+        while self._cached_bytes + a.size > self.cache_bytes:
+            if not self._evict_one():
                 return False
-            while self._cached_bytes + a.size > self.cache_bytes:
-                if not self._evict_one():
-                    return False
-            a.key, a.payload_bytes, a.cached = key, payload_bytes, True
-            self._lru[key] = a
-            self._cached_bytes += a.size
-            return True
+        a.key, a.payload_bytes, a.cached = key, payload_bytes, True
+        self._lru[key] = a
+        self._cached_bytes += a.size
+        return True
 
     def lookup(self, key: str) -> memoryview | None:
         """The cached payload of ``key`` (a pinning read-only view; most recently used now) or None."""
@@ -151,7 +168,7 @@ class LocalCache:
             if a is None:
                 return None
             self._lru.move_to_end(key)
-        return self.export(a, a.payload_bytes)
+            return self._export_locked(a, a.payload_bytes)  # pinned before the lock goes: never evicted unpinned
 
     def __contains__(self, key: str) -> bool:
         with self._lock:

@@ -6,8 +6,8 @@ half-written object readable: a failed put is revoked at the master before the e
 
 from __future__ import annotations
 
-__all__ = ["CorruptObjectError", "MasterUnavailableError", "NodeIdInUseError", "PoolClosedError", "PoolError",
-           "PutFailedError"]
+__all__ = ["CorruptObjectError", "MasterUnavailableError", "NodeIdInUseError", "PersistFailedError", "PoolClosedError",
+           "PoolError", "PutFailedError"]
 
 
 class PoolError(Exception):
@@ -33,3 +33,8 @@ class MasterUnavailableError(PoolError):
 
 class NodeIdInUseError(PoolError):
     """A node started under the id of a node that is still serving its segment (names the id and where)."""
+
+
+class PersistFailedError(PoolError):
+    """A node's ``flush()``: some write-behind to its SSD tier since the previous flush is not durable (the
+    tier refused it or its group commit failed); names the node, how many, and the first cause."""

@@ -30,13 +30,17 @@ What a node does:
   copies each range out of the DRAM buffer ONCE into its SSD record, verifies the frame (trailer + crc32c over
   key and payload) and ``SsdTier.put_async``s it; a range that does not verify (its object was evicted and
   the range reused, a bad offset) is skipped and counted, never stored; ``flush()`` waits until every
-  queued persist has been handled and makes them durable (returns the counters).
+  queued persist has been handled and makes them durable (returns the counters), or raises
+  ``PersistFailedError`` naming how many and why when any persist since the previous flush was not made
+  durable (the SSD tier refused it, or its group commit failed). ``persisted`` counts durable blocks only.
 - With an SSD directory, at start: SSD recovery (the tier's own crash recovery), then re-announce every
   recovered block: keys the master already has are skipped; the others are ``batch_put_start``-ed with one
   replica preferring this segment, copied into the DRAM buffer (a local memcpy) and ``batch_put_end``-ed.
   It stops when the segment has no room for the next block (counted in ``reannounce_unfit``): re-announcing
   never makes the master evict live objects.
-- Registers in a ``NodeRegistry`` (etcd, under a lease) when ``etcd`` is given.
+- Registers in a ``NodeRegistry`` (etcd, under a lease) when ``etcd`` is given, and publishes its descriptor
+  again after every remount, so its ``regions`` name the region served now (retried at each heartbeat
+  while etcd refuses it).
 - ``close()`` unmounts (best effort) and stops everything (idempotent).
 
 What the SSD tier guarantees here (write-behind): a persist acknowledged by ``flush()`` survives a crash of
@@ -65,7 +69,7 @@ from quillcache.master.client import MasterClient
 from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceError, SegmentExistsError,
                                      SegmentNotFoundError)
 from quillcache.master.types import MAX_DURATION_S, PutRequest, ReplicaConfig, SegmentDescriptor
-from quillcache.pool.errors import CorruptObjectError, NodeIdInUseError, PoolClosedError
+from quillcache.pool.errors import CorruptObjectError, NodeIdInUseError, PersistFailedError, PoolClosedError
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, record_header, store_key
 from quillcache.rpc import RpcServer
@@ -102,13 +106,19 @@ def parse_region_name(name: str) -> tuple[str, str] | None:
 
 @dataclass
 class NodeCounters:
-    persisted: int = 0
+    persisted: int = 0  # made durable in the SSD tier (counted at its group commit)
     persist_skipped: int = 0  # did not verify (range reused / bad offset) or the SSD tier refused it
     persist_failed: int = 0  # a commit failed (callback error)
     reannounced: int = 0
     reannounce_skipped: int = 0  # already in the pool, or the record did not verify
     reannounce_unfit: int = 0
     remounts: int = 0
+
+
+class _FlushRequest(threading.Event):
+    """A ``flush()`` in the persist queue, set when handled; ``error`` (set before) says what is not durable."""
+
+    error: str | None = None
 
 
 class _Control:
@@ -161,6 +171,9 @@ class PoolNode:
         self.segment_id: int | None = None
         self._threads: list[threading.Thread] = []
         self._persist_q: queue.Queue = queue.Queue()
+        self._lost_n = 0  # persists that will never be durable since the last flush (the persist worker's)
+        self._lost_why: str | None = None  # the first one's cause
+        self._publish_wanted = False  # the registry still names a region of an earlier mount
         try:
             self._mm = mmap.mmap(-1, self.capacity_bytes)
             self._buf = memoryview(self._mm)
@@ -187,7 +200,7 @@ class PoolNode:
                 self.reannounce()
                 self._start_thread(self._reannounce_loop, "reannounce")
             if etcd is not None:
-                self._register(etcd)
+                self._publish(etcd)
             self._start_thread(self._persist_loop, "persist")
         except BaseException:
             self.close()
@@ -331,12 +344,16 @@ class PoolNode:
             try:
                 self.master.heartbeat(self.node_id)
                 delay = 0.05
+                if self._publish_wanted and self.registry is not None:
+                    self._publish()
             except NeedRemountError:
                 log.warning("node %s: the master asks for a remount (expired or lost); mounting again", self.node_id)
                 try:
                     self._mount()
                     self.counters.remounts += 1
                     self._reannounce_wanted.set()  # on its own thread: heartbeats go on meanwhile
+                    if self.registry is not None:
+                        self._publish()
                 except Exception as e:
                     log.warning("node %s: remount failed: %s", self.node_id, e)
                     self._stop.wait(delay)
@@ -356,17 +373,27 @@ class PoolNode:
             except Exception as e:
                 log.warning("node %s: re-announce failed: %s", self.node_id, e)
 
-    def _register(self, etcd: str) -> None:
+    def _publish(self, etcd: str | None = None) -> None:
+        """Register in etcd with the region served NOW: at start (``etcd``; a failure raises) and after each
+        remount (a failure then is retried at the next heartbeat: ``_publish_wanted``)."""
         from quillcache.cluster.descriptors import RegionInfo
         from quillcache.cluster.descriptors import SegmentDescriptor as RegistryDescriptor
         from quillcache.cluster.registry import EtcdRegistry
 
-        ttl = max(1, int(round(3 * self.heartbeat_s)))
-        self.registry = EtcdRegistry(etcd, ttl_s=ttl)
-        self.registry.register(RegistryDescriptor(node_id=self.node_id, endpoint=self.transfer_address,
-                                                  transport=self.engine.backend_name,
-                                                  regions=(RegionInfo(self.region.region_id, self.capacity_bytes),),
-                                                  capacity_bytes=self.capacity_bytes))
+        if etcd is not None:
+            self.registry = EtcdRegistry(etcd, ttl_s=max(1, int(round(3 * self.heartbeat_s))))
+        with self._lock:  # the region read here is the one served: a remount publishes again after this
+            try:
+                self.registry.register(RegistryDescriptor(  # type: ignore[union-attr]
+                    node_id=self.node_id, endpoint=self.transfer_address, transport=self.engine.backend_name,
+                    regions=(RegionInfo(self.region.region_id, self.capacity_bytes),),
+                    capacity_bytes=self.capacity_bytes))
+                self._publish_wanted = False
+            except Exception as e:
+                if etcd is not None:
+                    raise
+                self._publish_wanted = True
+                log.warning("node %s: registry not updated (%s); retried at the next heartbeat", self.node_id, e)
 
     # ------------------------------------------------------------------ SSD: re-announce
     def reannounce(self) -> tuple[int, int]:
@@ -486,8 +513,15 @@ class PoolNode:
         return len(good)
 
     def _on_commit(self, _key, err) -> None:
-        if err is not None:
+        if err is None:
+            self.counters.persisted += 1
+        else:
             self.counters.persist_failed += 1
+            self._not_durable(str(err))
+
+    def _not_durable(self, why: str) -> None:
+        """A persist since the last flush will never be durable: the next flush reports it."""
+        self._lost_n, self._lost_why = self._lost_n + 1, self._lost_why or why
 
     def _persist_loop(self) -> None:
         from quillcache.store.errors import StoreError
@@ -497,10 +531,16 @@ class PoolNode:
             try:
                 if batch is None:
                     return
-                if isinstance(batch, threading.Event):
+                if isinstance(batch, _FlushRequest):
                     try:
-                        self.ssd.flush()
+                        self.ssd.flush()  # a failed commit fired the callbacks (counted) before raising
+                    except Exception as e:
+                        self._lost_why = self._lost_why or f"{type(e).__name__}: {e}"
                     finally:
+                        if self._lost_why is not None:
+                            batch.error = (f"{self._lost_n} persist(s) since the last flush not durable: "
+                                           f"{self._lost_why}")
+                        self._lost_n, self._lost_why = 0, None
                         batch.set()
                     continue
                 for key, off, size in batch:
@@ -518,21 +558,24 @@ class PoolNode:
                         continue
                     try:
                         self.ssd.put_async(sk, rec, self._on_commit)
-                        self.counters.persisted += 1
                     except StoreError as e:
                         log.info("node %s: persist of %r refused by the SSD tier: %s", self.node_id, key, e)
                         self.counters.persist_skipped += 1
+                        self._not_durable(f"{type(e).__name__}: {e}")
             except Exception:
                 log.exception("node %s: persist worker", self.node_id)
             finally:
                 self._persist_q.task_done()
 
     def flush(self) -> dict:
-        """Wait for every queued persist and make them durable; returns :meth:`info`."""
+        """Wait for every queued persist and make them durable; returns :meth:`info`. PersistFailedError
+        (naming how many and the first cause) when a persist since the previous flush is not durable."""
         if self.ssd is not None and not self._closed:
-            done = threading.Event()
-            self._persist_q.put(done)
-            done.wait()
+            req = _FlushRequest()
+            self._persist_q.put(req)
+            req.wait()
+            if req.error is not None:
+                raise PersistFailedError(f"node {self.node_id}: {req.error}")
         return self.info()
 
     # ------------------------------------------------------------------ introspection

@@ -29,6 +29,9 @@ between this process's registered buffer and the nodes' DRAM segments over the t
   their blocks (fallbacks add a round each); ``prefetch(keys)`` runs ``get_many`` on a background thread
   and fills the local cache; ``contains`` asks ``exists`` (no lease, no access-time change).
 - Replica order: replicas on nodes that failed recently (``suspect_s``) are tried last.
+- Every batch reply of the master must hold one answer per key: one of another length raises
+  :class:`PoolError` naming the method and both lengths, and none of its answers is used (after a bad
+  ``batch_put_end`` reply the puts of the call are revoked; those the master had ended stay complete).
 - Thread-safe: the master client, the engine and the cache are; counters are under a lock.
 
 Embedded mode (everything in one process): :func:`quillcache.pool.embedded.embedded_store` (a function, not
@@ -224,6 +227,16 @@ class PooledStore:
         except (RpcTimeoutError, RpcConnectionError) as e:
             raise MasterUnavailableError(f"the master did not answer {getattr(fn, '__name__', fn)}: {e}") from e
 
+    def _batch(self, method: str, items: list, **kwargs) -> list:
+        """The master's batch ``method``: exactly one answer per item, in order; PoolError naming the method
+        and both lengths otherwise (answers that cannot be matched to their keys are never used)."""
+        reply = self._master(getattr(self.master, method), items, **kwargs)
+        if not isinstance(reply, (list, tuple)) or len(reply) != len(items):
+            got = f"{len(reply)} answers" if isinstance(reply, (list, tuple)) else f"a {type(reply).__name__}"
+            raise PoolError(f"the master answered {method} of {len(items)} keys with {got}: a protocol error, "
+                            f"none of its answers is used")
+        return reply
+
     # ================================================================ segments
     def _segment(self, rep: ReplicaDescriptor) -> int:
         """The engine's segment id for ``rep``'s endpoint (opened on first use); ``TransferError`` when the
@@ -343,7 +356,8 @@ class PooledStore:
             raise ValueError("put_many: a key appears twice in one batch")
         reqs = [PutRequest(key=k, size_bytes=v.nbytes + TRAILER_BYTES, config=ReplicaConfig(replica_num=r),
                            digest=digest_of(t)) for k, v, t in zip(keys, views, trailers)]
-        started = self._master(self.master.batch_put_start, reqs)
+        started = self._batch("batch_put_start", reqs)  # short: nothing written; the master
+        # reclaims the puts it started at their zombie deadline (their put ids cannot be matched to keys)
         out: list = [None] * len(keys)
         dests: dict[int, _Dest] = {}
         treqs: list = []
@@ -391,14 +405,21 @@ class PooledStore:
             ends = [i for i in dests if i not in revoke]
             if revoke:
                 idx = sorted(revoke)
-                rv = self._master(self.master.batch_put_revoke, [keys[i] for i in idx],
-                                  put_ids=[started[i].put_id for i in idx])
+                rv = self._batch("batch_put_revoke", [keys[i] for i in idx],
+                                 put_ids=[started[i].put_id for i in idx])
                 for i, res in zip(idx, rv):
                     extra = f" (revoke: {res!r})" if isinstance(res, MasterError) else " (revoked)"
                     out[i] = PutFailedError(f"put({keys[i]!r:.120}): {revoke[i]}{extra}")
             if ends:
-                done = self._master(self.master.batch_put_end, [keys[i] for i in ends],
-                                    put_ids=[started[i].put_id for i in ends])
+                end_keys, end_ids = [keys[i] for i in ends], [started[i].put_id for i in ends]
+                try:
+                    done = self._batch("batch_put_end", end_keys, put_ids=end_ids)
+                except PoolError:  # which ended is unknown: revoke all (refused for a complete one: it stays)
+                    try:
+                        self._master(self.master.batch_put_revoke, end_keys, put_ids=end_ids)
+                    except Exception as e:
+                        log.warning("revoking %d put(s) after a bad put_end reply failed: %s", len(ends), e)
+                    raise
                 persist: dict[str, list] = {}
                 for i, res in zip(ends, done):
                     reps = written[i]
@@ -471,7 +492,8 @@ class PooledStore:
     def flush_persist(self, timeout_s: float = 30.0) -> dict[str, dict]:
         """Wait until every queued persist was sent, then ask every node this store sent one to make them
         durable (``flush``); returns each node's info by control address, or ``{"error": why}`` for a node
-        that failed (its transfers failed earlier: it is not asked) or did not answer (tests, shutdown)."""
+        that failed (its transfers failed earlier: it is not asked), did not answer (tests, shutdown), or
+        whose flush failed (``PersistFailedError``: some persist sent to it is not durable)."""
         from quillcache.rpc import RpcClient
 
         deadline = time.monotonic() + timeout_s
@@ -533,7 +555,7 @@ class PooledStore:
         n = len(keys)
         out: list = [None] * n
         t0 = self.clock()
-        answers = self._master(self.master.get_replicas, keys)
+        answers = self._batch("get_replicas", keys)
         reps: list[list[ReplicaDescriptor]] = [[] for _ in range(n)]
         lease_end = [t0 + self.lease_ttl_s] * n
         relookup_left = [1] * n
@@ -606,7 +628,7 @@ class PooledStore:
                     nbytes += rep.size_bytes
                 if again:
                     t1 = self.clock()
-                    fresh = self._master(self.master.get_replicas, [keys[i] for i in again])
+                    fresh = self._batch("get_replicas", [keys[i] for i in again])
                     for i, a in zip(again, fresh):
                         reps[i] = self._order(a) if not isinstance(a, MasterError) else []
                         pos[i] = 0
@@ -622,8 +644,7 @@ class PooledStore:
         if d.alloc is None:  # a temporary buffer: the caller's now
             self._drop_temp(d)
             return memoryview(d.temp)[:payload_bytes].toreadonly()
-        self.cache.insert(key, d.alloc, payload_bytes)
-        return self.cache.export(d.alloc, payload_bytes)
+        return self.cache.insert_and_export(key, d.alloc, payload_bytes)  # pinned before another thread can evict it
 
     def prefetch(self, keys: Sequence[str]) -> Future:
         """Fetch ``keys`` into the local cache in the background; the future's value is, per key, whether
@@ -639,7 +660,7 @@ class PooledStore:
         """Per key: is it complete in the pool? (master ``exists``: no lease, no access-time change)."""
         self._check_open()
         keys = [_check_key(k) for k in keys]
-        return [a is True for a in self._master(self.master.exists, keys)]
+        return [a is True for a in self._batch("exists", keys)]
 
     def remove(self, key: str, *, force: bool = False) -> bool:
         """Remove ``key`` from the pool (and this process's cache); False when the pool did not hold it.
