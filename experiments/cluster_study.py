@@ -456,7 +456,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
 def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
     """``cluster.png``: get latency by size (remote, local, raw baseline); throughput by nodes; hit rate
     pooled vs per-node (with the paper's ratio as an anchor line); trial outcomes."""
-    from experiments.plotstyle import BASELINE, BOUND, GREY, OURS, PALETTE, figure, save, style_axes
+    from experiments.plotstyle import BASELINE, GREY, OURS, PALETTE, figure, save, style_axes
     from quillcache.results import read_summary
 
     df = read_summary(NAME, results_root)
@@ -488,6 +488,33 @@ def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
     style_axes(a2, xlabel="node processes", ylabel="GB/s (median, p10-p90)", title="Throughput, one client")
     a2.legend(fontsize=7, frameon=False)
     hr = df[df.metric == "block_hit_rate"]
+    if len(hr) and "capacity_blocks_per_node" in df.columns:
+        _hit_rate_panel(a3, df, hr)
+    else:  # the trace was absent (hitrate_available = 0): say so where the panel would be
+        a3.text(0.5, 0.5, "hit rates not measured:\nthe conversation trace is absent", transform=a3.transAxes,
+                ha="center", va="center", fontsize=8)
+        style_axes(a3, title="Pooled vs per-node")
+    names = ["corrupt_bytes_served", "lost_with_replica", "stale_index_entries", "gets_missed"]
+    vals = [float(df[df.metric == n]["value"].iloc[0]) if (df.metric == n).any() else np.nan for n in names]
+    a4.bar(range(len(names)), vals, color=[OURS, OURS, OURS, GREY])
+    a4.set_xticks(range(len(names)))
+    a4.set_xticklabels(["corrupt bytes", "lost (replica\nsurvived)", "stale index\nentries", "gets missed"], fontsize=7)
+    a4.set_ylim(0, max(1.0, float(np.nanmax(vals)) * 1.3 if np.isfinite(np.nanmax(vals)) else 1.0))
+    one = lambda m: float(df[df.metric == m]["value"].iloc[0]) if (df.metric == m).any() else 0.0  # noqa: E731
+    style_axes(a4, ylabel="count", title=f"Node failures: {one('trials'):,.0f} trials, {one('operations'):,.0f} ops")
+    for i, v in enumerate(vals):
+        a4.annotate(f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=8)
+    a4.text(0.98, 0.95, f"{one('gets_bit_exact'):,.0f} of {one('gets'):,.0f} gets bit-exact\n"
+                        f"{one('acknowledged_objects'):,.0f} objects acknowledged", transform=a4.transAxes,
+            ha="right", va="top", fontsize=7.5)
+    return save(fig, Path(out_dir) / "cluster.png")
+
+
+
+def _hit_rate_panel(a3, df, hr) -> None:
+    """Block hit rate, pooled vs per-node, per capacity (with the in-process exact-LRU marks)."""
+    from experiments.plotstyle import BASELINE, BOUND, OURS, style_axes
+
     caps = sorted({int(c) for c in hr["capacity_blocks_per_node"]}) if len(hr) else []
     x = np.arange(len(caps))
     top = 0.0
@@ -511,21 +538,6 @@ def plot(results_root: str | None = None, out_dir: str = "paper/figures"):
     style_axes(a3, ylabel="block hit rate",
                title=f"Pooled vs per-node (anchor: paper {PAPER_RATIO}x, 10 nodes)")
     a3.legend(fontsize=6.5, frameon=False, loc="upper left")
-    names = ["corrupt_bytes_served", "lost_with_replica", "stale_index_entries", "gets_missed"]
-    vals = [float(df[df.metric == n]["value"].iloc[0]) if (df.metric == n).any() else np.nan for n in names]
-    a4.bar(range(len(names)), vals, color=[OURS, OURS, OURS, GREY])
-    a4.set_xticks(range(len(names)))
-    a4.set_xticklabels(["corrupt bytes", "lost (replica\nsurvived)", "stale index\nentries", "gets missed"], fontsize=7)
-    a4.set_ylim(0, max(1.0, float(np.nanmax(vals)) * 1.3 if np.isfinite(np.nanmax(vals)) else 1.0))
-    one = lambda m: float(df[df.metric == m]["value"].iloc[0]) if (df.metric == m).any() else 0.0  # noqa: E731
-    style_axes(a4, ylabel="count", title=f"Node failures: {one('trials'):,.0f} trials, {one('operations'):,.0f} ops")
-    for i, v in enumerate(vals):
-        a4.annotate(f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=8)
-    a4.text(0.98, 0.95, f"{one('gets_bit_exact'):,.0f} of {one('gets'):,.0f} gets bit-exact\n"
-                        f"{one('acknowledged_objects'):,.0f} objects acknowledged", transform=a4.transAxes,
-            ha="right", va="top", fontsize=7.5)
-    return save(fig, Path(out_dir) / "cluster.png")
-
 
 def main(argv: list[str] | None = None) -> None:
     bench_main(run, __doc__, argv)

@@ -52,3 +52,27 @@ def test_lru_reference_matches_the_hit_rule_on_a_small_trace():
     assert lru_reference(reqs, 1, 100) == (0 + 2 + 1 + 3) / 12
     # round robin over two engines: requests 0, 2 on one cache (hits 0, 1), 1, 3 on the other (hits 0, 2)
     assert lru_reference(reqs, 2, 100) == (0 + 1 + 0 + 2) / 12
+
+
+def test_figure_and_report_render_when_the_trace_was_absent(tmp_path):
+    """Without the conversation trace the study writes ``hitrate_available = 0`` and no hit-rate rows (so no
+    ``capacity_blocks_per_node`` column): the figure says so in the hit-rate panel, the report renders."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from experiments import cluster_study, report
+
+    src = Path(__file__).resolve().parents[1] / "results" / "cluster"
+    dst = tmp_path / "cluster"
+    shutil.copytree(src, dst)
+    df = pd.read_csv(dst / "summary.csv", keep_default_na=False, dtype=str)
+    hit = df["metric"].isin(["block_hit_rate", "lru_model_hit_rate", "hit_blocks_corrupt"])
+    assert hit.any()  # (the committed results were measured with the trace)
+    df = df[~hit]
+    df.loc[df["metric"] == "hitrate_available", ["value", "notes"]] = ["0.0", "not measured: the trace is absent"]
+    df.drop(columns=["capacity_blocks_per_node"]).to_csv(dst / "summary.csv", index=False)
+    assert cluster_study.plot(str(tmp_path), tmp_path / "figures").stat().st_size > 0
+    view = report.StudyView("cluster", str(tmp_path))
+    report._environment().from_string('{% import "sections/cluster.md.j2" as t %}{{ t.section(s) }}').render(s=view)
