@@ -383,20 +383,49 @@ def test_study_quick_smoke(tmp_path, monkeypatch):
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
-@given(offsets=st.lists(st.integers(-3, 12), min_size=0, max_size=6),
-       blocks=st.lists(st.integers(-2, 8), max_size=10), num_unique=st.integers(-1, 9),
-       cap=st.integers(1, 5), policy=st.sampled_from(POLICIES))
+_SMALL_INTS = st.lists(st.integers(-3, 12), max_size=10)
+
+
+@st.composite
+def _corruption(draw, a: TraceArrays) -> dict:
+    """One field of valid arrays replaced by a drawn value (often invalid, sometimes still valid)."""
+    field = draw(st.sampled_from(["req_offsets", "blocks", "next_use", "conv_ids", "num_unique", "timestamps_ms"]))
+    if field == "num_unique":
+        return {field: draw(st.integers(-1, a.num_unique + 3))}
+    if field in ("blocks", "conv_ids"):
+        vals = draw(st.one_of(_SMALL_INTS, st.lists(st.integers(-2, 12), min_size=len(getattr(a, field)),
+                                                    max_size=len(getattr(a, field)))))
+        new = np.array(vals, np.int32)
+        if field == "blocks":  # with its own next uses, so that the ids themselves are what is checked
+            return {field: new, "next_use": compute_next_use(new, max(a.num_unique, 0))}
+        return {field: new}
+    vals = draw(st.one_of(_SMALL_INTS, st.lists(st.integers(-3, 12), min_size=len(getattr(a, field)),
+                                                max_size=len(getattr(a, field)))))
+    return {field: np.array(vals, np.int64)}
+
+
+@given(lists=st.lists(st.lists(st.integers(0, 8), max_size=5), max_size=8), cap=st.integers(1, 5), data=st.data())
 @settings(max_examples=100)
-def test_fuzzed_arrays_are_refused_or_replayed_never_crash(offsets, blocks, num_unique, cap, policy):
-    b = np.array(blocks, np.int32)
-    r = max(len(offsets) - 1, 0)
-    arrs = TraceArrays(np.array(offsets, np.int64), b, np.zeros(r, np.int64), np.full(r, 512, np.int64),
-                       np.zeros(r, np.int64), compute_next_use(b, max(num_unique, 0)), np.zeros(r, np.int32), num_unique)
-    try:
+def test_fuzzed_arrays_are_refused_or_replayed_never_crash(lists, cap, data):
+    """Valid arrays (``arrays_from_lists``), half the time with one field corrupted, through every
+    policy: valid ones always replay, with the reference's hits; a corrupted one is refused
+    (ValueError/TypeError) or, where the drawn value keeps every invariant, replays like the reference."""
+    arrs = arrays_from_lists(lists)
+    change = data.draw(st.one_of(st.none(), _corruption(arrs)))
+    if change is not None:
+        arrs = _with(arrs, **change)
+        try:
+            validate_arrays(arrs)
+        except (ValueError, TypeError):
+            for policy in POLICIES:
+                with pytest.raises((ValueError, TypeError)):
+                    simulate(arrs, policy, cap)
+            return
+    for policy in POLICIES:
         res = simulate(arrs, policy, cap)
-    except (ValueError, TypeError):
-        return
-    assert res.hit_blocks == int(replay(arrs, policy, cap).sum())
+        want = replay(arrs, policy, cap)
+        assert np.array_equal(res.hits_per_request, want), (policy, cap, change)
+        assert res.hit_blocks == int(want.sum())
 
 
 def test_sweep_is_a_tidy_frame_with_the_gap_closed():
@@ -425,14 +454,33 @@ def test_sweep_is_a_tidy_frame_with_the_gap_closed():
 ONLINE = [p for p in POLICIES if p != "belady" and p not in SEMI_ONLINE]
 
 
-@given(arrs=conversation_traces(), cap=st.integers(1, 24), cut=st.integers(0, 40))
-def test_online_policies_decide_without_the_future(arrs, cap, cut):
-    """Every online policy's hits on a prefix of the trace are its full run's hits on that prefix."""
+def _learning_options(draw, pol: str) -> dict:
+    """``_options`` with every learning period short enough to end several times in a drawn trace
+    (default periods are 512 to 4096 references, longer than any of them): QuillHD's, LHD's and
+    QuillChain's densities, horizons and rule switches, TinyLFU's aging, LRB's labels by window."""
+    opts = _options(draw, pol)
+    if pol in ("quillhd", "lhd"):
+        opts["period"] = draw(st.integers(1, 8))
+    if pol == "quillchain":  # period_refs: 1..8 references of 512-token blocks, 1 of 16384-token ones
+        opts.update(period=draw(st.integers(1, 8)), cap_period=False, block_tokens=draw(st.sampled_from([512, 16384])))
+    if pol == "tinylfu":
+        opts["sample_factor"] = 1
+    if pol == "lrb":
+        opts["window_mult"] = 1
+    return opts
+
+
+@given(arrs=conversation_traces(), cap=st.integers(1, 24), cut=st.integers(0, 40), data=st.data())
+def test_online_policies_decide_without_the_future(arrs, cap, cut, data):
+    """Every online policy's hits on a prefix of the trace are its full run's hits on that prefix,
+    with learning periods that end inside the prefix (``_learning_options``), so that what is
+    learnt at a period's end (densities, horizons, the rule in use) is checked for the future too."""
     cut = min(cut, arrs.num_requests)
     head = arrs.subset(np.arange(cut))
     for pol in ONLINE:
-        full = simulate(arrs, pol, cap).hits_per_request
-        assert np.array_equal(simulate(head, pol, cap).hits_per_request, full[:cut]), (pol, cut)
+        opts = _learning_options(data.draw, pol)
+        full = simulate(arrs, pol, cap, **opts).hits_per_request
+        assert np.array_equal(simulate(head, pol, cap, **opts).hits_per_request, full[:cut]), (pol, cut, opts)
 
 
 def test_quillchain_on_real_trace_prefixes_equals_the_full_run(real_arrays):

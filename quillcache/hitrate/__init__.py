@@ -40,7 +40,7 @@ from quillcache.policies import POLICIES, EvictionPolicy, make_policy
 from quillcache.policies.quillchain import period_refs
 from quillcache.policies.tinylfu import DOORKEEPER_SEED, TinyLfuPolicy
 from quillcache.registry import Registry
-from quillcache.sketch.reference import seed_key
+from quillcache.sketch.reference import MASK64, seed_key
 from quillcache.traces.loader import TraceRequest
 
 __all__ = ["HITRATE_KERNELS", "HITRATE_POLICIES", "SEMI_ONLINE", "HitRateKernel", "HitRateResult", "TraceArrays",
@@ -54,7 +54,10 @@ class HitRateKernel:
     """A policy's replay kernel: ``run(arrays, capacity_blocks, hits_out, options) -> hit blocks``.
 
     ``options``: the kernel-side options and their defaults (the online class's defaults);
-    ``check(options)`` validates given option values, naming a bad one (None = nothing to check)."""
+    ``check(options)`` validates given option values, naming a bad one (None = nothing to check).
+    Every value ``check`` accepts runs in ``run`` (the classes bound each int option so that it, and
+    what the runner derives from it, fits the kernel's int64; a window or seed beyond is reduced to
+    the equivalent value the class would use), with the online class's hits."""
 
     run: Callable[[TraceArrays, int, np.ndarray, dict], int]
     options: Mapping[str, object]
@@ -86,7 +89,7 @@ def _online_defaults(policy: str, *names: str) -> dict[str, object]:
 
 
 def _check_belady(options: dict) -> None:
-    if "bypass" in options and not isinstance(options["bypass"], bool):
+    if "bypass" in options and not isinstance(options["bypass"], (bool, np.bool_)):  # as BeladyPolicy takes it
         raise TypeError(f"bypass must be bool, got {options['bypass']!r}")
 
 
@@ -125,7 +128,7 @@ _run_quillhd = _hd_runner(kernels.CLS_PREFIX, False)
 def _run_lrb(arrs: TraceArrays, cap: int, hits: np.ndarray, opts: dict) -> int:
     return kernels.lrb(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.input_tokens,
                        int(opts["block_tokens"]), int(opts["sample_size"]), int(opts["window_mult"]),
-                       float(opts["learning_rate"]), int(opts["seed"]))
+                       float(opts["learning_rate"]), np.uint64(int(opts["seed"]) & MASK64))  # LrbPolicy's counter
 
 
 def _plain(kernel: Callable) -> Callable[[TraceArrays, int, np.ndarray, dict], int]:
@@ -169,7 +172,8 @@ HITRATE_KERNELS.register("2q", HitRateKernel(
     _online_defaults("2q", "kin_ratio", "kout_ratio"), _check_by_building("2q")))
 HITRATE_KERNELS.register("lookahead", HitRateKernel(
     lambda arrs, cap, hits, opts: kernels.lookahead(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits,
-                                                    arrs.next_use, int(opts["window_requests"])),
+                                                    arrs.next_use,
+                                                    min(int(opts["window_requests"]), arrs.num_requests)),
     _online_defaults("lookahead", "window_requests"),
     _check_by_building("lookahead", next_use_oracle=lambda k: 0, window_end_oracle=lambda: 0)))
 SEMI_ONLINE = frozenset({"lookahead"})  # see the queued requests: never reported beside online policies

@@ -10,13 +10,16 @@
 - ``next_use`` int64[N]: the position of the next reference to the same block, or
   ``N + p`` when position ``p`` is its last reference (every value is distinct, so Belady's
   "farthest next use" never ties: among dead blocks the most recently referenced goes first);
-- ``conv_ids`` int32[R]: the dense id of each request's SECOND block (its first if it has one,
-  -1 if empty): a stand-in for its conversation, since the first block is often a system prompt
+- ``conv_ids`` int32[R]: the dense id of each request's SECOND block (its first if it has only
+  one, -1 if empty): a stand-in for its conversation, since the first block is often a system prompt
   shared by every conversation (on the Mooncake conversation trace every request starts with it).
 
-Arrays are C-contiguous and read-only after construction. ``validate_arrays`` checks all of the
-above in O(N) with NumPy and raises ValueError/TypeError naming the offending value, so kernels
-can trust their input (an out-of-range id would otherwise index out of bounds in nopython code).
+Arrays are C-contiguous, own their memory and are read-only after construction
+(``arrays_from_lists``). ``validate_arrays`` checks all of the above but ownership and
+read-only-ness (it accepts hand-built arrays, and then re-checks them on every call) in
+O(N log N) with NumPy (the next-use check sorts; the rest is O(N)) and raises ValueError/TypeError
+naming the offending value, so kernels can trust their input (an out-of-range id would otherwise
+index out of bounds in nopython code).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "TraceArrays",
     "arrays_from_lists",
     "arrays_from_requests",
+    "clamp_capacity",
     "compute_next_use",
     "load_arrays",
     "validate_arrays",
@@ -125,20 +129,20 @@ def arrays_from_lists(hash_lists: Sequence[Sequence[int]], *, timestamps_ms: Seq
                       block_tokens: int = 512) -> TraceArrays:
     """Build arrays from per-request hash-id lists (ids in ``[0, 2**64)``, the trace schema's range;
     ValueError naming the first id outside it). Timestamps default to 0, 1, 2, ...; input tokens
-    to ``len * block_tokens``; output tokens to 0."""
+    to ``len * block_tokens``; output tokens to 0. Given arrays are copied: the caller's own arrays
+    are neither shared nor made read-only."""
     r = len(hash_lists)
     lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=r)
     offsets = np.zeros(r + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     blocks, u = _densify(_flat_ids(hash_lists, int(offsets[-1])))
-    ts = np.arange(r, dtype=np.int64) if timestamps_ms is None else np.asarray(timestamps_ms, dtype=np.int64)
-    isl = lengths * block_tokens if input_tokens is None else np.asarray(input_tokens, dtype=np.int64)
-    osl = np.zeros(r, dtype=np.int64) if output_tokens is None else np.asarray(output_tokens, dtype=np.int64)
+    ts = np.arange(r, dtype=np.int64) if timestamps_ms is None else np.array(timestamps_ms, dtype=np.int64, order="C")
+    isl = lengths * block_tokens if input_tokens is None else np.array(input_tokens, dtype=np.int64, order="C")
+    osl = np.zeros(r, dtype=np.int64) if output_tokens is None else np.array(output_tokens, dtype=np.int64, order="C")
     conv = np.full(r, -1, dtype=np.int32)
     nonempty = lengths > 0
     conv[nonempty] = blocks[(offsets[:-1] + (lengths > 1))[nonempty]]
-    arrs = TraceArrays(offsets, blocks, np.ascontiguousarray(ts), np.ascontiguousarray(isl),
-                       np.ascontiguousarray(osl), compute_next_use(blocks, u), conv, u)
+    arrs = TraceArrays(offsets, blocks, ts, isl, osl, compute_next_use(blocks, u), conv, u)
     for f in _FIELDS:
         getattr(arrs, f).setflags(write=False)
     validate_arrays(arrs)
@@ -150,6 +154,15 @@ def arrays_from_requests(requests: Sequence[TraceRequest], block_tokens: int = 5
                              timestamps_ms=[q.timestamp_ms for q in requests],
                              input_tokens=[q.input_tokens for q in requests],
                              output_tokens=[q.output_tokens for q in requests], block_tokens=block_tokens)
+
+
+def clamp_capacity(arrs: TraceArrays, capacity_blocks: int) -> int:
+    """``capacity_blocks`` (an int >= 1, else TypeError/ValueError naming it) capped at the trace's
+    distinct blocks (at least 1): a cache that holds every distinct block never evicts, so any
+    larger capacity gives the same hits, and kernels that allocate per slot of capacity stay
+    O(distinct blocks) in memory whatever the capacity asked for."""
+    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    return min(cap, max(1, int(arrs.num_unique)))
 
 
 def load_arrays(path: str | os.PathLike | None = None, *, limit: int | None = None) -> TraceArrays:
@@ -169,6 +182,11 @@ def _check_array(name: str, a: object, dtype: type, ndim: int = 1) -> np.ndarray
     return a
 
 
+def _frozen(a: object) -> bool:
+    """A numpy array that nothing else can write through: read-only and owning its memory."""
+    return isinstance(a, np.ndarray) and not a.flags.writeable and a.flags.owndata
+
+
 _VALIDATED: weakref.WeakSet[TraceArrays] = weakref.WeakSet()
 _FIELDS = ("req_offsets", "blocks", "timestamps_ms", "input_tokens", "output_tokens", "next_use", "conv_ids")
 
@@ -176,12 +194,13 @@ _FIELDS = ("req_offsets", "blocks", "timestamps_ms", "input_tokens", "output_tok
 def validate_arrays(arrs: object) -> TraceArrays:
     """Check every invariant in the module docstring; return ``arrs`` or raise naming the value.
 
-    An instance that passed once and whose arrays are all still read-only is not re-checked
-    (the O(N log N) next-use check would otherwise dominate short replays)."""
+    An instance that passed once and whose arrays are all still read-only and own their memory is
+    not re-checked (the O(N log N) next-use check would otherwise dominate short replays). A
+    read-only view can change through the writable memory under it, so an instance holding any
+    view, or any writable array, is checked again on every call."""
     if not isinstance(arrs, TraceArrays):
         raise TypeError(f"expected TraceArrays, got {type(arrs).__name__}")
-    if arrs in _VALIDATED and all(isinstance(getattr(arrs, f), np.ndarray) and not getattr(arrs, f).flags.writeable
-                                  for f in _FIELDS):
+    if arrs in _VALIDATED and all(_frozen(getattr(arrs, f)) for f in _FIELDS):
         return arrs
     off = _check_array("req_offsets", arrs.req_offsets, np.int64)
     blocks = _check_array("blocks", arrs.blocks, np.int32)
@@ -192,13 +211,19 @@ def validate_arrays(arrs: object) -> TraceArrays:
     n = blocks.shape[0]
     if off[0] != 0 or off[-1] != n:
         raise ValueError(f"req_offsets must start at 0 and end at len(blocks)={n}, got {int(off[0])}..{int(off[-1])}")
-    if r and np.any(np.diff(off) < 0):
-        i = int(np.argmax(np.diff(off) < 0))
+    lengths = np.diff(off)
+    if r and np.any(lengths < 0):
+        i = int(np.argmax(lengths < 0))
         raise ValueError(f"req_offsets must be non-decreasing; req_offsets[{i + 1}]={int(off[i + 1])} < {int(off[i])}")
     for name in ("timestamps_ms", "input_tokens", "output_tokens"):
         a = _check_array(name, getattr(arrs, name), np.int64)
         if a.shape[0] != r:
             raise ValueError(f"{name} has {a.shape[0]} entries for {r} requests")
+    ts = arrs.timestamps_ms
+    if r > 1 and np.any(ts[1:] < ts[:-1]):
+        i = int(np.argmax(ts[1:] < ts[:-1]))
+        raise ValueError(f"timestamps_ms must be non-decreasing; "
+                         f"timestamps_ms[{i + 1}]={int(ts[i + 1])} < {int(ts[i])}")
     conv = _check_array("conv_ids", arrs.conv_ids, np.int32)
     if conv.shape[0] != r:
         raise ValueError(f"conv_ids has {conv.shape[0]} entries for {r} requests")
@@ -208,8 +233,29 @@ def validate_arrays(arrs: object) -> TraceArrays:
         lo, hi = int(blocks.min()), int(blocks.max())
         if lo < 0 or hi >= u:
             raise ValueError(f"block ids must lie in [0, num_unique={u}), got range [{lo}, {hi}]")
+        # dense in order of first appearance: the running maximum starts at 0 and grows by at most 1
+        # per reference (each step up is the first reference of that id) up to U - 1
+        top = np.maximum.accumulate(blocks)
+        jump = top[1:] - top[:-1] > 1
+        why = "dense 0..num_unique-1 in order of first appearance"
+        if blocks[0] != 0:
+            raise ValueError(f"block ids must be {why}; blocks[0]={int(blocks[0])} is not 0")
+        if np.any(jump):
+            p = int(np.argmax(jump)) + 1
+            raise ValueError(f"block ids must be {why}; "
+                             f"blocks[{p}]={int(blocks[p])} appears before id {int(top[p - 1]) + 1}")
+        if int(top[-1]) != u - 1:
+            raise ValueError(f"block ids must be {why}; num_unique={u} but only ids 0..{int(top[-1])} appear")
     elif u:
         raise ValueError(f"num_unique={u} but there are no block references")
+    if r:
+        want = np.full(r, -1, np.int32)
+        has = lengths > 0
+        want[has] = blocks[(off[:-1] + (lengths > 1))[has]]
+        if not np.array_equal(conv, want):
+            i = int(np.argmax(conv != want))
+            raise ValueError(f"conv_ids[{i}]={int(conv[i])} must be request {i}'s second block id "
+                             f"(its first if it has one block, -1 if none): {int(want[i])}")
     if nu.shape[0] != n:
         raise ValueError(f"next_use has {nu.shape[0]} entries for {n} block references")
     if n and not np.array_equal(nu, compute_next_use(blocks, u)):

@@ -51,6 +51,10 @@ as in ``TraceArrays.next_use`` and ``timing_oracle`` agrees with its plain-Pytho
 These are not online policies (they read ``TraceArrays.next_use``) and are not in the policy
 registry; they are reported apart from online results, like Belady.
 
+Capacity: every bound takes ``capacity_blocks`` >= 1 and, as ``simulate`` does, runs a capacity at
+or above the trace's distinct blocks as exactly that many (``clamp_capacity``): such a cache never
+evicts, so the hits are the same, and the heaps sized by the capacity stay O(distinct blocks).
+
 Definition of a replay step (REFERENCE §5, as ``quillcache.hitrate.kernels``): a request's hits
 are its leading cached blocks; then each block in order is touched if cached (moved to the most
 recent end of the "live" or "dead" list by its reuse bit), else, if its bit says it is reused,
@@ -72,7 +76,7 @@ from quillcache._jitcache import guard_cache
 from quillcache._checks import check_float, check_int
 from quillcache.hitrate._klib import (NIL, _heap_compact, _heap_pop, _heap_push, _lists, _prefix_hits, _push,
                                       _unlink)
-from quillcache.hitrate.arrays import TraceArrays, validate_arrays
+from quillcache.hitrate.arrays import TraceArrays, clamp_capacity, validate_arrays
 from quillcache.hitrate.kernels import belady
 from quillcache.hitrate.reference import replay
 
@@ -128,8 +132,7 @@ def _reuse_oracle(off, blocks, u, cap, hits, next_use, flip):
 
 def reuse_oracle(arrs: TraceArrays, capacity_blocks: int, flip_rate: float = 0.0, seed: int = 0) -> np.ndarray:
     """Per-request prefix hits (int32[R]) of the reuse oracle at ``capacity_blocks`` blocks."""
-    validate_arrays(arrs)
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(validate_arrays(arrs), capacity_blocks)
     flip = flips(arrs.num_requests, flip_rate, seed)
     hits = np.zeros(arrs.num_requests, np.int32)
     _reuse_oracle(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, arrs.next_use, flip)
@@ -139,8 +142,7 @@ def reuse_oracle(arrs: TraceArrays, capacity_blocks: int, flip_rate: float = 0.0
 def reuse_oracle_reference(arrs: TraceArrays, capacity_blocks: int, flip_rate: float = 0.0,
                            seed: int = 0) -> np.ndarray:
     """The same replay in plain Python (OrderedDicts): the specification of ``reuse_oracle``."""
-    validate_arrays(arrs)
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(validate_arrays(arrs), capacity_blocks)
     flip = flips(arrs.num_requests, flip_rate, seed).tolist()
     off, blocks, next_use = arrs.req_offsets.tolist(), arrs.blocks.tolist(), arrs.next_use.tolist()
     n = len(blocks)
@@ -287,7 +289,7 @@ def timing_oracle(arrs: TraceArrays, capacity_blocks: int, sigma: float, seed: i
     """Per-request prefix hits (int32[R]) of Belady with bypass on ``noisy_next_use`` keys at
     ``capacity_blocks`` blocks. The keys are distinct, so no victim is a tie-break: the kernel
     agrees hit for hit with ``timing_oracle_reference`` (tested)."""
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(validate_arrays(arrs), capacity_blocks)
     keys = noisy_next_use(arrs, sigma, seed)
     hits = np.zeros(arrs.num_requests, np.int32)
     belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, keys, True)
@@ -298,7 +300,7 @@ def timing_oracle_reference(arrs: TraceArrays, capacity_blocks: int, sigma: floa
     """The same replay in plain Python: ``BeladyPolicy`` (bypass on) through the reference harness,
     its next-use oracle returning ``noisy_next_use_reference`` keys: the specification of
     ``timing_oracle``."""
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(validate_arrays(arrs), capacity_blocks)
     keys = np.asarray(noisy_next_use_reference(arrs, sigma, seed), np.int64)
     return replay(arrs, "belady", cap, next_use=keys)
 
@@ -407,7 +409,7 @@ def joint_oracle(arrs: TraceArrays, capacity_blocks: int, sigma: float, flip_rat
     by ``exp(sigma * Z)`` per request, about *which* for a ``flip_rate`` share of requests, giving up
     on blocks ``GIVE_UP_SIGMAS`` of its log-errors overdue. Agrees hit for hit with
     ``joint_oracle_reference`` (tested)."""
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(validate_arrays(arrs), capacity_blocks)
     keys = noisy_next_use(arrs, sigma, seed, flip_rate)
     hits = np.zeros(arrs.num_requests, np.int32)
     _expiring_belady(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, keys, give_up_positions(keys, sigma),
@@ -424,7 +426,7 @@ def joint_oracle_reference(arrs: TraceArrays, capacity_blocks: int, sigma: float
     not stored; else the victim is, of the cached blocks whose give-up position is below the current
     position, the one with the smallest (give-up, key); if there is none, the one with the largest
     key, and then only if that key is not below the new block's (bypass)."""
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(validate_arrays(arrs), capacity_blocks)
     keys = noisy_next_use_reference(arrs, sigma, seed, flip_rate)
     slack = math.exp(GIVE_UP_SIGMAS * sigma)
     until = [NEVER if k >= NEVER else p + max(1, min(round((k - p) * slack), FAR)) for p, k in enumerate(keys)]

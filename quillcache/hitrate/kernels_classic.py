@@ -174,7 +174,8 @@ def twoq(off, blocks, u, cap, hits, kin_ratio, kout_ratio):
 def lookahead(off, blocks, u, cap, hits, next_use, window_requests):
     """Lookahead-W LRU (``LookaheadPolicy``): the least recent block no queued request references,
     else the one referenced last in the window. SEMI-ONLINE: it reads ``next_use`` only to compare
-    it with the window's end."""
+    it with the window's end. ``window_requests``: any int64 >= 0; every window that reaches the
+    trace's last request is the same policy (``simulate`` passes at most the number of requests)."""
     incache = np.zeros(u, np.bool_)
     nxt_use = np.zeros(u, np.int64)
     prev, nxt, head, tail, size = _lists(u, 1)
@@ -184,7 +185,9 @@ def lookahead(off, blocks, u, cap, hits, next_use, window_requests):
         k = _prefix_hits(off, blocks, r, incache)
         hits[r] = k
         total += k
-        end = off[min(r + 1 + window_requests, nreq)]
+        # the window ends at request r + 1 + window_requests, or at the trace's end; compared without
+        # forming r + 1 + window_requests, which overflows int64 for a window near 2**63
+        end = off[nreq] if window_requests >= nreq - r - 1 else off[r + 1 + window_requests]
         for p in range(off[r], off[r + 1]):
             b = blocks[p]
             if incache[b]:

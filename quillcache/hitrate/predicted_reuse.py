@@ -31,9 +31,8 @@ import numpy as np
 from numba import njit
 
 from quillcache._jitcache import guard_cache
-from quillcache._checks import check_int
 from quillcache.hitrate._klib import NIL, _lists, _prefix_hits, _push, _unlink
-from quillcache.hitrate.arrays import TraceArrays, validate_arrays
+from quillcache.hitrate.arrays import TraceArrays, clamp_capacity, validate_arrays
 
 __all__ = ["predicted_reuse_lru", "predicted_reuse_lru_reference"]
 
@@ -81,7 +80,7 @@ def predicted_reuse_lru(arrs: TraceArrays, capacity_blocks: int, request_bits: n
     """Per-request prefix hits (int32[R]) at ``capacity_blocks`` blocks; ``request_bits`` bool[R]
     is the prediction for each request's blocks that enter the cache."""
     validate_arrays(arrs)
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(arrs, capacity_blocks)
     bits = _checked_bits(arrs, request_bits)
     hits = np.zeros(arrs.num_requests, np.int32)
     _predicted_reuse_lru(arrs.req_offsets, arrs.blocks, arrs.num_unique, cap, hits, bits)
@@ -91,7 +90,7 @@ def predicted_reuse_lru(arrs: TraceArrays, capacity_blocks: int, request_bits: n
 def predicted_reuse_lru_reference(arrs: TraceArrays, capacity_blocks: int, request_bits: np.ndarray) -> list[int]:
     """The plain-Python specification of ``predicted_reuse_lru`` (module docstring)."""
     validate_arrays(arrs)
-    cap = check_int("capacity_blocks", capacity_blocks, 1)
+    cap = clamp_capacity(arrs, capacity_blocks)
     bits = _checked_bits(arrs, request_bits).tolist()
     lists: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
     where: dict[int, int] = {}

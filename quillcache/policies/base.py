@@ -42,6 +42,11 @@ from quillcache._checks import check_int
 Key = Hashable
 Predicate = Callable[[Key], bool]
 
+# the largest KV block (tokens) a policy's ``block_tokens`` option may name: the trace schema's and
+# KvLayout's limit (quillcache.traces.schemas.MAX_BLOCK_TOKENS, tested equal); it keeps every
+# product of a block size with a token or reference count inside the hit-rate kernels' int64
+MAX_BLOCK_TOKENS = 65_536
+
 
 class PolicyKeyError(ValueError):
     """A key inserted twice."""

@@ -19,7 +19,7 @@ to come back last. Here:
 - **Prediction**: at each reference ``next = now + 2**pred`` (``2**x`` as
   ``ldexp(1 + frac(x), floor(x))``, exact in any language).
 - **Eviction**: ``sample_size`` cached keys drawn uniformly with replacement (SplitMix64 over a
-  counter seeded by ``seed``; the cached keys sit in a swap-remove array); the victim has the
+  counter seeded by ``seed`` mod 2**64; the cached keys sit in a swap-remove array); the victim has the
   largest ``max(predicted next - now, age)``: a key past its predicted return is treated as
   coming back no sooner than its age again. Ties: the first drawn. Keys the predicate refuses are
   skipped; if every draw is refused, the first evictable key of the array.
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from quillcache._checks import check_float, check_int
 from quillcache._mix import MASK64, splitmix64
-from quillcache.policies.base import EvictionPolicy, Key, Predicate, always
+from quillcache.policies.base import MAX_BLOCK_TOKENS, EvictionPolicy, Key, Predicate, always
 
 NUM_FEATURES = 8
 FEATURE_SCALE = 16.0
@@ -62,7 +62,7 @@ class LrbPolicy(EvictionPolicy):
         self.window_mult = check_int("window_mult", window_mult, 1, 1 << 20)
         self.learning_rate = check_float("learning_rate", learning_rate, 0.0, 1.0, lo_open=True)
         self.seed = check_int("seed", seed, 0)
-        self.block_tokens = check_int("block_tokens", block_tokens, 1)
+        self.block_tokens = check_int("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS)
         self.w = [0.0] * NUM_FEATURES
         self._t = 0
         self._ctr = self.seed & MASK64

@@ -120,7 +120,8 @@ Exactness: ``quillcache.hitrate.kernels.quillhd`` with ``classes=CLS_CHAIN, leaf
 from __future__ import annotations
 
 from quillcache._checks import check_int
-from quillcache.policies.quillhd import QuillHdPolicy
+from quillcache.policies.base import MAX_BLOCK_TOKENS
+from quillcache.policies.quillhd import MAX_PERIOD_REFS, QuillHdPolicy
 
 PERIOD_BLOCK_TOKENS = 512  # ``period`` counts references of blocks of this many tokens
 
@@ -128,9 +129,11 @@ PERIOD_BLOCK_TOKENS = 512  # ``period`` counts references of blocks of this many
 def period_refs(period: int, block_tokens: int) -> int:
     """The learning / challenger period in references of ``block_tokens``-token blocks: ``period``
     references of 512-token blocks, i.e. the same number of prompt tokens whatever the block size
-    (at least one reference). Both QuillChain and its kernel runner use this one conversion."""
-    period = check_int("period", period, 1)
-    block_tokens = check_int("block_tokens", block_tokens, 1)
+    (at least one reference). Both QuillChain and its kernel runner use this one conversion.
+    ``period`` is at most ``MAX_PERIOD_REFS // PERIOD_BLOCK_TOKENS`` and ``block_tokens`` at most
+    ``MAX_BLOCK_TOKENS`` (ValueError naming it), so the result is at most ``MAX_PERIOD_REFS``."""
+    period = check_int("period", period, 1, MAX_PERIOD_REFS // PERIOD_BLOCK_TOKENS)
+    block_tokens = check_int("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS)
     return max(1, round(period * PERIOD_BLOCK_TOKENS / block_tokens))
 
 

@@ -87,7 +87,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from quillcache._checks import check_choice, check_float, check_int
-from quillcache.policies.base import EvictionPolicy, Key, Predicate, always
+from quillcache.policies.base import MAX_BLOCK_TOKENS, EvictionPolicy, Key, Predicate, always
 
 NUM_CLASSES = 8
 HD_SUB = 8
@@ -103,6 +103,9 @@ RATE_SILENCE_GAPS = 4.0  # ... is worth its own rate, discounted by exp(-silence
 
 
 PERIOD_MIN_REFS = 512  # cap_period: a learning period is at least this many references
+# the longest ``period``: a period this long never ends in any trace (10**15 references), and every
+# sum of it with a reference count fits the hit-rate kernel's int64 (larger values: ValueError)
+MAX_PERIOD_REFS = 1 << 50
 
 
 def learning_period(period: int, capacity: int) -> int:
@@ -241,8 +244,8 @@ class QuillHdPolicy(EvictionPolicy):
         self.num_classes = ncls = CHAIN_CLASSES if classes == "chain" else NUM_CLASSES
         if capacity_keys is not None:
             capacity_keys = check_int("capacity_keys", capacity_keys, 1)
-        period = check_int("period", period, 1)
-        block_tokens = check_int("block_tokens", block_tokens, 1)
+        period = check_int("period", period, 1, MAX_PERIOD_REFS)
+        block_tokens = check_int("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS)
         check_float("decay", decay, 0.0, 1.0, lo_open=True)
         check_float("quantile", quantile, 0.0, 1.0, lo_open=True)
         check_float("che_mult", che_mult, 0.0, 1e6)

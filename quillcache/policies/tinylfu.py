@@ -39,6 +39,10 @@ from quillcache.policies.base import EvictionPolicy, Key, Predicate, always
 from quillcache.sketch.countmin import CountMinSketch
 from quillcache.sketch.reference import MASK64, row_columns, seed_key
 
+# the largest ``sample_factor``: aging after more accesses than any trace holds is no aging, and
+# times any capacity of the hit-rate kernel (at most 2**31 blocks: int32 ids) it fits int64
+MAX_SAMPLE_FACTOR = 1 << 30
+
 SKETCH_DELTA = math.exp(-4) * 1.0001  # depth ceil(ln(1/delta)) = 4
 DOORKEEPER_HASHES = 3
 DOORKEEPER_SEED = 1
@@ -64,7 +68,7 @@ class TinyLfuPolicy(EvictionPolicy):
         cap = check_int("capacity_keys", capacity_keys, 1)
         check_float("window_ratio", window_ratio, 0.0, 1.0, hi_open=True)
         check_float("protected_ratio", protected_ratio, 0.0, 1.0, hi_open=True)
-        check_int("sample_factor", sample_factor, 1)
+        check_int("sample_factor", sample_factor, 1, MAX_SAMPLE_FACTOR)
         self.capacity_keys = cap
         self.window_cap = max(1, round(window_ratio * cap))
         self.main_cap = cap - self.window_cap
