@@ -33,6 +33,7 @@ from quillcache.hitrate.arrays import (
     TraceArrays,
     arrays_from_lists,
     arrays_from_requests,
+    clamp_capacity,
     load_arrays,
     validate_arrays,
 )
@@ -247,8 +248,7 @@ def simulate(trace_or_arrays: object, policy: str, capacity_blocks: int | None, 
         check_int("capacity_blocks", capacity_blocks, 1)
     opts = _check_options(policy, options)
     arrs = as_arrays(trace_or_arrays)
-    u = arrs.num_unique
-    cap = max(1, u) if capacity_blocks is None else int(min(int(capacity_blocks), max(1, u)))
+    cap = max(1, arrs.num_unique) if capacity_blocks is None else clamp_capacity(arrs, capacity_blocks)
     hits = np.zeros(arrs.num_requests, dtype=np.int32)
     _warm_up(policy, opts)
     t0 = time.perf_counter()
