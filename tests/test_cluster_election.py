@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 
 import pytest
@@ -137,6 +138,31 @@ def test_on_lost_fires_once_when_the_leader_key_goes(etcd, etcd_client, prefix):
         assert len(lost) == 1
     finally:
         a.resign()
+
+
+def test_a_deposed_leader_yields_one_ttl_so_a_watching_standby_takes_the_seat(etcd, etcd_client, prefix):
+    lost = []
+    a = candidate(etcd, prefix, "a", 5301, warmup_s=0.1, on_lost=lost.append)
+    b = candidate(etcd, prefix, "b", 5302, warmup_s=0.1)
+    try:
+        a.campaign(timeout_s=10)
+        b.start()  # watches a's key
+        lease = a._keeper.lease_id
+        etcd_client.revoke(lease)  # a's key goes, as when its lease expires while it is paused
+        wait_until(lambda: lost, 5, "a learns it is deposed")
+        t_lost = time.monotonic()
+        won = []
+        a_again = threading.Thread(target=lambda: won.append((a.campaign(timeout_s=4 * TTL_S), time.monotonic())))
+        a_again.start()  # at once, as the master's campaign loop does
+        wait_until(lambda: b.is_leader, 4 * TTL_S, "the watching standby leads")
+        assert a.leader().candidate_id == "b"
+        b.resign()  # now a is the only candidate: it takes the seat, but only after yielding one TTL
+        a_again.join(4 * TTL_S + 5)
+        assert won and a.is_leader
+        assert won[0][1] - t_lost >= TTL_S * 0.95, "a campaigned again before its yield of one TTL ended"
+    finally:
+        a.resign()
+        b.resign()
 
 
 def test_campaign_with_etcd_down_is_a_clear_error_after_retries(tmp_path, caplog):

@@ -11,6 +11,10 @@ The design is Mooncake's master election (REFERENCE §9):
   that fails that check (also at the end of the warm-up: the won key goes with it), that etcd answers
   "lease not found" for, or that holds the key from an earlier round, is revoked (so its key goes at
   once) and replaced by a new one; a candidate never waits for its own key to go and keeps campaigning.
+- **A deposed leader yields**: a candidate that lost leadership waits one TTL before its next round, so
+  a standby that was watching the key takes the seat. The leader that lost its lease is the suspect one
+  (paused, partitioned, starved); racing the standbys for the key it just lost would hand the seat
+  back to it. When no other candidate exists, the seat stays empty one TTL longer.
 - **Warm-up**: after winning, the candidate keeps its lease alive for ``warmup_s`` (one TTL by default)
   before it reports leadership, then checks the key is still its own: by then an old leader that is
   alive has seen its own lease deadline pass (see ``LeaseKeeper``) and stepped down. So a SIGKILLed
@@ -140,6 +144,7 @@ class LeaderElection:
         self._wake = threading.Event()      # a change worth re-checking: key deleted, lease lost, resign
         self._cancel = threading.Event()    # resign()/close(): stop campaigning
         self._lock = threading.RLock()
+        self._yield_until = 0.0             # monotonic time before which a deposed leader does not campaign
         self._monitor: Watch | None = None
         self._thread: threading.Thread | None = None
 
@@ -175,6 +180,8 @@ class LeaderElection:
         with self._lock:
             was = self._leader
             self._leader = False
+            if was:
+                self._yield_until = time.monotonic() + self.ttl_s
         if was:
             log.warning("election %r: %r is no longer leader (epoch %s): %s", self.name, self.candidate_id,
                         self._epoch, reason)
@@ -236,6 +243,10 @@ class LeaderElection:
                 raise NotLeaderError(f"campaign of {self.candidate_id!r} was cancelled")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.candidate_id!r} did not win election {self.name!r} in {timeout_s} s")
+            yield_s = self._yield_until - time.monotonic()
+            if yield_s > 0:  # deposed: the standbys get the first try
+                self._cancel.wait(min(yield_s, max(0.0, deadline - time.monotonic())))
+                continue
             try:
                 epoch = self._try_once(deadline)
             except EtcdUnavailableError as e:
