@@ -289,6 +289,7 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
         ts = asyncio.run(run_open_loop(rf.urls, reqs, rate, tenancy.body_fn(front), seed=seed))
         wall = time.perf_counter() - t0
         after = scrape_counters(urls)
+        outcomes = _residency_outcomes(rf.urls) if front.kind == "gateway" else {}
     d = after.minus(before)
     good = _ok(ts)
     window = max(t.t_end for t in ts) - min(t.t_send for t in ts)
@@ -301,7 +302,34 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
                 "client_cached_frac": sum(t.cached_tokens for t in good) / max(1, sum(t.prompt_tokens for t in good)),
                 "engine_share_max": max(per_engine) / max(1.0, sum(per_engine)), "wall_s": wall,
                 "send_lag_p99_s": percentile([t.t_send - t.t_sched for t in ts], 0.99),
-                "version": rf.versions}
+                "version": rf.versions, **_attribution_shares(outcomes)}
+
+
+def _residency_outcomes(gateway_urls) -> dict[str, float]:
+    """The gateways' ``quillcache_gateway_residency_outcomes_total`` by outcome, summed over replicas (each
+    replica applies every engine's events itself). A front is started fresh per cell: these are the cell's."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    pre = 'quillcache_gateway_residency_outcomes_total{outcome="'
+    for u in gateway_urls:
+        with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(pre):
+                    key, _, value = line[len(pre):].partition('"} ')
+                    out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def _attribution_shares(outcomes: dict[str, float]) -> dict[str, float]:
+    """Of the blocks the engines stored, the share the gateway refused as ambiguous roots (the safety rule's
+    cost: several scopes could have caused them) and the share it could not attribute at all (the ambiguous
+    roots, their descendants, and stores no speculation explained)."""
+    stored = outcomes.get("confirmed", 0.0) + outcomes.get("unattributed", 0.0)
+    if not stored:
+        return {}
+    return {"ambiguous_share": outcomes.get("ambiguous", 0.0) / stored,
+            "unattributed_share": outcomes.get("unattributed", 0.0) / stored}
 
 
 def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw: list,
@@ -340,6 +368,14 @@ def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw
                                          ("client_send_lag_p99_ms", "send_lag_p99_s", "ms", 1e3)):
             rows.append(SummaryRow.from_spread(spread([m[key] * scale for m in got]), metric=metric,
                                                subject=front.name, unit=unit, n=n_reps, params=p, notes=note))
+        for metric, key in (("stored_blocks_refused_ambiguous", "ambiguous_share"),
+                            ("stored_blocks_unattributed", "unattributed_share")):
+            if all(key in m for m in got):
+                rows.append(SummaryRow.from_spread(
+                    spread([m[key] for m in got]), metric=metric, subject=front.name, unit="fraction", n=n_reps,
+                    params=p, notes=note + "; of the blocks the engines stored, from the gateway's "
+                    "quillcache_gateway_residency_outcomes_total (ambiguous: root stores refused because several "
+                    "scopes could have caused them; unattributed: those, their descendants and unexplained stores)"))
     return rows
 
 

@@ -99,6 +99,40 @@ def test_a_store_after_the_owners_speculation_expired_is_not_credited_to_another
     tr.check()
 
 
+def test_refused_root_stores_are_counted_in_the_gateways_metrics():
+    """``quillcache_gateway_residency_outcomes_total`` reads the tracker's counters at scrape time, so an
+    operator sees the hit rate the safety rule gives up (ambiguous root stores) beside what it confirmed."""
+    from quillcache.enginesim.process import parse_metrics
+    from quillcache.gateway.metrics import GatewayMetrics
+
+    clock = Clock()
+    index, tr, dec = _stack(clock)
+    metrics = GatewayMetrics(["e0"])
+    metrics.attach_live(dict, dict, dict, lambda: 0, tr.stats.counts)
+
+    def outcomes() -> dict[str, float]:
+        m = parse_metrics(metrics.render().decode())
+        pre = "quillcache_gateway_residency_outcomes_total{outcome=\""
+        return {k[len(pre):-2]: v for k, v in m.items() if k.startswith(pre)}
+
+    assert set(outcomes()) == set(tr.stats.counts()) and not any(outcomes().values())
+    d_a = dec.decide(_ident("a"), TOKENS, 4)
+    d_b = dec.decide(_ident("b"), TOKENS, 4)  # both scopes pending on the same chain: a store is nobody's
+    assert tr.stored("e0", A_ENGINE, H, None) == 0
+    got = outcomes()
+    assert got["speculated"] == 8 and got["ambiguous"] == tr.stats.ambiguous >= 1 and got["confirmed"] == 0
+    d_a.lease.release()
+    d_b.lease.release()
+    clock.t += 0.5
+    tr.expire()  # both requests seen ended: their claims block for the grace period, then go
+    clock.t += TTL_S + 1
+    tr.expire()
+    d_b2 = dec.decide(_ident("b"), TOKENS, 4)
+    assert tr.stored("e0", B_ENGINE, H, None) == 4
+    assert outcomes()["confirmed"] == 4
+    d_b2.lease.release()
+
+
 def test_a_store_after_the_owner_retracted_is_not_credited_to_another_scope():
     """The client left before the first token; the engine had prefilled and stores A's blocks afterwards."""
     clock = Clock()

@@ -125,6 +125,10 @@ def test_quick_profile_end_to_end(tmp_path):
                                          "hit_rate_paired_diff_points", "hit_rate_ceiling"}
     ceiling = next(r for r in rows if r.metric == "hit_rate_ceiling")
     assert 0.0 < ceiling.value < 1.0
+    # the gateway's attribution outcomes, read from its own /metrics: shares of the engines' stored blocks
+    refused, unattributed = (by[(m, gs.GATEWAY.name)].value
+                             for m in ("stored_blocks_refused_ambiguous", "stored_blocks_unattributed"))
+    assert 0.0 <= refused <= unattributed < 1.0
     # every request succeeded, and the engines' own counters agree with what their usage chunks told the
     # client (the hit rate is read from /metrics before and after each cell; nothing else used the engines)
     with open(tmp_path / "gateway" / "routing_requests.csv") as fh:

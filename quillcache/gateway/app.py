@@ -276,7 +276,7 @@ class Gateway:
         self._subscribers: list[Any] = []
         self._catching_up: set[str] = set()  # events-mode engines whose start-up replay is not applied yet
         self.metrics.attach_live(self._inflight_by_worker, self._health_by_worker, self._residency_counts,
-                                 lambda: self.limiter.total)
+                                 lambda: self.limiter.total, lambda: self.tracker.stats.counts())
         self.app = Starlette(
             routes=[
                 Route(_COMPLETIONS, self.completions, methods=["POST"]),

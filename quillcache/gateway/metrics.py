@@ -20,6 +20,13 @@ tenant_inflight_requests                    gauge      admitted requests of all 
 engine_healthy                              gauge      worker (1 healthy, 0 not)
 kv_events_total                             counter    worker, kind (stored, removed, cleared, resync)
 residency_entries                           gauge      worker, state (pending, confirmed, approximate)
+residency_outcomes_total                    counter    outcome: the residency tracker's counters (blocks):
+                                                       speculated, expired, and per stored block confirmed
+                                                       (inherited among them) or unattributed (ambiguous
+                                                       among them: root stores refused because several
+                                                       scopes could have caused them, the hit rate the
+                                                       safety rule gives up); removed, cleared,
+                                                       approx_evicted, unknown_removals
 ==========================================  =========  =====================================================
 
 Invariant: label children for known workers are created once at start, so the per-request path
@@ -31,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = ["GatewayMetrics"]
 
@@ -45,9 +52,11 @@ class _LiveCollector:
     """Gauges read at scrape time from callables (no per-request cost)."""
 
     def __init__(self, inflight: Callable[[], dict[str, int]], healthy: Callable[[], dict[str, bool]],
-                 residency: Callable[[], dict[tuple[str, str], int]], tenant_inflight: Callable[[], int]) -> None:
+                 residency: Callable[[], dict[tuple[str, str], int]], tenant_inflight: Callable[[], int],
+                 outcomes: Callable[[], dict[str, int]] | None = None) -> None:
         self._inflight, self._healthy, self._residency = inflight, healthy, residency
         self._tenant_inflight = tenant_inflight
+        self._outcomes = outcomes
 
     def collect(self):
         g = GaugeMetricFamily(_P + "inflight_requests", "Requests in flight per worker (live load counter)",
@@ -66,6 +75,13 @@ class _LiveCollector:
         yield r
         yield GaugeMetricFamily(_P + "tenant_inflight_requests", "Admitted requests not yet finished (all tenants)",
                                 value=self._tenant_inflight())
+        if self._outcomes is not None:
+            c = CounterMetricFamily(_P + "residency_outcomes", "What the residency tracker did with speculations "
+                                    "and KV events (ambiguous: root stores refused, several scopes could own them)",
+                                    labels=["outcome"])
+            for outcome, n in self._outcomes().items():
+                c.add_metric([outcome], n)
+            yield c
 
 
 class GatewayMetrics:
@@ -94,8 +110,8 @@ class GatewayMetrics:
         self._retries = {w: self.retries.labels(w) for w in workers}
         self._requests: dict[tuple[str, int], object] = {}
 
-    def attach_live(self, inflight, healthy, residency, tenant_inflight) -> None:
-        self.registry.register(_LiveCollector(inflight, healthy, residency, tenant_inflight))
+    def attach_live(self, inflight, healthy, residency, tenant_inflight, outcomes=None) -> None:
+        self.registry.register(_LiveCollector(inflight, healthy, residency, tenant_inflight, outcomes))
 
     def request_done(self, endpoint: str, status: int) -> None:
         c = self._requests.get((endpoint, status))

@@ -75,7 +75,7 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from itertools import repeat
 
 from quillcache.index.base import IndexBackend
@@ -143,6 +143,9 @@ class _Rec:
 
 @dataclass(slots=True)
 class ResidencyStats:
+    """Block counts. Every stored block of an events engine is ``confirmed`` (``inherited`` among them) or
+    ``unattributed`` (``ambiguous`` among them: a root refused because several scopes could own it)."""
+
     speculated: int = 0
     confirmed: int = 0
     inherited: int = 0  # confirmed through the parent's scope without a speculation
@@ -153,7 +156,10 @@ class ResidencyStats:
     ambiguous: int = 0  # root stores refused: pending speculations or claims of several scopes matched
     approx_evicted: int = 0
     unknown_removals: int = 0
-    by_engine: dict[str, int] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        """Every counter by name (the gateway's ``residency_outcomes_total``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class ResidencyTracker:
