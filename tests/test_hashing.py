@@ -158,7 +158,9 @@ def test_reference_module_matches_loop():
     toks = list(range(1000, 1100))
     for bs in (1, 3, 16):
         assert k.reference_local_hashes(toks, bs, 99) == _loop_local(toks, bs, 99)
-        assert k.reference_hash_blocks(toks, bs, 99) == _loop_chain(_loop_local(toks, bs, 99), 99)
+        # the chain step is seeded with 1337 whatever the local seed (REFERENCE section 1), unless told otherwise
+        assert k.reference_hash_blocks(toks, bs, 99) == _loop_chain(_loop_local(toks, bs, 99), 1337)
+        assert k.reference_hash_blocks(toks, bs, 99, chain_seed=99) == _loop_chain(_loop_local(toks, bs, 99), 99)
 
 
 def test_known_answer_fixed_prompt():

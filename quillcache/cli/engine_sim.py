@@ -97,11 +97,13 @@ def run(args: argparse.Namespace) -> int:
             hash_signedness=args.hash_signedness, kv_events_buffer_steps=args.kv_events_buffer_steps,
             kv_events_drop_rate=args.kv_events_drop_rate)
         # load what can fail on user input before serving: tokenizer, template, engine model
+        from quillcache.enginesim.textgen import check_output_tokenizer
         from quillcache.harness.engine_model import EngineModel
         from quillcache.textproc import load_chat_template, load_tokenizer
         from quillcache.types import KvLayout
 
         tokenizer = load_tokenizer(config.tokenizer)  # loaded once: the engine serves these
+        check_output_tokenizer(tokenizer)  # it must encode the engine's output words
         chat_template = load_chat_template(config.chat_template)
         em = EngineModel.from_names(config.engine_model, config.gpu, layout=KvLayout(block_size_tokens=config.block_size))
         if config.gpu_blocks is None:

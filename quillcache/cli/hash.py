@@ -1,9 +1,10 @@
 """``quillcache hash TOKENS...``: the chained block hashes of a token sequence (Dynamo-compatible).
 
 Token ids come from the arguments, or whitespace/comma separated from stdin. Prints one line per
-full block, ``<index>\\t<hash as 16 hex digits>``. A token that is not an integer, a ``--block-size``
-outside [1, 65536], or a ``--lora``/``--namespace`` that is not UTF-8 text (both are hashed as UTF-8)
-prints one line on stderr naming the flag or token and exits 2; the flags are checked before stdin is read.
+full block, ``<index>\\t<hash as 16 hex digits>``. A token that is not an integer in [0, 2**32), a
+``--block-size`` outside [1, 65536], or a ``--lora``/``--namespace`` that is not UTF-8 text (both are hashed
+as UTF-8) prints one line on stderr naming the flag or token and exits 2; the flags are checked before stdin
+is read.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
         if not (t.isascii() and t.isdigit()):
             print(f"quillcache hash: token ids must be integers written in ASCII digits 0-9; token {i} is {t!r:.40}",
                   file=sys.stderr)
+            return 2
+        if len(t.lstrip("0")) > 10:  # past 2**32 - 1 by length: refused before int() (which caps its digits)
+            print(f"quillcache hash: tokens[{i}] ({len(t):,} digits) is out of range; token ids must be in "
+                  f"[0, 2**32)", file=sys.stderr)
             return 2
     tokens = [int(t) for t in raw]
     try:

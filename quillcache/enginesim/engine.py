@@ -30,7 +30,7 @@ from typing import AsyncIterator
 from quillcache.enginesim.blockcache import SimBlockCache, StoreResult, engine_block_digests
 from quillcache.enginesim.config import EngineSimConfig
 from quillcache.enginesim.metrics import SimMetrics
-from quillcache.enginesim.textgen import plan_output
+from quillcache.enginesim.textgen import check_output_tokenizer, plan_output
 from quillcache.harness.engine_model import EngineModel
 from quillcache.kvevents.publisher import KvEventPublisher
 from quillcache.kvevents.types import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
@@ -76,6 +76,7 @@ class SimEngine:
         CLI loads them once, to refuse a bad one before serving); None loads them here."""
         self.config = config
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+        check_output_tokenizer(self.tokenizer)  # TokenizerError: it cannot encode the output words
         self.chat_template = chat_template if chat_template is not None else load_chat_template(config.chat_template)
         self.engine_model = EngineModel.from_names(config.engine_model, config.gpu,
                                                    layout=KvLayout(block_size_tokens=config.block_size))

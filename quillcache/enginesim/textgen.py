@@ -5,6 +5,10 @@ sha256(engine seed, request seed, prompt token ids)``: the same prompt (and ``se
 text. The text is tokenized with the engine's tokenizer and cut to ``max_tokens`` ids; each decode step emits one
 id and its text delta (:func:`incremental_deltas`, incremental detokenization as engines do it, linear in the
 number of ids), so ``completion_tokens`` counts real tokenizer ids.
+
+The engine needs a tokenizer that encodes every word of :data:`WORDS` to at least one id
+(:func:`check_output_tokenizer`, run when the engine loads it): one whose vocabulary lacks them and has no unknown
+token encodes them to nothing, and no output could be planned (:func:`plan_output` raises ``TokenizerError``).
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import hashlib
 import random
 from typing import Sequence
 
-from quillcache.textproc.tokenizer import Tokenizer
+from quillcache.textproc.tokenizer import Tokenizer, TokenizerError
 
-__all__ = ["WORDS", "OutputPlan", "incremental_deltas", "plan_output"]
+__all__ = ["WORDS", "OutputPlan", "check_output_tokenizer", "incremental_deltas", "plan_output"]
 
 WORDS = ("the", "cache", "block", "token", "prefix", "engine", "router", "quill", "memory", "tenant", "model",
          "stream", "reuse", "layer", "batch", "query", "value", "key", "scope", "tier", "fast", "safe", "exact",
@@ -37,15 +41,31 @@ class OutputPlan:
         return "".join(self.deltas)
 
 
+def check_output_tokenizer(tokenizer: Tokenizer) -> None:
+    """Refuse (``TokenizerError`` naming the word) a tokenizer that encodes a word of :data:`WORDS` to no id."""
+    for word in WORDS:
+        if not tokenizer.encode(" " + word):
+            raise TokenizerError(
+                f"tokenizer {tokenizer.name!r} encodes the stand-in engine's output word {word!r} to no token id "
+                f"(its vocabulary lacks it and has no unknown token); engine-sim needs a tokenizer that covers "
+                f"plain English words")
+
+
 def plan_output(tokenizer: Tokenizer, prompt_ids: Sequence[int], max_tokens: int, *, engine_seed: int,
                 request_seed: int | None) -> OutputPlan:
+    """The output for a prompt; ``TokenizerError`` if the tokenizer encodes more words to no more ids (see
+    :func:`check_output_tokenizer`), never an endless loop."""
     h = hashlib.sha256(f"{engine_seed}:{request_seed}:".encode() + bytes(str(list(prompt_ids)), "ascii")).digest()
     rng = random.Random(int.from_bytes(h[:8], "little"))
     ids: list[int] = []
     words: list[str] = []
-    while len(ids) < max_tokens:  # a word is at least one token: this ends
+    while len(ids) < max_tokens:  # each round adds words, and so ids (else it raises): this ends
         words.extend(rng.choice(WORDS) for _ in range(max(8, max_tokens - len(ids))))
-        ids = tokenizer.encode(" " + " ".join(words))
+        more = tokenizer.encode(" " + " ".join(words))
+        if len(more) <= len(ids):
+            raise TokenizerError(f"tokenizer {tokenizer.name!r} encodes the stand-in engine's output words to no "
+                                 f"more token ids ({len(more)} for {len(words)} words)")
+        ids = more
     ids = ids[:max_tokens]
     return OutputPlan(ids, incremental_deltas(tokenizer, ids))
 

@@ -30,7 +30,7 @@ TIERS = ("gpu", "dram", "ssd", "peer")
 class RequestRow:
     """One replayed request (a CSV row)."""
 
-    request_id: int
+    request_id: int  # its index in the replayed trace (a skipped request keeps its number, gets no row)
     engine: str
     tenant: str
     arrival_s: float

@@ -278,7 +278,10 @@ class _Replay:
                               decode_mbu=cfg.decode_mbu, tier_block_bytes=self.tc.block_bytes if self.tc else 0,
                               dequant_hbm_share=cfg.dequant_hbm_share)
         self.gpu_cap = cfg.gpu_capacity_blocks or self.em.gpu_capacity_blocks
-        self.requests = requests = self._fitting(requests)
+        # the trace's clock: time 0 is its first arrival, whether or not that request is skipped
+        self.t0_ms = requests[0].timestamp_ms
+        self.rids, requests = self._fitting(requests)  # rids[k]: requests[k]'s index in the trace
+        self.requests = requests
         bb = self.em.block_bytes
         self.tb = tb = self.tc.block_bytes if self.tc else bb  # bytes of a block in DRAM / SSD
         self.dram_budget, self.dram_cap_blocks = _tier_blocks("DRAM", cfg.dram_capacity_bytes,
@@ -332,15 +335,18 @@ class _Replay:
             bind(cm, self.tb)
         self._pool_ops: list[tuple[str, PoolBlock]] = []  # this event's seam points, in order
 
-    def _fitting(self, requests: list[TraceRequest]) -> list[TraceRequest]:
-        """The requests an engine can serve at all: the prompt's KV within its GPU capacity
-        (``cfg.on_oversize``: stop naming the first that does not fit, or skip and count them)."""
+    def _fitting(self, requests: list[TraceRequest]) -> tuple[list[int], list[TraceRequest]]:
+        """The requests an engine can serve at all, with their indices in ``requests`` (a row's
+        ``request_id`` names its trace request even after skips): the prompt's KV within its GPU
+        capacity (``cfg.on_oversize``: stop naming the first that does not fit, or skip and count them)."""
         bs, cap = self.bs, self.gpu_cap
+        ids: list[int] = []
         out: list[TraceRequest] = []
         self.skipped_oversize = 0
         for i, r in enumerate(requests):
             need = -(-r.input_tokens // bs)  # the prompt's KV must be resident for its prefill
             if need <= cap:
+                ids.append(i)
                 out.append(r)
                 continue
             if self.cfg.on_oversize == "stop":
@@ -353,7 +359,7 @@ class _Replay:
         if not out:
             raise RequestTooLargeError(f"none of the {len(requests)} requests fits an engine's GPU KV capacity "
                                        f"({cap:,} blocks of {bs} tokens)")
-        return out
+        return ids, out
 
     # ---- plumbing ----------------------------------------------------------------------------
     def _clock(self) -> float:
@@ -558,10 +564,10 @@ class _Replay:
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self, progress: Progress | None) -> list[RequestRow]:
-        reqs = self.requests
+        reqs, rids = self.requests, self.rids
         n = len(reqs)
         scale = 1000.0 * self.cfg.time_scale
-        t0_ms = reqs[0].timestamp_ms if reqs else 0  # simulated time starts at the first arrival
+        t0_ms = self.t0_ms  # simulated time starts at the trace's first arrival (skipped or not)
         heap: list[tuple[float, int, int, _Flight]] = []
         rows: list[RequestRow] = []
         seq = 0
@@ -581,7 +587,7 @@ class _Replay:
                     self.finish(fl, t)
                 continue
             self.now = t_arr
-            fl = self.arrive(i, reqs[i], t_arr)
+            fl = self.arrive(rids[i], reqs[i], t_arr)
             if fl is not None:
                 rows.append(fl.row)
                 heapq.heappush(heap, (t_arr + fl.row.ttft_s, seq, _PREFILL_DONE, fl))

@@ -391,6 +391,9 @@ def hash_blocks_csr(buf, tok_offsets, block_offsets, block_size, seed, chain_see
 
 
 # --------------------------------------------------------------------------- Python reference
+DYNAMO_BASE_SEED = 1337  # seeds every chain step (and the local hashes, absent a LoRA/namespace)
+
+
 def reference_local_hashes(tokens: Sequence[int], block_size: int, seed: int) -> list[int]:
     """Plain-Python specification: ``xxh3_64(le_u32(block), seed)`` for each FULL block."""
     arr = np.asarray(tokens, dtype="<u4")
@@ -406,9 +409,11 @@ def reference_hash_blocks(
 ) -> list[int]:
     """Plain-Python specification of the Dynamo chain (sequence hashes) over ``xxhash``.
 
-    ``chain_seed`` (default: ``seed``) seeds the 16-byte ``parent || local`` step.
+    ``seed`` (1337, or a LoRA/namespace seed) seeds each block's local hash; ``chain_seed`` seeds the
+    16-byte ``parent || local`` step, by default :data:`DYNAMO_BASE_SEED` whatever ``seed`` is (as
+    ``hash_blocks`` does and REFERENCE section 1 says).
     """
-    cseed = seed if chain_seed is None else chain_seed
+    cseed = DYNAMO_BASE_SEED if chain_seed is None else chain_seed
     out: list[int] = []
     for local in reference_local_hashes(tokens, block_size, seed):
         if out:

@@ -194,5 +194,7 @@ def load_chat_template(spec: str | Path | None = None) -> ChatTemplate:
     text = str(spec)
     if text.startswith("jinja:"):
         text = text[6:]
+    if not text:  # an empty path would name the working directory
+        raise ChatFormatError("empty chat template spec; give 'chatml' or a path to a tokenizer_config.json")
     return CHAT_TEMPLATES["jinja"](text)
 

@@ -105,9 +105,12 @@ def _chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate, as
         raise PromptError("'messages' is missing")
     try:
         text = template.render(body["messages"], add_generation_prompt=True)
-        ids = _encode(tokenizer, text, False, as_array)
-    except (ChatFormatError, TokenizerError) as e:
+    except ChatFormatError as e:
         raise PromptError(str(e)) from None
+    try:
+        ids = _encode(tokenizer, text, False, as_array)
+    except TokenizerError as e:  # positions are in the rendered text
+        raise PromptError(f"'messages' cannot be tokenized (rendered by the chat template): {e}") from None
     if not len(ids):
         raise PromptError("'messages' render to an empty prompt")
     return ids, text

@@ -12,7 +12,9 @@ Two implementations, registered by name in :data:`TOKENIZERS`:
 directory that holds one). Invariants: ``encode`` returns a fresh ``list[int]`` of ids in ``[0, vocab_size)``
 (``encode_array``, where a tokenizer has it, the same ids as a fresh ``uint32`` array);
 ``decode`` refuses ids outside that range with ``ValueError`` naming the first bad one and its position; a
-non-``str`` text raises ``TypeError``. Nothing here holds per-request state, so one instance serves every request.
+non-``str`` text raises ``TypeError``; a ``str`` that is not encodable as UTF-8 (a lone surrogate, which a JSON
+``\\ud800`` escape gives) raises ``TokenizerError`` naming its position, from every tokenizer alike. Nothing here
+holds per-request state, so one instance serves every request.
 """
 
 from __future__ import annotations
@@ -64,6 +66,18 @@ def _check_ids(ids: object, vocab_size: int) -> list[int]:
     return out
 
 
+def _unencodable(text: str, e: UnicodeEncodeError | None = None) -> TokenizerError:
+    """The error for a ``str`` that is not UTF-8 (a lone surrogate), naming where."""
+    if e is None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as found:
+            e = found
+    if e is None:  # pragma: no cover - called only for text a tokenizer refused
+        return TokenizerError("text cannot be tokenized")
+    return TokenizerError(f"text is not encodable as UTF-8 at position {e.start}: {e.reason}")
+
+
 @dataclass(frozen=True)
 class ByteTokenizer:
     """TEST FALLBACK tokenizer: one token per UTF-8 byte (ids 0..255), no special tokens."""
@@ -78,14 +92,14 @@ class ByteTokenizer:
         try:
             return list(_check_text(text).encode("utf-8"))
         except UnicodeEncodeError as e:
-            raise TokenizerError(f"text is not encodable as UTF-8 at position {e.start}: {e.reason}") from None
+            raise _unencodable(text, e) from None
 
     def encode_array(self, text: str, *, add_special_tokens: bool = False) -> np.ndarray:
         """``encode`` as a fresh ``uint32`` array (the same ids, without a Python int per byte)."""
         try:
             return np.frombuffer(_check_text(text).encode("utf-8"), dtype=np.uint8).astype(np.uint32)
         except UnicodeEncodeError as e:
-            raise TokenizerError(f"text is not encodable as UTF-8 at position {e.start}: {e.reason}") from None
+            raise _unencodable(text, e) from None
 
     def decode(self, ids: Sequence[int]) -> str:
         data = bytes(_check_ids(ids, 256))
@@ -118,13 +132,19 @@ class HfTokenizer:
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        text = _check_text(text)
+        try:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except (TypeError, UnicodeError):  # the library's TypeError for a str it cannot convert (lone surrogate)
+            raise _unencodable(text) from None
+
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        return list(self._tok.encode(_check_text(text), add_special_tokens=add_special_tokens).ids)
+        return list(self._ids(text, add_special_tokens))
 
     def encode_array(self, text: str, *, add_special_tokens: bool = False) -> np.ndarray:
         """``encode`` as a fresh ``uint32`` array."""
-        return np.asarray(self._tok.encode(_check_text(text), add_special_tokens=add_special_tokens).ids,
-                          dtype=np.uint32)
+        return np.asarray(self._ids(text, add_special_tokens), dtype=np.uint32)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(_check_ids(ids, self._vocab_size), skip_special_tokens=False)
