@@ -19,13 +19,15 @@ Encodings (vLLM's ``msgspec`` structs, ``vllm/distributed/kv_events.py``):
 :func:`decode_batch` accepts either encoding (and a mix: a map batch with array events or the reverse), hashes as
 i64, u64 or digest bytes, and returns a typed :class:`~quillcache.kvevents.types.EventBatch` with hashes in the
 u64 form (``types.normalize_hash``). Anything else raises :class:`KvEventDecodeError` naming what was wrong; an
-event with an unknown type tag is skipped and counted (``EventBatch.unknown_events``). :func:`encode_batch` writes
+event with an unknown type tag is skipped and counted (``EventBatch.unknown_events``). :func:`check_batch` runs the
+same checks on a typed batch (what a publisher must not send). :func:`encode_batch` writes
 either encoding with hashes as ``"u64"``, ``"i64"`` or ``"bytes"`` (the stand-in engine uses it; the decoder's
 tests use it to exercise every combination).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 import msgpack
@@ -40,7 +42,8 @@ from quillcache.kvevents.types import (
     normalize_hash,
 )
 
-__all__ = ["ENCODINGS", "HASH_FORMS", "MAX_PAYLOAD_BYTES", "KvEventDecodeError", "decode_batch", "encode_batch"]
+__all__ = ["ENCODINGS", "HASH_FORMS", "MAX_PAYLOAD_BYTES", "KvEventDecodeError", "check_batch", "decode_batch",
+           "encode_batch"]
 
 Encoding = Literal["tagged", "positional"]
 HashForm = Literal["u64", "i64", "bytes"]
@@ -191,6 +194,29 @@ def _event(raw: Any, where: str) -> KvEvent | None:
                        _opt_str(f["lora_name"], f"{where}.lora_name"))
 
 
+def _check_ts(ts: Any) -> None:
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts != ts:
+        raise KvEventDecodeError(f"batch ts must be a number, got {ts!r:.40}")
+
+
+def check_batch(batch: EventBatch) -> None:
+    """``KvEventDecodeError`` (a ``ValueError``) naming the first field of ``batch`` that :func:`decode_batch`
+    would refuse (the invariants of :mod:`~quillcache.kvevents.types`: hashes in the i64/u64 range or digest bytes,
+    token ids in ``[0, 2**32)``, one ``block_size`` of tokens per block...), ``TypeError`` for what is not an
+    ``EventBatch`` of KV events: the decoder's own checks, run on a typed batch before it is published."""
+    if not isinstance(batch, EventBatch):
+        raise TypeError(f"not an EventBatch: {type(batch).__name__}")
+    _check_ts(batch.ts)
+    _opt_int(batch.data_parallel_rank, "batch data_parallel_rank")
+    if not isinstance(batch.events, (tuple, list)):
+        raise TypeError(f"batch events must be a tuple of events, got {type(batch.events).__name__}")
+    for i, ev in enumerate(batch.events):
+        if not isinstance(ev, (BlockStored, BlockRemoved, AllBlocksCleared)):
+            raise TypeError(f"events[{i}]: not a KV event: {type(ev).__name__}")
+        fields = {f.name: getattr(ev, f.name) for f in dataclasses.fields(ev)}
+        _event({"type": type(ev).__name__, **fields}, f"events[{i}]")
+
+
 def decode_batch(payload: bytes | bytearray | memoryview) -> EventBatch:
     """Typed batch from a msgpack payload in either encoding (module docstring); ``KvEventDecodeError`` otherwise."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
@@ -213,8 +239,7 @@ def decode_batch(payload: bytes | bytearray | memoryview) -> EventBatch:
         rank = obj[2] if len(obj) > 2 else None
     else:
         raise KvEventDecodeError(f"batch must be a map or an array, got {type(obj).__name__}")
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts != ts:
-        raise KvEventDecodeError(f"batch ts must be a number, got {ts!r:.40}")
+    _check_ts(ts)
     if not isinstance(events, list):
         raise KvEventDecodeError(f"batch events must be an array, got {type(events).__name__}")
     rank = _opt_int(rank, "batch data_parallel_rank")

@@ -11,7 +11,12 @@ Wire protocol (vLLM ``ZmqEventPublisher``, REFERENCE section 10):
 
 Here both sockets BIND (the stand-in engine is the stable end; subscribers connect). A port of 0 binds a free port;
 ``endpoint`` / ``replay_endpoint`` then give the bound addresses. Sockets are used only by the publisher thread
-(ZeroMQ sockets are not thread-safe); ``publish`` enqueues. Malformed replay requests are counted and ignored.
+(ZeroMQ sockets are not thread-safe). ``publish`` checks and encodes the batch in the caller's thread
+(``codec.check_batch``: a batch a subscriber would refuse raises ``ValueError`` naming the bad field, one that is not
+a batch of events ``TypeError``; nothing is queued) and enqueues the payload; the thread numbers, buffers and sends
+it. A send that fails anyway is counted (``stats.send_errors``) and logged, and the thread goes on (the batch keeps
+its number and its place in the replay buffer, so a subscriber sees a gap it can fill). Malformed replay requests
+are counted and ignored.
 
 Fault knob (the stand-in engine's ``--kv-events-drop-rate``): ``drop_rate`` drops a batch from the PUB socket
 with that probability (seeded) while still numbering and buffering it, which is what a subscriber sees when a
@@ -20,6 +25,7 @@ message is lost on the way (PUB high-water mark, a reconnect): a sequence gap th
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
@@ -28,10 +34,12 @@ from dataclasses import dataclass
 
 import zmq
 
-from quillcache.kvevents.codec import Encoding, HashForm, encode_batch
+from quillcache.kvevents.codec import Encoding, HashForm, KvEventDecodeError, check_batch, encode_batch
 from quillcache.kvevents.types import EventBatch
 
 __all__ = ["END_SEQ", "KvEventPublisher", "PublisherStats"]
+
+log = logging.getLogger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _POLL_S = 0.01
@@ -51,6 +59,7 @@ class PublisherStats:
     dropped_by_fault: int = 0
     replay_requests: int = 0
     replay_bad_requests: int = 0
+    send_errors: int = 0  # batches numbered and buffered whose send failed (logged; the thread goes on)
 
 
 class KvEventPublisher:
@@ -69,7 +78,7 @@ class KvEventPublisher:
         self._drop_rate = drop_rate
         self._rng = random.Random(seed)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._queue: queue.Queue[EventBatch | None] = queue.Queue()
+        self._queue: queue.Queue[bytes | threading.Event | None] = queue.Queue()
         self._seq = 0
         self.stats = PublisherStats()
         self._ctx = zmq.Context.instance()
@@ -95,10 +104,19 @@ class KvEventPublisher:
 
     # ---- API ----------------------------------------------------------------------------------
     def publish(self, batch: EventBatch) -> None:
-        """Enqueue one batch; it gets the next sequence number when the thread sends it."""
+        """Check and encode one batch, then enqueue it; it gets the next sequence number when the thread sends it.
+        ``ValueError`` naming the bad field (``TypeError`` for what is not a batch of events), nothing queued, for a
+        batch a subscriber would refuse."""
         if not self._running:
             raise RuntimeError("KvEventPublisher is closed")
-        self._queue.put(batch)
+        try:
+            check_batch(batch)
+            payload = encode_batch(batch, encoding=self._encoding, hash_form=self._hash_form)
+        except KvEventDecodeError as e:
+            raise ValueError(f"KvEventPublisher.publish: {e}") from None
+        except (ValueError, OverflowError) as e:  # what the checks let through but msgpack refuses (a huge ts...)
+            raise ValueError(f"KvEventPublisher.publish: cannot encode the batch: {type(e).__name__}: {e}") from None
+        self._queue.put(payload)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every enqueued batch was sent (or dropped by the fault knob); False on timeout."""
@@ -143,10 +161,13 @@ class KvEventPublisher:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            self._send(item)
+            try:
+                self._send(item)
+            except Exception:  # never let one batch stop the publisher (every later batch would wait forever)
+                self.stats.send_errors += 1
+                log.exception("KV-event publisher: sending batch %d failed (the publisher goes on)", self._seq - 1)
 
-    def _send(self, batch: EventBatch) -> None:
-        payload = encode_batch(batch, encoding=self._encoding, hash_form=self._hash_form)
+    def _send(self, payload: bytes) -> None:
         seq = self._seq
         self._seq += 1
         self._buffer.append((seq, payload))

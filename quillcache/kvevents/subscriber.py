@@ -36,11 +36,13 @@ computes the **Dynamo-compatible UNSCOPED chain hash** of the block's whole toke
 parent's chain hash: ``chain[0] = local[0]`` for a root block, else ``chain = xxh3_64(le_u64(parent_chain) ||
 le_u64(local), 1337)``. The LoRA adapter is NOT mixed in: ``StoredBlocks.lora_name`` carries it, and the gateway's
 identity scope is what separates adapters. The map ``engine hash -> chain hash`` is kept per engine (this
-subscriber) as a bounded LRU of ``max_mapped_blocks``: the relation is a function of the block's content (an engine
-hash commits to its whole prefix), so an entry stays valid after the block's removal and is kept, so that a
-removal, and a later store under that parent, can be mapped. When a stored run's parent is not in the map (stored
-before this subscriber saw it, or aged out of the LRU), its chain hashes are ``None``; ``RemovedHashes.chain_hashes``
-is ``None`` for an engine hash never seen stored.
+subscriber) as a bounded LRU of ``max_mapped_blocks``: an entry is refreshed when its block is stored and each time
+it is the parent of a stored run (so a shared prefix in use is never aged out however many blocks are stored under
+it), and the least recently refreshed entry goes first; a removal's lookup does not refresh it. The relation is a
+function of the block's content (an engine hash commits to its whole prefix), so an entry stays valid after the
+block's removal and is kept, so that a removal, and a later store under that parent, can be mapped. When a stored
+run's parent is not in the map (stored before this subscriber saw it, or aged out of the LRU), its chain hashes are
+``None``; ``RemovedHashes.chain_hashes`` is ``None`` for an engine hash never seen stored.
 """
 
 from __future__ import annotations
@@ -392,6 +394,8 @@ class KvEventSubscriber:
         if ev.parent_block_hash is not None:
             prev = self._chain.get(ev.parent_block_hash)
             known = prev is not None
+            if known:
+                self._chain.move_to_end(ev.parent_block_hash)  # in use: a hot shared prefix is not aged out
         chains: list[int | None] = []
         for eh, lh in zip(ev.block_hashes, local):
             if not known:

@@ -4,7 +4,8 @@ Layers, one per module: ``errors`` (what can go wrong, ``RpcErrorCode``), ``code
 dataclasses, enums and exceptions that may cross the wire), ``wire`` (the versioned request and reply frames and
 the exception mapping), ``dispatch`` (one request frame in, one reply out: what both servers share), ``server``
 (``RpcServer``: a ROUTER socket, one serving thread), ``stream`` (``StreamServer``: the same over plain TCP with
-length-prefixed frames, addresses ``qtcp://``, a thread per connection), ``client`` (``RpcClient``: a DEALER
+length-prefixed frames, addresses ``qtcp://``, a thread per connection; ``frames``: reading and closing such frames,
+what both of its ends share), ``client`` (``RpcClient``: a DEALER
 socket or a plain TCP socket by the address's scheme, timeouts, leader retries; ``InProcessClient``: the same API
 without sockets).
 

@@ -42,6 +42,7 @@ import zmq
 
 from quillcache._checks import check_float, check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
+from quillcache.rpc.dispatch import Dispatcher
 from quillcache.rpc.errors import RpcConnectionError, RpcErrorCode, RpcRejectedError, RpcTimeoutError
 from quillcache.rpc.server import DEFAULT_MAX_FRAME_BYTES
 from quillcache.rpc.stream import DEFAULT_SPIN_S, GOODBYE_CODES, StreamConnection, is_stream_address, split_address
@@ -281,33 +282,41 @@ class _Method:
 
 
 class InProcessClient:
-    """The embedded default: ``target``'s whitelisted ``methods`` called in-process, with the RPC client's API."""
+    """The embedded default: ``target``'s whitelisted ``methods`` called in-process, with the RPC client's API. The
+    whitelist, the ``UNKNOWN_METHOD`` and ``BAD_ARGUMENTS`` refusals are a server's own (its ``Dispatcher``)."""
 
     def __init__(self, target: object, methods: list[str], *, codec: Codec | None = None,
                  roundtrip: bool = True) -> None:
-        bad = sorted(m for m in methods if not isinstance(m, str) or m.startswith("_")
-                     or not callable(getattr(target, m, None)))
-        if bad or isinstance(methods, str) or not methods:
-            raise ValueError(f"cannot serve {bad or methods!r} of {type(target).__name__}: methods must be a "
-                             f"non-empty list of public callable attributes")
-        self._handlers = {m: getattr(target, m) for m in methods}
         self.codec = DEFAULT_CODEC if codec is None else codec
+        self._dispatcher = Dispatcher(target, methods, self.codec, DEFAULT_MAX_FRAME_BYTES, "in-process")
         self.roundtrip = roundtrip
 
     def call(self, method: str, *args: object, **kwargs: object) -> object:
-        fn = self._handlers.get(method)
+        dispatcher = self._dispatcher
+        fn = dispatcher.handler(method)
         if fn is None:
-            raise RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
-                                   f"method {method!r} is not served here; served: {sorted(self._handlers)}")
-        if not self.roundtrip:
-            return fn(*args, **kwargs)
+            raise dispatcher.unknown_method(method)
         codec = self.codec
-        args, kwargs = codec.decode(codec.encode([list(args), kwargs]))  # type: ignore[misc]
+        if self.roundtrip:
+            args, kwargs = codec.decode(codec.encode([list(args), kwargs]))  # type: ignore[misc]
         try:
             value = fn(*args, **kwargs)
+        except TypeError as e:  # arguments that do not bind (refused as a server refuses them), or the method's own
+            refusal = dispatcher.bind_error(method, args, kwargs)
+            if refusal is not None:
+                raise refusal from None
+            self._raise(e)
         except Exception as e:
-            raise error_from_wire(codec, codec.decode(codec.encode(error_to_wire(codec, e)))) from e  # type: ignore
-        return codec.decode(codec.encode(value))
+            self._raise(e)
+        return codec.decode(codec.encode(value)) if self.roundtrip else value
+
+    def _raise(self, exc: Exception) -> None:
+        """Raise the method's exception: as the client of a server would get it (through the codec) when
+        ``roundtrip``, else itself."""
+        if not self.roundtrip:
+            raise exc
+        codec = self.codec
+        raise error_from_wire(codec, codec.decode(codec.encode(error_to_wire(codec, exc)))) from exc  # type: ignore
 
     def invoke(self, method: str, args: Sequence[object] = (), kwargs: dict | None = None, *,
                timeout_s: float | None = None) -> object:

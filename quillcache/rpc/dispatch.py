@@ -6,7 +6,11 @@ Contract:
 - ``handle(data)`` returns the reply frame for request frame ``data``, never raises for anything a peer sends:
   a refused frame (``RpcErrorCode``: bad frame, wrong version, missing field, past ``max_frame_bytes``, unknown
   method, arguments that do not bind) gets an error reply naming the problem; an exception from the method gets
-  an error reply (``wire.error_to_wire``); a result the codec cannot encode gets ``UNENCODABLE_RESULT``.
+  an error reply (``wire.error_to_wire``; one whose message cannot be encoded still gets one,
+  ``wire.encode_error_reply``); a result the codec cannot encode gets ``UNENCODABLE_RESULT``.
+- ``handler(method)`` is the served callable (None when not served: ``unknown_method(method)`` is the refusal)
+  and ``bind_error(method, args, kwargs)`` the ``BAD_ARGUMENTS`` refusal of arguments that do not bind to it:
+  ``InProcessClient`` calls through these, so it serves and refuses exactly as a server does.
 - ``refuse(code, message)`` is the reply for a frame a transport refused before decoding (no request id).
 - ``num_requests`` counts frames handled or refused; ``num_refused`` those answered with an ``RpcErrorCode``.
 - It holds no lock of its own: the transport decides how calls reach ``target`` (both servers of this package make
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import ContextManager
 
@@ -73,24 +78,31 @@ class Dispatcher:
         log.warning("%s: refused a frame: %s: %s", self.name, code.value, message)
         return encode_error_reply(self.codec, None, RpcRejectedError(code, message))
 
-    def _bind_error(self, req: Request) -> RpcRejectedError | None:
-        """``BAD_ARGUMENTS`` when ``req``'s arguments do not bind to its method (checked only after a TypeError,
-        so the hot path pays nothing); None when they bind, i.e. the TypeError was the method's own."""
-        sig = self._signatures[req.method]
+    def handler(self, method: str) -> Callable[..., object] | None:
+        """The served callable named ``method``; None when it is not served."""
+        return self._handlers.get(method)
+
+    def unknown_method(self, method: object) -> RpcRejectedError:
+        """The ``UNKNOWN_METHOD`` refusal of ``method``, naming the served ones."""
+        return RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
+                                f"method {quote(method)} is not served here; served: {self.served}")
+
+    def bind_error(self, method: str, args: Sequence[object], kwargs: dict) -> RpcRejectedError | None:
+        """``BAD_ARGUMENTS`` when ``args``/``kwargs`` do not bind to served ``method`` (checked only after a
+        TypeError, so the hot path pays nothing); None when they bind, i.e. the TypeError was the method's own."""
+        sig = self._signatures[method]
         if sig is None:
             return None
         params = sig.parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):  # Python's message would quote them whole
-            unknown = [k for k in req.kwargs if k not in params or params[k].kind is params[k].POSITIONAL_ONLY]
+            unknown = [k for k in kwargs if k not in params or params[k].kind is params[k].POSITIONAL_ONLY]
             if unknown:
-                self.num_refused += 1
                 return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS,
-                                        f"{req.method}: got an unexpected keyword argument {quote_each(unknown)}")
+                                        f"{method}: got an unexpected keyword argument {quote_each(unknown)}")
         try:
-            sig.bind(*req.args, **req.kwargs)
+            sig.bind(*args, **kwargs)
         except TypeError as e:
-            self.num_refused += 1
-            return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS, f"{req.method}: {clip(str(e), _MAX_BIND_ERROR_CHARS)}")
+            return RpcRejectedError(RpcErrorCode.BAD_ARGUMENTS, f"{method}: {clip(str(e), _MAX_BIND_ERROR_CHARS)}")
         return None
 
     def handle(self, data: bytes | memoryview, lock: ContextManager[object] | None = None) -> bytes:
@@ -114,8 +126,7 @@ class Dispatcher:
             return e
         fn = self._handlers.get(req.method)
         if fn is None:
-            e = RpcRejectedError(RpcErrorCode.UNKNOWN_METHOD,
-                                 f"method {quote(req.method)} is not served here; served: {self.served}")
+            e = self.unknown_method(req.method)
             e.request_id = req.request_id  # type: ignore[attr-defined]
             return e
         return req, fn
@@ -125,7 +136,10 @@ class Dispatcher:
         try:
             value = fn(*req.args, **req.kwargs)
         except TypeError as e:  # arguments that do not bind, or a TypeError of the method's own
-            return encode_error_reply(codec, req.request_id, self._bind_error(req) or e)
+            refusal = self.bind_error(req.method, req.args, req.kwargs)
+            if refusal is not None:
+                self.num_refused += 1
+            return encode_error_reply(codec, req.request_id, refusal or e)
         except Exception as e:
             return encode_error_reply(codec, req.request_id, e)
         try:

@@ -12,9 +12,14 @@ Contract:
 - Every request gets exactly one reply unless no reply is possible: a refused frame (``RpcErrorCode``: bad frame,
   wrong version, missing field, frame past ``max_frame_bytes``, unknown method, arguments that do not bind) gets an
   error reply naming the problem; an exception from the method gets an error reply (``wire.error_to_wire``); a
-  result the codec cannot encode gets ``UNENCODABLE_RESULT``. A frame past ``drop_frame_bytes`` is cut by libzmq
-  (``ZMQ_MAXMSGSIZE``: the peer is disconnected, never buffered); a message with no identity frame is dropped with a
+  result the codec cannot encode gets ``UNENCODABLE_RESULT``. A message with no identity frame is dropped with a
   log line. Nothing a peer sends stops the serving thread.
+- ``drop_frame_bytes`` bounds each FRAME, not each message: a frame past it is cut by libzmq (``ZMQ_MAXMSGSIZE``,
+  a per-frame limit: the peer is disconnected, the frame never buffered), but ZeroMQ delivers a multipart message
+  whole, so a message of many frames, each under the limit, is buffered by libzmq (up to its whole size) before it
+  is refused ``BAD_FRAME`` (a request is one frame); reading its frames one at a time here would not bound that.
+  Serve peers that are not trusted over ``qtcp://`` (:class:`~quillcache.rpc.stream.StreamServer`), where a
+  request is one length-prefixed frame and ``drop_frame_bytes`` bounds what any request makes the server hold.
 - ``after_reply`` (optional): called on the serving thread after each reply is sent (e.g. work the target
   deferred until its caller has the answer); an exception there is logged.
 """
@@ -47,6 +52,8 @@ class RpcServer:
                  codec: Codec | None = None, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  drop_frame_bytes: int | None = None, name: str = "rpc",
                  after_reply: Callable[[], None] | None = None) -> None:
+        """``drop_frame_bytes`` (default ``4 * max_frame_bytes``) is per ZeroMQ frame, not per message (module
+        docstring)."""
         check_methods(target, methods)
         self.after_reply = after_reply  # called after each reply is sent (errors logged), e.g. deferred work
         self.max_frame_bytes = check_int("max_frame_bytes", max_frame_bytes, 64)

@@ -18,8 +18,14 @@ Contract:
   that gets one ``TOO_MANY_CONNECTIONS`` refusal and is closed at accept (``num_turned_away``; logged at most once
   per ``_TURN_AWAY_LOG_S``). A frame past ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and
   answered ``FRAME_TOO_LARGE``; a length past ``drop_frame_bytes`` is answered ``FRAME_TOO_LARGE`` and the
-  connection is closed (its bytes are never buffered); a malformed body (the length prefix intact) gets its typed
-  refusal and the connection goes on.
+  connection is closed (its bytes are never buffered: the server stops sending, then reads and discards the
+  rest of the frame for at most ``min(idle_timeout_s, _DROP_DRAIN_S)``, so no reset overtakes the refusal; a
+  client whose send fails still takes a reply that arrived whole); a malformed body (the length prefix intact)
+  gets its typed refusal and the connection goes on.
+- A failed accept (out of file descriptors, ``EMFILE``/``ENFILE``; out of memory; a peer gone before accept) or a
+  connection thread that cannot be started (the connection is then closed, its slot freed) never ends the accept
+  thread: it is counted (``num_accept_errors``), logged at most once per ``_TURN_AWAY_LOG_S``, and the thread
+  pauses ``_ACCEPT_RETRY_S`` (``close()`` cuts the pause short) before accepting again; only ``close()`` ends it.
 - Idle timeout (``idle_timeout_s``, default :data:`DEFAULT_IDLE_TIMEOUT_S`): a connection that sends no byte of a
   request for ``idle_timeout_s``, that does not complete a request within ``idle_timeout_s`` of its first byte
   (stalled or trickling mid-frame), or that reads none of its reply for ``idle_timeout_s``, is closed
@@ -32,8 +38,8 @@ Contract:
 - Polling before sleeping (``spin_s``, both sides, default :data:`DEFAULT_SPIN_S`): a connection's server thread
   polls its socket without blocking for up to ``spin_s`` for the next request, and a client for up to ``spin_s``
   for its reply, before sleeping in ``recv``. On a virtual machine most of a loopback round trip is the wake-up of
-  a sleeping thread; polling a little first removes it when the peer answers within the window. Adaptive: a
-  window that passed in vain turns polling off for the next ``_SPIN_BACKOFF`` waits (a peer that is slow, idle,
+  a sleeping thread; polling a little first removes it when the peer answers within the window. Adaptive: a window
+  that passed in vain turns polling off for the next ``frames.SPIN_BACKOFF`` waits (a peer that is slow, idle,
   or shares this core), so an idle connection costs at most ``spin_s`` of CPU per 16 requests. ``spin_s=0``
   never polls; the results are the same either way (only the speed differs).
 - ``after_reply`` (optional): called by a connection's thread after each reply is written, outside the call
@@ -48,13 +54,14 @@ Contract:
   sent; a lost connection or no reply in time closes the socket and raises ``RpcTimeoutError`` (the request may
   or may not have run). ``RpcClient`` sends a request again, once, on a fresh connection when the reply is an
   ``IDLE_TIMEOUT`` goodbye (the server closed the idle connection as the request crossed it).
+- Frames, their reader and the hang-up without a reset are :mod:`quillcache.rpc.frames`.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -63,6 +70,10 @@ from quillcache._checks import check_float, check_int
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
 from quillcache.rpc.dispatch import Dispatcher
 from quillcache.rpc.errors import RpcErrorCode, RpcRejectedError, RpcTimeoutError
+from quillcache.rpc.frames import DONTWAIT as _DONTWAIT
+from quillcache.rpc.frames import HEADER, Reader, Stalled, hang_up, set_wait
+from quillcache.rpc.frames import RECV_BYTES as _RECV_BYTES
+from quillcache.rpc.frames import clock as _now
 from quillcache.rpc.wire import encode_error_reply
 
 __all__ = ["DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_SPIN_S", "GOODBYE_CODES", "HEADER", "SCHEME", "StreamConnection",
@@ -71,34 +82,17 @@ __all__ = ["DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_SPIN_S", "GOODBYE_CODES", "HEADER"
 log = logging.getLogger(__name__)
 
 SCHEME = "qtcp://"
-HEADER = struct.Struct(">I")
-_RECV_BYTES = 1 << 16
 _RECONNECT_S = 0.02
-_DONTWAIT = socket.MSG_DONTWAIT
-_now = time.perf_counter
-_SPIN_BACKOFF = 15
 DEFAULT_SPIN_S = 100e-6  # see the module docstring: chosen by experiments/master_study.py's transport rows
 # A connection that sends nothing (or stalls mid-frame) this long is closed. Far above any pause of a client in
 # use (a pool node heartbeats within the master's client_ttl_s); a client idle longer reconnects transparently.
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 GOODBYE_CODES = frozenset({RpcErrorCode.IDLE_TIMEOUT, RpcErrorCode.TOO_MANY_CONNECTIONS})
-_TURN_AWAY_LOG_S = 10.0  # at most one warning per this many seconds about connections turned away
+_TURN_AWAY_LOG_S = 10.0  # at most one warning per this many seconds about connections turned away (or not accepted)
+_ACCEPT_RETRY_S = 0.05  # pause of the accept thread after accept() failed (EMFILE...), so it does not spin
+_PEER_GONE_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})  # accept() again at once
 _DRAIN_RECVS = 16  # non-blocking reads that empty a closing connection's receive queue (so close sends FIN, not RST)
-_TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO / SO_SNDTIMEO
-_MAX_WAIT_S = 1e9  # a longer wait is set as this one (it fits any timeval; decades are forever here)
-
-
-def _set_wait(sock: socket.socket, option: int, seconds: float) -> None:
-    """Limit each blocking ``recv`` (``SO_RCVTIMEO``) or ``send`` (``SO_SNDTIMEO``) of ``sock`` to ``seconds`` (at
-    least 1 ms; 0 would mean no limit); one that waits that long fails with ``BlockingIOError``. Unlike a Python
-    socket timeout this leaves the socket blocking, so ``MSG_DONTWAIT`` polls (``_Reader.spin``) stay cheap."""
-    seconds = min(max(seconds, 1e-3), _MAX_WAIT_S)
-    whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL.pack(whole, int((seconds - whole) * 1e6)))
-
-
-class _Stalled(Exception):
-    """A frame that did not arrive whole by its deadline."""
+_DROP_DRAIN_S = 1.0  # longest the server reads (and discards) the rest of a frame past its drop limit before closing
 
 
 def is_stream_address(address: str) -> bool:
@@ -112,85 +106,6 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"a stream address is '{SCHEME}HOST:PORT' with a port in [1, 65535], got {address!r}")
     return host.strip("[]"), int(port)
-
-
-class _Reader:
-    """Buffered reads of whole frames from a blocking socket."""
-
-    __slots__ = ("sock", "buf", "skip", "wait_s")
-
-    def __init__(self, sock: socket.socket, wait_s: float | None = None) -> None:
-        self.sock = sock
-        self.buf = bytearray()
-        self.skip = 0  # spin() calls left that do not poll (after a window that passed in vain)
-        self.wait_s = wait_s  # the socket's SO_RCVTIMEO between frames (server side), restored after a deadline
-
-    def fill(self, n: int, deadline: float | None = None) -> bool:
-        """At least ``n`` bytes buffered; False at end of stream first. With ``deadline`` (a ``_now()`` time; the
-        socket's ``SO_RCVTIMEO`` in use) each wait is cut to what is left of it and ``_Stalled`` is raised once it
-        has passed; a wait that runs out raises ``BlockingIOError``."""
-        buf, recv = self.buf, self.sock.recv
-        if len(buf) >= n:
-            return True
-        limited = False
-        try:
-            while len(buf) < n:
-                if deadline is not None:
-                    left = deadline - _now()
-                    if left <= 0:
-                        raise _Stalled()
-                    _set_wait(self.sock, socket.SO_RCVTIMEO, left)
-                    limited = True
-                chunk = recv(max(_RECV_BYTES, n - len(buf)))
-                if not chunk:
-                    return False
-                buf += chunk
-        finally:
-            if limited and self.wait_s is not None:
-                _set_wait(self.sock, socket.SO_RCVTIMEO, self.wait_s)
-        return True
-
-    def spin(self, n: int, spin_s: float) -> bool | None:
-        """Poll without blocking (``MSG_DONTWAIT``) for up to ``spin_s`` until ``n`` bytes are buffered: True when
-        they are, False at end of stream, None when the window passed (the caller then blocks). Adaptive: after a
-        window that passed in vain, the next ``_SPIN_BACKOFF`` calls return None at once (the peer is not
-        answering within the window, e.g. it shares this core: polling would only take the CPU from it). The
-        socket must not have a timeout > 0 (Python would wait in poll first): blocking (None) or non-blocking."""
-        buf = self.buf
-        if len(buf) >= n:
-            return True
-        if self.skip:
-            self.skip -= 1
-            return None
-        recv = self.sock.recv
-        end = _now() + spin_s
-        while len(buf) < n:
-            try:
-                chunk = recv(_RECV_BYTES, _DONTWAIT)
-            except BlockingIOError:
-                if _now() >= end:
-                    self.skip = _SPIN_BACKOFF
-                    return None
-                continue
-            if not chunk:
-                return False
-            buf += chunk
-        return True
-
-    def take(self, n: int) -> bytes:
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    def discard(self, n: int, deadline: float | None = None) -> bool:
-        """Discard ``n`` bytes without holding them; False at end of stream first (``deadline`` as in ``fill``)."""
-        while n > 0:
-            if not self.buf and not self.fill(1, deadline):
-                return False
-            k = min(n, len(self.buf))
-            del self.buf[:k]
-            n -= k
-        return True
 
 
 class StreamServer:
@@ -227,6 +142,10 @@ class StreamServer:
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._conns_lock = threading.Lock()
         self._closing = False
+        self._stopping = threading.Event()  # set by close(): cuts short the accept thread's pause after a failure
+        self.num_accept_errors = 0  # connections not accepted or not served (EMFILE, no thread...): see _accept
+        self._accept_errors_unlogged = 0
+        self._accept_log_at = 0.0
 
     @property
     def num_requests(self) -> int:
@@ -277,6 +196,7 @@ class StreamServer:
                 return
             self._closing = True
             conns = list(self._conns.items())
+        self._stopping.set()
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -307,13 +227,21 @@ class StreamServer:
     # --- threads ------------------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        assert self._listener is not None
+        listener = self._listener
+        assert listener is not None
         while True:
             try:
-                sock, peer = self._listener.accept()
+                sock, peer = listener.accept()
+            except OSError as e:
+                if self._closing:
+                    return  # close() shut the listener
+                self._accept_failed(e)  # EMFILE, ENOBUFS, a connection reset before accept...: serving goes on
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
-                return  # closed
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.close()  # the peer is gone already
+                continue
             with self._conns_lock:
                 if self._closing:
                     sock.close()
@@ -324,7 +252,29 @@ class StreamServer:
                 thread = threading.Thread(target=self._serve_connection, args=(sock,), daemon=True,
                                           name=f"{self.name}-stream:{self.port}")
                 self._conns[sock] = thread
-            thread.start()
+            try:
+                thread.start()
+            except Exception as e:  # no thread to be had ("can't start new thread"): this connection is closed
+                with self._conns_lock:
+                    self._conns.pop(sock, None)
+                sock.close()
+                self._accept_failed(e)
+
+    def _accept_failed(self, err: Exception) -> None:
+        """A connection that could not be accepted or served (out of descriptors, memory or threads; the peer gone
+        before accept): counted, logged at most once per ``_TURN_AWAY_LOG_S`` with the count since the last report,
+        and, unless the peer merely left first, a pause of ``_ACCEPT_RETRY_S`` (cut short by ``close()``) so a
+        lasting shortage is not retried in a busy loop. The accept thread then goes on."""
+        self.num_accept_errors += 1
+        self._accept_errors_unlogged += 1
+        now = _now()
+        if now >= self._accept_log_at:
+            log.warning("%s: %d connection(s) not accepted or not served since the last report, the latest: %s: %s",
+                        self.name, self._accept_errors_unlogged, type(err).__name__, err)
+            self._accept_errors_unlogged = 0
+            self._accept_log_at = now + _TURN_AWAY_LOG_S
+        if getattr(err, "errno", None) not in _PEER_GONE_ERRNOS:
+            self._stopping.wait(_ACCEPT_RETRY_S)
 
     def _turn_away(self, sock: socket.socket, peer: object) -> None:
         """(Under ``_conns_lock``) one TOO_MANY_CONNECTIONS goodbye, then close; a warning at most once per
@@ -346,13 +296,14 @@ class StreamServer:
 
     def _serve_connection(self, sock: socket.socket) -> None:
         idle_s = self.idle_timeout_s
-        _set_wait(sock, socket.SO_RCVTIMEO, idle_s)  # no byte of a request for idle_s: BlockingIOError
-        _set_wait(sock, socket.SO_SNDTIMEO, idle_s)  # a reply the peer does not read for idle_s: the same
-        reader = _Reader(sock, idle_s)
+        set_wait(sock, socket.SO_RCVTIMEO, idle_s)  # no byte of a request for idle_s: BlockingIOError
+        set_wait(sock, socket.SO_SNDTIMEO, idle_s)  # a reply the peer does not read for idle_s: the same
+        reader = Reader(sock, idle_s)
         dispatcher, lock, pack, unpack_from = self.dispatcher, self._call_lock, HEADER.pack, HEADER.unpack_from
         max_frame, drop_frame, spin_s = self.max_frame_bytes, self.drop_frame_bytes, self.spin_s
         after = self.after_reply
         goodbye = None
+        drain = 0
         try:
             while True:
                 if spin_s and reader.spin(4, spin_s) is False:  # the next request of a busy client: no sleep
@@ -378,7 +329,7 @@ class StreamServer:
                             return
                         body = bytes(reader.buf[4:4 + n])
                         del reader.buf[:4 + n]
-                except (BlockingIOError, _Stalled):
+                except (BlockingIOError, Stalled):
                     goodbye = (f"a request begun but not completed within the server's idle_timeout_s={idle_s:g} s"
                                if started else f"no request for the server's idle_timeout_s={idle_s:g} s")
                     return
@@ -388,6 +339,7 @@ class StreamServer:
                             f"frame of {n} bytes is past the server's drop limit of {drop_frame} bytes; "
                             f"closing the connection"))
                     sock.sendall(pack(len(reply)) + reply)
+                    drain = 4 + n - len(reader.buf)  # the rest of the frame: read, discarded, then the close
                     return
                 if body is None:
                     with lock:
@@ -420,24 +372,20 @@ class StreamServer:
                 log.debug("%s: %s", self.name, goodbye)
                 _say_goodbye(sock, self._goodbye_frame(RpcErrorCode.IDLE_TIMEOUT, (
                     f"{goodbye}: closing the connection; nothing sent on it after the last reply is run")))
+            elif drain > 0:
+                hang_up(sock, drain, min(idle_s, _DROP_DRAIN_S))
             else:
                 sock.close()
 
 
 def _say_goodbye(sock: socket.socket, frame: bytes) -> None:
-    """Send ``frame`` (never blocking), stop sending, empty the receive queue and close: what was waiting or
-    arrives later is never read, and the goodbye goes out before the FIN (an unread queue would make close send
-    a RST, which can overtake it)."""
+    """Send ``frame`` (never blocking), then ``hang_up`` without waiting: what was waiting or arrives later is
+    never read, and the goodbye goes out before the FIN."""
     try:
         sock.send(frame, _DONTWAIT)
-        sock.shutdown(socket.SHUT_WR)
-        for _ in range(_DRAIN_RECVS):
-            if not sock.recv(_RECV_BYTES, _DONTWAIT):
-                break
     except OSError:
-        pass  # nothing waiting (BlockingIOError), or the peer is gone
-    finally:
-        sock.close()
+        pass  # the peer is gone (or its receive window is full: it was not reading)
+    hang_up(sock, _DRAIN_RECVS * _RECV_BYTES, 0.0)
 
 
 def _not_sent(message: str) -> RpcTimeoutError:
@@ -459,7 +407,7 @@ class StreamConnection:
         self.host, self.port = split_address(address)
         self.max_reply_bytes = max_reply_bytes
         self._sock: socket.socket | None = None
-        self._reader: _Reader | None = None
+        self._reader: Reader | None = None
 
     def _connect(self, deadline: float, method: str) -> socket.socket:
         while True:
@@ -474,11 +422,15 @@ class StreamConnection:
                 time.sleep(min(_RECONNECT_S, max(0.0, deadline - time.monotonic())))
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock, self._reader = sock, _Reader(sock)
+            self._sock, self._reader = sock, Reader(sock)
             return sock
 
     def round_trip(self, frame: bytes, method: str, timeout_s: float) -> bytes:
-        """Send ``frame``, return the next reply frame; ``RpcTimeoutError`` (socket closed) on any failure."""
+        """Send ``frame``, return the next reply frame; ``RpcTimeoutError`` (socket closed) on any failure.
+        ``timeout_s`` is a deadline for the whole round trip: ``sendall`` runs under a socket timeout (a total) and
+        each wait for reply bytes is cut to what is left of it (``SO_RCVTIMEO``, as the server reads), so a reply
+        that trickles in cannot hold the caller past it. A send that fails still returns a reply the server sent
+        before closing, when it arrived whole (``_reply_waiting``)."""
         deadline = time.monotonic() + timeout_s
         if self._sock is not None and self._peer_done():
             self.close()  # the server closed this connection while we were not calling: a fresh one, nothing sent
@@ -487,25 +439,32 @@ class StreamConnection:
         assert reader is not None
         try:
             sock.settimeout(max(1e-3, deadline - time.monotonic()))
-            sock.sendall(HEADER.pack(len(frame)) + frame)
+            try:
+                sock.sendall(HEADER.pack(len(frame)) + frame)
+            except OSError:
+                body = self._reply_waiting()
+                if body is None:
+                    raise
+                self.close()  # the server closed the connection after its reply: a fresh one next time
+                return body
+            sock.settimeout(None)  # blocking: SO_RCVTIMEO cuts each wait below; MSG_DONTWAIT polls stay cheap
+            read_by = _now() + (deadline - time.monotonic())  # the deadline on the reader's clock
             if self.spin_s and len(reader.buf) < 4 and not reader.skip:
-                sock.settimeout(0.0)  # non-blocking: spin() polls without Python's wait in poll()
                 if reader.spin(4, self.spin_s) is False:
                     raise ConnectionResetError("the server closed the connection")
-                sock.settimeout(max(1e-3, deadline - time.monotonic()))
             elif reader.skip:
                 reader.skip -= 1
-            if not reader.fill(4):
+            if not reader.fill(4, read_by):
                 raise ConnectionResetError("the server closed the connection")
             (n,) = HEADER.unpack_from(reader.buf)
             if n > self.max_reply_bytes:
                 raise ConnectionResetError(f"a reply of {n} bytes is past the client's limit")
-            if not reader.fill(4 + n):
+            if not reader.fill(4 + n, read_by):
                 raise ConnectionResetError("the server closed the connection mid-reply")
             body = bytes(reader.buf[4:4 + n])
             del reader.buf[:4 + n]
             return body
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError, Stalled):  # sendall's timeout, a wait cut at the deadline
             self.close()
             raise RpcTimeoutError(f"{method} to {self.address}: no reply within {timeout_s} s "
                                   f"(the request may or may not have run)") from None
@@ -513,6 +472,30 @@ class StreamConnection:
             self.close()
             raise RpcTimeoutError(f"{method} to {self.address}: connection lost ({e}); "
                                   f"the request may or may not have run") from None
+
+    def _reply_waiting(self) -> bytes | None:
+        """After a send failed: the reply frame already received whole, read without blocking, or None. A server
+        answers a frame past its drop limit at the length prefix and closes without reading the rest, so its
+        ``FRAME_TOO_LARGE`` refusal can be here while the rest of the request could not be sent. No reply was
+        waiting when the send began (``_peer_done``), so one here answers this request."""
+        sock, reader = self._sock, self._reader
+        assert sock is not None and reader is not None
+        buf = reader.buf
+        sock.settimeout(0.0)
+        try:
+            while len(buf) < 4 or len(buf) < 4 + min(HEADER.unpack_from(buf)[0], self.max_reply_bytes + 1):
+                chunk = sock.recv(_RECV_BYTES)
+                if not chunk:
+                    break
+                buf += chunk
+        except OSError:
+            pass  # nothing more waiting, or the connection was reset after what was read
+        if len(buf) < 4:
+            return None
+        (n,) = HEADER.unpack_from(buf)
+        if n > self.max_reply_bytes or len(buf) < 4 + n:
+            return None
+        return bytes(buf[4:4 + n])
 
     def _peer_done(self) -> bool:
         """True when the server is done with the connection: end of stream, a reset, or bytes waiting (peeked

@@ -14,6 +14,10 @@ Contract:
   ``MAX_QUOTE_CHARS`` of it), and ``error_to_wire`` cuts the message and every str among the exception's ``args``
   and ``attrs`` to ``MAX_MESSAGE_CHARS`` (:func:`~quillcache.rpc.errors.clip`), so an error reply stays small
   whatever the request carried or the method put in its message.
+- Every error gets its reply: ``error_to_wire`` writes a str that UTF-8 cannot carry (a lone surrogate, e.g. from
+  a non-UTF-8 file name) with backslash escapes, and when the error map still cannot be built or encoded (an
+  exception whose ``__str__`` raises) ``encode_error_reply`` sends the exception's type alone, with a message
+  saying so (a warning is logged), which the client raises as :class:`RpcRemoteError`.
 - ``error_to_wire`` / ``error_from_wire``: a registered exception class (nearest registered ancestor in the MRO)
   comes back as that class, rebuilt the way ``pickle`` rebuilds exceptions (``cls(*args)``, then its instance
   attributes), falling back to ``cls.__new__`` with the message when its constructor refuses the args; its
@@ -24,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 
 from quillcache.rpc.codec import Codec
@@ -32,6 +37,8 @@ from quillcache.rpc.errors import (RpcEncodeError, RpcErrorCode, RpcProtocolErro
 
 __all__ = ["PROTOCOL_VERSION", "REQUEST_FIELDS", "Request", "encode_error_reply", "encode_ok_reply",
            "encode_request", "error_from_wire", "error_to_wire", "parse_reply", "parse_request"]
+
+log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 REQUEST_FIELDS = ("version", "request_id", "method", "args", "kwargs")
@@ -96,7 +103,16 @@ def encode_ok_reply(codec: Codec, request_id: int | None, value: object) -> byte
 
 
 def encode_error_reply(codec: Codec, request_id: int | None, exc: BaseException) -> bytes:
-    return codec.encode([PROTOCOL_VERSION, request_id, False, error_to_wire(codec, exc)])
+    """The error reply for ``exc`` (``error_to_wire``); never raises for what ``exc`` holds: when its map cannot be
+    built or encoded (a ``__str__`` that raises...), the reply names only its type (module docstring)."""
+    try:
+        return codec.encode([PROTOCOL_VERSION, request_id, False, error_to_wire(codec, exc)])
+    except Exception as e:
+        log.warning("an error reply for %s could not be encoded (%s: %s); sending its type only",
+                    type(exc).__qualname__, type(e).__name__, e)
+        return codec.encode([PROTOCOL_VERSION, request_id, False, {
+            "code": None, "type": _wire_str(_type_name(type(exc))),
+            "message": f"(its message could not be sent: {type(e).__name__})"}])
 
 
 def parse_reply(codec: Codec, data: bytes | memoryview) -> tuple[int | None, bool, object]:
@@ -118,20 +134,34 @@ def error_to_wire(codec: Codec, exc: BaseException) -> dict:
     tag = codec.error_tag(type(exc))
     code = getattr(exc, "code", None)
     if code is not None and not _encodes(codec, code):
-        code = f"{type(code).__name__}.{code.name}" if isinstance(code, enum.Enum) else str(code)
-    out: dict = {"code": code, "message": clip(str(exc))}
+        code = _wire_str(f"{type(code).__name__}.{code.name}" if isinstance(code, enum.Enum) else str(code))
+    out: dict = {"code": code, "message": _wire_str(clip(str(exc)))}
     if tag is None:
-        out["type"] = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        out["type"] = _wire_str(_type_name(type(exc)))
         return out
     out["type"] = tag
-    args = [clip(a) if type(a) is str else a for a in exc.args]
+    args = [_wire_str(clip(a)) if type(a) is str else a for a in exc.args]
     if _encodes(codec, args):
         out["args"] = args
-    attrs = {k: clip(v) if type(v) is str else v for k, v in getattr(exc, "__dict__", {}).items()
+    attrs = {k: _wire_str(clip(v)) if type(v) is str else v for k, v in getattr(exc, "__dict__", {}).items()
              if not k.startswith("_")}
     if attrs and _encodes(codec, attrs):
         out["attrs"] = attrs
     return out
+
+
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _wire_str(text: str) -> str:
+    """``text`` when UTF-8 can carry it; else with each character it cannot (a lone surrogate: a non-UTF-8 file
+    name decoded with ``surrogateescape``) as its backslash escape."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _encodes(codec: Codec, value: object) -> bool:
