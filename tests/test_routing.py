@@ -56,7 +56,7 @@ def test_tier_credits_are_1_075_025():
     assert list(lg) == [8 - 4 - 1 + 8, 8 - 2 - 1.5 + 8]
     # adjusted prefill never goes negative
     assert DynamoCostRouter(tier_credits=(5.0, 0, 0)).logits(route([8], isl=128))[0] == 8
-    # weight 0 disables the cache term (older form: overlap_score_weight * prefill + decode)
+    # scale 0 drops the prefill term: decode blocks only (+ the request's 4 blocks on every worker)
     assert list(DynamoCostRouter(prefill_load_scale=0.0).logits(route([3, 0], dec=[1, 2]))) == [5, 6]
 
 
@@ -86,7 +86,7 @@ def test_softmax_distribution_at_positive_temperature():
 
 def test_only_eligible_workers_are_chosen():
     router = DynamoCostRouter(seed=1, temperature=2.0)
-    r = route([5, 0, 0], eligible=[False, True, True])
+    r = route([5, 0, 0], isl=128, eligible=[False, True, True])
     assert all(router.select(r) in (1, 2) for _ in range(200))
     with pytest.raises(ValueError, match="eligible"):
         router.select(route([1, 1], eligible=[False, False]))
@@ -117,9 +117,9 @@ def test_baselines():
     assert [rr.select(route([0, 0, 0])) for _ in range(5)] == [0, 1, 2, 0, 1]
     assert rr.select(route([0, 0, 0], eligible=[True, False, False])) == 0
     ll = make_router("least_loaded", seed=0)
-    assert ll.select(route([9, 0, 0], apt=[0, 64, 0], dec=[0, 0, 3])) == 0
+    assert ll.select(route([9, 0, 0], isl=160, apt=[0, 64, 0], dec=[0, 0, 3])) == 0
     pa = make_router("prefix_affinity", seed=0)
-    assert pa.select(route([1, 3, 3], host=[0, 0, 2], apt=[0, 0, 10_000])) == 2  # ignores load
+    assert pa.select(route([1, 3, 3], host=[0, 0, 2], isl=128, apt=[0, 0, 10_000])) == 2  # ignores load
     counts = np.bincount([pa.select(route([2, 2, 0])) for _ in range(600)], minlength=3)
     assert counts[2] == 0 and min(counts[:2]) > 200
 

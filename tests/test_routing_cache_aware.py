@@ -155,6 +155,7 @@ def test_the_plain_python_rule_equals_a_numpy_reference_on_random_routes(options
         nb = -(-isl // 16)
         dev = rng.integers(0, nb + 1, n)
         ov = np.stack([dev, rng.integers(0, 3, n) * (rng.random(n) < 0.3), np.zeros(n, dtype=np.int64)])
+        ov[1] = np.minimum(ov[1], nb - dev)  # a prefix overlap is never longer than the prompt (check_route)
         dec = rng.integers(0, 4, n) * rng.choice([1, 10, 300], n)
         apt = rng.integers(0, 3, n) * 160
         elig = rng.random(n) < 0.8

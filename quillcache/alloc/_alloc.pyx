@@ -28,7 +28,7 @@ from quillcache.alloc._contract import (
     GEN_MASK, INDEX_BITS, INDEX_MASK, TAG_SHIFT,
     Allocation, AllocatorError, InvalidHandleError, OutOfSpaceError, StorageReport,
     NO_NODES, NO_SPACE,
-    coerce_handle, handle_error, new_allocator_tag, validate_churn, validate_config,
+    coerce_handle, handle_error, new_allocator_tag, release_allocator_tag, validate_churn, validate_config,
     validate_handle_array, validate_int, validate_size, validate_size_array,
 )
 
@@ -275,6 +275,11 @@ cdef class OffsetAllocator:
     def __dealloc__(self):
         PyMem_Free(self.c.nodes)
         PyMem_Free(self.c.free_nodes)
+        if self._tag:  # 0 when __cinit__ failed before a tag was drawn
+            try:
+                release_allocator_tag(self._tag)  # no two live allocators share a tag (_contract)
+            except Exception:  # interpreter shutdown: the module's globals are gone, and so is the registry
+                pass
 
     # -- helpers --------------------------------------------------------------------------
 

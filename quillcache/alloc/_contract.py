@@ -34,8 +34,14 @@ Contract:
   always merged, so at least ``(max_allocs - 1) // 2`` allocations fit whatever the fragmentation.
 - Offsets are deterministic: the same operations give the same offsets on every run.
 - Handles are ``tag << 48 | (generation mod 2**20) << 28 | node_index`` (< 2**63, so they fit
-  int64). ``tag`` is a non-zero 15-bit id drawn per allocator from one process-wide counter that
-  starts at a random value (so handles, unlike offsets, differ between runs); a node's generation
+  int64). ``tag`` is a non-zero 15-bit id drawn per allocator (compiled or not) from one
+  process-wide :class:`TagRegistry`: a cursor that starts at a random value (so handles, unlike
+  offsets, differ between runs) and moves to the next tag NOT held by a live allocator. No two
+  live allocators ever share a tag, so a handle of another live allocator is always refused; an
+  allocator's tag is released when it is garbage-collected and is handed out again only after the
+  cursor went once round the 32,767 tags (a handle kept past its allocator's life is garbage, and
+  may then match that later allocator's tag). With all 32,767 tags held by live allocators a new
+  allocator is refused (``AllocatorError``). A node's generation
   is bumped whenever an allocation held in it ends (free or reset), so a stale handle is accepted
   again only after exactly 2**20 reuses of its node. An ``Allocation`` is accepted wherever a
   handle is.
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -253,11 +260,55 @@ def handle_error(handle: int, code: int, tag: int) -> InvalidHandleError:
     return InvalidHandleError(f"handle {handle:#x} {why}", handle=handle)
 
 
-_tag_counter = int.from_bytes(os.urandom(2), "little") % ((1 << TAG_BITS) - 1)
+NUM_TAGS = (1 << TAG_BITS) - 1  # tags 1..NUM_TAGS (0 is never used)
+
+
+class TagRegistry:
+    """The tags held by live allocators (module doc): ``acquire`` hands out the next tag after the
+    cursor that no live allocator holds, ``release`` gives one back.
+
+    ``release`` takes no lock (one ``set.discard``, atomic under the GIL) because allocators call
+    it while being deallocated, which the garbage collector may do inside ``acquire``."""
+
+    def __init__(self, num_tags: int = NUM_TAGS, start: int = 0) -> None:
+        self.num_tags = check_int("num_tags", num_tags, 1, NUM_TAGS)
+        self._cursor = check_int("start", start, 0, num_tags - 1)  # the tag handed out last (0: none)
+        self._live: set[int] = set()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def acquire(self) -> int:
+        """A tag in ``[1, num_tags]`` no live allocator holds, or AllocatorError when all are held."""
+        with self._lock:
+            live, n = self._live, self.num_tags
+            if len(live) >= n:
+                raise AllocatorError(
+                    f"all {n} allocator tags are held by live allocators (a handle has {TAG_BITS} tag bits); "
+                    f"drop an allocator before creating another"
+                )
+            t = self._cursor % n + 1
+            while t in live:
+                t = t % n + 1
+            self._cursor = t
+            live.add(t)
+            return t
+
+    def release(self, tag: int) -> None:
+        """Give ``tag`` back (its allocator is gone); releasing a tag not held is a no-op."""
+        self._live.discard(tag)
+
+
+_tags = TagRegistry(start=int.from_bytes(os.urandom(2), "little") % NUM_TAGS)
 
 
 def new_allocator_tag() -> int:
-    """A non-zero 15-bit tag; consecutive allocators (compiled or not) get different tags."""
-    global _tag_counter
-    _tag_counter = _tag_counter % ((1 << TAG_BITS) - 1) + 1
-    return _tag_counter
+    """A tag no live allocator holds (compiled or not); consecutive allocators get different tags.
+    The allocator gives it back with :func:`release_allocator_tag` when it is collected."""
+    return _tags.acquire()
+
+
+def release_allocator_tag(tag: int) -> None:
+    """Give back the tag of an allocator that is being collected."""
+    _tags.release(tag)

@@ -35,6 +35,7 @@ generator.
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from quillcache.alloc._contract import (
     coerce_handle,
     handle_error,
     new_allocator_tag,
+    release_allocator_tag,
     validate_churn,
     validate_config,
     validate_handle_array,
@@ -137,6 +139,7 @@ class PyOffsetAllocator:
         self._max_allocs = nodes
         self._shift = shift
         self._tag = new_allocator_tag()
+        weakref.finalize(self, release_allocator_tag, self._tag)  # held while this allocator lives
         self._offset = [0] * nodes
         self._size = [0] * nodes
         self._bin_prev = [UNUSED] * nodes

@@ -105,9 +105,10 @@ def _scan(keys, offsets, b0, b1, hashes, node_worker, allowed, public_slot, publ
 def _choose(keys, offsets, b0, b1, node_worker, guard, ok, worker,
             per_block_s, latency_s, kind_action, a_coef, c_coef, isl, bs, queue_s, actions, kinds, rows):  # pragma: no cover
     n = b1 - b0
-    avail = n
+    # the engine computes at least the prompt's last token: a full-hit aligned prompt reuses all but its last block
+    avail = min(n, (isl - 1) // bs)
     base = offsets[b0]
-    for j in range(n):
+    for j in range(avail):
         bk = 127
         br = -1
         bc = np.inf
@@ -182,7 +183,7 @@ def scan_overlaps(keys, offsets, b0, b1, hashes, node_worker, allowed, public_sl
 def choose_actions(keys, offsets, b0, b1, node_worker, guard, ok, worker, per_block_s, latency_s, kind_action,
                    a_coef, c_coef, isl, bs, queue_s, actions, kinds, rows):  # pragma: no cover - jitted
     """Pick each block's cheapest allowed source (``ok`` from ``scan_overlaps``) for ``worker`` and
-    the reuse length ``k`` that minimises predicted TTFT (see cost_model). Fills
+    the reuse length ``k <= (isl - 1) // bs`` that minimises predicted TTFT (see cost_model). Fills
     ``actions``/``kinds``/``rows`` (rows index ``keys``); returns ``(k, fetched_blocks, fetch_s, ttft_s)``."""
     return _choose(keys, offsets, b0, b1, node_worker, guard, ok, worker, per_block_s, latency_s, kind_action,
                    a_coef, c_coef, isl, bs, queue_s, actions, kinds, rows)

@@ -12,8 +12,10 @@ plus each distinct kind's per-transfer latency once (one batched transfer per so
 Prefilling tokens ``[s, e)`` costs ``a (e - s) + c (e(e-1)/2 - s(s-1)/2)`` seconds with
 ``a = 2 params / (peak x MFU)`` and ``c = 4 layers attn_dim / (peak x MFU)`` (the token at position
 ``t`` attends to ``t`` earlier tokens); at least the last prompt token is always computed (the engine
-needs its logits). Predicted TTFT of reusing ``k`` blocks = queue + fetch(k) + prefill(min(k bs,
-isl - 1), isl), where queue = ``a x`` the worker's in-flight prefill tokens. Transfers are assumed
+needs its logits), so the planner reuses at most ``(isl - 1) // bs`` blocks (vLLM's rule: a fully
+cached block-aligned prompt recomputes its last block). Predicted TTFT of reusing ``k`` blocks =
+queue + fetch(k) + prefill(min(k bs, isl - 1), isl), where queue = ``a x`` the worker's in-flight
+prefill tokens. Transfers are assumed
 NOT overlapped with compute (conservative; layer-wise pipelining would lower fetch costs).
 """
 
@@ -95,10 +97,21 @@ class CostModel:
         return per_block, np.array(lat, dtype=np.float64)
 
     def fetch_s(self, kinds: list[int], block_bytes: int) -> float:
-        """Seconds to bring in blocks from the given source kinds (reference formula)."""
+        """Seconds to bring in blocks from the given source kinds (reference formula). Every kind
+        must be an integer in ``[0, NUM_SOURCE_KINDS)``; otherwise ``ValueError`` naming the first
+        bad one (checked on the whole array at once)."""
+        ks = np.asarray(kinds)
+        if ks.size:
+            if ks.ndim != 1 or ks.dtype.kind not in "iu":
+                raise ValueError(f"kinds must be a 1-D sequence of integer source kinds, got {kinds!r:.80}")
+            bad = (ks < 0) | (ks >= NUM_SOURCE_KINDS)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError(f"kinds[{i}]={int(ks[i])} is not a source kind: must be in [0, {NUM_SOURCE_KINDS}) "
+                                 f"({', '.join(SOURCE_NAMES)})")
         per_block, lat = self.source_costs(block_bytes)
         total, seen = 0.0, set()
-        for k in kinds:
+        for k in ks.tolist():
             total += float(per_block[k])
             if k not in seen:
                 seen.add(k)

@@ -11,7 +11,10 @@ Per request, in one pass over ONLY the request's own blocks:
 3. route: the router (Dynamo cost by default) picks the prefill worker among prefill-capable
    workers from the overlaps and the live load counters;
 4. actions (``_kernels.choose_actions``): per block the cheapest allowed source on/for that worker,
-   then the reuse length that minimises predicted TTFT (fetch vs recompute, :mod:`cost_model`);
+   then the reuse length that minimises predicted TTFT (fetch vs recompute, :mod:`cost_model`),
+   at most ``(input_tokens - 1) // block_size`` blocks: the engine always computes the prompt's
+   last token (vLLM's rule; the stand-in engine's too), so a fully cached block-aligned prompt
+   reuses all but its last block and ``new_prefill_tokens >= 1``;
 5. decode worker: the prefill worker itself when it also decodes, otherwise the decode-capable
    worker with the fewest active decode blocks (random tie-break).
 
@@ -134,10 +137,8 @@ class Planner:
         self._logits = np.empty(len(specs), dtype=np.float64)
         self._out_i = np.zeros(3, dtype=np.int64)
         self._out_f = np.zeros(2, dtype=np.float64)
-        r = self.router
-        if isinstance(r, DynamoCostRouter):
-            c0, c1, c2 = r.tier_credits
-            self._fparams = np.array([r.prefill_load_scale, c0, c1, c2, r.temperature, 0.0, self._a, self._c])
+        # the router's parameters are copied in from the live router on every plan (see _plan_located)
+        self._fparams = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self._a, self._c])
 
     def with_guard(self, enable_guard: bool) -> Planner:
         """The same planner (index, workers, loads, registry, router kind and seed) with the guard
@@ -234,7 +235,12 @@ class Planner:
         rows = np.empty(n, dtype=np.int32)
         router = self.router
         if type(router) is DynamoCostRouter:  # the default router: scan + route + actions in one kernel
+            # read from the router now, not at construction: a changed attribute or a newly assigned
+            # router decides exactly as ReferencePlanner's router._select does
             fp = self._fparams
+            fp[0] = router.prefill_load_scale
+            fp[1], fp[2], fp[3] = router.tier_credits
+            fp[4] = router.temperature
             fp[5] = router.rng.random()
             out_i, out_f = self._out_i, self._out_f
             while True:

@@ -104,7 +104,10 @@ class ReferencePlanner:
         rows: list[int] = []
         entries: list[ResidencyEntry] = []
         base_row = 0
+        max_reuse = (isl - 1) // bs  # the engine computes at least the last prompt token (planner module doc)
         for j, reps in enumerate(located):
+            if j >= max_reuse:
+                break
             bk, br, be, bc = 127, -1, None, math.inf
             for pos, e in enumerate(reps):
                 if not allowed(e):

@@ -33,6 +33,7 @@ from quillcache.index.keys import MAX_NODE_NAME_BYTES, node_name_key
 
 __all__ = [
     "MAX_LEASE_LOAD",
+    "MAX_ROUTE_TOKENS",
     "EngineRole",
     "Lease",
     "LoadTracker",
@@ -44,6 +45,7 @@ __all__ = [
 
 
 MAX_LEASE_LOAD = 1 << 40  # per lease, prefill tokens or decode blocks: far beyond any real request
+MAX_ROUTE_TOKENS = 1 << 40  # isl_tokens and block_size_tokens of a route: keeps the kernels' int64 math exact
 _I64_MAX = (1 << 63) - 1
 
 
@@ -275,11 +277,14 @@ def _check_column(name: str, a: np.ndarray, kinds: str) -> None:
 def check_route(route: RouteRequest) -> None:
     """Validate a route request (shapes, dtypes, values, sizes); routers call it before deciding.
 
-    ``overlaps``: an integer array of shape (3, n >= 1), values >= 0. ``active_prefill_tokens``
-    and ``decode_blocks``: integer or float arrays of shape (n,), finite and >= 0. ``eligible``:
-    None or a bool array of shape (n,). ``isl_tokens`` >= 1 and ``block_size_tokens`` >= 1 are
-    integers. Anything else raises ``ValueError`` (``TypeError`` for a non-RouteRequest) naming
-    the field."""
+    ``overlaps``: an integer array of shape (3, n >= 1), values >= 0, each worker's three counts
+    summing to at most the request's ``ceil(isl_tokens / block_size_tokens)`` blocks (a prefix
+    overlap cannot be longer than the prompt). ``active_prefill_tokens`` and ``decode_blocks``:
+    integer or float arrays of shape (n,), finite and >= 0. ``eligible``: None or a bool array of
+    shape (n,). ``isl_tokens`` and ``block_size_tokens`` are integers in ``[1, MAX_ROUTE_TOKENS]``
+    (2**40), so ``overlap * block_size`` and every sum of the cost kernels stay far inside int64
+    and the compiled kernels compute what their plain-Python references do. Anything else raises
+    ``ValueError`` (``TypeError`` for a non-RouteRequest) naming the field."""
     if not isinstance(route, RouteRequest):
         raise TypeError(f"route must be a RouteRequest, got {type(route).__name__}")
     ov = route.overlaps
@@ -296,9 +301,17 @@ def check_route(route: RouteRequest) -> None:
         not isinstance(route.eligible, np.ndarray) or route.eligible.shape != (n,) or route.eligible.dtype != np.bool_
     ):
         raise ValueError(f"eligible must be a bool array of shape ({n},) or None")
-    if check_int("isl_tokens", route.isl_tokens, type_error=ValueError) < 1:
+    isl = check_int("isl_tokens", route.isl_tokens, type_error=ValueError)
+    if isl < 1:
         raise ValueError(f"isl_tokens={route.isl_tokens!r}; an empty prompt cannot be routed")
-    check_int("block_size_tokens", route.block_size_tokens, 1, type_error=ValueError)
+    check_int("isl_tokens", isl, 1, MAX_ROUTE_TOKENS)
+    bs = check_int("block_size_tokens", route.block_size_tokens, 1, MAX_ROUTE_TOKENS, type_error=ValueError)
+    blocks = -(-isl // bs)
+    # each count first (a sum of huge int64 counts would wrap), then the per-worker sums
+    if int(ov.max()) > blocks or int(ov.sum(axis=0).max()) > blocks:
+        w = int(np.argmax(ov.sum(axis=0, dtype=np.float64)))  # a worker over the limit (float: cannot wrap)
+        raise ValueError(f"overlaps of worker {w} are {ov[:, w].tolist()} blocks (device, host, disk), more in all "
+                         f"than the request's ceil(isl_tokens / block_size_tokens) = {blocks} blocks")
 
 
 def pick_min(values: np.ndarray, eligible: np.ndarray | None, rng: random.Random) -> int:

@@ -14,8 +14,17 @@ Per worker ``w`` (lower is better)::
 request's own blocks are added to every worker (as Dynamo does), which changes no decision.
 Selection: temperature 0 (default) -> the minimum, ties broken uniformly at random; temperature
 ``T > 0`` -> sample ``p_i ∝ exp(-(v_i - v_min) / ((v_max - v_min) * T))`` over the eligible
-workers, uniform when all are equal. Setting ``prefill_load_scale`` with all tier credits 0 gives the
-older documented form ``overlap_score_weight * prefill_blocks + decode_blocks``.
+workers, uniform when all are equal. When the scale ``(v_max - v_min) * T`` is 0 (a subnormal
+``T`` underflows it) or not finite, the temperature-0 rule decides instead, so every accepted
+temperature gives a decision. Tier credits ``(1, 0, 0)`` with ``prefill_load_scale`` as the weight
+give the older documented form ``overlap_score_weight * prefill_blocks + decode_blocks`` (with
+``prefill_blocks = (active_prefill_tokens + isl) / block_size - device_overlap_blocks``, plus the
+request's own blocks on every worker); with all credits 0 the cache term vanishes instead (cached
+tokens count as prefill, so the cost ignores the cache).
+
+Inputs are bounded by :func:`~quillcache.routing.base.check_route` (``isl_tokens`` and
+``block_size_tokens`` at most 2**40, each worker's overlaps at most the request's blocks), so the
+kernel's int64 products and sums never wrap.
 
 The plain-Python reference (:func:`dynamo_logits_reference`, :func:`select_reference`) is the
 specification; the Numba kernel computes the same floats in the same order and consumes the same
@@ -68,14 +77,15 @@ def _select(values, eligible, temperature, u):  # pragma: no cover - jitted
             vmax = max(vmax, v)
     if count == 0:
         return -1
-    if temperature <= 0.0 or vmax == vmin:
-        if temperature > 0.0:  # all equal: uniform over the eligible
-            k = int(u * count)
-            for w in range(n):
-                if eligible[w]:
-                    if k == 0:
-                        return w
-                    k -= 1
+    if temperature > 0.0 and vmax == vmin:  # all equal: uniform over the eligible
+        k = int(u * count)
+        for w in range(n):
+            if eligible[w]:
+                if k == 0:
+                    return w
+                k -= 1
+    scale = (vmax - vmin) * temperature
+    if temperature <= 0.0 or not (scale > 0.0 and scale < np.inf):  # T = 0, or a scale of 0 / not finite
         ties = 0
         for w in range(n):
             if eligible[w] and values[w] == vmin:
@@ -87,7 +97,6 @@ def _select(values, eligible, temperature, u):  # pragma: no cover - jitted
                     return w
                 k -= 1
         return -1
-    scale = (vmax - vmin) * temperature
     total = 0.0
     for w in range(n):
         if eligible[w]:
@@ -133,10 +142,10 @@ def select_reference(values: Sequence[float], eligible: Sequence[bool], temperat
     vmin, vmax = min(vals), max(vals)
     if temperature > 0.0 and vmax == vmin:
         return idx[int(u * len(idx))]
-    if temperature <= 0.0:
+    scale = (vmax - vmin) * temperature
+    if temperature <= 0.0 or not 0.0 < scale < math.inf:  # scale 0 (subnormal T) or not finite: the T = 0 rule
         ties = [w for w in idx if values[w] == vmin]
         return ties[int(u * len(ties))]
-    scale = (vmax - vmin) * temperature
     weights = [math.exp(-(values[w] - vmin) / scale) for w in idx]
     target = u * sum(weights)
     acc = 0.0
