@@ -8,6 +8,8 @@ Contract:
   infinities, and checks ``lo <= value`` (``lo < value`` with ``lo_open``) and ``value <= hi``
   (``value < hi`` with ``hi_open``); ``finite=False`` lets ``+inf`` through where "unlimited" is
   meaningful (NaN is always refused).
+- ``check_buffer`` gives any C-contiguous buffer as a flat view of its bytes (``len`` = bytes, not
+  items) and refuses other objects and non-contiguous buffers with a ``TypeError`` naming the argument.
 - Callers may pass their own exception classes (``error`` for a bad value, ``type_error`` for a
   bad type) so a component keeps its typed errors (e.g. ``AllocatorError``) while sharing the
   checks and the wording of the messages.
@@ -20,7 +22,7 @@ import numbers
 import operator
 from collections.abc import Collection
 
-__all__ = ["check_choice", "check_float", "check_fraction", "check_int", "is_int"]
+__all__ = ["check_buffer", "check_choice", "check_float", "check_fraction", "check_int", "is_int"]
 
 
 def is_int(value: object) -> bool:
@@ -74,3 +76,15 @@ def _bounds(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: 
     if lo is not None:
         return f"{'>' if lo_open else '>='} {lo}"
     return f"{'<' if hi_open else '<='} {hi}"
+
+
+def check_buffer(name: str, value: object) -> memoryview:
+    """``value`` as a 1-D unsigned-byte view of its bytes (module docstring)."""
+    try:
+        view = memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be bytes, bytearray or a contiguous buffer, got {type(value).__name__}") from None
+    if not view.c_contiguous:
+        raise TypeError(f"{name} must be a C-contiguous buffer, got a non-contiguous {type(value).__name__} "
+                        f"(shape {view.shape}, strides {view.strides}); copy it with bytes() first")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view

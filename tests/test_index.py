@@ -278,17 +278,19 @@ def test_corrupt_flat_snapshot_is_refused(tmp_path):
     ([[b"Z" + bytes(29), bytes(16)]], "unknown key family"),
 ])
 def test_a_damaged_flat_snapshot_is_refused_naming_the_file_and_record(tmp_path, kind, records, why):
+    import crc32c
     import msgpack
 
-    from quillcache.index.flat import _MAGIC, SNAPSHOT
+    from quillcache.index.flat import _HEAD, MAGIC, SNAPSHOT, VERSION
 
     ix = open_index(kind, tmp_path / "ix")
     ix.put([entry()])
     ix.close()
     good = tmp_path / "ix" / SNAPSHOT
-    doc = msgpack.unpackb(good.read_bytes(), raw=False)
-    good.write_bytes(msgpack.packb({"magic": _MAGIC, "records": doc["records"] + records if isinstance(records, list)
-                                    else records}, use_bin_type=True))
+    have = msgpack.unpackb(good.read_bytes()[_HEAD.size:], raw=False)
+    # a checksum-valid snapshot whose records are malformed (as a writer bug would leave): refused all the same
+    body = msgpack.packb(have + records if isinstance(records, list) else records, use_bin_type=True)
+    good.write_bytes(_HEAD.pack(MAGIC, VERSION, 0, crc32c.crc32c(body), len(body)) + body)
     with pytest.raises(NotAnIndexError, match=why) as exc:
         open_index(kind, tmp_path / "ix")
     assert str(good) in str(exc.value)

@@ -153,6 +153,25 @@ def _check_chunk_table(table: object, used_bytes: int, chunk_bytes: int) -> None
                          f"in chunks of {chunk_bytes} bytes needs {need}")
 
 
+def _u64_overflow(head: object, number: object) -> OverflowError:
+    return OverflowError(f"head={head} or number={number} out of range for u8/u64")
+
+
+def _check_u64_scan(head: object, numbers: object, key_len: object) -> np.ndarray:
+    """``scan_u64_prefix_batch``'s arguments: key_len an int in 9..255 (ValueError), head an int in
+    0..255 (OverflowError), numbers a 1-D array (or sequence) of non-negative integers that fit u64
+    (ValueError otherwise), returned as contiguous uint64."""
+    if not 9 <= check_int("key_len", key_len) <= 255:
+        raise ValueError(f"key_len must be in 9..255, got {key_len}")
+    check_int("head", head, 0, 0xFF, error=OverflowError)
+    arr = numbers if isinstance(numbers, np.ndarray) else np.asarray(numbers)
+    if arr.ndim != 1 or (arr.dtype.kind not in "ui" and arr.size):
+        raise ValueError(f"numbers must be a 1-D array of integers, got {arr.dtype} {arr.shape}")
+    if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+        raise ValueError(f"numbers must be non-negative, got {int(arr.min())}")
+    return np.ascontiguousarray(arr, dtype=np.uint64)
+
+
 def _check_start(start: object) -> None:
     if start is not None and (type(start) is not bytes or len(start) > MAX_KEY_BYTES):
         _bad_bytes("start", start, 0)
@@ -213,6 +232,20 @@ class ArtTree(_art.ArtCore):
         _check_matrix("prefixes", prefixes, 0, MAX_KEY_BYTES)
         kl = -1 if key_len is None else check_int("key_len", key_len, 1, MAX_KEY_BYTES)
         return super().scan_prefix_batch(prefixes, kl)
+
+    def scan_u64_prefix_packed(self, head: int, number: int) -> bytes:
+        """Every record under ``bytes([head]) + number.to_bytes(8, "big")``, key then value, in key
+        order, concatenated (built in C); OverflowError naming both out-of-range arguments."""
+        try:
+            return super().scan_u64_prefix_packed(head, number)
+        except OverflowError:
+            raise _u64_overflow(head, number) from None
+
+    def scan_u64_prefix_batch(self, head: int, numbers: np.ndarray, key_len: int
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``scan_prefix_batch`` over ``bytes([head]) + n.to_bytes(8, "big")`` for n in numbers (any
+        1-D integer array or sequence of values in u64; prefixes built in C)."""
+        return super().scan_u64_prefix_batch(head, _check_u64_scan(head, numbers, key_len), key_len)
 
     # -- arena and persistence ---------------------------------------------------------
 
@@ -349,17 +382,16 @@ class ArtReference:
         """Every record under ``bytes([head]) + number.to_bytes(8, "big")``, key then value, in key
         order, concatenated; OverflowError out of range."""
         if not (0 <= head <= 0xFF and 0 <= number <= 0xFFFFFFFFFFFFFFFF):
-            raise OverflowError(f"head={head} or number={number} out of range for u8/u64")
+            raise _u64_overflow(head, number)
         return b"".join(k + v for k, v in self.scan_prefix(bytes([head]) + number.to_bytes(8, "big")))
 
     def scan_u64_prefix_batch(self, head: int, numbers: np.ndarray, key_len: int
                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``scan_prefix_batch`` over ``bytes([head]) + n.to_bytes(8, "big")`` for n in numbers."""
-        if not 9 <= key_len <= 255:
-            raise ValueError(f"key_len must be in 9..255, got {key_len}")
-        prefixes = np.empty((len(numbers), 9), dtype=np.uint8)
+        nums = _check_u64_scan(head, numbers, key_len)
+        prefixes = np.empty((len(nums), 9), dtype=np.uint8)
         prefixes[:, 0] = head
-        prefixes[:, 1:] = np.asarray(numbers, dtype=np.uint64).astype(">u8").view(np.uint8).reshape(-1, 8)
+        prefixes[:, 1:] = nums.astype(">u8").view(np.uint8).reshape(-1, 8)
         return self.scan_prefix_batch(prefixes, key_len)
 
     def count_prefix(self, prefix: bytes) -> int:

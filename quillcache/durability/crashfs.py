@@ -15,6 +15,9 @@ Model (pessimistic POSIX; what the tier may rely on is exactly what survives her
   each unsynced file operation is independently kept, dropped, torn (only a random prefix of the
   write lands) or garbled (a random sub-range of the write lands as random bytes), in order, on
   top of the synced image. The result is a fresh CrashFs (nothing pending) to reopen the tier on.
+  ``crash(rng, zero_fill=True)`` adds a fifth fate, zeroed: the write's range lands as zero bytes
+  (ext4/XFS after a power loss: the size was extended, the data blocks never written). The default
+  draws exactly the four fates, with the same random sequence as before the fifth existed.
 - ``crash_at_sync=n``: the n-th sync call (fsync, fdatasync or fsync_dir, counted from 1) raises
   :class:`SimulatedCrash` *instead of* syncing; from then on every call raises it, so the code
   under test cannot change the disk any more. ``crash()`` then gives the surviving disk.
@@ -35,6 +38,11 @@ import random
 from dataclasses import dataclass, field
 
 from quillcache.durability.fs import CREATE_EXCL, MODES, READ, FileStat, FileSystem
+
+
+# What happens to one unsynced file operation at a crash, and how often (crash()).
+_FATES = ("keep", "drop", "torn", "garble")
+_WEIGHTS = (4, 2, 1, 1)
 
 
 class SimulatedCrash(BaseException):
@@ -63,6 +71,7 @@ class CrashStats:
     writes_garbled: int = 0
     dir_ops_kept: int = 0
     dir_ops_lost: int = 0
+    writes_zeroed: int = 0  # only with crash(..., zero_fill=True)
 
 
 class CrashFs(FileSystem):
@@ -291,8 +300,10 @@ class CrashFs(FileSystem):
         return FileStat(len(self._inodes[self._lookup(p)].data), True)
 
     # ---------------------------------------------------------------- the crash
-    def crash(self, rng: random.Random) -> "CrashFs":
-        """The disk a power loss at this instant leaves (this instance is dead afterwards)."""
+    def crash(self, rng: random.Random, *, zero_fill: bool = False) -> "CrashFs":
+        """The disk a power loss at this instant leaves (this instance is dead afterwards);
+        ``zero_fill`` adds the zeroed fate (module docstring)."""
+        fates, weights = (_FATES + ("zero",), _WEIGHTS + (1,)) if zero_fill else (_FATES, _WEIGHTS)
         self._crashed = True
         new = CrashFs(disk_bytes=self.disk_bytes)
         kept = lost = 0
@@ -312,13 +323,13 @@ class CrashFs(FileSystem):
             new._dirs[d] = ns
             new._durable[d] = dict(ns)
             new._dir_ops[d] = []
-        counts = {"keep": 0, "drop": 0, "torn": 0, "garble": 0}
+        counts = dict.fromkeys(fates, 0)
         live = {ino for ns in new._dirs.values() for ino in ns.values()}
         for ino_no in sorted(live):
             ino = self._inodes[ino_no]
             img = bytearray(ino.synced)
             for op in ino.pending:
-                fate = rng.choices(("keep", "drop", "torn", "garble"), weights=(4, 2, 1, 1))[0]
+                fate = rng.choices(fates, weights=weights)[0]
                 counts[fate] += 1
                 if op[0] == "t":
                     if fate != "drop":
@@ -330,6 +341,8 @@ class CrashFs(FileSystem):
                     continue
                 if fate == "torn":
                     raw = raw[: rng.randrange(len(raw))]
+                elif fate == "zero":
+                    raw = bytes(len(raw))
                 elif fate == "garble":
                     a = rng.randrange(len(raw))
                     b = rng.randint(a + 1, len(raw))
@@ -340,7 +353,7 @@ class CrashFs(FileSystem):
             new._inodes[ino_no] = _Inode(img, bytearray(img))
         new._next_ino = self._next_ino
         self.last_crash = new.last_crash = CrashStats(counts["keep"], counts["drop"], counts["torn"],
-                                                      counts["garble"], kept, lost)
+                                                      counts["garble"], kept, lost, counts.get("zero", 0))
         return new
 
     def snapshot(self) -> "CrashFs":

@@ -29,6 +29,8 @@ Invariants and contract (writer, :class:`WalWriter`):
   applied the discarded records elsewhere); ``"rollback"`` raises :class:`WalWriteError` naming
   the discarded LSNs and continues at the first of them (for a caller that drops what they
   described). Both errors are ``OSError`` subclasses carrying the ``errno`` of the cause.
+- ``retract(lsn)`` withdraws the last appended record while it is unacknowledged (a caller that
+  logged a batch it then could not apply); a record already written is cut off and the file synced.
 
 Recovery (:func:`scan`) reads records until the first one that is truncated, fails its crc or
 breaks the LSN sequence (at LSN L). What happens next is a named mode (:data:`RECOVERY_MODES`):
@@ -48,7 +50,8 @@ The dropped tail is truncated when the file is reopened for appending (:meth:`Wa
 
 Recovery is linear in the file size whatever the damage: the file is copied once per scan, valid
 records after a damaged one are searched in one forward pass, and the payload bytes checksummed
-for invalid candidate records are capped (:class:`_Search`). If the cap is reached in a mode that
+for invalid candidate records are capped (:class:`_Search`); a zero-filled stretch costs one
+C-level search, not a check per byte. If the cap is reached in a mode that
 must know whether an acknowledged record follows, the log is refused rather than guessed about.
 LSNs live in [1, 2**64 - 1]: a writer refuses to go past the end with :class:`WalError`, and a
 header or record LSN near the end is an ordinary (possibly corrupt) value, never an overflow.
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import secrets
 import struct
 from collections.abc import Iterable, Iterator
@@ -65,7 +69,7 @@ from dataclasses import dataclass
 
 import crc32c as _crc
 
-from quillcache._checks import check_choice
+from quillcache._checks import check_buffer, check_choice
 from quillcache.durability.fs import CREATE_EXCL, READ_WRITE, FileSystem, RealFs
 
 MAGIC = b"QCWAL\x00\x01\x00"
@@ -78,6 +82,8 @@ _LSN_LOOKAHEAD = 1 << 20
 MAX_LSN = (1 << 64) - 1  # LSNs are u64 on disk
 SEARCH_BUDGET_FACTOR = 64  # bytes checksummed for invalid candidates per byte of file, at most (+16 MiB)
 DEFAULT_GROUP_BYTES = 1 << 20
+_ZERO_HIGH = bytes(5)  # the candidate pattern of every LSN below 2**24
+_NONZERO = re.compile(rb"[^\x00]")
 
 
 class WalError(RuntimeError):
@@ -215,6 +221,11 @@ class _Search:
     are capped at ``SEARCH_BUDGET_FACTOR`` times the file size (plus 16 MiB), so crafted record
     headers claiming long payloads cannot make recovery quadratic. Past the cap the search gives
     up (``exhausted``) and the caller decides what that means for its mode.
+
+    In a zero run (a tail extended but never written before a power loss) every byte matches the
+    all-zero pattern of LSNs below 2**24, but a candidate whose whole lsn field is zero has lsn 0,
+    which no record carries: :meth:`_find` jumps past those to the next non-zero byte in C. Each
+    one skipped is refused by ``_check_at`` unchecksummed, so results and budget are unchanged.
     """
 
     def __init__(self, view: memoryview, epoch: int) -> None:
@@ -233,11 +244,27 @@ class _Search:
             pattern = high.to_bytes(5, "little")
             hit = self._hits.get(pattern)
             if hit is None or (0 <= hit < start + 11):
-                hit = self.raw.find(pattern, start + 11)  # lsn field at rec + 8, its bytes 3..7 at rec + 11
+                hit = self._find(pattern, start + 11)  # lsn field at rec + 8, its bytes 3..7 at rec + 11
                 self._hits[pattern] = hit
             if hit >= 0 and (best < 0 or hit - 11 < best):
                 best = hit - 11
         return best
+
+    def _find(self, pattern: bytes, at: int) -> int:
+        """The first occurrence of ``pattern`` at or after ``at`` whose record could carry an lsn
+        >= 1: for the all-zero pattern, an occurrence whose lsn field's low three bytes (just
+        before it) are zero too is skipped, jumping to the next non-zero byte (class docstring)."""
+        raw = self.raw
+        hit = raw.find(pattern, at)
+        if pattern != _ZERO_HIGH:
+            return hit
+        while hit >= 0 and not any(raw[hit - 3 : hit]):
+            # raw[hit - 3 : nz] is all zero, so every occurrence before nz + 1 has lsn 0 as well
+            m = _NONZERO.search(raw, hit)
+            if m is None:
+                return -1
+            hit = raw.find(pattern, m.start() + 1)
+        return hit
 
     def valid_after(self, damaged_at: int, lsn: int) -> Iterator[tuple[int, int, int]]:
         """``(offset, lsn, durable_lsn)`` of every valid record after the damaged record at
@@ -344,6 +371,7 @@ class WalWriter:
         self._buf_records = 0
         self._fd = -1
         self._failed: BaseException | None = None
+        self._last_start: int | None = None  # file offset of the last appended record (retract)
         self.bytes_written = 0
 
     # -- creation / reopening ---------------------------------------------------------------
@@ -419,14 +447,19 @@ class WalWriter:
             raise WalError(f"{self.path}: log is closed")
 
     def append(self, payload: bytes | bytearray | memoryview) -> int:
-        """Buffer one record; returns its LSN (acknowledged only after ``sync``)."""
+        """Buffer one record; returns its LSN (acknowledged only after ``sync``). Any other
+        C-contiguous buffer is logged as its bytes (``nbytes``, whatever its item size); a
+        non-contiguous one is refused with TypeError, nothing appended."""
         self._check()
+        if type(payload) is not bytes and type(payload) is not bytearray:
+            payload = check_buffer("WAL payload", payload)
         if len(payload) > MAX_PAYLOAD_BYTES:
             raise ValueError(f"WAL payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
         lsn, durable = self.next_lsn, self.durable_lsn
         if lsn > MAX_LSN:
             raise WalError(f"{self.path}: the LSN space is exhausted (next lsn {lsn} > 2**64 - 1); "
                            "start a new log with a lower base LSN")
+        self._last_start = self._size + len(self._buf)
         self._buf += _REC.pack(len(payload), _record_crc(self.header.epoch, lsn, durable, payload), lsn, durable)
         self._buf += payload
         self._buf_records += 1
@@ -434,6 +467,31 @@ class WalWriter:
         if len(self._buf) >= self.group_bytes:
             self._write_buffer()
         return lsn
+
+    def retract(self, lsn: int) -> None:
+        """Withdraw record ``lsn``, the last one appended and unacknowledged: dropped from the buffer,
+        or cut off the file and fsynced (so no crash brings it back; the records before it become
+        durable). WalError if ``lsn`` is not such a record; a failed truncate or fsync fails the log."""
+        self._check()
+        start = self._last_start
+        if lsn != self.next_lsn - 1 or lsn <= self.durable_lsn or start is None:
+            raise WalError(f"{self.path}: cannot retract lsn {lsn}: only the last appended record, while it is "
+                           f"unacknowledged, can be (next lsn {self.next_lsn}, durable lsn {self.durable_lsn})")
+        if start >= self._size:
+            del self._buf[start - self._size :]
+            self._buf_records -= 1
+        else:  # written by a group write: the buffer is empty and the file ends with this record
+            try:
+                self.fs.truncate(self._fd, start)
+                self.fs.fdatasync(self._fd)
+            except OSError as exc:
+                self._failed = exc
+                raise WalFailedError(exc.errno, f"{self.path}: retracting lsn {lsn} failed ({exc}); the record may "
+                                                f"still be in the file; log is read-only") from exc
+            self._size = self.durable_bytes = start
+            self.durable_lsn = lsn - 1
+        self.next_lsn = lsn
+        self._last_start = None
 
     def write(self) -> None:
         """Write the buffered records to the file without syncing (they stay unacknowledged)."""
@@ -458,6 +516,7 @@ class WalWriter:
         lost = (first, self.next_lsn - 1)
         self._buf.clear()
         self._buf_records = 0
+        self._last_start = None
         self.next_lsn = first
         try:
             self.fs.truncate(self._fd, self._size)

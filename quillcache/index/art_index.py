@@ -23,15 +23,26 @@ of each arena (16 KiB chunks); with ``verify_checkpoint="lazy"`` (default) the t
 time any operation touches it (RocksDB-style per-block checks), so a damaged chunk raises
 :class:`IndexCorruptionError` before any answer is built from it; ``"eager"`` verifies every chunk
 at open. A torn WAL tail (a crash during an
-unacknowledged append) is dropped; damage that is not a torn tail (a valid record after a bad
-one, a bad checkpoint crc, a gap in LSNs) is refused with :class:`IndexCorruptionError` naming the
-file and offset, and no file is modified. A dropped tail is never silent: it is in
+unacknowledged append) is dropped. What the log proves damaged is refused with
+:class:`IndexCorruptionError` naming the file and offset, and no file is modified: a bad checkpoint
+crc, a gap in LSNs, and (in the default ``wal_recovery="point_in_time"``) a bad record followed by a
+valid one that says the bad one was acknowledged; valid records after a bad one that do not say so
+are an unacknowledged tail and dropped (``"strict"`` refuses any valid record after a bad one;
+see :mod:`quillcache.durability.wal`). A dropped tail is never silent: it is in
 ``recovery_report`` (bytes, reason) and announced with :class:`IndexRecoveryWarning` (a tail cut
 by truncation looks like a crash's torn tail, so the log alone cannot prove it held nothing
 acknowledged). A log missing next to a checkpoint is refused (it may have held acknowledged
 batches past the checkpoint) unless ``on_missing_wal="checkpoint"`` accepts the checkpoint alone.
 
-WAL payload (format ``_WAL_FORMAT``). A batch is logged as its logical operations: primary
+A refused batch leaves nothing behind. Each batch is checked against the key layout before it
+is logged; if applying a logged batch still fails (MemoryError while an arena grows, a corrupt
+chunk found on first touch) the trees may hold part of it, so its record is withdrawn from the log
+(``WalWriter.retract``: dropped from the buffer, or cut off the file and synced) and the index
+turns failed: every later call but ``close()`` raises :class:`IndexFailedError`, ``close()`` syncs
+the log without a checkpoint, and reopening recovers exactly the batches accepted before.
+Node names enter the name table only once their batch is applied.
+
+WAL payload (:mod:`quillcache.index.art_wal`). A batch is logged as its logical operations: primary
 records and node-name entries only, since every secondary (``N``) key is a permutation of a
 primary key's fields and is derived again on replay; the encoded batch is compressed with zlib
 (level 1: identities, node numbers and values repeat within a batch). The crc32c of the WAL
@@ -64,7 +75,9 @@ from quillcache.index import keys as K
 from quillcache.index.base import PRIMARY_KEY_DTYPE, VALUE_DTYPE, IndexBackend, LocateResult, NotAnIndexError
 from quillcache._checks import check_choice
 from quillcache.durability.fs import CREATE_EXCL, READ, FileSystem, RealFs
-from quillcache.durability.wal import RECOVERY_MODES, WalCorruptionError, WalWriter, scan
+from quillcache.durability.wal import RECOVERY_MODES, WalCorruptionError, WalError, WalFailedError, WalWriter, scan
+from quillcache.index.art_wal import (  # noqa: F401  (encode_wal_batch, decode_wal_batch: re-exported)
+    Batch, decode_wal_batch, encode_wal_batch, encode_wal_columns, split_batch)
 
 CHECKPOINT = "art.ckpt"
 WAL = "art.wal"
@@ -72,10 +85,7 @@ _CKPT_MAGIC = b"QCARTCK2"  # 2: arena meta as a packed ArenaMeta record
 _OLD_CKPT_MAGICS = {b"QCARTCK1": "format 1 (dict arena meta)"}
 _PAGE = 4096
 CHUNK_BYTES = 16 << 10
-_BATCH_COUNTS = struct.Struct("<II")
 _PRIMARY_BYTE = K.PRIMARY[0]
-_WAL_PUT_DTYPE = np.dtype([("klen", "u1"), ("vlen", "u1"), ("key", f"V{K.KEY_BYTES}"), ("value", f"V{K.VALUE_BYTES}")])
-_WAL_FORMAT = b"\x02"  # leading byte of a WAL payload: zlib-compressed logical batch (primary + names)
 # replay needs consecutive batches, so the WAL's skipping mode ("salvage") is not offered
 WAL_RECOVERY_MODES = tuple(name for name, mode in RECOVERY_MODES.items() if not mode.skip_damage)
 ON_MISSING_WAL = ("refuse", "checkpoint")
@@ -87,6 +97,11 @@ class IndexRecoveryWarning(UserWarning):
 
 class IndexCorruptionError(NotAnIndexError):
     """The on-disk state is damaged in a way recovery must not guess about."""
+
+
+class IndexFailedError(RuntimeError):
+    """A batch was refused part-way through being applied (after it was logged): the index refuses
+    every call but ``close()``; reopening it recovers the batches accepted before."""
 
 
 def _corruption_guard(fn):
@@ -120,60 +135,6 @@ def _make_dirs(fs: FileSystem, path: str) -> None:
     fs.fsync_dir(parent or ".")
 
 
-def encode_batch(puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> bytes:
-    """WAL payload of one batch: counts, then ``klen vlen key value`` puts, then ``klen key`` deletes."""
-    parts = [_BATCH_COUNTS.pack(len(puts), len(deletes))]
-    for k, v in puts:
-        parts.append(bytes((len(k), len(v))))
-        parts.append(k)
-        parts.append(v)
-    for k in deletes:
-        parts.append(bytes((len(k),)))
-        parts.append(k)
-    return b"".join(parts)
-
-
-def _secondary_of(primary_key: bytes) -> bytes:
-    h, no, tier, ident = K.unpack_primary(primary_key)
-    return K.secondary_key(h, no, tier, ident)
-
-
-def encode_wal_batch(puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> bytes:
-    """The WAL payload of a batch: its primary and node-name operations, compressed. Secondary
-    keys are left out: :func:`decode_wal_batch` derives them from the primary keys."""
-    return _WAL_FORMAT + zlib.compress(
-        encode_batch([(k, v) for k, v in puts if k[:1] != K.SECONDARY], [k for k in deletes if k[:1] != K.SECONDARY]),
-        1,
-    )
-
-
-def decode_wal_batch(payload: bytes) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
-    """Inverse of :func:`encode_wal_batch`: the full batch, secondary keys derived again."""
-    if payload[:1] != _WAL_FORMAT:
-        raise ValueError(f"unknown WAL payload format {payload[:1]!r} (expected {_WAL_FORMAT!r})")
-    puts, dels = decode_batch(zlib.decompress(payload[1:]))
-    puts += [(_secondary_of(k), b"") for k, _ in puts if k[:1] == K.PRIMARY]
-    dels += [_secondary_of(k) for k in dels if k[:1] == K.PRIMARY]
-    return puts, dels
-
-
-def decode_batch(payload: bytes) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
-    n_put, n_del = _BATCH_COUNTS.unpack_from(payload, 0)
-    pos, puts, dels = _BATCH_COUNTS.size, [], []
-    for _ in range(n_put):
-        kl, vl = payload[pos], payload[pos + 1]
-        pos += 2
-        puts.append((payload[pos : pos + kl], payload[pos + kl : pos + kl + vl]))
-        pos += kl + vl
-    for _ in range(n_del):
-        kl = payload[pos]
-        dels.append(payload[pos + 1 : pos + 1 + kl])
-        pos += 1 + kl
-    if pos != len(payload):
-        raise ValueError(f"batch payload has {len(payload) - pos} trailing bytes")
-    return puts, dels
-
-
 class ArtIndex(IndexBackend):
     kind = "art"
     _packed_prefix_arrays = True
@@ -203,6 +164,7 @@ class ArtIndex(IndexBackend):
         self.checkpoint_wal_ratio = checkpoint_wal_ratio
         self.checkpoint_min_wal_bytes = checkpoint_min_wal_bytes
         self._ckpt_buf: mmap.mmap | bytearray | None = None  # the attached checkpoint image
+        self._failed: BaseException | None = None  # why a batch was refused part-way (IndexFailedError)
         self._names: dict[bytes, bytes] = {}
         self._wal: WalWriter | None = None
         self._ckpt_lsn = 0
@@ -212,11 +174,17 @@ class ArtIndex(IndexBackend):
         self.recovery_report = None  # the WAL scan's RecoveryReport once a log was replayed
         self._primary = ArtTree(K.VALUE_BYTES, initial_arena_bytes=initial_arena_bytes)
         self._secondary = ArtTree(0, initial_arena_bytes=initial_arena_bytes)
-        self._scan_block_packed = self._primary.scan_u64_prefix_packed
-        self._scan_blocks = self._primary.scan_u64_prefix_batch
+        self._bind_fast_paths()
         if self.path is not None:
             self._open_dir(wal_recovery, verify_checkpoint, on_missing_wal)
         self._load_node_table()
+
+    def _bind_fast_paths(self) -> None:
+        # the compiled core's scans, without ArtTree's argument-checking frame: the callers below pass
+        # checked types and turn an OverflowError into the validating path
+        core = super(ArtTree, self._primary)
+        self._scan_block_packed = core.scan_u64_prefix_packed
+        self._scan_blocks = core.scan_u64_prefix_batch
 
     # ---- opening and recovery ----------------------------------------------------------------
     def _file(self, name: str) -> str:
@@ -263,10 +231,10 @@ class ArtIndex(IndexBackend):
             if lsn <= self._ckpt_lsn:
                 continue
             try:
-                puts, dels = decode_wal_batch(payload)
+                batch = split_batch(*decode_wal_batch(payload))
             except (ValueError, IndexError, struct.error, zlib.error, K.IndexKeyError) as exc:
                 raise IndexCorruptionError(f"{wal}: record lsn {lsn} passes its crc but does not decode ({exc})") from None
-            self._apply(puts, dels)
+            self._apply(batch)
             self.replayed_records += 1
         self.recovery_report = report
         if report.dropped_bytes:
@@ -326,25 +294,15 @@ class ArtIndex(IndexBackend):
                 raise IndexCorruptionError(f"{ckpt}: {name} arena: {exc}") from None
             built.append(tree)
         self._primary, self._secondary = built
-        self._scan_block_packed = self._primary.scan_u64_prefix_packed
-        self._scan_blocks = self._primary.scan_u64_prefix_batch
+        self._bind_fast_paths()
         self._names = names
 
     # ---- applying batches --------------------------------------------------------------------
     @_corruption_guard
-    def _apply(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
-        prim_k, prim_v, sec_k = [], [], []
-        for k, v in puts:
-            fam = k[:1]
-            if fam == K.PRIMARY:
-                prim_k.append(k)
-                prim_v.append(v)
-            elif fam == K.SECONDARY:
-                sec_k.append(k)
-            elif fam == K.NODE_NAME:
-                self._names[k] = v
-            else:
-                raise K.IndexKeyError(f"key family {fam!r} is not part of the residency layout")
+    def _apply(self, batch: Batch) -> None:
+        """Apply a checked batch to the trees, then to the node-name table (so a batch that fails
+        part-way never leaves a name behind that the base class forgot)."""
+        names, prim_k, prim_v, sec_k, deletes = batch
         if prim_k:
             keys = np.frombuffer(b"".join(prim_k), dtype=np.uint8).reshape(len(prim_k), K.KEY_BYTES)
             vals = np.frombuffer(b"".join(prim_v), dtype=np.uint8).reshape(len(prim_v), K.VALUE_BYTES)
@@ -358,40 +316,67 @@ class ArtIndex(IndexBackend):
                 self._primary.remove(k)
             elif fam == K.SECONDARY:
                 self._secondary.remove(k)
-            elif fam == K.NODE_NAME:
+        for k, v in names:
+            if v is None:
                 self._names.pop(k, None)
+            else:
+                self._names[k] = v
 
     @_corruption_guard
-    def _write_columns(self, name_puts: list[tuple[bytes, bytes]], primary: np.ndarray, secondary: np.ndarray,
+    def _apply_columns(self, name_puts: list[tuple[bytes, bytes]], primary: np.ndarray, secondary: np.ndarray,
                        values: np.ndarray) -> None:
-        # put_columns' write without a Python loop per replica: the WAL payload is encode_wal_batch's (the names,
-        # then each primary put as klen vlen key value), built from the packed arrays; the trees take the arrays.
         n = len(primary)
-        if self._wal is not None:
-            rows = np.empty(n, dtype=_WAL_PUT_DTYPE)
-            rows["klen"], rows["vlen"] = K.KEY_BYTES, K.VALUE_BYTES
-            rows["key"] = primary.view(f"V{K.KEY_BYTES}")
-            rows["value"] = values.view(f"V{K.VALUE_BYTES}")
-            head = [_BATCH_COUNTS.pack(len(name_puts) + n, 0)]
-            for k, v in name_puts:
-                head.append(bytes((len(k), len(v))))
-                head.append(k)
-                head.append(v)
-            self._wal.append(_WAL_FORMAT + zlib.compress(b"".join(head) + rows.tobytes(), 1))
-        for k, v in name_puts:
-            self._names[k] = v
         self._primary.insert_batch(primary.view(np.uint8).reshape(n, K.KEY_BYTES),
                                    values.view(np.uint8).reshape(n, K.VALUE_BYTES))
         self._secondary.insert_batch(secondary.view(np.uint8).reshape(n, K.KEY_BYTES),
                                      np.empty((n, 0), dtype=np.uint8))
+        for k, v in name_puts:
+            self._names[k] = v
+
+    def _logged(self, payload: bytes | None, apply) -> None:
+        """Log ``payload`` (None: no log), then ``apply()`` it. Everything that can be checked was
+        checked before; if applying still fails (MemoryError while an arena grows, a corrupt chunk
+        found) the trees may hold part of the batch, so the record is withdrawn from the log
+        (``WalWriter.retract``) and the index turns failed: the error propagates, with a note,
+        and every later call but ``close()`` raises :class:`IndexFailedError`."""
+        lsn = self._wal.append(payload) if payload is not None and self._wal is not None else None
+        try:
+            apply()
+        except BaseException as exc:
+            self._failed = exc
+            self._scan_block_packed = self._scan_blocks = self._refuse_failed  # the unchecked read paths
+            note = (f"{self.kind} index at {self.path}: this batch was refused part-way; the index is now failed "
+                    f"(every call but close() raises IndexFailedError): reopen it to recover the batches "
+                    f"accepted before")
+            if lsn is not None:
+                try:
+                    self._wal.retract(lsn)
+                except (WalError, OSError) as exc2:
+                    note += f"; withdrawing its log record (lsn {lsn}) failed ({exc2}), so a reopen may replay it"
+            exc.add_note(note)
+            raise
+
+    def _refuse_failed(self, *args) -> None:
+        self._check_open()
+
+    def _check_open(self) -> None:
+        super()._check_open()
+        if self._failed is not None:
+            raise IndexFailedError(
+                f"{self.kind} index at {self.path} failed: a batch was refused part-way "
+                f"({type(self._failed).__name__}: {self._failed}); it refuses every call but close(): reopen it "
+                f"to recover the batches accepted before") from self._failed
+
+    def _write_columns(self, name_puts: list[tuple[bytes, bytes]], primary: np.ndarray, secondary: np.ndarray,
+                       values: np.ndarray) -> None:
+        # put_columns' write without a Python loop per replica: the WAL payload is encode_wal_batch's, built from
+        # the packed arrays (encode_wal_columns); the trees take the arrays.
+        payload = encode_wal_columns(name_puts, primary, values) if self._wal is not None else None
+        self._logged(payload, lambda: self._apply_columns(name_puts, primary, secondary, values))
 
     def _raw_write(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
-        for k, v in puts:
-            if len(k) != K.KEY_BYTES and k[:1] != K.NODE_NAME:
-                raise K.IndexKeyError(f"key of {len(k)} bytes does not fit the layout")
-        if self._wal is not None:
-            self._wal.append(encode_wal_batch(puts, deletes))
-        self._apply(puts, deletes)
+        batch = split_batch(puts, deletes)  # checked before anything is logged
+        self._logged(encode_wal_batch(puts, deletes) if self._wal is not None else None, lambda: self._apply(batch))
 
     # ---- reads -------------------------------------------------------------------------------
     def locate_raw(self, block_hash: int) -> bytes:
@@ -528,18 +513,38 @@ class ArtIndex(IndexBackend):
         self._wal = self._new_wal(lsn + 1)
 
     def _raw_close(self) -> None:
-        if self._wal is not None:
-            if self._wal.next_lsn - 1 > self._ckpt_lsn:
-                self.checkpoint()
-            self._wal.close()
-            self._wal = None
-        self._primary = self._secondary = self._scan_block_packed = self._scan_blocks = None  # type: ignore[assignment]
-        if isinstance(self._ckpt_buf, mmap.mmap):
+        """Checkpoint (only while the log and the trees are sound), close the log (syncing a sound
+        one), release the trees and the checkpoint image, and mark the index closed. A checkpoint
+        that fails without failing the log leaves the index open (close may be retried). A failed
+        log (an earlier write or fsync error, or one during this close) is closed without a
+        checkpoint, everything is released, and :class:`WalFailedError` is raised once: the batches
+        after its durable LSN were not made durable."""
+        wal = self._wal
+        if wal is not None and wal.failed is None and not wal.closed and self._failed is None \
+                and wal.next_lsn - 1 > self._ckpt_lsn:
             try:
-                self._ckpt_buf.close()
-            except BufferError:
-                pass  # a caller still holds a view; the mapping is released with it
-        self._ckpt_buf = None
+                self.checkpoint()
+            except BaseException:
+                if self._wal is None or self._wal.failed is None:
+                    raise
+        wal, self._wal = self._wal, None
+        try:
+            if wal is not None:
+                wal.close()  # a failed log is closed without syncing
+        finally:
+            self._primary = self._secondary = None  # type: ignore[assignment]
+            self._scan_block_packed = self._scan_blocks = None  # type: ignore[assignment]
+            if isinstance(self._ckpt_buf, mmap.mmap):
+                try:
+                    self._ckpt_buf.close()
+                except BufferError:
+                    pass  # a caller still holds a view; the mapping is released with it
+            self._ckpt_buf = None
+            self._closed = True
+        if wal is not None and wal.failed is not None:
+            raise WalFailedError(getattr(wal.failed, "errno", None),
+                                 f"{self.path}: closed without a checkpoint because the log failed earlier "
+                                 f"({wal.failed}); batches after lsn {wal.durable_lsn} were not made durable")
 
     def __len__(self) -> int:
         """The number of replicas (primary records), as every backend counts (O(1))."""

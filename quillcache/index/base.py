@@ -266,6 +266,8 @@ class IndexBackend(abc.ABC):
         self._check_open()
         deletes: list[bytes] = []
         for rk in replica_keys:
+            if not isinstance(rk, (K.ReplicaKey, K.ResidencyEntry)):
+                raise TypeError(f"remove() takes ReplicaKey or ResidencyEntry objects, got {type(rk).__name__}")
             h = K.check_block_hash(rk.block_hash)
             ident = K.check_identity(rk.identity)
             tier = K.check_tier(rk.tier)
@@ -352,7 +354,9 @@ class IndexBackend(abc.ABC):
         for key, _ in self._raw_scan(K.node_prefix(no)):
             h, _, tier, ident = K.unpack_secondary(key)
             value = self._raw_get(K.primary_key(h, no, tier, ident))
-            assert value is not None, "secondary record without its primary"
+            if value is None:
+                raise NotAnIndexError(f"{self.kind} index at {self.path}: secondary record {key.hex()} has no "
+                                      f"primary record (the index is damaged)")
             seg, off, size = K.unpack_value(value)
             out.append(K.ResidencyEntry(h, node, _TIERS[tier], ident, seg, off, size))
         return out

@@ -4,24 +4,69 @@
 what any practical hash-map index would do; arbitrary prefix scans (and so "everything on node N")
 walk the whole map, O(N).
 
-Durability: none between flushes. With a path, ``flush()`` writes the whole map as one msgpack
-snapshot (temp file, fsync, rename, fsync directory), so a crash loses everything since the last
-flush and every flush rewrites every record (its write amplification grows with the map).
+Durability: none between flushes. With a path, ``flush()`` writes the whole map as one snapshot
+(temp file, fsync, rename, fsync directory), so a crash loses everything since the last flush and
+every flush rewrites every record (its write amplification grows with the map). A temp file left
+by a crash during a flush is an unfinished flush: opening the directory removes it.
+
+Snapshot format 2 (:func:`encode_snapshot`): ``magic "QCFLATIX" | version u16 | reserved u16 (0) |
+crc32c u32 | body_len u64`` (little-endian, 24 bytes), then the body: a msgpack list of ``[key,
+value]`` pairs; the crc32c covers the body. Loading refuses with :class:`NotAnIndexError`, naming
+the file and loading nothing, a bad magic, an unknown version, a length or checksum mismatch, a
+malformed record, and records that do not fit together (a primary without its secondary or the
+reverse, a replica on a node number the node table lacks, two names on one number). Format 1 (an
+unversioned msgpack map without checksum, written before format 2) is still read, with the same
+record checks; the next flush rewrites it as format 2.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+import crc32c as _crc
 import msgpack
 
 from quillcache.index import keys as K
 from quillcache.index.base import IndexBackend, NotAnIndexError
+from quillcache.types import CacheTier
 
 SNAPSHOT = "flat.snapshot"
-_MAGIC = "quillcache-flat-index-v1"
+_TMP = SNAPSHOT + ".tmp"
+MAGIC = b"QCFLATIX"
+VERSION = 2
+_HEAD = struct.Struct("<8sHHIQ")  # magic, version, reserved, crc32c of the body, body length
+_MAGIC_V1 = "quillcache-flat-index-v1"
+
+
+def encode_snapshot(records: Sequence[tuple[bytes, bytes]] | list[list[bytes]]) -> bytes:
+    """A format-2 snapshot of ``records`` (``(key, value)`` pairs), checksummed (module docstring)."""
+    body = msgpack.packb(list(records), use_bin_type=True)
+    return _HEAD.pack(MAGIC, VERSION, 0, _crc.crc32c(body), len(body)) + body
+
+
+def _decode_records(raw: bytes) -> object:
+    """The record list of a snapshot image (format 2, or the unversioned format 1); ValueError why not."""
+    if raw[:8] == MAGIC:
+        if len(raw) < _HEAD.size:
+            raise ValueError(f"{len(raw)} bytes is too short for the {_HEAD.size}-byte header")
+        _, version, reserved, crc, body_len = _HEAD.unpack_from(raw)
+        if version != VERSION:
+            raise ValueError(f"format version {version} is unknown (this version reads {VERSION} and 1)")
+        if reserved:
+            raise ValueError(f"reserved header field is {reserved}, not 0")
+        body = memoryview(raw)[_HEAD.size :]
+        if len(body) != body_len:
+            raise ValueError(f"the header claims a {body_len}-byte body, the file holds {len(body)}")
+        if _crc.crc32c(body) != crc:
+            raise ValueError("checksum mismatch (the snapshot is damaged)")
+        return msgpack.unpackb(body, raw=False)
+    doc = msgpack.unpackb(raw, raw=False)
+    if not isinstance(doc, dict) or doc.get("magic") != _MAGIC_V1:
+        raise ValueError("bad magic")
+    return doc["records"]
 
 
 def _record_problem(rec: object) -> str | None:
@@ -34,6 +79,8 @@ def _record_problem(rec: object) -> str | None:
         want = K.VALUE_BYTES if fam == K.PRIMARY else 0
         if len(k) != K.KEY_BYTES or len(v) != want:
             return f"a {fam!r} record needs a {K.KEY_BYTES}-byte key and a {want}-byte value, got {len(k)} and {len(v)}"
+        if k[-1] >= len(CacheTier):
+            return f"a {fam!r} record has tier byte {k[-1]}, not a CacheTier"
         return None
     if fam == K.NODE_NAME:
         try:
@@ -46,6 +93,37 @@ def _record_problem(rec: object) -> str | None:
     return f"unknown key family {fam!r}"
 
 
+def _consistency_problem(records: list) -> str | None:
+    """What breaks the base layout's pairing invariants in well-formed records, or None: every
+    primary has its secondary and the reverse, every replica's node number is in the node table,
+    and no two names share a number."""
+    names: dict[int, bytes] = {}
+    secondaries: set[bytes] = set()
+    primaries: dict[bytes, None] = {}  # ordered, without the duplicates a damaged list may hold
+    for k, v in records:
+        fam = k[:1]
+        if fam == K.PRIMARY:
+            primaries[k] = None
+        elif fam == K.SECONDARY:
+            secondaries.add(k)
+        else:
+            no = int.from_bytes(v, "big")
+            if no in names:
+                return f"node names {names[no]!r} and {k!r:.80} share node number {no}"
+            names[no] = k
+    for k in primaries:
+        h, no, tier, ident = K.unpack_primary(k)
+        if no not in names:
+            return f"primary record {k.hex()} is on node number {no}, which the node table lacks"
+        sk = K.secondary_key(h, no, tier, ident)
+        if sk not in secondaries:
+            return f"primary record {k.hex()} has no secondary record"
+        secondaries.discard(sk)
+    if secondaries:
+        return f"secondary record {min(secondaries).hex()} has no primary record"
+    return None
+
+
 class FlatIndex(IndexBackend):
     kind = "flat"
 
@@ -55,6 +133,7 @@ class FlatIndex(IndexBackend):
         self._by_block: dict[bytes, set[bytes]] = {}
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / _TMP).unlink(missing_ok=True)  # an unfinished flush (crash before the rename)
             snap = self.path / SNAPSHOT
             if snap.exists():
                 self._load(snap)
@@ -67,19 +146,20 @@ class FlatIndex(IndexBackend):
         return {}
 
     def _load(self, snap: Path) -> None:
-        """Read a snapshot, checking every record's shape first: a damaged one raises
-        ``NotAnIndexError`` naming the file and the first bad record, and nothing is loaded."""
+        """Read a snapshot, checking its checksum, every record's shape and the records' pairing
+        first: a damaged one raises ``NotAnIndexError`` naming the file and what is wrong (the first
+        bad record), and nothing is loaded."""
         try:
-            doc = msgpack.unpackb(snap.read_bytes(), raw=False)
-            if not isinstance(doc, dict) or doc.get("magic") != _MAGIC:
-                raise ValueError("bad magic")
-            records = doc["records"]
+            records = _decode_records(snap.read_bytes())
             if not isinstance(records, list):
                 raise ValueError(f"records is a {type(records).__name__}, not a list")
             for i, rec in enumerate(records):
                 why = _record_problem(rec)
                 if why is not None:
                     raise ValueError(f"record {i}: {why}")
+            why = _consistency_problem(records)
+            if why is not None:
+                raise ValueError(why)
         except Exception as exc:
             raise NotAnIndexError(f"{snap} is not a valid flat-index snapshot ({exc})") from None
         for k, v in records:
@@ -121,8 +201,8 @@ class FlatIndex(IndexBackend):
     def _raw_flush(self) -> None:
         if self.path is None:
             return
-        payload = msgpack.packb({"magic": _MAGIC, "records": list(self._map.items())}, use_bin_type=True)
-        tmp = self.path / (SNAPSHOT + ".tmp")
+        payload = encode_snapshot(list(self._map.items()))
+        tmp = self.path / _TMP
         with open(tmp, "wb") as fh:
             fh.write(payload)
             fh.flush()
