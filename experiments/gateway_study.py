@@ -285,11 +285,15 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
     with start_front(front, engines, keys=tenancy.keys, model=BASE_MODEL) as rf:
         urls = [e["url"] for e in engines]
         before = scrape_counters(urls)
+        # after the start-up catch-up (the front is ready only then): the engines' earlier cells replayed to a
+        # new gateway are stores no speculation of this cell explains; only this cell's outcomes count
+        start_outcomes = _residency_outcomes(rf.urls) if front.kind == "gateway" else {}
         t0 = time.perf_counter()
         ts = asyncio.run(run_open_loop(rf.urls, reqs, rate, tenancy.body_fn(front), seed=seed))
         wall = time.perf_counter() - t0
         after = scrape_counters(urls)
         outcomes = _residency_outcomes(rf.urls) if front.kind == "gateway" else {}
+        outcomes = {k: v - start_outcomes.get(k, 0.0) for k, v in outcomes.items()}
     d = after.minus(before)
     good = _ok(ts)
     window = max(t.t_end for t in ts) - min(t.t_send for t in ts)
@@ -307,7 +311,7 @@ def _routing_cell(front: Front, engines, reqs, rate: float, tenancy: Tenancy, se
 
 def _residency_outcomes(gateway_urls) -> dict[str, float]:
     """The gateways' ``quillcache_gateway_residency_outcomes_total`` by outcome, summed over replicas (each
-    replica applies every engine's events itself). A front is started fresh per cell: these are the cell's."""
+    replica applies every engine's events itself), since the front started."""
     import urllib.request
 
     out: dict[str, float] = {}
