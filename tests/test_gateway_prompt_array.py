@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hf_fixture import train_bpe_tokenizer
 
 from quillcache.textproc import (ByteTokenizer, ChatMLTemplate, PromptError, load_tokenizer, prompt_token_array,
                                  prompt_tokens)
@@ -42,16 +43,7 @@ def test_token_id_prompts_and_a_fresh_array_each_call():
 
 
 def test_hf_tokenizer_arrays_equal_the_engines_ids(tmp_path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    hf = Tokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<s>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    hf.train_from_iterator(["hello world, the quick brown fox", "naïve café 日本語 🙂"] * 10, trainer=trainer)
-    hf.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    hf.save(str(tmp_path / "tokenizer.json"))
+    train_bpe_tokenizer(tmp_path, ["hello world, the quick brown fox", "naïve café 日本語 🙂"] * 10)
     tok = load_tokenizer(str(tmp_path / "tokenizer.json"))
     a = _same("completion", {"prompt": "hello world 🙂"}, tok)
     assert a[0] == 0  # the BOS the engine adds to a completion prompt

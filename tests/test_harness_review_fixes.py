@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hf_fixture import train_bpe_tokenizer
 
 from quillcache.cli import main
 from quillcache.hashing import _xxh3
@@ -123,18 +124,8 @@ def test_engine_sim_refuses_such_a_tokenizer_when_it_loads_it(wordless_tokenizer
 @pytest.fixture(scope="module")
 def hf_path(tmp_path_factory):
     """A small trained byte-level BPE tokenizer.json (every byte has an id, so every output word encodes)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<s>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog", "hello world"] * 10, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    return train_bpe_tokenizer(tmp_path_factory.mktemp("hf"),
+                               ["the quick brown fox jumps over the lazy dog", "hello world"] * 10)
 
 
 def test_hf_tokenizer_refuses_a_lone_surrogate_as_a_tokenizer_error(hf_path):

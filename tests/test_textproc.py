@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from hf_fixture import train_bpe_tokenizer
 
 from quillcache.textproc import (
     ByteTokenizer,
@@ -30,18 +31,7 @@ CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tok
 @pytest.fixture(scope="module")
 def hf_path(tmp_path_factory):
     """A real tokenizer.json trained here (byte-level BPE, ChatML specials, a BOS added by the post-processor)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    d = tmp_path_factory.mktemp("tok")
-    tok.save(str(d / "tokenizer.json"))
-    return d / "tokenizer.json"
+    return train_bpe_tokenizer(tmp_path_factory.mktemp("tok"), CORPUS, vocab_size=400)
 
 
 # ---- byte tokenizer -------------------------------------------------------------------------
