@@ -15,7 +15,7 @@ from quillcache.index import ResidencyEntry, open_index
 from quillcache.planner import CostModel, Planner, PlannerConfig, ReferencePlanner
 from quillcache.planner.cost_model import NUM_SOURCE_KINDS
 from quillcache.routing import ROUTERS, DynamoCostRouter, LoadTracker, RouteRequest, make_router
-from quillcache.routing.base import MAX_ROUTE_TOKENS, Router, check_route
+from quillcache.routing.base import MAX_ROUTE_LOAD, MAX_ROUTE_TOKENS, Router, check_route
 from quillcache.routing.dynamo import _select, dynamo_logits_reference, select_reference
 from quillcache.types import CacheTier
 
@@ -142,6 +142,27 @@ def test_check_route_refuses_unbounded_lengths_and_overlaps(name):
     with pytest.raises(ValueError, match="overlaps of worker 0"):  # a wrapping int64 sum is caught too
         r.select(_route([[2**62, 0], [2**62, 0], [2**62, 0]]))
     r.select(_route([[0, 2], [0, 1], [0, 1]]))  # exactly the request's blocks: fine
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_check_route_refuses_loads_that_would_wrap_the_kernel(name):
+    r = make_router(name, seed=0)
+    with pytest.raises(ValueError, match="active_prefill_tokens"):
+        r.select(_route([[0, 0], [0, 0], [0, 0]], apt=[2**63 - 10, 0]))
+    with pytest.raises(ValueError, match="decode_blocks"):
+        r.select(_route([[0, 0], [0, 0], [0, 0]], dec=[0, MAX_ROUTE_LOAD + 1]))
+    huge_u = RouteRequest(np.zeros((3, 2), np.int64), 64, 16, np.zeros(2, np.int64),
+                          np.array([0, 2**64 - 1], np.uint64))
+    with pytest.raises(ValueError, match="decode_blocks"):
+        r.select(huge_u)
+    r.select(_route([[0, 0], [0, 0], [0, 0]], apt=[MAX_ROUTE_LOAD, 0], dec=[0, MAX_ROUTE_LOAD]))
+
+
+def test_the_kernel_equals_the_reference_at_the_load_bound():
+    r = DynamoCostRouter(seed=0)
+    route = _route([[4, 0], [0, 0], [0, 0]], apt=[MAX_ROUTE_LOAD, 3], dec=[5, MAX_ROUTE_LOAD])
+    ref = dynamo_logits_reference([4, 0], [0, 0], [0, 0], [MAX_ROUTE_LOAD, 3], [5, MAX_ROUTE_LOAD], 64, 16)
+    assert r.logits(route).tolist() == ref
 
 
 @pytest.mark.parametrize("isl,bs,dev", [(MAX_ROUTE_TOKENS, 1, MAX_ROUTE_TOKENS), (MAX_ROUTE_TOKENS, MAX_ROUTE_TOKENS, 1),

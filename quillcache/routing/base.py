@@ -33,6 +33,7 @@ from quillcache.index.keys import MAX_NODE_NAME_BYTES, node_name_key
 
 __all__ = [
     "MAX_LEASE_LOAD",
+    "MAX_ROUTE_LOAD",
     "MAX_ROUTE_TOKENS",
     "EngineRole",
     "Lease",
@@ -46,6 +47,7 @@ __all__ = [
 
 MAX_LEASE_LOAD = 1 << 40  # per lease, prefill tokens or decode blocks: far beyond any real request
 MAX_ROUTE_TOKENS = 1 << 40  # isl_tokens and block_size_tokens of a route: keeps the kernels' int64 math exact
+MAX_ROUTE_LOAD = 1 << 52  # active_prefill_tokens and decode_blocks of a worker: exact in float64, no int64 wrap
 _I64_MAX = (1 << 63) - 1
 
 
@@ -280,7 +282,8 @@ def check_route(route: RouteRequest) -> None:
     ``overlaps``: an integer array of shape (3, n >= 1), values >= 0, each worker's three counts
     summing to at most the request's ``ceil(isl_tokens / block_size_tokens)`` blocks (a prefix
     overlap cannot be longer than the prompt). ``active_prefill_tokens`` and ``decode_blocks``:
-    integer or float arrays of shape (n,), finite and >= 0. ``eligible``: None or a bool array of
+    integer or float arrays of shape (n,), finite, >= 0 and at most ``MAX_ROUTE_LOAD`` (2**52: exact in
+    float64, and a load plus a prompt's tokens cannot wrap int64 in the compiled kernels). ``eligible``: None or a bool array of
     shape (n,). ``isl_tokens`` and ``block_size_tokens`` are integers in ``[1, MAX_ROUTE_TOKENS]``
     (2**40), so ``overlap * block_size`` and every sum of the cost kernels stay far inside int64
     and the compiled kernels compute what their plain-Python references do. Anything else raises
@@ -297,6 +300,8 @@ def check_route(route: RouteRequest) -> None:
         if not isinstance(a, np.ndarray) or a.shape != (n,):
             raise ValueError(f"{name} must be an array of shape ({n},), got {getattr(a, 'shape', a)}")
         _check_column(name, a, "iuf")
+        if a.size and a.max() > MAX_ROUTE_LOAD:
+            raise ValueError(f"{name} must be at most {MAX_ROUTE_LOAD} (2**52), got {a.max().item()!r:.40}")
     if route.eligible is not None and (
         not isinstance(route.eligible, np.ndarray) or route.eligible.shape != (n,) or route.eligible.dtype != np.bool_
     ):
