@@ -85,6 +85,15 @@ class MooncakeMasterRun:
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> "MooncakeMasterRun":
+        """Start the master and the client; on any failure both are stopped (``close``) before the error is raised,
+        so a failed start leaves no process behind (they run in their own sessions and would outlive the study)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> "MooncakeMasterRun":
         stamp = tm.read_stamp(self.workdir)
         problem = tm._stamp_problem(self.workdir, stamp) if stamp is not None else "Mooncake is not prepared"
         if problem:
@@ -117,11 +126,7 @@ class MooncakeMasterRun:
         return self
 
     def __enter__(self) -> "MooncakeMasterRun":
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
+        return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -10,7 +10,9 @@ Everything in one run on this machine:
    **sigkill**: after a child that wrote a log tail of ``tail_objects`` more objects (two records each,
    below the default snapshot interval, so it is all replayed) was SIGKILLed. When the master server
    process exists (``python -m quillcache.master``), the same two states are also timed from process start
-   to its ready line (``server process``: interpreter start and imports included).
+   to its ready line (``server process``: interpreter start and imports included); then, untimed, the server
+   is asked for its object count (``MasterClient.stats``), which must be every object (raw_restart.csv's
+   ``objects_found`` is that answer).
 2. **SIGKILL study**: ``kills`` SIGKILLs of a master process (forked from this one, so its start costs no
    interpreter) at seeded random points of a put/get/remove workload (the one of
    ``tests/master_kill_child.py``: batches of 1-8 puts with 1-3 replicas on 3 nodes, one put in five left
@@ -26,9 +28,10 @@ Everything in one run on this machine:
    ``quillcache embedded (no log)`` (no data dir: nothing is durable, like Mooncake's master without its
    operation log), ``quillcache rpc`` (the master server process with a data dir, ``MasterClient`` over TCP
    loopback on the server's plain-TCP transport, ``qtcp://``, the client's default), ``quillcache rpc (zmq)``
-   (the same server and client on its ZeroMQ transport) and ``Mooncake master``; these three run interleaved,
-   cell by cell, their order alternating between repetitions, so the comparisons with the baseline and between
-   transports see the same moments of the machine (``Mooncake master``: ``mooncake_master`` from the PyPI
+   (the same server and client on its ZeroMQ transport) and ``Mooncake master``; all five run interleaved in
+   one group, cell by cell, their order alternating between repetitions, so every comparison with the baseline
+   and between transports sees the same moments of the machine (param ``interleaved``; a subject that cannot
+   start or fails is left out with its reason, the others go on) (``Mooncake master``: ``mooncake_master`` from the PyPI
    wheel and its Python client in another process, metadata calls only: ``experiments.master_mooncake``;
    every call is one master RPC, counted from its metrics)). One segment on one node (``QC_SEGMENT_BYTES`` for
    ours, metadata only; ``SEGMENT_BYTES`` for Mooncake's client, which allocates it),
@@ -96,6 +99,7 @@ OPS = ("put", "get_replicas", "exists")
 APIS = ("objects", "columns")  # MasterService/MasterClient per-object batch calls; the columnar ones
 COLUMN_OPS = ("put", "get_replicas")  # the ops with a columnar form
 MOONCAKE_API = "mooncake"  # Mooncake's own client calls (result key only: its rows carry no api param)
+MOONCAKE_RESTART = "Mooncake master restart"  # _ops_study's status key when its restart check failed
 ACCEPT_SUBJECTS = (RPC, EMB_LOG)  # the issue's line is over the network; embedded (durable) shown beside it
 SEED = 14
 REPO = Path(__file__).resolve().parents[1]
@@ -274,25 +278,47 @@ def _largest_tail(n: int) -> int:
     return max(2000, lo // 2000 * 2000 - 2000)
 
 
-def _sigkill_with_tail(data_dir: str, n_tail: int) -> dict:
+def _sigkill_with_tail(data_dir: str, n_tail: int, timeout_s: float = 600.0) -> dict:
+    """Fork a child that writes a log tail of ``n_tail`` objects to ``data_dir`` (``_tail_then_wait``), wait for its
+    report line, SIGKILL it. A child that fails sends its exception through the pipe (as ``_fork_call``'s do) and
+    this raises a RuntimeError naming it; one that exits without a line, or is late, raises a RuntimeError too."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(r)
             _tail_then_wait(data_dir, n_tail, w)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            os.write(w, (json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n").encode())
         finally:
             os._exit(1)
     os.close(w)
+    buf, deadline = b"", time.monotonic() + timeout_s
     try:
-        if not select.select([r], [], [], 600)[0]:
-            raise RuntimeError("the log-tail child did not report within 600 s")
-        line = os.read(r, 65536)
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                raise RuntimeError(f"the log-tail child did not report within {timeout_s:.0f} s")
+            chunk = os.read(r, 65536)
+            if not chunk:
+                raise RuntimeError(f"the log-tail child exited without a report (data dir {data_dir})")
+            buf += chunk
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(r)
-    return json.loads(line.split(b"\n")[0])
+    out = json.loads(buf.split(b"\n")[0])
+    if "error" in out:
+        raise RuntimeError(f"the log-tail child failed (data dir {data_dir}): {out['error']}")
+    return out
+
+
+def _served_objects(srv: ServerProcess) -> int:
+    """The object count a started master server process reports (``MasterClient.stats``)."""
+    from quillcache.master.client import MasterClient
+
+    with MasterClient(srv.address, timeout_s=60.0) as c:
+        return int(c.stats().num_objects)
 
 
 def _restart_study(cfg: dict, work: Path, server_ok: bool, raw: list) -> list[SummaryRow]:
@@ -335,9 +361,15 @@ def _restart_study(cfg: dict, work: Path, server_ok: bool, raw: list) -> list[Su
             if server_ok:
                 for rep in range(cfg["restart_reps"]):
                     srv = ServerProcess(d, log_path=work / f"restart-{n}-{state}-{rep}.log")
+                    try:
+                        found = _served_objects(srv)  # untimed: after the ready line
+                    finally:
+                        srv.kill()  # SIGKILL: nothing written at exit, the next start sees the same state
+                    if found != expect:
+                        raise AssertionError(f"restart of {d.name} ({state}) as a server process serves {found} "
+                                             f"objects, not {expect}")
                     proc_times.append(srv.ready_s)
-                    srv.kill()  # SIGKILL: nothing written at exit, the next start sees the same state
-                    raw.append(("restart", "process", state, n, rep, f"{srv.ready_s:.6f}", expect))
+                    raw.append(("restart", "process", state, n, rep, f"{srv.ready_s:.6f}", found))
                 rows.append(SummaryRow.from_spread(spread(proc_times), metric="restart_s", subject="quillcache server process",
                                                    unit="s", n=len(proc_times), notes=f"{states[state]}; Popen of python -m "
                                                    "quillcache.master until its ready line (interpreter start, imports, "
@@ -634,13 +666,18 @@ def _measure(subject: str, runner, cfg: dict, raw: list) -> dict[tuple[str, int]
     return _measure_interleaved({subject: runner}, cfg, raw)[subject]
 
 
-def _measure_interleaved(runners: dict, cfg: dict, raw: list) -> dict[str, dict[tuple[str, int], dict]]:
+def _measure_interleaved(runners: dict, cfg: dict, raw: list, failed: dict[str, str] | None = None
+                         ) -> dict[str, dict[tuple[str, int], dict]]:
     """``_measure`` of several subjects at once: each cell of each repetition runs once per subject, one subject
     after the other (their order alternating between repetitions), so an A/B comparison sees the same moments of
     this machine. Each subject puts its own fresh keys and reads back keys it put. Results are keyed
-    ``(op, batch, api)``; a subject with its own API (Mooncake) runs the "objects" cells only, as ``MOONCAKE_API``."""
+    ``(op, batch, api)``; a subject with its own API (Mooncake) runs the "objects" cells only, as ``MOONCAKE_API``.
+    ``failed`` None: the first error (a call raising, or results that were errors or misses) is raised. A dict: a
+    subject that errs gets ``failed[subject]`` = the reason, is left out of every later cell and of the result,
+    and the others go on."""
     rng = random.Random(SEED)
     written: dict[str, list[str]] = {s: [] for s in runners}
+    live = list(runners)
     counter = [0]
 
     def fresh(subject: str, n: int) -> list[str]:
@@ -649,36 +686,52 @@ def _measure_interleaved(runners: dict, cfg: dict, raw: list) -> dict[str, dict[
         written[subject].extend(ks)
         return ks
 
+    def call(subject: str, op: str, batch: int, keys: list[str], own: str):
+        """One cell of ``subject``: (seconds, rpcs per call), or None when it failed (then it is dropped)."""
+        try:
+            secs, bad, extra = _unpack(runners[subject].run(op, batch, keys, own))
+            if bad:
+                raise AssertionError(f"{subject} {op} batch {batch} ({own}): {bad} of {len(keys)} results were "
+                                     f"errors or misses")
+        except Exception as exc:
+            if failed is None:
+                raise
+            failed[subject] = f"failed while measuring: {type(exc).__name__}: {exc}"
+            print(f"[master] {subject}: {failed[subject]}", flush=True)
+            live.remove(subject)
+            return None
+        return secs, extra
+
     # warm-up (untimed): connections, code paths; its keys are readable afterwards
     for subject, runner in runners.items():
         for op, batch, n, api in _cells(cfg):
-            if not _runs(runner, api):
+            if subject not in live or not _runs(runner, api):
                 continue
             w = written[subject]
             keys = fresh(subject, min(n, 2 * batch if batch > 1 else 50)) if op == "put" \
                 else rng.sample(w, min(len(w), 50 if batch == 1 else batch))
-            runner.run(op, batch, keys, api if api in getattr(runner, "apis", APIS) else MOONCAKE_API)
+            call(subject, op, batch, keys, api if api in getattr(runner, "apis", APIS) else MOONCAKE_API)
     out: dict[str, dict[tuple[str, int], dict]] = {s: {} for s in runners}
     order = list(runners)
     for rep in range(cfg["reps"]):
         for op, batch, n, api in _cells(cfg, rep):
             for subject in (order if rep % 2 == 0 else order[::-1]):
                 runner = runners[subject]
-                if not _runs(runner, api):
+                if subject not in live or not _runs(runner, api):
                     continue
                 own = api if api in getattr(runner, "apis", APIS) else MOONCAKE_API
                 keys = fresh(subject, n) if op == "put" else rng.sample(written[subject], n)
-                secs, bad, extra = _unpack(runner.run(op, batch, keys, own))
-                if bad:
-                    raise AssertionError(f"{subject} {op} batch {batch} ({own}): {bad} of {n} results were errors "
-                                         f"or misses")
+                got = call(subject, op, batch, keys, own)
+                if got is None:
+                    continue
+                secs, extra = got
                 cell = out[subject].setdefault((op, batch, own), {"ops": [], "rpcs_per_call": extra})
                 cell["ops"].append(n / secs)
                 raw.append(("ops", subject, op, batch, own, rep, n, f"{secs:.6f}",
                             extra if extra is not None else ""))
     for subject, runner in runners.items():
         runner.written = written[subject]
-    return out
+    return {s: cells for s, cells in out.items() if s in live}
 
 
 def _unpack(res) -> tuple[float, int, float | None]:
@@ -725,7 +778,7 @@ HOW = {EMB_LOG: "MasterService methods in-process; state changes written to the 
             "(qtcp://, length-prefixed frames, the client's default); get_replicas, get_replica_list and put_start "
             "travel in the compact forms (native msgpack rows, descriptors rebuilt client-side)",
        RPC_ZMQ: "the same server and MasterClient on the server's ZeroMQ transport (prefer_stream=False), "
-                "interleaved with the plain-TCP client and Mooncake's master cell by cell; compact forms as well",
+                "interleaved with the other subjects cell by cell; compact forms as well",
        MOONCAKE: "MooncakeDistributedStore metadata calls to mooncake_master over TCP loopback; no operation log"}
 
 
@@ -759,9 +812,14 @@ TRANSPORT = {EMB_LOG: "in-process", EMB_MEM: "in-process", RPC: "tcp", RPC_ZMQ: 
 
 def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, str, str | None], raw: list
                ) -> tuple[list[SummaryRow], dict[str, str]]:
-    results: dict[str, dict] = {}
+    """Every subject that starts is measured in ONE interleaved group (``_measure_interleaved``): the embedded
+    subjects, the RPC pair and Mooncake's master alike, so every ratio to Mooncake compares the same moments of
+    this machine. Each subject starts on its own: one that is not available, cannot start or fails while
+    measuring is left out with the reason in ``status`` (and its ``*_available`` row), and the others go on."""
     status: dict[str, str] = {}
     lost_rows: list[SummaryRow] = []
+    runners: dict = {}
+
     def remote_pair() -> dict:
         stream = _Remote(work)
         try:
@@ -770,48 +828,39 @@ def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, 
             stream.close()
             raise
 
-    def remote_and_mooncake() -> dict:
-        """The RPC pair and Mooncake's master interleaved (the issue's comparison, at the same moments of this
-        machine); the RPC pair alone if Mooncake's master does not start (its status says why)."""
-        runners = remote_pair()
-        try:
-            runners[MOONCAKE] = _Mooncake()
-        except Exception as exc:  # noqa: BLE001 - reported as not measured, with the reason
-            status[MOONCAKE] = f"could not start: {type(exc).__name__}: {exc}"
-            print(f"[master] {MOONCAKE}: {status[MOONCAKE]}", flush=True)
-        return runners
-
     makers = {EMB_LOG: lambda: {EMB_LOG: _Embedded(work / "emb-data")}, EMB_MEM: lambda: {EMB_MEM: _Embedded(None)},
-              RPC: (remote_and_mooncake if mk[0] else remote_pair) if server[0] else None,
-              MOONCAKE: (lambda: {MOONCAKE: _Mooncake()}) if mk[0] and not server[0] else None}
-    for subject, make in makers.items():
-        if make is None:
-            if subject == RPC or not server[0]:
-                status[subject] = server[1] if subject == RPC else mk[1]
-            continue
-        t0 = time.monotonic()
-        try:
-            runners = make()
-        except Exception as exc:  # noqa: BLE001 - the subject is reported as not measured, with the reason
-            status[subject] = f"could not start: {type(exc).__name__}: {exc}"
-            print(f"[master] {subject}: {status[subject]}", flush=True)
-            continue
-        try:
-            results.update(_measure_interleaved(runners, cfg, raw))
-            if MOONCAKE in runners:  # its defaults keep no log: what a restart leaves of what was put
+              RPC: remote_pair if server[0] else None, MOONCAKE: (lambda: {MOONCAKE: _Mooncake()}) if mk[0] else None}
+    unavailable = {RPC: server[1], MOONCAKE: mk[1]}
+    t0 = time.monotonic()
+    results: dict[str, dict] = {}
+    try:
+        for subject, make in makers.items():
+            if make is None:
+                status[subject] = unavailable[subject]
+                continue
+            try:
+                runners.update(make())
+            except Exception as exc:  # noqa: BLE001 - the subject is reported as not measured, with the reason
+                status[subject] = f"could not start: {type(exc).__name__}: {exc}"
+                print(f"[master] {subject}: {status[subject]}", flush=True)
+        results = _measure_interleaved(runners, cfg, raw, failed=status)
+        if MOONCAKE in results:  # its defaults keep no log: what a restart leaves of what was put
+            try:
                 lost_rows.append(_mooncake_restart(runners[MOONCAKE]))
-        except Exception as exc:  # noqa: BLE001 - same
-            status[subject] = f"failed while measuring: {type(exc).__name__}: {exc}"
-            print(f"[master] {subject}: {status[subject]}", flush=True)
-        finally:
-            for runner in reversed(list(runners.values())):  # a shared server's owner last
+            except Exception as exc:  # noqa: BLE001 - its throughput stands; the restart check is named as failed
+                status[MOONCAKE_RESTART] = f"its restart check failed: {type(exc).__name__}: {exc}"
+                print(f"[master] {MOONCAKE}: {status[MOONCAKE_RESTART]}", flush=True)
+    finally:
+        for name, runner in reversed(list(runners.items())):  # a shared server's owner (RPC) after its sharer
+            try:
                 runner.close()
-        for name in runners:
-            if name in results:
-                print(f"[master] {name}: " + ", ".join(f"{op}/{b}{'/' + a if a == 'columns' else ''} "
-                                                        f"{spread(c['ops'])['median']:,.0f}"
-                                                        for (op, b, a), c in results[name].items())
-                      + f" ops/s ({time.monotonic() - t0:.0f} s)", flush=True)
+            except Exception as exc:  # noqa: BLE001 - the others are still closed
+                print(f"[master] {name}: close failed: {type(exc).__name__}: {exc}", flush=True)
+    for name in results:
+        print(f"[master] {name}: " + ", ".join(f"{op}/{b}{'/' + a if a == 'columns' else ''} "
+                                                f"{spread(c['ops'])['median']:,.0f}"
+                                                for (op, b, a), c in results[name].items())
+              + f" ops/s (the group: {time.monotonic() - t0:.0f} s)", flush=True)
     rows: list[SummaryRow] = []
     base = results.get(MOONCAKE)
     for subject, cells in results.items():
@@ -825,7 +874,7 @@ def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, 
             if cell["rpcs_per_call"] is not None:
                 notes += f"; {cell['rpcs_per_call']:.3g} master RPCs per call, counted from its metrics"
             params = {"op": op, "batch": batch, "size_bytes": SIZE_BYTES, "durable": subject in (EMB_LOG, RPC, RPC_ZMQ),
-                      "transport": TRANSPORT.get(subject, "tcp")}
+                      "transport": TRANSPORT.get(subject, "tcp"), "interleaved": len(results) > 1}
             if api != MOONCAKE_API:
                 params["api"] = api
             rows.append(SummaryRow.from_spread(s, metric="ops_per_s", subject=subject, unit="ops/s",
@@ -834,10 +883,14 @@ def _ops_study(cfg: dict, work: Path, server: tuple[bool, str], mk: tuple[bool, 
     rows += lost_rows
     rows.append(SummaryRow(metric="mooncake_available", subject=MOONCAKE, value=float(MOONCAKE in results),
                            unit="bool", notes=(f"mooncake-transfer-engine {mk[2]} from PyPI: mooncake_master and "
-                                               "MooncakeDistributedStore, same run" if MOONCAKE in results
+                                               "MooncakeDistributedStore, same run"
+                                               + (f"; {status[MOONCAKE_RESTART]}" if MOONCAKE_RESTART in status
+                                                  else "") if MOONCAKE in results
                                                else f"not measured: {status.get(MOONCAKE, mk[1])}")))
     rows.append(SummaryRow(metric="rpc_available", subject=RPC, value=float(RPC in results), unit="bool",
-                           notes=server[1] if RPC in results else f"not measured: {status.get(RPC, server[1])}"))
+                           notes=(server[1] + (f"; {RPC_ZMQ}: not measured: {status[RPC_ZMQ]}" if RPC_ZMQ in status
+                                               else "")) if RPC in results
+                           else f"not measured: {status.get(RPC, server[1])}"))
     return rows, status
 
 

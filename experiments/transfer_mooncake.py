@@ -10,8 +10,9 @@ Mooncake lives in its OWN virtualenv under ``workdir`` (the project's venv never
 :func:`prepare` builds it (recipe: ``experiments/mooncake/README.md``), :func:`run_mooncake` drives
 two children (``experiments/transfer_mooncake_peer.py``) running under that venv's python.
 
-Measurement (GB = 1e9 bytes): wall time (``time.perf_counter``) around every engine call; per
-repeat ``gbps = bytes moved / sum of call times``; latency per request when ``batch == 1``, per
+Measurement (GB = 1e9 bytes): wall time (``time.perf_counter``) around every engine call (the latencies)
+and around each repeat's whole loop of calls (``seconds``); per repeat ``gbps = bytes moved / seconds``, the
+loop's wall time, as the transfer study times its other subjects; latency per request when ``batch == 1``, per
 batch call otherwise (``latency_unit``); CPU = ``resource.getrusage`` user+system deltas of BOTH
 processes (each measures its own) per GB moved. Data is checked after the timed repeats: crc32 of
 every destination slot equals that of its source slot (the destination was zeroed first).
@@ -19,7 +20,8 @@ every destination slot equals that of its source slot (the destination was zeroe
 Memory is capped: each side holds ``slots = min(batch, max(1, max_buffer_bytes // block_bytes))``
 distinct blocks; block ``i`` of a batch uses slot ``i % slots`` on both sides (so a 128 x 32 MiB
 batch moves 4 GiB through 1 GiB of buffer per side; ``distinct_slots`` says when that happened).
-Calls per repeat: enough for about ``bytes_per_repeat`` (default 1 GiB), at least 1, at most
+Calls per repeat: ``calls_per_repeat`` when given (the transfer study passes its own count, so every subject
+of a cell does the same work), else enough for about ``bytes_per_repeat`` (default 1 GiB), at least 1, at most
 ``max_calls_per_repeat``; one unmeasured warm-up call first (handshake, first connection).
 
 ``python -m experiments.transfer_mooncake [--workdir DIR]`` prepares and prints the table.
@@ -458,12 +460,14 @@ def _percentile(xs: list[float], q: float) -> float:
 def run_mooncake(*, block_bytes: int, batch: int, op: str, repeats: int, workdir: Path, timeout_s: float = 120,
                  bytes_per_repeat: int = GiB, max_calls_per_repeat: int = 2000, max_buffer_bytes: int = GiB,
                  engine_env: dict[str, str] | None = None, seed: int = 1, client_cpus: str | None = None,
-                 server_cpus: str | None = None) -> dict:
+                 server_cpus: str | None = None, calls_per_repeat: int | None = None) -> dict:
     """Move ``batch`` blocks of ``block_bytes`` between two processes through Mooncake's engine over TCP.
 
     ``op="read"``: the client pulls from the server's registered buffer; ``"write"``: it pushes.
     ``client_cpus``/``server_cpus`` (``taskset -c`` lists) pin each process and its threads.
-    Returns ``{"gbps": [per repeat], "latency_s": [per call], "latency_unit": "request"|"batch",
+    ``calls_per_repeat``: exactly that many calls per repeat (default: from ``bytes_per_repeat``).
+    Returns ``{"gbps": [per repeat], "seconds": [wall time of each repeat's loop of calls],
+    "latency_s": [per call], "latency_unit": "request"|"batch",
     "latency_p50_s", "latency_p99_s", "cpu_s_per_gb": [client+server per repeat], ...,
     "reason": None}`` or ``{"reason": "..."}``. Raises ValueError (naming the argument) on bad input.
     """
@@ -475,6 +479,8 @@ def run_mooncake(*, block_bytes: int, batch: int, op: str, repeats: int, workdir
     _positive_int("bytes_per_repeat", bytes_per_repeat)
     _positive_int("max_calls_per_repeat", max_calls_per_repeat)
     _positive_int("max_buffer_bytes", max_buffer_bytes)
+    if calls_per_repeat is not None:
+        _positive_int("calls_per_repeat", calls_per_repeat)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
     workdir = Path(workdir)
@@ -485,7 +491,7 @@ def run_mooncake(*, block_bytes: int, batch: int, op: str, repeats: int, workdir
 
     slots = min(batch, max(1, max_buffer_bytes // block_bytes))
     call_bytes = block_bytes * batch
-    calls = max(1, min(max_calls_per_repeat, bytes_per_repeat // call_bytes))
+    calls = calls_per_repeat or max(1, min(max_calls_per_repeat, bytes_per_repeat // call_bytes))
     deadline = time.monotonic() + timeout_s
     logdir = workdir / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
@@ -506,13 +512,16 @@ def run_mooncake(*, block_bytes: int, batch: int, op: str, repeats: int, workdir
                               "fill": dst_fill if op == "read" else src_fill, "seed": seed}, deadline)
         run_msg = {"cmd": "run", "target": srv["segment"], "remote_addr": srv["addr"], "op": op}
         client.request(dict(run_msg, batch=min(batch, slots), iters=1), deadline)  # warm-up, not measured
-        gbps, lat_all, cpu_per_gb, cli_cpu, srv_cpu = [], [], [], [], []
+        gbps, seconds, lat_all, cpu_per_gb, cli_cpu, srv_cpu = [], [], [], [], [], []
         for _ in range(repeats):
             s0 = server.request({"cmd": "rusage"}, deadline)["cpu_s"]
             r = client.request(dict(run_msg, batch=batch, iters=calls), deadline)
             s1 = server.request({"cmd": "rusage"}, deadline)["cpu_s"]
             moved = call_bytes * calls
-            t = sum(r["lat"])
+            if len(r["lat"]) != calls:
+                raise PeerError(f"client peer made {len(r['lat'])} calls, not the {calls} asked for")
+            t = r["wall_s"]  # the whole loop, as the study times its other subjects
+            seconds.append(t)
             gbps.append(moved / t / GB)
             lat_all.extend(r["lat"])
             cli_cpu.append(r["cpu_s"])
@@ -527,6 +536,7 @@ def run_mooncake(*, block_bytes: int, batch: int, op: str, repeats: int, workdir
                               f"source after the {op}s (first: slot {bad[0] if bad else '?'})"}
         return {
             "gbps": gbps,
+            "seconds": seconds,
             "latency_s": lat_all,
             "latency_unit": "request" if batch == 1 else "batch",
             "latency_p50_s": _percentile(lat_all, 0.50),

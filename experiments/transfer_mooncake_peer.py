@@ -15,8 +15,9 @@ Commands (every reply carries ``"ok"``; a failure carries ``"error"`` with the e
 - ``{"cmd": "run", "target": seg, "remote_addr": A, "op": "read"|"write", "batch": n,
   "iters": k}``: ``k`` calls of ``batch_transfer_sync_read|write`` (``transfer_sync_*`` when
   ``n == 1``), block ``i`` of a call between local slot ``i % S`` and remote slot ``i % S``.
-  Reply: per-call wall seconds (``time.perf_counter`` around each call) and this process's CPU
-  seconds (``resource.getrusage`` user + system, all threads) over the loop.
+  Reply: per-call wall seconds (``lat``: ``time.perf_counter`` around each call), the wall seconds of the
+  whole loop (``wall_s``) and this process's CPU seconds (``resource.getrusage`` user + system, all threads)
+  over the loop.
 - ``{"cmd": "rusage"}``: this process's CPU seconds so far.
 - ``{"cmd": "crc"}``: zlib crc32 of every slot.
 - ``{"cmd": "exit"}``.
@@ -93,6 +94,7 @@ class Peer:
             fn = e.transfer_sync_read if op == "read" else e.transfer_sync_write
             loc, rem = self.addr, remote_addr
             cpu0 = _cpu_s()
+            start = pc()
             for _ in range(iters):
                 t0 = pc()
                 rc = fn(target, loc, rem, b)
@@ -106,6 +108,7 @@ class Peer:
             rems = [remote_addr + (i % s) * b for i in range(batch)]
             lens = [b] * batch
             cpu0 = _cpu_s()
+            start = pc()
             for _ in range(iters):
                 t0 = pc()
                 rc = fn(target, locs, rems, lens)
@@ -113,7 +116,8 @@ class Peer:
                 if rc != 0:
                     return {"ok": False, "error": f"batch_transfer_sync_{op}({target!r}, {batch} x {b} B) returned "
                                                   f"{rc} after {len(lat) - 1} successful calls"}
-        return {"ok": True, "lat": lat, "cpu_s": _cpu_s() - cpu0}
+        wall = pc() - start
+        return {"ok": True, "lat": lat, "wall_s": wall, "cpu_s": _cpu_s() - cpu0}
 
     def crc(self) -> dict:
         if self.mm is None:

@@ -1,7 +1,7 @@
 """The transfer study's ceiling: a raw socket pair between two processes, no protocol beyond a length.
 
 Server (a child process: ``python -m experiments.transfer_raw --bytes N``) holds one pre-touched
-buffer, prints ``{"port": P}`` and serves one connection at a time: each 24-byte request ``<QQQ`` = (op,
+buffer, prints ``{"ok": true, "port": P}`` (``RawPeer`` waits for it until its deadline) and serves one connection at a time: each 24-byte request ``<QQQ`` = (op,
 offset, length) is answered by ``sendall`` of that range (op 0, READ) or by ``recv_into`` that
 range followed by a 1-byte acknowledgement (op 1, WRITE); op 2 answers 16 bytes, its CPU seconds
 (user, system) as two doubles; op 3 ends the server. No authentication, no range checks beyond Python's
@@ -52,7 +52,7 @@ def serve(n_bytes: int, congestion_control: str = "") -> None:
     buf[::4096] = 1
     view = memoryview(buf)
     lsock = socket.create_server(("127.0.0.1", 0))
-    print(json.dumps({"port": lsock.getsockname()[1]}), flush=True)
+    print(json.dumps({"ok": True, "port": lsock.getsockname()[1]}), flush=True)
     while True:  # one connection at a time, until a QUIT
         conn, _ = lsock.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -86,19 +86,26 @@ def _serve_one(conn: socket.socket, view: memoryview) -> bool:
 
 
 class RawPeer:
-    """The raw server as a child process (context manager; always killed on exit)."""
+    """The raw server as a child process (context manager; always killed on exit). The constructor waits at most
+    ``timeout_s`` for the child's port line; a child that is late, exits or closes its pipe first is killed and
+    reaped, and a RuntimeError says which."""
 
     def __init__(self, n_bytes: int, timeout_s: float = 30.0, congestion_control: str = "") -> None:
+        from experiments.transfer_mooncake import read_reply  # the bounded JSON-line read of the study's children
+
         self.proc = subprocess.Popen([sys.executable, "-m", "experiments.transfer_raw", "--bytes", str(n_bytes),
-                                      "--congestion-control", congestion_control], stdout=subprocess.PIPE, text=True)
+                                      "--congestion-control", congestion_control], stdout=subprocess.PIPE)
         try:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"raw peer exited with {self.proc.wait(timeout_s)} before it was ready")
-            self.port = json.loads(line)["port"]
+            msg, _ = read_reply(self.proc, b"", time.monotonic() + timeout_s, "startup", self._fail)
+            self.port = msg["port"]
         except BaseException:
             self.close()
             raise
+
+    def _fail(self, what: str) -> RuntimeError:
+        rc = self.proc.poll()
+        return RuntimeError(f"raw peer (pid {self.proc.pid}): {what} "
+                            f"({'still running: killed' if rc is None else f'exited with rc {rc}'})")
 
     def close(self) -> None:
         if self.proc.poll() is None:

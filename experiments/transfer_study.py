@@ -20,12 +20,15 @@ and 128 (the quick profile leaves out 128), READ and WRITE:
 Placement: every cell runs "cross-core" (this process pinned to one CPU, both peers to another: like
 two nodes); the 64 KiB single block also runs "same-core" (all on one CPU), where nothing overlaps and
 each side's software cost shows. Requests of a batch go to consecutive block slots of a region of ``region_bytes`` (wrapping when
-the batch is larger). Per cell and repetition a subject moves at least ``cell_bytes``; raw and
-quillcache alternate within each repetition, Mooncake runs its repetitions right after. Reported:
+the batch is larger). Per cell and repetition every subject, Mooncake included, makes the same number of
+calls (``_calls``: enough to move ``cell_bytes``, at least 3), timed as the wall time of its whole loop of
+calls (raw.csv's ``seconds``); raw and quillcache alternate within each repetition, Mooncake runs its
+repetitions right after. Reported:
 throughput (GB/s = 1e9 B/s, median over repetitions, p10/p90), per-request latency p50/p99 (µs,
 submit to that request's completion, or the whole call for a single block, pooled over the cell's
 calls; Mooncake reports per batch call
-— its Python API has no per-request completion time — so its latency rows say ``batch``), and CPU
+— its Python API has no per-request completion time — so its latency rows say ``batch`` and their
+baseline is the raw pair's per-batch time: each batch call's start to its last completion), and CPU
 seconds per GB moved (user+system of both processes); per cell also QuillCache's speedup over
 Mooncake and the raw pair's own rate over Mooncake (``ceiling_over_mooncake``: the most any engine on
 the same sockets could reach). Acceptance (issue 13): 2 and 32 MiB READ in batches of 16 ≥ 0.8× raw;
@@ -77,7 +80,17 @@ def _offsets(size: int, batch: int, region_bytes: int) -> list[int]:
 
 
 def _calls(size: int, batch: int, cfg: dict) -> int:
+    """Calls per repetition of a cell, the same for every subject (Mooncake's included: ``_mooncake``)."""
     return max(3, min(cfg["max_calls"], math.ceil(cfg["cell_bytes"] / (size * batch))))
+
+
+def _batch_times(lat: list[float], batch: int) -> list[float]:
+    """Each call's time from its start to its last completion, from the per-request samples of a cell (calls of
+    ``batch`` requests, each call's samples together, as ``_raw_cell`` keeps them): what a latency per batch call
+    is compared with. Empty when ``lat`` does not divide into calls of ``batch``."""
+    if batch < 1 or len(lat) % batch:
+        return []
+    return [max(lat[i:i + batch]) for i in range(0, len(lat), batch)]
 
 
 def _ours_cell(engine: TransferEngine, peer: PeerProcess, local, seg, op: Op, size: int, batch: int,
@@ -149,6 +162,7 @@ def _mooncake(cfg: dict, size: int, batch: int, op: str, placement: str) -> dict
     client_cpus, server_cpus = PLACEMENTS[placement]
     return mk.run_mooncake(block_bytes=size, batch=batch, op=op, repeats=cfg["reps"], workdir=workdir,
                            timeout_s=900, bytes_per_repeat=cfg["cell_bytes"], max_calls_per_repeat=cfg["max_calls"],
+                           calls_per_repeat=_calls(size, batch, cfg),
                            max_buffer_bytes=cfg["region_bytes"], client_cpus=_cpulist(client_cpus),
                            server_cpus=_cpulist(server_cpus))
 
@@ -257,9 +271,9 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                     res[MOONCAKE] = {"gbps": mk["gbps"], "lat": mk["latency_s"], "cpu": mk["cpu_s_per_gb"],
                                      "unit": mk.get("latency_unit", "batch")}
                     mk_bytes = mk["bytes_per_repeat"]
-                    for rep, (g, c) in enumerate(zip(mk["gbps"], mk["cpu_s_per_gb"])):
+                    for rep, (secs, c) in enumerate(zip(mk["seconds"], mk["cpu_s_per_gb"])):
                         raw_rows.append((placement, op_name, size, batch, MOONCAKE, rep, mk["calls_per_repeat"],
-                                         mk_bytes, f"{mk_bytes / (g * GB):.6f}", f"{c * mk_bytes / GB:.4f}"))
+                                         mk_bytes, f"{secs:.6f}", f"{c * mk_bytes / GB:.4f}"))
                 rows += _cell_rows(placement, op_name, size, batch, calls, moved, res)
                 table.append((placement, op_name, size, batch,
                               {s: spread(v["gbps"])["median"] for s, v in res.items()},
@@ -296,6 +310,7 @@ def _cell_rows(placement: str, op: str, size: int, batch: int, calls: int, moved
     out: list[SummaryRow] = []
     raw_gb = spread(res[RAW]["gbps"])
     raw_lat = res[RAW]["lat"]
+    raw_lat_by = {"request": raw_lat, "batch": _batch_times(raw_lat, batch)}  # the baseline in each latency unit
     raw_cpu = spread(res[RAW]["cpu"])
     notes = f"{calls} calls x {batch} requests x {_label(size)} per repetition ({moved / GB:.2f} GB)"
     for subject, r in res.items():
@@ -305,12 +320,16 @@ def _cell_rows(placement: str, op: str, size: int, batch: int, calls: int, moved
                                           baseline_value=raw_gb["median"] if base else math.nan, notes=notes,
                                           params=params, **base))
         lat_unit = r.get("unit", "request")
+        base_lat = raw_lat_by.get(lat_unit, []) if base else []  # like with like: per request, or per batch call
+        lat_base = base if base_lat else {}
         for q in (50, 99):
             out.append(SummaryRow(metric=f"latency_p{q}", subject=subject, value=_pct(r["lat"], q) * 1e6, unit="us",
-                                  n=len(r["lat"]), baseline_value=_pct(raw_lat, q) * 1e6 if base else math.nan,
+                                  n=len(r["lat"]), baseline_value=_pct(base_lat, q) * 1e6 if lat_base else math.nan,
                                   notes=f"per {lat_unit}" + ("; submit to completion within a batch"
-                                                             if batch_latency and lat_unit == "request" else ""),
-                                  params=params, **base))
+                                                             if batch_latency and lat_unit == "request" else "")
+                                  + ("; baseline: the raw pair's batch calls, start to last completion"
+                                     if lat_base and lat_unit == "batch" and batch_latency else ""),
+                                  params=params, **lat_base))
         cpu = spread(r["cpu"])
         out.append(SummaryRow.from_spread(cpu, metric="cpu_s_per_gb", subject=subject, unit="s/GB", n=len(r["cpu"]),
                                           baseline_value=raw_cpu["median"] if base else math.nan,
