@@ -220,6 +220,7 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
     placement_now = None
     engine: TransferEngine | None = None
     raw: RawClient | None = None
+    rawc: RawClient | None = None
     try:
         with PeerProcess(region_bytes, secret=SECRET, timeout_s=60) as peer, RawPeer(region_bytes) as raw_peer, \
                 RawPeer(region_bytes, congestion_control=ENGINE_CC) as rawc_peer:
