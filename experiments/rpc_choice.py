@@ -15,9 +15,10 @@ Both stacks carry the same msgpack bodies, so only the transport and its Python 
   to show what the layers above the transport cost.
 
 Every cell is the median of ``REPS`` repetitions, each visiting every stack in turn (the spread is printed
-beside it). grpcio is not a project
-dependency: the script looks for it on ``sys.path`` (``pip install --target DIR grpcio`` and
-``PYTHONPATH=DIR``) and reports the stack as absent otherwise. Run: ``python -m experiments.rpc_choice``.
+beside it). Every client call gives up after ``CALL_TIMEOUT_S`` (a dead server raises, never hangs). grpcio
+is not a project dependency: the script looks for it on ``sys.path`` (``pip install --target DIR grpcio`` and
+``PYTHONPATH=DIR``) and reports the stack as absent otherwise. Run by hand: ``python -m experiments.rpc_choice``;
+it prints its table and writes nothing to ``results/`` (it is not a registered study).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ KEYS_PER_BATCH = 1_000
 NUM_KEYS = 10_000
 VALUE_BYTES = 100
 WARMUP_CALLS = 200
+CALL_TIMEOUT_S = 30.0  # every client's limit on one call (a dead or stuck server raises, never hangs)
 STACKS = ("zmq", "grpc", "quillcache.rpc")
 
 
@@ -114,13 +116,20 @@ class _ZmqClient:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, int(CALL_TIMEOUT_S * 1000))
+        self.sock.setsockopt(zmq.SNDTIMEO, int(CALL_TIMEOUT_S * 1000))
         self.sock.connect(f"tcp://127.0.0.1:{port}")
         self.rid = 0
 
     def call(self, method: str, *args):
+        import zmq
+
         self.rid += 1
-        self.sock.send(msgpack.packb([1, self.rid, method, list(args), {}]))
-        _v, rid, ok, value = msgpack.unpackb(self.sock.recv())
+        try:
+            self.sock.send(msgpack.packb([1, self.rid, method, list(args), {}]))
+            _v, rid, ok, value = msgpack.unpackb(self.sock.recv())
+        except zmq.Again:
+            raise TimeoutError(f"zmq {method}: no reply within {CALL_TIMEOUT_S:g} s (server dead or stuck)") from None
         assert ok and rid == self.rid
         return value
 
@@ -134,11 +143,11 @@ class _GrpcClient:
         import grpc
 
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        grpc.channel_ready_future(self.channel).result(timeout=30)
+        grpc.channel_ready_future(self.channel).result(timeout=CALL_TIMEOUT_S)
         self.stubs = {m: self.channel.unary_unary(f"/bench/{m}") for m in ("get", "batch_get")}
 
     def call(self, method: str, *args):
-        return msgpack.unpackb(self.stubs[method](msgpack.packb(list(args)), timeout=30))
+        return msgpack.unpackb(self.stubs[method](msgpack.packb(list(args)), timeout=CALL_TIMEOUT_S))
 
     def close(self) -> None:
         self.channel.close()
@@ -148,7 +157,7 @@ class _QuillcacheClient:
     def __init__(self, port: int) -> None:
         from quillcache.rpc import RpcClient
 
-        self.client = RpcClient(f"tcp://127.0.0.1:{port}", timeout_s=30)
+        self.client = RpcClient(f"tcp://127.0.0.1:{port}", timeout_s=CALL_TIMEOUT_S)
 
     def call(self, method: str, *args):
         return self.client.call(method, *args)
@@ -169,10 +178,13 @@ def _available(stack: str) -> bool:
 
 
 class _Peer:
-    """One stack's server (a child process) and a client connected to it."""
+    """One stack's server (a child process) and a client connected to it. If anything fails before
+    the peer is ready (the server's start, the client's connection, the warm-up calls), the child is
+    killed and reaped before the error propagates: a failed start leaves no server running."""
 
     def __init__(self, stack: str) -> None:
         self.stack = stack
+        self.keys = _keys()
         self.proc = subprocess.Popen([sys.executable, "-m", "experiments.rpc_choice", "--serve", stack],
                                      stdout=subprocess.PIPE, text=True)
         try:
@@ -180,12 +192,11 @@ class _Peer:
             if not line:
                 raise RuntimeError(f"{stack} server exited with {self.proc.wait(30)} before it was ready")
             self.client = CLIENTS[stack](json.loads(line)["port"])
+            for i in range(WARMUP_CALLS):
+                assert len(self.client.call("get", self.keys[i])) == VALUE_BYTES
         except BaseException:
             self.close()
             raise
-        self.keys = _keys()
-        for i in range(WARMUP_CALLS):
-            assert len(self.client.call("get", self.keys[i])) == VALUE_BYTES
 
     def single_rt_per_s(self, rep: int) -> float:
         keys, call = self.keys, self.client.call

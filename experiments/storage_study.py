@@ -11,13 +11,18 @@ in its OWN subprocess (clean RSS and ``/proc/self/io`` accounting) and measures,
   from its own statistics (WAL + flush + compaction bytes);
 - point lookup of one live block hash from Python: ``locate_raw`` (every replica's packed record,
   the index's own cost) p50/p99 over many calls, and ``locate`` (decoded entry objects) p50;
-- batched ``locate_arrays`` over 10k hashes (columnar result), ns per hash;
+- batched ``locate_arrays`` over 10k hashes (columnar result), ns per hash: ``BATCH_LOCATE_REPS``
+  calls, each on a fresh random batch (drawn and checked outside the timer); median with p10/p90;
 - prefix scan (``scan_prefix``) of ``b"B" + k`` leading hash bytes, k chosen so a scan returns
   ~1–50 entries: p50/p99 (the flat map's is O(N), so it is sampled less);
 - recovery: ``close()`` time, then reopen → first correct ``locate`` answer (median of 5 reopens,
-  3 for the snapshot baselines; the ART verifies checkpoint chunks lazily by default, and is also
-  timed verifying every chunk at open);
+  3 for the snapshot baselines, with p10/p90; the ART verifies checkpoint chunks lazily by
+  default, and is also timed verifying every chunk at open);
 - resident memory growth (RSS after build − RSS before open).
+
+Build rate, write amplification, ``close()`` time and memory growth come from the one build of
+each cell (``n`` = 1, no spread); point lookups and scans are percentiles of their calls (``n`` =
+the calls); reopen and batched-lookup rows are medians of their repetitions (``n``, p10, p90).
 
 Writes ``results/storage/summary.csv`` (one row per backend, metric and entry count; ratios against
 RocksDB, and the flat map's scan against ART's), ``results/storage/cells.csv`` (every raw number);
@@ -43,12 +48,16 @@ from pathlib import Path
 import numpy as np
 
 from quillcache.index import INDEX_BACKENDS, open_index
-from quillcache.results import SummaryRow, write_raw, write_summary
+from quillcache.results import SummaryRow, spread, write_raw, write_summary
 
 STUDY = "storage"
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 FULL_ENTRIES = (100_000, 1_000_000)
 QUICK_ENTRIES = (10_000,)
+BATCH_LOCATE_REPS = 5
+# cell fields that are medians of repeated measurements -> the field holding their samples
+SAMPLED = {"recovery_s": "recovery_s_samples", "recovery_eager_s": "recovery_eager_s_samples",
+           "batch_locate_ns_per_hash": "batch_locate_ns_samples"}
 
 
 def _io_write_bytes() -> int:
@@ -132,12 +141,14 @@ def run_cell(kind: str, workload_path: str, db_dir: str, num_point: int, num_sca
         rows = ix.scan_prefix(prefix)
         scan.append(time.perf_counter_ns() - t)
         scan_sizes.append(len(rows))
-    batch_hashes = rng.choices(hashes, k=min(10_000, len(hashes)))
-    batch_arr = np.array(batch_hashes, dtype=np.uint64)
-    t = time.perf_counter_ns()
-    res = ix.locate_arrays(batch_arr)
-    batch_locate_ns = (time.perf_counter_ns() - t) / len(batch_hashes)
-    assert int(res.offsets[-1]) == sum(len(expect[h]) for h in batch_hashes), f"{kind}: batched locate disagrees"
+    batch_ns = []
+    for _ in range(BATCH_LOCATE_REPS):
+        batch_hashes = rng.choices(hashes, k=min(10_000, len(hashes)))
+        batch_arr = np.array(batch_hashes, dtype=np.uint64)
+        t = time.perf_counter_ns()
+        res = ix.locate_arrays(batch_arr)
+        batch_ns.append((time.perf_counter_ns() - t) / len(batch_hashes))
+        assert int(res.offsets[-1]) == sum(len(expect[h]) for h in batch_hashes), f"{kind}: batched locate disagrees"
 
     io1 = _io_write_bytes()
     t = time.perf_counter()
@@ -157,10 +168,10 @@ def run_cell(kind: str, workload_path: str, db_dir: str, num_point: int, num_sca
         ix2.close()
         return elapsed
 
-    recovery_s = float(np.median([reopen_time() for _ in range(reps)]))
-    recovery_eager_s = float("nan")
+    recovery = [reopen_time() for _ in range(reps)]
+    eager: list[float] = []
     if kind == "art":  # the same reopen verifying every checkpoint chunk up front (default: lazily)
-        recovery_eager_s = float(np.median([reopen_time(verify_checkpoint="eager") for _ in range(reps)]))
+        eager = [reopen_time(verify_checkpoint="eager") for _ in range(reps)]
 
     p50, p99 = _percentiles(point)
     o50, o99 = _percentiles(point_obj)
@@ -189,11 +200,14 @@ def run_cell(kind: str, workload_path: str, db_dir: str, num_point: int, num_sca
         "scan_n": len(scan),
         "scan_mean_rows": float(np.mean(scan_sizes)),
         "scan_prefix_hash_bytes": hash_bytes,
-        "batch_locate_ns_per_hash": batch_locate_ns,
+        "batch_locate_ns_per_hash": float(np.median(batch_ns)),
         "close_s": close_s,
-        "recovery_s": recovery_s,
-        "recovery_eager_s": recovery_eager_s,
+        "recovery_s": float(np.median(recovery)),
+        "recovery_eager_s": float(np.median(eager)) if eager else float("nan"),
         "rss_growth_bytes": rss_growth,
+        "recovery_s_samples": recovery,
+        "recovery_eager_s_samples": eager,
+        "batch_locate_ns_samples": batch_ns,
     }
 
 
@@ -227,19 +241,17 @@ def _summary(cells: list[dict]) -> list[SummaryRow]:
                 notes += f" mean_rows={c['scan_mean_rows']:.1f} prefix=B+{c['scan_prefix_hash_bytes']}B n={c['scan_n']}"
             if field.startswith("point"):
                 notes += f" n={c['point_n']}"
-            rows.append(
-                SummaryRow(
-                    metric=metric,
-                    params={"entries": target},
-                    subject=kind,
-                    value=c[field],
-                    unit=unit,
-                    baseline=base_kind if not math.isnan(bv) else "",
-                    baseline_value=bv,
-                    n={"point": c["point_n"], "scan_": c["scan_n"], "locat": max(1, c["point_n"] // 4)}.get(field[:5], 1),
-                    notes=notes,
-                )
-            )
+            common = dict(metric=metric, params={"entries": target}, subject=kind, unit=unit,
+                          baseline=base_kind if not math.isnan(bv) else "", baseline_value=bv)
+            if field in SAMPLED:  # a median of repetitions: its samples give n and the spread
+                samples = c[SAMPLED[field]]
+                rows.append(SummaryRow.from_spread(spread(samples), n=len(samples),
+                                                   notes=notes + f"; median of {len(samples)} repetitions", **common))
+                continue
+            n = {"point": c["point_n"], "scan_": c["scan_n"], "locat": max(1, c["point_n"] // 4)}.get(field[:5], 1)
+            if n == 1:
+                notes += "; one build of this cell (n=1)"
+            rows.append(SummaryRow(value=c[field], n=n, notes=notes, **common))
         if kind == "rocksdb":
             rows.append(
                 SummaryRow(
@@ -321,8 +333,11 @@ def run(quick: bool = False, results_root: str | None = None, *, trace: str | No
     finally:
         if workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    fields = [k for k in cells[0] if k != "rocksdb_stats"]
+    fields = [k for k in cells[0] if k != "rocksdb_stats" and k not in SAMPLED.values()]
     write_raw(STUDY, "cells.csv", fields, [[c[k] for k in fields] for c in cells], root=results_root)
+    write_raw(STUDY, "samples.csv", ["kind", "entries", "field", "rep", "value"],
+              [[c["kind"], c["entries_target"], f, i, v] for c in cells for f, key in SAMPLED.items()
+               for i, v in enumerate(c[key])], root=results_root)
     rows = _summary(cells)
     path = write_summary(STUDY, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
     print(f"[storage] wrote {path}")

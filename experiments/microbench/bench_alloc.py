@@ -1,7 +1,8 @@
 """Offset allocator: compiled ``OffsetAllocator`` vs the plain-Python ``PyOffsetAllocator``.
 
-Same run, same parameters, same seeds, interleaved repetitions (REFERENCE §6 has the C++
-OffsetAllocator's figures for the same two operations, for comparison in the report).
+Same run, same parameters, same seeds, interleaved repetitions. REFERENCE §6's figures for the
+C++ OffsetAllocator (a random free+alloc pair, and an operation in a burst) are written to
+``anchors.csv`` (``anchors()``: labelled anchors, never same-run baselines) and shown in the report.
 Both allocators take identical decisions, so each repetition does the same work on both.
 
 Measurements (all medians over repetitions, p10/p90 in notes):
@@ -26,7 +27,7 @@ import numpy as np
 
 from experiments.microbench import bench_main
 from quillcache.alloc import OffsetAllocator, PyOffsetAllocator
-from quillcache.results import SummaryRow, print_table, spread, write_raw, write_summary
+from quillcache.results import Anchor, SummaryRow, print_table, spread, write_raw, write_summary
 
 NAME = "microbench_alloc"
 ALIGNMENT = 4096  # page-aligned KV blocks
@@ -41,6 +42,17 @@ FULL = dict(reps=9, fast_pairs=2_000_000, ref_pairs=50_000, warmup_pairs=100_000
 QUICK = dict(reps=3, fast_pairs=100_000, ref_pairs=3_000, warmup_pairs=2_000, fast_calls=5_000, ref_calls=1_000)
 
 FAST, REF = "cython OffsetAllocator", "python PyOffsetAllocator"
+REFERENCE_6 = "REFERENCE §6 (C++ OffsetAllocator, measured on this machine kind in an earlier session)"
+REFERENCE_6_ROW = "OffsetAllocator (C++): random free+alloc pair / burst | 80–88 ns / 15–17 ns"
+
+
+def anchors() -> list[Anchor]:
+    """REFERENCE §6's C++ OffsetAllocator figures, each a range kept as its two ends (``range_end``
+    low and high), in the units it gives: comparison points, never same-run baselines."""
+    figures = (("churn_pair_ns", "random free+alloc pair", 80.0, 88.0), ("burst_ns", "burst", 15.0, 17.0))
+    return [Anchor(metric=metric, subject="C++ OffsetAllocator", value=value, unit="ns", source=REFERENCE_6,
+                   params={"range_end": end}, notes=f"{what}; REFERENCE §6 row: {REFERENCE_6_ROW}")
+            for metric, what, low, high in figures for end, value in (("low", low), ("high", high))]
 
 
 def _filled(cls, sizes: np.ndarray, warmup_pairs: int, seed: int):
@@ -110,7 +122,8 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
 
     write_raw(NAME, "raw.csv", ["metric", "subject", "rep", "value", "unit"], raw, root=results_root)
     rows = _summarise(raw, cfg)
-    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
+    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", anchors=anchors(),
+                  started_at=t_start)
     print_table(rows)
     return rows
 

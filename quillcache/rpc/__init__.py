@@ -9,8 +9,9 @@ what both of its ends share), ``client`` (``RpcClient``: a DEALER
 socket or a plain TCP socket by the address's scheme, timeouts, leader retries; ``InProcessClient``: the same API
 without sockets).
 
-pyzmq + msgpack was chosen over grpcio by ``experiments/rpc_choice.py`` (single-key round trips from one client
-and batched keys per second, two processes on loopback). The plain-TCP transport was added beside it because a
+``experiments/rpc_choice.py`` compares pyzmq + msgpack with grpcio (single-key round trips from one client and
+batched keys per second, two processes on loopback); it is run by hand (grpcio is not a dependency) and its
+results are not kept in ``results/``. The plain-TCP transport was added beside it because a
 ZeroMQ round trip passes libzmq's I/O threads on both sides: ``experiments/master_study.py`` measures the master's
 single-key and batched calls over both transports, interleaved in the same run (``quillcache rpc`` and
 ``quillcache rpc (zmq)``), and ``MasterClient`` prefers the plain-TCP one.
