@@ -274,6 +274,7 @@ def run_powerloss_index(layout: str, trials: int, rng: random.Random, raw: list)
 # ------------------------------------------------------------------ (d) bit flips
 def _bitflip_base(layout: str, rng: random.Random) -> tuple[CrashFs, dict[int, int]]:
     fs = CrashFs()
+    fs.mkdir("/bf")
     t = SsdTier("/bf/t", capacity_bytes=4 << 20, fs=fs, layout=layout, slab_bytes=1 << 20, log_rotate_bytes=1 << 20)
     sizes: dict[int, int] = {}
     for i in range(1, 41):

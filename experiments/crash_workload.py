@@ -21,6 +21,7 @@ Shapes (:class:`TierShape`) are parameters, so a test runs the same workload sma
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -60,6 +61,9 @@ class TierShape:
     index_checkpoint_wal_ratio: float = 0.05
 
     def open_tier(self, fs: FileSystem, directory: str, layout: str | None = None, **kw) -> SsdTier:
+        parent = os.path.dirname(directory.rstrip("/"))
+        if parent not in ("", "/", ".") and not fs.exists(parent):  # the mount point, which an operator prepares
+            fs.mkdir(parent)
         if layout is not None:
             kw["layout"] = layout
         return SsdTier(directory, capacity_bytes=self.capacity_bytes, fs=fs, slab_bytes=self.slab_bytes,

@@ -163,6 +163,7 @@ def test_the_crash_check_counts_a_lost_and_a_wrong_block():
 def test_fsync_failure_marks_unhealthy_and_keeps_reads():
     for layout in ("slab", "files"):
         fs = CrashFs()
+        fs.mkdir("/f")
         t = SsdTier("/f/t", capacity_bytes=1 << 20, fs=fs, layout=layout, slab_bytes=256 << 10)
         t.put(key(1), content(key(1), 5000))
         fired = []
@@ -188,6 +189,7 @@ def test_fsync_failure_marks_unhealthy_and_keeps_reads():
 @pytest.mark.parametrize("layout", ["slab", "files"])
 def test_full_disk_raises_store_full_and_damages_nothing(layout):
     fs = CrashFs(disk_bytes=300 << 10)
+    fs.mkdir("/e")
     t = SsdTier("/e/t", capacity_bytes=4 << 20, fs=fs, layout=layout, slab_bytes=128 << 10)
     stored = []
     with pytest.raises(StoreFullError, match="disk full"):
@@ -207,6 +209,7 @@ def test_full_disk_raises_store_full_and_damages_nothing(layout):
 def test_log_enospc_truncates_back():
     """A log append that hits ENOSPC is undone, so later records never follow garbage."""
     fs = CrashFs()
+    fs.mkdir("/l")
     t = SsdTier("/l/t", capacity_bytes=1 << 20, fs=fs, slab_bytes=512 << 10)
     t.put(key(1), content(key(1), 1000))
     fs.disk_bytes = fs.used_bytes + 20  # the next log record cannot fit
@@ -226,6 +229,7 @@ def test_bit_flips_always_detected(layout):
     """Flip one bit anywhere in any stored file: no read ever returns wrong bytes."""
     rng = random.Random(11)
     base = CrashFs()
+    base.mkdir("/b")
     t = SsdTier("/b/t", capacity_bytes=1 << 20, fs=base, layout=layout, slab_bytes=256 << 10,
                 log_rotate_bytes=1 << 20)
     sizes = {}

@@ -201,6 +201,7 @@ def test_corrupt_object_detected_on_read_and_at_recovery(tmp_path, layout):
 
 def test_temp_files_swept(tmp_path):
     fs = CrashFs()
+    fs.mkdir("/x")
     t = SsdTier("/x/t", capacity_bytes=1 << 20, fs=fs, layout="files")
     t.put_async(key(1), b"pending")  # a temp object file exists until the commit
     disk = fs.snapshot()
@@ -249,6 +250,7 @@ class TierMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.fs = CrashFs()
+        self.fs.mkdir("/m")
         self.tier = SsdTier("/m/t", capacity_bytes=512 << 10, fs=self.fs, layout=self.layout,
                             slab_bytes=128 << 10, log_rotate_bytes=4 << 10, group_commit_blocks=3)
         self.model: dict[StoreKey, bytes] = {}
@@ -348,6 +350,7 @@ TestFilesTierModel.settings = settings(max_examples=25, stateful_step_count=30, 
 @settings(max_examples=30, deadline=None)
 def test_random_sizes_roundtrip(sizes, layout):
     fs = CrashFs()
+    fs.mkdir("/r")
     t = SsdTier("/r/t", capacity_bytes=1 << 20, fs=fs, layout=layout, slab_bytes=256 << 10)
     kept = {}
     for i, n in enumerate(sizes):

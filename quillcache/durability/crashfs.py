@@ -9,7 +9,12 @@ Model (pessimistic POSIX; what the tier may rely on is exactly what survives her
 - Every directory keeps its *durable* name table and the name operations since its last
   ``fsync_dir`` (create, rename, link, unlink; a rename within one directory is one atomic
   operation). Syncing a file does NOT make its name durable. Directories themselves (``mkdir``)
-  are durable at once (each component creates its own directory once).
+  are durable at once (each component creates its own directory once). ``mkdir`` needs its parent
+  (``FileNotFoundError``; ``NotADirectoryError`` when the parent is a file) and ``fsync_dir`` an
+  existing directory (the same errors), as on a real disk. The root (``/`` for absolute paths,
+  ``.`` for relative ones) is the simulation's boundary, not one of its directories: a top-level
+  directory needs no parent, and ``fsync_dir`` of the root is a no-op that is not counted as a sync
+  call (so a tier at ``/t`` can sync its parent as it does on a real disk).
 - :meth:`CrashFs.crash` builds the disk a power loss would leave: each directory keeps a random
   *prefix* of its unsynced name operations (journaled file systems commit metadata in order), and
   each unsynced file operation is independently kept, dropped, torn (only a random prefix of the
@@ -22,7 +27,12 @@ Model (pessimistic POSIX; what the tier may rely on is exactly what survives her
   :class:`SimulatedCrash` *instead of* syncing; from then on every call raises it, so the code
   under test cannot change the disk any more. ``crash()`` then gives the surviving disk.
 - Fault injection: :meth:`fail_next_fsync` makes the next sync calls fail with ``EIO`` (nothing
-  becomes durable); ``disk_bytes`` caps the total file bytes (a write that does not fit lands
+  becomes durable). A failed ``fsync``/``fdatasync`` loses the file's unsynced operations for good,
+  as Linux (>= 4.13) does when it marks the pages clean after a writeback error: no later sync makes
+  them durable and a crash drops them, while reads still see them (the page cache). This is the
+  pessimistic end (on a real disk some may have landed); what the simulator guarantees is only that
+  a retried fsync saves nothing. A failed ``fsync_dir`` leaves its directory's name operations
+  pending (journaled metadata: a crash keeps a prefix of them); ``disk_bytes`` caps the total file bytes (a write that does not fit lands
   partially and raises ``ENOSPC``; fallocate is all or nothing); :meth:`corrupt` flips bytes of a
   file as bit rot would (in the synced image too).
 
@@ -51,14 +61,33 @@ class SimulatedCrash(BaseException):
 
 @dataclass(slots=True)
 class _Inode:
-    data: bytearray
-    synced: bytearray
+    data: bytearray  # what reads see
+    synced: bytearray  # what is durable
     pending: list[tuple] = field(default_factory=list)  # ("w", offset, bytes) | ("t", size)
+    lost: bool = False  # a failed fsync lost writes that ``data`` still shows: data != synced + pending
+
+
+_ROOTS = ("/", ".")  # the boundary of the simulated tree (module docstring)
 
 
 def _split(path: str) -> tuple[str, str]:
     path = os.path.normpath(path)
-    return os.path.dirname(path), os.path.basename(path)
+    return os.path.dirname(path) or ".", os.path.basename(path)
+
+
+def _apply(img: bytearray, op: tuple) -> None:
+    """Apply one file operation (a write or a truncate) to ``img`` in place."""
+    if op[0] == "t":
+        size = op[1]
+        if size <= len(img):
+            del img[size:]
+        else:
+            img.extend(bytes(size - len(img)))
+        return
+    _, off, raw = op
+    if off > len(img):
+        img.extend(bytes(off - len(img)))
+    img[off : off + len(raw)] = raw
 
 
 @dataclass(frozen=True)
@@ -205,8 +234,18 @@ class CrashFs(FileSystem):
 
     def fsync(self, fd: int) -> None:
         ino = self._fd(fd)
-        self._sync_point()
-        ino.synced = bytearray(ino.data)
+        try:
+            self._sync_point()
+        except OSError:  # EIO: the unsynced operations are lost for good (module docstring)
+            if ino.pending:
+                ino.pending.clear()
+                ino.lost = True
+            raise
+        if ino.lost:  # data shows writes that were lost: only what came after them becomes durable
+            for op in ino.pending:
+                _apply(ino.synced, op)
+        else:
+            ino.synced = bytearray(ino.data)
         ino.pending.clear()
 
     fdatasync = fsync
@@ -228,6 +267,10 @@ class CrashFs(FileSystem):
 
     def fsize(self, fd: int) -> int:
         return len(self._fd(fd).data)
+
+    def map_copy(self, fd: int) -> None:
+        self._fd(fd)  # a closed handle is EBADF here too
+        return None  # the caller reads the file instead (FileSystem.map_copy)
 
     def rename(self, src: str, dst: str) -> None:
         self._alive()
@@ -272,12 +315,22 @@ class CrashFs(FileSystem):
         subdirs = [os.path.basename(p) for p in self._dirs if os.path.dirname(p) == path and p != path]
         return sorted(list(self._dirs[path]) + subdirs)
 
+    def _need_dir(self, path: str) -> None:
+        """``FileNotFoundError``/``NotADirectoryError`` unless ``path`` (normalised) is a directory here."""
+        if path in self._dirs or path in _ROOTS:
+            return
+        d, n = _split(path)
+        if n in self._dirs.get(d, ()):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+
     def mkdir(self, path: str) -> None:
         self._alive()
         path = os.path.normpath(path)
         d, n = _split(path)
-        if path in self._dirs or (d in self._dirs and n in self._dirs[d]):
+        if path in self._dirs or path in _ROOTS or (d in self._dirs and n in self._dirs[d]):
             raise FileExistsError(errno.EEXIST, "exists", path)
+        self._need_dir(d)
         self._dirs[path] = {}
         self._durable[path] = {}
         self._dir_ops[path] = []
@@ -285,8 +338,9 @@ class CrashFs(FileSystem):
     def fsync_dir(self, path: str) -> None:
         self._alive()
         path = os.path.normpath(path)
-        if path not in self._dirs:
-            return  # a directory outside the simulated tree (e.g. the tier's parent)
+        if path in _ROOTS and path not in self._dirs:
+            return  # the boundary of the simulated tree (e.g. a top-level tier's parent): not a sync
+        self._need_dir(path)
         self._sync_point()
         self._durable[path] = dict(self._dirs[path])
         self._dir_ops[path].clear()
@@ -333,8 +387,7 @@ class CrashFs(FileSystem):
                 counts[fate] += 1
                 if op[0] == "t":
                     if fate != "drop":
-                        size = op[1]
-                        img = img[:size] if size <= len(img) else img + bytes(size - len(img))
+                        _apply(img, op)
                     continue
                 _, off, raw = op
                 if fate == "drop" or not raw:
@@ -347,9 +400,7 @@ class CrashFs(FileSystem):
                     a = rng.randrange(len(raw))
                     b = rng.randint(a + 1, len(raw))
                     raw = raw[:a] + rng.randbytes(b - a) + raw[b:]
-                if off > len(img):
-                    img.extend(bytes(off - len(img)))
-                img[off : off + len(raw)] = raw
+                _apply(img, ("w", off, raw))
             new._inodes[ino_no] = _Inode(img, bytearray(img))
         new._next_ino = self._next_ino
         self.last_crash = new.last_crash = CrashStats(counts["keep"], counts["drop"], counts["torn"],
@@ -363,9 +414,19 @@ class CrashFs(FileSystem):
         new._durable = {d: dict(ns) for d, ns in self._dirs.items()}
         new._dir_ops = {d: [] for d in self._dirs}
         live = {ino for ns in new._dirs.values() for ino in ns.values()}
-        new._inodes = {i: _Inode(bytearray(self._inodes[i].data), bytearray(self._inodes[i].data)) for i in live}
+        new._inodes = {i: _Inode(self._written(self._inodes[i]), self._written(self._inodes[i])) for i in live}
         new._next_ino = self._next_ino
         return new
+
+    @staticmethod
+    def _written(ino: _Inode) -> bytearray:
+        """The file once every operation not lost is on the disk."""
+        if not ino.lost:
+            return bytearray(ino.data)
+        img = bytearray(ino.synced)
+        for op in ino.pending:
+            _apply(img, op)
+        return img
 
     def paths(self, directory: str) -> list[str]:
         """Every file path directly in ``directory`` (for fault injection by tests)."""

@@ -6,8 +6,10 @@ and on the crash simulator (:class:`quillcache.durability.crashfs.CrashFs`), whi
 writes and directory changes and can drop or garble them at a simulated power loss.
 
 Contract (what a caller may rely on, and what it must not):
-- Handles are opaque ints returned by :meth:`FileSystem.open`; every call on a closed handle raises
-  ``OSError(EBADF)``.
+- Handles are opaque ints returned by :meth:`FileSystem.open` (never OS file descriptors, and never
+  reused); every call on a closed handle raises ``OSError(EBADF)``, so a use after close can never
+  reach a file opened since. (A handle closed by one thread *while* another's call on it runs is the
+  caller's race.)
 - ``pwrite``/``fallocate``/``truncate`` are *not* durable until ``fsync``/``fdatasync`` of that
   file returned; a newly created, renamed, linked or unlinked name is not durable until
   ``fsync_dir`` of its directory returned (POSIX; ext4/xfs happen to be kinder, the simulator is not).
@@ -22,6 +24,8 @@ Contract (what a caller may rely on, and what it must not):
 from __future__ import annotations
 
 import abc
+import errno
+import itertools
 import mmap
 import os
 import stat as _stat
@@ -133,8 +137,21 @@ class FileSystem(abc.ABC):
         return None
 
 
+# RealFs handles -> OS file descriptors, shared by every RealFs (one process, one disk). Handles start far above
+# any descriptor, so a handle passed to an os call by mistake fails (EBADF) instead of reaching some file.
+_FDS: dict[int, int] = {}
+_NEXT_HANDLE = itertools.count(1 << 30)  # next() on a count is atomic under the GIL
+
+
+def _os_fd(handle: int) -> int:
+    try:
+        return _FDS[handle]
+    except (KeyError, TypeError):
+        raise OSError(errno.EBADF, f"bad file handle {handle!r} (closed, or never opened)") from None
+
+
 class RealFs(FileSystem):
-    """The real disk through ``os`` calls."""
+    """The real disk through ``os`` calls; handles are opaque and never reused (module doc)."""
 
     _FLAGS = {READ: os.O_RDONLY, READ_WRITE: os.O_RDWR, CREATE_EXCL: os.O_RDWR | os.O_CREAT | os.O_EXCL}
 
@@ -142,12 +159,20 @@ class RealFs(FileSystem):
         flags = self._FLAGS.get(mode)
         if flags is None:
             raise ValueError(f"open mode must be one of {MODES}, got {mode!r}")
-        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        handle = next(_NEXT_HANDLE)
+        _FDS[handle] = fd
+        return handle
 
     def close(self, fd: int) -> None:
-        os.close(fd)
+        try:
+            os_fd = _FDS.pop(fd)  # atomic: of two closes of one handle, exactly one closes the descriptor
+        except (KeyError, TypeError):
+            raise OSError(errno.EBADF, f"bad file handle {fd!r} (closed, or never opened)") from None
+        os.close(os_fd)
 
     def pwrite(self, fd: int, data, offset: int) -> int:
+        fd = _os_fd(fd)
         view = memoryview(data).cast("B")
         total = len(view)
         done = 0
@@ -159,6 +184,7 @@ class RealFs(FileSystem):
         return total
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
+        fd = _os_fd(fd)
         out = os.pread(fd, size, offset)
         if len(out) < size:  # a short read in the middle of a file: keep reading
             parts = [out]
@@ -173,6 +199,7 @@ class RealFs(FileSystem):
         return out
 
     def preadinto(self, fd: int, out: memoryview, offset: int) -> int:
+        fd = _os_fd(fd)
         view = memoryview(out).cast("B")
         got = 0
         while got < len(view):
@@ -183,19 +210,19 @@ class RealFs(FileSystem):
         return got
 
     def fsync(self, fd: int) -> None:
-        os.fsync(fd)
+        os.fsync(_os_fd(fd))
 
     def fdatasync(self, fd: int) -> None:
-        os.fdatasync(fd)
+        os.fdatasync(_os_fd(fd))
 
     def truncate(self, fd: int, size: int) -> None:
-        os.ftruncate(fd, size)
+        os.ftruncate(_os_fd(fd), size)
 
     def fallocate(self, fd: int, offset: int, length: int) -> None:
-        os.posix_fallocate(fd, offset, length)
+        os.posix_fallocate(_os_fd(fd), offset, length)
 
     def fsize(self, fd: int) -> int:
-        return os.fstat(fd).st_size
+        return os.fstat(_os_fd(fd)).st_size
 
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
@@ -224,6 +251,7 @@ class RealFs(FileSystem):
         return FileStat(st.st_size, _stat.S_ISREG(st.st_mode))
 
     def map_copy(self, fd: int) -> mmap.mmap | None:
+        fd = _os_fd(fd)
         return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)
 
 

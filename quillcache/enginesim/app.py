@@ -15,8 +15,11 @@ Routes (vLLM's shapes unless noted):
   ``/model_info``, ``/get_server_info``, ``/server_info``, ``/get_load``, ``POST /flush_cache``, ``GET /version``.
 
 Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` with the status in ``code``: 400 for
-malformed JSON or fields (the message names the field), 404 for an unknown model, 413 over the body cap, 500 for
-an injected error (``--error-rate``). ``--die-mid-stream-after-tokens`` applies to streaming responses only (a
+malformed JSON or fields (the message names the field), 404 for an unknown model, 413 over the body cap
+(``MAX_BODY_BYTES``, checked as the body is read, as the gateway does), 415 for a body declared as something other
+than JSON (no Content-Type is accepted), 500 for an injected error (``--error-rate``). A message may quote what the
+client sent (shortened, and with any character UTF-8 cannot carry, such as a lone surrogate, escaped), so every
+error renders. ``--die-mid-stream-after-tokens`` applies to streaming responses only (a
 non-streaming response has no middle to die in). No traceback ever reaches a client. Headers of a streaming response are sent
 before prefill starts (and after ``--hang-before-headers-s`` when that fault is drawn); a client that disconnects
 cancels its request at once (the response races the request against ``http.disconnect``).
@@ -37,7 +40,8 @@ from starlette.routing import Route
 
 from quillcache.enginesim.config import STAND_IN_NOTE, EngineSimConfig
 from quillcache.enginesim.engine import FaultDraw, SimEngine, SimRequest
-from quillcache.httpserve.jsonbody import BodyError, loads_strict
+from quillcache.httpserve.jsonbody import (BodyError, BodyTooLarge, UnsupportedMediaType, check_content_type,
+                                           loads_strict, read_capped)
 from quillcache.textproc import PromptError, TokenizerError, prompt_tokens
 
 __all__ = ["MAX_BODY_BYTES", "build_app"]
@@ -51,6 +55,7 @@ class _InjectedDeath(Exception):
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> JSONResponse:
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate cannot be sent
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
                         status_code=status)
 
@@ -61,11 +66,14 @@ def _dumps(obj: Any) -> bytes:
 
 async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
     try:
-        raw = await request.body()
+        check_content_type(request.headers.get("content-type"))
+        body = loads_strict(await read_capped(request, MAX_BODY_BYTES))
     except ClientDisconnect:  # the client left before its body was complete: nobody to answer
         return _error(499, "client disconnected before the request body was complete")
-    try:
-        body = loads_strict(raw)
+    except UnsupportedMediaType as e:
+        return _error(415, str(e), "UnsupportedMediaTypeError")
+    except BodyTooLarge as e:
+        return _error(413, str(e), "RequestTooLargeError")
     except BodyError as e:
         return _error(400, str(e))
     if not isinstance(body, dict):
@@ -204,7 +212,7 @@ def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[
     try:
         lora = engine.lora_of(model)
     except KeyError:
-        return {}, _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return {}, _error(404, f"The model {model!r:.100} does not exist.", "NotFoundError", "model")
     max_tokens = body.get("max_tokens")
     if max_tokens is None and chat:
         max_tokens = body.get("max_completion_tokens")
@@ -382,6 +390,6 @@ def build_app(config: EngineSimConfig, engine: SimEngine | None = None) -> Starl
         finally:
             await shutdown()
 
-    app = Starlette(routes=routes, lifespan=lifespan, max_body_size=MAX_BODY_BYTES)
+    app = Starlette(routes=routes, lifespan=lifespan)  # the body cap is _json_body's (an OpenAI-shaped 413)
     app.state.engine = engine
     return app

@@ -9,7 +9,8 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
 "code"}}`` with the status named; never a traceback or an internal detail):
 
 1. API key -> tenant (401 when missing or unknown);
-2. the body, at most ``limits.max_body_bytes`` (413), parsed as a JSON object nested at most
+2. the body, declared as JSON or not declared (415 naming the Content-Type otherwise), at most
+   ``limits.max_body_bytes`` (413), parsed as a JSON object nested at most
    ``limits.max_json_depth`` deep (400; ``NaN``/``Infinity``/``-Infinity``, which are not JSON, are refused
    naming the constant, a number that overflows a float (``1e400``) naming its field, and nesting deeper
    than the parser's recursion says "nested too deeply", as engine-sim does); ``"stream": null`` is false,
@@ -69,7 +70,8 @@ from quillcache.gateway.residency import EntryState, EventSink, ResidencyTracker
 from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, salt_for, scope_tenant
 from quillcache.gateway.clients import UPSTREAM_CLIENTS
 from quillcache.gateway.upstream import UpstreamFailure
-from quillcache.httpserve.jsonbody import BodyError, loads_strict
+from quillcache.httpserve.jsonbody import (BodyError, BodyTooLarge, UnsupportedMediaType, check_content_type,
+                                           loads_strict, read_capped)
 from quillcache.identity.scope import make_identity
 from quillcache.index import open_index
 from quillcache.textproc import (ChatTemplate, PromptError, Tokenizer, load_chat_template, load_tokenizer,
@@ -462,27 +464,18 @@ class Gateway:
         return await self._proxy(request, _CHAT, "chat")
 
     async def _read_body(self, request: Request) -> dict:
-        cap = self.config.limits.max_body_bytes
-        cl = request.headers.get("content-length")
-        if cl is not None:
-            try:
-                n = int(cl)
-            except ValueError:
-                raise GatewayError(400, "malformed Content-Length header", "invalid_request_error") from None
-            if n > cap:
-                raise GatewayError(413, f"request body of {n} bytes is over the limit of {cap} bytes",
-                                   "request_too_large")
-        chunks = []
-        total = 0
         try:
-            async for chunk in request.stream():
-                total += len(chunk)
-                if total > cap:
-                    raise GatewayError(413, f"request body is over the limit of {cap} bytes", "request_too_large")
-                chunks.append(chunk)
+            check_content_type(request.headers.get("content-type"))
+            raw = await read_capped(request, self.config.limits.max_body_bytes)
+        except UnsupportedMediaType as exc:
+            raise GatewayError(415, str(exc), "unsupported_media_type") from None
+        except BodyTooLarge as exc:
+            raise GatewayError(413, str(exc), "request_too_large") from None
+        except BodyError as exc:
+            raise GatewayError(400, str(exc), "invalid_request_error") from None
         except ClientDisconnect:
             raise GatewayError(400, "client disconnected while sending the body", "invalid_request_error") from None
-        body = _parse_body(b"".join(chunks), self.config.limits.max_json_depth)
+        body = _parse_body(raw, self.config.limits.max_json_depth)
         if not isinstance(body, dict):
             raise GatewayError(400, f"request body must be a JSON object, got {type(body).__name__}",
                                "invalid_request_error")
