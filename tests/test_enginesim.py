@@ -299,18 +299,28 @@ def test_cli_refuses_bad_flags():
     assert "STAND-IN engine" in out.stdout
 
 
-def test_a_failed_start_names_the_engines_error_and_leaves_no_log_file_behind():
-    import glob
+def test_a_failed_start_names_the_engines_error_and_leaves_no_log_file_behind(monkeypatch):
     import tempfile
 
-    pattern = os.path.join(tempfile.gettempdir(), "engine-sim-*.log")
-    before = set(glob.glob(pattern))
+    from quillcache.enginesim import process as process_mod
+
+    # only this sim's own log file is checked: other test workers start engine sims (and their logs) meanwhile
+    created: list[str] = []
+    real = tempfile.NamedTemporaryFile
+
+    def recording(*args, **kwargs):
+        f = real(*args, **kwargs)
+        created.append(f.name)
+        return f
+
+    monkeypatch.setattr(process_mod.tempfile, "NamedTemporaryFile", recording)
     sim = EngineSimProcess(["--block-size", "0"], start_timeout_s=60.0)
     with pytest.raises(RuntimeError, match="--block-size"):
         sim.start()
     assert sim.proc is not None and sim.proc.returncode == 2
     assert "--block-size" in sim.stderr_tail()  # the tail outlives the file
-    assert set(glob.glob(pattern)) <= before
+    assert len(created) == 1 and "engine-sim-" in created[0]
+    assert not os.path.exists(created[0])
 
 
 # ---- timing of headers, disconnects and faults ----------------------------------------------------------
