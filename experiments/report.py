@@ -55,17 +55,26 @@ def fmt_pct(v, decimals: int = 1) -> str:
 
 
 def fmt_x(v, digits: int = 3) -> str:
-    """A ratio: 24.87 -> '24.9x'."""
-    return f"{float(v):.{digits}g}x"
+    """A ratio: 24.87 -> '24.9x' (NaN or infinite: 'n/a')."""
+    v = float(v)
+    return "n/a" if not math.isfinite(v) else f"{v:.{digits}g}x"
+
+
+def fmt_inv(v, digits: int = 3) -> str:
+    """The inverse of a ratio as a ratio: 0.04 -> '25x' (0, NaN or infinite: 'n/a')."""
+    v = float(v)
+    return "n/a" if v == 0 or not math.isfinite(v) else fmt_x(1.0 / v, digits)
 
 
 def fmt_fixed(v, decimals: int = 3) -> str:
-    return f"{float(v):.{decimals}f}"
+    """``decimals`` decimals (NaN or infinite: 'n/a')."""
+    v = float(v)
+    return "n/a" if not math.isfinite(v) else f"{v:.{decimals}f}"
 
 
 FILTERS = {"num": fmt_num, "pct": fmt_pct, "x": fmt_x, "fixed": fmt_fixed,
            "us": lambda v, d=3: fmt_num(float(v) / 1e3, d), "ms": lambda v, d=3: fmt_num(float(v) * 1e3, d),
-           "mib": lambda v, d=3: fmt_num(float(v) / 2**20, d), "inv": lambda v, d=3: fmt_x(1.0 / float(v), d)}
+           "mib": lambda v, d=3: fmt_num(float(v) / 2**20, d), "inv": fmt_inv}
 
 
 # ---------------------------------------------------------------- what a template sees
@@ -91,8 +100,27 @@ class StudyView:
         for k, want in params.items():
             if k not in part.columns:
                 raise ReportDataError(f"{self.name}: no column {k!r} (asked for {what} {metric!r})")
-            part = part[part[k].isna()] if want is None else part[part[k].astype(str) == str(want)]
+            part = part.loc[[self._same(v, want) for v in part[k]]]
         return part
+
+    @staticmethod
+    def _same(v, want) -> bool:
+        """Whether a cell holds the value asked for: missing (None, NaN, NA) matches missing;
+        numbers match when numerically equal (0 == 0.0, whatever the column's dtype); text and
+        booleans only match their own kind exactly (True is not 1, '7' is not 7)."""
+        import numbers
+
+        import numpy as np
+
+        if is_na(want) or is_na(v):
+            return is_na(want) and is_na(v)
+        if isinstance(want, str) or isinstance(v, str):
+            return isinstance(want, str) and isinstance(v, str) and v == want
+        if isinstance(want, (bool, np.bool_)) or isinstance(v, (bool, np.bool_)):
+            return isinstance(want, (bool, np.bool_)) and isinstance(v, (bool, np.bool_)) and bool(v) == bool(want)
+        if isinstance(want, numbers.Number) and isinstance(v, numbers.Number):
+            return bool(v == want)
+        return False
 
     def rows(self, metric: str, subject: str | None = None, **params) -> list:
         return [r for _, r in self._select(self.df, metric, subject, params, "rows").iterrows()]

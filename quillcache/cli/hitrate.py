@@ -381,7 +381,7 @@ def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None) ->
     def stage_files(stage: Path) -> dict[str, Path]:
         staged = {"hitrate.csv": stage / "hitrate.csv"}
         df.to_csv(staged["hitrate.csv"], index=False)
-        summary = write_summary(out.name, _tidy_rows(df, trace, block_tokens), stage, profile="custom")
+        summary = write_summary(out.resolve().name, _tidy_rows(df, trace, block_tokens), stage, profile="custom")
         staged["summary.csv"], staged["meta.json"] = summary, summary.parent / "meta.json"
         try:
             import pyarrow  # noqa: F401

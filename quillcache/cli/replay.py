@@ -189,7 +189,7 @@ def write_results(out: Path, result) -> list[Path]:
             pool = result.pool.as_dict()
             staged["pool.csv"] = stage / "pool.csv"
             _write_csv(staged["pool.csv"], [pool], list(pool))
-        summary = write_summary(out.name, _tidy_rows(result), stage, profile="custom")
+        summary = write_summary(out.resolve().name, _tidy_rows(result), stage, profile="custom")
         staged["summary.csv"], staged["meta.json"] = summary, summary.parent / "meta.json"
         try:
             import pandas as pd

@@ -18,7 +18,7 @@ from quillcache.results.table import fmt_number, print_table
 from quillcache.results.writer import results_dir, results_root, write_raw, write_summary
 
 _READERS = ("list_studies", "read_summary", "read_raw", "read_anchors", "read_meta", "read_all",
-            "ResultsNotFoundError")
+            "ResultsFormatError", "ResultsNotFoundError")
 
 __all__ = ["ANCHOR_COLUMNS", "Anchor", "PROFILES", "ParamValue", "RunMeta", "SUMMARY_COLUMNS", "SummaryRow",
            "fmt_number", "print_table", "results_dir", "results_root", "spread", "write_raw", "write_summary",

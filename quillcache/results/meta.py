@@ -43,15 +43,32 @@ class RunMeta:
 
     @classmethod
     def from_json(cls, text: str, *, origin: str = "meta.json") -> "RunMeta":
+        """Parse ``meta.json``; any damage (not JSON, not an object, a field missing or of the
+        wrong type, an unknown profile) is a ValueError naming ``origin`` and what is wrong."""
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        known = {f.name for f in fields(cls)}
-        if not isinstance(raw, dict) or not known - {"wall_s"} <= set(raw):
-            missing = sorted(known - {"wall_s"} - set(raw if isinstance(raw, dict) else ()))
+        known = {f.name: f.type for f in fields(cls)}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{origin}: holds a JSON {type(raw).__name__}, not an object with the fields "
+                             f"{', '.join(sorted(known))}")
+        missing = sorted(set(known) - {"wall_s"} - set(raw))
+        if missing:
             raise ValueError(f"{origin}: missing fields {', '.join(missing)}")
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        for name, kind in known.items():
+            value = raw.get(name)
+            if not isinstance(value, _FIELD_TYPES[kind]) or (isinstance(value, bool) and bool not in
+                                                             _FIELD_TYPES[kind]):
+                raise ValueError(f"{origin}: field {name!r} is {value!r}, expected {kind}")
+        try:
+            return cls(**{k: v for k, v in raw.items() if k in known})
+        except ValueError as exc:
+            raise ValueError(f"{origin}: {exc}") from None
+
+
+# The JSON types each annotation of RunMeta accepts (bool is refused where a number is expected).
+_FIELD_TYPES = {"str": (str,), "bool": (bool,), "int": (int,), "float | None": (int, float, type(None))}
 
 
 def _git(*args: str) -> str | None:

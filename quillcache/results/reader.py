@@ -1,26 +1,67 @@
 """Reading results for analysis: tidy pandas DataFrames, one row per measured cell.
 
 ``read_summary(study)`` returns the summary with ``study`` and ``profile`` columns added and
-every parameter in a typed column of its own (numbers as nullable integers or floats, never as
-text), so ``df[df.capacity_blocks >= 10_000]`` and ``df.sort_values('capacity_blocks')`` do what
-they say. ``read_raw``, ``read_anchors`` and ``read_meta`` read the other files; ``list_studies``
-names the studies present. Nothing here plots or changes matplotlib's state.
+every parameter in a typed column of its own, so ``df[df.capacity_blocks >= 10_000]`` and
+``df.sort_values('capacity_blocks')`` do what they say. ``read_raw``, ``read_anchors`` and
+``read_meta`` read the other files; ``list_studies`` names the studies present. Nothing here
+plots or changes matplotlib's state.
+
+What was written is what is read back (``write_summary`` -> ``read_summary``):
+- the text columns (metric, subject, unit, baseline, notes; source for anchors) are the exact
+  text written: ``"nan"``, ``"NA"`` and ``""`` stay text, never missing;
+- the numeric columns (value, baseline_value, ratio, p10, p90 as floats, exactly as written;
+  n as an integer) must hold numbers: anything else is an error naming the file, line and column;
+- a parameter column's type is the one every written value of it has in the form the writer
+  writes it (``str(int)``, ``repr(float)``, ``True``/``False``): integers (int64, nullable
+  ``Int64`` where some rows lack the parameter, Python ints beyond 64 bits), floats (``2.0``
+  stays a float; a column mixing ints and floats is float), booleans, else text (``"007"`` stays
+  ``"007"``). A blank cell is a row without the parameter (missing), so an empty-text parameter
+  reads back as missing, and a text parameter whose every value is written exactly like a number
+  or a boolean (``"7"``) reads back as that number or boolean.
+
+A damaged file (empty, a fixed column missing, a row of the wrong width, text in a numeric
+column, an unreadable ``meta.json``) raises ``ResultsFormatError`` naming the file and what is
+wrong. ``summary.csv`` and ``meta.json`` are read under the study's shared lock, so they come
+from the same run.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from quillcache.results.meta import RunMeta
 from quillcache.results.schema import ANCHOR_COLUMNS, SUMMARY_COLUMNS
-from quillcache.results.writer import results_root
+from quillcache.results.writer import results_root, study_lock, study_path
 
 
 class ResultsNotFoundError(FileNotFoundError):
     """A study or file that is not under the results root; the message lists what is."""
+
+
+class ResultsFormatError(ValueError):
+    """A results file that is damaged or not in the results schema; the message names the file
+    and what is wrong."""
+
+
+# The fixed columns' types; every other column is a parameter.
+_TEXT = "text"
+_FLOAT = "float"
+_INT = "int"
+_SUMMARY_TYPES = {"metric": _TEXT, "subject": _TEXT, "value": _FLOAT, "unit": _TEXT, "baseline": _TEXT,
+                  "baseline_value": _FLOAT, "ratio": _FLOAT, "n": _INT, "p10": _FLOAT, "p90": _FLOAT,
+                  "notes": _TEXT}
+_ANCHOR_TYPES = {"metric": _TEXT, "subject": _TEXT, "value": _FLOAT, "unit": _TEXT, "source": _TEXT,
+                 "notes": _TEXT}
+assert tuple(_SUMMARY_TYPES) == SUMMARY_COLUMNS and tuple(_ANCHOR_TYPES) == ANCHOR_COLUMNS
+
+_CANONICAL_INT = re.compile(r"^-?(0|[1-9][0-9]*)$")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def list_studies(root: str | os.PathLike | None = None) -> list[str]:
@@ -30,65 +71,122 @@ def list_studies(root: str | os.PathLike | None = None) -> list[str]:
 
 
 def _study_dir(study: str, root) -> Path:
-    base = results_root(root)
-    if Path(study).name != study or study in ("", ".", ".."):
-        raise ValueError(f"study name {study!r} must be one directory name under {base}")
-    d = base / study
+    d = study_path(study, root)
     if not (d / "summary.csv").is_file():
         have = ", ".join(list_studies(root)) or "none"
-        raise ResultsNotFoundError(f"no study {study!r} under {base} (studies there: {have}); "
+        raise ResultsNotFoundError(f"no study {study!r} under {results_root(root)} (studies there: {have}); "
                                    f"run `make experiments` or the study's module")
     return d
 
 
-def _typed(df: pd.DataFrame, fixed: tuple[str, ...]) -> pd.DataFrame:
-    params = [c for c in df.columns if c not in fixed]
-    for c in params:
-        col = df[c]
-        if col.dtype == object:
-            lowered = col.dropna().astype(str).str.lower()
-            if len(lowered) and lowered.isin(["true", "false"]).all():
-                df[c] = col.map(lambda v: pd.NA if pd.isna(v) else str(v).lower() == "true").astype("boolean")
-                continue
-            df[c] = col.astype("string")
-        elif pd.api.types.is_float_dtype(col) and col.dropna().apply(float.is_integer).all() and col.notna().any():
-            df[c] = col.astype("Int64")
-    return df
+def _is_float_text(t: str) -> bool:
+    try:
+        return repr(float(t)) == t
+    except ValueError:
+        return False
+
+
+def _param_column(cells: list[str]) -> pd.Series:
+    """A parameter column from its written text (see the module docstring for the rules)."""
+    present = [t for t in cells if t != ""]
+    missing = len(present) < len(cells)
+    if present and all(t in ("True", "False") for t in present):
+        return pd.Series([pd.NA if t == "" else t == "True" for t in cells], dtype="boolean")
+    if present and all(_CANONICAL_INT.match(t) for t in present):
+        ints = [None if t == "" else int(t) for t in cells]
+        if all(_INT64[0] <= v <= _INT64[1] for v in ints if v is not None):
+            return pd.Series(ints, dtype="Int64" if missing else "int64")
+        return pd.Series([pd.NA if v is None else v for v in ints], dtype=object)
+    if present and all(_CANONICAL_INT.match(t) or _is_float_text(t) for t in present):
+        return pd.Series([math.nan if t == "" else float(t) for t in cells], dtype="float64")
+    return pd.Series([math.nan if t == "" else t for t in cells], dtype=str)
+
+
+def _fixed_column(path: Path, name: str, kind: str, cells: list[str], line_of: list[int]) -> pd.Series:
+    if kind == _TEXT:
+        return pd.Series(cells, dtype=str)
+    parse = float if kind == _FLOAT else int
+    out = []
+    for i, t in enumerate(cells):
+        try:
+            out.append(math.nan if kind == _FLOAT and t == "" else parse(t))
+        except ValueError:
+            raise ResultsFormatError(f"{path}: line {line_of[i]}, column {name!r}: {t!r} is not "
+                                     f"{'a number' if kind == _FLOAT else 'an integer'}") from None
+    return pd.Series(out, dtype="float64" if kind == _FLOAT else "int64")
+
+
+def _read_table(path: Path, types: dict[str, str]) -> pd.DataFrame:
+    """A summary or anchors CSV as typed columns (fixed columns per ``types``, then parameters)."""
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.reader(fh)
+            lines = [(reader.line_num, cells) for cells in reader if cells]  # (line it ends on, fields)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ResultsFormatError(f"{path}: not a readable CSV file ({exc})") from None
+    if not lines:
+        raise ResultsFormatError(f"{path}: the file is empty (expected a header line with the columns "
+                                 f"{','.join(types)})")
+    header, numbered = lines[0][1], lines[1:]
+    missing = [c for c in types if c not in header]
+    if missing:
+        raise ResultsFormatError(f"{path}: missing columns {', '.join(missing)} (header: {','.join(header)})")
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup or "" in header:
+        raise ResultsFormatError(f"{path}: the header has "
+                                 f"{'repeated columns ' + ', '.join(dup) if dup else 'a blank column name'}")
+    for line, cells in numbered:
+        if len(cells) != len(header):
+            raise ResultsFormatError(f"{path}: line {line} has {len(cells)} fields, the header {len(header)}")
+    body = [cells for _, cells in numbered]
+    line_of = [line for line, _ in numbered]
+    columns = {}
+    for j, name in enumerate(header):
+        cells = [row[j] for row in body]
+        columns[name] = (_fixed_column(path, name, types[name], cells, line_of) if name in types
+                         else _param_column(cells))
+    order = [*types, *(c for c in header if c not in types)]
+    return pd.DataFrame({c: columns[c] for c in order}, index=pd.RangeIndex(len(body)))
+
+
+def _meta_from(path: Path) -> RunMeta | None:
+    if not path.is_file():
+        return None
+    try:
+        return RunMeta.from_json(path.read_text(), origin=str(path))
+    except UnicodeDecodeError as exc:
+        raise ResultsFormatError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except ValueError as exc:
+        raise ResultsFormatError(str(exc)) from None
 
 
 def read_meta(study: str, root: str | os.PathLike | None = None) -> RunMeta | None:
     """The study's run metadata, or None for results written before metadata was recorded."""
-    path = _study_dir(study, root) / "meta.json"
-    if not path.is_file():
-        return None
-    return RunMeta.from_json(path.read_text(), origin=str(path))
+    d = _study_dir(study, root)
+    with study_lock(d, shared=True):
+        return _meta_from(d / "meta.json")
 
 
 def read_summary(study: str, root: str | os.PathLike | None = None) -> pd.DataFrame:
     """The study's summary as a tidy DataFrame (see the module docstring)."""
     d = _study_dir(study, root)
-    text = {c: str for c in ("metric", "subject", "unit", "baseline", "notes")}
-    df = pd.read_csv(d / "summary.csv", keep_default_na=False, na_values=["", "nan", "NaN"], dtype=text)
-    for c in text:
-        df[c] = df[c].fillna("")
-    df = _typed(df, SUMMARY_COLUMNS)
-    meta = read_meta(study, root)
-    df.insert(0, "profile", meta.profile if meta else "unknown")
-    df.insert(0, "study", study)
+    with study_lock(d, shared=True):  # summary and meta of the same run
+        df = _read_table(d / "summary.csv", _SUMMARY_TYPES)
+        meta = _meta_from(d / "meta.json")
+    df.insert(0, "profile", pd.Series([meta.profile if meta else "unknown"] * len(df), dtype=str))
+    df.insert(0, "study", pd.Series([study] * len(df), dtype=str))
     df.attrs["meta"] = meta
     return df
 
 
 def read_anchors(study: str, root: str | os.PathLike | None = None) -> pd.DataFrame:
     """Figures reported outside this repository for the study (empty when it has none)."""
-    path = _study_dir(study, root) / "anchors.csv"
-    if not path.is_file():
-        return pd.DataFrame(columns=list(ANCHOR_COLUMNS))
-    text = {c: str for c in ("metric", "subject", "unit", "source", "notes")}
-    df = pd.read_csv(path, keep_default_na=False, na_values=["", "nan"], dtype=text)
-    for c in text:
-        df[c] = df[c].fillna("")
-    return _typed(df, ANCHOR_COLUMNS)
+    d = _study_dir(study, root)
+    path = d / "anchors.csv"
+    with study_lock(d, shared=True):
+        if not path.is_file():
+            return pd.DataFrame(columns=list(ANCHOR_COLUMNS))
+        return _read_table(path, _ANCHOR_TYPES)
 
 
 def read_raw(study: str, name: str, root: str | os.PathLike | None = None) -> pd.DataFrame:

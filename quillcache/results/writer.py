@@ -6,20 +6,36 @@ any row (sorted by name; blank where a row does not have it). Floats are written
 (``repr``). A write refuses, naming the row, a metric that packs a parameter (``@``) and any
 text holding an absolute path of this machine (the repository or home directory), so committed
 results never depend on where they were produced.
+
+Invariants:
+- a study is one directory name under the results root (``''`` or ``'.'``: the root itself) and
+  a raw file one ``<name>.csv`` in it: nothing is ever written outside ``<root>/<study>/`` (a
+  name with ``/``, ``..`` or an absolute path is refused, naming it);
+- every file appears whole or not at all: it is written to a uniquely named temporary file in the
+  same directory, flushed to disk and renamed over the old one (``os.replace``), so neither a
+  crash nor a second writer leaves a torn file, and two writers never share a temporary name;
+- ``summary.csv``, ``meta.json`` and ``anchors.csv`` are replaced together while the study's
+  lock (``flock`` on ``<study>/.lock``) is held exclusively, and the readers read them under the
+  same lock held shared, so a reader never sees one run's summary with another run's metadata.
+  Raw files are written under the same lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import os
+import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import IO, Callable, Iterable, Iterator, Sequence
 
 from quillcache.results.meta import collect
 from quillcache.results.schema import ANCHOR_COLUMNS, SUMMARY_COLUMNS, Anchor, SummaryRow
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+LOCK_NAME = ".lock"
 
 
 def results_root(root: str | os.PathLike | None = None) -> Path:
@@ -27,11 +43,46 @@ def results_root(root: str | os.PathLike | None = None) -> Path:
     return Path(root or os.environ.get("QUILLCACHE_RESULTS", "results"))
 
 
+def study_path(name: str, root: str | os.PathLike | None = None, *, allow_root: bool = False) -> Path:
+    """``<root>/<name>`` (not created); refuses a ``name`` that is not one directory name (a path,
+    ``..``). ``allow_root`` (the writers) lets ``''`` and ``'.'`` name the root itself, as a
+    command line's ``--out .`` staged in a temporary folder does."""
+    base = results_root(root)
+    if allow_root and name in ("", "."):
+        return base
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or os.sep in name \
+            or (os.altsep and os.altsep in name):
+        raise ValueError(f"study name {name!r} must be one directory name under {base} "
+                         f"(no '/', '..' or absolute path)")
+    return base / name
+
+
 def results_dir(name: str, root: str | os.PathLike | None = None) -> Path:
-    """``<root>/<name>``, created."""
-    out = results_root(root) / name
+    """``<root>/<name>``, created (``name`` must be one directory name; '' or '.': the root)."""
+    out = study_path(name, root, allow_root=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+@contextlib.contextmanager
+def study_lock(study_dir: Path, *, shared: bool = False) -> Iterator[None]:
+    """Hold the study's lock: exclusive for a writer (the lock file is created), shared for a
+    reader. A reader reads unlocked where there is no lock file or it cannot be opened (results
+    never written by this code, a read-only checkout)."""
+    path = Path(study_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY) if shared else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        if not shared:
+            raise
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def _local_paths() -> list[str]:
@@ -57,25 +108,68 @@ def _check_rows(name: str, rows: Sequence[SummaryRow | Anchor]) -> None:
             _check_text(where, text, local)
 
 
-def _write_rows(path: Path, fixed: Sequence[str], rows: Sequence[SummaryRow | Anchor]) -> None:
+def _stage(path: Path, write: Callable[[IO[str]], None]) -> Path:
+    """Write a uniquely named temporary file beside ``path`` with ``write`` and flush it to disk;
+    return its name (``_publish`` renames it over ``path``). Nothing is left behind on error."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", newline="") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def _publish(directory: Path, write: dict[Path, Callable[[IO[str]], None]], remove: Sequence[Path] = ()) -> None:
+    """Stage every file of ``write`` first, then rename them all into place and remove ``remove``
+    (the caller holds the study's lock)."""
+    staged: dict[Path, Path] = {}
+    try:
+        for path, fn in write.items():
+            staged[path] = _stage(path, fn)
+    except BaseException:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    for path, tmp in staged.items():
+        os.replace(tmp, path)
+    for path in remove:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)  # the renames survive a crash once write_summary has returned
+    finally:
+        os.close(dfd)
+
+
+def _rows_writer(path: Path, fixed: Sequence[str], rows: Sequence[SummaryRow | Anchor]) -> Callable[[IO[str]], None]:
     params = sorted({k for r in rows for k in r.params})
     clash = set(params) & set(fixed)
     if clash:
         raise ValueError(f"{path}: parameters {sorted(clash)} clash with fixed columns")
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="") as fh:
+
+    def write(fh: IO[str]) -> None:
         w = csv.DictWriter(fh, fieldnames=[*fixed, *params], restval="")
         w.writeheader()
         for row in rows:
             w.writerow(row.as_dict())
-    os.replace(tmp, path)
+
+    return write
 
 
 def write_summary(name: str, rows: Iterable[SummaryRow], root: str | os.PathLike | None = None, *,
                   profile: str, anchors: Iterable[Anchor] = (), started_at: float | None = None) -> Path:
     """Write ``<root>/<name>/summary.csv``, its ``meta.json`` (``profile`` is quick, full or
     custom; ``started_at`` a ``time.monotonic()`` stamp for the wall time) and, when given,
-    ``anchors.csv``; return the summary's path."""
+    ``anchors.csv`` (else any old one is removed), all three replaced together under the study's
+    lock; return the summary's path."""
     rows = list(rows)
     anchors = list(anchors)
     _check_rows(name, rows)
@@ -83,22 +177,32 @@ def write_summary(name: str, rows: Iterable[SummaryRow], root: str | os.PathLike
     meta = collect(name, profile, wall_s=None if started_at is None else time.monotonic() - started_at)
     out = results_dir(name, root)
     path = out / "summary.csv"
-    _write_rows(path, SUMMARY_COLUMNS, rows)
-    (out / "meta.json").write_text(meta.to_json())
+    write = {path: _rows_writer(path, SUMMARY_COLUMNS, rows),
+             out / "meta.json": lambda fh: fh.write(meta.to_json())}
     if anchors:
-        _write_rows(out / "anchors.csv", ANCHOR_COLUMNS, anchors)
-    elif (out / "anchors.csv").exists():
-        (out / "anchors.csv").unlink()
+        write[out / "anchors.csv"] = _rows_writer(out / "anchors.csv", ANCHOR_COLUMNS, anchors)
+    with study_lock(out):
+        _publish(out, write, remove=() if anchors else (out / "anchors.csv",))
     return path
 
 
 def write_raw(name: str, filename: str, header: Sequence[str], records: Iterable[Sequence], root=None) -> Path:
-    """Write a raw CSV beside the summary."""
-    if Path(filename).name != filename or not filename.endswith(".csv") or filename in ("summary.csv", "anchors.csv"):
-        raise ValueError(f"raw file name {filename!r} must be a plain '<name>.csv' other than summary/anchors")
-    path = results_dir(name, root) / filename
-    with open(path, "w", newline="") as fh:
+    """Write a raw CSV beside the summary (``filename`` a plain ``<name>.csv`` inside the study's
+    directory; a path, ``..`` or a hidden name is refused)."""
+    stem = filename[:-4] if isinstance(filename, str) and filename.endswith(".csv") else ""
+    if (Path(filename).name != filename or not stem or stem.startswith(".")
+            or filename in ("summary.csv", "anchors.csv")):
+        raise ValueError(f"raw file name {filename!r} must be a plain '<name>.csv' inside the study's directory, "
+                         f"other than summary/anchors")
+    out = results_dir(name, root)
+    path = out / filename
+    records = list(records)
+
+    def write(fh: IO[str]) -> None:
         w = csv.writer(fh)
         w.writerow(header)
         w.writerows(records)
+
+    with study_lock(out):
+        _publish(out, {path: write})
     return path
