@@ -15,7 +15,12 @@ The replay is deterministic for its seed (every random choice is seeded), so a m
 number, not a sample; ``n`` is 1 and the wall time of each replay is in the notes. Writes
 ``results/replay/summary.csv`` (``write_summary``), ``results/replay/raw.csv`` (every cell's full
 summary); ``plot`` draws ``paper/figures/replay.png`` from ``raw.csv`` only.
-Quick mode replays the first ``QUICK_LIMIT`` requests; full mode the whole trace.
+Quick mode replays the first ``QUICK_LIMIT`` requests; full mode the whole trace. Every row names
+its trace (``trace``: the file's stem). A run on another trace than the shared conversation trace
+(``default_trace_path()``, which ``$QUILLCACHE_TRACE`` may point at a copy of) is marked profile
+``custom`` and its notes name the trace file, so it is never reported as the study's full run:
+one given a ``trace=`` (the CLI's ``--trace``) that is not that file, or one whose trace file is not
+named like the shared trace.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import math
 import time
 from pathlib import Path
 
+from experiments.hitrate_study import trace_label
 from quillcache.harness import ReplayConfig, replay
 from quillcache.results import SummaryRow, print_table, write_raw, write_summary
-from quillcache.traces.loader import default_trace_path, load_trace
+from quillcache.traces.loader import DEFAULT_TRACE, default_trace_path, load_trace
 
 NAME = "replay"
 ROUTERS = ["dynamo", "round_robin", "least_loaded", "prefix_affinity"]
@@ -45,9 +51,21 @@ def _cells() -> list[tuple[str, str, str]]:
             + [("dynamo", p, "small") for p in ("lru", "quillhd")])
 
 
+def _trace_file(path: Path) -> str:
+    """The trace file for a results note: relative to the working directory when inside it, else
+    its name (results never hold an absolute local path)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
 def run(quick: bool = False, results_root: str | None = None, trace: str | None = None) -> list[SummaryRow]:
     t_start = time.monotonic()
-    reqs = load_trace(trace or default_trace_path(), limit=QUICK_LIMIT if quick else None)
+    path = Path(trace or default_trace_path())
+    custom = (trace is not None and path.resolve() != default_trace_path().resolve()) \
+        or trace_label(path) != DEFAULT_TRACE.stem
+    reqs = load_trace(path, limit=QUICK_LIMIT if quick else None)
     raw: list[dict[str, object]] = []
     for router, policy, tiers in _cells():
         t0 = time.perf_counter()
@@ -62,14 +80,15 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | None 
 
     def add(d: dict, base: dict | None) -> None:
         params = {"router": str(d["router"]), "policy": str(d["policy"]), "tiers": str(d["tiers"]),
-                  "requests": len(reqs), "engines": int(d["engines"]),
+                  "trace": trace_label(path), "requests": len(reqs), "engines": int(d["engines"]),
                   "dram_capacity_blocks": int(d["dram_capacity_blocks"]),
                   "ssd_capacity_blocks": int(d["ssd_capacity_blocks"])}
         for m, unit in METRICS:
             rows.append(SummaryRow(metric=m, subject=f"{d['router']}/{d['policy']}", value=float(d[m]), unit=unit,
                                    baseline=f"{base['router']}/{base['policy']}" if base else "",
                                    baseline_value=float(base[m]) if base else math.nan, n=1,
-                                   notes=f"deterministic replay (seed 0); wall {d['wall_s']:.1f} s", params=params))
+                                   notes=f"deterministic replay (seed 0); wall {d['wall_s']:.1f} s"
+                                   + (f"; custom trace {_trace_file(path)}" if custom else ""), params=params))
 
     by = {(d["router"], d["policy"], d["tiers"]): d for d in raw}
     add(by[(BASELINE, "lru", "default")], None)  # the baseline cell itself
@@ -79,7 +98,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | None 
     add(by[("dynamo", "quillhd", "default")], by[("dynamo", "lru", "default")])
     add(by[("dynamo", "lru", "small")], None)  # the small-tier baseline cell
     add(by[("dynamo", "quillhd", "small")], by[("dynamo", "lru", "small")])
-    write_summary(NAME, rows, root=results_root, profile="quick" if quick else "full", started_at=t_start)
+    write_summary(NAME, rows, root=results_root, profile="custom" if custom else "quick" if quick else "full",
+                  started_at=t_start)
     print_table(rows)
     return rows
 

@@ -9,6 +9,14 @@ figure, what does not hold) and ``headline(s)`` (the paragraph the README shows)
 keeps its hand-written prose; only the text between ``<!-- measured:begin -->`` and
 ``<!-- measured:end -->`` is generated. Regenerating without new results changes only the
 generated-at line of the report.
+
+Every registered study (``experiments.studies.STUDIES``) is accounted for: one with results gets its
+row and section; one without is listed in the runs table and the README block as having no results
+in this root, with the make target that produces them, so a study that never ran or failed cannot
+vanish silently. A study's figures are the files the figure step (``experiments.figures.draw_all``)
+recorded as drawn for it in the figures folder's manifest; a figure file left there by an earlier
+run is not embedded. (Only a figures folder without a manifest, drawn before manifests existed, falls
+back to every ``<study>*.png`` in it.) A run whose profile is not ``full`` says so in its section.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from experiments.studies import STUDIES
+from experiments.figures import MANIFEST, read_manifest
+from experiments.studies import STUDIES, Study
 from quillcache.results import list_studies, read_anchors, read_meta, read_summary
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "paper" / "templates"
@@ -72,7 +81,18 @@ def fmt_fixed(v, decimals: int = 3) -> str:
     return "n/a" if not math.isfinite(v) else f"{v:.{decimals}f}"
 
 
-FILTERS = {"num": fmt_num, "pct": fmt_pct, "x": fmt_x, "fixed": fmt_fixed,
+def fmt_bytes(v) -> str:
+    """A size in binary units: 65536 -> '64 KiB', 2097152 -> '2 MiB', 1000 -> '1,000 B' (NaN: 'n/a')."""
+    v = float(v)
+    if not math.isfinite(v):
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(v) >= scale:
+            return f"{fmt_num(v / scale)} {unit}"
+    return f"{fmt_num(v)} B"
+
+
+FILTERS = {"num": fmt_num, "pct": fmt_pct, "x": fmt_x, "fixed": fmt_fixed, "bytes": fmt_bytes,
            "us": lambda v, d=3: fmt_num(float(v) / 1e3, d), "ms": lambda v, d=3: fmt_num(float(v) * 1e3, d),
            "mib": lambda v, d=3: fmt_num(float(v) / 2**20, d), "inv": fmt_inv}
 
@@ -174,15 +194,27 @@ def is_na(v) -> bool:
 
 
 def views(results_root: str | None, figures_dir: Path) -> list[StudyView]:
+    """A view of every registered study with results, in registry order, each with the figures the
+    last drawing into ``figures_dir`` recorded for it (see the module docstring)."""
     present = set(list_studies(results_root))
+    drawn = read_manifest(figures_dir)
     out = []
     for name in STUDIES.names():
         if name in present:
             view = StudyView(name, results_root)
-            view.figures = sorted(p.name for p in figures_dir.glob(f"{name}*.png")
-                                  if p.stem == name or (p.stem.startswith(name + "_") and p.stem not in STUDIES))
+            if drawn is not None:
+                view.figures = sorted(f for f in drawn.get(name, []) if (figures_dir / f).is_file())
+            else:  # a folder drawn before manifests were recorded: every figure file named after the study
+                view.figures = sorted(p.name for p in figures_dir.glob(f"{name}*.png")
+                                      if p.stem == name or (p.stem.startswith(name + "_") and p.stem not in STUDIES))
             out.append(view)
     return out
+
+
+def missing_studies(results_root: str | None) -> list[Study]:
+    """The registered studies with no results under ``results_root``, in registry order."""
+    present = set(list_studies(results_root))
+    return [STUDIES[name] for name in STUDIES.names() if name not in present]
 
 
 def render_report(results_root: str | None = None, figures_dir: Path = Path("paper/figures"),
@@ -191,13 +223,14 @@ def render_report(results_root: str | None = None, figures_dir: Path = Path("pap
     vs = views(results_root, figures_dir)
     present = set(list_studies(results_root))
     return env.get_template("report.md.j2").render(
-        studies=vs, unregistered=sorted(present - set(STUDIES.names())),
+        studies=vs, missing=missing_studies(results_root), unregistered=sorted(present - set(STUDIES.names())),
         generated_at=generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 
 
 def render_readme_block(results_root: str | None = None) -> str:
     env = _environment()
-    return env.get_template("readme_measured.md.j2").render(studies=views(results_root, Path("paper/figures")))
+    return env.get_template("readme_measured.md.j2").render(studies=views(results_root, Path("paper/figures")),
+                                                            missing=missing_studies(results_root))
 
 
 def splice_readme(readme_text: str, block: str) -> str:
@@ -237,6 +270,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if read_manifest(out.parent / "figures") is None:
+        print(f"{out.parent / 'figures'} has no {MANIFEST} (run `make figures`): embedding every figure file "
+              "named after a study, which may include figures an earlier run left there")
     text = render_report(args.results_root, out.parent / "figures")
     out.write_text(text)
     out.with_suffix(".html").write_text(to_html(text, out.parent))

@@ -26,7 +26,9 @@ themselves are in ``results/safety/summary.csv`` and the report, never here.
 
 Writes ``results/safety/summary.csv``, ``by_category.csv``, ``timing.csv``, ``mixes.csv`` and
 ``anchors.csv`` (the seed's reported figures, kept apart from the same-run baselines);
-:func:`plot` draws ``paper/figures/safety.png`` from the results files only.
+:func:`plot` draws ``paper/figures/safety.png`` from the results files only. Every summary row names
+the residency index backend (``index_kind``); a run on any backend but the default ``DEFAULT_INDEX``
+(``index_kind=``, the CLI's ``--index``) is marked profile ``custom``, never as the study's full run.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ BLOCK_TOKENS = 16
 N_WORKERS = 8
 GPU_BLOCKS = 4096  # per worker (the engine stand-in's GPU KV capacity)
 DRAM_BLOCKS = 16384  # per worker host-DRAM offload
+DEFAULT_INDEX = "art"  # the residency index backend of the study's quick and full runs
 FULL = dict(requests={"realistic": 50_000, "adversarial": 100_000}, timing_requests=4000, reps=11)
 QUICK = dict(requests={"realistic": 1000, "adversarial": 1500}, timing_requests=200, reps=3)
 SEED_REPORTED = {"naive_unsafe_share_pct": 96.8, "overhead_pct": {"realistic": 1.7, "adversarial": 47.8}}
@@ -127,6 +130,7 @@ class MixResult:
     public_shared_blocks: int = 0
     timing: list[tuple[int, str, float]] = field(default_factory=list)  # (rep, guard, us/plan)
     replay_s: float = 0.0
+    index_kind: str = DEFAULT_INDEX  # the residency index backend replayed on
 
     @property
     def naive_unsafe_blocks(self) -> int:
@@ -143,7 +147,7 @@ def public_policy(requests: list[CollisionRequest]) -> SharingPolicy:
     return policy
 
 
-def replay(mix: str, n_requests: int, timing_requests: int, reps: int, index_kind: str = "art") -> MixResult:
+def replay(mix: str, n_requests: int, timing_requests: int, reps: int, index_kind: str = DEFAULT_INDEX) -> MixResult:
     reqs = generate(CollisionConfig(mix=mix, num_requests=n_requests, seed=SEED, block_size_tokens=BLOCK_TOKENS))
     policy = public_policy(reqs)
     registry = IdentityRegistry(policy)
@@ -153,7 +157,7 @@ def replay(mix: str, n_requests: int, timing_requests: int, reps: int, index_kin
     off = on.with_guard(False)
     engine = EngineSim(index, workers, GPU_BLOCKS, DRAM_BLOCKS)
     naive = NaiveContentCache(BLOCK_TOKENS, capacity_blocks=N_WORKERS * (GPU_BLOCKS + DRAM_BLOCKS))
-    res = MixResult(mix)
+    res = MixResult(mix, index_kind=index_kind)
     idents: dict[tuple, Identity] = {}
     naive_reason: dict[tuple[Identity, bytes, bool], ReuseReason] = {}
     plan_reason: dict[tuple[Identity, bytes, bool], ReuseReason] = {}
@@ -250,7 +254,7 @@ def _pct(a: float, b: float) -> float:
 def summarize(results: list[MixResult]) -> list[SummaryRow]:
     rows: list[SummaryRow] = []
     for m in results:
-        mix = {"mix": m.mix, "requests": m.requests}
+        mix = {"mix": m.mix, "requests": m.requests, "index_kind": m.index_kind}
         rows.append(SummaryRow(
             metric="naive_unsafe_share", subject="naive content-hash cache",
             value=_pct(m.naive_unsafe_blocks, m.naive_hit_blocks), unit="% of hit blocks", n=m.naive_hit_blocks,
@@ -357,7 +361,7 @@ def plot(results_root: str | Path | None = None, out_dir: str | Path = "paper/fi
     return save(fig, Path(out_dir) / "safety.png")
 
 
-def run(quick: bool = False, results_root: str | None = None, index_kind: str = "art") -> list[SummaryRow]:
+def run(quick: bool = False, results_root: str | None = None, index_kind: str = DEFAULT_INDEX) -> list[SummaryRow]:
     t_start = time.monotonic()
     p = QUICK if quick else FULL
     results = []
@@ -382,8 +386,8 @@ def run(quick: bool = False, results_root: str | None = None, index_kind: str = 
                                    "on_reused", "off_reused", "public_shared_blocks", "replay_s"),
               [(m.mix, m.requests, m.prompt_blocks, m.naive_hit_blocks, m.naive_unsafe_blocks, m.on_reused,
                 m.off_reused, m.public_shared_blocks, f"{m.replay_s:.2f}") for m in results], root=results_root)
-    path = write_summary(STUDY, rows, root=results_root, profile="quick" if quick else "full", anchors=anchors(),
-                         started_at=t_start)
+    profile = "custom" if index_kind != DEFAULT_INDEX else "quick" if quick else "full"
+    path = write_summary(STUDY, rows, root=results_root, profile=profile, anchors=anchors(), started_at=t_start)
     print_table(rows, title="safety")
     print(f"[safety] wrote {path}")
     return rows
@@ -393,7 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small configuration (< 30 s; the smoke test)")
     ap.add_argument("--results-root", default=None, help="results directory (default: results/)")
-    ap.add_argument("--index", default="art", help="residency index backend (default: art)")
+    ap.add_argument("--index", default=DEFAULT_INDEX,
+                    help=f"residency index backend (default: {DEFAULT_INDEX}; any other marks the run custom)")
     args = ap.parse_args(argv)
     run(quick=args.quick, results_root=args.results_root, index_kind=args.index)
 

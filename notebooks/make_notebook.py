@@ -3,10 +3,16 @@
 ``make notebook`` runs this, then executes the notebook in place with nbclient against
 ``results/`` so the committed notebook shows its outputs; ``make test`` executes a copy
 (``tests/test_notebook.py``) so a broken cell fails CI. Edit the cells here, not in the .ipynb.
+
+Every cell runs against any results root without raising for a study that is absent or has no
+``meta.json`` (``read_meta`` returns None for results written before metadata was recorded): the
+setup table marks such a run, and a study's table and figure cells print that it has no results
+(and the make target that produces them) instead (``guarded``).
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import nbformat
@@ -33,17 +39,61 @@ FIGURES = Path(tempfile.mkdtemp(prefix="qc-notebook-"))  # figures redrawn here,
 pd.set_option("display.width", 160, "display.max_columns", 20, "display.precision", 4)
 
 
+def have(study: str) -> bool:
+    """True when the study has results under RESULTS; otherwise say so (and how to produce them)."""
+    if study in list_studies(RESULTS):
+        return True
+    print(f"{study}: no results under {RESULTS}; `make {STUDIES[study].make_target}` produces them")
+    return False
+
+
 def show_figure(study: str) -> None:
     """Redraw the study's figure from results/ (the same code as `make figures`) and show it."""
+    if not have(study):
+        return
     out = STUDIES[study].load().plot(RESULTS, FIGURES)
-    for path in out if isinstance(out, (list, tuple)) else [out]:
+    paths = out if isinstance(out, (list, tuple)) else [out]
+    if not paths:
+        print(f"{study}: these results draw no figure")
+    for path in paths:
         display(Image(filename=str(path), width=760))
 
 
-pd.DataFrame([{"study": s, **vars(read_meta(s, RESULTS))} for s in list_studies(RESULTS)]).set_index("study")[
-    ["profile", "git_commit", "git_dirty", "cpu_model", "cpu_count", "date_utc", "wall_s"]]
+def run_row(study: str) -> dict:
+    meta = read_meta(study, RESULTS)  # None: results written before run metadata was recorded
+    return {"study": study, **(vars(meta) if meta is not None else {"profile": "(no meta.json)"})}
+
+
+absent = [s for s in STUDIES.names() if s not in list_studies(RESULTS)]
+if absent:
+    print("registered studies with no results under", RESULTS + ":", ", ".join(absent))
+pd.DataFrame([run_row(s) for s in list_studies(RESULTS)],
+             columns=["study", "profile", "git_commit", "git_dirty", "cpu_model", "cpu_count", "date_utc",
+                      "wall_s"]).set_index("study")
 '''
 
+
+def guarded(study: str, code: str) -> str:
+    """``code`` run only when ``study`` has results (``have`` prints why not otherwise); the cell's
+    last expression, which a notebook would show, is shown with ``display``."""
+    tree = ast.parse(code)
+    lines = code.splitlines()
+    last = tree.body[-1]
+    is_display = (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+                  and isinstance(last.value.func, ast.Name) and last.value.func.id == "display")
+    if isinstance(last, ast.Expr) and not is_display:
+        first, end = last.lineno - 1, last.end_lineno - 1  # ast offsets count UTF-8 bytes
+        b0, b1 = lines[first].encode(), lines[end].encode()
+        if first == end:
+            lines[first] = (b0[:last.col_offset] + b"display(" + b0[last.col_offset:last.end_col_offset] + b")"
+                            + b0[last.end_col_offset:]).decode()
+        else:
+            lines[first] = (b0[:last.col_offset] + b"display(" + b0[last.col_offset:]).decode()
+            lines[end] = (b1[:last.end_col_offset] + b")" + b1[last.end_col_offset:]).decode()
+    return f'if have("{study}"):\n' + "\n".join("    " + line if line.strip() else line for line in lines)
+
+
+# (study, the section's text, its table cell as written; wrapped by ``guarded`` below)
 SECTIONS: list[tuple[str, str, str]] = [
     ("microbench_hashing", "Block hashing: M blocks/s per form and block size (baseline: a per-block `xxhash` loop).",
      '''df = read_summary("microbench_hashing", RESULTS)
@@ -149,6 +199,10 @@ display(df[df.part == "routing"].pivot_table(index=["rate_per_s", "subject"], co
 display(df[df.metric.isin(["hit_rate_paired_diff_points", "hit_rate_ceiling"])][["metric", "subject", "baseline", "rate_per_s", "value", "p10", "p90", "notes"]])
 df[df.metric.str.startswith("accept_")][["metric", "subject", "value", "unit", "rate_per_s", "holds", "notes"]]'''),
 ]
+
+
+# each table cell as the notebook runs it
+SECTIONS = [(study, text, guarded(study, code)) for study, text, code in SECTIONS]
 
 
 def build() -> nbformat.NotebookNode:
