@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+from quillcache.alloc.buffers import aligned_empty
 
 __all__ = ["RawClient", "RawPeer"]
 
@@ -48,8 +48,7 @@ def _congestion(sock: socket.socket, name: str) -> None:
 
 
 def serve(n_bytes: int, congestion_control: str = "") -> None:
-    buf = np.empty(n_bytes, dtype=np.uint8)
-    buf[::4096] = 1
+    buf = aligned_empty(n_bytes, pretouch=True)  # page-aligned like the engine's peer (quillcache.alloc.buffers)
     view = memoryview(buf)
     lsock = socket.create_server(("127.0.0.1", 0))
     print(json.dumps({"ok": True, "port": lsock.getsockname()[1]}), flush=True)

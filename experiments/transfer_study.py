@@ -33,6 +33,13 @@ seconds per GB moved (user+system of both processes); per cell also QuillCache's
 Mooncake and the raw pair's own rate over Mooncake (``ceiling_over_mooncake``: the most any engine on
 the same sockets could reach). Acceptance (issue 13): 2 and 32 MiB READ in batches of 16 ≥ 0.8× raw;
 every cell ≥ 2× Mooncake; 64 KiB READ p50 ≤ 2× the raw round trip.
+
+Alignment: every buffer here (this process's region, the engine peer's, the raw server's) is
+page-aligned (``quillcache.alloc.buffers``). In the 64 KiB single-block cells two more subjects,
+``raw socket pair (region off the cache line)`` and ``quillcache tcp (region off the cache line)``,
+move the same bytes to/from a client region that starts ``OFF_LINE_BYTES`` (16) past a page boundary:
+where NumPy and ``malloc`` put a large array, so where every block of an unaligned buffer lies. Their
+ratio to the aligned raw pair is what the kernel's socket copies pay off a cache line on this CPU.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import numpy as np
 
 from experiments.microbench import bench_main
 from experiments.transfer_raw import READ, WRITE, RawClient, RawPeer
+from quillcache.alloc.buffers import aligned_empty
 from quillcache.results import Anchor, SummaryRow, spread, write_raw, write_summary
 from quillcache.results.writer import results_dir
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferRequest
@@ -60,6 +68,8 @@ FULL = dict(reps=5, cell_bytes=1 << 30, region_bytes=512 << 20, batches=(1, 16, 
 QUICK = dict(reps=3, cell_bytes=64 << 20, region_bytes=128 << 20, batches=(1, 16), max_calls=300)
 RAW, OURS, MOONCAKE = "raw socket pair", "quillcache tcp", "Mooncake TE tcp"
 RAW_CUBIC = "raw socket pair (cubic)"  # extra reference: the raw pair with the engine's congestion control
+RAW_OFF, OURS_OFF = f"{RAW} (region off the cache line)", f"{OURS} (region off the cache line)"
+OFF_LINE_BYTES = 16  # where NumPy / malloc place a large array's first byte past a page boundary
 ENGINE_CC = TcpConfig.congestion_control.split(",")[0]
 SECRET = "transfer-study-shared-secret-0001"
 OPS = {"read": (Op.READ, READ), "write": (Op.WRITE, WRITE)}
@@ -214,9 +224,10 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
     table: list[tuple] = []
     mk_status: dict[str, str] = {}
     my_cpus = os.sched_getaffinity(0)
-    local_np = np.empty(region_bytes, dtype=np.uint8)
-    local_np[::4096] = 1  # pre-touched, like the peers' regions
+    local_np = aligned_empty(region_bytes, pretouch=True)  # pre-touched and page-aligned, like the peers' regions
     local_view = memoryview(local_np)
+    off_np = aligned_empty(region_bytes + 64, pretouch=True)[OFF_LINE_BYTES:OFF_LINE_BYTES + region_bytes]
+    off_view = memoryview(off_np)
     placement_now = None
     engine: TransferEngine | None = None
     raw: RawClient | None = None
@@ -239,6 +250,7 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                     raw = RawClient(raw_peer.port)
                     rawc = RawClient(rawc_peer.port, congestion_control=ENGINE_CC)
                     local = engine.register_region(local_np, name="study")
+                    local_off = engine.register_region(off_np, name="study-off-line")
                     seg = engine.open_segment(peer.address)
                     placement_now = placement
                 op, raw_op = OPS[op_name]
@@ -248,13 +260,22 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                 _ours_cell(engine, peer, local, seg, op, size, batch, 2, region_bytes)
                 _raw_cell(raw, local_view, raw_op, size, batch, 2, region_bytes)
                 _raw_cell(rawc, local_view, raw_op, size, batch, 2, region_bytes)
-                res: dict[str, dict] = {s: {"gbps": [], "lat": [], "cpu": []} for s in (RAW, OURS, RAW_CUBIC)}
+                subjects = (RAW, OURS, RAW_CUBIC) + ((RAW_OFF, OURS_OFF) if (size, batch) == (SIZES[0], 1) else ())
+                if RAW_OFF in subjects:
+                    _ours_cell(engine, peer, local_off, seg, op, size, batch, 2, region_bytes)
+                    _raw_cell(raw, off_view, raw_op, size, batch, 2, region_bytes)
+                res: dict[str, dict] = {s: {"gbps": [], "lat": [], "cpu": []} for s in subjects}
                 for rep in range(cfg["reps"]):
-                    for subject in ((RAW, OURS, RAW_CUBIC) if rep % 2 == 0 else (RAW_CUBIC, OURS, RAW)):
+                    for subject in (subjects if rep % 2 == 0 else subjects[::-1]):
                         if subject == RAW:
                             wall, lat, cpu = _raw_cell(raw, local_view, raw_op, size, batch, calls, region_bytes)
                         elif subject == RAW_CUBIC:
                             wall, lat, cpu = _raw_cell(rawc, local_view, raw_op, size, batch, calls, region_bytes)
+                        elif subject == RAW_OFF:
+                            wall, lat, cpu = _raw_cell(raw, off_view, raw_op, size, batch, calls, region_bytes)
+                        elif subject == OURS_OFF:
+                            wall, lat, cpu = _ours_cell(engine, peer, local_off, seg, op, size, batch, calls,
+                                                        region_bytes)
                         else:
                             wall, lat, cpu = _ours_cell(engine, peer, local, seg, op, size, batch, calls,
                                                         region_bytes)

@@ -50,6 +50,7 @@ import numpy as np
 
 from quillcache._checks import check_int
 from quillcache.alloc import OffsetAllocator, OutOfSpaceError
+from quillcache.alloc.buffers import aligned_empty
 from quillcache.store.errors import (
     BlockExistsError,
     BlockNotFoundError,
@@ -185,9 +186,9 @@ class LocalKvStore:
         while remaining:
             size = min(segment_bytes, remaining)
             if not account_only:
-                buf = np.empty(size, dtype=np.uint8)
-                if pretouch:
-                    buf[::PAGE_BYTES] = 0  # one write per page: fault every page in now, not during puts
+                # page-aligned, so a slot at an aligned offset is aligned in memory too (the kernel's socket
+                # copies run at half speed off a cache line on some CPUs: quillcache.alloc.buffers)
+                buf = aligned_empty(size, PAGE_BYTES, pretouch=pretouch)
                 self._buffers.append(buf)
                 mv = memoryview(buf)
                 self._views.append(mv)

@@ -28,6 +28,7 @@ import sys
 import crc32c
 import numpy as np
 
+from quillcache.alloc.buffers import aligned_empty, aligned_zeros
 from quillcache.transfer.backends.sockets import TcpConfig
 from quillcache.transfer.engine import TransferEngine
 
@@ -151,11 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--bytes must be positive, got {args.bytes}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.seed is None:
-        region = np.zeros(args.bytes, dtype=np.uint8)  # calloc'd: touch every page now, not during the study
-        region[::4096] = 1
-        region[::4096] = 0
+        region = aligned_zeros(args.bytes, pretouch=True)  # every page touched now, not during the study
     else:
-        region = fill_pattern(args.bytes, args.seed)
+        region = aligned_empty(args.bytes)
+        region[:] = fill_pattern(args.bytes, args.seed)
     config = TcpConfig(progress_timeout_s=args.progress_timeout_s, server_idle_timeout_s=args.server_idle_timeout_s,
                        spin_us=args.spin_us, socket_buffer_bytes=args.socket_buffer_bytes,
                        fast_path=bool(args.fast_path), congestion_control=args.congestion_control)

@@ -1,0 +1,61 @@
+"""Page-aligned byte buffers for everything that moves KV bytes through the kernel.
+
+``aligned_empty(n_bytes)`` / ``aligned_zeros(n_bytes)`` return a 1-D ``uint8`` NumPy array of
+``n_bytes`` whose first byte sits on an ``alignment_bytes`` boundary (default: one page, 4096).
+
+Why: NumPy (like ``malloc``) places a large array 16 bytes into its first page, so every block slot at
+an aligned *offset* of such a buffer sits at an address that is 16 mod 64: off the cache line. The
+kernel's socket copies (``copy_to_user`` / ``copy_from_user`` behind ``recv_into`` / ``send``) do not
+re-align, and on some CPUs (the AMD EPYC hosts this project is measured on) a receive into such a
+destination is markedly slower; the transfer study's "region off the cache line" subjects measure it
+in every run. Where the payload lies in the TCP stream matters as well (bytes sent before it in the
+same stream shift it), so an aligned buffer is necessary for the fast copy, not sufficient.
+
+Invariants: ``result.ctypes.data % alignment_bytes == 0`` when ``n_bytes > 0`` (an empty array has
+no first byte; NumPy reports its base's address); ``result.nbytes == n_bytes``; the result
+is a view of a private array at most ``alignment_bytes - 1`` bytes longer, which it keeps alive
+(``result.base``); ``aligned_zeros`` costs address space, not RAM, until pages are written (NumPy's
+``zeros`` maps zero pages), and ``pretouch=True`` faults every page in now by writing a zero to the
+first byte of each page (so ``aligned_zeros`` stays all zero), so that the first transfers do not pay
+the page faults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quillcache._checks import check_int
+
+__all__ = ["PAGE_BYTES", "aligned_empty", "aligned_zeros", "is_aligned"]
+
+PAGE_BYTES = 4096
+
+
+def _aligned(make, n_bytes: int, alignment_bytes: int, pretouch: bool) -> np.ndarray:
+    n_bytes = check_int("n_bytes", n_bytes, 0)
+    alignment_bytes = check_int("alignment_bytes", alignment_bytes, 1, 1 << 30)
+    if alignment_bytes & (alignment_bytes - 1):
+        raise ValueError(f"alignment_bytes must be a power of two, got {alignment_bytes}")
+    raw = make(n_bytes + alignment_bytes - 1, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment_bytes
+    out = raw[start:start + n_bytes]
+    if pretouch and n_bytes:
+        out[::PAGE_BYTES] = 0  # one write per page: every page faulted in now, not during the first transfers
+    return out
+
+
+def aligned_empty(n_bytes: int, alignment_bytes: int = PAGE_BYTES, *, pretouch: bool = False) -> np.ndarray:
+    """``n_bytes`` uninitialised bytes starting on an ``alignment_bytes`` boundary (module docstring)."""
+    return _aligned(np.empty, n_bytes, alignment_bytes, pretouch)
+
+
+def aligned_zeros(n_bytes: int, alignment_bytes: int = PAGE_BYTES, *, pretouch: bool = False) -> np.ndarray:
+    """``n_bytes`` zero bytes starting on an ``alignment_bytes`` boundary (module docstring)."""
+    return _aligned(np.zeros, n_bytes, alignment_bytes, pretouch)
+
+
+def is_aligned(buffer: object, alignment_bytes: int = 64) -> bool:
+    """Whether ``buffer``'s first byte sits on an ``alignment_bytes`` boundary (a NumPy array or any
+    object with the buffer protocol)."""
+    arr = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(memoryview(buffer).cast("B"), dtype=np.uint8)
+    return arr.ctypes.data % alignment_bytes == 0
