@@ -435,7 +435,7 @@ _MAX = 1 << 30
        length=st.integers(1, _MAX))
 def test_request_frames_round_trip(op, rid, region, offset, length):
     frame = P.encode_request(op, rid, region, offset, length)
-    assert len(frame) == P.REQUEST.size == 40
+    assert len(frame) == P.REQUEST.size == 64
     assert P.decode_request(frame, _MAX) == P.RequestHeader(op, rid, region, offset, length)
     assert P.decode_request(memoryview(bytearray(frame)), _MAX) == P.RequestHeader(op, rid, region, offset, length)
 
@@ -450,7 +450,7 @@ def test_response_frames_round_trip(status, rid, length):
     if status is not P.Status.OK:
         length %= P.MAX_REASON_BYTES + 1
     frame = P.encode_response(status, rid, length)
-    assert len(frame) == P.RESPONSE.size == 24
+    assert len(frame) == P.RESPONSE.size == 64
     assert P.decode_response(frame) == P.ResponseHeader(status, rid, length)
 
 
@@ -528,8 +528,8 @@ def test_every_malformed_request_field_raises_protocolerror(data, op, field):
         f[which] = data.draw(st.integers(1, U32))
         match = "carries region/offset/length"
     else:
-        frame = good[:data.draw(st.integers(0, 39))] if data.draw(st.booleans()) else good + b"\0"
-        with pytest.raises(ProtocolError, match=f"request header is {len(frame)} bytes, expected 40"):
+        frame = good[:data.draw(st.integers(0, 63))] if data.draw(st.booleans()) else good + b"\0"
+        with pytest.raises(ProtocolError, match=f"request header is {len(frame)} bytes, expected 64"):
             P.decode_request(frame, 4096)
         return
     with pytest.raises(ProtocolError, match=match):
@@ -556,7 +556,7 @@ def test_every_malformed_response_field_raises_protocolerror(data, field):
         f[5] = data.draw(st.integers(P.MAX_REASON_BYTES + 1, U64))
         match = "exceeds 4096"
     else:
-        frame = good[:data.draw(st.integers(0, 23))] if data.draw(st.booleans()) else good + b"\0"
+        frame = good[:data.draw(st.integers(0, 63))] if data.draw(st.booleans()) else good + b"\0"
         with pytest.raises(ProtocolError, match="response header is"):
             P.decode_response(frame)
         return
@@ -576,8 +576,8 @@ def test_malformed_handshake_frames_raise_protocolerror(frame, decode):
         decode(frame + b"x")
     with pytest.raises(ProtocolError, match="magic"):
         decode(b"XXXX" + frame[4:])
-    with pytest.raises(ProtocolError, match="protocol version 2"):
-        decode(frame[:4] + b"\x02" + frame[5:])
+    with pytest.raises(ProtocolError, match="protocol version 1"):  # version 1 peers are refused by name
+        decode(frame[:4] + b"\x01" + frame[5:])
 
 
 @pytest.mark.parametrize("body, match", [
@@ -609,9 +609,9 @@ def test_encoding_a_field_out_of_its_width_raises_protocolerror_not_struct_error
 
 
 def test_struct_error_never_escapes_a_decoder():
-    for decode, size in ((lambda f: P.decode_request(f, _MAX), 40), (P.decode_response, 24),
-                         (P.decode_hello, 40), (lambda f: P.decode_proof(f, b"k" * 16, b"n" * 32), 72),
-                         (lambda f: P.decode_accept(f, b"k" * 16, b"n" * 32, b"c" * 32), 40)):
+    for decode, size in ((lambda f: P.decode_request(f, _MAX), 64), (P.decode_response, 64),
+                         (P.decode_hello, 64), (lambda f: P.decode_proof(f, b"k" * 16, b"n" * 32), 128),
+                         (lambda f: P.decode_accept(f, b"k" * 16, b"n" * 32, b"c" * 32), 64)):
         for n in (0, 1, size - 1, size + 1, 4096):
             with pytest.raises(ProtocolError):
                 decode(b"\0" * n)

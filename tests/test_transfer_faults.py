@@ -310,7 +310,7 @@ def _frame(case: str, rid: int) -> tuple[bytes, bool]:
     """The bytes a hostile client sends for ``case``, and whether it then half-closes (else it stalls)."""
     REGION, READONLY = 1, 2
     if case == "garbage":
-        return np.random.default_rng(9).integers(0, 256, 40, dtype=np.uint8).tobytes(), False
+        return np.random.default_rng(9).integers(0, 256, P.REQUEST.size, dtype=np.uint8).tobytes(), False
     if case == "garbage-short":
         return b"GET / HTTP/1.1\r\n\r\n", True
     if case == "truncated-header-eof":

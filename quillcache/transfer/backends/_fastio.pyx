@@ -89,7 +89,9 @@ cdef enum:
     C_MISMATCH = 5
     BACKOFF_MIN = 16
     BACKOFF_MAX = 1024
-    RESPONSE_BYTES = 24
+    RESPONSE_BYTES = 64  # protocol.RESPONSE.size (version 2); sockets.py refuses a build where they differ
+
+RESPONSE_HEADER_BYTES = RESPONSE_BYTES  # for that check
 
 # Two polls of a spin further apart than this mean the thread was preempted in between (one poll
 # takes about a microsecond): the peer probably runs on this CPU, where spinning only delays it.

@@ -35,10 +35,22 @@ import socket
 import struct
 import time
 
+from quillcache.transfer import protocol as _protocol
+
 try:
-    from quillcache.transfer.backends._fastio import FastChannel
+    from quillcache.transfer.backends import _fastio
 except ImportError:  # not built: the plain-Python Channel does everything
     FastChannel = None
+else:
+    if getattr(_fastio, "RESPONSE_HEADER_BYTES", None) == _protocol.RESPONSE.size:
+        FastChannel = _fastio.FastChannel
+    else:  # a stale build for another protocol version would misread every answer: use the reference path
+        import warnings
+
+        warnings.warn("quillcache.transfer.backends._fastio was built for another protocol version; "
+                      "rebuild it (pip install -e . or python setup.py build_ext --inplace): using the "
+                      "plain-Python Channel", RuntimeWarning, stacklevel=1)
+        FastChannel = None
 
 __all__ = ["MAX_TIMEOUT_S", "Channel", "FastChannel", "TcpConfig", "fast_channel", "tune_socket"]
 

@@ -302,9 +302,11 @@ class TcpClient:
                 raise ProtocolError(f"answer to request {resp.request_id} while waiting for {rid}")
             if resp.length > P.MAX_LIST_BYTES:
                 raise ProtocolError(f"region list of {resp.length} bytes exceeds {P.MAX_LIST_BYTES}")
-            body = bytes(conn.ch.recv(resp.length, deadline))
-            if resp.status is not P.Status.OK:
+            if resp.status is not P.Status.OK:  # a refusal's reason is not padded (the connection closes)
+                body = bytes(conn.ch.recv(resp.length, deadline))
                 raise TransferError(f"{address} refused the region list: {body.decode('utf-8', 'replace')}")
+            # the body, then its padding to the next 64-byte stream offset (protocol.py: alignment)
+            body = bytes(conn.ch.recv(resp.length + P.padding_bytes(resp.length), deadline))[:resp.length]
             regions = P.decode_regions(body)
             ok = True
             return regions

@@ -221,7 +221,8 @@ class TcpServer:
     def _control(self, ch: Channel, req: P.RequestHeader) -> None:
         if req.opcode is P.Opcode.LIST:
             body = P.encode_regions(self.regions.describe())
-            ch.send(P.encode_response(P.Status.OK, req.request_id, len(body)) + body)
+            ch.send(P.encode_response(P.Status.OK, req.request_id, len(body)) + body
+                    + bytes(P.padding_bytes(len(body))))  # payloads after it stay on 64-byte offsets
         elif req.opcode is P.Opcode.PING:
             ch.send(P.encode_response(P.Status.OK, req.request_id, 0))
         elif req.opcode is P.Opcode.READ:
