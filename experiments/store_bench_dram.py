@@ -15,6 +15,12 @@ bytes from the same pre-touched, random source blocks:
   baseline's offsets (block i at ``(i % slots) * size``, ``_dst_slot``), so neither copy lands in a
   block-sized buffer that stays in the CPU cache while the other streams through memory.
 
+Alignment: the sources, the destination and the store's segments are all page-aligned (as an
+engine's pinned KV cache is). On this machine's CPU a copy between buffers whose addresses differ
+within a cache line (a NumPy array starts 16 bytes into its page) runs markedly slower, for the
+kernel's socket copies and for ``memcpy`` alike (``quillcache.alloc.buffers``); the baseline and the
+store are compared on equal terms.
+
 Rates are GB/s (10^9 bytes) of block payload; each subject's cell is timed as a whole loop with
 ``time.perf_counter``; subjects are interleaved within each repetition; medians over ``reps``
 (>= 5 in full mode) with p10/p90. Writes ``results/store_dram/summary.csv`` (metric ``throughput``;
@@ -28,6 +34,7 @@ import time
 import numpy as np
 
 from experiments.microbench import bench_main
+from quillcache.alloc.buffers import aligned_empty
 from quillcache.results import SummaryRow, spread, write_raw, write_summary
 from quillcache.store.dram import LocalKvStore
 from quillcache.store.keys import StoreKey
@@ -49,7 +56,12 @@ def _label(size: int) -> str:
 def _sources(size: int, source_bytes: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Random, touched source blocks (at least 2, so no block is copied from itself twice in a row)."""
     n = max(2, source_bytes // size)
-    return [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        block = aligned_empty(size)  # page-aligned like the store's segments (module docstring: alignment)
+        block[:] = rng.integers(0, 256, size, dtype=np.uint8)
+        out.append(block)
+    return out
 
 
 def _dst_slot(dst: np.ndarray, size: int, i: int) -> np.ndarray:
@@ -116,8 +128,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     raw: list[tuple] = []  # (size_bytes, subject, rep, seconds, bytes)
     rows: list[SummaryRow] = []
     store_bytes = cfg["store_bytes"]
-    dst = np.empty(store_bytes, dtype=np.uint8)
-    dst[::4096] = 0  # pre-touched, like the store's segments
+    dst = aligned_empty(store_bytes, pretouch=True)  # pre-touched and page-aligned, like the store's segments
     plain = LocalKvStore(store_bytes, segment_bytes=store_bytes, alignment_bytes=4096)
     checked = LocalKvStore(store_bytes, segment_bytes=store_bytes, alignment_bytes=4096, checksum=True)
     table = []

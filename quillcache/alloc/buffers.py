@@ -4,12 +4,13 @@
 ``n_bytes`` whose first byte sits on an ``alignment_bytes`` boundary (default: one page, 4096).
 
 Why: NumPy (like ``malloc``) places a large array 16 bytes into its first page, so every block slot at
-an aligned *offset* of such a buffer sits at an address that is 16 mod 64: off the cache line. The
-kernel's socket copies (``copy_to_user`` / ``copy_from_user`` behind ``recv_into`` / ``send``) do not
-re-align, and on some CPUs (the AMD EPYC hosts this project is measured on) a receive into such a
-destination is markedly slower; the transfer study's "region off the cache line" subjects measure it
-in every run. Where the payload lies in the TCP stream matters as well (bytes sent before it in the
-same stream shift it), so an aligned buffer is necessary for the fast copy, not sufficient.
+an aligned *offset* of such a buffer sits 16 bytes past a cache line. On the CPUs this project is
+measured on (AMD EPYC), a copy is markedly slower when its source and destination differ in their
+offset within a cache line: the kernel's socket copies behind ``recv_into`` / ``send`` (the bytes of
+a TCP stream sit at their stream offset, so the transfer protocol keeps payloads on 64-byte stream
+offsets) and ``memcpy`` alike. Page-aligned buffers on both sides keep every aligned block copy on
+the fast path; the transfer study's "region off the cache line" subjects measure the difference in
+every run. A buffer of the caller's that is not aligned pays it on every copy into or out of these.
 
 Invariants: ``result.ctypes.data % alignment_bytes == 0`` when ``n_bytes > 0`` (an empty array has
 no first byte; NumPy reports its base's address); ``result.nbytes == n_bytes``; the result
