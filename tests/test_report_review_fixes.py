@@ -119,6 +119,15 @@ def _row(metric: str, **params):
     return lambda r: r["metric"] == metric and all(r[k] == v for k, v in params.items())
 
 
+_CELL_A = dict(placement="cross_core", op="read", block_bytes="2097152", batch="16")
+_CELL_B = dict(placement="cross_core", op="write", block_bytes="2097152", batch="16")
+_TRANSFER_BASE = [(_row("speedup_over_mooncake", **_CELL_A), {"value": "1.5"}),
+                  (_row("speedup_over_mooncake", **_CELL_B), {"value": "1.5"}),
+                  (_row("throughput", subject="quillcache tcp", **_CELL_A), {"p90": "1000.0"}),
+                  (_row("throughput", subject="quillcache tcp", **_CELL_B), {"p90": "0.0"})]
+_BASE = {"transfer": _TRANSFER_BASE}  # edits that give a study's base render the verdict a case takes away
+
+
 @pytest.mark.parametrize("study, edits, meta, macro, present, absent", [
     # the Cython allocator slower than its reference: not "faster"
     ("microbench_alloc", [(_row("churn_pair_ns"), {"value": "250.0", "baseline_value": "200.0", "ratio": "1.25"})],
@@ -139,8 +148,10 @@ def _row(metric: str, **params):
     ("transfer", [(_row("throughput", subject="Mooncake TE tcp", placement="cross_core", op="read", batch="1"),
                    {"value": "5.0"})],
      None, "section", "is faster than the Store in every one of the single-block reads", "only some"),
-    # QuillCache's p90 far above every cross-core cell's floor
-    ("transfer", [(_row("throughput", subject="quillcache tcp", placement="cross_core"), {"p90": "1000.0"})],
+    # QuillCache's p90 far above every cross-core cell's floor (the base: two cells below 2x Mooncake,
+    # one of them within its spread, one not: _TRANSFER_BASE)
+    ("transfer", _TRANSFER_BASE + [(_row("throughput", subject="quillcache tcp", placement="cross_core"),
+                                    {"p90": "1000.0"})],
      None, "section", "every one of these cells reaches the floor within this run's spread", "not even there"),
     # the eviction policy moves the small-tier hit rate by 5 points; prefix affinity no slower than round-robin
     ("replay", [(_row("block_hit_rate", subject="dynamo/quillhd", tiers="small"), {"value": "0.25"}),
@@ -149,8 +160,9 @@ def _row(metric: str, **params):
      "overloads"),
 ])
 def test_typed_verdicts_of_other_sections_follow_the_results(tmp_path, study, edits, meta, macro, present, absent):
-    committed = render(study, results_copy(tmp_path / "a", study), macro)
-    assert absent in committed  # the committed results render the verdict the edit takes away
+    base = [e for e in _BASE.get(study, []) if e in edits]  # a case's base edits, if it has any
+    committed = render(study, results_copy(tmp_path / "a", study, base), macro)
+    assert absent in committed  # the base results render the verdict the edit takes away
     text = render(study, results_copy(tmp_path / "b", study, edits, meta), macro)
     assert present in text and absent not in text
 
