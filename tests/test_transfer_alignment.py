@@ -90,3 +90,25 @@ def test_a_fast_path_built_for_another_header_size_is_not_used():
             "assert any('another protocol version' in str(x.message) for x in w), [str(x.message) for x in w]\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+def test_a_frame_with_nonzero_padding_is_refused_naming_the_padding():
+    import pytest
+
+    from quillcache.transfer.types import ProtocolError
+
+    cases = [
+        (P.encode_request(P.Opcode.READ, 1, 1, 0, 64), lambda f: P.decode_request(f, 1 << 20)),
+        (P.encode_response(P.Status.OK, 1, 64), P.decode_response),
+        (P.encode_hello(b"n" * 32), P.decode_hello),
+        (P.encode_proof(b"c" * 32, P.client_proof(b"k", b"n" * 32, b"c" * 32)),
+         lambda f: P.decode_proof(f, b"k", b"n" * 32)),
+        (P.encode_accept(P.server_proof(b"k", b"n" * 32, b"c" * 32)),
+         lambda f: P.decode_accept(f, b"k", b"n" * 32, b"c" * 32)),
+    ]
+    for frame, decode in cases:
+        decode(frame)  # the canonical frame is accepted
+        bad = bytearray(frame)
+        bad[-1] = 1
+        with pytest.raises(ProtocolError, match="padding"):
+            decode(bytes(bad))

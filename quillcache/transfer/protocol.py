@@ -7,7 +7,7 @@ connection were multiples of 64 bytes long (KV blocks are). The kernel's copy be
 a page-aligned region (``quillcache.alloc.buffers``) then keeps source and destination on the same
 cache-line offset; on the CPUs this project is measured on, a payload behind version 1's 24-byte
 response header was copied markedly slower (the transfer study's alignment rows). Padding is zero
-when sent and ignored when read. A refusal's reason is not padded: the connection closes after it.
+when sent and refused when not zero (an accepted frame is the one its encoder makes). A refusal's reason is not padded: the connection closes after it.
 
 Frames (``struct`` formats, sizes in bytes):
 
@@ -88,6 +88,8 @@ HELLO = struct.Struct("<4sB3x32s24x")
 PROOF = struct.Struct("<4sB3x32s32s56x")
 ACCEPT = struct.Struct("<4sB3x32s24x")
 assert all(f.size % STREAM_ALIGN_BYTES == 0 for f in (REQUEST, RESPONSE, HELLO, PROOF, ACCEPT))
+# each frame's trailing zero padding (bytes), checked by its decoder: an accepted frame is the canonical one
+_PADDING = {REQUEST: 24, RESPONSE: 40, HELLO: 24, PROOF: 56, ACCEPT: 24}
 REQUEST_MAGIC, RESPONSE_MAGIC = b"QCTR", b"QCTS"
 HELLO_MAGIC, PROOF_MAGIC, ACCEPT_MAGIC = b"QCTH", b"QCTA", b"QCTK"
 NONCE_BYTES = 32
@@ -144,6 +146,12 @@ def encode_request(opcode: Opcode, request_id: int, region_id: int, offset: int,
     return REQUEST.pack(REQUEST_MAGIC, PROTOCOL_VERSION, int(opcode), flags, request_id, region_id, 0, offset, length)
 
 
+def _check_padding(kind: str, frame: bytes | bytearray | memoryview, fmt: struct.Struct) -> None:
+    pad = _PADDING[fmt]
+    if any(memoryview(frame)[len(frame) - pad:]):
+        raise ProtocolError(f"{kind} padding (its last {pad} bytes) must be zero")
+
+
 def _check_magic(kind: str, magic: bytes, expected: bytes, version: int) -> None:
     if magic != expected:
         raise ProtocolError(f"bad {kind} magic {magic!r} (expected {expected!r})")
@@ -157,6 +165,7 @@ def decode_request(frame: bytes | bytearray | memoryview, max_length: int) -> Re
         raise ProtocolError(f"request header is {len(frame)} bytes, expected {REQUEST.size}")
     magic, version, opcode, flags, request_id, region_id, reserved, offset, length = REQUEST.unpack(frame)
     _check_magic("request", magic, REQUEST_MAGIC, version)
+    _check_padding("request", frame, REQUEST)
     try:
         op = Opcode(opcode)
     except ValueError:
@@ -183,6 +192,7 @@ def decode_response(frame: bytes | bytearray | memoryview) -> ResponseHeader:
         raise ProtocolError(f"response header is {len(frame)} bytes, expected {RESPONSE.size}")
     magic, version, status, reserved, request_id, length = RESPONSE.unpack(frame)
     _check_magic("response", magic, RESPONSE_MAGIC, version)
+    _check_padding("response", frame, RESPONSE)
     try:
         st = Status(status)
     except ValueError:
@@ -243,6 +253,7 @@ def decode_hello(frame: bytes) -> bytes:
         raise ProtocolError(f"hello is {len(frame)} bytes, expected {HELLO.size}")
     magic, version, nonce = HELLO.unpack(frame)
     _check_magic("hello", magic, HELLO_MAGIC, version)
+    _check_padding("hello", frame, HELLO)
     return nonce
 
 
@@ -256,6 +267,7 @@ def decode_proof(frame: bytes, secret: bytes, server_nonce: bytes) -> bytes:
         raise ProtocolError(f"proof is {len(frame)} bytes, expected {PROOF.size}")
     magic, version, client_nonce, mac = PROOF.unpack(frame)
     _check_magic("proof", magic, PROOF_MAGIC, version)
+    _check_padding("proof", frame, PROOF)
     if not hmac.compare_digest(mac, client_proof(secret, server_nonce, client_nonce)):
         raise AuthenticationError("the peer's proof does not match the shared secret")
     return client_nonce
@@ -270,5 +282,6 @@ def decode_accept(frame: bytes, secret: bytes, server_nonce: bytes, client_nonce
         raise ProtocolError(f"accept is {len(frame)} bytes, expected {ACCEPT.size}")
     magic, version, mac = ACCEPT.unpack(frame)
     _check_magic("accept", magic, ACCEPT_MAGIC, version)
+    _check_padding("accept", frame, ACCEPT)
     if not hmac.compare_digest(mac, server_proof(secret, server_nonce, client_nonce)):
         raise AuthenticationError("the server's proof does not match the shared secret")

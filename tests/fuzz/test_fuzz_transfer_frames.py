@@ -158,7 +158,8 @@ def test_fuzz_decode_handshake(case):
     try:
         if kind == "hello":
             nonce = P.decode_hello(frame)
-            assert len(nonce) == 32 and frame[:5] == b"QCTH\x01" and frame[8:] == nonce
+            assert len(nonce) == 32 and frame[:5] == b"QCTH\x02" and frame[8:40] == nonce
+            assert frame[40:] == bytes(24)  # the trailing padding of version 2 is zero
         elif kind == "proof":
             # accepted only with the genuine nonce and MAC (the 3 padding bytes carry nothing)
             assert P.decode_proof(frame, SECRET, _S_NONCE) == _C_NONCE
