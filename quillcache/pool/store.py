@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 
+from quillcache.alloc.buffers import aligned_empty
 from quillcache.master.client import MasterClient
 from quillcache.master.errors import MasterError, ObjectNotFoundError, ObjectNotReadyError
 from quillcache.master.types import MasterConfig, PutRequest, ReplicaConfig, ReplicaDescriptor
@@ -280,7 +281,9 @@ class PooledStore:
         a = self.cache.allocate(size)
         if a is not None:
             return _Dest(a, self.region.region_id, a.offset, size)
-        buf = bytearray(size)  # everything pinned or too big: a buffer of its own, registered for this op
+        # everything pinned or too big: a buffer of its own, registered for this op; page-aligned like the cache's
+        # mmap, so the socket copy into it stays on the fast path (quillcache.alloc.buffers)
+        buf = aligned_empty(size)
         reg = self.engine.register_region(buf, writable=True)
         return _Dest(None, reg.region_id, 0, size, buf, reg)
 
