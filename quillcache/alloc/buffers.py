@@ -27,7 +27,7 @@ import numpy as np
 
 from quillcache._checks import check_int
 
-__all__ = ["PAGE_BYTES", "aligned_empty", "aligned_zeros", "is_aligned"]
+__all__ = ["PAGE_BYTES", "aligned_empty", "aligned_zeros"]
 
 PAGE_BYTES = 4096
 
@@ -54,9 +54,3 @@ def aligned_zeros(n_bytes: int, alignment_bytes: int = PAGE_BYTES, *, pretouch: 
     """``n_bytes`` zero bytes starting on an ``alignment_bytes`` boundary (module docstring)."""
     return _aligned(np.zeros, n_bytes, alignment_bytes, pretouch)
 
-
-def is_aligned(buffer: object, alignment_bytes: int = 64) -> bool:
-    """Whether ``buffer``'s first byte sits on an ``alignment_bytes`` boundary (a NumPy array or any
-    object with the buffer protocol)."""
-    arr = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(memoryview(buffer).cast("B"), dtype=np.uint8)
-    return arr.ctypes.data % alignment_bytes == 0
