@@ -299,28 +299,21 @@ def test_cli_refuses_bad_flags():
     assert "STAND-IN engine" in out.stdout
 
 
-def test_a_failed_start_names_the_engines_error_and_leaves_no_log_file_behind(monkeypatch):
-    import tempfile
-
-    from quillcache.enginesim import process as process_mod
-
-    # only this sim's own log file is checked: other test workers start engine sims (and their logs) meanwhile
-    created: list[str] = []
-    real = tempfile.NamedTemporaryFile
-
-    def recording(*args, **kwargs):
-        f = real(*args, **kwargs)
-        created.append(f.name)
-        return f
-
-    monkeypatch.setattr(process_mod.tempfile, "NamedTemporaryFile", recording)
+def test_a_failed_start_names_the_engines_error_and_leaves_no_log_file_behind():
     sim = EngineSimProcess(["--block-size", "0"], start_timeout_s=60.0)
     with pytest.raises(RuntimeError, match="--block-size"):
         sim.start()
     assert sim.proc is not None and sim.proc.returncode == 2
     assert "--block-size" in sim.stderr_tail()  # the tail outlives the file
-    assert len(created) == 1 and "engine-sim-" in created[0]
-    assert not os.path.exists(created[0])
+
+
+def test_the_engines_log_never_has_a_name_so_a_killed_run_leaves_nothing_behind():
+    with EngineSimProcess(["--block-size", "16"]) as sim:
+        fd = sim._stderr.fileno()
+        assert os.fstat(fd).st_nlink == 0  # no directory entry, from the start: nothing to remove
+        target = os.readlink(f"/proc/{sim.pid}/fd/2")
+        assert os.stat(f"/proc/{sim.pid}/fd/2").st_nlink == 0, target  # the engine writes to that same file
+        assert isinstance(sim.stderr_tail(), str)
 
 
 # ---- timing of headers, disconnects and faults ----------------------------------------------------------

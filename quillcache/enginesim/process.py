@@ -5,7 +5,9 @@ keyword options become flags, ``options_to_args``) starts ``python -m quillcache
 --host 127.0.0.1 --port 0 ARGS``, reads its JSON line (the bound address, KV-event endpoints) and polls
 ``GET /health`` until it answers 200, both within ``start_timeout_s`` (else ``RuntimeError`` with the tail of its
 stderr). On exit it is ALWAYS stopped: SIGTERM, then SIGKILL after ``stop_timeout_s``; ``stop`` (also run when
-``start`` fails) removes the stderr log file and keeps its tail for ``stderr_tail``, so no run leaves a file behind. ``sim.url`` is
+``start`` fails) keeps the tail of its stderr for ``stderr_tail``. The stderr log is an anonymous temporary file
+(``tempfile.TemporaryFile``: on Linux it never has a name), so no run leaves a file behind, not even one killed
+before ``stop``. ``sim.url`` is
 ``http://127.0.0.1:PORT``; ``sim.info`` the whole JSON line; ``sim.metrics()`` parses ``/metrics`` into
 ``{name{labels}: value}``. Should this process die without stopping it (SIGKILL), the kernel sends the engine
 SIGTERM (``quillcache.cli.parent.kill_on_parent_death``; Linux, when started from the main thread).
@@ -22,7 +24,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Sequence
 
 from quillcache.cli.parent import kill_on_parent_death
@@ -65,8 +66,8 @@ class EngineSimProcess:
         self.env = env
         self.proc: subprocess.Popen[str] | None = None
         self.info: dict = {}
-        self._stderr: tempfile._TemporaryFileWrapper | None = None  # type: ignore[type-arg]
-        self._stderr_final = ""  # the log's tail, kept when ``stop`` removes the file
+        self._stderr = None  # the engine's stderr: an anonymous temporary file, open until ``stop``
+        self._stderr_final = ""  # the log's tail, kept when ``stop`` closes the file
 
     @property
     def url(self) -> str:
@@ -81,10 +82,13 @@ class EngineSimProcess:
         """The last ``n_bytes`` of the engine's stderr; after ``stop`` the last 4000 bytes it wrote."""
         if self._stderr is None:
             return self._stderr_final[-n_bytes:]
-        return Path(self._stderr.name).read_text(errors="replace")[-n_bytes:]
+        fd = self._stderr.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - 4 * n_bytes)  # whole UTF-8 characters of the last n_bytes, and pread moves no offset
+        return os.pread(fd, size - start, start).decode(errors="replace")[-n_bytes:]
 
     def start(self) -> EngineSimProcess:
-        self._stderr = tempfile.NamedTemporaryFile(prefix="engine-sim-", suffix=".log", delete=False)
+        self._stderr = tempfile.TemporaryFile(prefix="engine-sim-", suffix=".log")
         env = dict(os.environ, **(self.env or {}))
         cmd = [sys.executable, "-m", "quillcache", "engine-sim", "--host", "127.0.0.1", "--port", "0", *self.args]
         # stopped by the kernel should this process die without stopping it (a killed study or test run)
@@ -140,13 +144,9 @@ class EngineSimProcess:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        if self._stderr is not None:  # the log file goes with the process; its tail stays readable
+        if self._stderr is not None:  # the log goes with the process; its tail stays readable
             self._stderr_final = self.stderr_tail()
             self._stderr.close()
-            try:
-                os.unlink(self._stderr.name)
-            except OSError:
-                pass
             self._stderr = None
         return self.proc.returncode
 
