@@ -21,7 +21,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 HERE = Path(__file__).resolve().parent
 
 SETUP = '''\
-import sys, tempfile
+import atexit, shutil, sys, tempfile
 from pathlib import Path
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
@@ -36,6 +36,7 @@ from experiments.studies import STUDIES
 
 RESULTS = str(ROOT / "results")
 FIGURES = Path(tempfile.mkdtemp(prefix="qc-notebook-"))  # figures redrawn here, never over paper/figures
+atexit.register(shutil.rmtree, FIGURES, ignore_errors=True)  # figures shown are embedded: the folder goes
 pd.set_option("display.width", 160, "display.max_columns", 20, "display.precision", 4)
 
 

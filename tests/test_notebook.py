@@ -25,8 +25,12 @@ def test_committed_notebook_has_the_generated_cells():
 
 
 @pytest.mark.timeout(180)
-def test_notebook_executes_against_results_in_under_a_minute(tmp_path):
+def test_notebook_executes_against_results_in_under_a_minute(tmp_path, monkeypatch):
     from nbclient import NotebookClient
+
+    kernel_tmp = tmp_path / "tmp"  # the kernel's temporary folders: nothing may be left there
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))
 
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
@@ -43,3 +47,4 @@ def test_notebook_executes_against_results_in_under_a_minute(tmp_path):
               if "image/png" in o.get("data", {})]
     assert len(images) >= 12  # every study's figure (hit rate draws two)
     assert elapsed < 60, f"the notebook took {elapsed:.0f} s"
+    assert [p.name for p in kernel_tmp.iterdir()] == []  # the redrawn figures' folder went with the kernel
