@@ -56,7 +56,8 @@ from experiments.crash_workload import (
     block_key,
     check_tier,
     check_tier_index,
-    count_tier,
+    forget_faults,
+    tier_faults,
     tier_index_workload,
     tier_workload,
 )
@@ -136,9 +137,13 @@ def _kill_after_acks(proc: subprocess.Popen, acks: int, deadline_s: float) -> tu
     return lines, seen >= acks
 
 
-def _verify_real(tier: SsdTier, expected: dict[int, int], index) -> tuple[int, int, int, int, int]:
-    """(acked_lost, corrupt_served, dangling_before, dangling_after, reconcile changes)."""
-    lost, corrupt = count_tier(tier, expected)
+def _verify_real(tier: SsdTier, expected: dict[int, int], index,
+                 known: set[StoreKey]) -> tuple[int, int, int, int, int]:
+    """(acked_lost, corrupt_served, dangling_before, dangling_after, reconcile changes); the blocks
+    found lost or wrong are counted once (:func:`~experiments.crash_workload.forget_faults`)."""
+    faults = tier_faults(tier, expected, known)
+    forget_faults(faults, expected, known)
+    lost, corrupt = len(faults.lost), len(faults.corrupt)
     live = tier.locations()
 
     def dangling() -> int:
@@ -158,6 +163,7 @@ def run_kills(layout: str, kills: int, max_acks: int, rng: random.Random, workdi
     tier_dir, index_dir = workdir / f"tier-{layout}", workdir / f"index-{layout}"
     expect_path = workdir / f"expected-{layout}.txt"
     expected: dict[int, int] = {}  # acknowledged and not asked to delete: must be present, bit-exact
+    known: set[StoreKey] = set()  # wrong reads already counted
     totals = dict(crashes=0, acked=0, lost=0, corrupt=0, dangling_before=0, dangling=0, short=0)
     first = 1
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
@@ -184,13 +190,14 @@ def run_kills(layout: str, kills: int, max_acks: int, rng: random.Random, workdi
             first += 1000  # the child may have used keys it never acknowledged
             tier = open_tier(str(tier_dir))
             index = open_index("art", index_dir)
-            lost, corrupt, before, after, _ = _verify_real(tier, expected, index)
-            raw.append([f"kill_{layout}", trial, len(expected), lost, corrupt, before, after, len(tier),
+            checked = len(expected)
+            lost, corrupt, before, after, _ = _verify_real(tier, expected, index, known)
+            raw.append([f"kill_{layout}", trial, checked, lost, corrupt, before, after, len(tier),
                         len(tier.recovery.dropped), 0, 0, 0,
                         f"killed after {acks} acks{'' if reached else ' (deadline hit first)'}; "
                         f"acks this run={sum(ln[:1] == 'A' for ln in lines)}"])
             totals["crashes"] += 1
-            totals["acked"] += len(expected)
+            totals["acked"] += checked
             totals["lost"] += lost
             totals["corrupt"] += corrupt
             totals["dangling_before"] += before
@@ -208,8 +215,11 @@ ZERO_FILL = True
 
 def _crash_notes(fs: CrashFs, disk: CrashFs) -> str:
     cs = disk.last_crash
-    return (f"sync={fs.sync_calls} writes kept/dropped/torn/garbled/zeroed={cs.writes_kept}/{cs.writes_dropped}/"
-            f"{cs.writes_torn}/{cs.writes_garbled}/{cs.writes_zeroed} dir ops kept/lost={cs.dir_ops_kept}/{cs.dir_ops_lost}")
+    # sync = the sync calls the workload made, crash_at = the drawn power-loss point: a power loss that
+    # interrupted the workload struck at sync == crash_at, one after a clean close has sync < crash_at
+    return (f"sync={fs.sync_calls} crash_at={fs.crash_at_sync} writes kept/dropped/torn/garbled/zeroed="
+            f"{cs.writes_kept}/{cs.writes_dropped}/{cs.writes_torn}/{cs.writes_garbled}/{cs.writes_zeroed} "
+            f"dir ops kept/lost={cs.dir_ops_kept}/{cs.dir_ops_lost}")
 
 
 def _when(interrupted: bool) -> str:
@@ -222,6 +232,7 @@ def run_powerloss(layout: str, trials: int, rng: random.Random, raw: list) -> di
     totals = dict(crashes=0, after_close=0, acked=0, lost=0, corrupt=0)
     for trial in range(trials):
         acked: dict[int, int] = {}
+        known: set[StoreKey] = set()  # wrong reads already counted in this trial
         fs = CrashFs(crash_at_sync=rng.randint(1, 300))
         first = 1
         for round_ in range(2):
@@ -231,11 +242,13 @@ def run_powerloss(layout: str, trials: int, rng: random.Random, raw: list) -> di
             except SimulatedCrash:
                 interrupted = True
             disk = fs.crash(rng, zero_fill=ZERO_FILL)
-            t, lost, corrupt = check_tier(disk, layout, acked, STUDY_SHAPE, directory="/sim/t")
-            raw.append([f"powerloss_{layout}", f"{trial}.{round_}", len(acked), lost, corrupt, 0, 0, len(t),
+            checked = len(acked)
+            # what it finds lost or wrong leaves `acked`: counted once, never deleted by the next round
+            t, lost, corrupt = check_tier(disk, layout, acked, STUDY_SHAPE, directory="/sim/t", known=known)
+            raw.append([f"powerloss_{layout}", f"{trial}.{round_}", checked, lost, corrupt, 0, 0, len(t),
                         len(t.recovery.dropped), 0, 0, 0, f"{_when(interrupted)} {_crash_notes(fs, disk)}"])
             totals["crashes" if interrupted else "after_close"] += 1
-            totals["acked"] += len(acked)
+            totals["acked"] += checked
             totals["lost"] += lost
             totals["corrupt"] += corrupt
             del t  # power is lost again: the recovered instance is abandoned, not closed

@@ -5,7 +5,8 @@
   through an :class:`~quillcache.store.ssd.SsdTier` on a given FileSystem; the ``acked`` dict
   gets every acknowledged block (``put``/``put_many`` returned, or the ``put_async`` callback fired
   without error) and loses a block as soon as its delete is *asked* (from then on it may or may
-  not come back after a crash, but if it does it must be bit-exact).
+  not come back after a crash, but if it does it must be bit-exact), or once a check counted it
+  lost or wrong (so a later round neither deletes it nor counts it again).
 - :func:`tier_index_workload`: the SSD tier AND an on-disk ART index on the same FileSystem, in the
   order :mod:`quillcache.store.reconcile` prescribes: bytes durable first, then the index entry;
   on delete, the index entry removed and flushed first, then the bytes. ``IndexModel.index_acked``
@@ -14,7 +15,8 @@
 - :func:`check_tier` / :func:`check_tier_index` reopen on the disk a crash left and *count*
   (never assume) what went wrong: acknowledged blocks lost, reads that returned wrong bytes,
   acknowledged index entries lost, and dangling index entries (an entry of this node whose block
-  the tier does not hold at that location) before and after ``reconcile_index``.
+  the tier does not hold at that location) before and after ``reconcile_index``. Each fault is
+  counted once (:func:`forget_faults`), however many rounds a trial runs.
 
 Shapes (:class:`TierShape`) are parameters, so a test runs the same workload smaller and faster.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from quillcache.durability.fs import FileSystem
@@ -128,35 +131,70 @@ def tier_workload(fs: FileSystem, layout: str, rng: random.Random, acked: dict[i
     t.close()
 
 
-def count_tier(t: SsdTier, acked: dict[int, int]) -> tuple[int, int]:
-    """``(acknowledged blocks lost, reads that returned wrong bytes)``: every acknowledged block
-    must be present and bit-exact (at its acknowledged size); whatever else survived must be bit-exact
-    too (at the length it came back with: :func:`block_content` depends on the size, so a block cut
-    short does not pass). Each block is counted once."""
-    lost = corrupt = 0
+@dataclass(frozen=True)
+class TierFaults:
+    """What one check of a tier found wrong: the keys, so that each fault is counted once."""
+
+    lost: frozenset[int]  # acknowledged block hashes missing (or detected corrupt, so not served)
+    corrupt: frozenset[StoreKey]  # keys whose read returned wrong bytes
+
+
+def tier_faults(t: SsdTier, acked: dict[int, int], known: Collection[StoreKey] = ()) -> TierFaults:
+    """Every acknowledged block must be present and bit-exact (at its acknowledged size); whatever
+    else survived must be bit-exact too (at the length it came back with: :func:`block_content`
+    depends on the size, so a block cut short does not pass). Each block is reported once; keys in
+    ``known`` (wrong reads an earlier check of this tier already reported) are skipped."""
+    lost: set[int] = set()
+    corrupt: set[StoreKey] = set()
     for i, n in acked.items():
+        k = block_key(i)
+        if k in known:
+            continue
         try:
-            if t.get(block_key(i)) != block_content(block_key(i), n):
-                corrupt += 1
+            if t.get(k) != block_content(k, n):
+                corrupt.add(k)
         except (BlockNotFoundError, CorruptBlockError):
-            lost += 1
+            lost.add(i)
     for k in list(t.keys()):
-        if k.block_hash in acked and k.identity == IDENTITY:
-            continue  # checked above at its acknowledged size
+        if k in known or (k.block_hash in acked and k.identity == IDENTITY):
+            continue  # reported before, or checked above at its acknowledged size
         try:
             data = t.get(k)
         except CorruptBlockError:
             continue  # detected, not served
         if data != block_content(k, len(data)):
-            corrupt += 1
-    return lost, corrupt
+            corrupt.add(k)
+    return TierFaults(frozenset(lost), frozenset(corrupt))
+
+
+def count_tier(t: SsdTier, acked: dict[int, int], known: Collection[StoreKey] = ()) -> tuple[int, int]:
+    """``(acknowledged blocks lost, reads that returned wrong bytes)``: :func:`tier_faults`, counted."""
+    faults = tier_faults(t, acked, known)
+    return len(faults.lost), len(faults.corrupt)
+
+
+def forget_faults(faults: TierFaults, acked: dict[int, int], known: set[StoreKey]) -> None:
+    """After ``faults`` were counted: the blocks found lost or wrong leave ``acked`` (a next round
+    neither deletes nor expects them: deleting a lost block raises BlockNotFoundError, expecting it
+    counts the same loss again) and the wrong reads join ``known`` (a next check skips them)."""
+    for i in faults.lost:
+        acked.pop(i, None)
+    for k in faults.corrupt:
+        if k.identity == IDENTITY:
+            acked.pop(k.block_hash, None)
+    known.update(faults.corrupt)
 
 
 def check_tier(disk: FileSystem, layout: str, acked: dict[int, int], shape: TierShape, *,
-               directory: str) -> tuple[SsdTier, int, int]:
-    """Reopen the tier on ``disk``: ``(tier, acknowledged blocks lost, wrong reads)``."""
+               directory: str, known: set[StoreKey] | None = None) -> tuple[SsdTier, int, int]:
+    """Reopen the tier on ``disk``: ``(tier, acknowledged blocks lost, wrong reads)``. Each fault is
+    counted once: afterwards ``acked`` and ``known`` are as :func:`forget_faults` leaves them (pass
+    the same ``known`` to every check of one tier)."""
+    known = set() if known is None else known
     t = shape.open_tier(disk, directory, layout)
-    return (t, *count_tier(t, acked))
+    faults = tier_faults(t, acked, known)
+    forget_faults(faults, acked, known)
+    return t, len(faults.lost), len(faults.corrupt)
 
 
 # ------------------------------------------------------------------ the tier and its index
@@ -167,6 +205,7 @@ class IndexModel:
     acked: dict[int, int] = field(default_factory=dict)  # block hash -> size
     index_acked: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # hash -> (seg, off, size)
     next_hash: int = 1
+    known_faults: set[StoreKey] = field(default_factory=set)  # wrong reads a check already counted
 
 
 def _entry(key: StoreKey, loc: tuple[int, int, int]) -> ResidencyEntry:
@@ -246,9 +285,12 @@ def _index_view(index: IndexBackend) -> dict[int, tuple[int, int, int]]:
 def check_tier_index(disk: FileSystem, layout: str, model: IndexModel, shape: TierShape, *,
                      root: str) -> tuple[SsdTier, IndexBackend, IndexCrashCheck]:
     """Reopen tier and index on ``disk``, count, reconcile, count again. Afterwards the model
-    holds what the reconciled (flushed) index holds, so a next round can build on it."""
+    holds what the reconciled (flushed) index holds, so a next round can build on it, and the
+    blocks found lost or wrong are out of ``model.acked`` (:func:`forget_faults`)."""
     tier = shape.open_tier(disk, f"{root}/t", layout)
-    lost, corrupt = count_tier(tier, model.acked)
+    faults = tier_faults(tier, model.acked, model.known_faults)
+    forget_faults(faults, model.acked, model.known_faults)  # counted once
+    lost, corrupt = len(faults.lost), len(faults.corrupt)
     index = shape.open_index(disk, f"{root}/ix")
     seen = _index_view(index)
     index_lost = sum(1 for h, loc in model.index_acked.items() if seen.get(h) != loc)
