@@ -16,9 +16,11 @@ Invariants: ``result.ctypes.data % alignment_bytes == 0`` when ``n_bytes > 0`` (
 no first byte; NumPy reports its base's address); ``result.nbytes == n_bytes``; the result
 is a view of a private array at most ``alignment_bytes - 1`` bytes longer, which it keeps alive
 (``result.base``); ``aligned_zeros`` costs address space, not RAM, until pages are written (NumPy's
-``zeros`` maps zero pages), and ``pretouch=True`` faults every page in now by writing a zero to the
-first byte of each page (so ``aligned_zeros`` stays all zero), so that the first transfers do not pay
-the page faults.
+``zeros`` maps zero pages), and ``pretouch=True`` faults in now every page the buffer spans (its last
+one included, when ``alignment_bytes`` is less than a page and the buffer does not start on one) by
+writing a zero to the buffer's first byte and to the first byte of each later page
+(``_touch_offsets``; so ``aligned_zeros`` stays all zero), so that the first transfers do not pay the
+page faults.
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ __all__ = ["PAGE_BYTES", "aligned_empty", "aligned_zeros"]
 PAGE_BYTES = 4096
 
 
+def _touch_offsets(address: int, n_bytes: int) -> np.ndarray:
+    """Offsets into ``n_bytes`` bytes at ``address`` with one in every page they span: 0 (the first page's
+    byte, wherever the buffer starts in it), then the first byte of each later page; ascending, each in
+    ``[0, n_bytes)``; none when ``n_bytes`` is 0."""
+    if n_bytes <= 0:
+        return np.empty(0, dtype=np.intp)
+    next_page = -address % PAGE_BYTES  # offset of the first page boundary at or after the buffer's start
+    later = np.arange(next_page if next_page else PAGE_BYTES, n_bytes, PAGE_BYTES, dtype=np.intp)
+    return np.concatenate((np.zeros(1, dtype=np.intp), later))
+
+
 def _aligned(make, n_bytes: int, alignment_bytes: int, pretouch: bool) -> np.ndarray:
     n_bytes = check_int("n_bytes", n_bytes, 0)
     alignment_bytes = check_int("alignment_bytes", alignment_bytes, 1, 1 << 30)
@@ -41,7 +54,7 @@ def _aligned(make, n_bytes: int, alignment_bytes: int, pretouch: bool) -> np.nda
     start = -raw.ctypes.data % alignment_bytes
     out = raw[start:start + n_bytes]
     if pretouch and n_bytes:
-        out[::PAGE_BYTES] = 0  # one write per page: every page faulted in now, not during the first transfers
+        out[_touch_offsets(out.ctypes.data, n_bytes)] = 0  # one write per page: faulted in now, not in transfers
     return out
 
 

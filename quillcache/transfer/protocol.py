@@ -6,8 +6,10 @@ payload starts at a 64-byte offset of its TCP stream whenever the payloads befor
 connection were multiples of 64 bytes long (KV blocks are). The kernel's copy between the socket and
 a page-aligned region (``quillcache.alloc.buffers``) then keeps source and destination on the same
 cache-line offset; on the CPUs this project is measured on, a payload behind version 1's 24-byte
-response header was copied markedly slower (the transfer study's alignment rows). Padding is zero
-when sent and refused when not zero (an accepted frame is the one its encoder makes). A refusal's reason is not padded: the connection closes after it.
+response header was copied markedly slower (the transfer study's alignment rows). Padding (the ``x``
+bytes of the formats below, the ``3x`` after a handshake frame's version included) is zero when sent
+and refused when not zero (an accepted frame is the one its encoder makes). A refusal's reason is not
+padded: the connection closes after it.
 
 Frames (``struct`` formats, sizes in bytes):
 
@@ -50,9 +52,11 @@ from quillcache.transfer.types import AuthenticationError, ProtocolError, Remote
 
 __all__ = [
     "ACCEPT",
+    "FRAME_HEAD_BYTES",
     "HELLO",
     "MAX_LIST_BYTES",
     "MAX_REASON_BYTES",
+    "PADDING_BYTES",
     "PROOF",
     "PROTOCOL_VERSION",
     "STREAM_ALIGN_BYTES",
@@ -62,6 +66,7 @@ __all__ = [
     "RequestHeader",
     "ResponseHeader",
     "Status",
+    "check_frame_head",
     "client_proof",
     "decode_accept",
     "decode_hello",
@@ -89,7 +94,10 @@ PROOF = struct.Struct("<4sB3x32s32s56x")
 ACCEPT = struct.Struct("<4sB3x32s24x")
 assert all(f.size % STREAM_ALIGN_BYTES == 0 for f in (REQUEST, RESPONSE, HELLO, PROOF, ACCEPT))
 # each frame's trailing zero padding (bytes), checked by its decoder: an accepted frame is the canonical one
-_PADDING = {REQUEST: 24, RESPONSE: 40, HELLO: 24, PROOF: 56, ACCEPT: 24}
+PADDING_BYTES = {REQUEST: 24, RESPONSE: 40, HELLO: 24, PROOF: 56, ACCEPT: 24}
+# every frame begins with its magic and version in its first FRAME_HEAD_BYTES (the `3x` of a handshake frame, the
+# status and reserved field of a response, the opcode and flags of a request): what a peer reads first
+FRAME_HEAD_BYTES = 8
 REQUEST_MAGIC, RESPONSE_MAGIC = b"QCTR", b"QCTS"
 HELLO_MAGIC, PROOF_MAGIC, ACCEPT_MAGIC = b"QCTH", b"QCTA", b"QCTK"
 NONCE_BYTES = 32
@@ -147,9 +155,11 @@ def encode_request(opcode: Opcode, request_id: int, region_id: int, offset: int,
 
 
 def _check_padding(kind: str, frame: bytes | bytearray | memoryview, fmt: struct.Struct) -> None:
-    pad = _PADDING[fmt]
+    pad = PADDING_BYTES[fmt]
     if any(memoryview(frame)[len(frame) - pad:]):
         raise ProtocolError(f"{kind} padding (its last {pad} bytes) must be zero")
+    if fmt in (HELLO, PROOF, ACCEPT) and any(memoryview(frame)[5:FRAME_HEAD_BYTES]):
+        raise ProtocolError(f"{kind} padding after the version (bytes 5-7) must be zero")
 
 
 def _check_magic(kind: str, magic: bytes, expected: bytes, version: int) -> None:
@@ -157,6 +167,15 @@ def _check_magic(kind: str, magic: bytes, expected: bytes, version: int) -> None
         raise ProtocolError(f"bad {kind} magic {magic!r} (expected {expected!r})")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"unsupported {kind} protocol version {version} (this side speaks {PROTOCOL_VERSION})")
+
+
+def check_frame_head(kind: str, head: bytes | bytearray | memoryview, expected: bytes) -> None:
+    """Check the magic and version in the first ``FRAME_HEAD_BYTES`` of a frame before reading the rest of it:
+    a peer of another protocol version, whose frames have other sizes (version 1's HELLO is 40 bytes), is
+    refused naming its version instead of waited on for bytes it will never send."""
+    if len(head) < FRAME_HEAD_BYTES:
+        raise ProtocolError(f"{kind} head is {len(head)} bytes, expected {FRAME_HEAD_BYTES}")
+    _check_magic(kind, bytes(head[:4]), expected, head[4])
 
 
 def decode_request(frame: bytes | bytearray | memoryview, max_length: int) -> RequestHeader:

@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import socket
+import struct
 import time
 
 from quillcache.transfer import protocol as P
@@ -91,13 +92,22 @@ def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
-def _handshake_frame(sock: socket.socket, size: int, progress_s: float, deadline: float, where: str) -> bytes:
-    """The server's next handshake frame of ``size`` bytes. A response frame in its place is a refusal: BUSY
-    raises ``Busy``, any other status ``ProtocolError``, each with the server's reason."""
-    head = recv_exact(sock, P.RESPONSE.size, progress_s, deadline)  # HELLO and ACCEPT are longer than a response
-    if head[:4] != P.RESPONSE_MAGIC:
-        return head + recv_exact(sock, size - P.RESPONSE.size, progress_s, deadline)
-    resp = P.decode_response(head)  # a refusal's reason is at most MAX_REASON_BYTES
+def _handshake_frame(sock: socket.socket, kind: str, fmt: struct.Struct, magic: bytes, progress_s: float,
+                     deadline: float, where: str) -> bytes:
+    """The server's next handshake frame (``kind``, of format ``fmt``, magic ``magic``). Its magic and version
+    are checked first (``protocol.check_frame_head``): a server of another protocol version raises
+    ``ProtocolError`` naming that version. A response frame in its place is a refusal: BUSY raises ``Busy``,
+    any other status ``ProtocolError``, each with the server's reason."""
+    head = recv_exact(sock, P.FRAME_HEAD_BYTES, progress_s, deadline)  # magic and version: they fix the size
+    is_response = head[:4] == P.RESPONSE_MAGIC
+    try:
+        P.check_frame_head("response" if is_response else kind, head, P.RESPONSE_MAGIC if is_response else magic)
+    except ProtocolError as e:
+        raise ProtocolError(f"{where}: {e}") from None
+    if not is_response:
+        return head + recv_exact(sock, fmt.size - P.FRAME_HEAD_BYTES, progress_s, deadline)
+    # a refusal: its reason is at most MAX_REASON_BYTES
+    resp = P.decode_response(head + recv_exact(sock, P.RESPONSE.size - P.FRAME_HEAD_BYTES, progress_s, deadline))
     if resp.status is P.Status.OK:
         raise ProtocolError(f"{where} answered OK in place of a handshake frame")
     reason = recv_exact(sock, resp.length, progress_s, deadline).decode("utf-8", "replace") if resp.length else ""
@@ -117,12 +127,13 @@ def connect_peer(host: str, port: int, secret: bytes, *, connect_timeout_s: floa
         tune(sock)
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         hs_deadline = min(deadline, time.monotonic() + auth_timeout_s + connect_timeout_s)
-        server_nonce = P.decode_hello(_handshake_frame(sock, P.HELLO.size, progress_s, hs_deadline, where))
+        hello = _handshake_frame(sock, "hello", P.HELLO, P.HELLO_MAGIC, progress_s, hs_deadline, where)
+        server_nonce = P.decode_hello(hello)
         client_nonce = P.new_nonce()
         send_all(sock, P.encode_proof(client_nonce, P.client_proof(secret, server_nonce, client_nonce)),
                  progress_s, hs_deadline)
         try:
-            accept = _handshake_frame(sock, P.ACCEPT.size, progress_s, hs_deadline, where)
+            accept = _handshake_frame(sock, "accept", P.ACCEPT, P.ACCEPT_MAGIC, progress_s, hs_deadline, where)
         except ConnectionError:
             raise AuthenticationError(f"{where} closed the control connection during authentication "
                                       "(wrong shared secret?)") from None

@@ -90,8 +90,13 @@ cdef enum:
     BACKOFF_MIN = 16
     BACKOFF_MAX = 1024
     RESPONSE_BYTES = 64  # protocol.RESPONSE.size (version 2); sockets.py refuses a build where they differ
+    RESPONSE_FIELD_BYTES = 24  # magic, version, status, reserved, request id, length; then zero padding
+    C_PROTOCOL_VERSION = 2  # protocol.PROTOCOL_VERSION; sockets.py refuses a build where they differ
 
-RESPONSE_HEADER_BYTES = RESPONSE_BYTES  # for that check
+RESPONSE_HEADER_BYTES = RESPONSE_BYTES  # for those checks
+PROTOCOL_VERSION = C_PROTOCOL_VERSION
+# the padding of a canonical response header (bytes 24..63): zero (C zero-initialises a static array)
+cdef uint8_t ZERO_PADDING[RESPONSE_BYTES - RESPONSE_FIELD_BYTES]
 
 # Two polls of a spin further apart than this mean the thread was preempted in between (one poll
 # takes about a microsecond): the peer probably runs on this CPU, where spinning only delays it.
@@ -428,10 +433,11 @@ cdef class FastChannel:
         return self.answer(resp, body, request_id, deadline)
 
     def answer(self, resp, body, uint64_t request_id, double deadline) -> int:
-        """Receive an answer's header into ``resp`` (24 bytes) and, when it is the OK answer to ``request_id``
-        with exactly ``len(body)`` bytes (0 when ``body`` is ``None``), the READ data straight into ``body``.
+        """Receive an answer's header into ``resp`` (``RESPONSE_HEADER_BYTES``, 64) and, when it is the canonical
+        OK answer to ``request_id`` (magic, ``PROTOCOL_VERSION``, zero reserved field and zero padding) with
+        exactly ``len(body)`` bytes (0 when ``body`` is ``None``), the READ data straight into ``body``.
         ``MISMATCH``: any other header (``got`` counts header and body bytes received; the rest is left in
-        the socket for the caller's checks)."""
+        the socket for the caller's checks, ``protocol.decode_response``, which name the fault)."""
         cdef Py_buffer rb, bb
         cdef iovec iov[2]
         cdef int n = 1, rc = C_OK, has_body = 0
@@ -465,8 +471,9 @@ cdef class FastChannel:
                     memcpy(&reserved, r + 6, 2)
                     memcpy(&rid, r + 8, 8)
                     memcpy(&rlen, r + 16, 8)
-                    if (memcmp(r, b"QCTS", 4) != 0 or r[4] != 1 or r[5] != 0 or reserved != 0
-                            or rid != request_id or rlen != body_len):
+                    if (memcmp(r, b"QCTS", 4) != 0 or r[4] != C_PROTOCOL_VERSION or r[5] != 0 or reserved != 0
+                            or rid != request_id or rlen != body_len
+                            or memcmp(r + RESPONSE_FIELD_BYTES, ZERO_PADDING, RESPONSE_BYTES - RESPONSE_FIELD_BYTES)):
                         rc = C_MISMATCH
                     elif n == 2:  # _recv left the vector advanced past the bytes it filled: go on
                         rc = _recv(st, iov, n, RESPONSE_BYTES + body_len, st.progress_s, deadline, 1)

@@ -42,9 +42,10 @@ try:
 except ImportError:  # not built: the plain-Python Channel does everything
     FastChannel = None
 else:
-    if getattr(_fastio, "RESPONSE_HEADER_BYTES", None) == _protocol.RESPONSE.size:
+    if (getattr(_fastio, "RESPONSE_HEADER_BYTES", None) == _protocol.RESPONSE.size
+            and getattr(_fastio, "PROTOCOL_VERSION", None) == _protocol.PROTOCOL_VERSION):
         FastChannel = _fastio.FastChannel
-    else:  # a stale build for another protocol version would misread every answer: use the reference path
+    else:  # a stale build for another protocol version would misread (or refuse) every answer: use the reference
         import warnings
 
         warnings.warn("quillcache.transfer.backends._fastio was built for another protocol version; "

@@ -123,6 +123,10 @@ class ClientStats:
     busy_retries: int = 0  # connections the server answered BUSY during the handshake, tried again
 
 
+_RESPONSE_FIELDS = P.RESPONSE.size - P.PADDING_BYTES[P.RESPONSE]  # the padding after them must be zero
+_RESPONSE_PADDING = bytes(P.PADDING_BYTES[P.RESPONSE])
+
+
 class _Conn:
     """One authenticated connection. ``owed_max``: the most answer bytes that may be owed to us when a WRITE's
     payload is sent: a quarter of this socket's receive buffer as the kernel reports it, well within what
@@ -193,15 +197,24 @@ class TcpClient:
         return retry_busy(lambda: self._connect_once(address, deadline), _Busy, deadline, self.stats, log)
 
     @staticmethod
-    def _handshake_frame(ch: Channel, size: int, deadline: float, address: str) -> bytes:
-        """The server's next handshake frame of ``size`` bytes. A response frame in its place is a refusal:
+    def _handshake_frame(ch: Channel, kind: str, fmt: struct.Struct, magic: bytes, deadline: float,
+                         address: str) -> bytes:
+        """The server's next handshake frame (``kind``, of format ``fmt``, magic ``magic``). Its magic and
+        version are checked first (``protocol.check_frame_head``): a server of another protocol version
+        raises ``ProtocolError`` naming that version. A response frame in its place is a refusal:
         BUSY raises ``_Busy``, any other non-OK status ``TransferError``, each with the server's reason (at
         most ``MAX_REASON_BYTES``). An OK one is no refusal: ``ProtocolError``, nothing more read (its length
         is unbounded and comes from a peer that has not proved the secret)."""
-        head = bytes(ch.recv(P.RESPONSE.size, deadline))  # every handshake frame is longer than a response
-        if head[:4] != P.RESPONSE_MAGIC:
-            return head + bytes(ch.recv(size - P.RESPONSE.size, deadline))
-        resp = P.decode_response(head)  # a refusal's reason is at most MAX_REASON_BYTES
+        head = bytes(ch.recv(P.FRAME_HEAD_BYTES, deadline))  # magic and version: the frame's size depends on them
+        is_response = head[:4] == P.RESPONSE_MAGIC
+        try:
+            P.check_frame_head("response" if is_response else kind, head, P.RESPONSE_MAGIC if is_response else magic)
+        except ProtocolError as e:
+            raise ProtocolError(f"{address}: {e}") from None
+        if not is_response:
+            return head + bytes(ch.recv(fmt.size - P.FRAME_HEAD_BYTES, deadline))
+        # a refusal: its reason is at most MAX_REASON_BYTES
+        resp = P.decode_response(head + bytes(ch.recv(P.RESPONSE.size - P.FRAME_HEAD_BYTES, deadline)))
         if resp.status is P.Status.OK:
             raise ProtocolError(f"{address} answered OK in place of a handshake frame")
         reason = bytes(ch.recv(resp.length, deadline)).decode("utf-8", "replace")
@@ -218,12 +231,13 @@ class TcpClient:
             tune_socket(sock, cfg)
             ch = Channel(sock, cfg.progress_timeout_s, cfg.spin_us)
             hs_deadline = min(deadline, time.monotonic() + cfg.auth_timeout_s + cfg.connect_timeout_s)
-            server_nonce = P.decode_hello(self._handshake_frame(ch, P.HELLO.size, hs_deadline, address))
+            hello = self._handshake_frame(ch, "hello", P.HELLO, P.HELLO_MAGIC, hs_deadline, address)
+            server_nonce = P.decode_hello(hello)
             client_nonce = P.new_nonce()
             ch.send(P.encode_proof(client_nonce, P.client_proof(self.secret, server_nonce, client_nonce)), None,
                     hs_deadline)
             try:
-                frame = self._handshake_frame(ch, P.ACCEPT.size, hs_deadline, address)
+                frame = self._handshake_frame(ch, "accept", P.ACCEPT, P.ACCEPT_MAGIC, hs_deadline, address)
             except ConnectionError:
                 raise AuthenticationError(f"{address} closed the connection during authentication "
                                           "(wrong shared secret?)") from None
@@ -306,8 +320,12 @@ class TcpClient:
                 body = bytes(conn.ch.recv(resp.length, deadline))
                 raise TransferError(f"{address} refused the region list: {body.decode('utf-8', 'replace')}")
             # the body, then its padding to the next 64-byte stream offset (protocol.py: alignment)
-            body = bytes(conn.ch.recv(resp.length + P.padding_bytes(resp.length), deadline))[:resp.length]
-            regions = P.decode_regions(body)
+            pad = P.padding_bytes(resp.length)
+            body = bytes(conn.ch.recv(resp.length + pad, deadline))
+            if any(body[resp.length:]):
+                raise ProtocolError(f"region list padding (the {pad} bytes after its {resp.length}-byte body) "
+                                    "must be zero")
+            regions = P.decode_regions(body[:resp.length])
             ok = True
             return regions
         finally:
@@ -367,8 +385,9 @@ class TcpClient:
         """Check the answer header in ``conn.hbuf`` (``got`` bytes of ``view`` already filled after it) and
         receive the rest of a READ's data; raises as ``_answer`` says."""
         ch, hbuf = conn.ch, conn.hbuf
-        magic, ver, status, reserved, resp_id, resp_len = P.RESPONSE.unpack(hbuf)
-        if magic != P.RESPONSE_MAGIC or ver != P.PROTOCOL_VERSION or reserved or status:
+        magic, ver, status, reserved, resp_id, resp_len = P.RESPONSE.unpack(hbuf)  # (unpack skips the padding)
+        if (magic != P.RESPONSE_MAGIC or ver != P.PROTOCOL_VERSION or reserved or status
+                or hbuf[_RESPONSE_FIELDS:] != _RESPONSE_PADDING):
             resp = P.decode_response(hbuf)  # ProtocolError naming a bad field, or a refusal with its reason
             reason = bytes(view[:min(got, resp.length)]) if got else b""
             if len(reason) < resp.length:

@@ -116,6 +116,7 @@ class TcpServer:
             hview = memoryview(hbuf)
             unpack, max_len = P.REQUEST.unpack, cfg.max_request_bytes
             fast, idle_s, hsize = fast_channel(ch, cfg), cfg.server_idle_timeout_s, P.REQUEST.size
+            fields, padding = hsize - P.PADDING_BYTES[P.REQUEST], bytes(P.PADDING_BYTES[P.REQUEST])
             if fast is not None:
                 with self._lock:
                     self._fast[sock] = fast
@@ -128,7 +129,7 @@ class TcpServer:
                     ch.recv_idle_into(hview, idle_s)
                 magic, version, opcode, flags, rid, region, reserved, offset, length = unpack(hbuf)
                 if (magic != P.REQUEST_MAGIC or version != P.PROTOCOL_VERSION or flags or reserved or opcode > 1
-                        or not 0 < length <= max_len):
+                        or not 0 < length <= max_len or hbuf[fields:] != padding):  # (unpack skips the padding)
                     req = P.decode_request(hbuf, max_len)  # raises ProtocolError naming the fault, or a LIST/PING
                     self.stats.requests += 1
                     self._control(ch, req)
