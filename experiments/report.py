@@ -30,7 +30,7 @@ from pathlib import Path
 
 from experiments.figures import MANIFEST, read_manifest
 from experiments.studies import STUDIES, Study
-from quillcache.results import list_studies, read_anchors, read_meta, read_summary
+from quillcache.results import list_studies, read_anchors, read_summary
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "paper" / "templates"
 README_BEGIN = "<!-- measured:begin -->"
@@ -103,13 +103,26 @@ FILTERS = {"num": fmt_num, "pct": fmt_pct, "x": fmt_x, "fixed": fmt_fixed, "byte
 class StudyView:
     """One study's results for a template: ``v(metric, subject=None, **params)`` is the single
     matching value (an error if none or several match), ``row(...)`` that whole row, ``rows(...)``
-    every match, ``anchor(metric, **params)`` a figure reported elsewhere, ``meta`` the run."""
+    every match, ``anchor(metric, **params)`` a figure reported elsewhere, ``meta`` the run.
+
+    The summary, the anchors and ``meta`` are one run's: ``meta`` is the one read with the summary
+    (under the study's lock), and the anchors are read again until the metadata read with them is
+    the same (a run that finished in between); a study rewritten on every try is a
+    ``ReportDataError``."""
+
+    READ_TRIES = 3
 
     def __init__(self, name: str, results_root: str | None):
         self.name = name
-        self.df = read_summary(name, results_root)
-        self.anchors = read_anchors(name, results_root)
-        self.meta = read_meta(name, results_root)
+        for _ in range(self.READ_TRIES):
+            self.df = read_summary(name, results_root)
+            self.meta = self.df.attrs["meta"]
+            self.anchors = read_anchors(name, results_root)
+            if self.anchors.attrs.get("meta") == self.meta:
+                break
+        else:
+            raise ReportDataError(f"{name}: its results changed while being read, {self.READ_TRIES} times (a run "
+                                  f"is writing them); generate the report when it has finished")
         self.study = STUDIES[name]
         self.figures: list[str] = []
 

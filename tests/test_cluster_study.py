@@ -9,6 +9,7 @@ import math
 
 from quillcache.results import read_anchors
 from quillcache.results import read_summary as read_tidy
+from results_copy import copy_study
 
 
 def test_quick_profile_runs_and_loses_nothing(quick_run, read_summary):
@@ -57,7 +58,6 @@ def test_lru_reference_matches_the_hit_rule_on_a_small_trace():
 def test_figure_and_report_render_when_the_trace_was_absent(tmp_path):
     """Without the conversation trace the study writes ``hitrate_available = 0`` and no hit-rate rows (so no
     ``capacity_blocks_per_node`` column): the figure says so in the hit-rate panel, the report renders."""
-    import shutil
     from pathlib import Path
 
     import pandas as pd
@@ -66,7 +66,7 @@ def test_figure_and_report_render_when_the_trace_was_absent(tmp_path):
 
     src = Path(__file__).resolve().parents[1] / "results" / "cluster"
     dst = tmp_path / "cluster"
-    shutil.copytree(src, dst)
+    copy_study(src, dst)
     df = pd.read_csv(dst / "summary.csv", keep_default_na=False, dtype=str)
     hit = df["metric"].isin(["block_hit_rate", "lru_model_hit_rate", "hit_blocks_corrupt"])
     assert hit.any()  # (the committed results were measured with the trace)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import csv
 import json
-import shutil
 import sys
 import textwrap
 import types
@@ -28,6 +27,7 @@ import pytest
 from experiments import figures, report
 from experiments.studies import STUDIES, Study
 from quillcache.results import SummaryRow, read_meta, read_summary, write_summary
+from results_copy import copy_study
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -37,7 +37,7 @@ def results_copy(tmp_path: Path, study: str, edits=(), meta: dict | None = None)
     """``results/<study>`` copied under ``tmp_path/results`` with ``edits`` applied to its summary:
     ``(predicate(row) -> bool, {column: new text})``, each matching at least one row."""
     root = tmp_path / "results"
-    shutil.copytree(RESULTS / study, root / study)
+    copy_study(RESULTS / study, root / study)
     path = root / study / "summary.csv"
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
@@ -270,7 +270,7 @@ def test_every_notebook_cell_runs_without_a_study_or_its_meta(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("make_notebook_t", ROOT / "notebooks" / "make_notebook.py")
     mk = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mk)
-    shutil.copytree(RESULTS / "safety", tmp_path / "results" / "safety")
+    copy_study(RESULTS / "safety", tmp_path / "results" / "safety")
     (tmp_path / "results" / "safety" / "meta.json").unlink()  # results from before metadata was recorded
     cells = [c.source for c in mk.build().cells if c.cell_type == "code"]
     setup = cells[0].replace('ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()',

@@ -22,7 +22,6 @@ import gc
 import math
 import pickle
 import random
-import shutil
 import statistics
 import subprocess
 import threading
@@ -35,6 +34,7 @@ import pandas as pd
 import pytest
 
 from quillcache.results import read_anchors, spread, write_summary
+from results_copy import copy_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -368,7 +368,7 @@ def test_kvquant_thread_sentence_follows_the_rows(tmp_path):
     src = ROOT / "results" / "kvquant"
     if not (src / "summary.csv").is_file():
         pytest.skip("no committed kvquant results")
-    shutil.copytree(src, tmp_path / "kvquant")
+    copy_study(src, tmp_path / "kvquant")
     text = _section("kvquant", tmp_path)
     assert "another study ran beside them" not in text
     df = pd.read_csv(src / "summary.csv", keep_default_na=False, dtype=str)

@@ -8,7 +8,6 @@ test that needs Mooncake's prepared venv skips where it is not prepared.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import time
@@ -20,6 +19,7 @@ import pytest
 from experiments import master_study as ms
 from experiments import transfer_mooncake as tm
 from experiments import transfer_study as ts
+from results_copy import copy_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -291,7 +291,7 @@ def test_mooncake_not_measured_says_its_own_reason(tmp_path, monkeypatch):
 def _render(tmp_path: Path, edit) -> str:
     from experiments import report
 
-    shutil.copytree(ROOT / "results" / "master", tmp_path / "master")
+    copy_study(ROOT / "results" / "master", tmp_path / "master")
     path = tmp_path / "master" / "summary.csv"
     df = pd.read_csv(path)
     edit(df)

@@ -5,6 +5,13 @@ A result is only comparable with the machine, code and profile that produced it,
 report's numbers, ``custom`` for a user's own run), the git commit (and whether the tree had
 uncommitted changes), the CPU model and core count, Python and platform, and the UTC time.
 Nothing in it is an absolute path of the machine.
+
+It also records the digest (sha256 of the parsed rows, ``writer.table_sha256``) of the
+``summary.csv`` (``summary_sha256``) and ``anchors.csv`` (``anchors_sha256``; null: the run
+wrote none) it was written with, and ``write_summary``
+renames it into place last, so a reader can tell a summary or anchors file that is not this
+run's (a write interrupted between its renames) and refuses it. A ``meta.json`` written before
+digests were recorded has neither field (both None): its files are accepted unchecked.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields
@@ -33,10 +41,18 @@ class RunMeta:
     platform: str
     date_utc: str
     wall_s: float | None = None
+    summary_sha256: str | None = None
+    anchors_sha256: str | None = None
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile {self.profile!r} is not one of {', '.join(PROFILES)}")
+        for name in ("summary_sha256", "anchors_sha256"):
+            digest = getattr(self, name)
+            if digest is not None and not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+                raise ValueError(f"{name} {digest!r} is not a sha256 digest (64 lowercase hex digits)")
+        if self.anchors_sha256 is not None and self.summary_sha256 is None:
+            raise ValueError("anchors_sha256 is set but summary_sha256 is not (digests are recorded together)")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -53,7 +69,9 @@ class RunMeta:
         if not isinstance(raw, dict):
             raise ValueError(f"{origin}: holds a JSON {type(raw).__name__}, not an object with the fields "
                              f"{', '.join(sorted(known))}")
-        missing = sorted(set(known) - {"wall_s"} - set(raw))
+        missing = sorted(set(known) - _OPTIONAL - set(raw))
+        if "summary_sha256" in raw and "anchors_sha256" not in raw:
+            missing.append("anchors_sha256 (null where the run wrote no anchors.csv)")
         if missing:
             raise ValueError(f"{origin}: missing fields {', '.join(missing)}")
         for name, kind in known.items():
@@ -68,7 +86,11 @@ class RunMeta:
 
 
 # The JSON types each annotation of RunMeta accepts (bool is refused where a number is expected).
-_FIELD_TYPES = {"str": (str,), "bool": (bool,), "int": (int,), "float | None": (int, float, type(None))}
+_FIELD_TYPES = {"str": (str,), "bool": (bool,), "int": (int,), "float | None": (int, float, type(None)),
+                "str | None": (str, type(None))}
+# Fields a meta.json may lack: written before they were recorded.
+_OPTIONAL = frozenset({"wall_s", "summary_sha256", "anchors_sha256"})
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _git(*args: str) -> str | None:

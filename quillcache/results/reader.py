@@ -17,17 +17,23 @@ What was written is what is read back (``write_summary`` -> ``read_summary``):
   stays a float; a column mixing ints and floats is float), booleans, else text (``"007"`` stays
   ``"007"``). A blank cell is a row without the parameter (missing), so an empty-text parameter
   reads back as missing, and a text parameter whose every value is written exactly like a number
-  or a boolean (``"7"``) reads back as that number or boolean.
+  or a boolean (``"7"``) reads back as that number or boolean. ``"nan"`` and ``"inf"`` are text
+  there: a float parameter is always finite (the writer refuses others).
 
-A damaged file (empty, a fixed column missing, a row of the wrong width, text in a numeric
-column, an unreadable ``meta.json``) raises ``ResultsFormatError`` naming the file and what is
-wrong. ``summary.csv`` and ``meta.json`` are read under the study's shared lock, so they come
-from the same run.
+A damaged file (empty, a fixed column missing, a reserved column such as ``study`` or
+``profile`` in the header, a row of the wrong width, text in a numeric column, an unreadable
+``meta.json``) raises ``ResultsFormatError`` naming the file and what is wrong. ``summary.csv``
+(or ``anchors.csv``) and ``meta.json`` are read under the study's shared lock and the file's
+digest (``table_sha256``: blank lines and line endings aside) checked against the one
+``meta.json`` records, so they come from the same run: a pair
+left by a write interrupted between its renames is a ``ResultsFormatError``. (A ``meta.json``
+written before digests were recorded, or no ``meta.json``, is accepted unchecked.)
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import re
@@ -36,8 +42,8 @@ from pathlib import Path
 import pandas as pd
 
 from quillcache.results.meta import RunMeta
-from quillcache.results.schema import ANCHOR_COLUMNS, SUMMARY_COLUMNS
-from quillcache.results.writer import results_root, study_lock, study_path
+from quillcache.results.schema import ANCHOR_COLUMNS, RESERVED_COLUMNS, SUMMARY_COLUMNS
+from quillcache.results.writer import results_root, study_lock, study_path, table_sha256
 
 
 class ResultsNotFoundError(FileNotFoundError):
@@ -80,10 +86,12 @@ def _study_dir(study: str, root) -> Path:
 
 
 def _is_float_text(t: str) -> bool:
+    """Whether ``t`` is a finite float as the writer writes one (``repr``): never ``nan``/``inf``."""
     try:
-        return repr(float(t)) == t
+        x = float(t)
     except ValueError:
         return False
+    return math.isfinite(x) and repr(x) == t
 
 
 def _param_column(cells: list[str]) -> pd.Series:
@@ -117,11 +125,12 @@ def _fixed_column(path: Path, name: str, kind: str, cells: list[str], line_of: l
 
 
 def _read_table(path: Path, types: dict[str, str]) -> pd.DataFrame:
-    """A summary or anchors CSV as typed columns (fixed columns per ``types``, then parameters)."""
+    """A summary or anchors CSV as typed columns (fixed columns per ``types``, then parameters);
+    ``attrs['sha256']`` is the digest (``table_sha256``) of the text parsed."""
     try:
-        with open(path, newline="") as fh:
-            reader = csv.reader(fh)
-            lines = [(reader.line_num, cells) for cells in reader if cells]  # (line it ends on, fields)
+        text = path.read_bytes().decode("utf-8")
+        reader = csv.reader(io.StringIO(text, newline=""))
+        lines = [(reader.line_num, cells) for cells in reader if cells]  # (line it ends on, fields)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise ResultsFormatError(f"{path}: not a readable CSV file ({exc})") from None
     if not lines:
@@ -135,6 +144,10 @@ def _read_table(path: Path, types: dict[str, str]) -> pd.DataFrame:
     if dup or "" in header:
         raise ResultsFormatError(f"{path}: the header has "
                                  f"{'repeated columns ' + ', '.join(dup) if dup else 'a blank column name'}")
+    reserved = sorted(c for c in header if c in RESERVED_COLUMNS and c not in types)
+    if reserved:
+        raise ResultsFormatError(f"{path}: the header has the reserved columns {', '.join(reserved)} "
+                                 f"(the reader adds study and profile; a parameter may not take a fixed column's name)")
     for line, cells in numbered:
         if len(cells) != len(header):
             raise ResultsFormatError(f"{path}: line {line} has {len(cells)} fields, the header {len(header)}")
@@ -146,14 +159,27 @@ def _read_table(path: Path, types: dict[str, str]) -> pd.DataFrame:
         columns[name] = (_fixed_column(path, name, types[name], cells, line_of) if name in types
                          else _param_column(cells))
     order = [*types, *(c for c in header if c not in types)]
-    return pd.DataFrame({c: columns[c] for c in order}, index=pd.RangeIndex(len(body)))
+    df = pd.DataFrame({c: columns[c] for c in order}, index=pd.RangeIndex(len(body)))
+    df.attrs["sha256"] = table_sha256(text)
+    return df
+
+
+def _check_digest(path: Path, digest: str | None, meta: RunMeta | None, recorded: str | None) -> None:
+    """Refuse ``path`` (sha256 ``digest``; None: the file is absent) when ``meta.json`` recorded
+    another digest for it (``recorded``; None: no such file). A meta without digests checks nothing."""
+    if meta is None or meta.summary_sha256 is None or digest == recorded:
+        return
+    found = "is absent" if digest is None else f"has sha256 {digest[:12]}..."
+    wanted = "none" if recorded is None else f"one with sha256 {recorded[:12]}..."
+    raise ResultsFormatError(f"{path}: {found}, but {path.parent / 'meta.json'} records {wanted}: the two files "
+                             f"come from different runs (a write was interrupted); run the study again")
 
 
 def _meta_from(path: Path) -> RunMeta | None:
     if not path.is_file():
         return None
     try:
-        return RunMeta.from_json(path.read_text(), origin=str(path))
+        return RunMeta.from_json(path.read_text(encoding="utf-8"), origin=str(path))
     except UnicodeDecodeError as exc:
         raise ResultsFormatError(f"{path}: not UTF-8 text ({exc.reason})") from None
     except ValueError as exc:
@@ -173,6 +199,7 @@ def read_summary(study: str, root: str | os.PathLike | None = None) -> pd.DataFr
     with study_lock(d, shared=True):  # summary and meta of the same run
         df = _read_table(d / "summary.csv", _SUMMARY_TYPES)
         meta = _meta_from(d / "meta.json")
+    _check_digest(d / "summary.csv", df.attrs.pop("sha256"), meta, meta and meta.summary_sha256)
     df.insert(0, "profile", pd.Series([meta.profile if meta else "unknown"] * len(df), dtype=str))
     df.insert(0, "study", pd.Series([study] * len(df), dtype=str))
     df.attrs["meta"] = meta
@@ -180,13 +207,17 @@ def read_summary(study: str, root: str | os.PathLike | None = None) -> pd.DataFr
 
 
 def read_anchors(study: str, root: str | os.PathLike | None = None) -> pd.DataFrame:
-    """Figures reported outside this repository for the study (empty when it has none)."""
+    """Figures reported outside this repository for the study (empty when it has none), read with
+    ``meta.json`` under the study's lock and checked against it; ``attrs['meta']`` is that run's
+    metadata (as ``read_summary``'s: equal metadata means the same run)."""
     d = _study_dir(study, root)
     path = d / "anchors.csv"
     with study_lock(d, shared=True):
-        if not path.is_file():
-            return pd.DataFrame(columns=list(ANCHOR_COLUMNS))
-        return _read_table(path, _ANCHOR_TYPES)
+        df = _read_table(path, _ANCHOR_TYPES) if path.is_file() else pd.DataFrame(columns=list(ANCHOR_COLUMNS))
+        meta = _meta_from(d / "meta.json")
+    _check_digest(path, df.attrs.pop("sha256", None), meta, meta and meta.anchors_sha256)
+    df.attrs["meta"] = meta
+    return df
 
 
 def read_raw(study: str, name: str, root: str | os.PathLike | None = None) -> pd.DataFrame:

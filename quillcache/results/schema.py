@@ -12,12 +12,17 @@ Invariants:
   ``hit_rate@1k``); ``write_summary`` refuses a metric containing ``@``;
 - figures reported elsewhere (papers, the seed) are never a row's baseline: they are
   ``Anchor`` records in ``anchors.csv`` (``quillcache.results.anchors``);
-- notes never hold an absolute path of the machine that ran the study.
+- notes never hold an absolute path of the machine that ran the study;
+- every row a constructor accepts reads back: ``n`` is an integer (not a bool), ``value``,
+  ``baseline_value``, ``p10`` and ``p90`` (an anchor's ``value``) real numbers that fit a float
+  (not a bool, not text; NaN and infinities are numbers), else the constructor raises a TypeError
+  or ValueError naming the field.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Union
@@ -47,6 +52,26 @@ def _check_param(name: str, value: object) -> None:
     raise TypeError(f"parameter {name}={value!r} is a {type(value).__name__}; use int, float, str or bool")
 
 
+def _check_real(where: str, name: str, value: object) -> None:
+    """A real number the writer writes as text the reader parses back (``repr``/``str``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}: {name}={value!r} is a {type(value).__name__}; it must be a real number "
+                        f"(int or float; NaN for none)")
+    try:
+        float(value)
+        text = float.__repr__(value) if isinstance(value, float) else str(value)  # as the csv module writes it
+        float(text)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{where}: {name} (type {type(value).__name__}) does not fit a float or is not written as "
+                         f"one, so it would not read back; pass a float") from None
+
+
+def _check_count(where: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: n={value!r} is a {type(value).__name__}; it must be an integer (the number "
+                        f"of measurements)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SummaryRow:
     """One measured figure, with the baseline it was measured against in the same run."""
@@ -64,6 +89,10 @@ class SummaryRow:
     params: Mapping[str, ParamValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        where = f"SummaryRow({self.metric!r}, {self.subject!r})"
+        for name in ("value", "baseline_value", "p10", "p90"):
+            _check_real(where, name, getattr(self, name))
+        _check_count(where, self.n)
         for name, value in self.params.items():
             _check_param(name, value)
 
@@ -103,6 +132,7 @@ class Anchor:
     def __post_init__(self) -> None:
         if not self.source.strip():
             raise ValueError(f"anchor {self.metric!r}/{self.subject!r} needs a source")
+        _check_real(f"Anchor({self.metric!r}, {self.subject!r})", "value", self.value)
         for name, value in self.params.items():
             _check_param(name, value)
 

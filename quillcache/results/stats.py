@@ -11,7 +11,8 @@ def spread(samples: Sequence[float]) -> dict[str, float]:
     """Median, min, max, p10, p90 of repeated measurements (quote the median).
 
     Every sample must be a finite number: a NaN or infinite sample (a failed or overflowed
-    measurement) is refused with a ValueError naming it and its position, never summarised
+    measurement) or one too large for a float is refused with a ValueError naming its position
+    (and the sample, where it is small enough to show), never summarised
     (NaN has no place in an order, so it would make the statistics depend on the samples' order).
 
     p10 and p90 are samples, picked symmetrically: of the ``n`` sorted samples, p10 is the one at
@@ -28,6 +29,9 @@ def spread(samples: Sequence[float]) -> dict[str, float]:
             finite = math.isfinite(x)
         except TypeError:
             raise TypeError(f"spread(): sample {i} is {x!r}, not a number") from None
+        except OverflowError:  # an int (or fraction) beyond the float range: its repr may be huge
+            raise ValueError(f"spread(): sample {i} (type {type(x).__name__}) is too large for a float; every "
+                             f"sample must be a finite number") from None
         if not finite:
             raise ValueError(f"spread(): sample {i} is {x!r}; every sample must be a finite number "
                              f"(drop failed measurements before summarising, and report how many)")

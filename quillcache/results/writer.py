@@ -16,15 +16,27 @@ Invariants:
   crash nor a second writer leaves a torn file, and two writers never share a temporary name;
 - ``summary.csv``, ``meta.json`` and ``anchors.csv`` are replaced together while the study's
   lock (``flock`` on ``<study>/.lock``) is held exclusively, and the readers read them under the
-  same lock held shared, so a reader never sees one run's summary with another run's metadata.
-  Raw files are written under the same lock.
+  same lock held shared (a reader creates the lock file when it is missing, as in a fresh
+  checkout), so a reader never sees one run's summary with another run's metadata. Raw files are
+  written under the same lock;
+- ``meta.json`` records the digest (``table_sha256``) of the ``summary.csv`` and ``anchors.csv``
+  (or that there is none) it belongs to and is renamed into place last, after the other files are renamed (or the
+  old ``anchors.csv`` removed): a process that dies between the renames leaves the new files with
+  the old ``meta.json``, whose digests no longer match, and the readers refuse that pair
+  (``ResultsFormatError``) even where they could not take the lock (a read-only checkout). No
+  staged temporary file is left behind, whatever stops the write.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
+import errno
 import fcntl
+import hashlib
+import io
+import json
 import os
 import tempfile
 import time
@@ -66,16 +78,19 @@ def results_dir(name: str, root: str | os.PathLike | None = None) -> Path:
 
 @contextlib.contextmanager
 def study_lock(study_dir: Path, *, shared: bool = False) -> Iterator[None]:
-    """Hold the study's lock: exclusive for a writer (the lock file is created), shared for a
-    reader. A reader reads unlocked where there is no lock file or it cannot be opened (results
-    never written by this code, a read-only checkout)."""
+    """Hold the study's lock: exclusive for a writer, shared for a reader; either creates the lock
+    file when it is missing. A reader that can neither create nor open it (a read-only file system
+    or checkout: EROFS, EACCES, EPERM) reads unlocked, relying on ``meta.json``'s digests to refuse
+    a summary or anchors file of another run."""
     path = Path(study_dir) / LOCK_NAME
+    fd = None
     try:
-        fd = os.open(path, os.O_RDONLY) if shared else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        if not shared:
+        fd = os.open(path, (os.O_RDONLY if shared else os.O_RDWR) | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if not shared or exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise
-        fd = None
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)  # an existing lock file on a read-only file system
     try:
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
@@ -114,7 +129,7 @@ def _stage(path: Path, write: Callable[[IO[str]], None]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", newline="") as fh:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
@@ -125,28 +140,49 @@ def _stage(path: Path, write: Callable[[IO[str]], None]) -> Path:
     return Path(tmp)
 
 
-def _publish(directory: Path, write: dict[Path, Callable[[IO[str]], None]], remove: Sequence[Path] = ()) -> None:
-    """Stage every file of ``write`` first, then rename them all into place and remove ``remove``
-    (the caller holds the study's lock)."""
+@contextlib.contextmanager
+def _staging() -> Iterator[dict[Path, Path]]:
+    """A ``{path: staged temporary file}`` map to fill with ``_stage`` and empty with ``_publish``;
+    whatever is still staged on leaving (an error, Ctrl-C, a process killed between renames aside)
+    is unlinked."""
     staged: dict[Path, Path] = {}
     try:
-        for path, fn in write.items():
-            staged[path] = _stage(path, fn)
-    except BaseException:
+        yield staged
+    finally:
         for tmp in staged.values():
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        raise
-    for path, tmp in staged.items():
-        os.replace(tmp, path)
-    for path in remove:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+
+
+def _publish(directory: Path, staged: dict[Path, Path], remove: Sequence[Path] = ()) -> None:
+    """Rename every staged file into place in ``staged``'s order, removing each from ``staged``
+    once renamed; ``remove`` is removed just before the last rename (the one that commits the
+    set: ``meta.json``). The caller holds the study's lock."""
+    last = list(staged)[-1:]
+    for path in list(staged):
+        if path in last:
+            for old in remove:
+                with contextlib.suppress(FileNotFoundError):
+                    old.unlink()
+        os.replace(staged[path], path)
+        del staged[path]
     dfd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dfd)  # the renames survive a crash once write_summary has returned
     finally:
         os.close(dfd)
+
+
+def table_sha256(text: str) -> str:
+    """The digest ``meta.json`` records for a summary or anchors CSV: the sha256 of its non-blank
+    rows as the csv module parses them (a cell's line breaks counted as ``\\n``), so a blank line
+    an editor added or line endings git converted do not change it, and any changed cell does."""
+    rows = [[c.replace("\r\n", "\n") for c in cells] for cells in csv.reader(io.StringIO(text, newline="")) if cells]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    return table_sha256(path.read_text(encoding="utf-8"))
 
 
 def _rows_writer(path: Path, fixed: Sequence[str], rows: Sequence[SummaryRow | Anchor]) -> Callable[[IO[str]], None]:
@@ -169,20 +205,24 @@ def write_summary(name: str, rows: Iterable[SummaryRow], root: str | os.PathLike
     """Write ``<root>/<name>/summary.csv``, its ``meta.json`` (``profile`` is quick, full or
     custom; ``started_at`` a ``time.monotonic()`` stamp for the wall time) and, when given,
     ``anchors.csv`` (else any old one is removed), all three replaced together under the study's
-    lock; return the summary's path."""
+    lock, ``meta.json`` (with the other two files' sha256) last; return the summary's path."""
     rows = list(rows)
     anchors = list(anchors)
     _check_rows(name, rows)
     _check_rows(name, anchors)
     meta = collect(name, profile, wall_s=None if started_at is None else time.monotonic() - started_at)
     out = results_dir(name, root)
-    path = out / "summary.csv"
-    write = {path: _rows_writer(path, SUMMARY_COLUMNS, rows),
-             out / "meta.json": lambda fh: fh.write(meta.to_json())}
-    if anchors:
-        write[out / "anchors.csv"] = _rows_writer(out / "anchors.csv", ANCHOR_COLUMNS, anchors)
-    with study_lock(out):
-        _publish(out, write, remove=() if anchors else (out / "anchors.csv",))
+    path, anchors_path = out / "summary.csv", out / "anchors.csv"
+    write_rows = _rows_writer(path, SUMMARY_COLUMNS, rows)
+    write_anchors = _rows_writer(anchors_path, ANCHOR_COLUMNS, anchors) if anchors else None
+    with study_lock(out), _staging() as staged:
+        staged[path] = _stage(path, write_rows)
+        if write_anchors is not None:
+            staged[anchors_path] = _stage(anchors_path, write_anchors)
+        meta = dataclasses.replace(meta, summary_sha256=_sha256(staged[path]),
+                                   anchors_sha256=_sha256(staged[anchors_path]) if anchors else None)
+        staged[out / "meta.json"] = _stage(out / "meta.json", lambda fh: fh.write(meta.to_json()))  # renamed last
+        _publish(out, staged, remove=() if anchors else (anchors_path,))
     return path
 
 
@@ -203,6 +243,7 @@ def write_raw(name: str, filename: str, header: Sequence[str], records: Iterable
         w.writerow(header)
         w.writerows(records)
 
-    with study_lock(out):
-        _publish(out, {path: write})
+    with study_lock(out), _staging() as staged:
+        staged[path] = _stage(path, write)
+        _publish(out, staged)
     return path
