@@ -37,6 +37,7 @@ from quillcache.transfer import rdma_control
 from quillcache.transfer.backends import sockets
 from quillcache.transfer.backends.sockets import Channel, fast_channel
 from quillcache.transfer.backends.tcp_client import TcpClient, _Conn
+from test_transfer_faults import _raw_session, _recv_exact  # a hand-made client past the real handshake
 
 SECRET = "quillcache-transfer-v2-review-secret-0123"
 DATA = bytes(range(64))
@@ -137,23 +138,7 @@ def test_a_read_answer_with_nonzero_padding_is_refused_naming_the_padding(use_fa
 
 
 def _handshake(address: str) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=5)
-    server_nonce = P.decode_hello(_recv_exact(sock, P.HELLO.size))
-    client_nonce = P.new_nonce()
-    sock.sendall(P.encode_proof(client_nonce, P.client_proof(SECRET.encode(), server_nonce, client_nonce)))
-    P.decode_accept(_recv_exact(sock, P.ACCEPT.size), SECRET.encode(), server_nonce, client_nonce)
-    return sock
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
+    return _raw_session(address, SECRET)
 
 
 @pytest.mark.parametrize("fast_path", [True, False])

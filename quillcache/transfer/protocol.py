@@ -45,6 +45,7 @@ import hmac
 import secrets
 import struct
 from dataclasses import dataclass
+from typing import Callable
 
 import msgpack
 
@@ -54,6 +55,7 @@ __all__ = [
     "ACCEPT",
     "FRAME_HEAD_BYTES",
     "HELLO",
+    "HandshakeRefused",
     "MAX_LIST_BYTES",
     "MAX_REASON_BYTES",
     "PADDING_BYTES",
@@ -82,6 +84,7 @@ __all__ = [
     "encode_response",
     "new_nonce",
     "padding_bytes",
+    "read_handshake_frame",
     "server_proof",
 ]
 
@@ -176,6 +179,37 @@ def check_frame_head(kind: str, head: bytes | bytearray | memoryview, expected: 
     if len(head) < FRAME_HEAD_BYTES:
         raise ProtocolError(f"{kind} head is {len(head)} bytes, expected {FRAME_HEAD_BYTES}")
     _check_magic(kind, bytes(head[:4]), expected, head[4])
+
+
+class HandshakeRefused(Exception):
+    """The server sent a refusal (a non-OK response frame with its reason) in place of a handshake frame."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(f"{status.name}: {reason}")
+        self.status, self.reason = status, reason
+
+
+def read_handshake_frame(recv: Callable[[int], bytes | bytearray | memoryview], kind: str, fmt: struct.Struct,
+                         magic: bytes, where: str) -> bytes:
+    """The server's next handshake frame (``kind``, of format ``fmt``, magic ``magic``), read with ``recv(n)``
+    (exactly ``n`` bytes). Its magic and version are checked first (``check_frame_head``): a server of another
+    protocol version raises ``ProtocolError`` naming that version. A response frame in its place is a refusal:
+    ``HandshakeRefused`` with the server's status and reason (at most ``MAX_REASON_BYTES``). An OK one is no
+    refusal: ``ProtocolError``, nothing more read (its length is unbounded and comes from a peer that has not
+    proved the secret). ``where`` names the server in errors."""
+    head = bytes(recv(FRAME_HEAD_BYTES))  # magic and version: the frame's size depends on them
+    is_response = head[:4] == RESPONSE_MAGIC
+    try:
+        check_frame_head("response" if is_response else kind, head, RESPONSE_MAGIC if is_response else magic)
+    except ProtocolError as e:
+        raise ProtocolError(f"{where}: {e}") from None
+    if not is_response:
+        return head + bytes(recv(fmt.size - FRAME_HEAD_BYTES))
+    resp = decode_response(head + bytes(recv(RESPONSE.size - FRAME_HEAD_BYTES)))
+    if resp.status is Status.OK:
+        raise ProtocolError(f"{where} answered OK in place of a handshake frame")
+    reason = bytes(recv(resp.length)).decode("utf-8", "replace") if resp.length else ""
+    raise HandshakeRefused(resp.status, reason)
 
 
 def decode_request(frame: bytes | bytearray | memoryview, max_length: int) -> RequestHeader:

@@ -94,26 +94,15 @@ def tune(sock: socket.socket) -> None:
 
 def _handshake_frame(sock: socket.socket, kind: str, fmt: struct.Struct, magic: bytes, progress_s: float,
                      deadline: float, where: str) -> bytes:
-    """The server's next handshake frame (``kind``, of format ``fmt``, magic ``magic``). Its magic and version
-    are checked first (``protocol.check_frame_head``): a server of another protocol version raises
-    ``ProtocolError`` naming that version. A response frame in its place is a refusal: BUSY raises ``Busy``,
-    any other status ``ProtocolError``, each with the server's reason."""
-    head = recv_exact(sock, P.FRAME_HEAD_BYTES, progress_s, deadline)  # magic and version: they fix the size
-    is_response = head[:4] == P.RESPONSE_MAGIC
+    """The server's next handshake frame (``protocol.read_handshake_frame`` on this socket: another protocol
+    version or an OK in its place is a ``ProtocolError``). A refusal in its place: BUSY raises ``Busy``, any
+    other status ``ProtocolError``, each with the server's reason."""
     try:
-        P.check_frame_head("response" if is_response else kind, head, P.RESPONSE_MAGIC if is_response else magic)
-    except ProtocolError as e:
-        raise ProtocolError(f"{where}: {e}") from None
-    if not is_response:
-        return head + recv_exact(sock, fmt.size - P.FRAME_HEAD_BYTES, progress_s, deadline)
-    # a refusal: its reason is at most MAX_REASON_BYTES
-    resp = P.decode_response(head + recv_exact(sock, P.RESPONSE.size - P.FRAME_HEAD_BYTES, progress_s, deadline))
-    if resp.status is P.Status.OK:
-        raise ProtocolError(f"{where} answered OK in place of a handshake frame")
-    reason = recv_exact(sock, resp.length, progress_s, deadline).decode("utf-8", "replace") if resp.length else ""
-    if resp.status is P.Status.BUSY:
-        raise Busy(f"{where} is busy: {reason}")
-    raise ProtocolError(f"{where} refused the control connection ({resp.status.name}): {reason}")
+        return P.read_handshake_frame(lambda n: recv_exact(sock, n, progress_s, deadline), kind, fmt, magic, where)
+    except P.HandshakeRefused as r:
+        if r.status is P.Status.BUSY:
+            raise Busy(f"{where} is busy: {r.reason}") from None
+        raise ProtocolError(f"{where} refused the control connection ({r.status.name}): {r.reason}") from None
 
 
 def connect_peer(host: str, port: int, secret: bytes, *, connect_timeout_s: float, auth_timeout_s: float,

@@ -199,28 +199,15 @@ class TcpClient:
     @staticmethod
     def _handshake_frame(ch: Channel, kind: str, fmt: struct.Struct, magic: bytes, deadline: float,
                          address: str) -> bytes:
-        """The server's next handshake frame (``kind``, of format ``fmt``, magic ``magic``). Its magic and
-        version are checked first (``protocol.check_frame_head``): a server of another protocol version
-        raises ``ProtocolError`` naming that version. A response frame in its place is a refusal:
-        BUSY raises ``_Busy``, any other non-OK status ``TransferError``, each with the server's reason (at
-        most ``MAX_REASON_BYTES``). An OK one is no refusal: ``ProtocolError``, nothing more read (its length
-        is unbounded and comes from a peer that has not proved the secret)."""
-        head = bytes(ch.recv(P.FRAME_HEAD_BYTES, deadline))  # magic and version: the frame's size depends on them
-        is_response = head[:4] == P.RESPONSE_MAGIC
+        """The server's next handshake frame (``protocol.read_handshake_frame`` on this channel: another
+        protocol version or an OK in its place is a ``ProtocolError``). A refusal in its place: BUSY raises
+        ``_Busy``, any other status ``TransferError``, each with the server's reason."""
         try:
-            P.check_frame_head("response" if is_response else kind, head, P.RESPONSE_MAGIC if is_response else magic)
-        except ProtocolError as e:
-            raise ProtocolError(f"{address}: {e}") from None
-        if not is_response:
-            return head + bytes(ch.recv(fmt.size - P.FRAME_HEAD_BYTES, deadline))
-        # a refusal: its reason is at most MAX_REASON_BYTES
-        resp = P.decode_response(head + bytes(ch.recv(P.RESPONSE.size - P.FRAME_HEAD_BYTES, deadline)))
-        if resp.status is P.Status.OK:
-            raise ProtocolError(f"{address} answered OK in place of a handshake frame")
-        reason = bytes(ch.recv(resp.length, deadline)).decode("utf-8", "replace")
-        if resp.status is P.Status.BUSY:
-            raise _Busy(f"{address} is busy: {reason}")
-        raise TransferError(f"{address} refused the connection ({resp.status.name}): {reason}")
+            return P.read_handshake_frame(lambda n: ch.recv(n, deadline), kind, fmt, magic, address)
+        except P.HandshakeRefused as r:
+            if r.status is P.Status.BUSY:
+                raise _Busy(f"{address} is busy: {r.reason}") from None
+            raise TransferError(f"{address} refused the connection ({r.status.name}): {r.reason}") from None
 
     def _connect_once(self, address: str, deadline: float) -> _Conn:
         cfg = self.config
