@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -78,11 +79,13 @@ def test_payloads_start_on_64_byte_stream_offsets_after_handshake_list_and_earli
             sock.close()
 
 
-def test_a_fast_path_built_for_another_header_size_is_not_used():
+@pytest.mark.parametrize("attr, value", [("RESPONSE_HEADER_BYTES", 24),  # what a build of version 1 reports
+                                         ("PROTOCOL_VERSION", 1)])  # the header size matches, the version not
+def test_a_fast_path_built_for_another_protocol_version_is_not_used(attr, value):
     code = ("import importlib, warnings\n"
             "from quillcache.transfer.backends import _fastio, sockets\n"
             "assert sockets.FastChannel is _fastio.FastChannel\n"  # this build matches
-            "_fastio.RESPONSE_HEADER_BYTES = 24\n"  # what a build of protocol version 1 reports
+            f"_fastio.{attr} = {value}\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    importlib.reload(sockets)\n"
@@ -93,8 +96,6 @@ def test_a_fast_path_built_for_another_header_size_is_not_used():
 
 
 def test_a_frame_with_nonzero_padding_is_refused_naming_the_padding():
-    import pytest
-
     from quillcache.transfer.types import ProtocolError
 
     cases = [
