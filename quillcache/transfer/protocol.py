@@ -98,6 +98,7 @@ ACCEPT = struct.Struct("<4sB3x32s24x")
 assert all(f.size % STREAM_ALIGN_BYTES == 0 for f in (REQUEST, RESPONSE, HELLO, PROOF, ACCEPT))
 # each frame's trailing zero padding (bytes), checked by its decoder: an accepted frame is the canonical one
 PADDING_BYTES = {REQUEST: 24, RESPONSE: 40, HELLO: 24, PROOF: 56, ACCEPT: 24}
+assert all(f.format.endswith(f"{n}x") for f, n in PADDING_BYTES.items())  # each format's trailing `Nx`
 # every frame begins with its magic and version in its first FRAME_HEAD_BYTES (the `3x` of a handshake frame, the
 # status and reserved field of a response, the opcode and flags of a request): what a peer reads first
 FRAME_HEAD_BYTES = 8
