@@ -12,7 +12,9 @@ lease released).
 ``GatewayProcess(engines=[url...], keys={key: tenant}, **config)`` writes a key file and a config
 file into a temporary directory, starts ``python -m quillcache gateway`` on 127.0.0.1 port 0,
 waits for its JSON line and ``/ready`` with a deadline (never a fixed sleep), and always stops it
-(SIGTERM, then SIGKILL after a grace period) on exit.
+(SIGTERM, then SIGKILL after a grace period) on exit. The directory (``TEMP_PREFIX``) names this
+process and the gateway as its users (``quillcache.cluster.tempdirs``): exit removes it, and one a
+SIGKILLed process left is removed by the next ``GatewayProcess`` once neither of them runs.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,11 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quillcache.cli.parent import kill_on_parent_death
+from quillcache.cluster.tempdirs import add_user, make_owned_dir, sweep_stale_dirs
 
 if TYPE_CHECKING:
     from quillcache.textproc import ChatTemplate, Tokenizer
 
-__all__ = ["GatewayProcess", "serve"]
+__all__ = ["TEMP_PREFIX", "GatewayProcess", "serve"]
+
+TEMP_PREFIX = "qc-gateway-"  # GatewayProcess's config/keys/stderr directory under tempfile.gettempdir()
 
 
 def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: bytes = b"",
@@ -124,26 +129,30 @@ class GatewayProcess:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.info: dict[str, Any] = {}
-        self._dir: tempfile.TemporaryDirectory | None = None
+        self.dir: Path | None = None  # the temporary directory (module doc) while entered
 
     def __enter__(self) -> GatewayProcess:
-        self._dir = tempfile.TemporaryDirectory(prefix="qc-gateway-")
-        d = Path(self._dir.name)
-        (d / "config.json").write_text(json.dumps(self.config))
-        keys = [{"key": k, "tenant": t, **({"max_concurrency": self.key_limits[k]} if k in self.key_limits else {})}
-                for k, t in self.keys.items()]
-        (d / "keys.json").write_text(json.dumps({"keys": keys}))
-        cmd = [sys.executable, "-m", "quillcache", "gateway", "--config", str(d / "config.json"),
-               "--keys", str(d / "keys.json"), "--host", "127.0.0.1", "--port", "0", "--log-level", self.log_level]
-        env = {**os.environ, **self.env}
-        # the kernel stops the gateway should this process die without stopping it (a killed study or test
-        # run): nothing else would, since it reads nothing from us
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(d / "stderr.log", "wb"), env=env,
-                                     text=True, preexec_fn=kill_on_parent_death(signal.SIGTERM))
+        sweep_stale_dirs(TEMP_PREFIX)  # what a SIGKILLed owner left (no exit ran)
+        self.dir = d = make_owned_dir(TEMP_PREFIX)
         try:
+            (d / "config.json").write_text(json.dumps(self.config))
+            keys = [{"key": k, "tenant": t,
+                     **({"max_concurrency": self.key_limits[k]} if k in self.key_limits else {})}
+                    for k, t in self.keys.items()]
+            (d / "keys.json").write_text(json.dumps({"keys": keys}))
+            cmd = [sys.executable, "-m", "quillcache", "gateway", "--config", str(d / "config.json"),
+                   "--keys", str(d / "keys.json"), "--host", "127.0.0.1", "--port", "0",
+                   "--log-level", self.log_level]
+            env = {**os.environ, **self.env}
+            # the kernel stops the gateway should this process die without stopping it (a killed study or
+            # test run): nothing else would, since it reads nothing from us
+            with open(d / "stderr.log", "wb") as log:
+                self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
+                                             preexec_fn=kill_on_parent_death(signal.SIGTERM))
+            add_user(d, self.proc.pid)  # no sweep removes the directory while the gateway runs
             self._wait_started()
         except BaseException:
-            self.stop()
+            self.__exit__()
             raise
         return self
 
@@ -180,9 +189,9 @@ class GatewayProcess:
         raise TimeoutError(f"gateway not ready within {self.start_timeout_s} s: {self.stderr_tail()}")
 
     def stderr_tail(self, n_bytes: int = 2000) -> str:
-        if self._dir is None:
+        if self.dir is None:
             return ""
-        p = Path(self._dir.name) / "stderr.log"
+        p = self.dir / "stderr.log"
         return p.read_bytes()[-n_bytes:].decode(errors="replace") if p.exists() else ""
 
     def metrics_text(self) -> str:
@@ -204,6 +213,6 @@ class GatewayProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-        if self._dir is not None:
-            self._dir.cleanup()
-            self._dir = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
