@@ -5,7 +5,8 @@
 Invariants:
 - ``residency_keys(keys)`` returns ``(hashes, identities)``: ``hashes[i]`` (uint64) and
   ``identities[16 * i:16 * (i + 1)]`` are exactly ``residency_key(keys[i])``;
-- a ``kv:<16 hex>:<32 hex>`` key (either case of hex digit) is parsed here; every other key is hashed
+- a ``kv:<16 hex>:<32 hex>`` key (lowercase hex digits only: a key with an upper-case digit is a
+  different object, so it must not share the residency key) is parsed here; every other key is hashed
   with BLAKE2b-192 (``include/qc_blake2b.h``, RFC 7693) of its UTF-8 bytes, lone surrogates encoded
   as ``"surrogatepass"`` does (three bytes each, never combined into a pair);
 - a key that is the same object as the key before it (one per replica, consecutively) reuses that
@@ -48,8 +49,7 @@ cdef void _init_hex() noexcept:
     for c in range(10):
         HEXVAL[ord('0') + c] = c
     for c in range(6):
-        HEXVAL[ord('a') + c] = 10 + c
-        HEXVAL[ord('A') + c] = 10 + c
+        HEXVAL[ord('a') + c] = 10 + c  # (no 'A'..'F': see the module docstring)
 
 
 _init_hex()

@@ -93,7 +93,8 @@ class InvalidParamsError(MasterError, ValueError):
 
 class RecordEncodeError(InvalidParamsError):
     """INVALID_PARAMS: a state change whose operation-log record cannot be encoded (a string that is
-    not valid UTF-8, an int outside msgpack's range). Raised before the change is applied: the
+    not valid UTF-8, an int outside msgpack's range), or that would make its call's record larger than
+    the operation log takes (``wal.MAX_PAYLOAD_BYTES``). Raised before the change is applied: the
     refused record changed nothing (the argument checks refuse such values first; this is the
     backstop)."""
 

@@ -271,7 +271,8 @@ class HaMaster:
         self._wake.set()
 
     def after_call(self) -> None:
-        """(Node lock held) after a data call: a failed service (refused or unknown commit) is reopened."""
+        """(Node lock held) after a data call, or before a standby follows: a failed service (refused or
+        unknown commit; a leader's record it could not apply) is reopened."""
         failed = self.service.failed
         if failed is not None:
             if isinstance(failed, StaleEpochError):
@@ -482,6 +483,7 @@ class HaMaster:
                                 self._queue.clear()
                             self._trim()
                     if self.role == "standby":
+                        self.after_call()  # a follow that failed: reload from the data dir, then catch up
                         self._drain()
                         epoch = el.epoch
                         if epoch is not None and epoch > self._fenced_epoch:
@@ -562,9 +564,7 @@ class HaMaster:
                 info = self.election.leader() if self.election is not None else None
             except EtcdError:
                 info = None
-            if info is not None and info.candidate_id != self.candidate:
-                return "standby"
-            if time.monotonic() > deadline:
+            if (info is not None and info.candidate_id != self.candidate) or time.monotonic() > deadline:
                 return "standby"
             self._stop.wait(0.02)
         return "standby"

@@ -214,6 +214,7 @@ class OpLog:
         covered = _covered(sealed, None, after_lsn)  # (the last sealed segment is read: its end is not known yet)
         sealed = sealed[len(covered):]
         tail: list[tuple[int, bytes]] = []
+        behind = False  # the snapshot is newer than everything in the log
         expect = None  # the lsn the next file must start at (after the previous one's last record)
         for base, path in sealed:
             report, records = scan(path, mode="strict", fs=fs)
@@ -229,13 +230,14 @@ class OpLog:
             report, records = scan(self.path, mode=mode, fs=fs)
             self._check_start(self.path, report.header.base_lsn, expect, after_lsn)
             self._wal = WalWriter.reopen(self.path, report, fs=fs)
-            if report.last_lsn < after_lsn:  # the snapshot is newer than everything in the log: start past it
-                self.rotate(after_lsn)
+            behind = report.last_lsn < after_lsn
             tail.extend((lsn, p) for lsn, p in records if lsn > after_lsn)
-        for path in covered:
+        for path in covered:  # (before any rotate below: its drop_through deletes what is left, not these again)
             fs.unlink(path)
         if covered:
             fs.fsync_dir(self.data_dir)
+        if behind:  # start past the snapshot
+            self.rotate(after_lsn)
         self.records_since_rotate = len(tail)
         return tail
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from quillcache.durability import wal as _wal
 from quillcache.durability.wal import WalError, WalIOError
 from quillcache.master.errors import (InvalidParamsError, LogFailedError, MasterError, NotLeaderError,
                                      RecordEncodeError, StaleEpochError)
@@ -31,6 +32,7 @@ __all__ = ["ReplicatedMode"]
 
 _COMPLETE = int(ObjectStatus.COMPLETE)
 _PUT_START_OPS = frozenset((int(Op.PUT_START), int(Op.PUT_START_MANY)))  # written, fsynced by the next call
+_BATCH_HEADROOM = 64  # bytes a BATCH record adds to its records' payloads (join_encoded: about 30)
 
 
 class ReplicatedMode:
@@ -83,14 +85,21 @@ class ReplicatedMode:
     def _record(self, rec: list) -> None:
         """Encode one record, then apply it and keep it for this call's WAL record (written by
         ``_commit``: one record, one LSN, per call; a BATCH when the call made several state changes).
-        A record that cannot be encoded is refused (RecordEncodeError) BEFORE it is applied: memory
-        and log never hold a change the other lacks."""
+        A record that cannot be encoded, or that would make the call's WAL record larger than the WAL
+        takes (``wal.MAX_PAYLOAD_BYTES``), is refused (RecordEncodeError) BEFORE it is applied: memory
+        and log never hold a change the other lacks (the call's earlier records, applied, are logged)."""
         try:
             payload = encode_record(rec)
         except Exception as exc:  # msgpack raises several types (UnicodeEncodeError, OverflowError, TypeError)
             raise RecordEncodeError(f"{Op(rec[0]).name} record cannot be written to the operation log "
                                     f"({type(exc).__name__}: {exc}); nothing was changed") from None
         recs = self._call_recs
+        total = len(payload) + (self._call_bytes if recs else 0)
+        limit = _wal.MAX_PAYLOAD_BYTES - _BATCH_HEADROOM
+        if total > limit:
+            raise RecordEncodeError(f"{Op(rec[0]).name} record of {len(payload)} bytes would make this call's "
+                                    f"operation-log record {total} bytes, over the limit of {limit}; nothing "
+                                    f"was changed by it (split the batch)")
         if not recs and self._projection.pending():  # rows a previous call deferred go first (and are
             self._projection.publish()                # never discarded with this call's, should it fail)
         lsn = self._state.lsn + 1 if not recs else self._call_lsn
@@ -99,6 +108,7 @@ class ReplicatedMode:
             self._call_lsn = lsn
         recs.append(rec)
         self._call_payloads.append(payload)
+        self._call_bytes = total
 
     def _commit(self, *, appended: bool = False) -> None:
         """Log this call's records and commit the log (one fsync) if the call changed anything;
@@ -128,6 +138,7 @@ class ReplicatedMode:
     def _log_call(self) -> None:
         recs, self._call_recs = self._call_recs, []
         payloads, self._call_payloads = self._call_payloads, []
+        self._call_bytes = 0
         payload, changes = join_encoded(recs, payloads)
         lsn = self._call_lsn
         if self._replicate is not None:  # the local log gets it once the replicated log has it (_commit)
@@ -138,7 +149,7 @@ class ReplicatedMode:
                 if self._log.next_lsn != lsn:  # checked before the append: a wrong record is never written
                     raise WalError(f"operation log is at lsn {self._log.next_lsn}, expected {lsn}")
                 self._log.append(payload, changes)
-            except (OSError, WalError) as exc:
+            except (OSError, WalError, ValueError) as exc:  # (ValueError: over the WAL's payload limit)
                 self._failed = exc
                 self._projection.discard()
                 raise LogFailedError(f"appending to the operation log failed ({exc}); the master is read-only") from exc
@@ -162,7 +173,7 @@ class ReplicatedMode:
                         raise WalError(f"local log is at lsn {self._log.next_lsn - 1}, expected {lsn}")
                     self._log.append(payload)
                 self._log.records_since_rotate += extra
-            except (OSError, WalError) as exc:
+            except (OSError, WalError, ValueError) as exc:  # (ValueError: over the WAL's payload limit)
                 self._failed = exc
                 self._projection.discard()
                 raise LogFailedError(f"appending to the operation log failed ({exc}); the master is "
@@ -186,8 +197,8 @@ class ReplicatedMode:
                     continue
                 if lsn != st.lsn + 1:
                     raise InvalidParamsError(f"follow: record {lsn} leaves a gap after lsn {st.lsn}")
-                rec = decode_record(payload)
                 try:
+                    rec = decode_record(payload)
                     st.apply(rec, lsn)
                     changes = num_changes(rec)
                     if self._log is not None:

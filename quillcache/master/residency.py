@@ -12,10 +12,12 @@ the master (which answers ``get_replicas`` from its tables) never disagree about
 
 Key mapping. A key made by :func:`kv_object_key` (``"kv:<16 hex block hash>:<32 hex identity>"``)
 maps to exactly that block hash and identity, so the planner locates KV blocks the master stores
-under the identity that governs their reuse (its 48 hex places must be ASCII hex digits, either
-case). Any other key maps to a 24-byte BLAKE2b digest of its UTF-8 bytes (lone surrogates as
-``"surrogatepass"`` encodes them) split 8 / 16 (block hash / identity): a 192-bit name, so two keys
-meet in the index only with negligible probability (2**-96 by the birthday bound at 2**48 keys).
+under the identity that governs their reuse (its 48 hex places must be lowercase ASCII hex digits,
+the form ``kv_object_key`` writes: keys that differ only in the case of a hex digit are distinct objects
+to the master, so at most one of them may own a ``(block hash, identity)``). Any other key maps to a
+24-byte BLAKE2b digest of its UTF-8 bytes (lone surrogates as ``"surrogatepass"`` encodes them) split
+8 / 16 (block hash / identity): a 192-bit name, so two keys meet in the index only with negligible
+probability (2**-96 by the birthday bound at 2**48 keys).
 
 :func:`residency_key` is the plain-Python reference; the projection computes keys with the compiled
 ``_residency.residency_keys`` / ``residency_key1`` (tested equal to it), so a batch publish does no
@@ -33,11 +35,12 @@ from quillcache.index import IndexBackend, ReplicaKey, ResidencyEntry
 from quillcache.master._residency import residency_key1, residency_keys
 from quillcache.types import CacheTier
 
-__all__ = ["IndexProjection", "kv_object_key", "residency_key"]
+__all__ = ["IndexProjection", "RESIDENCY_KEY_VERSION", "kv_object_key", "residency_key"]
 
 _KV_PREFIX = "kv:"
 _KV_LEN = len(_KV_PREFIX) + 16 + 1 + 32
-_HEX = frozenset("0123456789abcdefABCDEF")
+_HEX = frozenset("0123456789abcdef")  # lowercase only (module docstring: one kv key per residency key)
+RESIDENCY_KEY_VERSION = 2  # 1: kv keys of either case parsed (snapshots' res_hash/res_ident columns then differ)
 
 
 def kv_object_key(block_hash: int, identity: bytes) -> str:
@@ -51,9 +54,10 @@ def residency_key(key: str) -> tuple[int, bytes]:
     """``(block_hash, identity)`` under which ``key``'s replicas are recorded in the index.
 
     The plain-Python reference of ``_residency.residency_keys`` (which the projection uses). A key is
-    of the kv: form only when all 48 of its hex places are ASCII hex digits (either case): ``int()``'s
+    of the kv: form only when all 48 of its hex places are lowercase ASCII hex digits: ``int()``'s
     signs, ``0x``, underscores, whitespace and non-ASCII digits, and ``bytes.fromhex``'s whitespace,
-    would otherwise give negative block hashes or short identities."""
+    would otherwise give negative block hashes or short identities; upper-case digits would let two
+    distinct keys share one index entry. Every other key is hashed."""
     if (len(key) == _KV_LEN and key.startswith(_KV_PREFIX) and key[19] == ":" and _HEX.issuperset(key[3:19])
             and _HEX.issuperset(key[20:])):
         return int(key[3:19], 16), bytes.fromhex(key[20:])

@@ -198,6 +198,7 @@ class MasterService(ReplicatedMode):
         self._log: OpLog | None = None
         self._call_recs: list[list] = []  # this call's records, applied, not yet in the log (_commit)
         self._call_payloads: list[bytes] = []  # each one's encoding (made before it was applied: _record)
+        self._call_bytes = 0  # their total size (_record refuses a call past the WAL's record limit)
         self._call_lsn = 0
         self._failed: BaseException | None = None
         self._closed = False

@@ -33,7 +33,7 @@ from quillcache.durability.fs import CREATE_EXCL, READ, FileSystem, RealFs
 from quillcache.master.oplog import Op, OpLog, decode_record, num_changes
 from quillcache.index.keys import IDENTITY_BYTES
 from quillcache.master._residency import residency_keys
-from quillcache.master.residency import IndexProjection
+from quillcache.master.residency import RESIDENCY_KEY_VERSION, IndexProjection
 from quillcache.master.state import MasterState
 from quillcache.master.table import COLUMN_DTYPES
 from quillcache.master.types import ObjectStatus
@@ -72,6 +72,7 @@ def encode_state(state: MasterState) -> bytes:
     hashes, idents = residency_keys(keys)  # per object: a restart fills the index without recomputing them
     doc["res_hash"] = np.ascontiguousarray(hashes, dtype="<u8").tobytes()
     doc["res_ident"] = bytes(idents)
+    doc["res_version"] = RESIDENCY_KEY_VERSION  # the mapping they were made with (older ones are recomputed)
     payload = msgpack.packb(doc, use_bin_type=True)
     return _HEAD.pack(_MAGIC, _crc.crc32c(payload), len(payload)) + payload
 
@@ -157,7 +158,9 @@ def stale_temporaries(fs: FileSystem, data_dir: str) -> list[str]:
 class LoadedRows:
     """What a snapshot holds per object beyond the table, in its row order (for ``fill_index``):
     ``res_hash`` / ``res_ident`` the residency keys (uint64 array, 16 bytes each), and the columns
-    the index rows come from. ``res_hash`` is None for a snapshot written before they were stored."""
+    the index rows come from. ``res_hash`` is None for a snapshot written before they were stored, or
+    with another key mapping (``legacy``: no ``res_version`` or an older one; e.g. upper-case kv: keys
+    were parsed, now hashed), whose columns are therefore ignored and recomputed."""
 
     status: np.ndarray
     size: np.ndarray
@@ -166,6 +169,7 @@ class LoadedRows:
     rep_off: np.ndarray
     res_hash: np.ndarray | None
     res_ident: bytes | None
+    legacy: bool = False
 
 
 def load_snapshot(fs: FileSystem, data_dir: str, state: MasterState) -> LoadedRows | None:
@@ -236,12 +240,15 @@ def _fill(state: MasterState, doc: dict) -> LoadedRows:
     state.lsn = doc["lsn"]
     state.next_put_id = doc["next_put_id"]
     res_hash, res_ident = doc.get("res_hash"), doc.get("res_ident")
+    legacy = doc.get("res_version") != RESIDENCY_KEY_VERSION
+    if legacy:  # made with another mapping (module docstring of residency.py): never trusted
+        res_hash = res_ident = None
     if res_hash is not None or res_ident is not None:
         if not isinstance(res_hash, bytes) or not isinstance(res_ident, bytes) \
                 or len(res_hash) != 8 * n or len(res_ident) != IDENTITY_BYTES * n:
             raise SnapshotError(f"residency columns do not match the {n} objects")
         res_hash = np.frombuffer(res_hash, dtype="<u8")
-    return LoadedRows(cols["status"], cols["size"], counts, rep_seg, rep_off, res_hash, res_ident)
+    return LoadedRows(cols["status"], cols["size"], counts, rep_seg, rep_off, res_hash, res_ident, legacy)
 
 
 def fill_index(state: MasterState, projection: IndexProjection, rows: LoadedRows | None = None) -> None:
@@ -311,7 +318,9 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
     on-disk index (``index_on_disk``) was flushed and checkpointed when the snapshot was taken, so
     replaying the tail brings it up to date; only the replicas it lacks (or still holds after a
     drop) are written (``IndexProjection.publish_missing``), so restarting again and again on the
-    same tail does not grow the index's own log."""
+    same tail does not grow the index's own log. An on-disk index next to a snapshot made with an older
+    residency-key mapping (``LoadedRows.legacy``) may hold entries under keys no longer computed: it is
+    emptied and refilled."""
     state.detach_space()
     for tmp in stale_temporaries(fs, data_dir):  # a writer that died before publishing
         try:
@@ -322,6 +331,10 @@ def recover(state: MasterState, projection: IndexProjection, fs: FileSystem, dat
     state.objects.lease_floor_s = lease_end
     loaded = load_snapshot(fs, data_dir, state)
     refilled = projection.is_empty()
+    if loaded is not None and loaded.legacy and not refilled:
+        for node in projection.index.nodes():
+            projection.index.remove_node(node)
+        refilled = True
     if loaded is not None and refilled and len(state.objects):
         fill_index(state, projection, loaded)
     log = OpLog(data_dir, fs)

@@ -135,9 +135,14 @@ class ForkSnapshotWriter(SnapshotWriter):
         rfd, wfd = os.pipe()
         parent = os.getpid()
         self._t0 = time.perf_counter()
-        with warnings.catch_warnings():  # Python >= 3.12 warns about forking a threaded process; see docstring
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            with warnings.catch_warnings():  # Python >= 3.12 warns about forking a threaded process; see docstring
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except BaseException:  # e.g. ENOMEM / EAGAIN (the caller writes the snapshot inline): no fd leaks
+            os.close(rfd)
+            os.close(wfd)
+            raise
         if pid == 0:  # the child: never returns
             os.close(rfd)
             _child(fs, data_dir, state, parent, wfd)
