@@ -20,9 +20,9 @@ malformed JSON or fields (the message names the field), 404 for an unknown model
 than JSON (no Content-Type is accepted), 500 for an injected error (``--error-rate``). A message may quote what the
 client sent (shortened, and with any character UTF-8 cannot carry, such as a lone surrogate, escaped), so every
 error renders. ``--die-mid-stream-after-tokens`` applies to streaming responses only (a
-non-streaming response has no middle to die in). No traceback ever reaches a client. Headers of a streaming response are sent
-before prefill starts (and after ``--hang-before-headers-s`` when that fault is drawn); a client that disconnects
-cancels its request at once (the response races the request against ``http.disconnect``).
+non-streaming response has no middle to die in). No traceback ever reaches a client. Headers of a streaming
+response are sent before prefill starts (and after ``--hang-before-headers-s`` when that fault is drawn); a client
+that disconnects cancels its request at once (the response races the request against ``http.disconnect``).
 """
 
 from __future__ import annotations
@@ -204,9 +204,12 @@ class _EngineResponse(Response):
 
 
 def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], Any]:
-    """Validated request options, or an error response."""
+    """Validated request options, or an error response. Only an absent or ``null`` field takes its default; any
+    other value of the wrong type (``"stream": 0``, ``"model": ""``, ``"stream_options": []``) is a 400 naming the
+    field (or, for a string ``model`` naming nothing served, a 404)."""
     cfg = engine.config
-    model = body.get("model") or cfg.model
+    model = body.get("model")
+    model = cfg.model if model is None else model
     if not isinstance(model, str):
         return {}, _error(400, f"'model' must be a string, got {type(model).__name__}", param="model")
     try:
@@ -220,13 +223,17 @@ def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[
         max_tokens = cfg.default_max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         return {}, _error(400, f"'max_tokens' must be an integer >= 1, got {max_tokens!r:.40}", param="max_tokens")
-    stream = body.get("stream") or False
+    stream = body.get("stream")
+    stream = False if stream is None else stream
     if not isinstance(stream, bool):
         return {}, _error(400, f"'stream' must be a boolean, got {stream!r:.40}", param="stream")
-    opts = body.get("stream_options") or {}
-    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
-        return {}, _error(400, "'stream_options' must be an object with a boolean 'include_usage'",
-                          param="stream_options")
+    opts = body.get("stream_options")
+    opts = {} if opts is None else opts
+    include_usage = opts.get("include_usage") if isinstance(opts, dict) else None
+    include_usage = False if include_usage is None else include_usage
+    if not isinstance(opts, dict) or not isinstance(include_usage, bool):
+        return {}, _error(400, "'stream_options' must be an object with a boolean 'include_usage', got "
+                          f"{opts!r:.40}", param="stream_options")
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         return {}, _error(400, "'cache_salt' must be a non-empty string", param="cache_salt")
@@ -237,7 +244,7 @@ def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[
     if n not in (None, 1):
         return {}, _error(400, f"'n'={n!r:.20} is not supported by the stand-in engine (only 1)", param="n")
     return {"model": model, "lora": lora, "max_tokens": max_tokens, "stream": stream,
-            "include_usage": bool(opts.get("include_usage", False)) and stream, "salt": salt, "seed": seed}, None
+            "include_usage": include_usage and stream, "salt": salt, "seed": seed}, None
 
 
 def build_app(config: EngineSimConfig, engine: SimEngine | None = None) -> Starlette:

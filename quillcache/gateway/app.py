@@ -491,7 +491,7 @@ class Gateway:
             ident = make_identity(model=model.base, tenant=tenant_scope, tokenizer=self.config.tokenizer
                                   if self.config.tokenizer == "bytes" else "hf", adapter=model.adapter,
                                   layout=self.layout)
-            self.decider.scope(ident)  # validated and registered once
+            self.decider.scope(ident)  # validated now (the registry is LRU-bounded; it re-registers on demand)
             if len(self._identities) < 100_000:
                 self._identities[key] = ident
         return ident

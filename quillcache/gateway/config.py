@@ -177,7 +177,7 @@ class GatewayConfig:
     tokenizer: str = "bytes"  # "bytes" or a tokenizer.json path (must be the engine's)
     chat_template: str | None = None  # a tokenizer_config.json path, or None for the built-in ChatML
     block_size_tokens: int = 16
-    index_kind: str = "art"  # residency index backend (quillcache.index.INDEX_BACKENDS), in memory
+    index_kind: str = "art"  # residency index backend (quillcache.index.INDEX_BACKENDS) that opens in memory
     # a quillcache.routing.ROUTERS name; cache_aware (SGLang's rule on the exact index) by the gateway study's
     # measurement: Dynamo's cost ("dynamo") trades prefix hits for balance there (results/gateway)
     router: str = "cache_aware"
@@ -195,7 +195,7 @@ class GatewayConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
-    seed: int | None = None
+    seed: int | None = None  # the routers' tie-break generator: None (fresh entropy) or an integer >= 0
 
     def __post_init__(self) -> None:
         engines = tuple(self.engines)
@@ -213,7 +213,13 @@ class GatewayConfig:
         object.__setattr__(self, "models", tuple(self.models))
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(f"tokenizer must be 'bytes' or a tokenizer.json path, got {self.tokenizer!r:.80}")
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
+            raise ConfigError("chat_template must be null or a tokenizer_config.json path, "
+                              f"got {self.chat_template!r:.80}")
         check_int("block_size_tokens", self.block_size_tokens, 1, 65536, error=ConfigError, type_error=ConfigError)
+        if self.seed is not None:
+            check_int("seed", self.seed, 0, error=ConfigError, type_error=ConfigError)
+        _check_index_kind(self.index_kind)
         check_float("speculative_ttl_s", self.speculative_ttl_s, 0.0, lo_open=True, error=ConfigError,
                     type_error=ConfigError)
         check_int("speculative_max_blocks", self.speculative_max_blocks, 0, error=ConfigError, type_error=ConfigError)
@@ -221,7 +227,7 @@ class GatewayConfig:
             raise ConfigError(f"router_options must be an object of option: value, got {self.router_options!r:.80}")
         from quillcache.routing import ROUTERS, make_router
 
-        if self.router not in ROUTERS:
+        if not isinstance(self.router, str) or self.router not in ROUTERS:
             raise ConfigError(f"router {self.router!r:.40} is not registered; known: {sorted(ROUTERS)}")
         try:
             make_router(self.router, **self.router_options)
@@ -246,6 +252,21 @@ class GatewayConfig:
 
     def with_models(self, models: tuple[ModelConfig, ...]) -> GatewayConfig:
         return replace(self, models=tuple(models))
+
+
+def _check_index_kind(kind: object) -> None:
+    """``ConfigError`` unless ``kind`` names a registered index backend the gateway can open in memory
+    (it opens ``open_index(kind)`` without a path; a throwaway one is opened and closed here)."""
+    from quillcache.index import INDEX_BACKENDS, open_index
+
+    if not isinstance(kind, str) or kind not in INDEX_BACKENDS:
+        raise ConfigError(f"index_kind {kind!r:.40} is not a registered index backend; known: {sorted(INDEX_BACKENDS)}")
+    try:
+        with open_index(kind):
+            pass
+    except (ImportError, ValueError, TypeError, OSError) as exc:
+        raise ConfigError(f"index_kind {kind!r}: the gateway keeps its index in memory and this backend cannot "
+                          f"be opened there ({exc})") from None
 
 
 def parse_engine_urls(text: str) -> tuple[EngineConfig, ...]:
@@ -295,6 +316,9 @@ def config_from_dict(raw: Any, *, engines: tuple[EngineConfig, ...] = ()) -> Gat
         m = {} if m is None else m
         if not isinstance(m, dict):
             raise ConfigError(f"models[{name!r}] must be an object")
+        if "name" in m:  # the served name is the entry's key; a second one would silently replace it
+            raise ConfigError(f"models[{name!r}]: 'name' is not a model entry key (the served name is the key "
+                              f"{name!r} itself); known keys: ['adapter', 'base']")
         out.append(_section(ModelConfig, {"name": name, **m}, f"models[{name!r}]"))
     kw["models"] = tuple(out)
     kw["limits"] = _section(LimitsConfig, kw.get("limits"), "limits")

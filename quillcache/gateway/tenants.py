@@ -7,21 +7,26 @@ Keys come from a JSON key file (``--keys FILE``)::
 or from the environment variable ``QUILLCACHE_GATEWAY_KEYS`` as ``key=tenant[,key=tenant...]``.
 
 Invariants:
-- A request without ``Authorization: Bearer <key>`` or with a key not in the table is refused
-  (401); the message never says whether a key exists for some tenant.
+- A request without ``Authorization: Bearer <key>`` (the scheme case-insensitive, RFC 9110 11.1) or
+  with a key not in the table is refused (401); the message never says whether a key exists for
+  some tenant. A key appears once in a table: a key file or ``QUILLCACHE_GATEWAY_KEYS`` naming it
+  twice is refused, never resolved to one of its tenants.
 - Tenant ids follow the identity rule (``quillcache.identity.scope.TENANT_ID_RE``) minus ``:``,
   which the gateway reserves to join a tenant and a client's own ``cache_salt`` into one scope.
-- ``salt_for(scope)`` is ``"qc-" + hex(BLAKE2b-128[key=secret](scope))``: deterministic for one
-  secret (two gateway replicas with the same secret send the same salt, so an engine's cache is
-  shared between them), different for every scope, and a client cannot choose another tenant's
-  salt (the gateway overwrites ``cache_salt``). Without a secret the salt is still per-scope; the
-  secret only stops someone who talks to the engines directly from computing it.
+- ``salt_for(scope)`` is ``"qc-" + hex(BLAKE2b-128[key=K](scope))``, K the secret itself when it is
+  at most 64 bytes (BLAKE2b's key size) and its BLAKE2b-512 digest when longer, so every byte of any
+  secret counts: deterministic for one secret (two gateway replicas with the same secret send the
+  same salt, so an engine's cache is shared between them), different for every scope, and a client
+  cannot choose another tenant's salt (the gateway overwrites ``cache_salt``). Without a secret the
+  salt is still per-scope; the secret only stops someone who talks to the engines directly from
+  computing it.
 - ``TenantLimiter.try_acquire`` never lets a tenant exceed its limit; every acquire is paired
   with exactly one ``release``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -80,9 +85,12 @@ class TenantTable:
 
     def lookup(self, authorization: str | None) -> TenantKey | None:
         """The tenant of an ``Authorization`` header value, or None (missing, malformed or unknown)."""
-        if not authorization or not authorization.startswith("Bearer "):
+        if not authorization:
             return None
-        return self._keys.get(authorization[7:].strip())
+        scheme, _, credentials = authorization.partition(" ")
+        if scheme.lower() != "bearer":  # auth schemes are case-insensitive (RFC 9110 11.1)
+            return None
+        return self._keys.get(credentials.strip())
 
     @property
     def tenants(self) -> list[str]:
@@ -124,7 +132,10 @@ class TenantTable:
             key, sep, tenant = part.strip().partition("=")
             if not sep:
                 raise ConfigError(f"{KEYS_ENV} entry {i} is not key=tenant")
-            keys[_check_key(key, f"{KEYS_ENV} entry {i}")] = TenantKey(_check_tenant(tenant, f"{KEYS_ENV} entry {i}"))
+            where = f"{KEYS_ENV} entry {i}"
+            if _check_key(key, where) in keys:  # as from_file: never keep one of two tenants silently
+                raise ConfigError(f"{where}: duplicate key (an earlier entry names the same key)")
+            keys[key] = TenantKey(_check_tenant(tenant, where))
         return cls(keys)
 
 
@@ -141,7 +152,18 @@ def scope_tenant(tenant: str, client_salt: str | None) -> str:
 
 def salt_for(scope: str, secret: bytes = b"") -> str:
     """The engine-side ``cache_salt`` of an identity tenant scope (see module doc)."""
-    return "qc-" + hashlib.blake2b(scope.encode(), digest_size=16, key=secret[:64], person=b"qc-gw-salt").hexdigest()
+    return "qc-" + hashlib.blake2b(scope.encode(), digest_size=16, key=_salt_key(secret),
+                                   person=b"qc-gw-salt").hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _salt_key(secret: bytes) -> bytes:
+    """The BLAKE2b key of ``secret``: itself up to 64 bytes, else its 64-byte digest (never truncated)."""
+    if not isinstance(secret, bytes):
+        raise TypeError(f"the gateway secret must be bytes, got {type(secret).__name__}")
+    if len(secret) <= hashlib.blake2b.MAX_KEY_SIZE:
+        return secret
+    return hashlib.blake2b(secret, digest_size=64, person=b"qc-gw-secret").digest()
 
 
 class TenantLimiter:

@@ -43,12 +43,13 @@ A malformed identity is refused with ``ValueError``/``TypeError`` naming the fie
 before any scope exists, so nothing can be cached under it.
 
 Guard design (the fast path). A :class:`RequestScope` is built once per identity (and cached by the
-:class:`IdentityRegistry`): it holds the 16-byte digests the request may read - its own and, where
-the policy allows, its model's public scope - as a ``(k, 16)`` uint8 array. The planner compares
-each located replica's identity digest with these rows inside its lookup kernel, so the check is
-part of the lookup; public-scope replicas additionally need their block hash in the policy's sorted
-public set. Only :func:`audit_reuse` (the audit path, also the plain-Python reference of the guard)
-decodes digests back to identities through the registry and names reasons.
+bounded, LRU :class:`IdentityRegistry`; an evicted one is rebuilt, equal, on demand): it holds the
+16-byte digests the request may read - its own and, where the policy allows, its model's public
+scope - as a ``(k, 16)`` uint8 array. The planner compares each located replica's identity digest
+with these rows inside its lookup kernel, so the check is part of the lookup; public-scope replicas
+additionally need their block hash in the policy's sorted public set. Only :func:`audit_reuse` (the
+audit path, also the plain-Python reference of the guard) decodes digests back to identities through
+the registry and names reasons.
 
 What is exposed to whom (no side channel)
 -----------------------------------------
@@ -78,6 +79,7 @@ import hashlib
 import re
 import struct
 import types
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -88,6 +90,7 @@ from quillcache.index.keys import ResidencyEntry
 from quillcache.types import Identity, KvLayout
 
 __all__ = [
+    "DEFAULT_REGISTRY_CAPACITY",
     "DIGEST_BYTES",
     "NAME_RE",
     "PUBLIC_TENANT",
@@ -407,28 +410,51 @@ def reuse_reason(request: Identity, candidate: Identity, block_hash: int, policy
     return mism[0], tuple(mism)
 
 
-class IdentityRegistry:
-    """digest -> Identity (so audits can name reasons) and the per-identity scope cache.
+DEFAULT_REGISTRY_CAPACITY = 1 << 16
 
-    Every scope handed out is registered here together with its public scope, so every digest the
-    planner can write is known to the audit path.
+
+class IdentityRegistry:
+    """digest -> Identity (so audits can name reasons) and the per-identity scope cache, both bounded.
+
+    Every scope handed out is registered here together with its public scope. Both maps are LRU:
+    at most ``capacity`` scopes are cached and at most ``2 * capacity`` digests remembered (a scope
+    and its public scope are refreshed together on every :meth:`scope` call, so unless
+    :meth:`register` is also called directly, the identities of the ``capacity`` most recently used
+    request scopes and of their public scopes are known). An identity seen again after its eviction
+    is validated and registered again on demand. Memory is therefore bounded whatever the
+    number of distinct identities (e.g. one per client ``cache_salt`` at the gateway).
+
+    What eviction never changes: the guard (a :class:`RequestScope`'s ``allowed`` rows are computed
+    from the identity alone, so a re-built scope is equal) and the audit's safe/unsafe verdicts
+    (:func:`audit_reuse` derives the request's own and public digests itself, and only those can be
+    safe). What it may change: an UNSAFE candidate written under an identity forgotten since is
+    reported ``UNKNOWN_IDENTITY`` instead of its ``CROSS_*`` reason. ``capacity=None``: unbounded.
     """
 
-    def __init__(self, policy: SharingPolicy | None = None) -> None:
+    def __init__(self, policy: SharingPolicy | None = None, *,
+                 capacity: int | None = DEFAULT_REGISTRY_CAPACITY) -> None:
         if policy is not None and not isinstance(policy, SharingPolicy):
             raise TypeError(f"policy must be a SharingPolicy, got {type(policy).__name__}")
+        if capacity is not None:
+            check_int("IdentityRegistry capacity", capacity, 1)
         self.policy = policy or SharingPolicy()
-        self._by_digest: dict[bytes, Identity] = {}
-        self._scopes: dict[Identity, RequestScope] = {}
+        self.capacity = capacity
+        self._max_digests = None if capacity is None else 2 * capacity
+        self._by_digest: OrderedDict[bytes, Identity] = OrderedDict()
+        # identity -> (scope, digest of its public identity, registered whether or not it is shared)
+        self._scopes: OrderedDict[Identity, tuple[RequestScope, bytes]] = OrderedDict()
 
     def register(self, identity: Identity) -> bytes:
-        """Record ``identity`` (any scope, public ones included) and return its digest."""
+        """Record ``identity`` (any scope, public ones included) as most recently used; its digest."""
         if not isinstance(identity, Identity):
             raise TypeError(f"identity must be an Identity, got {type(identity).__name__}")
         d = identity.digest()
         known = self._by_digest.setdefault(d, identity)
         if known != identity:  # a 128-bit BLAKE2b collision: refuse rather than mislabel
             raise ValueError(f"identity digest collision between {known} and {identity}")
+        self._by_digest.move_to_end(d)
+        if self._max_digests is not None and len(self._by_digest) > self._max_digests:
+            self._by_digest.popitem(last=False)
         return d
 
     def identity_of(self, digest: bytes) -> Identity | None:
@@ -439,25 +465,39 @@ class IdentityRegistry:
 
     def scope(self, identity: Identity) -> RequestScope:
         """The (cached) read/write scope of a request identity; validates it first."""
-        sc = self._scopes.get(identity)
-        if sc is None:
-            validate_identity(identity)
-            own = self.register(identity)
-            pub_id = public_identity(identity)
-            pub = self.register(pub_id)
-            shares = self.policy.shares_with(identity.tenant)
-            rows = [own, pub] if shares else [own]
-            allowed = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), DIGEST_BYTES).copy()
-            allowed.flags.writeable = False
-            sc = RequestScope(
-                identity=identity,
-                digest=own,
-                public_digest=pub if shares else None,
-                allowed=allowed,
-                public_slot=1 if shares else -1,
-                policy=self.policy,
-            )
-            self._scopes[identity] = sc
+        hit = self._scopes.get(identity)
+        if hit is not None:
+            sc, pub = hit
+            self._scopes.move_to_end(identity)
+            by_digest = self._by_digest
+            if pub in by_digest:
+                by_digest.move_to_end(pub)
+            else:  # forgotten meanwhile (other identities registered since): known again
+                self.register(public_identity(identity))
+            if sc.digest in by_digest:
+                by_digest.move_to_end(sc.digest)
+            else:
+                self.register(identity)
+            return sc
+        validate_identity(identity)
+        pub_id = public_identity(identity)
+        pub = self.register(pub_id)
+        own = self.register(identity)
+        shares = self.policy.shares_with(identity.tenant)
+        rows = [own, pub] if shares else [own]
+        allowed = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), DIGEST_BYTES).copy()
+        allowed.flags.writeable = False
+        sc = RequestScope(
+            identity=identity,
+            digest=own,
+            public_digest=pub if shares else None,
+            allowed=allowed,
+            public_slot=1 if shares else -1,
+            policy=self.policy,
+        )
+        self._scopes[identity] = (sc, pub)
+        if self.capacity is not None and len(self._scopes) > self.capacity:
+            self._scopes.popitem(last=False)
         return sc
 
 
@@ -507,12 +547,17 @@ def audit_reuse(
 
     ``candidates``: ``ResidencyEntry`` objects (identity digests, decoded through ``registry``) or
     ``(block_hash, Identity | digest)`` pairs. A digest the registry does not know is unsafe
-    (``UNKNOWN_IDENTITY``): the audit never assumes. ``policy`` defaults to the registry's.
+    (``UNKNOWN_IDENTITY``): the audit never assumes. The request's own and public digests are
+    decoded from ``request_identity`` itself, registered or not: those are the only candidates that
+    can be safe, so a verdict's safety never depends on what a (bounded) registry still remembers.
+    ``policy`` defaults to the registry's.
     """
     validate_identity(request_identity)
     if policy is None:
         policy = registry.policy if registry is not None else SharingPolicy()
     own = request_identity.digest()
+    pub_identity = public_identity(request_identity)
+    known = {own: request_identity, pub_identity.digest(): pub_identity}
     out: list[ReuseVerdict] = []
     for c in candidates:
         if isinstance(c, ResidencyEntry):
@@ -526,7 +571,7 @@ def audit_reuse(
             digest = cand.digest()
         elif isinstance(cand, (bytes, bytearray)) and len(cand) == DIGEST_BYTES:
             digest = bytes(cand)
-            ident = request_identity if digest == own else (registry.identity_of(digest) if registry else None)
+            ident = known.get(digest) or (registry.identity_of(digest) if registry else None)
         else:
             raise TypeError(f"candidate identity must be an Identity or a 16-byte digest, got {_show(cand)}")
         if ident is None:
