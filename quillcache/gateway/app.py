@@ -24,7 +24,10 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
 7. the body forwarded with ``cache_salt`` set to the scope's salt (:func:`.tenants.salt_for`), so
    the engine's blocks and its ``usage.prompt_tokens_details.cached_tokens`` are per scope;
 8. a failure before the first byte retries on the next-best worker after a backoff
-   (``retry.max_retries``), else 502 (the engines failed) or 503 (no engine available);
+   (``retry.max_retries``; a retry is counted and its backoff slept only when an engine not yet
+   tried this request is healthy), else 502 (the engines failed) or 503 (no engine available). An
+   engine that could not be reached (``connect``) is taken for down until its next probe answers; one
+   that answered a malformed response (``protocol``), an error status or nothing in time is not;
 9. a stream is passed through event by event (SSE line ends LF, CR or CRLF; a last event without its
    blank line is still sent when the engine's stream ends cleanly); the response headers - ``x-quillcache-worker``,
    ``x-quillcache-cached-tokens``, ``x-quillcache-timing-class``, ``x-quillcache-request-id`` -
@@ -78,13 +81,17 @@ from quillcache.textproc import (ChatTemplate, PromptError, Tokenizer, load_chat
                                  prompt_token_array)
 from quillcache.types import Identity, KvLayout
 
-__all__ = ["Gateway", "build_app"]
+__all__ = ["Gateway", "GatewayStartError", "build_app"]
 
 log = logging.getLogger("quillcache.gateway")
 
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
 _PROXY_KINDS = {_COMPLETIONS: "completion", _CHAT: "chat"}
+
+
+class GatewayStartError(RuntimeError):
+    """``Gateway.start`` failed on a part of the config its message names."""
 
 
 class GatewayError(Exception):
@@ -277,6 +284,7 @@ class Gateway:
         self._tasks: list[asyncio.Task] = []
         self._subscribers: list[Any] = []
         self._catching_up: set[str] = set()  # events-mode engines whose start-up replay is not applied yet
+        self.started = False  # start() ran and stop() has not
         self.metrics.attach_live(self._inflight_by_worker, self._health_by_worker, self._residency_counts,
                                  lambda: self.limiter.total, lambda: self.tracker.stats.counts())
         self.app = Starlette(
@@ -295,28 +303,41 @@ class Gateway:
     # ---- lifecycle ---------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _lifespan(self, app) -> AsyncIterator[None]:
-        await self.start()
+        if not self.started:  # ``serve`` starts the gateway itself, before the server (a failure is one line)
+            await self.start()
         try:
             yield
         finally:
             await self.stop()
 
     async def start(self) -> None:
-        self.decider.warm_up()
-        prompt_token_array("chat", {"messages": [{"role": "user", "content": "warm-up"}]}, self.tokenizer,
-                           self.template)
-        await self.upstream.start()
-        await self._probe_all()
-        loop = asyncio.get_running_loop()
-        if self.config.peer_bind is not None:
-            from quillcache.gateway.peers import PeerLink
+        """Warm up, start the upstream client, probe the engines once, start the peer link, the KV-event
+        subscribers and the health loop. Should a step fail, what the earlier ones started is stopped
+        (:meth:`stop`) before the error propagates (a bad ``peer_bind``: :class:`GatewayStartError` naming it)."""
+        self.started = True
+        try:
+            self.decider.warm_up()
+            prompt_token_array("chat", {"messages": [{"role": "user", "content": "warm-up"}]}, self.tokenizer,
+                               self.template)
+            await self.upstream.start()
+            await self._probe_all()
+            loop = asyncio.get_running_loop()
+            if self.config.peer_bind is not None:
+                from quillcache.gateway.peers import PeerLink
 
-            self.decider.peers = PeerLink(self.tracker, loop, bind=self.config.peer_bind,
-                                          peers=self.config.peers).start()
-        for e in self.config.engines:
-            if e.prefix_state == "events":
-                self._subscribers.append(self._subscribe(e, loop))
-        self._tasks.append(asyncio.create_task(self._health_loop()))
+                try:
+                    peers = PeerLink(self.tracker, loop, bind=self.config.peer_bind, peers=self.config.peers)
+                except Exception as exc:  # zmq.ZMQError: the address is taken, not ours, malformed
+                    raise GatewayStartError(f"peer_bind {self.config.peer_bind!r}: {exc}") from exc
+                self.decider.peers = peers.start()
+            for e in self.config.engines:
+                if e.prefix_state == "events":
+                    self._subscribers.append(self._subscribe(e, loop))
+            self._tasks.append(asyncio.create_task(self._health_loop()))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.stop()
+            raise
 
     def _subscribe(self, engine, loop):
         from quillcache.kvevents import KvEventSubscriber
@@ -330,6 +351,8 @@ class Gateway:
         return sub
 
     async def stop(self) -> None:
+        """Stop what :meth:`start` started (also a partial start); the gateway serves no more."""
+        self.started = False
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -584,6 +607,8 @@ class Gateway:
                 return self._error_response(400, f"the prompt cannot be routed: {exc}", "invalid_request_error")
             ex.decision = d
             metrics.routed(d.worker, d.reason)
+            if attempt == 0:  # the gateway's own latency: before the engine is contacted, once per request
+                metrics.decision.observe(time.perf_counter() - t0)
             if d.speculation is not None:
                 # index writes run while the request is in flight, two loop turns from now: after the
                 # request's bytes left (the native client writes them in ``open`` itself, aiohttp from a task it
@@ -595,17 +620,18 @@ class Gateway:
             except UpstreamFailure as f:
                 last = f
                 metrics.upstream_error(d.worker, f.kind)
-                if f.kind == "connect":
+                if f.kind == "connect":  # unreachable: down until a probe answers ("protocol" is not a sign of it)
                     self.healthy[d.worker_index] = False
                 d.lease.release()
                 self.decider.retract(d)
                 ex.decision = None
                 excluded.add(d.worker_index)
                 why = "retry"
-                if attempt < retry.max_retries:
-                    metrics.retried(d.worker)
-                    if retry.backoff_s:
-                        await asyncio.sleep(retry.backoff_s * (2 ** attempt))
+                if attempt >= retry.max_retries or len(excluded) >= len(self.urls):
+                    break  # no retry left, or no other engine to retry on: no backoff, no retry counted
+                metrics.retried(d.worker)
+                if retry.backoff_s:
+                    await asyncio.sleep(retry.backoff_s * (2 ** attempt))
         if ex.resp is None:
             if last is None or last.kind == "connect" and not any(self.healthy):
                 ex.status = 503
@@ -626,7 +652,6 @@ class Gateway:
             "x-quillcache-timing-class": d.timing_class,
             "x-quillcache-request-id": request_id,
         }
-        metrics.decision.observe(time.perf_counter() - t0)
         ex.status = resp.status
         if not stream or resp.status != 200:
             try:

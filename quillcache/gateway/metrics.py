@@ -9,10 +9,11 @@ name                                        type       labels / meaning
 requests_total                              counter    endpoint, status (HTTP status sent)
 time_to_first_token_seconds                 histogram  request received -> first body chunk sent
 inter_token_latency_seconds                 histogram  between consecutive upstream chunks of a stream
-decision_seconds                            histogram  request received -> decision headers ready
+decision_seconds                            histogram  request received -> first routing decision (engine not yet
+                                                       contacted; one per routed request)
 prompt_tokens_total / cached_tokens_total   counter    prompt tokens, and those the plan found cached (own scope)
 routing_decisions_total                     counter    worker, reason (prefix_hit, no_hit, retry, unhealthy)
-upstream_errors_total                       counter    worker, kind (connect, status, timeout, mid_stream)
+upstream_errors_total                       counter    worker, kind (connect, protocol, status, timeout, mid_stream)
 upstream_retries_total                      counter    worker (the worker retried away from)
 client_disconnects_total                    counter    admitted requests the client closed before the end
 inflight_requests                           gauge      worker (read from the live load counters at scrape)
@@ -45,7 +46,7 @@ __all__ = ["GatewayMetrics"]
 _P = "quillcache_gateway_"
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ROUTING_REASONS = ("prefix_hit", "no_hit", "retry", "unhealthy")
-UPSTREAM_ERROR_KINDS = ("connect", "status", "timeout", "mid_stream")
+UPSTREAM_ERROR_KINDS = ("connect", "protocol", "status", "timeout", "mid_stream")
 
 
 class _LiveCollector:
@@ -94,7 +95,8 @@ class GatewayMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(_P + "inter_token_latency_seconds", "Gap between consecutive streamed chunks",
                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.decision = Histogram(_P + "decision_seconds", "Request received to decision headers ready",
+        self.decision = Histogram(_P + "decision_seconds",
+                                  "Request received to its first routing decision (before the engine)",
                                   buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05), registry=r)
         self.prompt_tokens = Counter(_P + "prompt_tokens", "Prompt tokens of routed requests", registry=r)
         self.cached_tokens = Counter(_P + "cached_tokens", "Prompt tokens the plan found cached (own scope)",

@@ -11,16 +11,21 @@ Invariants:
 - Pool: keep-alive connections per (host, port); at most ``max_upstream_connections`` open in
   total (a request past it waits for one to be released or closed; each release or close wakes one
   waiter, and a waiter cancelled after its wake-up passes it on, so no slot sits idle while a request
-  waits); an idle pooled connection is closed after ``keepalive_s``, or as soon as the engine closes it or sends unsolicited bytes.
+  waits); an idle pooled connection is closed after ``keepalive_s``, or as soon as the engine closes
+  it or sends unsolicited bytes.
 - A connection goes back to the pool only when its response ended complete and both sides allow
   keep-alive; any other end (``close``, cancellation, a parse error, a short body) closes it, so
   the engine sees a cancelled stream as a closed connection.
 - Failure classes before the first response byte reached the caller (:class:`UpstreamFailure`):
-  ``connect`` (refused, unreachable, connect timeout, or closed before the response headers),
-  ``timeout`` (no headers within ``first_byte_s``), ``status`` (5xx or 429; its body read, bounded,
-  and only summarised). A request on a reused pooled connection that the engine closed before any
-  response byte is retried once on a fresh connection (the engine dropped an idle connection as
-  the request was written); nothing else is retried here.
+  ``connect`` (refused, unreachable, connect timeout, or reset/closed before any response byte),
+  ``protocol`` (a response head the parser refuses, or a close after some of the head but before its
+  end), ``timeout`` (no headers within ``first_byte_s``), ``status`` (5xx or 429; its body read,
+  bounded, and only summarised). A request on a reused pooled connection that the engine closed
+  before any response byte is retried once on a fresh connection (the engine dropped an idle
+  connection as the request was written); nothing else is retried here.
+- A 1xx interim response other than 101 (``100 Continue``, ``103 Early Hints``; RFC 9110 15.2) is
+  read and dropped: ``status`` and ``headers`` are the final response's, and ``first_byte_s`` bounds
+  the wait for that final head.
 - Body reads: every wait for body bytes is bounded by ``idle_s``; a body that ends short (the
   connection closed before the declared length or the last chunk) raises :class:`UpstreamBodyError`.
   A response with neither length nor chunked encoding ends at the connection's close.
@@ -206,6 +211,7 @@ class _Connection(asyncio.Protocol):
         self.headers_waiter: asyncio.Future | None = None
         self.keep_alive = False
         self.got_bytes = False  # any byte of the current response arrived
+        self.interim = False  # the response being parsed is a 1xx interim one (not 101)
         self.closed = False
         self.paused = False
         self.idle_timer: asyncio.TimerHandle | None = None
@@ -256,7 +262,10 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         resp = self.resp
-        resp.status = self.parser.get_status_code()
+        resp.status = status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # interim (RFC 9110 15.2): the final response follows
+            self.interim = True
+            return
         h = resp.headers
         resp._until_close = "content-length" not in h and "chunked" not in h.get("transfer-encoding", "")
         self.keep_alive = self.parser.should_keep_alive() and not resp._until_close
@@ -269,6 +278,11 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         resp = self.resp
+        if self.interim:  # a 1xx's end: forget it and keep reading for the final response
+            self.interim = False
+            resp.status = 0
+            resp.headers = {}
+            return
         self.resp = None
         resp._end(None)
         resp._conn = None  # what aiohttp does at the body's end: the connection is released now
@@ -282,6 +296,7 @@ class _Connection(asyncio.Protocol):
         self.resp = resp
         self.headers_waiter = waiter
         self.got_bytes = False
+        self.interim = False
         self.keep_alive = False
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
@@ -469,12 +484,17 @@ class NativeUpstream:
             except TimeoutError:
                 conn.close()
                 raise UpstreamFailure("timeout", f"no response within {first_byte_s:g} s") from None
-            except (ConnectionError, OSError, UpstreamBodyError):
+            except (ConnectionError, OSError, UpstreamBodyError) as exc:
                 got = conn.got_bytes
                 conn.close()
                 if reused and attempt == 0 and not got:
                     conn = None  # a stale pooled connection: once more on a fresh one
                     continue
+                if isinstance(exc, UpstreamBodyError):  # the parser refused what the engine sent
+                    raise UpstreamFailure("protocol", str(exc)[:200]) from None
+                if got:  # it answered something, then closed before its headers were complete
+                    raise UpstreamFailure("protocol", "the engine closed the connection inside its response head") \
+                        from None
                 raise UpstreamFailure("connect", "connection closed before the response") from None
             finally:
                 timer.cancel()

@@ -90,7 +90,11 @@ class PeerLink:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.SNDHWM, 100_000)
-        self._pub.bind(bind[:-2] + ":*" if bind.startswith("tcp://") and bind.endswith(":0") else bind)
+        try:
+            self._pub.bind(bind[:-2] + ":*" if bind.startswith("tcp://") and bind.endswith(":0") else bind)
+        except BaseException:  # the address is taken or malformed: the socket is not left open
+            self._pub.close(0)
+            raise
         self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers = tuple(peers)
         # (origin, cid) -> a peer's claim (None on an approximate engine), the entries its speculation created

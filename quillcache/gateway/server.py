@@ -7,7 +7,9 @@ requests (head size and time, body silence: ``limits.max_head_bytes``, ``timeout
 ``client_body_s``), prints ONE JSON line ``{"address", "url", "pid",
 "engines", "models"}`` on stdout once the gateway serves (after its first health probe), logs to
 stderr, and stops on SIGTERM/SIGINT (uvicorn's handlers: in-flight streams are cancelled, every
-lease released).
+lease released). A gateway that cannot start (``Gateway.start`` failed, e.g. ``peer_bind`` on an
+address in use) stops what it had started, prints one line naming why on stderr (no traceback),
+and ``serve`` returns 1 before the JSON line.
 
 ``GatewayProcess(engines=[url...], keys={key: tenant}, **config)`` writes a key file and a config
 file into a temporary directory, starts ``python -m quillcache gateway`` on 127.0.0.1 port 0,
@@ -51,7 +53,7 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
     already loaded (None: the gateway loads them)."""
     import uvicorn
 
-    from quillcache.gateway.app import Gateway
+    from quillcache.gateway.app import Gateway, GatewayStartError
     from quillcache.httpserve.guard import HttpGuard, guarded_protocol
 
     gw = Gateway(config, tenants, secret=secret, tokenizer=tokenizer, template=template)
@@ -77,18 +79,29 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
                           timeout_keep_alive=30, timeout_graceful_shutdown=5)
     server = uvicorn.Server(ucfg)
 
-    async def main() -> None:
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            addr = f"{bound[0]}:{bound[1]}"
-            print(json.dumps({"address": addr, "url": f"http://{addr}", "pid": os.getpid(),
-                              "engines": {e.name: e.url for e in config.engines},
-                              "models": sorted(gw.models),
-                              "peer": gw.decider.peers.endpoint if gw.decider.peers is not None else None}),
-                  flush=True)
-        await task
+    async def main() -> bool:
+        try:  # here, not in uvicorn's lifespan: a failure is one line, not a traceback, and start() stopped it
+            await gw.start()
+        except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with one line
+            why = str(exc) if isinstance(exc, GatewayStartError) else f"{type(exc).__name__}: {exc}"
+            print(f"quillcache gateway: cannot start: {why}", file=sys.stderr, flush=True)
+            return False
+        try:
+            task = asyncio.create_task(server.serve(sockets=[sock]))
+            while not server.started and not task.done():
+                await asyncio.sleep(0.01)
+            if server.started:
+                addr = f"{bound[0]}:{bound[1]}"
+                print(json.dumps({"address": addr, "url": f"http://{addr}", "pid": os.getpid(),
+                                  "engines": {e.name: e.url for e in config.engines},
+                                  "models": sorted(gw.models),
+                                  "peer": gw.decider.peers.endpoint if gw.decider.peers is not None else None}),
+                      flush=True)
+            await task
+        finally:
+            if gw.started:  # the server stopped before its lifespan's shutdown (which stops the gateway)
+                await gw.stop()
+        return server.started
 
     import gc
 
@@ -100,8 +113,10 @@ def serve(config, tenants, *, host: str = "127.0.0.1", port: int = 0, secret: by
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    uvloop.run(main())
-    return 0 if server.started else 1
+    try:
+        return 0 if uvloop.run(main()) else 1
+    finally:
+        sock.close()
 
 
 

@@ -12,7 +12,10 @@ Failure classes (:class:`UpstreamFailure.kind`), all raised BEFORE any byte reac
 so the caller may retry on another worker:
 
 - ``connect``: the engine could not be reached (refused, reset, DNS) or closed the connection
-  before its response headers;
+  before any byte of its response; the caller takes the engine for down;
+- ``protocol``: the engine answered something that is not an HTTP response head (the parser refused
+  it) or closed the connection part-way through its head; an engine failure, but no sign that the
+  engine is down;
 - ``timeout``: no response headers within ``first_byte_s``;
 - ``status``: the engine answered 5xx or 429 (its body is read, bounded, and only summarised).
 
@@ -101,8 +104,18 @@ class Upstream:
             raise UpstreamFailure("timeout", f"no response within {self.timeouts.first_byte_s:g} s") from None
         except aiohttp.ClientConnectorError:
             raise UpstreamFailure("connect", "connection refused or unreachable") from None
-        except (aiohttp.ClientError, OSError):
+        except aiohttp.ServerDisconnectedError as exc:
+            if not isinstance(exc.message, str):  # aiohttp passes the partial head it had parsed
+                raise UpstreamFailure("protocol", "the engine closed the connection inside its response head") \
+                    from None
             raise UpstreamFailure("connect", "connection closed before the response") from None
+        except (aiohttp.ClientConnectionError, OSError):
+            raise UpstreamFailure("connect", "connection closed before the response") from None
+        except aiohttp.ClientError as exc:  # ClientResponseError: a response head the parser refused
+            # its first line names the fault; the rest quotes the engine's bytes, which the client is not shown
+            why = str(getattr(exc, "message", "") or "").strip().split("\n", 1)[0].rstrip(":")[:120]
+            raise UpstreamFailure("protocol", "malformed response from the engine" + (f": {why}" if why else "")) \
+                from None
         if is_failure_status(resp.status):
             status = resp.status
             try:

@@ -169,16 +169,17 @@ class _GuardedProtocol(HttpToolsProtocol):
         data, mark = self._data, self._mark
         if mark is None:  # it follows a chunked body that ended in this read: charge the whole read
             return self._head_bytes + len(data)
+        start = mark
         if self._head_tail:  # it began in an earlier read: its end may be split across the two
             i = (self._head_tail + data[:3]).find(_HEAD_END)
-            end = i + 4 - len(self._head_tail) if i >= 0 else data.find(_HEAD_END) + 4
+            if i >= 0:  # the blank line straddles the reads: the head ends 1 to 3 bytes into this one
+                self._mark = i + 4 - len(self._head_tail)
+                return self._head_bytes + self._mark - mark
         else:
-            start = mark
             while start < len(data) and data[start] in b"\r\n":  # empty lines before the request line
                 start += 1
-            end = data.find(_HEAD_END, start) + 4
-        if end < 4:  # pragma: no cover - the parser completed a head this read does not end
-            end = len(data)
+        i = data.find(_HEAD_END, start)
+        end = i + 4 if i >= 0 else len(data)  # not found: the parser completed a head this read does not end
         self._mark = end
         return self._head_bytes + end - mark
 
