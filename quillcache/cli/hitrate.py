@@ -467,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     trace = Path(args.trace)
     out = Path(args.out) if args.out else DEFAULT_OUT / trace.stem
-    problem = _check_out(out)
+    problem = _check_out(out, RESULT_FILES)
     if problem:
         return _fail(problem)
     try:

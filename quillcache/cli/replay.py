@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import math
+import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from quillcache.cli.argtypes import MAX_COUNT
@@ -281,17 +284,67 @@ def out_text_problem(text: str | None, default: str) -> str | None:
     return None
 
 
-def _check_out(out: Path) -> str | None:
+def _check_out(out: Path, names: Sequence[str] = ()) -> str | None:
     """Why results could not be written under ``out``, or None: checked before any work, leaving
     nothing behind (a temporary file in the deepest existing folder; the results folder itself is
-    made only when there are results to write)."""
+    made only when there are results to write). Refused, in one line: a path the system cannot look
+    at (too long, no permission), a file or a dangling or looping symbolic link where a folder goes, a
+    folder to be made whose name is longer than the file system takes, a folder where one of ``names``
+    (the result files) goes, and a deepest existing folder that takes no new file."""
+    try:
+        return _out_problem(out, names)
+    except OSError as exc:  # the last resort: whatever the system refused, said in one line
+        return f"--out {out}: {exc.strerror or exc}"
+
+
+# room for write_result_set's staging folder name (".replay-" or ".hitrate-" and mkdtemp's 8 characters)
+_STAGE_NAME_BYTES = 32
+
+
+def _out_problem(out: Path, names: Sequence[str]) -> str | None:
+    missing = []  # the folders write_result_set will make, innermost first
     probe = out
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
+    while True:
+        try:
+            os.lstat(probe)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP) or probe.parent == probe:
+                return f"--out {out}: {exc.strerror or exc}"
+            missing.append(probe)  # ENOTDIR, ELOOP: a component above is the problem, found on the way up
+            probe = probe.parent
+            continue
+        if probe.is_symlink() and not probe.exists():  # stat() fails: the target is missing or loops
+            try:
+                os.stat(probe)
+                what = "a symbolic link that cannot be followed"
+            except OSError as exc:
+                what = ("a symbolic link that loops" if exc.errno == errno.ELOOP
+                        else "a symbolic link to nothing" if exc.errno == errno.ENOENT
+                        else f"a symbolic link that cannot be followed ({exc.strerror or exc})")
+            return f"--out {out}: {probe} is {what}, not a folder"
+        break
+    if not probe.is_dir():
         return f"--out {out}: {probe} is a file, not a folder"
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for d in missing:
+        if len(os.fsencode(d.name)) > name_max:
+            return (f"--out {out}: the folder name {d.name[:40]}... is {len(os.fsencode(d.name))} bytes, longer "
+                    f"than the {name_max} the file system in {probe} takes")
+    try:
+        path_max = os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        path_max = 4096
+    # the longest path a run writes: OUT/<stage folder, a prefix and 8 random characters>/<result file>
+    longest = len(os.fsencode(str(out))) + 1 + _STAGE_NAME_BYTES + 1 + max(map(len, names), default=0)
+    if longest >= path_max:
+        return f"--out {out}: the path is too long for its result files (the system takes paths of {path_max} bytes)"
+    if not missing:
+        for name in names:
+            if (out / name).is_dir() and not (out / name).is_symlink():
+                return f"--out {out}: result file {name} is a folder, not a file (the files there are as they were)"
     try:  # what access() says is not enough (root, read-only mounts, /proc): try a file there
         with tempfile.TemporaryFile(dir=probe):
             pass
@@ -397,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(_flagged(str(exc)))
     trace = Path(args.trace)
     out = Path(args.out) if args.out is not None else DEFAULT_OUT / trace.stem
-    problem = _check_out(out)
+    problem = _check_out(out, RESULT_FILES)
     if problem:
         return _fail(problem)
     try:

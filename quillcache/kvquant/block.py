@@ -36,7 +36,8 @@ import struct
 import crc32c
 import numpy as np
 
-from quillcache.kvquant.codecs import CODEC_BITS, DTYPES, FLOAT16_MAX, KINDS, QuantizedKV, expected_layout
+from quillcache.kvquant.codecs import (CODEC_BITS, DTYPES, FLOAT16_MAX, GRANULARITIES, KINDS, QuantizedKV,
+                                      expected_layout)
 from quillcache.kvquant.errors import KVBlockError
 from quillcache.kvquant.fp8 import E4M3_NAN_CODE, E4M3_TABLE
 from quillcache.kvquant.reference import MAX_ZERO_POINT
@@ -50,8 +51,7 @@ HEADER_BYTES = _HEADER.size
 _CRC_BYTES = 4
 CODEC_IDS = {"int8": 1, "fp8_e4m3": 2, "int4": 3, "int2": 4}
 GRANULARITY_IDS = {"token_head": 0, "tensor": 1, "head": 2, "channel": 3, "token": 4}
-_GRANULARITIES = {"int8": ("token_head", "tensor"), "fp8_e4m3": ("head", "tensor"), "int4": ("channel", "token"),
-                  "int2": ("channel", "token")}
+_GRANULARITIES = GRANULARITIES
 MAGNITUDE_LIMIT = {"float32": float(np.finfo(np.float32).max), "float16": 2 * FLOAT16_MAX}
 
 
@@ -60,7 +60,9 @@ def _host(a) -> np.ndarray:
 
 
 def encode_block(q: QuantizedKV) -> bytes:
-    """The block of ``q`` (device arrays are copied to the host first)."""
+    """The block of ``q`` (device arrays are copied to the host first); ``q.check_layout()`` first, so a
+    hand-built ``QuantizedKV`` with a field no encoder writes raises ``KVQuantError`` naming it."""
+    q.check_layout()
     scales, zeros = _host(q.scales).astype("<f4"), _host(q.zeros).astype("<i4")
     payload, window = _host(q.payload).astype(np.uint8), _host(q.window)
     window = window.astype(window.dtype.newbyteorder("<"))

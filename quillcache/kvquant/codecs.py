@@ -27,9 +27,12 @@ float16's largest finite value (a group's rounded zero point, or fp8's saturated
 fixed scale, can overshoot a value near ±65504 by part of a step; the clip only moves a value
 toward the original). Inputs are never modified.
 
-``dequantize`` checks a ``QuantizedKV`` it is given (a public type, which may be built by hand)
-against the layout its header fields imply (``expected_layout``: array dtypes and sizes) before
-any kernel reads it, and raises ``KVQuantError`` naming the array that does not fit.
+``dequantize`` and ``encode_block`` check a ``QuantizedKV`` they are given (a public type, which may be
+built by hand; ``QuantizedKV.check_layout``) before any kernel reads it: its fields must be ones an encoder
+writes (codec, kind, dtype, granularity, group size, shape; zero points within ``MAX_ZERO_POINT``) and its
+arrays the layout those fields imply (``expected_layout``: array dtypes and sizes); otherwise
+``KVQuantError`` names the field or array. The ``window`` of a ``quantize`` result is a copy: changing the
+input afterwards changes nothing quantized.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ from quillcache._checks import check_choice, check_float, check_int
 from quillcache.kvquant.errors import (KVQuantDtypeError, KVQuantError, KVQuantShapeError, NonFiniteError,
                                        OutOfRangeError)
 from quillcache.kvquant.kernels import KernelBackend, backend
+from quillcache.kvquant.reference import MAX_ZERO_POINT
 from quillcache.registry import Registry
 
-__all__ = ["CODECS", "DTYPES", "MAX_ABS", "Fp8E4M3Codec", "Int8Codec", "KINDS", "KiviCodec", "QuantizedKV", "Codec",
-           "expected_layout", "make_codec"]
+__all__ = ["CODECS", "DTYPES", "GRANULARITIES", "MAX_ABS", "Fp8E4M3Codec", "Int8Codec", "KINDS", "KiviCodec",
+           "QuantizedKV", "Codec", "expected_layout", "make_codec"]
 
 KINDS = ("key", "value")
 DTYPES = ("float16", "float32")
@@ -55,6 +59,14 @@ MAX_GROUP = 65535
 MAX_ABS = 2.0**127  # the largest magnitude quantized (see reference.py)
 FLOAT16_MAX = 65504.0
 CODEC_BITS = {"int8": 8, "fp8_e4m3": 8, "int4": 4, "int2": 2}  # bits per code
+# the granularities each codec writes (KIVI's: the grouping axis)
+GRANULARITIES = {"int8": ("token_head", "tensor"), "fp8_e4m3": ("head", "tensor"), "int4": ("channel", "token"),
+                 "int2": ("channel", "token")}
+MAX_EXTENT = 2**32 - 1  # a block's u32 header fields: tokens, heads, head_dim
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def expected_layout(codec: str, granularity: str, group_size: int, tokens_quantized: int, heads: int,
@@ -79,7 +91,8 @@ class QuantizedKV:
 
     ``payload`` is the codes as uint8 (int8 codes viewed as uint8; int4/int2 packed), ``scales``
     float32 and ``zeros`` int32 (empty for symmetric codecs) in the codec's group grid,
-    ``window`` the last ``window_tokens`` tokens in the original dtype.
+    ``window`` the last ``window_tokens`` tokens in the original dtype (``quantize``'s own copy, never a
+    view of its input).
     """
 
     codec: str
@@ -105,30 +118,50 @@ class QuantizedKV:
         return int(self.payload.nbytes + self.scales.nbytes + self.zeros.nbytes + self.window.nbytes)
 
     def check_layout(self) -> None:
-        """``KVQuantError`` naming the first array whose dtype or size is not what the fields imply."""
-        if len(self.shape) != 3 or min(self.shape) < 1 or not 0 <= self.window_tokens < self.shape[0]:
+        """``KVQuantError`` naming the first field that no encoder writes: a codec, kind, dtype or granularity
+        not among the codec's (``CODEC_BITS``, ``KINDS``, ``DTYPES``, ``GRANULARITIES``), a group size or shape
+        a block could not hold, an array whose dtype or size is not what the fields imply, or a zero point
+        beyond ``MAX_ZERO_POINT`` in magnitude (where ``q - z`` would no longer be exact and the backends
+        could disagree). What passes dequantizes alike on every backend and encodes to a block."""
+        if not isinstance(self.codec, str) or self.codec not in CODEC_BITS:
+            raise KVQuantError(f"codec={self.codec!r} must be one of {list(CODEC_BITS)}")
+        for name, value, allowed in (("kind", self.kind, KINDS), ("dtype", self.dtype, DTYPES),
+                                     ("granularity", self.granularity, GRANULARITIES[self.codec])):
+            if not isinstance(value, str) or value not in allowed:
+                raise KVQuantError(f"{name}={value!r} must be one of {list(allowed)} (for codec {self.codec})")
+        shape_ok = (isinstance(self.shape, (tuple, list)) and len(self.shape) == 3
+                    and all(_is_int(n) and 1 <= n <= MAX_EXTENT for n in self.shape))
+        if not shape_ok or not _is_int(self.window_tokens) or not 0 <= self.window_tokens < self.shape[0]:
             raise KVQuantError(f"shape={self.shape} window_tokens={self.window_tokens}: need (tokens, heads, "
-                               f"head_dim) >= 1 and 0 <= window_tokens < tokens")
+                               f"head_dim) integers in [1, {MAX_EXTENT}] and 0 <= window_tokens < tokens")
         t, h, d = self.shape
         if self.codec in ("int4", "int2"):
             extent = t - self.window_tokens if self.granularity == "channel" else d
-            if self.group_size < 1 or extent % self.group_size:
+            if not _is_int(self.group_size) or not 1 <= self.group_size <= MAX_GROUP or extent % self.group_size:
                 raise KVQuantError(f"group_size={self.group_size} does not divide {extent} ({self.granularity} "
-                                   f"groups)")
+                                   f"groups) or is not in [1, {MAX_GROUP}]")
+        elif self.group_size != 0:
+            raise KVQuantError(f"group_size={self.group_size} for {self.codec} (it has no groups: expects 0)")
         grid, n_zeros, payload_bytes = expected_layout(self.codec, self.granularity, self.group_size,
                                                        t - self.window_tokens, h, d)
         for name, arr, dtype, shape in (("scales", self.scales, "float32", grid),
                                         ("zeros", self.zeros, "int32", grid if n_zeros else (0,)),
                                         ("payload", self.payload, "uint8", (payload_bytes,)),
                                         ("window", self.window, self.dtype, (self.window_tokens, h, d))):
+            if not hasattr(arr, "dtype") or not hasattr(arr, "shape"):
+                raise KVQuantError(f"{name} is a {type(arr).__name__}, not a NumPy (or CuPy) array")
             if str(arr.dtype) != dtype or tuple(arr.shape) != shape:
                 raise KVQuantError(f"{name} is {arr.dtype} {tuple(arr.shape)}; a {self.codec} tensor of shape "
                                    f"{self.shape} ({self.granularity}) needs {dtype} {shape}")
+        if n_zeros and int(abs(self.zeros.astype(np.int64)).max()) > MAX_ZERO_POINT:
+            raise KVQuantError(f"zeros: a zero point of magnitude {int(abs(self.zeros.astype(np.int64)).max())} "
+                               f"exceeds MAX_ZERO_POINT={MAX_ZERO_POINT} (no encoder writes one)")
 
     def codec_object(self) -> "Codec":
         return make_codec(self.codec, **_options_of(self))
 
     def dequantize(self, backend_name: str = "numba") -> np.ndarray:
+        self.check_layout()  # before the codec is built from the fields: an error names the field
         return self.codec_object().dequantize(self, backend=backend_name)
 
 
@@ -202,7 +235,7 @@ class Codec:
         xq = xp.ascontiguousarray(x[:t_q], dtype=np.float32)
         parts = self._encode(k, xq, kind)
         return QuantizedKV(codec=self.name, kind=kind, dtype=str(x.dtype), shape=tuple(int(n) for n in x.shape),
-                           window_tokens=self.window_tokens, window=xp.ascontiguousarray(x[t_q:]), **parts)
+                           window_tokens=self.window_tokens, window=xp.array(x[t_q:], copy=True, order="C"), **parts)
 
     def dequantize(self, q: QuantizedKV, *, backend: str = "numba"):
         """The tensor back, in its original dtype and shape (window tokens exact)."""

@@ -28,6 +28,10 @@ group per token per G channels); ``qmax = 2**bits - 1``:
 - ``q = clip(rint(x / s) + z, 0, qmax)``; ``x' = float32(q - z) * s`` (``q - z`` is an exact
   integer: one rounding, the product).
 
+Error: the per-element bounds (int8 within half a step ``s / 2`` of the input, KIVI within one step) hold
+for normal float32 inputs only; subnormal inputs get a subnormal scale, rounded coarsely, so codes can clip
+and the error reach dozens of steps (every backend alike, and tiny in absolute terms).
+
 Bit packing (``pack_bits``): the codes in C order, ``8 // bits`` per byte, element ``k`` of a byte
 in bits ``[k*bits, (k+1)*bits)`` (low bits first); the last byte is zero-padded.
 """
