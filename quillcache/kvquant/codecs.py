@@ -153,9 +153,11 @@ class QuantizedKV:
             if str(arr.dtype) != dtype or tuple(arr.shape) != shape:
                 raise KVQuantError(f"{name} is {arr.dtype} {tuple(arr.shape)}; a {self.codec} tensor of shape "
                                    f"{self.shape} ({self.granularity}) needs {dtype} {shape}")
-        if n_zeros and int(abs(self.zeros.astype(np.int64)).max()) > MAX_ZERO_POINT:
-            raise KVQuantError(f"zeros: a zero point of magnitude {int(abs(self.zeros.astype(np.int64)).max())} "
-                               f"exceeds MAX_ZERO_POINT={MAX_ZERO_POINT} (no encoder writes one)")
+        if n_zeros:  # int32 min/max: no widening copy, and |z| <= 2**20 cannot overflow the comparison
+            lo, hi = int(self.zeros.min()), int(self.zeros.max())
+            if lo < -MAX_ZERO_POINT or hi > MAX_ZERO_POINT:
+                raise KVQuantError(f"zeros: a zero point of magnitude {max(-lo, hi)} exceeds "
+                                   f"MAX_ZERO_POINT={MAX_ZERO_POINT} (no encoder writes one)")
 
     def codec_object(self) -> "Codec":
         return make_codec(self.codec, **_options_of(self))
