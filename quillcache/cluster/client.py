@@ -15,7 +15,8 @@ Contract:
 - Every call that cannot reach etcd raises ``EtcdUnavailableError`` (a ``ConnectionError``) naming the
   endpoint and the call; every other failure reported by etcd raises ``EtcdError`` with etcd's message.
 - Keys are ``str`` (UTF-8), values ``bytes``; revisions and lease ids are ``int``.
-- One ``etcd3gw`` client per thread (``requests.Session`` is not shared between threads).
+- One ``etcd3gw`` client per thread (``requests.Session`` is not shared between threads). ``close()``
+  closes every thread's connections (a later call opens a new one).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import base64
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -164,6 +166,8 @@ class EtcdClient:
         check_float("connect_timeout_s", connect_timeout_s, 0.0)
         self.backoff = backoff
         self._local = threading.local()
+        self._sessions: weakref.WeakSet[etcd3gw.Etcd3Client] = weakref.WeakSet()  # every thread's, for close()
+        self._sessions_lock = threading.Lock()
         self.version, self.api_path = self._connect(connect_timeout_s)
 
     # -- connecting --------------------------------------------------------------------------------
@@ -203,6 +207,8 @@ class EtcdClient:
         if gw is None:
             gw = self._local.gw = etcd3gw.client(host=self.host, port=self.port, timeout=self.request_timeout_s,
                                                  api_path=getattr(self, "api_path", None))
+            with self._sessions_lock:
+                self._sessions.add(gw)
         return gw
 
     def _guard(self, what: str, call: Callable[[], Any]) -> Any:
@@ -284,10 +290,12 @@ class EtcdClient:
         return True
 
     def close(self) -> None:
-        gw = getattr(self._local, "gw", None)
-        if gw is not None:
+        """Close the connections of every thread that used this client (a later call reconnects)."""
+        self._local.gw = None
+        with self._sessions_lock:
+            sessions = list(self._sessions)
+        for gw in sessions:
             gw.session.close()
-            self._local.gw = None
 
     def __repr__(self) -> str:
         return f"EtcdClient({self.endpoint!r}, etcd {self.version})"

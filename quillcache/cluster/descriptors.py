@@ -136,12 +136,16 @@ class LeaderInfo:
 
     @classmethod
     def decode(cls, data: bytes, epoch: int) -> LeaderInfo:
+        """The record ``encode`` wrote; DescriptorError naming the field when ``candidate_id`` is not a
+        non-empty str, the address not ``host:port``, or a field is missing."""
         m = _unpack(data, "leader record")
         try:
-            return cls(candidate_id=str(m["candidate_id"]), address=check_endpoint(m["address"], "leader address"),
-                       epoch=epoch)
+            candidate_id, address = m["candidate_id"], m["address"]
         except KeyError as e:
             raise DescriptorError(f"leader record lacks {e}") from None
+        if not isinstance(candidate_id, str) or not candidate_id:
+            raise DescriptorError(f"leader record's candidate_id must be a non-empty str, got {candidate_id!r:.80}")
+        return cls(candidate_id=candidate_id, address=check_endpoint(address, "leader address"), epoch=epoch)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,15 @@ The design is Mooncake's master election (REFERENCE §9):
   the lease's local deadline on every call (so a process resumed after a pause past its deadline is not
   leader even before its keep-alive thread runs); losing the lease or the key calls ``on_lost(reason)``
   once. ``resign()`` deletes the key (only if it is still ours) and revokes the lease.
+- **Resigning ends every campaign**: ``resign()`` cancels and then waits for every ``campaign()`` running
+  when it was called (on any thread, not only ``start()``'s), then stops whatever lease keeper and key
+  monitor they left, so no lease of a resigned candidate is kept alive and its key goes at once. A
+  campaign that sees the cancel does not campaign on (checked after a lease grant and before the txn).
+- **One monitor per leadership**: the watch on the won key lives while that epoch leads; stepping down
+  cancels it, and an event for an epoch that no longer leads is ignored.
+- **A standby does not trust its watch alone**: besides the key's delete event it re-reads the key
+  every TTL (a watch stream that died without a FIN/RST delivers nothing), and campaigns when the key
+  is gone or was re-created by someone else.
 - **Fencing**: ``EpochFence`` guards writes with ``txn(If create_revision(key) == epoch and value(key)
   == our record, Then <writes>)`` so an old leader that was paused (SIGSTOP) across an election and
   resumed commits nothing: the new leader's key has another create revision. ``FencedError`` names
@@ -124,12 +133,13 @@ class LeaderElection:
                  prefix: str = DEFAULT_PREFIX, warmup_s: float | None = None,
                  on_elected: Callable[[int], None] | None = None, on_lost: Callable[[str], None] | None = None,
                  connect_timeout_s: float = 10.0, backoff: Backoff = Backoff()) -> None:
-        self.client = etcd if isinstance(etcd, EtcdClient) else \
-            EtcdClient(etcd, connect_timeout_s=connect_timeout_s, backoff=backoff)
-        self.name = name
         self.key = election_key(name, prefix)
         if not isinstance(candidate_id, str) or not candidate_id:
             raise ValueError(f"candidate_id must be a non-empty str, got {candidate_id!r}")
+        self._owns_client = not isinstance(etcd, EtcdClient)  # an endpoint: resign() closes the client made here
+        self.client = etcd if isinstance(etcd, EtcdClient) else \
+            EtcdClient(etcd, connect_timeout_s=connect_timeout_s, backoff=backoff)
+        self.name = name
         self.candidate_id = candidate_id
         self.address = check_endpoint(address, "address")
         self.ttl_s = check_int("ttl_s", ttl_s, 1)
@@ -147,6 +157,7 @@ class LeaderElection:
         self._yield_until = 0.0             # monotonic time before which a deposed leader does not campaign
         self._monitor: Watch | None = None
         self._thread: threading.Thread | None = None
+        self._campaigns: set[threading.Thread] = set()  # threads inside campaign(): resign() waits for them
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -182,6 +193,9 @@ class LeaderElection:
             self._leader = False
             if was:
                 self._yield_until = time.monotonic() + self.ttl_s
+            monitor, self._monitor = self._monitor, None
+        if monitor is not None:  # the key's watch serves one leadership (cancel works from its own thread too)
+            monitor.cancel()
         if was:
             log.warning("election %r: %r is no longer leader (epoch %s): %s", self.name, self.candidate_id,
                         self._epoch, reason)
@@ -222,8 +236,6 @@ class LeaderElection:
                                  name=f"election {self.name} ({self.candidate_id})")
             try:
                 keeper.grant()
-                self._keeper = keeper
-                return keeper.lease_id
             except EtcdUnavailableError as e:
                 delay = next(delays)
                 if time.monotonic() + delay > deadline:
@@ -231,12 +243,31 @@ class LeaderElection:
                 log.warning("election %r: %s; retrying in %.1f s", self.name, e, delay)
                 if self._cancel.wait(delay):
                     raise NotLeaderError(f"campaign of {self.candidate_id!r} was cancelled") from None
+                continue
+            with self._lock:
+                cancelled = self._cancel.is_set()
+                if not cancelled:
+                    self._keeper = keeper
+            if cancelled:  # resign() ran during the grant: this lease must not outlive the campaign
+                keeper.stop(revoke=True)
+                raise NotLeaderError(f"campaign of {self.candidate_id!r} was cancelled")
+            return keeper.lease_id
 
     def campaign(self, timeout_s: float | None = None) -> int:
         """Block until this candidate leads (after the warm-up); its epoch. TimeoutError after ``timeout_s``."""
         deadline = time.monotonic() + (float("inf") if timeout_s is None else
                                        check_float("timeout_s", timeout_s, 0.0))
-        self._cancel.clear()
+        me = threading.current_thread()
+        with self._lock:  # atomic with resign()'s cancel: it either waits for this campaign or ran before it
+            self._cancel.clear()
+            self._campaigns.add(me)
+        try:
+            return self._campaign(deadline, timeout_s)
+        finally:
+            with self._lock:
+                self._campaigns.discard(me)
+
+    def _campaign(self, deadline: float, timeout_s: float | None) -> int:
         delays = self._backoff.delays()
         while True:
             if self._cancel.is_set():
@@ -270,6 +301,8 @@ class LeaderElection:
         """One round: win (and warm up) → epoch; lose → wait for the key to go → None."""
         lease = self._ensure_lease(deadline)
         self._wake.clear()
+        if self._cancel.is_set():  # resign() is waiting for this campaign: do not take the key now
+            return None
         res = self.client.txn([compare_create(self.key, 0)], [put_op(self.key, self._record, lease)],
                               [range_op(self.key)], what=f"campaign for {self.key}")
         if not res.succeeded:
@@ -277,7 +310,7 @@ class LeaderElection:
             if holder is not None and holder.lease == lease:  # our own key of an earlier round: never wait on it
                 self._drop_lease(f"the key {self.key} still held by it is from an earlier round")
             elif holder is not None:
-                self._wait_for_delete(res.revision + 1, deadline)
+                self._wait_for_delete(res.revision + 1, holder.create_revision, deadline)
             return None
         epoch = res.revision  # the put ran in this txn: the key's create revision
         log.info("election %r: %r won epoch %d; warming up", self.name, self.candidate_id, epoch)
@@ -291,13 +324,17 @@ class LeaderElection:
         if kv is None or kv.create_revision != epoch or kv.lease != lease:
             return None
         with self._lock:
+            if self._cancel.is_set():  # resigned during the warm-up: resign() revokes the lease
+                return None
             self._epoch, self._leader = epoch, True
-            self._monitor = Watch(self.client, self.key, self._on_key_event, start_revision=kv.mod_revision + 1,
-                                  name=f"election {self.name} leader")
+            self._monitor = Watch(self.client, self.key, lambda ev: self._on_key_event(ev, epoch),
+                                  start_revision=kv.mod_revision + 1, name=f"election {self.name} leader")
         log.info("election %r: %r leads with epoch %d", self.name, self.candidate_id, epoch)
         return epoch
 
-    def _wait_for_delete(self, from_revision: int, deadline: float) -> None:
+    def _wait_for_delete(self, from_revision: int, holder_epoch: int, deadline: float) -> None:
+        """Until the key held at ``holder_epoch`` is deleted (its watch event, or a re-read of the key every
+        TTL finds it gone or re-created: a watch stream can die silently), a wake, cancel or ``deadline``."""
         gone = threading.Event()
 
         def on_event(ev: WatchEvent) -> None:
@@ -307,16 +344,28 @@ class LeaderElection:
 
         with Watch(self.client, self.key, on_event, start_revision=from_revision,
                    on_compacted=lambda _rev: self._wake.set(), name=f"election {self.name} standby"):
+            next_read = time.monotonic() + self.ttl_s
             while not gone.is_set() and not self._cancel.is_set():
                 if self._wake.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
                     return
                 if time.monotonic() >= deadline:
                     return
+                if time.monotonic() >= next_read:
+                    next_read = time.monotonic() + self.ttl_s
+                    try:
+                        kv = self.client.get(self.key)
+                    except EtcdError as e:  # etcd unreachable: the watch (or the next read) tells
+                        log.debug("election %r: re-reading %s: %s", self.name, self.key, e)
+                        continue
+                    if kv is None or kv.create_revision != holder_epoch:
+                        return
 
-    def _on_key_event(self, ev: WatchEvent) -> None:
+    def _on_key_event(self, ev: WatchEvent, epoch: int) -> None:
+        if self._epoch != epoch:  # a late event of an earlier leadership's monitor
+            return
         if ev.kind == "delete":
             self._step_down(f"leader key {self.key} was deleted at revision {ev.revision}")
-        elif ev.kv.create_revision != self._epoch:
+        elif ev.kv.create_revision != epoch:
             self._step_down(f"leader key {self.key} was re-created at revision {ev.kv.create_revision}")
 
     def start(self) -> None:
@@ -337,12 +386,17 @@ class LeaderElection:
 
     # -- leaving ------------------------------------------------------------------------------------------
     def resign(self) -> None:
-        """Stop campaigning; if leader, delete the key (only if still ours) and revoke the lease."""
-        self._cancel.set()
+        """Stop campaigning (waiting for every campaign running now, on any thread); if leader, delete the key
+        (only if still ours); revoke the lease; close the client when it was made from an endpoint here."""
+        with self._lock:
+            self._cancel.set()
+            running = set(self._campaigns)
         self._wake.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        if self._thread is not None:
+            running.add(self._thread)
+        for thread in running:
+            if thread is not threading.current_thread():
+                thread.join()
         self._thread = None
         with self._lock:
             epoch, was_leader = self._epoch, self._leader
@@ -361,6 +415,8 @@ class LeaderElection:
         finally:
             if keeper is not None:
                 keeper.stop(revoke=True)
+            if self._owns_client:
+                self.client.close()
 
     close = resign
 

@@ -3,10 +3,13 @@
 Two implementations behind one protocol, registered by name in ``NODE_REGISTRIES``:
 - ``"memory"`` (``InMemoryRegistry``, the embedded default): one process; liveness by an optional TTL on
   an injected clock (``heartbeat`` renews, ``expire()`` drops the stale), so expiry is tested without
-  sleeping; watch callbacks run synchronously in the thread that caused the change.
+  sleeping; watch callbacks run synchronously in the thread that caused the change. A change made
+  (on another thread) while a new watcher's replay runs is held for that watcher and delivered after
+  the replay, so the replay-then-changes order holds for it too.
 - ``"etcd"`` (``EtcdRegistry``): every node this registry registers lives under ONE etcd lease of
   ``ttl_s`` kept alive by a background thread, so a node whose process dies leaves when its lease
-  expires; watch callbacks run on the watch's thread.
+  expires; watch callbacks run on the watch's thread. ``close()`` also closes the ``EtcdClient`` when
+  the registry made it (from an endpoint); a client passed in stays the caller's.
 
 Invariants (both):
 - ``nodes()`` lists live nodes sorted by ``node_id``. A ``node_id`` is held by one registration at a time:
@@ -110,8 +113,35 @@ def _check_segment(segment: object) -> SegmentDescriptor:
 
 # ------------------------------------------------------------------------------------------------------
 class _MemoryWatch:
-    def __init__(self, owner: InMemoryRegistry, callback: Callback) -> None:
+    """While ``replay()`` runs, changes are held (those after the replay's snapshot, ``revision``) and
+    delivered, in revision order, when it ends; afterwards ``deliver`` calls the callback at once."""
+
+    def __init__(self, owner: InMemoryRegistry, callback: Callback, revision: int) -> None:
         self._owner, self.callback = owner, callback
+        self._after = revision              # events up to this revision are in the replay
+        self._held: list[MembershipEvent] | None = []  # None once the replay is over
+        self._lock = threading.Lock()
+
+    def deliver(self, ev: MembershipEvent) -> None:
+        if ev.revision <= self._after:  # made before the snapshot, emitted after it: the replay has it
+            return
+        with self._lock:
+            if self._held is not None:
+                self._held.append(ev)
+                return
+        self.callback(ev)
+
+    def replay(self, current: list[SegmentDescriptor]) -> None:
+        for seg in sorted(current, key=lambda s: s.node_id):
+            self.callback(MembershipEvent(kind="join", node_id=seg.node_id, segment=seg, revision=self._after))
+        while True:
+            with self._lock:
+                held = sorted(self._held or (), key=lambda ev: ev.revision)
+                self._held = [] if held else None
+            if not held:
+                return
+            for ev in held:
+                self.callback(ev)
 
     def cancel(self) -> None:
         self._owner._unwatch(self)
@@ -145,7 +175,7 @@ class InMemoryRegistry:
             watches = list(self._watches)
         for ev in events:
             for w in watches:
-                w.callback(ev)
+                w.deliver(ev)
 
     def _event(self, kind, segment: SegmentDescriptor) -> MembershipEvent:
         self._revision += 1
@@ -198,14 +228,12 @@ class InMemoryRegistry:
             return [self._nodes[nid][0] for nid in sorted(self._nodes)]
 
     def watch(self, callback: Callback, *, replay: bool = True) -> _MemoryWatch:
-        handle = _MemoryWatch(self, callback)
         self.expire()
         with self._lock:
+            handle = _MemoryWatch(self, callback, self._revision)
             self._watches.append(handle)
             current = [seg for seg, _ in self._nodes.values()] if replay else []
-            rev = self._revision
-        for seg in sorted(current, key=lambda s: s.node_id):
-            callback(MembershipEvent(kind="join", node_id=seg.node_id, segment=seg, revision=rev))
+        handle.replay(current)
         return handle
 
     def _unwatch(self, handle: _MemoryWatch) -> None:
@@ -306,6 +334,7 @@ class EtcdRegistry:
                  ttl_s: int = 10, master_election: str = "master", connect_timeout_s: float = 10.0,
                  backoff: Backoff = Backoff()) -> None:
         self.ttl_s = check_int("ttl_s", ttl_s, 1)
+        self._owns_client = not isinstance(endpoint, EtcdClient)  # close() closes a client made here
         self.client = endpoint if isinstance(endpoint, EtcdClient) else \
             EtcdClient(endpoint, connect_timeout_s=connect_timeout_s, backoff=backoff)
         self.prefix = prefix
@@ -408,7 +437,8 @@ class EtcdRegistry:
         return None if leader is None else leader.address
 
     def close(self, *, revoke: bool = True) -> None:
-        """Stop; with ``revoke`` (default) this registry's nodes leave at once, else when the lease expires."""
+        """Stop; with ``revoke`` (default) this registry's nodes leave at once, else when the lease expires.
+        The client is closed too when this registry made it."""
         self._closed.set()
         with self._lock:
             watches, self._watches = list(self._watches), []
@@ -418,6 +448,8 @@ class EtcdRegistry:
             w.cancel()
         if keeper is not None:
             keeper.stop(revoke=revoke)
+        if self._owns_client:
+            self.client.close()
 
     def __enter__(self) -> EtcdRegistry:
         return self

@@ -11,6 +11,9 @@ Contract:
   read and the new stream is lost), or from the present when it returns None or there is none. etcd
   cancels such a watch but leaves its stream open, so the stream is always ended here, never read on.
 - A stream that breaks is re-opened with backoff; each failure logs one warning naming the endpoint.
+  An idle stream has no read timeout, but TCP keep-alive probes it (``KEEPALIVE_IDLE_S`` idle, then
+  ``KEEPALIVE_COUNT`` unanswered probes ``KEEPALIVE_INTERVAL_S`` apart, where the platform allows): a flow
+  that died without a FIN/RST (a peer gone, a dropped NAT entry) breaks within about 10 s and is re-opened.
   An exception raised by a callback is logged with its traceback and the watch goes on.
 - ``cancel()`` stops the thread (it shuts the stream's socket to interrupt a blocked read) and waits
   for it; after ``cancel()`` returns no callback runs. It is idempotent; the watch is a context manager.
@@ -32,6 +35,20 @@ from quillcache.cluster.client import Backoff, EtcdClient, KeyValue, prefix_end
 __all__ = ["Watch", "WatchEvent"]
 
 log = logging.getLogger(__name__)
+
+KEEPALIVE_IDLE_S = 4       # idle seconds before the first keep-alive probe
+KEEPALIVE_INTERVAL_S = 2   # seconds between unanswered probes
+KEEPALIVE_COUNT = 3        # unanswered probes before the kernel drops the flow (the read raises OSError)
+
+
+def _keep_alive(sock: socket.socket) -> None:
+    """Probe an idle stream so a dead flow ends the read (the kernel default waits about two hours)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        opt = getattr(socket, name, None)
+        if opt is not None:  # Linux, recent macOS; elsewhere the system's keep-alive timing applies
+            sock.setsockopt(socket.IPPROTO_TCP, opt, value)
 
 
 class _Reopen(Exception):
@@ -111,7 +128,7 @@ class Watch:
             if resp.status != 200:
                 raise ValueError(f"watch answered HTTP {resp.status}: {resp.read(200)!r}")
             conn.sock.settimeout(None)  # an idle watch is silent; cancel() shuts the socket
-            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            _keep_alive(conn.sock)  # ... and keep-alive ends one whose flow died silently
             confirmed = False
             while not self._stop.is_set():
                 line = resp.readline()
