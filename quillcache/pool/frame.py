@@ -37,7 +37,10 @@ _MAX_PAYLOAD = (1 << 64) - 1
 def _key_bytes(key: str) -> bytes:
     if not isinstance(key, str) or not key:
         raise TypeError(f"a pool key is a non-empty str, got {key!r:.80}")
-    return key.encode("utf-8")
+    try:
+        return key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"a pool key must be UTF-8 text, got {key!r:.80}") from None
 
 
 def encode_trailer(key: str, payload) -> bytes:
@@ -73,9 +76,14 @@ def framed_size(payload_bytes: int) -> int:
 def check(view, key: str) -> memoryview:
     """The payload of the framed object ``view`` if it verifies as ``key``'s; else ``CorruptObjectError``.
 
-    The returned memoryview is a slice of ``view`` (no copy)."""
+    ``view`` is any C-contiguous buffer (any format or shape: its bytes are checked); a non-contiguous one
+    raises ``TypeError`` naming the key. The returned memoryview is a 1-D unsigned-byte slice of ``view``
+    (no copy)."""
     mv = memoryview(view)
-    if mv.ndim != 1 or mv.format not in ("B", "b", "c"):
+    if not mv.c_contiguous:
+        raise TypeError(f"object {key!r:.120}: the view to check must be C-contiguous "
+                        f"(got shape {mv.shape}, strides {mv.strides})")
+    if mv.ndim != 1 or mv.format != "B":  # 'c' and 'b' too: 'c' items are 1-byte bytes, not ints
         mv = mv.cast("B")
     n = mv.nbytes
     if n < TRAILER_BYTES:
@@ -91,7 +99,7 @@ def check(view, key: str) -> memoryview:
         raise CorruptObjectError(f"object {key!r:.120}: trailer says {length} payload bytes, "
                                  f"the object holds {body}")
     stored, = _TAIL.unpack_from(mv, body + _HEAD.size)
-    if mv[n - 4:n] != b"\0\0\0\0":
+    if bytes(mv[n - 4:n]) != b"\0\0\0\0":
         raise CorruptObjectError(f"object {key!r:.120}: reserved trailer bytes are not zero")
     payload = mv[:body]
     c = _crc.crc32c(_key_bytes(key))

@@ -13,7 +13,8 @@ What a node does:
   into memory this process does not hold.
 - Each (re)mount registers the buffer as a NEW region (and unregisters the previous one): a client still
   holding replica descriptors of the expired mount names a region this node no longer serves, so its stale
-  READ or WRITE is refused by the node instead of touching memory the master has handed out again.
+  READ or WRITE is refused by the node instead of touching memory the master has handed out again (also
+  across a restart at the same address: region ids start at a random number in each process).
 - The DRAM region's name carries the node's control address and id (``pool-dram;gen=G;ctl=tcp://HOST:PORT;node=ID``):
   a client that opened the segment to move bytes also knows where to send ``persist`` (no directory
   needed), and checks that the endpoint still belongs to the replica's node (a port reused by another
@@ -171,6 +172,7 @@ class PoolNode:
         self.segment_id: int | None = None
         self._threads: list[threading.Thread] = []
         self._persist_q: queue.Queue = queue.Queue()
+        self._q_lock = threading.Lock()  # close's stop and flush's request: no request is queued behind the stop
         self._lost_n = 0  # persists that will never be durable since the last flush (the persist worker's)
         self._lost_why: str | None = None  # the first one's cause
         self._publish_wanted = False  # the registry still names a region of an earlier mount
@@ -184,6 +186,7 @@ class PoolNode:
             self.control_address = self.server.address
             opts: dict = {} if backend == "local" else {"secret": secret, "host": host, "port": port}
             self.engine = TransferEngine(backend, **opts)
+            self.engine.regions.start_ids_at(random.SystemRandom().randint(1, 1 << 31))  # differs per process: docstring
             self.transfer_address = self.engine.address
             self.region = self.engine.register_region(self._buf, name=region_name(self.control_address, self.node_id),
                                                       writable=True)
@@ -215,9 +218,10 @@ class PoolNode:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        with self._q_lock:
+            self._closed = True
+            self._persist_q.put(None)
         self._stop.set()
-        self._persist_q.put(None)
         for t in self._threads:
             t.join(timeout=10)
         if self.segment_id is not None:
@@ -324,8 +328,7 @@ class PoolNode:
         """``_mount``, retried with backoff while the master does not answer (it may be restarting)."""
         from quillcache.rpc import RpcConnectionError, RpcTimeoutError
 
-        deadline = time.monotonic() + timeout_s
-        delay = 0.05
+        deadline, delay = time.monotonic() + timeout_s, 0.05
         while True:
             try:
                 return self._mount()
@@ -402,10 +405,9 @@ class PoolNode:
         Runs chunk by chunk under the mount lock (a remount waits for the chunk in progress, so no block is
         copied to an offset of a segment that is no longer ours); stops early when the master forgets this
         node meanwhile (the heartbeat thread then remounts and asks for a new pass)."""
-        ssd = self.ssd
-        if ssd is None:
+        if self.ssd is None:
             return 0, 0
-        keys = list(ssd.keys())
+        keys = list(self.ssd.keys())
         announced = unfit = 0
         for i in range(0, len(keys), REANNOUNCE_CHUNK):
             if self._stop.is_set():
@@ -416,8 +418,7 @@ class PoolNode:
             except (NeedRemountError, SegmentNotFoundError) as e:
                 log.warning("node %s: re-announce interrupted (%s); it resumes after the remount", self.node_id, e)
                 break
-            announced += a
-            unfit += u
+            announced, unfit = announced + a, unfit + u
             if full:  # the segment is full: the remaining chunks are not tried
                 unfit += max(0, len(keys) - i - REANNOUNCE_CHUNK)
                 break
@@ -455,8 +456,7 @@ class PoolNode:
                 break
             free -= need
             fit.append((k, f))
-        unfit = len(todo) - len(fit)
-        full = len(fit) < len(todo)
+        unfit, full = len(todo) - len(fit), len(fit) < len(todo)
         if not fit:
             return 0, unfit, full
         reqs = [PutRequest(key=k, size_bytes=f.nbytes, digest=digest_of(f[f.nbytes - TRAILER_BYTES:]),
@@ -485,10 +485,7 @@ class PoolNode:
             ids.append(r.put_id)
         if revoke:
             self.master.batch_put_revoke(revoke, put_ids=revoke_ids)
-        announced = 0
-        if ends:
-            out = self.master.batch_put_end(ends, put_ids=ids)
-            announced = sum(1 for o in out if o is None)
+        announced = sum(1 for o in self.master.batch_put_end(ends, put_ids=ids) if o is None) if ends else 0
         return announced, unfit, full
 
     # ------------------------------------------------------------------ SSD: write-behind
@@ -568,14 +565,17 @@ class PoolNode:
                 self._persist_q.task_done()
 
     def flush(self) -> dict:
-        """Wait for every queued persist and make them durable; returns :meth:`info`. PersistFailedError
-        (naming how many and the first cause) when a persist since the previous flush is not durable."""
-        if self.ssd is not None and not self._closed:
-            req = _FlushRequest()
+        """Wait for every queued persist and make them durable; returns :meth:`info` (at once after ``close()``).
+        PersistFailedError (naming how many and the first cause) when a persist since the previous flush is not
+        durable."""
+        req = _FlushRequest()
+        with self._q_lock:  # checked and queued together: close() queues its stop after this, never between
+            if self.ssd is None or self._closed:
+                return self.info()
             self._persist_q.put(req)
-            req.wait()
-            if req.error is not None:
-                raise PersistFailedError(f"node {self.node_id}: {req.error}")
+        req.wait()
+        if req.error is not None:
+            raise PersistFailedError(f"node {self.node_id}: {req.error}")
         return self.info()
 
     # ------------------------------------------------------------------ introspection

@@ -1,5 +1,9 @@
 """``PooledStore``: the pool's client (what the engines' connectors and the harness use).
 
+Longer than 600 lines because the single and batch forms of put and get share their placement, WRITE/READ,
+verification, lease and fallback steps, which are kept next to each other in one class rather than split
+across modules that would each need the store's locks and buffer.
+
 Protocol (Mooncake's, REFERENCE §4): the master places and indexes objects; the bytes move one-sided
 between this process's registered buffer and the nodes' DRAM segments over the transfer engine.
 
@@ -10,8 +14,10 @@ between this process's registered buffer and the nodes' DRAM segments over the t
   readable. Fewer replicas than asked is accepted when the master placed fewer (best effort).
   ``min_replicas=k`` (opt-in; default None = the rule above) instead ends a put whose WRITEs completed on at
   least ``k`` replicas even if others failed (``replicas_written`` says how many hold it): the failed
-  replicas' ranges stay in the index holding bytes that never verify (a get skips them: crc32c), until
-  the master drops them with their node at its client TTL. It trades a replica for availability while a
+  replicas' ranges stay in the index until the master drops them with their node at its client TTL. A get
+  skips one whose bytes do not verify (crc32c over key + payload), but one still holding this same key's
+  earlier frame of that size (removed, then re-put with new content) verifies: a get may return that OLD
+  content, so use it only for keys naming immutable content. It trades a replica for availability while a
   dead node is still mounted (the master places new replicas on it until then).
   With ``persist=True`` each written replica's node is then told to write the object behind to its SSD tier
   (batched per node, sent by a background thread: never on the put's critical path).
@@ -32,6 +38,9 @@ between this process's registered buffer and the nodes' DRAM segments over the t
 - Every batch reply of the master must hold one answer per key: one of another length raises
   :class:`PoolError` naming the method and both lengths, and none of its answers is used (after a bad
   ``batch_put_end`` reply the puts of the call are revoked; those the master had ended stay complete).
+- Local cache: this store's ``remove`` and its own put of new content drop its cached copy. Other clients'
+  caches are not invalidated (by design): after another client removes or re-puts a key, they may serve
+  their cached copy until it is evicted.
 - Thread-safe: the master client, the engine and the cache are; counters are under a lock.
 
 Embedded mode (everything in one process): :func:`quillcache.pool.embedded.embedded_store` (a function, not
@@ -41,10 +50,6 @@ import cycle, which ``tests/test_import_graph.py`` forbids).
 Parameters: ``lease_ttl_s`` must not exceed the master's lease TTL (default: ``MasterConfig``'s);
 ``local_cache_bytes`` is the LRU budget of verified objects kept in this process (0: no cache),
 ``staging_bytes`` more of the same registered buffer for reads and puts in flight.
-
-Longer than 600 lines because the single and batch forms of put and get share their placement, WRITE/READ,
-verification, lease and fallback steps, which are kept next to each other in one class rather than split
-across modules that would each need the store's locks and buffer.
 """
 
 from __future__ import annotations
@@ -122,6 +127,11 @@ class _Dest:
 def _check_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise TypeError(f"a pool key is a non-empty str, got {key!r:.80}")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form for the frame's crc or the master's wire
+            raise ValueError(f"a pool key must be UTF-8 text, got {key!r:.80}") from None
     return key
 
 
@@ -241,7 +251,8 @@ class PooledStore:
     # ================================================================ segments
     def _segment(self, rep: ReplicaDescriptor) -> int:
         """The engine's segment id for ``rep``'s endpoint (opened on first use); ``TransferError`` when the
-        endpoint is unreachable or is served by another node than ``rep``'s (a port reused after a crash)."""
+        endpoint is unreachable, is served by another node than ``rep``'s (a port reused after a crash), or no
+        longer serves ``rep``'s region (a remount, or a restart of the node: region ids start at random)."""
         from quillcache.transfer import TransferError
 
         endpoint = rep.endpoint
@@ -260,6 +271,9 @@ class PooledStore:
                 self._segments[endpoint] = got
         if got[2] != rep.node_id:
             raise TransferError(f"{endpoint} is served by node {got[2]!r}, not by {rep.node_id!r} (a stale replica)")
+        if rep.region_id not in got[3]:  # even freshly opened: the node remounted or restarted since the lookup
+            raise TransferError(f"{endpoint} (node {rep.node_id!r}) serves no region {rep.region_id} any more "
+                                f"(a stale replica)")
         return got[0]
 
     def _mark_failed(self, endpoint: str) -> None:
@@ -437,6 +451,7 @@ class PooledStore:
                             if ctl:
                                 persist.setdefault(ctl, []).append((keys[i], rep.offset_bytes, size))
                     d = dests[i]
+                    self.cache.drop(keys[i])  # a new object: any cached copy is of an earlier one (removed, re-put)
                     if d.alloc is not None and self.cache.insert(keys[i], d.alloc, views[i].nbytes):
                         dests[i] = None  # now the cache's
                 if persist:

@@ -10,7 +10,10 @@ Invariants:
 - ``unregister`` waits (up to a timeout) for in-flight users of the region and then forgets it; a
   region in use past the timeout is not removed (``RegionError``), so no transfer ever touches a
   buffer its owner believes is free.
-- Region ids are never reused within one table.
+- Region ids are never reused within one table, and fit the wire's u32. They count up from 1, or from
+  where ``start_ids_at`` put them: a process serving at a fixed address starts at a random id so that a
+  peer's region id from an EARLIER process at that address names no region here (its stale transfer is
+  refused, instead of landing in memory the new process hands out).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from dataclasses import dataclass
 from quillcache._checks import check_int
 from quillcache.transfer.types import RegionDescriptor, RegionError, RemoteRegion
 
-__all__ = ["RegionTable", "as_region_view"]
+__all__ = ["MAX_REGION_ID", "RegionTable", "as_region_view"]
+
+MAX_REGION_ID = (1 << 32) - 1  # region ids are u32 on the wire
 
 
 def as_region_view(buffer: object) -> memoryview:
@@ -57,6 +62,13 @@ class RegionTable:
         self._cond = threading.Condition(self._lock)  # unregister waits on it for in-flight users
         self._waiting = 0
 
+    def start_ids_at(self, first: int) -> None:
+        """Number the regions registered from now on from ``first`` (or from the next id, if that is higher:
+        ids are never reused); ``first`` in [1, MAX_REGION_ID]."""
+        first = check_int("first region id", first, 1, MAX_REGION_ID)
+        with self._lock:
+            self._next_id = max(self._next_id, first)
+
     def register(self, buffer: object, *, name: str = "", writable: bool | None = None) -> RegionDescriptor:
         mv = as_region_view(buffer)
         if not isinstance(name, str):
@@ -68,6 +80,8 @@ class RegionTable:
         with self._cond:
             if name and any(r.desc.name == name for r in self._regions.values()):
                 raise RegionError(f"a region named {name!r} is already registered")
+            if self._next_id > MAX_REGION_ID:
+                raise RegionError(f"region ids are exhausted (the next would be {self._next_id} > {MAX_REGION_ID})")
             desc = RegionDescriptor(self._next_id, mv.nbytes, name, bool(writable))
             self._next_id += 1
             self._regions[desc.region_id] = _Region(desc, mv)
