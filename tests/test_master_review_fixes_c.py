@@ -286,3 +286,41 @@ def test_a_standby_whose_follow_failed_reopens_and_catches_up(etcd, prefix, tmp_
         if standby is not None:
             standby.close()
         lead.close()
+
+
+def test_close_racing_the_campaign_loops_next_campaign_leaves_no_leader_key(etcd, prefix, tmp_path,  # noqa: F811
+                                                                             monkeypatch):
+    """A campaign the loop begins between its stop check and close()'s resign is not waited for by that resign;
+    close() resigns again once the loops have ended, so no key (and no lease keeping it) outlives the master."""
+    import threading
+
+    from quillcache.cluster import election as E
+    from quillcache.cluster.client import EtcdClient
+    from quillcache.master.ha import HaMaster
+
+    resigned = threading.Event()
+    real_campaign, real_resign = E.LeaderElection.campaign, E.LeaderElection.resign
+
+    def late_campaign(self, *a, **kw):  # the loop passed its stop check; close() resigns before this campaigns
+        resigned.wait(10)
+        return real_campaign(self, *a, **kw)
+
+    def noting_resign(self):
+        real_resign(self)
+        resigned.set()
+
+    monkeypatch.setattr(E.LeaderElection, "campaign", late_campaign)
+    monkeypatch.setattr(E.LeaderElection, "resign", noting_resign)
+    m = HaMaster(str(tmp_path / "a"), MasterConfig(), etcd=etcd.endpoint, name="m", candidate="a", ttl_s=2,
+                 prefix=prefix)
+    try:
+        assert m.start("127.0.0.1:1")
+        key = m.election.key
+    finally:
+        m.close()
+    client = EtcdClient(etcd.endpoint)
+    try:
+        assert client.get(key) is None, "a campaign begun as close() resigned still holds the leader key"
+    finally:
+        client.close()
+    assert not [t.name for t in threading.enumerate() if t.is_alive() and "etcd-lease" in t.name and "(a)" in t.name]

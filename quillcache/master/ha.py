@@ -18,33 +18,31 @@ deposed or expired leader (NOT_LEADER) or etcd unreachable (LOG_FAILED, outcome 
 call, and the process reopens its service from its data dir and catches up from etcd: its memory held
 records nobody may rely on.
 
-Standbys watch the log prefix and apply each complete group in LSN order (``MasterService.follow``: also
-appended to their own WAL and snapshotted on the same cadence, so any standby restarts from its own
-data dir). A gap (a group beyond the next LSN) re-reads the log from etcd; a standby whose next LSN is
-older than the oldest group (the log was trimmed past it) fetches the leader's state over RPC
-(``snapshot_bytes``), installs it as its snapshot and follows from its LSN.
+Standbys watch the log prefix and apply each complete group in LSN order (``MasterService.follow``: also appended to
+their own WAL and snapshotted on the same cadence, so any standby restarts from its own data dir). A gap (a group
+beyond the next LSN) re-reads the log from etcd; a standby whose next LSN is older than the oldest group (the log was
+trimmed past it) fetches the leader's state over RPC (``snapshot_bytes``), installs it as its snapshot and follows
+from its LSN.
 
-Promotion. A candidate that wins the election key (``create_revision == 0`` txn; epoch = the key's
-create revision) warms up for ``warmup_s``, then, under the node lock, reads the log from etcd to its
-end (a linearizable read after its key exists: no older epoch can commit anything after that point,
-the fence refuses it), applies what it lacked, and commits an EPOCH record of its epoch (through the
-fence: a candidate already deposed fails here). Only then does it serve. Soft state restarts as after a
-restart: every complete object is leased for one lease TTL, every client counted seen.
+Promotion. A candidate that wins the election key (``create_revision == 0`` txn; epoch = the key's create revision)
+warms up for ``warmup_s``, then, under the node lock, reads the log from etcd to its end (a linearizable read after
+its key exists: no older epoch can commit anything after that point, the fence refuses it), applies what it lacked,
+and commits an EPOCH record of its epoch (through the fence: a candidate already deposed fails here). Only then does
+it serve. Soft state restarts as after a restart: every complete object is leased for one lease TTL, every client
+counted seen.
 
-Warm-up (default ``DEFAULT_WARMUP_S`` = 0.5 s, not one TTL). Writes need no warm-up at all: every commit
-is an etcd txn compared against the epoch, so a deposed leader (SIGSTOPped across an election, or
-partitioned) commits nothing once a successor's key exists, and its writes fail with STALE_EPOCH. The
-warm-up only guards reads (``get_replicas``/``exists`` never touch etcd). A leader serves only while
-``LeaderElection.is_leader``, checked on every call against its lease's *local* deadline: the send
-time of the last keep-alive etcd confirmed plus the TTL. etcd starts the same TTL when it *receives*
-that keep-alive, later, so the old leader stops serving reads before etcd can delete its key, and the
-new leader can only win after that deletion: the intervals in which the two serve cannot overlap, for
-any warm-up >= 0, when the key goes by lease expiry (SIGKILL, SIGSTOP, partition). The warm-up covers
-what that argument leaves out: clock-rate drift between hosts (ppm of a TTL) and a key deleted by
-other means (a resign, an operator), which the old leader learns through its watch of the key within
-milliseconds. Half a second covers both with a wide margin, and keeps failover at about
-TTL + 0.5 s (etcd's expiry check) + warm-up + catch-up, within 2×TTL from TTL 2 s up (one TTL of
-warm-up, measured ~2×TTL + 0.5 s, would not be).
+Warm-up (default ``DEFAULT_WARMUP_S`` = 0.5 s, not one TTL). Writes need no warm-up at all: every commit is an etcd
+txn compared against the epoch, so a deposed leader (SIGSTOPped across an election, or partitioned) commits nothing
+once a successor's key exists, and its writes fail with STALE_EPOCH. The warm-up only guards reads
+(``get_replicas``/``exists`` never touch etcd). A leader serves only while ``LeaderElection.is_leader``, checked on
+every call against its lease's *local* deadline: the send time of the last keep-alive etcd confirmed plus the TTL.
+etcd starts the same TTL when it *receives* that keep-alive, later, so the old leader stops serving reads before etcd
+can delete its key, and the new leader can only win after that deletion: the intervals in which the two serve cannot
+overlap, for any warm-up >= 0, when the key goes by lease expiry (SIGKILL, SIGSTOP, partition). The warm-up covers
+what that argument leaves out: clock-rate drift between hosts (ppm of a TTL) and a key deleted by other means (a
+resign, an operator), which the old leader learns through its watch of the key within milliseconds. Half a second
+covers both with a wide margin, and keeps failover at about TTL + 0.5 s (etcd's expiry check) + warm-up + catch-up,
+within 2×TTL from TTL 2 s up (one TTL of warm-up, measured ~2×TTL + 0.5 s, would not be).
 
 Growth. After a local snapshot at LSN L the leader deletes (fenced) the log groups that start before
 ``min(L - log_margin + 1, first LSN of its newest group)`` and compacts etcd's history to the revision
@@ -589,6 +587,8 @@ class HaMaster:
             self.election.resign()
         for t in self._threads:
             t.join(timeout=10)
+        if self.election is not None:  # again: a campaign begun between the loop's stop check and the first
+            self.election.resign()  # resign (which did not wait for it) may have won since
         if self._watch is not None:
             self._watch.cancel()
         with self.lock:
