@@ -40,6 +40,7 @@ def _known_values() -> list[float]:
             if str(df[col].dtype) in ("boolean", "bool"):
                 continue
             vals += [float(v) for v in pd.to_numeric(df[col], errors="coerce").dropna()]
+        vals += _same_cell_ratios(df)
         anchors = read_anchors(study, RESULTS)
         vals += [float(v) for v in anchors["value"]] if len(anchors) else []
         meta = read_meta(study, RESULTS)
@@ -47,6 +48,21 @@ def _known_values() -> list[float]:
             vals += [float(meta.cpu_count)] + ([meta.wall_s] if meta.wall_s is not None else [])
     vals += [1.0 / v for v in vals if v not in (0.0,) and math.isfinite(v)]  # "x faster" = 1 / ratio
     return [v for v in vals if math.isfinite(v)]
+
+
+def _same_cell_ratios(df: pd.DataFrame) -> list[float]:
+    """Ratios the report computes between two subjects of one study measured in the same unit and the same cell
+    (e.g. a put with crc32c over a plain put at one block size): every ratio of two values of one (metric, unit,
+    numeric parameters) group of at most 16 rows, so the set stays far too small to explain numbers by chance."""
+    skip = {"study", "profile", "metric", "subject", "unit", "baseline", "notes", "value", "baseline_value", "ratio",
+            "n", "lo", "hi", "op"}
+    keys = ["metric", "unit"] + [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])]
+    out: list[float] = []
+    for _, g in df.groupby(keys, dropna=False):
+        v = [float(x) for x in pd.to_numeric(g["value"], errors="coerce") if math.isfinite(x) and x != 0.0]
+        if 2 <= len(v) <= 16:
+            out += [a / b for a in v for b in v if a is not b]
+    return out
 
 
 def numbers_in(text: str) -> list[tuple[str, float, float]]:
