@@ -51,7 +51,6 @@ HEADER_BYTES = _HEADER.size
 _CRC_BYTES = 4
 CODEC_IDS = {"int8": 1, "fp8_e4m3": 2, "int4": 3, "int2": 4}
 GRANULARITY_IDS = {"token_head": 0, "tensor": 1, "head": 2, "channel": 3, "token": 4}
-_GRANULARITIES = GRANULARITIES
 MAGNITUDE_LIMIT = {"float32": float(np.finfo(np.float32).max), "float16": 2 * FLOAT16_MAX}
 
 
@@ -119,8 +118,8 @@ def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
     if dtype_id >= len(DTYPES):
         raise KVBlockError("dtype", f"unknown dtype id {dtype_id}")
     gran = {v: k for k, v in GRANULARITY_IDS.items()}.get(gran_id)
-    if gran not in _GRANULARITIES[codec]:
-        raise KVBlockError("granularity", f"granularity id {gran_id} is not one of {codec}'s {_GRANULARITIES[codec]}")
+    if gran not in GRANULARITIES[codec]:
+        raise KVBlockError("granularity", f"granularity id {gran_id} is not one of {codec}'s {GRANULARITIES[codec]}")
     if bits != CODEC_BITS[codec]:
         raise KVBlockError("bits", f"{bits} bits for codec {codec} (expects {CODEC_BITS[codec]})")
     if min(t, h, d) < 1 or w >= t:
