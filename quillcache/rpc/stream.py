@@ -257,14 +257,20 @@ class StreamServer:
             except Exception as e:  # no thread to be had ("can't start new thread"): this connection is closed
                 with self._conns_lock:
                     self._conns.pop(sock, None)
+                self._count_accept_error(e)  # before the close, so a peer that sees it closed sees it counted
                 sock.close()
-                self._accept_failed(e)
+                self._pause_after(e)
 
     def _accept_failed(self, err: Exception) -> None:
         """A connection that could not be accepted or served (out of descriptors, memory or threads; the peer gone
         before accept): counted, logged at most once per ``_TURN_AWAY_LOG_S`` with the count since the last report,
         and, unless the peer merely left first, a pause of ``_ACCEPT_RETRY_S`` (cut short by ``close()``) so a
         lasting shortage is not retried in a busy loop. The accept thread then goes on."""
+        self._count_accept_error(err)
+        self._pause_after(err)
+
+    def _count_accept_error(self, err: Exception) -> None:
+        """Count one connection not accepted or not served, and log it (rate-limited: see ``_accept_failed``)."""
         self.num_accept_errors += 1
         self._accept_errors_unlogged += 1
         now = _now()
@@ -273,6 +279,9 @@ class StreamServer:
                         self.name, self._accept_errors_unlogged, type(err).__name__, err)
             self._accept_errors_unlogged = 0
             self._accept_log_at = now + _TURN_AWAY_LOG_S
+
+    def _pause_after(self, err: Exception) -> None:
+        """Unless the peer merely left first, wait ``_ACCEPT_RETRY_S`` (cut short by ``close()``)."""
         if getattr(err, "errno", None) not in _PEER_GONE_ERRNOS:
             self._stopping.wait(_ACCEPT_RETRY_S)
 
