@@ -420,9 +420,9 @@ class Placement:
     def promote_ssd_to_dram(self, key: StoreKey, *, required: bool) -> bytes:
         """Read a block from SSD and move its bytes to DRAM, evicting DRAM victims for room; returns
         the bytes. Not ``required`` (a read hit): when the DRAM policy refuses it or no room can be
-        made, or the SSD tier is unhealthy (its copy could not be deleted), the bytes stay on SSD
+        made, or the SSD tier is or turns unhealthy (its copy could not be deleted), the bytes stay on SSD
         (counted in ``promotions_skipped``). ``required``: BlockTooLargeError / StoreFullError /
-        TierUnhealthyError instead (nothing changed). CorruptBlockError if the SSD copy failed
+        TierUnhealthyError instead (the block unchanged on SSD; DRAM victims evicted for it stay evicted). CorruptBlockError if the SSD copy failed
         its check (the block is then forgotten everywhere)."""
         assert self._ssd is not None
         unhealthy = not self._ssd.healthy
@@ -443,6 +443,13 @@ class Placement:
                 raise BlockTooLargeError(f"block {key.hex()} ({size} bytes) is larger than any DRAM segment "
                                          f"({self._dram.max_block_bytes} bytes)")
             moved = self._place(DRAM, key, memoryview(data), required=required)
+            if moved and not self._ssd.healthy:  # a victim's demotion turned the tier unhealthy: the SSD copy
+                self._dram.delete(key)  # cannot be deleted, so the DRAM copy goes (one tier per block)
+                moved = False
+                if required:
+                    raise TierUnhealthyError(f"cannot promote block {key.hex()} on node {self.node!r}: the SSD "
+                                             f"tier {self._ssd.directory} turned unhealthy while DRAM room was "
+                                             f"made; the block stays on SSD")
         if not moved:
             self._policies[SSD].touch(key)
             self._stats.promotions_skipped += 1

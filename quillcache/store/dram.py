@@ -279,6 +279,9 @@ class LocalKvStore:
             alloc = self._allocators[seg_id] if seg_id < len(self._allocators) else self._open_segment()
             if alloc is None:
                 break
+            if size > self._segment_bytes(seg_id):  # the last segment can be smaller than max_block_bytes
+                seg_id += 1
+                continue
             try:
                 a = alloc.allocate(size)
             except OutOfSpaceError:

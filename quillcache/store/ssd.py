@@ -25,7 +25,8 @@ Durability contract (what "acknowledged" means):
 Failures: an fsync error is never retried and never trusted: the blocks of the failed commit are
 dropped and the tier turns unhealthy (``TierUnhealthyError`` on every later write; reads of what
 was acknowledged keep working; pending ``put_async`` blocks are dropped, their callbacks get the
-error). A full disk (ENOSPC/EDQUOT) raises ``DiskFullError`` (a ``StoreFullError`` that evicting
+error; deletes not yet durable stay undone, so ``flush()`` raises ``TierUnhealthyError`` and a restart
+brings those blocks back). A full disk (ENOSPC/EDQUOT) raises ``DiskFullError`` (a ``StoreFullError`` that evicting
 blocks does not cure) and damages nothing already stored; a full tier raises ``StoreFullError``
 (the tier itself never evicts). A log rotation (after a durable commit) that fails on a full disk is retried
 at a later commit, unless it left a newer log generation it could not durably remove (the next open would
@@ -44,8 +45,9 @@ I/O errors). A non-empty directory that holds no tier metadata file is refused w
 ``SsdTier.recovery``.
 
 Accounting mode (``account_only=True``; the trace harness at million-block scale): no directory,
-no files, no fsync, no crc32c; offsets, footprints and capacity come from
-:class:`quillcache.store.ssd_account.AccountLayout` through the same staging/commit/delete code
+no files, no fsync, no crc32c; offsets, footprints, capacity and the largest block come from
+:class:`quillcache.store.ssd_account.AccountLayout` (whose virtual slabs are not ``slab_bytes``
+large: placement differs) through the same staging/commit/delete code
 path. ``get`` then returns a read-only view of zero bytes (a memoryview, not ``bytes``), nothing
 is durable and there is no recovery. The normal mode is untouched by this option.
 
@@ -108,6 +110,7 @@ from quillcache.store.ssd_format import (
 from quillcache.store.ssd_slab import SlabLayout
 
 _LAYOUTS = {"slab": SlabLayout, "files": FilesLayout}
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 Callback = Callable[[StoreKey, "BaseException | None"], None]
 
 __all__ = ["SsdRecoveryReport", "SsdTier", "SsdTuning"]
@@ -280,17 +283,15 @@ class SsdTier:
                                  f"(capacity {self._capacity} B, {self._capacity - self._used} B free)")
         crc = 0 if self.account_only else block_crc(key.to_bytes(), view)
         try:
-            try:
-                rec = self._layout.stage(key, view, crc)
-            except StoreFullError:
-                if not (may_commit and self._pending_deletes):
-                    raise
-                self._commit_pending()
-                rec = self._layout.stage(key, view, crc)
+            rec = self._layout_stage(key, view, crc, may_commit=may_commit)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(f"SSD tier {self._dir}: disk full writing block {key.hex()} "
                                     f"of {len(view)} B ({exc})") from exc
+            if exc.errno in _OUT_OF_FDS:  # nothing was opened or written: a refusal, not an error about the data
+                raise StoreError(f"SSD tier {self._dir}: out of file descriptors staging block {key.hex()} "
+                                 f"({exc}); it was not stored (the files layout holds one per pending block: "
+                                 f"lower group_commit_blocks or raise the process's fd limit)") from exc
             self._mark_unhealthy(exc)
             err = TierUnhealthyError(f"SSD tier {self._dir}: I/O error writing block {key.hex()} ({exc}); the "
                                      f"tier is unhealthy and its {len(self._pending_puts)} pending put(s) were dropped")
@@ -300,6 +301,21 @@ class SsdTier:
         self._used += need
         self._pending_puts.append((key, rec, callback))
         self._pending_bytes += len(view)
+
+    def _layout_stage(self, key: StoreKey, view: memoryview, crc: int, *, may_commit: bool) -> BlockRecord:
+        """The layout's ``stage``; when ``may_commit``, one group commit and one retry if the layout is full
+        while deletes are pending (their room is reused only once durable) or the process is out of file
+        descriptors while puts are pending (the files layout holds one per pending block until the commit)."""
+        try:
+            return self._layout.stage(key, view, crc)
+        except StoreFullError:
+            if not (may_commit and self._pending_deletes):
+                raise
+        except OSError as exc:
+            if not (may_commit and self._pending_puts and exc.errno in _OUT_OF_FDS):
+                raise
+        self._commit_pending()
+        return self._layout.stage(key, view, crc)
 
     def _commit_pending(self) -> None:
         """One group commit of every pending put and delete (see the module docstring)."""
@@ -313,8 +329,10 @@ class SsdTier:
             full = exc.errno in (errno.ENOSPC, errno.EDQUOT) and getattr(self._layout, "log", None) is not None \
                 and self._layout.log.failed is None
             self._drop_staged(puts)
+            # the deletes stay pending, not durable: a retry after a full disk; on an unhealthy tier, flush()
+            # keeps refusing (a restart brings those blocks back, as after a crash)
+            self._pending_deletes = dels + self._pending_deletes
             if full:
-                self._pending_deletes = dels + self._pending_deletes  # still to be made durable
                 err: StoreError = DiskFullError(f"SSD tier {self._dir}: disk full during a group commit of "
                                                 f"{len(puts)} block(s) ({exc}); they were not stored")
             else:
@@ -385,14 +403,19 @@ class SsdTier:
             if need > self._capacity - self._used:
                 raise StoreFullError(f"SSD tier {self._dir}: no room for a batch of {len(checked)} block(s), "
                                      f"{need} B (capacity {self._capacity} B, {self._capacity - self._used} B free)")
-            mark = len(self._pending_puts)
-            try:
-                for key, view in checked:
-                    self._stage(key, view, None, may_commit=False)
-            except BaseException:
-                mine, self._pending_puts = self._pending_puts[mark:], self._pending_puts[:mark]
-                self._drop_staged(mine)
-                raise
+            for attempt in range(2):
+                mark = len(self._pending_puts)
+                try:
+                    for key, view in checked:
+                        self._stage(key, view, None, may_commit=False)
+                    break
+                except BaseException as exc:
+                    mine, self._pending_puts = self._pending_puts[mark:], self._pending_puts[:mark]
+                    self._drop_staged(mine)
+                    # the layout keeps a deleted block's space until its delete is durable: commit, retry once
+                    if attempt or not isinstance(exc, StoreFullError) or not self._pending_deletes:
+                        raise
+                self._commit_pending()
             self._commit_pending()
 
     def put_async(self, key: StoreKey, data: bytes | bytearray | memoryview, callback: Callback | None = None) -> None:

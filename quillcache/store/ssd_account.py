@@ -2,9 +2,13 @@
 
 For trace replays at million-block scale (like SGLang's ``create_simulated``): every block still
 gets a real ``(segment_id, offset_bytes, size_bytes)`` from an ``OffsetAllocator`` per virtual
-slab, capacity, footprints (4 KiB pages) and every ``StoreFullError`` are those of the slab
-layout, and the ``SsdTier`` code path above it (staging, group commit, deletes, pending-delete
-space reuse) is the same. What is skipped: the directory, files, fsyncs, the log and crc32c.
+slab. Capacity, footprints (4 KiB pages) and the largest block (``BlockTooLargeError`` above
+``min(max_block_bytes or slab_bytes, slab_bytes, capacity)``) are those of the slab layout, and the
+``SsdTier`` code path above it (staging, group commit, deletes, pending-delete space reuse) is the
+same. What differs: the virtual slabs are as large as the allocator allows (16 TiB), not
+``slab_bytes``, so placement and the fragmentation-only ``StoreFullError`` of many small slabs
+are not reproduced (per-slab node pools sized to ``slab_bytes`` would cost memory in proportion to
+the capacity declared). What is skipped: the directory, files, fsyncs, the log and crc32c.
 
 Invariants: a live block's page range never overlaps another's in the same virtual slab; a
 range is reused only after ``release`` (the tier calls it once a delete is "committed", which in
@@ -45,7 +49,7 @@ class AccountLayout:
         self._max_slab = max_slab
         self._num_slabs = -(-self.capacity_bytes // max_slab)
         self.slabs: list[_alloc.OffsetAllocator] = []  # made on first use (see _open_slab)
-        biggest = min(self.capacity_bytes, max_slab)
+        biggest = min(self.capacity_bytes, max_slab, tuning.slab_bytes)  # the slab layout's limit
         self.max_block_bytes = min(tuning.max_block_bytes or biggest, biggest)
         self._zeros: memoryview | None = None
 

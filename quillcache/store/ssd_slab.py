@@ -49,7 +49,6 @@ from quillcache.store.errors import DiskFullError, SsdLogMissingError, StoreFull
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc, quarantine
 
-_MAX_NODES_PER_SLAB = 1 << 17
 
 
 def _slab_name(no: int) -> str:
@@ -72,7 +71,9 @@ class _Slab:
         self.no, self.fd, self.size_bytes = no, fd, size_bytes
         units = size_bytes // PAGE_BYTES
         slack = _alloc.float_to_uint(_alloc.uint_to_float_round_up(units // 8 + 2))
-        max_allocs = max(min(2 * units + 8, _MAX_NODES_PER_SLAB), 2 * len(placed) + 8)
+        # one-page blocks in every page need 2*units+1 nodes (live ranges and the free gaps between them): a pool
+        # sized from the slab (32 B of DRAM per node) so no slab reports full while pages are free
+        max_allocs = max(min(2 * units + 8, _alloc.MAX_NODES), 2 * len(placed) + 8)
         self.alloc = _alloc.OffsetAllocator((units + slack) * PAGE_BYTES, max_allocs, alignment=PAGE_BYTES)
         self.handles = self._rebuild(sorted(placed), slack)
 
