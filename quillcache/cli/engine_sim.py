@@ -54,13 +54,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--default-max-tokens", type=_num(int, 1), default=16, help="max_tokens when a request omits it")
     g.add_argument("--seed", type=int, default=0, help="seed of the generated text (default 0)")
     f = parser.add_argument_group("fault knobs (seeded by --fault-seed)")
-    f.add_argument("--error-rate", type=_num(float, 0.0, 1.0), default=0.0, help="share of requests answered 500")
+    f.add_argument("--error-rate", type=_num(float, 0.0, 1.0), default=0.0,
+                   help="share of requests answered 500 (default 0)")
     f.add_argument("--hang-before-headers-s", type=_num(float, 0.0), default=0.0,
                    help="sleep this long before sending response headers")
-    f.add_argument("--hang-rate", type=_num(float, 0.0, 1.0), default=1.0, help="share of requests that hang")
+    f.add_argument("--hang-rate", type=_num(float, 0.0, 1.0), default=1.0,
+                   help="share of requests that hang, when --hang-before-headers-s is set (default 1: all)")
     f.add_argument("--die-mid-stream-after-tokens", type=_num(int, 0), default=None,
                    help="drop the connection of a stream after this many tokens")
-    f.add_argument("--die-rate", type=_num(float, 0.0, 1.0), default=1.0, help="share of streams that die")
+    f.add_argument("--die-rate", type=_num(float, 0.0, 1.0), default=1.0,
+                   help="share of streams that die, when --die-mid-stream-after-tokens is set (default 1: all)")
     f.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws (default 0)")
     k = parser.add_argument_group("KV events (vLLM wire format over ZeroMQ)")
     k.add_argument("--kv-events", default=None, metavar="tcp://HOST:PORT",
