@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from quillcache.cli import main
 from quillcache.hashing.blocks import hash_blocks
 
@@ -59,6 +61,16 @@ def test_info_and_other_commands_survive_a_compiled_core_that_does_not_load():
     assert "quillcache replay: unavailable (" in res.stderr
 
 
+@pytest.mark.parametrize("core", ["quillcache.master._kernels", "quillcache.master._residency",
+                                  "quillcache.transfer.backends._fastio"])
+def test_info_checks_every_compiled_core(core):
+    code = (f"import sys; sys.modules[{core!r}] = None\n"
+            "from quillcache.cli import main\n"
+            "sys.exit(main(['info']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 1 and f"{core}: NOT AVAILABLE" in res.stdout, res.stdout + res.stderr
+
+
 def test_info_says_a_core_was_never_built_rather_than_a_misleading_import_error(tmp_path):
     # A copy of the package without its compiled files, as after `make clean`: the ART core's import
     # error reads "partially initialized module (circular import)"; info must say it is not built.
@@ -73,7 +85,8 @@ def test_info_says_a_core_was_never_built_rather_than_a_misleading_import_error(
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    for core in ("alloc._alloc", "sketch._sketch", "art._art"):
+    for core in ("alloc._alloc", "sketch._sketch", "art._art", "master._kernels", "master._residency",
+                 "transfer.backends._fastio"):  # every _*.pyx setup.py builds
         assert f"quillcache.{core}: NOT AVAILABLE (not built: no compiled _" in res.stdout, res.stdout
     assert "circular import" not in res.stdout
     assert "quillcache.hashing._xxh3: ok" in res.stdout

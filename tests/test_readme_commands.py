@@ -86,3 +86,18 @@ def test_gateway_help_states_what_a_key_must_be():
     COMMANDS["gateway"].load().configure(parser)
     text = " ".join(parser.format_help().split())
     assert f"at least {MIN_KEY_CHARS} characters" in text and "QUILLCACHE_GATEWAY_KEYS=key=tenant" in text
+
+
+DOCS = [README, README.parent / "traces" / "README.md", *sorted((README.parent / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(README.parent)))
+def test_every_repository_path_a_doc_names_exists(doc):
+    """A `quillcache/...`, `experiments/...`, `tests/...` or `traces/...` path written in backquotes exists
+    (traces/README.md named two modules that had moved)."""
+    root = README.parent
+    named = set(re.findall(r"`((?:quillcache|experiments|tests|traces|notebooks|paper)/[\w./-]+\.(?:py|pyx|md|j2|ipynb))`",
+                           doc.read_text()))
+    assert named, f"{doc} names no repository path: the pattern above no longer matches how it writes them"
+    missing = sorted(p for p in named if not (root / p).exists())
+    assert not missing, f"{doc.relative_to(root)} names files that do not exist: {missing}"

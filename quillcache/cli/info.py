@@ -11,8 +11,23 @@ import importlib
 import importlib.machinery
 from pathlib import Path
 
-FAST_MODULES = ("quillcache.alloc._alloc", "quillcache.sketch._sketch", "quillcache.art._art",
-                "quillcache.hashing._xxh3")
+NUMBA_MODULES = ("quillcache.hashing._xxh3",)  # compiled at first use, not at install
+
+
+def fast_modules() -> list[str]:
+    """Every compiled core: the extension module of each ``quillcache/**/_*.pyx`` (setup.py builds each one),
+    of each compiled ``_*`` file found without its source, and the Numba modules. Found on disk, so a new
+    core is checked without being listed here."""
+    import quillcache
+
+    root = Path(quillcache.__file__).parent
+    names = {".".join(("quillcache", *p.relative_to(root).with_suffix("").parts)) for p in root.glob("**/_*.pyx")}
+    suffixes = sorted(importlib.machinery.EXTENSION_SUFFIXES, key=len, reverse=True)  # ".cpython-...so" before ".so"
+    for p in root.glob("**/_*.*"):
+        suffix = next((x for x in suffixes if p.name.endswith(x)), None)
+        if suffix is not None:
+            names.add(".".join(("quillcache", *p.relative_to(root).parent.parts, p.name[: -len(suffix)])))
+    return sorted(names) + list(NUMBA_MODULES)
 
 
 def _not_built(name: str) -> str | None:
@@ -40,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"quillcache {quillcache.__version__} (numpy {numpy.__version__})")
     ok = True
-    for name in FAST_MODULES:
+    for name in fast_modules():
         try:
             importlib.import_module(name)
             print(f"  {name}: ok")
