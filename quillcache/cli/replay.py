@@ -269,11 +269,18 @@ FLAGS = {"dram_capacity_blocks": "--capacity-blocks", "ssd_capacity_blocks": "--
          "dram_capacity_bytes": "--dram-capacity-bytes", "ssd_capacity_bytes": "--ssd-capacity-bytes"}
 
 
+# ReplayConfig's "unknown NAME" messages -> the flag that gave the name
+UNKNOWN_NAME_FLAGS = {"unknown model ": "--model", "unknown GPU ": "--gpu", "unknown router ": "--router",
+                      "unknown policy ": "--policy"}
+
+
 def _flagged(msg: str) -> str:
-    """A ReplayConfig message with its field names (``ttft_slo_s=...``) replaced by the flags."""
+    """A ReplayConfig message with its field names (``ttft_slo_s=...``) replaced by the flags, and an unknown
+    name's message led by its flag (``--router: unknown router 'x'; ...``)."""
     for field, flag in FLAGS.items():
         msg = msg.replace(f"{field}=", f"{flag}=")
-    return msg
+    flag = next((f for prefix, f in UNKNOWN_NAME_FLAGS.items() if msg.startswith(prefix)), None)
+    return f"{flag}: {msg}" if flag else msg
 
 
 def out_text_problem(text: str | None, default: str) -> str | None:
