@@ -39,7 +39,8 @@ NAME = "replay"
 ROUTERS = ["dynamo", "round_robin", "least_loaded", "prefix_affinity"]
 BASELINE = "round_robin"
 METRICS = [("ttft_p50_s", "s"), ("ttft_p99_s", "s"), ("goodput_rps", "req/s"), ("slo_attainment", "fraction"),
-           ("block_hit_rate", "fraction"), ("token_hit_rate", "fraction")]
+           ("block_hit_rate", "fraction"), ("token_hit_rate", "fraction"),
+           *((f"block_hit_rate_{t}", "fraction") for t in ("gpu", "dram", "ssd", "peer"))]  # where the hits came from
 QUICK_LIMIT = 600
 # Host tiers small enough that the pool must evict (the GPU tier is the engine model's).
 SMALL_TIERS = {"dram_capacity_blocks": 512, "ssd_capacity_blocks": 1024}
