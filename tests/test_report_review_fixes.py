@@ -300,7 +300,8 @@ def _stub_replay(monkeypatch, replay_study):
     def fake_replay(reqs, cfg):
         d = {"router": cfg.router, "policy": cfg.policy, "engines": 4, "dram_capacity_blocks": cfg.dram_capacity_blocks,
              "ssd_capacity_blocks": cfg.ssd_capacity_blocks, "ttft_p50_s": 0.1, "ttft_p99_s": 0.2,
-             "goodput_rps": 1.0, "slo_attainment": 1.0, "block_hit_rate": 0.5, "token_hit_rate": 0.5}
+             "goodput_rps": 1.0, "slo_attainment": 1.0, "block_hit_rate": 0.5, "token_hit_rate": 0.5,
+             **{f"block_hit_rate_{t}": 0.125 for t in ("gpu", "dram", "ssd", "peer")}}
         return types.SimpleNamespace(summary=types.SimpleNamespace(as_dict=lambda: d))
 
     seen = []

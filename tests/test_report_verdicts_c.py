@@ -26,7 +26,9 @@ def _replay(ll99: str, llgp: str, ll_hit: str = "0.38"):
             (_row("ttft_p99_s", subject="least_loaded/lru", **d), {"value": ll99}),
             (_row("goodput_rps", subject="least_loaded/lru", **d), {"value": llgp}),
             (_row("ttft_p50_s", subject="least_loaded/lru", **d), {"value": "0.3"}),
-            (_row("block_hit_rate", subject="least_loaded/lru", **d), {"value": ll_hit})]
+            (_row("block_hit_rate", subject="least_loaded/lru", **d), {"value": ll_hit}),
+            (_row("block_hit_rate_peer", subject="dynamo/lru", **d), {"value": "0.1"}),
+            (_row("block_hit_rate_peer", subject="least_loaded/lru", **d), {"value": "0.25"})]
 
 
 def test_replay_says_when_a_cache_blind_router_matches_the_cost_router(tmp_path):
@@ -37,6 +39,7 @@ def test_replay_says_when_a_cache_blind_router_matches_the_cost_router(tmp_path)
     verdict = text[text.index("**What does not hold.**"):]
     assert "cost router does not beat the cache-blind least-loaded router on this trace" in verdict
     assert "within 0.5 points of each other" in verdict
+    assert "peer fetches serve 10.0% of the blocks against least-loaded's 25.0%" in verdict
 
     cost_wins = results_copy(tmp_path / "b", "replay", _replay("9.0", "2.0"))
     assert "the cost router is ahead of it on both" in render("replay", cost_wins, "headline")
