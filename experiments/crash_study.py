@@ -380,7 +380,7 @@ def _powerloss_rows(sub: str, trials: int, tot: dict, note: str) -> list[Summary
                                            "checked like the others, not counted as crashes"),
             SummaryRow(metric="trials", subject=sub, value=trials, unit="count",
                        notes="one trial = a power loss, recovery, more writes, a second power loss"),
-            SummaryRow(metric="acknowledged_blocks_checked", subject=sub, value=tot["acked"], unit="blocks"),
+            SummaryRow(metric="acknowledged_blocks_checked", subject=sub, value=tot["acked"], unit="checks"),
             SummaryRow(metric="acknowledged_blocks_lost", subject=sub, value=tot["lost"], unit="blocks",
                        notes=_zero(tot["lost"])),
             SummaryRow(metric="corrupt_bytes_served", subject=sub, value=tot["corrupt"], unit="reads",
@@ -403,7 +403,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
                     f"1..{cfg['max_acks']}; {tot['short']} hit the deadline first), real fsyncs; "
                     f"{tot['acked']} acked-block checks")
             rows += [SummaryRow(metric="crashes", subject=sub, value=tot["crashes"], unit="count", notes=note),
-                     SummaryRow(metric="acknowledged_blocks_checked", subject=sub, value=tot["acked"], unit="blocks"),
+                     SummaryRow(metric="acknowledged_blocks_checked", subject=sub, value=tot["acked"], unit="checks"),
                      SummaryRow(metric="acknowledged_blocks_lost", subject=sub, value=tot["lost"], unit="blocks",
                                 notes="acceptance == 0: " + ("PASS" if tot["lost"] == 0 else "FAIL")),
                      SummaryRow(metric="corrupt_bytes_served", subject=sub, value=tot["corrupt"], unit="reads",
@@ -428,7 +428,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
                                     "SSD tier + ART index on one CrashFs, power loss at a seeded sync point, "
                                     "2 power losses per trial")
             rows += [SummaryRow(metric="acknowledged_index_entries_checked", subject=sub, value=tot["index_acked"],
-                                unit="entries"),
+                                unit="checks"),
                      SummaryRow(metric="acknowledged_index_entries_lost", subject=sub, value=tot["index_lost"],
                                 unit="entries", notes=_zero(tot["index_lost"], "flushed entries missing after reopen; ")),
                      SummaryRow(metric="dangling_index_entries_before_reconcile", subject=sub,
@@ -459,7 +459,7 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
     rows.append(SummaryRow(metric="crashes", subject="all", value=total_crashes, unit="count",
                            notes=f"{'quick' if quick else 'full'} profile", params={"scenario": "all"}))
     for metric, unit in (("power_losses_after_clean_close", "count"),
-                         ("acknowledged_blocks_checked", "blocks"), ("acknowledged_index_entries_checked", "entries"),
+                         ("acknowledged_blocks_checked", "checks"), ("acknowledged_index_entries_checked", "checks"),
                          ("acknowledged_blocks_lost", "blocks"), ("acknowledged_index_entries_lost", "entries"),
                          ("corrupt_bytes_served", "reads"), ("dangling_index_entries", "entries"),
                          ("bitflips_injected", "flips"), ("bitflips_detected", "flips")):

@@ -33,7 +33,7 @@ from pathlib import Path
 from experiments.hitrate_study import trace_label
 from quillcache.harness import ReplayConfig, replay
 from quillcache.results import SummaryRow, print_table, write_raw, write_summary
-from quillcache.traces.loader import DEFAULT_TRACE, default_trace_path, load_trace
+from quillcache.traces.loader import DEFAULT_TRACE, TraceError, default_trace_path, load_trace
 
 NAME = "replay"
 ROUTERS = ["dynamo", "round_robin", "least_loaded", "prefix_affinity"]
@@ -147,7 +147,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results-root", default=None, help="results root (default ./results)")
     ap.add_argument("--trace", default=None, help="trace path (default: the shared conversation trace)")
     args = ap.parse_args(argv)
-    run(quick=args.quick, results_root=args.results_root, trace=args.trace)
+    if args.trace is not None and not Path(args.trace).is_file():
+        ap.error(f"--trace {args.trace}: no such file")
+    try:
+        run(quick=args.quick, results_root=args.results_root, trace=args.trace)
+    except TraceError as exc:  # a malformed trace: one line, nothing written
+        ap.error(f"--trace: {exc}")
 
 
 if __name__ == "__main__":

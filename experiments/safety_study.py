@@ -264,7 +264,8 @@ def summarize(results: list[MixResult]) -> list[SummaryRow]:
         for c in CATEGORIES:
             rows.append(SummaryRow(metric="naive_unsafe_share", subject="naive content-hash cache",
                                    value=_pct(m.naive_unsafe[c], m.naive_hit_blocks), unit="% of hit blocks",
-                                   n=m.naive_unsafe[c], params={**mix, "category": c}))
+                                   n=m.naive_hit_blocks, notes=f"{m.naive_unsafe[c]} of {m.naive_hit_blocks} hit blocks",
+                                   params={**mix, "category": c}))
         rows.append(SummaryRow(
             metric="unsafe_reuses_served", subject="QuillCache guard on", value=sum(m.on_unsafe.values()),
             unit="blocks", baseline="same planner, guard off", baseline_value=sum(m.off_unsafe.values()),
@@ -400,6 +401,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--index", default=DEFAULT_INDEX,
                     help=f"residency index backend (default: {DEFAULT_INDEX}; any other marks the run custom)")
     args = ap.parse_args(argv)
+    from quillcache.index import INDEX_BACKENDS
+    if args.index not in INDEX_BACKENDS:  # refused before the workload is generated
+        ap.error(f"--index {args.index!r}: unknown index backend; registered: {sorted(INDEX_BACKENDS)}")
     run(quick=args.quick, results_root=args.results_root, index_kind=args.index)
 
 

@@ -408,13 +408,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="10k entries, few samples (smoke test)")
     ap.add_argument("--cell", nargs=3, metavar=("KIND", "WORKLOAD", "DBDIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    try:
+        entries = [int(x) for x in args.entries.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--entries {args.entries!r}: comma-separated whole numbers of entries (e.g. 10000,100000)")
+    if not entries or min(entries) < 1:
+        ap.error(f"--entries {args.entries!r}: at least one target, each >= 1")
 
     if args.cell:
         kind, wpath, dbdir = args.cell
         print(json.dumps(run_cell(kind, wpath, dbdir, args.point_samples, args.scan_samples, args.seed)))
         return
     run(args.quick, args.results_root, trace=args.trace,
-        entries=[int(x) for x in args.entries.split(",") if x.strip()],
+        entries=entries,
         backends=[k.strip() for k in args.backends.split(",") if k.strip()],
         point_samples=args.point_samples, scan_samples=args.scan_samples, seed=args.seed, workdir=args.workdir)
 

@@ -22,7 +22,7 @@ kernel's socket copies and for ``memcpy`` alike (``quillcache.alloc.buffers``); 
 store are compared on equal terms.
 
 Rates are GB/s (10^9 bytes) of block payload; each subject's cell is timed as a whole loop with
-``time.perf_counter``; subjects are interleaved within each repetition; medians over ``reps``
+``time.perf_counter``; subjects are interleaved within each repetition, in reverse order on odd ones; medians over ``reps``
 (>= 5 in full mode) with p10/p90. Writes ``results/store_dram/summary.csv`` (metric ``throughput``;
 ``operation`` and ``block_bytes`` columns) and ``raw.csv``; ``plot`` draws ``store_dram.png``.
 """
@@ -142,12 +142,19 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         # warm-up (untimed): first use of every page and code path
         _memcpy_cell(dst, srcs, min(n_blocks, len(keys)))
         _store_cell(plain, keys, srcs, min(n_blocks, len(keys)), dst, False)
+        _store_cell(checked, keys, srcs, min(n_blocks, len(keys)), dst, True)
         per = {s: [] for s in ("memcpy", "put", "get", "get_into", "put+get", "put+get_into",
                                "crc_put", "crc_get", "crc_put+get")}
         for rep in range(cfg["reps"]):
-            t_copy = _memcpy_cell(dst, srcs, n_blocks)
-            t_put, t_get, t_into = _store_cell(plain, keys, srcs, n_blocks, dst, False)
-            c_put, c_get, _ = _store_cell(checked, keys, srcs, n_blocks, dst, True)
+            timed = {}  # the three subjects in one order on even repetitions, reversed on odd ones (no order bias)
+            order = ("memcpy", "plain", "checked") if rep % 2 == 0 else ("checked", "plain", "memcpy")
+            for subject in order:
+                timed[subject] = (_memcpy_cell(dst, srcs, n_blocks) if subject == "memcpy" else
+                                  _store_cell(plain if subject == "plain" else checked, keys, srcs, n_blocks, dst,
+                                              subject == "checked"))
+            t_copy = timed["memcpy"]
+            t_put, t_get, t_into = timed["plain"]
+            c_put, c_get, _ = timed["checked"]
             cells = {"memcpy": t_copy, "put": t_put, "get": t_get, "get_into": t_into, "put+get": t_put + t_get,
                      "put+get_into": t_put + t_into, "crc_put": c_put, "crc_get": c_get, "crc_put+get": c_put + c_get}
             for subject, seconds in cells.items():
@@ -184,8 +191,8 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
             table.append((label, subject, sp["median"], sp["p10"], sp["p90"], sp["median"] / base["median"]))
     plain.close()
     checked.close()
-    write_summary(NAME, rows, results_root, profile="quick" if quick else "full", started_at=t_start)
     write_raw(NAME, "raw.csv", ("block_bytes", "subject", "rep", "seconds", "bytes"), raw, results_root)
+    write_summary(NAME, rows, results_root, profile="quick" if quick else "full", started_at=t_start)  # last: meta
     print(f"{'block':>7} {'subject':<14} {'GB/s':>7} {'p10':>7} {'p90':>7} {'x memcpy':>9}")
     for label, subject, med, p10, p90, ratio in table:
         print(f"{label:>7} {subject:<14} {med:7.2f} {p10:7.2f} {p90:7.2f} {ratio:9.2f}")

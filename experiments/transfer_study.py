@@ -44,7 +44,6 @@ ratio to the aligned raw pair is what the kernel's socket copies pay off a cache
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
@@ -57,7 +56,6 @@ from experiments.microbench import bench_main
 from experiments.transfer_raw import READ, WRITE, RawClient, RawPeer
 from quillcache.alloc.buffers import aligned_empty
 from quillcache.results import Anchor, SummaryRow, spread, write_raw, write_summary
-from quillcache.results.writer import results_dir
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferRequest
 from quillcache.transfer.peer import PeerProcess
 
@@ -313,7 +311,6 @@ def run(quick: bool = False, results_root: str | None = None, *, mooncake: bool 
                   anchors=anchors())
     write_raw(NAME, "raw.csv", ("placement", "op", "block_bytes", "batch", "subject", "rep", "calls", "bytes",
                                 "seconds", "cpu_s"), raw_rows, results_root)
-    (results_dir(NAME, results_root) / "mooncake_status.json").write_text(json.dumps(mk_status, indent=1) + "\n")
     print(f"{'placement':<10} {'op':<5} {'block':>7} {'batch':>5} "
           + " ".join(f"{s[:14]:>15}" for s in (RAW, OURS, MOONCAKE)) + "   p50 us raw/ours/mooncake"
           + "   raw (cubic) GB/s")

@@ -357,15 +357,15 @@ def test_a_safety_run_on_another_index_backend_is_a_custom_run_and_says_so(tmp_p
     assert read_meta("safety", tmp_path / "art").profile == "quick"
     assert set(read_summary("safety", tmp_path / "art")["index_kind"]) == {"art"}
     root = tmp_path / "custom"
-    safety_study.main(["--quick", "--results-root", str(root), "--index", "sorteddict"])
+    safety_study.main(["--quick", "--results-root", str(root), "--index", "sorted"])
     assert read_meta("safety", root).profile == "custom"
-    assert set(read_summary("safety", root)["index_kind"]) == {"sorteddict"}
+    assert set(read_summary("safety", root)["index_kind"]) == {"sorted"}
     block = report.render_readme_block(str(root))
     assert "(`make safety`, custom profile)" in block
-    assert "(a custom run on the `sorteddict` residency index backend, not the default ART)" in block
+    assert "(a custom run on the `sorted` residency index backend, not the default ART)" in block
     text = report.render_report(str(root), tmp_path / "figures", generated_at="T")
     assert "*A custom run* (profile `custom`)" in text
-    assert "real residency index (a custom run on the `sorteddict` residency index backend" in text
+    assert "real residency index (a custom run on the `sorted` residency index backend" in text
 
 
 if __name__ == "__main__":  # pragma: no cover
