@@ -147,11 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results-root", default=None, help="results root (default ./results)")
     ap.add_argument("--trace", default=None, help="trace path (default: the shared conversation trace)")
     args = ap.parse_args(argv)
-    if args.trace is not None and not Path(args.trace).is_file():
-        ap.error(f"--trace {args.trace}: no such file")
     try:
         run(quick=args.quick, results_root=args.results_root, trace=args.trace)
-    except TraceError as exc:  # a malformed trace: one line, nothing written
+    except TraceError as exc:  # a missing or malformed trace: one line, nothing written
         ap.error(f"--trace: {exc}")
 
 

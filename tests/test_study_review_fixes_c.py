@@ -51,7 +51,7 @@ def test_store_bench_dram_alternates_the_order_of_its_subjects(tmp_path, monkeyp
 
 @pytest.mark.parametrize("module, argv, message", [
     ("safety_study", ["--quick", "--index", "bogus"], "--index 'bogus': unknown index backend"),
-    ("replay_study", ["--quick", "--trace", "/nonexistent/t.jsonl"], "--trace /nonexistent/t.jsonl: no such file"),
+    ("replay_study", ["--quick", "--trace", "/nonexistent/t.jsonl"], "--trace: trace file /nonexistent/t.jsonl does not"),
     ("storage_study", ["--quick", "--entries", "1k"], "--entries '1k': comma-separated whole numbers"),
     ("storage_study", ["--quick", "--entries", "0"], "--entries '0': at least one target, each >= 1"),
 ])
