@@ -12,6 +12,8 @@ the verdict reads, so no case depends on the committed run.
 
 from __future__ import annotations
 
+import pytest
+
 from experiments import report
 from tests.test_report_review_fixes import _row, render, results_copy
 
@@ -78,3 +80,15 @@ def test_readme_block_wall_time_is_the_sum_of_the_studies_meta(tmp_path):
         root = results_copy(tmp_path, name, meta={"wall_s": wall})
     text = " ".join(report.render_readme_block(str(root)).split())
     assert "studies took 63 minutes of wall time in all; the longest: master 30, replay 20, gateway 10, crash 2 minutes" in text
+
+
+def test_readme_claim_about_the_cache_blind_router_follows_the_committed_replay():
+    """README's hand-written "what does not hold" says least-loaded matches the cost router: true of the committed run
+    (level or better on TTFT p99 or goodput), else the sentence must go."""
+    readme = " ".join(report.Path("README.md").read_text().split())
+    if "a cache-blind least-loaded router matches it" not in readme:
+        pytest.skip("README no longer makes the claim")
+    s = report.StudyView("replay", None)
+    d99, l99 = s.v("ttft_p99_s", "dynamo/lru", tiers="default"), s.v("ttft_p99_s", "least_loaded/lru", tiers="default")
+    dg, lg = s.v("goodput_rps", "dynamo/lru", tiers="default"), s.v("goodput_rps", "least_loaded/lru", tiers="default")
+    assert l99 <= d99 or lg >= dg, (d99, l99, dg, lg)
