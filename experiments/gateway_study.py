@@ -54,7 +54,7 @@ ENGINES = 4
 BLOCK = 16
 
 FULL = dict(overhead_reps=5, overhead_n=40, header_n=10, stream_reps=3, streams=100, stream_s=4.0,
-            rates=(8.0, 16.0, 32.0), cell_requests=160, routing_reps=1, paired_reps=3, gpu_blocks=2048,
+            rates=(8.0, 16.0, 32.0), cell_requests=160, routing_reps=1, paired_reps=5, gpu_blocks=2048,
             workload_requests=400, max_output_tokens=32, engines_per_front=True)
 QUICK = dict(overhead_reps=2, overhead_n=6, header_n=3, stream_reps=1, streams=100, stream_s=1.5,
              rates=(20.0,), cell_requests=40, routing_reps=1, paired_reps=1, gpu_blocks=2048,
