@@ -41,6 +41,10 @@ def _known_values() -> list[float]:
                 continue
             vals += [float(v) for v in pd.to_numeric(df[col], errors="coerce").dropna()]
         vals += _same_cell_ratios(df)
+        if "notes" in df.columns:  # a per-seed list the study wrote into a row's notes ("per seed: +0.22, -1.09")
+            for note in df["notes"].dropna().astype(str):
+                if "per seed: " in note:
+                    vals += [float(x) for x in note.split("per seed: ")[-1].split(", ")]
         anchors = read_anchors(study, RESULTS)
         vals += [float(v) for v in anchors["value"]] if len(anchors) else []
         meta = read_meta(study, RESULTS)
