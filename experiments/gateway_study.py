@@ -86,8 +86,9 @@ ROUTING_FRONTS = (GATEWAY, GATEWAY_X2, GATEWAY_DYN, GATEWAY_PA, GATEWAY_RR, SGLA
 # hit rates are compared seed by seed (paired differences); the other fronts run routing_reps seeds
 PAIRED_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG)
 QUICK_FRONTS = (GATEWAY, GATEWAY_X2, SGLANG, DIRECT)
-# the full profile's time (about 15 min with 5 paired seeds): arms outside the acceptance comparisons skip the lightest rates (direct runs
-# the top rate only; the other gateway policies and round-robin 16 and 32 req/s); a front not named runs every rate
+# the full profile's time (about 15 min with 5 paired seeds): arms outside the acceptance comparisons skip the
+# lightest rates (direct runs the top rate only; the other gateway policies and round-robin 16 and 32 req/s); a
+# front not named runs every rate
 FULL["front_rates"] = {DIRECT.name: (32.0,), **{f.name: (16.0, 32.0) for f in (GATEWAY_DYN, GATEWAY_PA, GATEWAY_RR,
                                                                                SGLANG_X2, VLLM)}}
 
