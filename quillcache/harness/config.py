@@ -91,7 +91,7 @@ class ReplayConfig:
         if self.kv_dtype not in DTYPE_BYTES:
             raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; known: {sorted(DTYPE_BYTES)}")
         INDEX_BACKENDS.check(self.index)
-        check_int("tp_size", self.tp_size, 1)
+        check_int("tp_size", self.tp_size, 1, 2**32 - 1)  # KvLayout packs it into 4 bytes
         check_int("engines", self.engines, 1, 1024)
         if self.gpu_capacity_blocks is not None:
             check_int("gpu_capacity_blocks", self.gpu_capacity_blocks, 1)

@@ -288,8 +288,12 @@ class _Replay:
                                                               cfg.dram_capacity_blocks, bb, tb)
         self.ssd_budget, self.ssd_cap_blocks = _tier_blocks("SSD", cfg.ssd_capacity_bytes, cfg.ssd_capacity_blocks,
                                                             bb, tb)
-        distinct = len({(getattr(r, "tenant", ""), getattr(r, "model", ""), getattr(r, "adapter", ""), h)
-                        for r in requests for h in r.hash_ids[: r.input_tokens // bs]})
+        # distinct blocks by their store key (the whole identity scope, tokenizer and KV dtype included, and the id),
+        # each counted in tier blocks of ``tb`` bytes: a wider KV dtype's block takes more than one (no codec)
+        keys = {(self._identity_key(r), h) for r in requests for h in r.hash_ids[: r.input_tokens // bs]}
+        slots = {d: 1 if self.tc else -(-cm.block_bytes(KvLayout(dtype=d, block_size_tokens=bs, tp_size=cfg.tp_size))
+                                         // tb) for d in {k[4] for k, _ in keys}}
+        distinct = sum(slots[k[4]] for k, _ in keys)
         real_bytes = cfg.engines * (min(self.dram_cap_blocks, distinct) + min(self.ssd_cap_blocks, distinct)) * tb
         self.account = cfg.account_bytes if cfg.account_bytes is not None else real_bytes > cfg.real_bytes_budget_bytes
         # in real-bytes mode a tier never holds more than the distinct blocks: allocate no more
@@ -386,13 +390,17 @@ class _Replay:
                 getattr(pool, ops[start][0])(batch)
                 start = i
 
-    def _identity(self, r: TraceRequest) -> Identity:
+    def _identity_key(self, r: TraceRequest) -> tuple[str, str, str, str, str]:
+        """(tenant, model, tokenizer, adapter, KV dtype) of a request, the config's where the trace names none."""
         cfg = self.cfg
-        k = (getattr(r, "tenant", "") or cfg.tenant, getattr(r, "model", "") or cfg.model,
-             getattr(r, "tokenizer", ""), getattr(r, "adapter", ""), getattr(r, "kv_dtype", "") or cfg.kv_dtype)
+        return (getattr(r, "tenant", "") or cfg.tenant, getattr(r, "model", "") or cfg.model,
+                getattr(r, "tokenizer", ""), getattr(r, "adapter", ""), getattr(r, "kv_dtype", "") or cfg.kv_dtype)
+
+    def _identity(self, r: TraceRequest) -> Identity:
+        k = self._identity_key(r)
         ident = self._identities.get(k)
         if ident is None:
-            layout = KvLayout(dtype=k[4], block_size_tokens=self.bs, tp_size=cfg.tp_size)
+            layout = KvLayout(dtype=k[4], block_size_tokens=self.bs, tp_size=self.cfg.tp_size)
             ident = self._identities[k] = make_identity(model=k[1], tenant=k[0], tokenizer=k[2], adapter=k[3],
                                                         layout=layout)
         return ident

@@ -1,6 +1,8 @@
 """Residency churn from a Mooncake trace: the operation stream the storage study replays.
 
-Blocks are placed on ``num_nodes`` nodes by prefix affinity (first block id), each request is
+Blocks are placed on ``num_nodes`` nodes by prefix affinity on a request's second block id (its first
+is, in Mooncake's traces, the trace-wide system prompt, which would put every request on one node; so
+leading blocks shared across conversations are replicated on several nodes), each request is
 issued by one of ``num_tenants`` tenants (so the same block hash lives under several identities,
 as it does with content-only hashes), and every node keeps a DRAM tier and an SSD tier with LRU
 order: a miss puts the block into DRAM, DRAM overflow demotes to SSD (remove + put), SSD overflow

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from quillcache._checks import check_int
 from quillcache.identity.scope import NAME_RE, TENANT_ID_RE
 from quillcache.types import _KNOWN_DTYPES
 
@@ -150,8 +151,11 @@ def check_record(obj: object, *, block_tokens: int | None = None) -> tuple[dict[
     """Validate one decoded trace line; return (``TraceRequest`` keyword values, schema name).
 
     ``block_tokens``: the caller's block size for lines without a ``block_tokens`` field (``None`` =
-    512, the Mooncake release); a line whose own field differs from an explicit value is refused.
+    512, the Mooncake release); a line whose own field differs from an explicit value is refused. A
+    ``block_tokens`` that is not an integer in [1, ``MAX_BLOCK_TOKENS``] is the caller's error: ``ValueError``.
     """
+    if block_tokens is not None:
+        check_int("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS, type_error=ValueError)
     if not isinstance(obj, dict):
         raise SchemaError(f"expected a JSON object, got {_typename(obj)}")
     missing = [f.name for f in FIELDS if f.required and f.name not in obj]
