@@ -21,16 +21,16 @@ What a node does:
   node after a crash is refused before any byte moves).
 - At start, mounting is retried with backoff for ``mount_timeout_s`` while the master does not answer.
 - Heartbeats the master every ``heartbeat_s`` (keep it <= client_ttl_s / 3; more than ``MAX_HEARTBEAT_S`` is
-  refused with ValueError before anything starts). On NEED_REMOUNT (the master
-  expired this node, or lost it) it mounts again and re-announces its SSD blocks (below); the master then
-  holds nothing in this node's DRAM, so the whole segment starts free. While the master is unreachable it
-  retries with backoff and keeps serving transfers.
+  refused with ValueError before anything starts). On NEED_REMOUNT (the master expired this node, or lost it)
+  it mounts again and re-announces its SSD blocks (below); the master then holds nothing in this node's DRAM,
+  so the whole segment starts free. While the master is unreachable it retries and keeps serving transfers.
 - Control RPC (``quillcache.rpc``): ``info()`` -> dict (node id, segment id, capacity/used bytes, SSD block
   count, transfer and control addresses, pid, counters); ``persist(items)`` with ``items = [(key, offset,
   size)]`` queues write-behind of completed objects to the SSD tier and returns how many it queued: a worker
   copies each range out of the DRAM buffer ONCE into its SSD record, verifies the frame (trailer + crc32c over
   key and payload) and ``SsdTier.put_async``s it; a range that does not verify (its object was evicted and
-  the range reused, a bad offset) is skipped and counted, never stored; ``flush()`` waits until every
+  the range reused, a bad offset) is skipped and counted, never stored; a key whose SSD record holds other
+  bytes (removed, then re-put with new content) has that record replaced; ``flush()`` waits until every
   queued persist has been handled and makes them durable (returns the counters), or raises
   ``PersistFailedError`` naming how many and why when any persist since the previous flush was not made
   durable (the SSD tier refused it, or its group commit failed). ``persisted`` counts durable blocks only.
@@ -39,17 +39,15 @@ What a node does:
   replica preferring this segment, copied into the DRAM buffer (a local memcpy) and ``batch_put_end``-ed.
   It stops when the segment has no room for the next block (counted in ``reannounce_unfit``): re-announcing
   never makes the master evict live objects.
-- Registers in a ``NodeRegistry`` (etcd, under a lease) when ``etcd`` is given, and publishes its descriptor
-  again after every remount, so its ``regions`` name the region served now (retried at each heartbeat
-  while etcd refuses it).
+- Registers in a ``NodeRegistry`` (etcd, under a lease) when ``etcd`` is given, and publishes its descriptor again
+  after every remount, so its ``regions`` name the region served now (retried each heartbeat while refused).
 - ``close()`` unmounts (best effort) and stops everything (idempotent).
 
-What the SSD tier guarantees here (write-behind): a persist acknowledged by ``flush()`` survives a crash of
-the node process and comes back to the pool when the node restarts with the same SSD directory (if the
-master does not already hold the key). Objects not yet flushed may or may not survive. The DRAM content of
-a killed node is gone; the master drops its replicas when the node's client TTL runs out. Keys name
-immutable content (content-addressed KV blocks): an SSD block is never updated in place, and a key removed
-from the pool can come back from a node's SSD at its next restart.
+What the SSD tier guarantees here (write-behind): a persist acknowledged by ``flush()`` survives a crash of the
+node process and comes back to the pool when the node restarts with the same SSD directory (if the master does
+not already hold the key). Objects not yet flushed may or may not survive. The DRAM content of a killed node is
+gone; the master drops its replicas when the node's client TTL runs out. A key removed from the pool can come
+back from a node's SSD at its next restart, with the bytes last persisted for it there.
 """
 
 from __future__ import annotations
@@ -542,8 +540,6 @@ class PoolNode:
                     continue
                 for key, off, size in batch:
                     sk = store_key(key)
-                    if sk in self.ssd:
-                        continue
                     head = record_header(key)
                     rec = bytearray(len(head) + size)
                     rec[:len(head)] = head
@@ -554,6 +550,10 @@ class PoolNode:
                         self.counters.persist_skipped += 1
                         continue
                     try:
+                        if sk in self.ssd:  # an earlier version (removed, then re-put) is replaced unless the same
+                            if self.ssd.get(sk) == rec:
+                                continue
+                            self.ssd.delete(sk)
                         self.ssd.put_async(sk, rec, self._on_commit)
                     except StoreError as e:
                         log.info("node %s: persist of %r refused by the SSD tier: %s", self.node_id, key, e)

@@ -13,7 +13,8 @@ between this process's registered buffer and the nodes' DRAM segments over the t
   revokes the put (``put_revoke``) and raises :class:`PutFailedError`: nothing half-written is ever
   readable. Fewer replicas than asked is accepted when the master placed fewer (best effort).
   ``min_replicas=k`` (opt-in; default None = the rule above) instead ends a put whose WRITEs completed on at
-  least ``k`` replicas even if others failed (``replicas_written`` says how many hold it): the failed
+  least ``k`` replicas even if others failed, and revokes one written to fewer than ``k`` whatever the reason
+  (also when the master placed fewer: ``k`` is a floor; ``replicas_written`` says how many hold it): the failed
   replicas' ranges stay in the index until the master drops them with their node at its client TTL. A get
   skips one whose bytes do not verify (crc32c over key + payload), but one still holding this same key's
   earlier frame of that size (removed, then re-put with new content) verifies: a get may return that OLD
@@ -65,7 +66,7 @@ from dataclasses import dataclass, fields
 from quillcache.alloc.buffers import aligned_empty
 from quillcache.master.client import MasterClient
 from quillcache.master.errors import MasterError, ObjectNotFoundError, ObjectNotReadyError
-from quillcache.master.types import MasterConfig, PutRequest, ReplicaConfig, ReplicaDescriptor
+from quillcache.master.types import MAX_KEY_CHARS, MasterConfig, PutRequest, ReplicaConfig, ReplicaDescriptor
 from quillcache.pool.cache import Alloc, LocalCache
 from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, PoolClosedError, PoolError,
                                     PutFailedError)
@@ -127,6 +128,8 @@ class _Dest:
 def _check_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise TypeError(f"a pool key is a non-empty str, got {key!r:.80}")
+    if len(key) > MAX_KEY_CHARS:  # the master's rule, refused here the same way by every call
+        raise ValueError(f"a pool key is at most {MAX_KEY_CHARS} characters, got {len(key)}: {key[:40]!r}...")
     if not key.isascii():
         try:
             key.encode("utf-8")
@@ -181,6 +184,7 @@ class PooledStore:
         self._persist_busy = False
         self._persist_clients: dict[str, object] = {}
         self._persist_targets: set[str] = set()
+        self._persist_lost: dict[str, tuple[int, str]] = {}  # control address -> (persists never sent, first cause)
         self._persist_thread: threading.Thread | None = None
         self._prefetcher: ThreadPoolExecutor | None = None
 
@@ -419,6 +423,9 @@ class PooledStore:
             need = self.min_replicas
             revoke = {i: "; ".join(why) for i, why in failed.items()
                       if need is None or len(written[i]) < need}
+            if need is not None:  # a floor also when the master placed fewer than it
+                revoke.update({i: f"{len(w)} replica(s) written, fewer than min_replicas={need}"
+                               for i, w in written.items() if i not in revoke and len(w) < need})
             ends = [i for i in dests if i not in revoke]
             if revoke:
                 idx = sorted(revoke)
@@ -503,6 +510,9 @@ class PooledStore:
                 except Exception as e:
                     log.info("persist to %s failed: %s", ctl, e)
                     self._count(persist_errors=len(items))
+                    with self._persist_cv:  # the next flush_persist reports them for this node
+                        n, why = self._persist_lost.get(ctl, (0, f"{type(e).__name__}: {e}"))
+                        self._persist_lost[ctl] = (n + len(items), why)
                     c = self._persist_clients.pop(ctl, None)
                     if c is not None:
                         c.close()
@@ -510,8 +520,9 @@ class PooledStore:
     def flush_persist(self, timeout_s: float = 30.0) -> dict[str, dict]:
         """Wait until every queued persist was sent, then ask every node this store sent one to make them
         durable (``flush``); returns each node's info by control address, or ``{"error": why}`` for a node
-        that failed (its transfers failed earlier: it is not asked), did not answer (tests, shutdown), or
-        whose flush failed (``PersistFailedError``: some persist sent to it is not durable)."""
+        that a persist since the last flush_persist could not be sent to (those blocks were dropped), that
+        failed (its transfers failed earlier: it is not asked), did not answer (tests, shutdown), or whose
+        flush failed (``PersistFailedError``: some persist sent to it is not durable)."""
         from quillcache.rpc import RpcClient
 
         deadline = time.monotonic() + timeout_s
@@ -521,8 +532,12 @@ class PooledStore:
                 if left <= 0:
                     raise TimeoutError(f"persist queue not drained within {timeout_s} s")
                 self._persist_cv.wait(left)
+            lost, self._persist_lost = self._persist_lost, {}
         out: dict[str, dict] = {}
         for ctl in sorted(set(self._persist_clients) | self._persist_targets):
+            if ctl in lost:
+                out[ctl] = {"error": f"{lost[ctl][0]} persist(s) could not be sent to the node: {lost[ctl][1]}"}
+                continue
             if ctl in self._ctl_failed:
                 out[ctl] = {"error": "the node's transfers failed; not asked"}
                 continue
@@ -691,6 +706,8 @@ class PooledStore:
             return True
         except ObjectNotFoundError:
             return False
+        finally:  # again: a get of this store between the first drop and the master's remove re-cached it
+            self.cache.drop(key)
 
     def __repr__(self) -> str:
         return (f"PooledStore(master={self.master.address}, replicas={self.replicas}, "
