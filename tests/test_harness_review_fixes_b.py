@@ -50,3 +50,31 @@ def test_a_bad_block_tokens_argument_is_refused_by_name(bad):
 def test_replay_config_refuses_a_tp_size_the_kv_layout_cannot_hold():
     with pytest.raises(ValueError, match=r"tp_size=1099511627776 must be in \[1, 4294967295\]"):
         ReplayConfig(tp_size=1 << 40)
+
+
+# --- second review of the same scope (2026-11-29) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float8_e4m3"])
+def test_a_trace_line_kv_dtype_a_codec_cannot_quantize_is_refused(dtype):
+    reqs = [TraceRequest(0, 4 * BT, 4, (0, 1, 2, 3), tenant="acme", block_tokens=BT),
+            TraceRequest(10, 4 * BT, 4, (0, 1, 2, 3), tenant="acme", block_tokens=BT, kv_dtype=dtype)]
+    with pytest.raises(ValueError, match=f"request 1 of the trace has kv_dtype='{dtype}'.*quantizes 16-bit KV only"):
+        replay(reqs, ReplayConfig(engines=1, kv_codec="int8", account_bytes=True))
+    res = replay(reqs[:1], ReplayConfig(engines=1, kv_codec="int8", account_bytes=True))  # 16-bit lines replay
+    res.close()
+
+
+def test_collision_config_refuses_what_its_generator_cannot_make():
+    from quillcache.traces.collision import CollisionConfig, generate, tokens_for
+
+    with pytest.raises(ValueError, match="max_prompt_blocks=5 must be >= 6 with mix='adversarial'"):
+        CollisionConfig(mix="adversarial", public_prompt_blocks=1, max_prompt_blocks=5)
+    assert len(generate(CollisionConfig(mix="adversarial", public_prompt_blocks=1, max_prompt_blocks=6,
+                                        num_requests=20))) == 20
+    for bt in (1, 2, 3):
+        with pytest.raises(ValueError, match=f"block_size_tokens={bt} must be >= 4"):
+            CollisionConfig(block_size_tokens=bt)
+    # from 4 tokens a block, distinct ids give distinct blocks (here: 20,000 ids, no two equal)
+    blocks = tokens_for(range(20_000), 4, 80_000).reshape(-1, 4)
+    assert len({b.tobytes() for b in blocks}) == 20_000

@@ -87,7 +87,7 @@ from quillcache.identity.scope import IdentityRegistry, make_identity
 from quillcache.index import IndexBackend, open_index
 from quillcache.planner import Planner, PlannerConfig, PlanRequest
 from quillcache.planner.cost_model import CostModel
-from quillcache.planner.profiles import GPUS, MODELS
+from quillcache.planner.profiles import DTYPE_BYTES, GPUS, MODELS
 from quillcache.routing import Lease
 from quillcache.store import (
     BlockNotFoundError,
@@ -267,6 +267,12 @@ class _Replay:
     def __init__(self, requests: list[TraceRequest], cfg: ReplayConfig, pool: BytePool | None = None) -> None:
         self.cfg = cfg
         self.requests = requests
+        if cfg.kv_codec != FP16:  # the config's own dtype was checked by ReplayConfig; a trace line may name another
+            wide = next((i for i, r in enumerate(requests) if DTYPE_BYTES[self._identity_key(r)[4]] != 2), None)
+            if wide is not None:
+                d = self._identity_key(requests[wide])[4]
+                raise ValueError(f"request {wide} of the trace has kv_dtype={d!r} ({DTYPE_BYTES[d]} byte(s) per "
+                                 f"element): kv_codec={cfg.kv_codec!r} quantizes 16-bit KV only")
         self.bs = bs = _block_tokens(requests)
         self.layout = KvLayout(dtype=cfg.kv_dtype, block_size_tokens=bs, tp_size=cfg.tp_size)
         cm = CostModel(model=MODELS[cfg.model], gpu=GPUS[cfg.gpu], prefill_mfu=cfg.prefill_mfu)

@@ -4,7 +4,10 @@ Each request is a Mooncake-format record (``timestamp`` ms, ``input_length``, ``
 ``hash_ids``: one prefix-chained id per ``block_tokens``-token block, equal ids = equal prefix) plus
 its identity scope (``tenant``, ``model``, ``tokenizer``, ``adapter``, ``kv_dtype``), the number of
 leading blocks that are a registered public system prompt (``public_prefix_blocks``) and the
-generator's ``intent`` (how the request relates to the earlier writer of its prefix). Token ids are
+generator's ``intent``: the branch that made the request (how it relates to its prefix's writer, as the
+generator meant it). In the realistic mix ``fresh`` is a new session on one of its tenant's own system
+prompts, which an earlier session of the tenant may have written (on the same or another deployment), so
+a ``fresh`` request can hit; the safety study audits every hit instead of trusting the label. Token ids are
 derived from the block ids (:func:`tokens_for`), so the real hashing code runs on real token arrays
 and equal content hashes happen exactly where the ids are equal.
 
@@ -62,6 +65,7 @@ MIXES = ("realistic", "adversarial")
 INTENTS = ("fresh", "same-scope", "public-prompt", "cross-tenant", "cross-adapter", "cross-model",
            "cross-tokenizer", "layout-mismatch")
 VOCAB = 128_256  # Llama-3 vocabulary size: token ids are drawn below it
+MIN_BLOCK_TOKENS = 4  # below it, tokens_for gives distinct ids equal blocks (about half of all ids at 1 token)
 # (model, tokenizer): each model has a sibling with the same tokenizer (cross-model collisions)
 MODEL_FAMILIES: tuple[tuple[str, str], ...] = (
     ("llama-3-8b", "llama3"), ("llama-3-70b", "llama3"), ("qwen2.5-7b", "qwen2.5"), ("qwen2.5-14b", "qwen2.5"),
@@ -96,6 +100,13 @@ class CollisionConfig:
         check_int("CollisionConfig.block_size_tokens", self.block_size_tokens, 1, MAX_BLOCK_TOKENS,
                   type_error=ValueError)
         check_int("CollisionConfig.seed", self.seed, 0, type_error=ValueError)
+        if self.block_size_tokens < MIN_BLOCK_TOKENS:
+            raise ValueError(f"CollisionConfig.block_size_tokens={self.block_size_tokens} must be >= {MIN_BLOCK_TOKENS}: "
+                             f"tokens_for draws a block's tokens from its id, and with fewer tokens per block two "
+                             f"different ids give the same tokens (a content collision the workload did not intend)")
+        if self.mix == "adversarial" and self.max_prompt_blocks < 6:
+            raise ValueError(f"max_prompt_blocks={self.max_prompt_blocks} must be >= 6 with mix='adversarial' (a "
+                             f"victim's prompt has at least 4 blocks, then its own and a partial tail block)")
         if self.max_prompt_blocks < self.public_prompt_blocks + 4:
             raise ValueError(f"max_prompt_blocks={self.max_prompt_blocks} must leave room after a "
                              f"{self.public_prompt_blocks}-block public prompt (>= public_prompt_blocks + 4)")
@@ -142,7 +153,8 @@ class CollisionRequest:
 
 def tokens_for(hash_ids: Iterable[int], block_tokens: int, input_length: int) -> np.ndarray:
     """Token ids (uint32, below ``VOCAB``) of a prompt: block ``j``'s tokens are a pure function of
-    ``hash_ids[j]``, so equal ids give equal blocks; the last block may be partial."""
+    ``hash_ids[j]``, so equal ids give equal blocks; the last block may be partial. Distinct ids give distinct
+    blocks only with high probability, and only from ``MIN_BLOCK_TOKENS`` tokens per block."""
     ids = np.fromiter(hash_ids, dtype=np.uint64)
     if input_length > len(ids) * block_tokens or input_length <= (len(ids) - 1) * block_tokens:
         raise ValueError(f"{len(ids)} hash_ids cannot cover input_length {input_length} at {block_tokens} tokens/block")
