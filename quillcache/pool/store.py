@@ -84,7 +84,8 @@ MiB = 1 << 20
 class PutOutcome:
     """One acknowledged put: ``replicas_written`` replicas on ``nodes`` hold its bytes and the object is
     readable. ``existing``: a put of the same key with the same content is already complete or in flight
-    (nothing was written; an in-flight one becomes readable when its writer ends it)."""
+    (nothing was written; an in-flight one becomes readable when its writer ends it, and never if that
+    writer's put fails: then a later put of the key writes it)."""
 
     key: str
     replicas_written: int
