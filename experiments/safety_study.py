@@ -264,7 +264,8 @@ def summarize(results: list[MixResult]) -> list[SummaryRow]:
         for c in CATEGORIES:
             rows.append(SummaryRow(metric="naive_unsafe_share", subject="naive content-hash cache",
                                    value=_pct(m.naive_unsafe[c], m.naive_hit_blocks), unit="% of hit blocks",
-                                   n=m.naive_hit_blocks, notes=f"{m.naive_unsafe[c]} of {m.naive_hit_blocks} hit blocks",
+                                   n=m.naive_hit_blocks,
+                                   notes=f"{m.naive_unsafe[c]} of {m.naive_hit_blocks} hit blocks",
                                    params={**mix, "category": c}))
         rows.append(SummaryRow(
             metric="unsafe_reuses_served", subject="QuillCache guard on", value=sum(m.on_unsafe.values()),

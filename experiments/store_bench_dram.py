@@ -22,8 +22,8 @@ kernel's socket copies and for ``memcpy`` alike (``quillcache.alloc.buffers``); 
 store are compared on equal terms.
 
 Rates are GB/s (10^9 bytes) of block payload; each subject's cell is timed as a whole loop with
-``time.perf_counter``; subjects are interleaved within each repetition, in reverse order on odd ones; medians over ``reps``
-(>= 5 in full mode) with p10/p90. Writes ``results/store_dram/summary.csv`` (metric ``throughput``;
+``time.perf_counter``; subjects are interleaved within each repetition, in reverse order on odd ones;
+medians over ``reps`` (>= 5 in full mode) with p10/p90. Writes ``results/store_dram/summary.csv`` (metric ``throughput``;
 ``operation`` and ``block_bytes`` columns) and ``raw.csv``; ``plot`` draws ``store_dram.png``.
 """
 
@@ -145,13 +145,12 @@ def run(quick: bool = False, results_root: str | None = None) -> list[SummaryRow
         _store_cell(checked, keys, srcs, min(n_blocks, len(keys)), dst, True)
         per = {s: [] for s in ("memcpy", "put", "get", "get_into", "put+get", "put+get_into",
                                "crc_put", "crc_get", "crc_put+get")}
+        subjects = {"memcpy": lambda: _memcpy_cell(dst, srcs, n_blocks),
+                    "plain": lambda: _store_cell(plain, keys, srcs, n_blocks, dst, False),
+                    "checked": lambda: _store_cell(checked, keys, srcs, n_blocks, dst, True)}
         for rep in range(cfg["reps"]):
-            timed = {}  # the three subjects in one order on even repetitions, reversed on odd ones (no order bias)
-            order = ("memcpy", "plain", "checked") if rep % 2 == 0 else ("checked", "plain", "memcpy")
-            for subject in order:
-                timed[subject] = (_memcpy_cell(dst, srcs, n_blocks) if subject == "memcpy" else
-                                  _store_cell(plain if subject == "plain" else checked, keys, srcs, n_blocks, dst,
-                                              subject == "checked"))
+            order = list(subjects) if rep % 2 == 0 else list(reversed(subjects))  # no order bias
+            timed = {name: subjects[name]() for name in order}
             t_copy = timed["memcpy"]
             t_put, t_get, t_into = timed["plain"]
             c_put, c_get, _ = timed["checked"]

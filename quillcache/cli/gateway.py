@@ -23,8 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", metavar="URL[,URL...]",
                         help="engine base URLs (replace the config file's engines; prefix state then approximate)")
     parser.add_argument("--config", metavar="FILE", help="JSON gateway config (engines, models, limits, timeouts...)")
-    parser.add_argument("--keys", metavar="FILE", help="JSON key file; default: QUILLCACHE_GATEWAY_KEYS=key=tenant[,key=tenant...] (a key: at least "
-                             "8 characters, no whitespace; a tenant: 1-128 characters from [A-Za-z0-9._@-])")
+    parser.add_argument("--keys", metavar="FILE",  # 8 = gateway.tenants.MIN_KEY_CHARS (importing it costs ~1.7 s)
+                        help="JSON key file; default: QUILLCACHE_GATEWAY_KEYS=key=tenant[,key=tenant...] (a key: "
+                             "at least 8 characters, no whitespace; a tenant: 1-128 characters from [A-Za-z0-9._@-])")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=argtypes.port, default=8000, help="port to listen on (default 8000; 0: a free one)")
     parser.add_argument("--tokenizer", help="'bytes' or a tokenizer.json path (the engines' tokenizer)")

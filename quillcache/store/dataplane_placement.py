@@ -422,8 +422,8 @@ class Placement:
         the bytes. Not ``required`` (a read hit): when the DRAM policy refuses it or no room can be
         made, or the SSD tier is or turns unhealthy (its copy could not be deleted), the bytes stay on SSD
         (counted in ``promotions_skipped``). ``required``: BlockTooLargeError / StoreFullError /
-        TierUnhealthyError instead (the block unchanged on SSD; DRAM victims evicted for it stay evicted). CorruptBlockError if the SSD copy failed
-        its check (the block is then forgotten everywhere)."""
+        TierUnhealthyError instead (the block unchanged on SSD; DRAM victims evicted for it stay evicted).
+        CorruptBlockError if the SSD copy failed its check (the block is then forgotten everywhere)."""
         assert self._ssd is not None
         unhealthy = not self._ssd.healthy
         if required and unhealthy:

@@ -26,8 +26,8 @@ Failures: an fsync error is never retried and never trusted: the blocks of the f
 dropped and the tier turns unhealthy (``TierUnhealthyError`` on every later write; reads of what
 was acknowledged keep working; pending ``put_async`` blocks are dropped, their callbacks get the
 error; deletes not yet durable stay undone, so ``flush()`` raises ``TierUnhealthyError`` and a restart
-brings those blocks back). A full disk (ENOSPC/EDQUOT) raises ``DiskFullError`` (a ``StoreFullError`` that evicting
-blocks does not cure) and damages nothing already stored; a full tier raises ``StoreFullError``
+brings those blocks back). A full disk (ENOSPC/EDQUOT) raises ``DiskFullError`` (a ``StoreFullError`` that
+evicting blocks does not cure) and damages nothing already stored; a full tier raises ``StoreFullError``
 (the tier itself never evicts). A log rotation (after a durable commit) that fails on a full disk is retried
 at a later commit, unless it left a newer log generation it could not durably remove (the next open would
 pick it): that, and any other rotation error, turns the tier unhealthy. A block that fails its crc32c on
