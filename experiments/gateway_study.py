@@ -327,14 +327,17 @@ def _residency_outcomes(gateway_urls) -> dict[str, float]:
 
 
 def _attribution_shares(outcomes: dict[str, float]) -> dict[str, float]:
-    """Of the blocks the engines stored, the share the gateway refused as ambiguous roots (the safety rule's
-    cost: several scopes could have caused them) and the share it could not attribute at all (the ambiguous
-    roots, their descendants, and stores no speculation explained)."""
+    """Of the blocks the engines stored: the share the gateway refused as ambiguous roots when they were stored
+    (several scopes could have caused them), the share it could not attribute when stored (the ambiguous roots,
+    their descendants, and stores no speculation explained), the share of those it credited later through a
+    descendant's scope (``quillcache.gateway.residency``, rule 3), and what was never attributed."""
     stored = outcomes.get("confirmed", 0.0) + outcomes.get("unattributed", 0.0)
     if not stored:
         return {}
+    unattributed, resolved = outcomes.get("unattributed", 0.0), outcomes.get("resolved", 0.0)
     return {"ambiguous_share": outcomes.get("ambiguous", 0.0) / stored,
-            "unattributed_share": outcomes.get("unattributed", 0.0) / stored}
+            "unattributed_share": unattributed / stored, "resolved_share": resolved / stored,
+            "never_attributed_share": (unattributed - resolved) / stored}
 
 
 def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw: list,
@@ -374,13 +377,17 @@ def _routing_front(front: Front, engines, cfg: dict, cell, tenancy: Tenancy, raw
             rows.append(SummaryRow.from_spread(spread([m[key] * scale for m in got]), metric=metric,
                                                subject=front.name, unit=unit, n=n_reps, params=p, notes=note))
         for metric, key in (("stored_blocks_refused_ambiguous", "ambiguous_share"),
-                            ("stored_blocks_unattributed", "unattributed_share")):
+                            ("stored_blocks_unattributed", "unattributed_share"),
+                            ("stored_blocks_resolved", "resolved_share"),
+                            ("stored_blocks_never_attributed", "never_attributed_share")):
             if all(key in m for m in got):
                 rows.append(SummaryRow.from_spread(
                     spread([m[key] for m in got]), metric=metric, subject=front.name, unit="fraction", n=n_reps,
                     params=p, notes=note + "; of the blocks the engines stored, from the gateway's "
                     "quillcache_gateway_residency_outcomes_total (ambiguous: root stores refused because several "
-                    "scopes could have caused them; unattributed: those, their descendants and unexplained stores)"))
+                    "scopes could have caused them; unattributed: those, their descendants and unexplained stores, "
+                    "when stored; resolved: unattributed blocks credited later through a descendant's scope; never "
+                    "attributed: unattributed minus resolved)"))
     return rows
 
 

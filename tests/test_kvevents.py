@@ -449,3 +449,31 @@ def test_caught_up_comes_after_the_whole_replayed_history():
             KvEventSubscriber(pub2.endpoint, engine_id="p", sink=plain) as sub2:
         assert sub2.caught_up.wait(5.0)
         _wait(lambda: plain.kinds() == ["caught_up"], what="on_caught_up without replay")
+
+
+def test_a_replay_larger_than_the_routers_high_water_mark_is_read_in_pages():
+    """vLLM's publisher answers a replay request with its whole buffer in one loop through a ROUTER, which drops
+    silently what does not fit the peer's pipe (a stretch of batches, often the end marker). The subscriber asks
+    again from the first batch it is missing until it has the whole history: the start-up catch-up applies all of
+    it, with no resync; the same holds for a gap in the live stream that only a long replay fills."""
+    chain, sink, sent = Chain(3, bs=256, capacity=400), RecordingSink(), []
+    with KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", replay_hwm=20) as pub:
+        for _ in range(600):
+            sent.append(chain.next_batch())
+            pub.publish(sent[-1])
+        assert pub.flush()
+        with KvEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, engine_id="e", sink=sink) as sub:
+            assert sub.caught_up.wait(60.0)
+            assert sub.last_seq == 599 and sub.stats.replayed == 600, sub.stats
+            assert sub.stats.replay_pages >= 2, "the answer should not have fit the ROUTER's pipe in one page"
+            assert sub.stats.resyncs == 0 and sub.stats.resyncs_skipped == 0
+            assert set(sink.blocks) == truth(sent)
+        # a long replay of a middle range (what a gap fill asks for), read in pages too, by a subscriber of its own
+        # (ZeroMQ sockets belong to one thread)
+        probe = KvEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, engine_id="p", sink=sink)
+        try:
+            assert sorted(probe._collect_replay(100, 550)) == list(range(100, 550))
+            assert probe.stats.replay_pages >= 2
+        finally:
+            if probe._replay is not None:
+                probe._replay.close(0)

@@ -12,11 +12,10 @@ the events' latency: with a cap, a later turn of a conversation that arrived bef
 events saw only the capped prefix, fell under the router's match threshold and went elsewhere
 (the gateway study's diagnosis; the default was chosen on workload seeds the study does not use).
 The gateway writes the speculation after the request's bytes have left (it is off the TTFT path),
-together with the request's CLAIM on every prompt block past the reused prefix (capped or not) and on
-the reused blocks from the first one whose entry is not yet CONFIRMED (another request's pending
-speculation, which may never reach the engine, or an entry gone since the plan), open while the
-decision's lease is live: the residency tracker refuses to credit a root store of those blocks to any
-other scope meanwhile (:mod:`.residency`, rule 2).
+together with the request's CLAIM on every block of the prompt (speculated, capped or reused: a reused
+block may be another request's pending speculation that never reaches the engine, or evicted before
+this request reaches it), open while the decision's lease is live: the residency tracker refuses to
+credit a root store of those blocks to any other scope meanwhile (:mod:`.residency`, rule 2).
 
 A router that takes per-worker resident block counts (``cache_aware``'s optional ``most_free``
 low-match fallback) reads them from the tracker's live entries per engine.
@@ -165,8 +164,9 @@ class Decider:
         events = tracker.modes[name] == "events"
         digests = scope.write_digests(hashes)
         # every block past the reused prefix may be stored by this request, speculated or not; so may a reused
-        # block whose entry is not confirmed (pending: another request's, which may never reach the engine)
-        first = tracker.confirmed_prefix(name, hashes[:reused], digests) if events and reused else reused
+        # one: pending (another request's, which may never reach the engine) or evicted before this request
+        # reaches the engine (residency module doc)
+        first = 0 if events else reused
         claimed = hashes[first:]
         cap = self.speculative_max_blocks
         if cap and events and len(hashes) > reused + cap:

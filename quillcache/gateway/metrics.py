@@ -26,7 +26,8 @@ residency_outcomes_total                    counter    outcome: the residency tr
                                                        (inherited among them) or unattributed (ambiguous
                                                        among them: root stores refused because several
                                                        scopes could have caused them, the hit rate the
-                                                       safety rule gives up); removed, cleared,
+                                                       safety rule gives up; ``resolved``: those credited
+                                                       later through a descendant); removed, cleared,
                                                        approx_evicted, unknown_removals
 ==========================================  =========  =====================================================
 

@@ -21,6 +21,24 @@ as ambiguous. A stored block neither explains stays UNATTRIBUTED: counted, never
 over hit rate). Why (2) is strict: a scope's pending entry confirmed by ANOTHER scope's store
 would make that scope's later ``cached_tokens`` depend on the other tenant's traffic.
 
+(3) An unattributed block is RESOLVED through a descendant: when a block is attributed to scope S
+(by (1) or (2)), its unattributed ancestors on that engine - found by following the events' parent
+engine hashes - are S's too, because an engine hash is computed from its parent's, so the whole
+chain up to the root carries the salt the attributed block's hash was computed under. This is rule
+(1) read upward, and the common case it recovers is a system prompt several tenants share: its
+root is ambiguous while more than one of them is in flight, but each tenant's first private block
+is claimed by that tenant alone, and it names the owner of the shared blocks before it. The
+tracker keeps the unattributed blocks whose chain hash it knows (engine hash -> chain hash and
+parent engine hash) until their ``BlockRemoved``, a clear or resync, at most
+``max_unattributed_blocks`` per engine (the oldest forgotten first: they stay unattributed).
+
+(4) A block stored again under an engine hash that was attributed to scope S before (evicted, then
+recomputed) is S's: the engine hash commits to the salt and the whole prefix, so it names the same
+scope every time it is stored. The tracker remembers the scope of the last ``max_known_blocks``
+engine hashes whose confirmed entries ``BlockRemoved`` dropped, per engine (a clear keeps them: the
+relation is a property of the hash, not of the cache's contents). Rules (1) and (4) come before the
+claims: they never credit a scope with another scope's salted block, whoever is in flight.
+
 Claims (:meth:`ResidencyTracker.claim`) are what make (2) sound: the pending set alone is not
 every request that can still cause a store, because a speculation leaves it by TTL while its
 request may still be queued or prefilling, and by retraction when the client left although the
@@ -31,12 +49,14 @@ scopes' root attributions of those hashes while the request is IN FLIGHT (its ro
 live; a peer's claim until that peer says it ended, at most ``claim_max_s``), and after it ended
 for ``claim_grace_s`` (default: the TTL) for its events still on the way - unless every block it
 speculated was confirmed (its stores are in: nothing of it is on the way) and its speculation
-covered all its claimed blocks. Of the reused prefix (the blocks the plan found on that engine for the
-scope), the request claims every block from the first one whose entry is not CONFIRMED when it is
-recorded (:meth:`confirmed_prefix`): a PENDING entry is another request's speculation, which may never
-reach the engine (its client left, its upstream failed), so this request may store that block itself.
-The CONFIRMED leading blocks are not claimed: an engine that evicts such a block and recomputes it for
-the request before its ``BlockRemoved`` reaches the gateway is a race this does not cover. A claim
+covered all its claimed blocks. A request claims its reused prefix too (the blocks the plan found on
+that engine for the scope), CONFIRMED entries included: a PENDING entry is another request's
+speculation, which may never reach the engine (its client left, its upstream failed), and a CONFIRMED
+block may be evicted before the request reaches the engine, which then recomputes and stores it; either
+way this request may store that block itself, and until its ``BlockRemoved`` and the new store arrive
+nothing else says whose store it is. The cost falls on a prompt several tenants share: while one
+tenant's request reusing it is in flight, another tenant's store of the same tokens is an ambiguous
+root, which rule 3 below resolves through that tenant's first private block. A claim
 holds each chain hash once (repeats are dropped). Deployment requirement: the engines
 are reachable only through the gateway(s), whose salts scope every store; a store by an outside
 client of a chain some scope is pending on could otherwise be attributed to that scope. A confirmed
@@ -52,7 +72,8 @@ Invariants:
 - At most one entry per (engine, block hash, scope digest); the index holds exactly the entries
   this tracker holds as pending, confirmed or approximate (``check()`` verifies it in tests).
 - Nothing is ever written under a scope that no request of that scope routed (attribution only
-  through a speculation - this replica's or a peer's - or a parent already attributed to that scope).
+  through a speculation - this replica's or a peer's - or a parent or descendant already attributed
+  to that scope).
 - A root-rule attribution of a chain hash to scope S happens only while no other scope's claim on
   that (engine, chain hash) blocks; claims are indexed per (engine, chain hash) in one dict write
   per claimed block (C-level ``map``/``update``, no per-block Python loop on the request's path).
@@ -143,8 +164,11 @@ class _Rec:
 
 @dataclass(slots=True)
 class ResidencyStats:
-    """Block counts. Every stored block of an events engine is ``confirmed`` (``inherited`` among them) or
-    ``unattributed`` (``ambiguous`` among them: a root refused because several scopes could own it)."""
+    """Block counts (monotonic: they back a Prometheus counter). Every stored block of an events engine is
+    counted when it is stored as ``confirmed`` (``inherited`` among them) or ``unattributed`` (``ambiguous``
+    among them: a root refused because several scopes could own it); ``resolved`` counts the unattributed
+    blocks attributed later through a descendant (module doc, rule 3), so ``unattributed - resolved`` are
+    the stored blocks no scope was ever credited with."""
 
     speculated: int = 0
     confirmed: int = 0
@@ -154,6 +178,8 @@ class ResidencyStats:
     cleared: int = 0
     unattributed: int = 0
     ambiguous: int = 0  # root stores refused: pending speculations or claims of several scopes matched
+    resolved: int = 0  # unattributed blocks attributed later, through a descendant's scope
+    remembered: int = 0  # stored again under an engine hash attributed before (rule 4; ``confirmed`` among them)
     approx_evicted: int = 0
     unknown_removals: int = 0
 
@@ -167,9 +193,13 @@ class ResidencyTracker:
 
     def __init__(self, index: IndexBackend, engines: dict[str, str], *, ttl_s: float = 2.0,
                  block_bytes: int = 0, approx_capacity_blocks: dict[str, int] | None = None,
-                 clock: Callable[[], float] = time.monotonic, claim_grace_s: float | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, claim_grace_s: float | None = None,
+                 max_unattributed_blocks: int = 1 << 18, max_known_blocks: int = 1 << 18) -> None:
         """``engines``: engine name -> ``"events"`` or ``"approximate"``. ``claim_grace_s``: how long an
-        ended request's claim still blocks other scopes (default ``ttl_s``)."""
+        ended request's claim still blocks other scopes (default ``ttl_s``). Per events engine,
+        ``max_unattributed_blocks``: how many unattributed blocks are remembered for rule 3, and
+        ``max_known_blocks``: how many removed blocks' scopes are remembered for rule 4 (module doc; 0 turns
+        a rule off)."""
         self.index = index
         self.modes = dict(engines)
         self.ttl_s = float(ttl_s)
@@ -194,6 +224,18 @@ class ResidencyTracker:
         self._pending: dict[tuple[str, int], deque[_Rec]] = {}
         self._expiry: deque[_Rec] = deque()
         self._by_engine_hash: dict[str, dict[int, _Rec]] = {e: {} for e in self.modes}
+        for name, v in (("max_unattributed_blocks", max_unattributed_blocks), ("max_known_blocks", max_known_blocks)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        self.max_unattributed_blocks = max_unattributed_blocks
+        self.max_known_blocks = max_known_blocks
+        # per events engine: unattributed engine hash -> (chain hash, parent engine hash or None), oldest first
+        # (rule 3)
+        self._orphans: dict[str, OrderedDict[int, tuple[int, int | None]]] = {
+            e: OrderedDict() for e, m in self.modes.items() if m == "events"}
+        # per events engine: engine hash of a removed confirmed block -> its scope digest, oldest first (rule 4)
+        self._known: dict[str, OrderedDict[int, bytes]] = {
+            e: OrderedDict() for e, m in self.modes.items() if m == "events"}
         self.stats = ResidencyStats()
 
     # ---- routing-time side (event loop) ------------------------------------------------------
@@ -285,19 +327,6 @@ class ResidencyTracker:
                 table.update(zip(hl, map(repl.__getitem__, prevs)))
                 deque(map(table.pop, [h for h, p in zip(hl, prevs) if repl[p] is None], repeat(None)), maxlen=0)
         self._claimed = kept
-
-    def confirmed_prefix(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes]) -> int:
-        """How many leading ``block_hashes`` have a CONFIRMED entry under their ``digests`` on ``engine``
-        (a request claims its reused blocks from there on: module doc)."""
-        live = self._live[engine]
-        tolist = getattr(block_hashes, "tolist", None)
-        hl = tolist() if tolist is not None else [int(h) for h in block_hashes]
-        n = 0
-        for rec in map(live.get, zip(hl, digests)):
-            if rec is None or rec.state is not EntryState.CONFIRMED:
-                break
-            n += 1
-        return n
 
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
                   reused_blocks: int = 0, claim: Claim | None = None) -> list[_Rec]:
@@ -427,48 +456,107 @@ class ResidencyTracker:
                parent_engine_hash: int | None) -> int:
         """A ``BlockStored`` of ``engine``: per block its engine hash and its unscoped chain hash
         (None where the subscriber could not compute it), in chain order after
-        ``parent_engine_hash``. Returns how many blocks were attributed."""
+        ``parent_engine_hash``. Returns how many of these blocks were attributed (earlier blocks this
+        store resolved through rule 3 are counted in ``stats.resolved``)."""
         if self.modes.get(engine) != "events":
             return 0
         if len(engine_hashes) != len(chain_hashes):
             raise ValueError(f"{len(engine_hashes)} engine hashes for {len(chain_hashes)} chain hashes")
         by_e = self._by_engine_hash[engine]
-        live = self._live[engine]
+        orphans = self._orphans[engine]
+        known = self._known[engine]
         parent = by_e.get(parent_engine_hash) if parent_engine_hash is not None else None
+        prev_e = None if parent_engine_hash is None else int(parent_engine_hash)  # this block's parent in the chain
         puts: list[ResidencyEntry] = []
         n = 0
         for e, h in zip(engine_hashes, chain_hashes):
             if h is None:  # the subscriber does not know this block's prefix: it cannot be matched
                 self.stats.unattributed += 1
                 parent = None
+                prev_e = int(e)  # not remembered (no chain hash to write): a walk up stops here
                 continue
             e, h = int(e), int(h)
-            if parent is not None and parent.state is EntryState.CONFIRMED:
-                rec = self._pop_pending(engine, h, parent.digest)
-                if rec is None:
-                    k = (h, parent.digest)
-                    rec = live.get(k)
-                    if rec is None:
-                        rec = _Rec(engine, h, parent.digest, EntryState.CONFIRMED, 0.0)
-                        live[k] = rec
-                        puts.append(ResidencyEntry(h, engine, _GPU, parent.digest, 0, 0, self.block_bytes))
-                        self.stats.inherited += 1
+            digest = known.pop(e, None) if known else None  # stored again: live from here on
+            if parent is not None and parent.state is EntryState.CONFIRMED:  # rule 1
+                rec = self._take(engine, h, parent.digest, puts)
             else:
-                rec = self._pop_pending(engine, h, None)
+                if digest is not None:  # rule 4
+                    rec = self._take(engine, h, digest, puts)
+                    self.stats.remembered += 1
+                else:  # rule 2
+                    rec = self._pop_pending(engine, h, None)
+                    if rec is None and self.max_unattributed_blocks:
+                        orphans[e] = (h, prev_e)
+                        orphans.move_to_end(e)
+                        if len(orphans) > self.max_unattributed_blocks:
+                            orphans.popitem(last=False)
+                if rec is not None and prev_e is not None and orphans:  # rule 3
+                    self.stats.resolved += self._resolve(engine, prev_e, rec.digest, puts)
             if rec is None:
                 self.stats.unattributed += 1
                 parent = None
+                prev_e = e
                 continue
-            if rec.state is EntryState.PENDING and rec.claim is not None:
-                rec.claim.unconfirmed -= 1
-            rec.state = EntryState.CONFIRMED
-            rec.engine_hash = e
-            by_e[e] = rec
+            self._confirm(rec, e, by_e)
             parent = rec
+            prev_e = e
             n += 1
         if puts:
             self.index.put(puts)
         self.stats.confirmed += n
+        return n
+
+    def _take(self, engine: str, h: int, digest: bytes, puts: list[ResidencyEntry]) -> _Rec:
+        """The entry a store of chain hash ``h`` known to be scope ``digest``'s confirms: that scope's pending
+        speculation, else its live entry, else a new one (appended to ``puts``, counted as inherited)."""
+        rec = self._pop_pending(engine, h, digest)
+        if rec is None:
+            live = self._live[engine]
+            k = (h, digest)
+            rec = live.get(k)
+            if rec is None:
+                rec = _Rec(engine, h, digest, EntryState.CONFIRMED, 0.0)
+                live[k] = rec
+                puts.append(ResidencyEntry(h, engine, _GPU, digest, 0, 0, self.block_bytes))
+                self.stats.inherited += 1
+        return rec
+
+    @staticmethod
+    def _confirm(rec: _Rec, engine_hash: int, by_e: dict[int, _Rec]) -> None:
+        if rec.state is EntryState.PENDING and rec.claim is not None:
+            rec.claim.unconfirmed -= 1
+        rec.state = EntryState.CONFIRMED
+        rec.engine_hash = engine_hash
+        by_e[engine_hash] = rec
+
+    def _resolve(self, engine: str, engine_hash: int, digest: bytes, puts: list[ResidencyEntry]) -> int:
+        """Rule 3 (module doc): a block of scope ``digest`` was just attributed and its parent's engine hash
+        is ``engine_hash``; credit every unattributed ancestor up that chain to the same scope (their pending
+        speculations of that scope confirmed, or new entries appended to ``puts``). Returns how many."""
+        orphans = self._orphans[engine]
+        live = self._live[engine]
+        by_e = self._by_engine_hash[engine]
+        n = 0
+        p: int | None = engine_hash
+        while p is not None:
+            o = orphans.pop(p, None)
+            if o is None:
+                break
+            h, up = o
+            rec = self._pop_pending(engine, h, digest)
+            if rec is None:
+                k = (h, digest)
+                rec = live.get(k)
+                if rec is None:
+                    rec = _Rec(engine, h, digest, EntryState.CONFIRMED, 0.0)
+                    live[k] = rec
+                    puts.append(ResidencyEntry(h, engine, _GPU, digest, 0, 0, self.block_bytes))
+                elif rec.state is EntryState.CONFIRMED:  # the scope holds this block under another engine hash
+                    p = up
+                    continue
+            self._confirm(rec, p, by_e)
+            n += 1
+            p = up
         return n
 
     def removed(self, engine: str, engine_hashes: Iterable[int]) -> int:
@@ -477,8 +565,11 @@ class ResidencyTracker:
         if by_e is None:
             return 0
         live = self._live[engine]
+        orphans = self._orphans.get(engine)
         gone = []
         for e in engine_hashes:
+            if orphans:
+                orphans.pop(int(e), None)
             rec = by_e.pop(int(e), None)
             if rec is None or rec.engine_hash != int(e) or rec.state is not EntryState.CONFIRMED:
                 self.stats.unknown_removals += 1
@@ -486,6 +577,12 @@ class ResidencyTracker:
             rec.state = EntryState.DROPPED
             del live[(rec.h, rec.digest)]
             gone.append(ReplicaKey(rec.h, engine, _GPU, rec.digest))
+            if self.max_known_blocks:  # rule 4: its scope, should the engine store it again
+                known = self._known[engine]
+                known[int(e)] = rec.digest
+                known.move_to_end(int(e))
+                if len(known) > self.max_known_blocks:
+                    known.popitem(last=False)
         if gone:
             self.index.remove(gone)
             self.stats.removed += len(gone)
@@ -503,6 +600,8 @@ class ResidencyTracker:
             rec.state = EntryState.DROPPED
         live.clear()
         self._by_engine_hash[engine].clear()
+        if engine in self._orphans:
+            self._orphans[engine].clear()
         if engine in self._approx:
             self._approx[engine].clear()
         for key in [k for k in self._pending if k[0] == engine]:

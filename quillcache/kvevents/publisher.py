@@ -7,7 +7,11 @@ Wire protocol (vLLM ``ZmqEventPublisher``, REFERENCE section 10):
 - an optional ROUTER replay socket: a client sends ``(b"", start_seq)`` (8-byte big-endian; a DEALER or REQ
   client) and receives one ``(b"", seq, payload)`` message per buffered batch with ``seq >= start_seq``, in
   order, then ``(b"", -1 as 8-byte big-endian signed, b"")``. The buffer keeps the last ``buffer_steps`` batches
-  (older ones are gone: a client asking for them receives what is left, starting later than it asked).
+  (older ones are gone: a client asking for them receives what is left, starting later than it asked). As in
+  vLLM, the answer is sent in one loop through a ROUTER with a high-water mark (``replay_hwm``, ZeroMQ's default
+  1000, which vLLM leaves as it is), and a ROUTER drops silently what does not fit its peer's pipe: a long answer
+  of large batches loses a stretch of batches, often with the end marker. The subscriber reads replays in pages
+  for that reason (:mod:`quillcache.kvevents.subscriber`).
 
 Here both sockets BIND (the stand-in engine is the stable end; subscribers connect). A port of 0 binds a free port;
 ``endpoint`` / ``replay_endpoint`` then give the bound addresses. Sockets are used only by the publisher thread
@@ -67,7 +71,7 @@ class KvEventPublisher:
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, buffer_steps: int = 10_000,
                  topic: str = "", encoding: Encoding = "tagged", hash_form: HashForm = "u64",
-                 drop_rate: float = 0.0, seed: int = 0, hwm: int = 100_000) -> None:
+                 drop_rate: float = 0.0, seed: int = 0, hwm: int = 100_000, replay_hwm: int = 1000) -> None:
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
         if not 0.0 <= drop_rate < 1.0:
@@ -93,6 +97,7 @@ class KvEventPublisher:
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.setsockopt(zmq.SNDHWM, replay_hwm)
                 self._replay.bind(_bindable(replay_endpoint))
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         except BaseException:

@@ -21,6 +21,16 @@ Protocol handling (``publisher`` states the wire side):
   last`` on the PUB socket (other than a start-up duplicate) means the publisher restarted (a PUB never repeats a
   number): ``on_resync``, then the
   batch is handled as a first one.
+- Replay answers arrive in pages. vLLM's publisher answers a request by sending every buffered batch from
+  ``start`` on in one loop through a ROUTER socket with the default high-water mark, and a ROUTER silently drops
+  what does not fit: an answer of more than about a thousand large batches loses a stretch of them and often its
+  end marker. So a replay is read as a series of requests: each keeps the run of consecutive batches it got from
+  the next wanted seq on, and the next request starts after that run, until an answer ends (end marker) with no
+  batch missing, the wanted range is complete, or a request adds nothing (then what is still missing is a hole,
+  as above). An answer ends at its end marker, or when nothing arrives for ``replay_timeout_s`` before its first
+  frame or for ``replay_idle_s`` between frames (the publisher sends its answer in one burst, so a pause there
+  means the rest, end marker included, was dropped); a request that timed out closes its socket, so a late frame
+  of that answer is never read as part of the next one.
 - Nothing a peer sends crashes the thread: every failure is counted in :class:`SubscriberStats` and skipped; an
   exception raised by the sink is counted (``sink_errors``) and does not stop the subscriber.
 
@@ -131,7 +141,8 @@ class SubscriberStats:
     duplicates: int = 0  # live batches the start-up replay had already applied
     gaps: int = 0
     replayed: int = 0  # batches applied from the replay socket
-    replay_timeouts: int = 0
+    replay_timeouts: int = 0  # replay answers that ended by silence, not by their end marker
+    replay_pages: int = 0  # replay requests answered (a replay may take several: module doc)
     resyncs: int = 0
     resyncs_skipped: int = 0  # lost history before anything reached the sink: nothing to forget
     restarts: int = 0
@@ -143,10 +154,14 @@ class KvEventSubscriber:
     """Follow one engine's KV events in a thread (module docstring). ``start()``/``close()`` or ``with``."""
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, engine_id: str, sink: KvEventSink,
-                 topic: str = "", replay_timeout_s: float = 2.0, max_mapped_blocks: int = 1 << 21,
-                 poll_interval_s: float = 0.05) -> None:
+                 topic: str = "", replay_timeout_s: float = 2.0, replay_idle_s: float = 0.25,
+                 max_mapped_blocks: int = 1 << 21, poll_interval_s: float = 0.05) -> None:
         if max_mapped_blocks < 1:
             raise ValueError(f"max_mapped_blocks must be >= 1, got {max_mapped_blocks}")
+        for name, v in (("replay_timeout_s", replay_timeout_s), ("replay_idle_s", replay_idle_s)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 3600:
+                raise ValueError(f"{name} must be a number of seconds in (0, 3600), got {v!r}")
+        self.replay_idle_s = float(replay_idle_s)
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.engine_id = engine_id
@@ -287,14 +302,16 @@ class KvEventSubscriber:
 
     def _catch_up(self) -> None:
         """At start: replay whatever the publisher still buffers (the engine's history before this subscriber
-        connected); ``on_resync`` first when the buffer no longer starts at seq 0."""
-        got = self._request_replay(0)
+        connected); ``on_resync`` first when the buffer no longer starts at seq 0. Applies the run of consecutive
+        batches from the first one held; a hole after it is left for the live stream's gap handling."""
+        got = self._collect_replay(0)
         if not got:
             return
         decoded: list[tuple[int, EventBatch]] = []
-        for s, payload in got:
+        for s in sorted(got):
             if decoded and s != decoded[-1][0] + 1:
                 break
+            payload = got[s]
             try:
                 decoded.append((s, decode_batch(payload)))
             except KvEventDecodeError:
@@ -313,16 +330,14 @@ class KvEventSubscriber:
     def _fill_gap(self, start: int, end: int) -> None:
         """Replay ``[start, end)`` (module docstring); resync when any part of it cannot be had."""
         self.stats.gaps += 1
-        got = self._request_replay(start) if self.replay_endpoint is not None else None
+        got = self._collect_replay(start, end) if self.replay_endpoint is not None else {}
         batches: dict[int, EventBatch | None] = {}
-        if got is not None:
-            for s, payload in got:
-                if start <= s < end and s not in batches:
-                    try:
-                        batches[s] = decode_batch(payload)
-                    except KvEventDecodeError:
-                        self.stats.malformed += 1
-                        batches[s] = None
+        for s, payload in got.items():
+            try:
+                batches[s] = decode_batch(payload)
+            except KvEventDecodeError:
+                self.stats.malformed += 1
+                batches[s] = None
         # the batches after the last hole, found from the end (the range may be huge: a late join to an engine that
         # published millions of batches; the replay holds at most its buffer)
         after = end
@@ -336,10 +351,38 @@ class KvEventSubscriber:
             self._apply(b)
             self.stats.replayed += 1
 
-    def _request_replay(self, start: int) -> list[tuple[int, bytes]] | None:
+    def _collect_replay(self, start: int, end: int | None = None) -> dict[int, bytes]:
+        """The buffered batches with ``start <= seq < end`` (``end=None``: to the buffer's end) that a series of
+        replay requests could get, by seq (module docstring: answers arrive in pages)."""
+        got: dict[int, bytes] = {}
+        want = start  # the next seq of the consecutive run being assembled
+        while self._thread is None or self._running.is_set():  # (not started: a direct call, tests)
+            answer = self._request_replay(want)
+            if answer is None:
+                break
+            frames, complete = answer
+            self.stats.replay_pages += 1
+            for s, payload in frames:
+                if s >= want and (end is None or s < end):
+                    got.setdefault(s, payload)
+            if want not in got and got and not any(s < want for s in got):
+                want = min(got)  # the buffer no longer reaches back to ``want``: the run starts where it does
+            before = want
+            while want in got:
+                want += 1
+            if (end is not None and want >= end) or (complete and all(s < want for s, _ in frames)):
+                break  # the range is complete, or the buffer's end was reached with nothing missing
+            if want == before:
+                break  # this request added nothing: what is missing stays a hole
+        return got
+
+    def _request_replay(self, start: int) -> tuple[list[tuple[int, bytes]], bool] | None:
+        """One replay request from ``start``: ``(frames, ended)`` where ``ended`` says the end marker came, or
+        None when nothing came within ``replay_timeout_s``."""
         if self._replay is None:
             self._replay = self._ctx.socket(zmq.DEALER)
             self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.setsockopt(zmq.RCVHWM, 0)  # never drop on this side: the buffer bounds an answer
             self._replay.connect(self.replay_endpoint)  # type: ignore[arg-type]
         sock = self._replay
         sock.send_multipart((b"", start.to_bytes(8, "big", signed=True)))
@@ -348,19 +391,20 @@ class KvEventSubscriber:
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not sock.poll(left_ms):
-                # no (complete) answer: drop the socket so a late answer cannot be read as the next one's
+                # no (complete) answer: drop the socket so a late frame cannot be read as the next answer's
                 self.stats.replay_timeouts += 1
                 sock.close(0)
                 self._replay = None
-                return None
+                return (out, False) if out else None
             frames = sock.recv_multipart()
             if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != 8:
                 self.stats.malformed += 1
                 continue
             s = int.from_bytes(frames[1], "big", signed=True)
             if s == _END:
-                return out
+                return out, True
             out.append((s, frames[2]))
+            deadline = time.monotonic() + self.replay_idle_s
 
     # ---- applying events ------------------------------------------------------------------------------
     def _call(self, method: str, *args: object) -> None:
