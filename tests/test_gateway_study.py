@@ -129,6 +129,9 @@ def test_quick_profile_end_to_end(tmp_path):
     refused, unattributed = (by[(m, gs.GATEWAY.name)].value
                              for m in ("stored_blocks_refused_ambiguous", "stored_blocks_unattributed"))
     assert 0.0 <= refused <= unattributed < 1.0
+    resolved, never = (by[(m, gs.GATEWAY.name)].value
+                       for m in ("stored_blocks_resolved", "stored_blocks_never_attributed"))
+    assert 0.0 <= resolved <= unattributed and never == pytest.approx(unattributed - resolved)  # one seed: exact
     # every request succeeded, and the engines' own counters agree with what their usage chunks told the
     # client (the hit rate is read from /metrics before and after each cell; nothing else used the engines)
     with open(tmp_path / "gateway" / "routing_requests.csv") as fh:

@@ -8,7 +8,7 @@ retractions and their ends on ``bind``, and SUBscribes to every address in ``pee
 speculation enters this replica's tracker as if routed here (pending, with the same TTL, confirmed
 by the same engine event), so both replicas hold the same entries and route the next turn of a
 conversation alike. A peer's CLAIM (:meth:`.ResidencyTracker.claim`) on an events engine (including
-the reused blocks that were not confirmed when it was recorded) enters it too and stays open
+the request's reused blocks) enters it too and stays open
 until that peer says its request ended (``"e"``, sent when its tracker first sees the lease
 released) or for at most ``claim_max_s`` (a lost ``"e"``, a peer gone): so a speculation of that
 request that expired here by TTL, or was retracted, still keeps its store from being credited to
@@ -16,7 +16,7 @@ another scope here, exactly as in the replica that routed it.
 
 Wire format (one ZeroMQ frame, msgpack): ``[kind, origin, engine, digest, hashes, cid, n_skip,
 n_spec, complete]``: ``kind`` ``"c"`` (claim ``hashes`` and speculate ``hashes[n_skip:n_skip +
-n_spec]``: the first ``n_skip`` are reused blocks whose entries were not confirmed, claimed only;
+n_spec]``: the first ``n_skip`` are the request's reused blocks, claimed only;
 ``complete``: the speculation covers every claimed block), ``"r"`` (retract the speculation of claim
 ``cid``) or ``"e"`` (claim ``cid``'s request ended); ``origin`` the sender's 8 random bytes (claim
 ids are per sender), ``digest`` the 16-byte scope digest, ``hashes`` the chain hashes as
@@ -119,7 +119,7 @@ class PeerLink:
 
     def claimed(self, c: Claim, hashes, n_skip: int, n_spec: int) -> None:
         """A request routed here: its claim on ``hashes`` (the same as ``c.hashes``: its first ``n_skip``
-        are reused blocks not confirmed, the rest its blocks past the reused prefix, of which it
+        are its reused blocks, the rest its blocks past the reused prefix, of which it
         speculated the first ``n_spec``)."""
         if len(hashes):
             arr = np.ascontiguousarray(hashes, dtype="<u8")
