@@ -17,13 +17,11 @@ import pytest
 from quillcache.gateway.decision import Decider
 from quillcache.gateway.residency import EntryState, ResidencyTracker
 from quillcache.hashing import hash_blocks
-from quillcache.identity.scope import make_identity
 from quillcache.index import open_index
-from quillcache.types import KvLayout
+from test_gateway_attribution import BS, Clock, _ident  # tests/ is on sys.path (as for results_copy)
 
 pytestmark = pytest.mark.timeout(60)
 
-BS = 4
 SYS = list(range(1, 2 * BS + 1))  # a 2-block system prompt that tenants S and T share
 PS = SYS + list(range(100, 100 + 2 * BS + 1))  # S's question: 4 full blocks, the last two S's own
 PT = SYS + list(range(300, 300 + 2 * BS + 1))  # T's question
@@ -31,18 +29,6 @@ PS2 = PS[: 4 * BS] + list(range(500, 500 + 2 * BS + 1))  # S's next turn: S's 4 
 HS, HT, HS2 = ([int(x) for x in hash_blocks(p, BS)] for p in (PS, PT, PS2))
 S_ENGINE = [1000, 1001, 1002, 1003]  # the engine's hashes of S's blocks (S's salt in every one)
 T_ENGINE = [2000, 2001, 2002, 2003]  # T's
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _ident(tenant: str):
-    return make_identity(model="m", tenant=tenant, layout=KvLayout(block_size_tokens=BS))
 
 
 def _stack(clock: Clock, **kw):

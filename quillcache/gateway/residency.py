@@ -4,6 +4,9 @@ The gateway's planner reads GPU-tier residency per engine from the index (node =
 tier ``GPU``, identity = the request scope's digest, block hash = the Dynamo chain hash of the
 prompt's tokens with no LoRA/namespace seed: the planner runs with ``hash_lora=False`` because the
 identity digest already carries the adapter and the tenant). This module is the only writer.
+Longer than 600 lines because its four attribution rules, the claims that make rule 2 sound and the
+index writes are one state machine: each rule reads the others' state within the same event, and
+``check()`` verifies them together.
 
 Two sources, chosen per engine (``EngineConfig.prefix_state``):
 
@@ -478,10 +481,12 @@ class ResidencyTracker:
             e, h = int(e), int(h)
             digest = known.pop(e, None) if known else None  # stored again: live from here on
             if parent is not None and parent.state is EntryState.CONFIRMED:  # rule 1
-                rec = self._take(engine, h, parent.digest, puts)
+                rec, new = self._take(engine, h, parent.digest, puts)
+                self.stats.inherited += new
             else:
                 if digest is not None:  # rule 4
-                    rec = self._take(engine, h, digest, puts)
+                    rec, new = self._take(engine, h, digest, puts)
+                    self.stats.inherited += new
                     self.stats.remembered += 1
                 else:  # rule 2
                     rec = self._pop_pending(engine, h, None)
@@ -506,20 +511,20 @@ class ResidencyTracker:
         self.stats.confirmed += n
         return n
 
-    def _take(self, engine: str, h: int, digest: bytes, puts: list[ResidencyEntry]) -> _Rec:
-        """The entry a store of chain hash ``h`` known to be scope ``digest``'s confirms: that scope's pending
-        speculation, else its live entry, else a new one (appended to ``puts``, counted as inherited)."""
+    def _take(self, engine: str, h: int, digest: bytes, puts: list[ResidencyEntry]) -> tuple[_Rec, bool]:
+        """The entry a store of chain hash ``h`` known to be scope ``digest``'s confirms, and whether it is new:
+        that scope's pending speculation, else its live entry, else a new one (appended to ``puts``)."""
         rec = self._pop_pending(engine, h, digest)
-        if rec is None:
-            live = self._live[engine]
-            k = (h, digest)
-            rec = live.get(k)
-            if rec is None:
-                rec = _Rec(engine, h, digest, EntryState.CONFIRMED, 0.0)
-                live[k] = rec
-                puts.append(ResidencyEntry(h, engine, _GPU, digest, 0, 0, self.block_bytes))
-                self.stats.inherited += 1
-        return rec
+        if rec is not None:
+            return rec, False
+        live = self._live[engine]
+        k = (h, digest)
+        rec = live.get(k)
+        if rec is not None:
+            return rec, False
+        rec = live[k] = _Rec(engine, h, digest, EntryState.CONFIRMED, 0.0)
+        puts.append(ResidencyEntry(h, engine, _GPU, digest, 0, 0, self.block_bytes))
+        return rec, True
 
     @staticmethod
     def _confirm(rec: _Rec, engine_hash: int, by_e: dict[int, _Rec]) -> None:
@@ -534,7 +539,6 @@ class ResidencyTracker:
         is ``engine_hash``; credit every unattributed ancestor up that chain to the same scope (their pending
         speculations of that scope confirmed, or new entries appended to ``puts``). Returns how many."""
         orphans = self._orphans[engine]
-        live = self._live[engine]
         by_e = self._by_engine_hash[engine]
         n = 0
         p: int | None = engine_hash
@@ -543,17 +547,10 @@ class ResidencyTracker:
             if o is None:
                 break
             h, up = o
-            rec = self._pop_pending(engine, h, digest)
-            if rec is None:
-                k = (h, digest)
-                rec = live.get(k)
-                if rec is None:
-                    rec = _Rec(engine, h, digest, EntryState.CONFIRMED, 0.0)
-                    live[k] = rec
-                    puts.append(ResidencyEntry(h, engine, _GPU, digest, 0, 0, self.block_bytes))
-                elif rec.state is EntryState.CONFIRMED:  # the scope holds this block under another engine hash
-                    p = up
-                    continue
+            rec, new = self._take(engine, h, digest, puts)
+            if not new and rec.state is EntryState.CONFIRMED:  # the scope holds it under another engine hash
+                p = up
+                continue
             self._confirm(rec, p, by_e)
             n += 1
             p = up
