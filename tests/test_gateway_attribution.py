@@ -235,11 +235,10 @@ def test_a_shared_system_prompt_pending_for_a_scope_is_claimed_by_its_next_reque
     r_t.lease.release()
 
 
-def test_confirmed_reused_blocks_are_claimed_and_a_shared_prompt_keeps_its_hit_rate_through_rule_3():
-    """S's R1 stored the system prompt (confirmed) and ended; S's R2 reuses it and is still in flight, and claims
-    it (the engine may have evicted it and recompute it for R2). T's store of the same system prompt is an
-    ambiguous root while R2 is in flight, and T's first private block credits T with it (rule 3), so a shared
-    prompt keeps its hit rate."""
+def test_confirmed_reused_blocks_stay_unclaimed():
+    """S's R1 stored the system prompt (confirmed) and ended; S's R2 reuses it and is still in flight. T's store
+    of the same system prompt is T's: R2 claims only its new blocks, so a shared prompt keeps its hit rate (an
+    evicted and recomputed reused block is S's by rule 4, not by a claim)."""
     clock = Clock()
     index, tr, dec = _stack(clock)
     r1 = dec.decide(_ident("s"), P1, 4)
@@ -248,24 +247,21 @@ def test_confirmed_reused_blocks_are_claimed_and_a_shared_prompt_keeps_its_hit_r
     r2 = dec.decide(_ident("s"), P2, 4)
     assert r2.cached_tokens == len(SYS)
     r_t = dec.decide(_ident("t"), PT, 4)
-    assert tr.stored("e0", [8000, 8001, 8002, 8003], HT, None) == 2  # T's private blocks by the root rule
-    assert tr.stats.ambiguous >= 1 and tr.stats.resolved == 2 and _entries(index, dec, "t") == set(HT)
+    assert tr.stored("e0", [8000, 8001, 8002, 8003], HT, None) == 4 and _entries(index, dec, "t") == set(HT)
     tr.check()
     r2.lease.release()
     r_t.lease.release()
 
 
-@pytest.mark.parametrize("remember", [True, False])
-def test_a_reused_block_evicted_and_recomputed_is_not_credited_to_another_scope(remember):
+def test_a_reused_block_evicted_and_recomputed_is_not_credited_to_another_scope():
     """S's R2 reuses S's confirmed system prompt; the engine evicts it, then recomputes it for R2; meanwhile T
     routed the same prompt (T pending on the system prompt's chain hashes). R2's re-store carries S's salt: it
-    must not be credited to T (before R2 claimed its confirmed reused blocks it was, T's only pending scope).
-    With the tracker's memory of removed blocks' scopes (rule 4) the re-store is S's at once; without it, R2's
-    claim keeps it from T and R2's private blocks credit S with it (rule 3)."""
+    must not be credited to T (it was, T being the only scope pending on those chain hashes: R2 does not claim
+    its confirmed reused blocks). The tracker's memory of removed blocks' scopes (rule 4) makes it S's at once."""
     clock = Clock()
     index = open_index("flat")
     tr = ResidencyTracker(index, {"e0": "events"}, ttl_s=TTL_S, clock=clock,
-                          max_known_blocks=(1 << 10) if remember else 0)
+                          max_known_blocks=1 << 10)
     dec = Decider(index, ["e0"], tr, block_size_tokens=BS, seed=7)
     r1 = dec.decide(_ident("s"), P1, 4)
     assert tr.stored("e0", [7000, 7001, 7002, 7003], H1, None) == 4
@@ -277,8 +273,8 @@ def test_a_reused_block_evicted_and_recomputed_is_not_credited_to_another_scope(
     assert tr.removed("e0", [7000, 7001, 7002, 7003]) == 4  # evicted before R2 reached the engine
     r_t = dec.decide(_ident("t"), PT, 4)
     # S's salt, recomputed for R2: S's by its engine hashes (rule 4), or nobody's yet
-    assert tr.stored("e0", [7000, 7001], H2[:2], None) == (2 if remember else 0)
-    assert _confirmed(tr, dec, "t") == 0 and tr.stats.remembered == (1 if remember else 0)  # its child: rule 1
+    assert tr.stored("e0", [7000, 7001], H2[:2], None) == 2
+    assert _confirmed(tr, dec, "t") == 0 and tr.stats.remembered == 1  # its child: rule 1
     assert tr.stored("e0", S2_ENGINE[2:], H2[2:], 7001) == 2  # R2's private blocks: S's, and so is the prompt
     assert _entries(index, dec, "s") == set(H2) and not (_entries(index, dec, "t") - set(HT))
     assert _confirmed(tr, dec, "t") == 0

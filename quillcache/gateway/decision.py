@@ -12,10 +12,13 @@ the events' latency: with a cap, a later turn of a conversation that arrived bef
 events saw only the capped prefix, fell under the router's match threshold and went elsewhere
 (the gateway study's diagnosis; the default was chosen on workload seeds the study does not use).
 The gateway writes the speculation after the request's bytes have left (it is off the TTFT path),
-together with the request's CLAIM on every block of the prompt (speculated, capped or reused: a reused
-block may be another request's pending speculation that never reaches the engine, or evicted before
-this request reaches it), open while the decision's lease is live: the residency tracker refuses to
-credit a root store of those blocks to any other scope meanwhile (:mod:`.residency`, rule 2).
+together with the request's CLAIM on every prompt block past the reused prefix (capped or not) and on
+the reused blocks from the first one whose entry is not yet CONFIRMED (another request's pending
+speculation, which may never reach the engine, or an entry gone since the plan); a fully confirmed
+prompt claims its last block, and a prompt with no full block claims nothing but the root: a claim's
+last block is where the request's decode blocks continue. The claim is open while the decision's lease
+is live: the residency tracker refuses to credit a root store of those blocks, or a decode continuation
+of the request, to any other scope meanwhile (:mod:`.residency`, rule 2).
 
 A router that takes per-worker resident block counts (``cache_aware``'s optional ``most_free``
 low-match fallback) reads them from the tracker's live entries per engine.
@@ -143,10 +146,9 @@ class Decider:
         name = self.names[w]
         hashes = req.block_hashes
         d = Decision(name, w, cached, tc, reason, lease, req.input_tokens)
-        if len(hashes) or self.tracker.modes[name] == "approximate":  # a fully reused prompt may still claim
-            d.speculation = (name, hashes, req.scope, reused)
-            if record:
-                self.record(d)
+        d.speculation = (name, hashes, req.scope, reused)  # every request claims, at least its tail (rule 2)
+        if record:
+            self.record(d)
         return d
 
     def record(self, d: Decision) -> None:
@@ -164,18 +166,20 @@ class Decider:
         events = tracker.modes[name] == "events"
         digests = scope.write_digests(hashes)
         # every block past the reused prefix may be stored by this request, speculated or not; so may a reused
-        # one: pending (another request's, which may never reach the engine) or evicted before this request
-        # reaches the engine (residency module doc)
-        first = 0 if events else reused
+        # block whose entry is not confirmed (pending: another request's, which may never reach the engine)
+        first = tracker.confirmed_prefix(name, hashes[:reused], digests) if events and reused else reused
+        tail_only = events and first == len(hashes) > 0
+        if tail_only:
+            first -= 1  # fully confirmed: claim the last block, the tail its decode blocks continue from
         claimed = hashes[first:]
         cap = self.speculative_max_blocks
         if cap and events and len(hashes) > reused + cap:
             # the engine's events attribute the rest through their parents (residency module doc)
             hashes = hashes[: reused + cap]
         n_spec = len(hashes) - reused
-        claim = tracker.claim(name, claimed, scope.digest, d.lease, complete=n_spec == len(claimed))
+        claim = tracker.claim(name, claimed, scope.digest, d.lease, complete=n_spec == len(claimed) or tail_only)
         d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim)
-        if self.peers is not None and len(claimed):
+        if self.peers is not None and (len(claimed) or events):  # an empty events claim: the root tail
             self.peers.claimed(claim, claimed, reused - first, n_spec)
 
     def retract(self, d: Decision) -> None:

@@ -52,14 +52,19 @@ scopes' root attributions of those hashes while the request is IN FLIGHT (its ro
 live; a peer's claim until that peer says it ended, at most ``claim_max_s``), and after it ended
 for ``claim_grace_s`` (default: the TTL) for its events still on the way - unless every block it
 speculated was confirmed (its stores are in: nothing of it is on the way) and its speculation
-covered all its claimed blocks. A request claims its reused prefix too (the blocks the plan found on
-that engine for the scope), CONFIRMED entries included: a PENDING entry is another request's
-speculation, which may never reach the engine (its client left, its upstream failed), and a CONFIRMED
-block may be evicted before the request reaches the engine, which then recomputes and stores it; either
-way this request may store that block itself, and until its ``BlockRemoved`` and the new store arrive
-nothing else says whose store it is. The cost falls on a prompt several tenants share: while one
-tenant's request reusing it is in flight, another tenant's store of the same tokens is an ambiguous
-root, which rule 3 below resolves through that tenant's first private block. A claim
+covered all its claimed blocks. Of the reused prefix (the blocks the plan found on that engine for the
+scope), the request claims every block from the first one whose entry is not CONFIRMED when it is
+recorded (:meth:`confirmed_prefix`): a PENDING entry is another request's speculation, which may never
+reach the engine (its client left, its upstream failed), so this request may store that block itself.
+The CONFIRMED leading blocks are not claimed: the engine stores one of them again only after evicting
+it, its ``BlockRemoved`` comes first on the same stream, and rule 4 credits the new store to the scope
+the evicted one had (while the tracker remembers it). A fully reused prompt claims its last block only.
+A claim's last block is its TAIL (an empty claim, a prompt with no full block, has the root as tail):
+the request's DECODE blocks continue the engine's chain from there and no claim can name them, so rule
+2 refuses a block whose unattributed ancestry passes through another scope's tail while that request is
+in flight or within the grace period after it (ancestry it cannot follow counts as passing through any
+tail). Without this, a tenant that guessed another's output could have that tenant's decode block, and
+by rule 3 its prompt, credited to itself. A claim
 holds each chain hash once (repeats are dropped). Deployment requirement: the engines
 are reachable only through the gateway(s), whose salts scope every store; a store by an outside
 client of a chain some scope is pending on could otherwise be attributed to that scope. A confirmed
@@ -109,6 +114,8 @@ from quillcache.types import CacheTier
 __all__ = ["Claim", "EntryState", "EventSink", "ResidencyStats", "ResidencyTracker"]
 
 _GPU = CacheTier.GPU
+ROOT_TAIL = -1  # a claim's tail when its prompt has no full block: its decode blocks are roots
+_MAX_ANCESTRY_STEPS = 4096  # rule 2's walk up unattributed ancestors; longer counts as unknown ancestry
 _GPU_MEDIA = (None, "GPU", "gpu")  # vLLM's medium field (absent in older builds)
 
 
@@ -129,13 +136,14 @@ class Claim:
     block, so its stores may still be on the way."""
 
     __slots__ = ("cid", "digest", "ended_s", "engine", "hashes", "lease", "lost", "notified", "open_until_s",
-                 "unconfirmed")
+                 "tail", "unconfirmed")
 
     def __init__(self, engine: str, digest: bytes, hashes: list[int], lease, open_until_s: float,
-                 lost: bool, cid: int) -> None:
+                 lost: bool, cid: int, tail: int | None = None) -> None:
         self.engine = engine
         self.digest = digest
         self.hashes = hashes
+        self.tail = tail  # the chain hash its engine's decode blocks continue from (ROOT_TAIL: none), or None
         self.lease = lease
         self.open_until_s = open_until_s
         self.lost = lost
@@ -213,6 +221,9 @@ class ResidencyTracker:
         self._claims: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
             e: {} for e, m in self.modes.items() if m == "events"}
         self._claimed: list[Claim] = []  # every claim still indexed (open, or ended and not yet dead)
+        # (engine) -> a claim's tail (its last prompt block's chain hash, or ROOT_TAIL) -> the claims ending there
+        self._tails: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
+            e: {} for e, m in self.modes.items() if m == "events"}
         self._next_sweep_s = -math.inf
         self._sweep_every_s = min(0.25, self.claim_grace_s / 4) if self.claim_grace_s else 0.0
         self._cids = 0
@@ -247,9 +258,11 @@ class ResidencyTracker:
         """Claim ``block_hashes`` (the chain hashes a request routed to ``engine`` may cause it to store)
         for scope ``digest``: open while ``lease.live`` or, with ``lease=None`` (a peer's request), until
         :meth:`end_claim` or ``open_for_s`` from now. ``complete=False``: the request's speculation does not
-        cover every claimed block (its stores cannot all be seen confirmed). For an approximate engine the
-        claim is only a handle (nothing is attributed there, nothing is indexed). Cost: one dict write per
-        block, at C level."""
+        cover every claimed block (its stores cannot all be seen confirmed). The last hash is the claim's
+        TAIL (``ROOT_TAIL`` for an empty claim: a prompt with no full block): the request's decode blocks
+        continue the engine's chain from there, so no block below it is credited to another scope by rule 2
+        (module doc). For an approximate engine the claim is only a handle (nothing is attributed there,
+        nothing is indexed). Cost: one dict write per block, at C level."""
         if engine not in self.modes:
             raise KeyError(f"unknown engine {engine!r}")
         table = self._claims.get(engine)
@@ -257,12 +270,16 @@ class ResidencyTracker:
         hl = list(dict.fromkeys(tolist() if tolist is not None else [int(h) for h in block_hashes]))
         now = self.clock()
         self._cids += 1
+        tail = (hl[-1] if hl else ROOT_TAIL) if table is not None else None
         c = Claim(engine, digest, hl, lease, math.inf if open_for_s is None else now + open_for_s,
-                  not complete, self._cids)
-        if hl and table is not None:
-            prevs = list(map(table.get, hl))
-            merged = {p: self._merge(p, c, now) for p in set(prevs)}  # one per overlapping claim set: few
-            table.update(zip(hl, map(merged.__getitem__, prevs)))
+                  not complete, self._cids, tail)
+        if table is not None:
+            if hl:
+                prevs = list(map(table.get, hl))
+                merged = {p: self._merge(p, c, now) for p in set(prevs)}  # one per overlapping claim set: few
+                table.update(zip(hl, map(merged.__getitem__, prevs)))
+            tails = self._tails[engine]
+            tails[tail] = self._merge(tails.get(tail), c, now, self._tail_blocking)
             self._claimed.append(c)
         return c
 
@@ -282,17 +299,62 @@ class ResidencyTracker:
             return False  # every block it speculated was stored: none of its stores is on the way
         return now < c.ended_s + self.claim_grace_s
 
-    def _merge(self, prev, c: Claim, now: float):
+    def _tail_blocking(self, c: Claim, now: float) -> bool:
+        """Whether ``c``'s tail still blocks: while its request is in flight and for the grace period after,
+        whatever was confirmed (its decode blocks are never speculated, so none is ever seen confirmed)."""
+        if c.ended_s is None:
+            lease = c.lease
+            if (lease.live if lease is not None else now < c.open_until_s):
+                return True
+            c.ended_s = now
+        return now < c.ended_s + self.claim_grace_s
+
+    def _merge(self, prev, c: Claim, now: float, blocking=None):
         if prev is None:
             return c
-        kept = tuple(x for x in (prev if type(prev) is tuple else (prev,)) if self._blocking(x, now))
+        blocking = blocking or self._blocking
+        kept = tuple(x for x in (prev if type(prev) is tuple else (prev,)) if blocking(x, now))
         return kept + (c,) if kept else c
 
-    def _prune(self, prev, now: float):
+    def _prune(self, prev, now: float, blocking=None):
         if prev is None:
             return None
-        kept = tuple(x for x in (prev if type(prev) is tuple else (prev,)) if self._blocking(x, now))
+        blocking = blocking or self._blocking
+        kept = tuple(x for x in (prev if type(prev) is tuple else (prev,)) if blocking(x, now))
         return (kept[0] if len(kept) == 1 else kept) if kept else None
+
+    def _other_scope_tail(self, engine: str, tail: int, digest: bytes) -> bool:
+        """Whether a claim of a scope other than ``digest`` whose decode continues from ``tail`` blocks."""
+        v = self._tails[engine].get(tail)
+        if v is None:
+            return False
+        now = self.clock()
+        return any(c.digest != digest and self._tail_blocking(c, now) for c in (v if type(v) is tuple else (v,)))
+
+    def _continues_another_scope(self, engine: str, parent_engine_hash: int | None, digest: bytes) -> bool:
+        """Rule 2's decode check (module doc): whether a block stored under ``parent_engine_hash`` (None: a
+        root), with no attributed parent, could be a decode block of a request of a scope other than
+        ``digest``: some unattributed ancestor up its chain (or the chain's top, for ``ROOT_TAIL``) is the tail
+        of another scope's blocking claim, or the chain reaches another scope's attributed block, or the
+        ancestry is unknown (a parent neither remembered nor attributed) while another scope's tail blocks."""
+        tails = self._tails[engine]
+        if not tails:
+            return False
+        orphans = self._orphans[engine]
+        p = parent_engine_hash
+        for _ in range(_MAX_ANCESTRY_STEPS):
+            if p is None:
+                return self._other_scope_tail(engine, ROOT_TAIL, digest)
+            o = orphans.get(p)
+            if o is None:
+                rec = self._by_engine_hash[engine].get(p)
+                if rec is not None and rec.state is EntryState.CONFIRMED:
+                    return rec.digest != digest
+                break  # unknown ancestry
+            h, p = o
+            if self._other_scope_tail(engine, h, digest):
+                return True
+        return any(self._other_scope_tail(engine, t, digest) for t in list(tails))
 
     def _other_scope_blocks(self, engine: str, h: int, digest: bytes) -> bool:
         """Whether a claim of a scope other than ``digest`` blocks chain hash ``h`` on ``engine``."""
@@ -312,7 +374,7 @@ class ResidencyTracker:
         self._next_sweep_s = now + self._sweep_every_s
         kept: list[Claim] = []
         for c in self._claimed:
-            blocking = self._blocking(c, now)
+            blocking = self._blocking(c, now) or (c.tail is not None and self._tail_blocking(c, now))
             if c.ended_s is not None and not c.notified:
                 c.notified = True
                 if c.lease is not None and self.on_claim_end is not None:
@@ -320,6 +382,13 @@ class ResidencyTracker:
             if blocking:
                 kept.append(c)
                 continue
+            if c.tail is not None:
+                tails = self._tails[c.engine]
+                q = self._prune(tails.get(c.tail), now, self._tail_blocking)
+                if q is None:
+                    tails.pop(c.tail, None)
+                else:
+                    tails[c.tail] = q
             table = self._claims[c.engine]
             hl = c.hashes
             prevs = list(map(table.get, hl))
@@ -330,6 +399,19 @@ class ResidencyTracker:
                 table.update(zip(hl, map(repl.__getitem__, prevs)))
                 deque(map(table.pop, [h for h, p in zip(hl, prevs) if repl[p] is None], repeat(None)), maxlen=0)
         self._claimed = kept
+
+    def confirmed_prefix(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes]) -> int:
+        """How many leading ``block_hashes`` have a CONFIRMED entry under their ``digests`` on ``engine``
+        (a request claims its reused blocks from there on: module doc)."""
+        live = self._live[engine]
+        tolist = getattr(block_hashes, "tolist", None)
+        hl = tolist() if tolist is not None else [int(h) for h in block_hashes]
+        n = 0
+        for rec in map(live.get, zip(hl, digests)):
+            if rec is None or rec.state is not EntryState.CONFIRMED:
+                break
+            n += 1
+        return n
 
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
                   reused_blocks: int = 0, claim: Claim | None = None) -> list[_Rec]:
@@ -430,7 +512,11 @@ class ResidencyTracker:
         return len(gone)
 
     # ---- engine-event side (event loop, handed over from the subscriber thread) --------------
-    def _pop_pending(self, engine: str, h: int, digest: bytes | None) -> _Rec | None:
+    def _pop_pending(self, engine: str, h: int, digest: bytes | None, parent_engine_hash: int | None = None
+                     ) -> _Rec | None:
+        """``digest``: that scope's pending entry for ``h``, if any. ``digest=None`` (rule 2): the only scope's
+        pending entry, unless another scope may have stored the block (its pending entry or claim on ``h``,
+        or a decode continuation of its request from the block's ancestry under ``parent_engine_hash``)."""
         pq = self._pending.get((engine, h))
         if not pq:
             return None
@@ -439,7 +525,8 @@ class ResidencyTracker:
             while pq and pq[0].state is not EntryState.PENDING:
                 pq.popleft()
             if pq and (any(r.state is EntryState.PENDING and r.digest != pq[0].digest for r in pq)
-                       or self._other_scope_blocks(engine, h, pq[0].digest)):
+                       or self._other_scope_blocks(engine, h, pq[0].digest)
+                       or self._continues_another_scope(engine, parent_engine_hash, pq[0].digest)):
                 self.stats.ambiguous += 1  # two scopes may have stored this chain: whose block is it? nobody's
                 return None
             if pq:
@@ -489,7 +576,7 @@ class ResidencyTracker:
                     self.stats.inherited += new
                     self.stats.remembered += 1
                 else:  # rule 2
-                    rec = self._pop_pending(engine, h, None)
+                    rec = self._pop_pending(engine, h, None, prev_e)
                     if rec is None and self.max_unattributed_blocks:
                         orphans[e] = (h, prev_e)
                         orphans.move_to_end(e)
