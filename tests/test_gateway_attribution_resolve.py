@@ -193,6 +193,25 @@ def test_with_the_memory_off_nothing_is_resolved():
     d_t.lease.release()
 
 
+def test_a_clear_remembers_the_scopes_of_what_it_drops():
+    """The review's d23cc8a finding: S reuses its confirmed prompt (not claimed), the engine's cache is cleared (or
+    the subscriber resyncs, or the engine restarts) and the engine recomputes S's prompt for S's request while T
+    is pending on the same chain hashes: rule 4 must know S's engine hashes from the clear, as from a removal."""
+    clock = Clock()
+    index, tr, dec = _stack(clock)
+    d_s = dec.decide(_ident("s"), PS, 4)
+    assert tr.stored("e0", S_ENGINE, HS, None) == 4
+    d_s.lease.release()
+    d_s2 = dec.decide(_ident("s"), PS2, 4)  # reuses S's 4 confirmed blocks: claims only its new ones
+    tr.cleared("e0")
+    d_t = dec.decide(_ident("t"), PT, 4)  # T pending on the shared system prompt
+    assert tr.stored("e0", S_ENGINE[:2], HS[:2], None) == 2 and tr.stats.remembered == 1
+    assert _confirmed(tr, dec, "t") == set() and _confirmed(tr, dec, "s") == set(HS[:2])
+    tr.check()
+    d_s2.lease.release()
+    d_t.lease.release()
+
+
 def test_another_tenants_decode_block_is_not_credited_to_a_scope_that_guessed_its_output():
     """The review's F1: T's prompt P is in flight; S sends P followed by a guess O of T's output. The engine stores
     T's prompt blocks (ambiguous: S and T both claim them) and then T's first DECODE block (P's tail and T's

@@ -15,8 +15,7 @@ The gateway writes the speculation after the request's bytes have left (it is of
 together with the request's CLAIM on every prompt block past the reused prefix (capped or not) and on
 the reused blocks from the first one whose entry is not yet CONFIRMED (another request's pending
 speculation, which may never reach the engine, or an entry gone since the plan); a fully confirmed
-prompt claims its last block, and a prompt with no full block claims nothing but the root: a claim's
-last block is where the request's decode blocks continue. The claim is open while the decision's lease
+prompt claims its last block: a claim's last block is where the request's decode blocks continue. The claim is open while the decision's lease
 is live: the residency tracker refuses to credit a root store of those blocks, or a decode continuation
 of the request, to any other scope meanwhile (:mod:`.residency`, rule 2).
 
@@ -146,9 +145,10 @@ class Decider:
         name = self.names[w]
         hashes = req.block_hashes
         d = Decision(name, w, cached, tc, reason, lease, req.input_tokens)
-        d.speculation = (name, hashes, req.scope, reused)  # every request claims, at least its tail (rule 2)
-        if record:
-            self.record(d)
+        if len(hashes) or self.tracker.modes[name] == "approximate":  # a fully reused prompt still claims its tail
+            d.speculation = (name, hashes, req.scope, reused)
+            if record:
+                self.record(d)
         return d
 
     def record(self, d: Decision) -> None:
@@ -179,7 +179,7 @@ class Decider:
         n_spec = len(hashes) - reused
         claim = tracker.claim(name, claimed, scope.digest, d.lease, complete=n_spec == len(claimed) or tail_only)
         d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim)
-        if self.peers is not None and (len(claimed) or events):  # an empty events claim: the root tail
+        if self.peers is not None and len(claimed):
             self.peers.claimed(claim, claimed, reused - first, n_spec)
 
     def retract(self, d: Decision) -> None:

@@ -121,8 +121,9 @@ class PeerLink:
         """A request routed here: its claim on ``hashes`` (the same as ``c.hashes``: its first ``n_skip``
         are its reused blocks, the rest its blocks past the reused prefix, of which it
         speculated the first ``n_spec``)."""
-        arr = np.ascontiguousarray(hashes, dtype="<u8")  # empty: a prompt with no full block (its tail is the root)
-        self._send("c", c, arr.tobytes(), n_skip, n_spec, n_skip == 0 and n_spec == len(hashes))
+        if len(hashes):
+            arr = np.ascontiguousarray(hashes, dtype="<u8")
+            self._send("c", c, arr.tobytes(), n_skip, n_spec, n_skip == 0 and n_spec == len(hashes))
 
     def retracted(self, c: Claim) -> None:
         self._send("r", c)

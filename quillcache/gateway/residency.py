@@ -38,8 +38,8 @@ parent engine hash) until their ``BlockRemoved``, a clear or resync, at most
 (4) A block stored again under an engine hash that was attributed to scope S before (evicted, then
 recomputed) is S's: the engine hash commits to the salt and the whole prefix, so it names the same
 scope every time it is stored. The tracker remembers the scope of the last ``max_known_blocks``
-engine hashes whose confirmed entries ``BlockRemoved`` dropped, per engine (a clear keeps them: the
-relation is a property of the hash, not of the cache's contents). Rules (1) and (4) come before the
+engine hashes whose confirmed entries ``BlockRemoved``, ``AllBlocksCleared`` or a resync dropped, per
+engine (the relation is a property of the hash, not of the cache's contents, so a clear keeps it). Rules (1) and (4) come before the
 claims: they never credit a scope with another scope's salted block, whoever is in flight.
 
 Claims (:meth:`ResidencyTracker.claim`) are what make (2) sound: the pending set alone is not
@@ -59,12 +59,16 @@ reach the engine (its client left, its upstream failed), so this request may sto
 The CONFIRMED leading blocks are not claimed: the engine stores one of them again only after evicting
 it, its ``BlockRemoved`` comes first on the same stream, and rule 4 credits the new store to the scope
 the evicted one had (while the tracker remembers it). A fully reused prompt claims its last block only.
-A claim's last block is its TAIL (an empty claim, a prompt with no full block, has the root as tail):
-the request's DECODE blocks continue the engine's chain from there and no claim can name them, so rule
-2 refuses a block whose unattributed ancestry passes through another scope's tail while that request is
-in flight or within the grace period after it (ancestry it cannot follow counts as passing through any
-tail). Without this, a tenant that guessed another's output could have that tenant's decode block, and
-by rule 3 its prompt, credited to itself. A claim
+A claim's last block is its TAIL: the request's DECODE blocks continue the engine's chain from there
+and no claim can name them, so rule 2 refuses a block whose unattributed ancestry passes through
+another scope's tail while that request is in flight or within the grace period after it (ancestry it
+cannot follow counts as passing through any tail). Without this, a tenant that guessed another's output
+could have that tenant's decode block, and by rule 3 its prompt, credited to itself. Not covered: a
+prompt with no full block, whose decode blocks are ROOTS; a root store that another tenant alone is
+pending on (its prompt's first block equals this prompt followed by this request's first output
+tokens) is credited to that tenant. Refusing every root while such a request is in flight cost the
+gateway study several points of hit rate (a one-token probe before each cell refused every first block
+for its grace period). A claim
 holds each chain hash once (repeats are dropped). Deployment requirement: the engines
 are reachable only through the gateway(s), whose salts scope every store; a store by an outside
 client of a chain some scope is pending on could otherwise be attributed to that scope. A confirmed
@@ -114,7 +118,6 @@ from quillcache.types import CacheTier
 __all__ = ["Claim", "EntryState", "EventSink", "ResidencyStats", "ResidencyTracker"]
 
 _GPU = CacheTier.GPU
-ROOT_TAIL = -1  # a claim's tail when its prompt has no full block: its decode blocks are roots
 _MAX_ANCESTRY_STEPS = 4096  # rule 2's walk up unattributed ancestors; longer counts as unknown ancestry
 _GPU_MEDIA = (None, "GPU", "gpu")  # vLLM's medium field (absent in older builds)
 
@@ -143,7 +146,7 @@ class Claim:
         self.engine = engine
         self.digest = digest
         self.hashes = hashes
-        self.tail = tail  # the chain hash its engine's decode blocks continue from (ROOT_TAIL: none), or None
+        self.tail = tail  # the chain hash its engine's decode blocks continue from, or None
         self.lease = lease
         self.open_until_s = open_until_s
         self.lost = lost
@@ -221,7 +224,7 @@ class ResidencyTracker:
         self._claims: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
             e: {} for e, m in self.modes.items() if m == "events"}
         self._claimed: list[Claim] = []  # every claim still indexed (open, or ended and not yet dead)
-        # (engine) -> a claim's tail (its last prompt block's chain hash, or ROOT_TAIL) -> the claims ending there
+        # (engine) -> a claim's tail (its last prompt block's chain hash) -> the claims ending there
         self._tails: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
             e: {} for e, m in self.modes.items() if m == "events"}
         self._next_sweep_s = -math.inf
@@ -259,9 +262,8 @@ class ResidencyTracker:
         for scope ``digest``: open while ``lease.live`` or, with ``lease=None`` (a peer's request), until
         :meth:`end_claim` or ``open_for_s`` from now. ``complete=False``: the request's speculation does not
         cover every claimed block (its stores cannot all be seen confirmed). The last hash is the claim's
-        TAIL (``ROOT_TAIL`` for an empty claim: a prompt with no full block): the request's decode blocks
-        continue the engine's chain from there, so no block below it is credited to another scope by rule 2
-        (module doc). For an approximate engine the claim is only a handle (nothing is attributed there,
+        TAIL: the request's decode blocks continue the engine's chain from there, so no block below it is
+        credited to another scope by rule 2 (module doc). For an approximate engine the claim is only a handle (nothing is attributed there,
         nothing is indexed). Cost: one dict write per block, at C level."""
         if engine not in self.modes:
             raise KeyError(f"unknown engine {engine!r}")
@@ -270,7 +272,7 @@ class ResidencyTracker:
         hl = list(dict.fromkeys(tolist() if tolist is not None else [int(h) for h in block_hashes]))
         now = self.clock()
         self._cids += 1
-        tail = (hl[-1] if hl else ROOT_TAIL) if table is not None else None
+        tail = hl[-1] if hl and table is not None else None
         c = Claim(engine, digest, hl, lease, math.inf if open_for_s is None else now + open_for_s,
                   not complete, self._cids, tail)
         if table is not None:
@@ -278,9 +280,9 @@ class ResidencyTracker:
                 prevs = list(map(table.get, hl))
                 merged = {p: self._merge(p, c, now) for p in set(prevs)}  # one per overlapping claim set: few
                 table.update(zip(hl, map(merged.__getitem__, prevs)))
-            tails = self._tails[engine]
-            tails[tail] = self._merge(tails.get(tail), c, now, self._tail_blocking)
-            self._claimed.append(c)
+                tails = self._tails[engine]
+                tails[tail] = self._merge(tails.get(tail), c, now, self._tail_blocking)
+                self._claimed.append(c)
         return c
 
     def end_claim(self, c: Claim) -> None:
@@ -334,9 +336,10 @@ class ResidencyTracker:
     def _continues_another_scope(self, engine: str, parent_engine_hash: int | None, digest: bytes) -> bool:
         """Rule 2's decode check (module doc): whether a block stored under ``parent_engine_hash`` (None: a
         root), with no attributed parent, could be a decode block of a request of a scope other than
-        ``digest``: some unattributed ancestor up its chain (or the chain's top, for ``ROOT_TAIL``) is the tail
-        of another scope's blocking claim, or the chain reaches another scope's attributed block, or the
-        ancestry is unknown (a parent neither remembered nor attributed) while another scope's tail blocks."""
+        ``digest``: some unattributed ancestor up its chain is the tail of another scope's blocking claim, or
+        the chain reaches another scope's attributed block, or the ancestry is unknown (a parent neither
+        remembered nor attributed) while another scope's tail blocks. A root passes (see the module doc for
+        what that leaves open)."""
         tails = self._tails[engine]
         if not tails:
             return False
@@ -344,7 +347,7 @@ class ResidencyTracker:
         p = parent_engine_hash
         for _ in range(_MAX_ANCESTRY_STEPS):
             if p is None:
-                return self._other_scope_tail(engine, ROOT_TAIL, digest)
+                return False
             o = orphans.get(p)
             if o is None:
                 rec = self._by_engine_hash[engine].get(p)
@@ -572,8 +575,7 @@ class ResidencyTracker:
                 self.stats.inherited += new
             else:
                 if digest is not None:  # rule 4
-                    rec, new = self._take(engine, h, digest, puts)
-                    self.stats.inherited += new
+                    rec, _ = self._take(engine, h, digest, puts)
                     self.stats.remembered += 1
                 else:  # rule 2
                     rec = self._pop_pending(engine, h, None, prev_e)
@@ -678,10 +680,16 @@ class ResidencyTracker:
         if live is None:
             return 0
         gone = [ReplicaKey(rec.h, engine, _GPU, rec.digest) for rec in live.values()]
+        known = self._known.get(engine)
         for rec in live.values():
             if rec.state is EntryState.PENDING:
                 rec.drop_unconfirmed()  # its request is still in flight: its claim stays
+            elif rec.state is EntryState.CONFIRMED and rec.engine_hash is not None and self.max_known_blocks:
+                known[rec.engine_hash] = rec.digest  # rule 4: its scope, should the engine store it again
+                known.move_to_end(rec.engine_hash)
             rec.state = EntryState.DROPPED
+        while known is not None and len(known) > self.max_known_blocks:
+            known.popitem(last=False)
         live.clear()
         self._by_engine_hash[engine].clear()
         if engine in self._orphans:
