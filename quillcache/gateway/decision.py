@@ -15,9 +15,10 @@ The gateway writes the speculation after the request's bytes have left (it is of
 together with the request's CLAIM on every prompt block past the reused prefix (capped or not) and on
 the reused blocks from the first one whose entry is not yet CONFIRMED (another request's pending
 speculation, which may never reach the engine, or an entry gone since the plan); a fully confirmed
-prompt claims its last block: a claim's last block is where the request's decode blocks continue. The claim is open while the decision's lease
-is live: the residency tracker refuses to credit a root store of those blocks, or a decode continuation
-of the request, to any other scope meanwhile (:mod:`.residency`, rule 2).
+prompt claims its last block: a claim's last block is where the request's decode blocks continue.
+The claim is open while the decision's lease is live: the residency tracker refuses to credit a root
+store of those blocks, or a decode continuation of the request, to any other scope meanwhile
+(:mod:`.residency`, rule 2).
 
 A router that takes per-worker resident block counts (``cache_aware``'s optional ``most_free``
 low-match fallback) reads them from the tracker's live entries per engine.

@@ -39,8 +39,9 @@ parent engine hash) until their ``BlockRemoved``, a clear or resync, at most
 recomputed) is S's: the engine hash commits to the salt and the whole prefix, so it names the same
 scope every time it is stored. The tracker remembers the scope of the last ``max_known_blocks``
 engine hashes whose confirmed entries ``BlockRemoved``, ``AllBlocksCleared`` or a resync dropped, per
-engine (the relation is a property of the hash, not of the cache's contents, so a clear keeps it). Rules (1) and (4) come before the
-claims: they never credit a scope with another scope's salted block, whoever is in flight.
+engine (the relation is a property of the hash, not of the cache's contents, so a clear keeps it).
+Rules (1) and (4) come before the claims: they never credit a scope with another scope's salted
+block, whoever is in flight.
 
 Claims (:meth:`ResidencyTracker.claim`) are what make (2) sound: the pending set alone is not
 every request that can still cause a store, because a speculation leaves it by TTL while its
@@ -263,8 +264,9 @@ class ResidencyTracker:
         :meth:`end_claim` or ``open_for_s`` from now. ``complete=False``: the request's speculation does not
         cover every claimed block (its stores cannot all be seen confirmed). The last hash is the claim's
         TAIL: the request's decode blocks continue the engine's chain from there, so no block below it is
-        credited to another scope by rule 2 (module doc). For an approximate engine the claim is only a handle (nothing is attributed there,
-        nothing is indexed). Cost: one dict write per block, at C level."""
+        credited to another scope by rule 2 (module doc). For an approximate engine the claim is only a
+        handle (nothing is attributed there, nothing is indexed). Cost: one dict write per block, at C
+        level."""
         if engine not in self.modes:
             raise KeyError(f"unknown engine {engine!r}")
         table = self._claims.get(engine)
@@ -290,13 +292,20 @@ class ResidencyTracker:
         if c.ended_s is None:
             c.ended_s = self.clock()
 
-    def _blocking(self, c: Claim, now: float) -> bool:
-        """Whether ``c`` still blocks other scopes' root attributions (module doc)."""
+    @staticmethod
+    def _in_flight(c: Claim, now: float) -> bool:
+        """Whether ``c``'s request is still in flight; the first time it is seen ended, ``ended_s`` is set."""
         if c.ended_s is None:
             lease = c.lease
             if (lease.live if lease is not None else now < c.open_until_s):
                 return True
             c.ended_s = now
+        return False
+
+    def _blocking(self, c: Claim, now: float) -> bool:
+        """Whether ``c`` still blocks other scopes' root attributions (module doc)."""
+        if self._in_flight(c, now):
+            return True
         if c.unconfirmed <= 0 and not c.lost:
             return False  # every block it speculated was stored: none of its stores is on the way
         return now < c.ended_s + self.claim_grace_s
@@ -304,12 +313,7 @@ class ResidencyTracker:
     def _tail_blocking(self, c: Claim, now: float) -> bool:
         """Whether ``c``'s tail still blocks: while its request is in flight and for the grace period after,
         whatever was confirmed (its decode blocks are never speculated, so none is ever seen confirmed)."""
-        if c.ended_s is None:
-            lease = c.lease
-            if (lease.live if lease is not None else now < c.open_until_s):
-                return True
-            c.ended_s = now
-        return now < c.ended_s + self.claim_grace_s
+        return self._in_flight(c, now) or now < c.ended_s + self.claim_grace_s
 
     def _merge(self, prev, c: Claim, now: float, blocking=None):
         if prev is None:
@@ -645,6 +649,15 @@ class ResidencyTracker:
             p = up
         return n
 
+    def _remember_scope(self, engine: str, engine_hash: int, digest: bytes) -> None:
+        """Rule 4: a confirmed block left the tracker; remember its scope should the engine store it again."""
+        if self.max_known_blocks:
+            known = self._known[engine]
+            known[engine_hash] = digest
+            known.move_to_end(engine_hash)
+            if len(known) > self.max_known_blocks:
+                known.popitem(last=False)
+
     def removed(self, engine: str, engine_hashes: Iterable[int]) -> int:
         """A ``BlockRemoved`` of ``engine``: delete the entries those engine hashes confirmed."""
         by_e = self._by_engine_hash.get(engine)
@@ -663,12 +676,7 @@ class ResidencyTracker:
             rec.state = EntryState.DROPPED
             del live[(rec.h, rec.digest)]
             gone.append(ReplicaKey(rec.h, engine, _GPU, rec.digest))
-            if self.max_known_blocks:  # rule 4: its scope, should the engine store it again
-                known = self._known[engine]
-                known[int(e)] = rec.digest
-                known.move_to_end(int(e))
-                if len(known) > self.max_known_blocks:
-                    known.popitem(last=False)
+            self._remember_scope(engine, int(e), rec.digest)
         if gone:
             self.index.remove(gone)
             self.stats.removed += len(gone)
@@ -680,16 +688,12 @@ class ResidencyTracker:
         if live is None:
             return 0
         gone = [ReplicaKey(rec.h, engine, _GPU, rec.digest) for rec in live.values()]
-        known = self._known.get(engine)
         for rec in live.values():
             if rec.state is EntryState.PENDING:
                 rec.drop_unconfirmed()  # its request is still in flight: its claim stays
-            elif rec.state is EntryState.CONFIRMED and rec.engine_hash is not None and self.max_known_blocks:
-                known[rec.engine_hash] = rec.digest  # rule 4: its scope, should the engine store it again
-                known.move_to_end(rec.engine_hash)
+            elif rec.state is EntryState.CONFIRMED and rec.engine_hash is not None:
+                self._remember_scope(engine, rec.engine_hash, rec.digest)
             rec.state = EntryState.DROPPED
-        while known is not None and len(known) > self.max_known_blocks:
-            known.popitem(last=False)
         live.clear()
         self._by_engine_hash[engine].clear()
         if engine in self._orphans:
