@@ -403,6 +403,48 @@ def test_a_peer_claim_carries_the_reused_blocks_that_were_pending():
     asyncio.run(main())
 
 
+def test_a_replica_that_missed_the_stores_claims_the_reused_blocks_it_does_not_see_confirmed():
+    """Replica 2 missed S's stores of the system prompt (a replay gap it resynced over), replica 1 has them
+    confirmed. S's R2 routed on replica 1 reuses them, so replica 1 does not claim them; the engine evicts them
+    and recomputes them for R2 under S's salt, while T (routed on replica 2) is pending on the same chain
+    hashes there. Each replica decides the claim from its own view of the whole prompt: replica 2 claims the
+    reused blocks it never saw confirmed, so the re-store is refused there, not credited to T (it was when the
+    link carried only the blocks replica 1 claimed)."""
+
+    async def main() -> None:
+        clock = Clock()
+        async with _linked(clock) as ((i1, t1, d1, l1), (i2, t2, d2, l2)):
+            d_s = d2.scope(_ident("s")).digest
+            n_s = lambda: sum(c is not None and c.digest == d_s for c, _, _ in l2._remote.values())  # noqa: E731
+            r1 = d1.decide(_ident("s"), P1, 4)
+            await _wait_for(lambda: n_s() == 1, "R1's claim never reached replica 2")
+            assert t1.stored("e0", [7000, 7001, 7002, 7003], H1, None) == 4  # replica 2 misses these events
+            r1.lease.release()
+            clock.t += 0.3
+            t1.expire()
+            await _wait_for(lambda: n_s() == 0, "R1's end never reached replica 2")
+            clock.t += TTL_S + 0.5
+            t1.expire(), t2.expire()
+            t2.cleared("e0")  # its resync after the gap: it holds nothing of S
+            r2 = d1.decide(_ident("s"), P2, 4)
+            assert r2.cached_tokens == len(SYS)
+            await _wait_for(lambda: n_s() == 1, "R2's claim never reached replica 2")
+            assert set(t1._claims["e0"]).isdisjoint(H2[:2])  # confirmed on replica 1: not claimed there
+            assert set(H2) <= set(t2._claims["e0"])  # never seen confirmed on replica 2: claimed there
+            r_t = d2.decide(_ident("t"), PT, 4)
+            for tr in (t1, t2):
+                tr.removed("e0", [7000, 7001])  # evicted before R2 reached the engine
+            for tr in (t1, t2):
+                tr.stored("e0", [7000, 7001], H2[:2], None)  # recomputed for R2 under S's salt
+                tr.check()
+            assert _confirmed(t2, d2, "t") == 0 and _confirmed(t1, d1, "t") == 0
+            assert _entries(i1, d1, "s") >= set(H2[:2])  # replica 1 remembers the evicted blocks were S's
+            r2.lease.release()
+            r_t.lease.release()
+
+    asyncio.run(main())
+
+
 def test_peer_link_applies_claims_and_refuses_garbage():
     from hypothesis import given, settings
     from hypothesis import strategies as st
@@ -415,31 +457,34 @@ def test_peer_link_applies_claims_and_refuses_garbage():
         d_a = dec.scope(_ident("a")).digest
         origin = b"\x01" * 8
         hashes = np.array(H, dtype="<u8").tobytes()
-        good = msgpack.packb(["c", origin, "e0", d_a, hashes, 7, 0, 2, False])
+        good = msgpack.packb(["p", origin, "e0", d_a, hashes, 7, 0, 2])
         link._apply(*link._decode([good]))
         assert _entries(index, dec, "a") == set(H[:2])  # speculated the first two, claimed all four
-        link._apply(*link._decode([msgpack.packb(["r", origin, "e0", d_a, b"", 7, 0, 0, True])]))
+        link._apply(*link._decode([msgpack.packb(["r", origin, "e0", d_a, b"", 7, 0, 0])]))
         assert _entries(index, dec, "a") == set()
         d_b = dec.decide(_ident("b"), TOKENS, 4)
         assert tr.stored("e0", A_ENGINE, H, None) == 0  # the retracted peer claim still blocks
-        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 7, 0, 0, True])]))
+        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 7, 0, 0])]))
         clock.t += TTL_S + 0.1
         tr.expire()
         d_b.lease.release()
         d_b2 = dec.decide(_ident("b"), TOKENS, 4)
         assert tr.stored("e0", B_ENGINE, H, None) == 4
         d_b2.lease.release()
-        for bad in ([good, good], [b"\xc1"], [msgpack.packb(["c", origin, "e9", d_a, b"", 1, 0, 0, True])],
-                    [msgpack.packb(["c", origin, "e0", b"short", b"", 1, 0, 0, True])],
+        for bad in ([good, good], [b"\xc1"], [msgpack.packb(["p", origin, "e9", d_a, b"", 1, 0, 0])],
+                    [msgpack.packb(["p", origin, "e0", b"short", b"", 1, 0, 0])],
                     [msgpack.packb(["x", origin, "e0", d_a, b"", 1, 0, 0, True])],
-                    [msgpack.packb(["c", origin, "e0", d_a, b"1234567", 1, 0, 0, True])],
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 5, True])],  # speculates past its hashes
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 2, 3, True])],  # skip + speculate past them
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, -1, 2, True])],
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, -1, 0, 0, True])],
-                    [msgpack.packb(["c", b"short", "e0", d_a, hashes, 1, 0, 0, True])],
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 0, 1])],
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, False])],  # the previous 8-field format
+                    [msgpack.packb(["p", origin, "e0", d_a, b"1234567", 1, 0, 0])],
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 5])],  # speculates past its hashes
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 2, 3])],  # skip + speculate past them
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, -1, 2])],
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, -1, 0, 0])],
+                    [msgpack.packb(["p", b"short", "e0", d_a, hashes, 1, 0, 0])],
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, True])],
+                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 0, True])],  # the previous 9-field format
+                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 0])],  # its kind in today's layout
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 0, True])],
+                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, False])],  # the 8-field format before it
                     [msgpack.packb(["s", "e0", d_a, hashes])], [msgpack.packb({"s": 1})]):
             assert link._decode(bad) is None, bad
 
@@ -469,8 +514,8 @@ def test_a_peer_claim_with_repeated_hashes_keeps_the_claim_sweep_working():
         origin, d_a = b"\x02" * 8, dec.scope(_ident("a")).digest
         local = dec.decide(_ident("b"), TOKENS, 4)  # in flight: claims H
         rep = np.array([7, 7, H[0], 7], dtype="<u8").tobytes()
-        link._apply(*link._decode([msgpack.packb(["c", origin, "e0", d_a, rep, 1, 0, 4, True])]))
-        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 1, 0, 0, True])]))
+        link._apply(*link._decode([msgpack.packb(["p", origin, "e0", d_a, rep, 1, 0, 4])]))
+        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 1, 0, 0])]))
         ended = [dec.decide(_ident("c"), [50 + i] + TOKENS, 4) for i in range(20)]
         for d in ended:
             d.lease.release()
@@ -506,8 +551,8 @@ def test_peer_claims_fuzzed_with_repeated_hashes_are_all_unindexed_after_the_gra
         hs = draw(st.lists(st.sampled_from(pool), max_size=8))
         n_skip = draw(st.integers(0, len(hs)))
         n_spec = draw(st.integers(0, len(hs) - n_skip + 1))  # one past the hashes: a frame refused
-        return ("peer", draw(st.sampled_from("ccre")), draw(st.integers(0, 3)), hs, n_skip, n_spec,
-                draw(st.booleans()), draw(st.sampled_from("ab")), draw(st.sampled_from(["e0", "e0", "a0"])))
+        return ("peer", draw(st.sampled_from("ppre")), draw(st.integers(0, 3)), hs, n_skip, n_spec,
+                draw(st.sampled_from("ab")), draw(st.sampled_from(["e0", "e0", "a0"])))
 
     local_op = st.tuples(st.just("local"), st.sampled_from("ab"), st.integers(0, 3))
     store_op = st.tuples(st.just("store"), st.lists(st.sampled_from(pool), min_size=1, max_size=4))
@@ -528,9 +573,9 @@ def test_peer_claims_fuzzed_with_repeated_hashes_are_all_unindexed_after_the_gra
         try:
             for op in ops:
                 if op[0] == "peer":
-                    _, kind, cid, hs, n_skip, n_spec, complete, tenant, engine = op
+                    _, kind, cid, hs, n_skip, n_spec, tenant, engine = op
                     frame = [kind, b"\x03" * 8, engine, dec.scope(_ident(tenant)).digest,
-                             np.array(hs, dtype="<u8").tobytes(), cid, n_skip, n_spec, complete]
+                             np.array(hs, dtype="<u8").tobytes(), cid, n_skip, n_spec]
                     m = link._decode([msgpack.packb(frame)])
                     assert (m is None) == (n_skip + n_spec > len(hs))
                     if m is not None:
@@ -579,14 +624,14 @@ def test_peer_claims_on_an_approximate_engine_do_not_accumulate(monkeypatch):
         origin, digest = b"\x04" * 8, b"d" * 16
         for cid in range(200):  # 32 blocks each: 1 + 32 kept per claim
             hs = rng.integers(1, 2**63, 32, dtype=np.uint64).astype("<u8").tobytes()
-            link._apply(*link._decode([msgpack.packb(["c", origin, "a0", digest, hs, cid, 0, 32, True])]))
+            link._apply(*link._decode([msgpack.packb(["p", origin, "a0", digest, hs, cid, 0, 32])]))
         assert len(link._remote) == 1000 // 33 and tr._claimed == []
         assert all(c is None for c, _, _ in link._remote.values())  # no claim kept for an approximate engine
-        link._apply(*link._decode([msgpack.packb(["r", origin, "a0", digest, b"", 199, 0, 0, True])]))
+        link._apply(*link._decode([msgpack.packb(["r", origin, "a0", digest, b"", 199, 0, 0])]))
         assert tr.count("a0") == 64 - 32  # the latest claim's entries are retracted
         for cid in range(1000, 1100):  # events claims whose "e" is lost: 1 + 2 * 16 each
             hs = rng.integers(1, 2**63, 16, dtype=np.uint64).astype("<u8").tobytes()
-            link._apply(*link._decode([msgpack.packb(["c", origin, "e0", digest, hs, cid, 0, 16, True])]))
+            link._apply(*link._decode([msgpack.packb(["p", origin, "e0", digest, hs, cid, 0, 16])]))
         assert len(link._remote) == 1000 // 33 and len(tr._claimed) == 100
         tr.check()
     finally:

@@ -164,24 +164,20 @@ class Decider:
         d.speculation = None
         name, hashes, scope, reused = spec
         tracker = self.tracker
-        events = tracker.modes[name] == "events"
         digests = scope.write_digests(hashes)
-        # every block past the reused prefix may be stored by this request, speculated or not; so may a reused
-        # block whose entry is not confirmed (pending: another request's, which may never reach the engine)
-        first = tracker.confirmed_prefix(name, hashes[:reused], digests) if events and reused else reused
-        tail_only = events and first == len(hashes) > 0
-        if tail_only:
-            first -= 1  # fully confirmed: claim the last block, the tail its decode blocks continue from
-        claimed = hashes[first:]
+        prompt = hashes
         cap = self.speculative_max_blocks
-        if cap and events and len(hashes) > reused + cap:
+        if cap and tracker.modes[name] == "events" and len(hashes) > reused + cap:
             # the engine's events attribute the rest through their parents (residency module doc)
             hashes = hashes[: reused + cap]
         n_spec = len(hashes) - reused
-        claim = tracker.claim(name, claimed, scope.digest, d.lease, complete=n_spec == len(claimed) or tail_only)
+        # every block past the reused prefix may be stored by this request, speculated or not; so may a reused
+        # block whose entry is not confirmed (pending: another request's, which may never reach the engine)
+        claim = tracker.claim_prompt(name, prompt, scope.digest, d.lease, reused_blocks=reused,
+                                     speculated_blocks=n_spec, digests=digests[:reused])
         d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim)
-        if self.peers is not None and len(claimed):
-            self.peers.claimed(claim, claimed, reused - first, n_spec)
+        if self.peers is not None and len(prompt):
+            self.peers.claimed(claim, prompt, reused, n_spec)
 
     def retract(self, d: Decision) -> None:
         """The request failed before its engine took it: drop what it speculated (or would have)."""

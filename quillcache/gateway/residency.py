@@ -96,7 +96,9 @@ Invariants:
 Two gateway replicas share prefix state by each subscribing to every engine's events AND linking
 as peers (:mod:`.peers`): each replica's claims, speculations, retractions and request ends reach
 the other, enter its tracker as if routed there, and are confirmed by the same engine events, so
-both hold the same entries. Replicas sharing engines MUST be linked: a replica knows no claim of a
+both hold the same entries. A request's claim is decided by each replica from its own confirmed
+entries (the link carries the whole prompt: :meth:`ResidencyTracker.claim_prompt`), so a replica
+whose view lags after a resync claims the reused blocks it does not see confirmed. Replicas sharing engines MUST be linked: a replica knows no claim of a
 request routed elsewhere, so another replica's store of a chain that one scope alone is pending on
 here would be credited to that scope (see :mod:`.peers` for the ordering limit of the link).
 """
@@ -419,6 +421,29 @@ class ResidencyTracker:
                 break
             n += 1
         return n
+
+    def claim_prompt(self, engine: str, block_hashes: Sequence[int], digest: bytes, lease=None, *,
+                     reused_blocks: int, speculated_blocks: int, digests: Sequence[bytes] | None = None,
+                     open_for_s: float | None = None) -> Claim:
+        """:meth:`claim` what a request of scope ``digest`` with prompt chain hashes ``block_hashes`` may cause
+        ``engine`` to store, decided from THIS tracker's confirmed entries (module doc): the first
+        ``reused_blocks`` were found on ``engine`` by its plan (under ``digests``, its per-block write
+        digests; default ``digest``) and its speculation covers the next ``speculated_blocks``. It claims
+        every block from the first reused one not CONFIRMED here; a prompt confirmed whole claims its last
+        block only (its tail). Linked replicas each call this with the whole prompt (:mod:`.peers`), so
+        each claims from its own view: a replica whose view lags (after a resync) claims the reused blocks
+        it does not see confirmed, and no replica's attribution relies on another's confirmed state."""
+        events = self.modes[engine] == "events"
+        if digests is None:
+            digests = [digest] * reused_blocks
+        first = self.confirmed_prefix(engine, block_hashes[:reused_blocks], digests) if events and reused_blocks \
+            else reused_blocks
+        tail_only = events and first == len(block_hashes) > 0
+        if tail_only:
+            first -= 1
+        claimed = block_hashes[first:]
+        return self.claim(engine, claimed, digest, lease, complete=tail_only or speculated_blocks == len(claimed),
+                          open_for_s=open_for_s)
 
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
                   reused_blocks: int = 0, claim: Claim | None = None) -> list[_Rec]:
