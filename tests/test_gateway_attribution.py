@@ -235,6 +235,19 @@ def test_a_shared_system_prompt_pending_for_a_scope_is_claimed_by_its_next_reque
     r_t.lease.release()
 
 
+def _after_s_stored_p1(clock: Clock, **tracker_kw):
+    """A stack whose engine stored S's P1 (confirmed, engine hashes 7000-7003); S's request ended long ago."""
+    index = open_index("flat")
+    tr = ResidencyTracker(index, {"e0": "events"}, ttl_s=TTL_S, clock=clock, **tracker_kw)
+    dec = Decider(index, ["e0"], tr, block_size_tokens=BS, seed=7)
+    r1 = dec.decide(_ident("s"), P1, 4)
+    assert tr.stored("e0", [7000, 7001, 7002, 7003], H1, None) == 4
+    r1.lease.release()
+    clock.t += TTL_S + 0.5
+    tr.expire()
+    return index, tr, dec
+
+
 def test_confirmed_reused_blocks_stay_unclaimed():
     """S's R1 stored the system prompt (confirmed) and ended; S's R2 reuses it and is still in flight. T's store
     of the same system prompt is T's: R2 claims only its new blocks, so a shared prompt keeps its hit rate (an
@@ -259,15 +272,7 @@ def test_a_reused_block_evicted_and_recomputed_is_not_credited_to_another_scope(
     must not be credited to T (it was, T being the only scope pending on those chain hashes: R2 does not claim
     its confirmed reused blocks). The tracker's memory of removed blocks' scopes (rule 4) makes it S's at once."""
     clock = Clock()
-    index = open_index("flat")
-    tr = ResidencyTracker(index, {"e0": "events"}, ttl_s=TTL_S, clock=clock,
-                          max_known_blocks=1 << 10)
-    dec = Decider(index, ["e0"], tr, block_size_tokens=BS, seed=7)
-    r1 = dec.decide(_ident("s"), P1, 4)
-    assert tr.stored("e0", [7000, 7001, 7002, 7003], H1, None) == 4
-    r1.lease.release()
-    clock.t += TTL_S + 0.5
-    tr.expire()
+    index, tr, dec = _after_s_stored_p1(clock, max_known_blocks=1 << 10)
     r2 = dec.decide(_ident("s"), P2, 4)
     assert r2.cached_tokens == len(SYS)
     assert tr.removed("e0", [7000, 7001, 7002, 7003]) == 4  # evicted before R2 reached the engine
@@ -281,6 +286,55 @@ def test_a_reused_block_evicted_and_recomputed_is_not_credited_to_another_scope(
     tr.check()
     r2.lease.release()
     r_t.lease.release()
+
+
+@pytest.mark.parametrize("ended_first", [False, True])
+def test_a_reused_block_evicted_and_recomputed_is_refused_without_the_tracker_remembering_it(ended_first):
+    """As above, with rule 4's memory off (``max_known_blocks=0``: what happens once the bounded memory forgot
+    the block). R2 holds its confirmed reused blocks WEAKLY: that blocks other scopes only once S's entry is
+    gone, so the recomputed store is refused, not credited to T (it was), also when R2's events come after R2
+    ended (within the grace); R2's private blocks then name S as the owner of the prompt (rule 3). While S's
+    entry is confirmed, T's own store of the shared prompt is T's (the previous test of this file)."""
+    clock = Clock()
+    index, tr, dec = _after_s_stored_p1(clock, max_known_blocks=0)
+    r2 = dec.decide(_ident("s"), P2, 4)
+    assert r2.cached_tokens == len(SYS)
+    r_t = dec.decide(_ident("t"), PT, 4)
+    assert tr.removed("e0", [7000, 7001]) == 2  # evicted before R2 reached the engine
+    if ended_first:  # R2's events arrive after R2 ended, within the grace
+        r2.lease.release()
+        clock.t += TTL_S / 2
+        tr.expire()
+    ambiguous = tr.stats.ambiguous
+    tr.stored("e0", [7000, 7001], H2[:2], None)  # S's salt, recomputed for R2
+    assert _confirmed(tr, dec, "t") == 0 and tr.stats.ambiguous == ambiguous + 2
+    assert tr.stored("e0", S2_ENGINE[2:], H2[2:], 7001) == 2  # R2's private blocks: S's, and so is the prompt
+    assert _entries(index, dec, "s") == set(H1) | set(H2) and tr.stats.resolved == 2
+    assert _confirmed(tr, dec, "t") == 0
+    tr.check()
+    r2.lease.release()
+    r_t.lease.release()
+
+
+def test_blocks_computed_again_while_still_cached_keep_their_scope():
+    """S's R2 reuses S's whole confirmed prompt; the engine evicts only its first block, so its prefix match is
+    empty and it computes the whole prompt again, storing the blocks it still holds under the same engine
+    hashes. U, pending on the same chain hashes, is credited with none of them: the first is refused (R2's weak
+    hold, S's entry gone), the others are S's by their engine hashes (rule 4), which then resolve the first."""
+    clock = Clock()
+    index, tr, dec = _after_s_stored_p1(clock, max_known_blocks=0)
+    r2 = dec.decide(_ident("s"), P1, 4)
+    assert r2.cached_tokens == 4 * BS
+    r_u = dec.decide(_ident("u"), P1, 4)
+    assert _entries(index, dec, "u") == set(H1)  # pending
+    assert tr.removed("e0", [7000]) == 1
+    remembered = tr.stats.remembered
+    assert tr.stored("e0", [7000, 7001, 7002, 7003], H1, None) == 3
+    assert tr.stats.remembered == remembered + 1 and tr.stats.resolved == 1  # the rest by rule 1
+    assert _confirmed(tr, dec, "u") == 0 and _confirmed(tr, dec, "s") == 4
+    tr.check()
+    r2.lease.release()
+    r_u.lease.release()
 
 
 def test_ended_claims_are_unindexed():

@@ -172,7 +172,8 @@ class Decider:
             hashes = hashes[: reused + cap]
         n_spec = len(hashes) - reused
         # every block past the reused prefix may be stored by this request, speculated or not; so may a reused
-        # block whose entry is not confirmed (pending: another request's, which may never reach the engine)
+        # block whose entry is not confirmed (pending: another request's, which may never reach the engine), and
+        # a confirmed one once the engine evicted it (held weakly: residency module doc)
         claim = tracker.claim_prompt(name, prompt, scope.digest, d.lease, reused_blocks=reused,
                                      speculated_blocks=n_spec, digests=digests[:reused])
         d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim)

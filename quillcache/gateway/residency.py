@@ -36,8 +36,9 @@ parent engine hash) until their ``BlockRemoved``, a clear or resync, at most
 ``max_unattributed_blocks`` per engine (the oldest forgotten first: they stay unattributed).
 
 (4) A block stored again under an engine hash that was attributed to scope S before (evicted, then
-recomputed) is S's: the engine hash commits to the salt and the whole prefix, so it names the same
-scope every time it is stored. The tracker remembers the scope of the last ``max_known_blocks``
+recomputed; or computed again while still cached, as an engine does when an ancestor was evicted and
+its prefix match ends there) is S's: the engine hash commits to the salt and the whole prefix, so it
+names the same scope every time it is stored. The tracker remembers the scope of the last ``max_known_blocks``
 engine hashes whose confirmed entries ``BlockRemoved``, ``AllBlocksCleared`` or a resync dropped, per
 engine (the relation is a property of the hash, not of the cache's contents, so a clear keeps it).
 Rules (1) and (4) come before the claims: they never credit a scope with another scope's salted
@@ -57,9 +58,15 @@ covered all its claimed blocks. Of the reused prefix (the blocks the plan found 
 scope), the request claims every block from the first one whose entry is not CONFIRMED when it is
 recorded (:meth:`confirmed_prefix`): a PENDING entry is another request's speculation, which may never
 reach the engine (its client left, its upstream failed), so this request may store that block itself.
-The CONFIRMED leading blocks are not claimed: the engine stores one of them again only after evicting
-it, its ``BlockRemoved`` comes first on the same stream, and rule 4 credits the new store to the scope
-the evicted one had (while the tracker remembers it). A fully reused prompt claims its last block only.
+The CONFIRMED leading blocks are claimed WEAKLY: a weak claim blocks another scope only while this
+scope's entry for that block is NOT confirmed (and, like a tail below, while the request is in flight
+and for the grace period after). The engine stores such a block again only after evicting it, and its
+``BlockRemoved`` comes first on the same stream; so while the entry is confirmed, another scope's
+store of that chain hash is that scope's own (a shared system prompt keeps its hit rate), and once it
+is gone a store may be this request's recompute: rule 4 credits it to the scope the evicted block had
+while the tracker remembers it; otherwise it is refused as ambiguous, and rule 3 credits it later
+through the request's private blocks. A fully reused prompt claims its last block only (the rest
+weakly).
 A claim's last block is its TAIL: the request's DECODE blocks continue the engine's chain from there
 and no claim can name them, so rule 2 refuses a block whose unattributed ancestry passes through
 another scope's tail while that request is in flight or within the grace period after it (ancestry it
@@ -108,11 +115,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
+import operator
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from itertools import repeat
+from itertools import compress, repeat
 
 from quillcache.index.base import IndexBackend
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
@@ -142,13 +150,14 @@ class Claim:
     block, so its stores may still be on the way."""
 
     __slots__ = ("cid", "digest", "ended_s", "engine", "hashes", "lease", "lost", "notified", "open_until_s",
-                 "tail", "unconfirmed")
+                 "tail", "unconfirmed", "weak")
 
     def __init__(self, engine: str, digest: bytes, hashes: list[int], lease, open_until_s: float,
-                 lost: bool, cid: int, tail: int | None = None) -> None:
+                 lost: bool, cid: int, tail: int | None = None, weak: dict[int, bytes] | None = None) -> None:
         self.engine = engine
         self.digest = digest
         self.hashes = hashes
+        self.weak = weak  # reused blocks confirmed at claim time: chain hash -> their entry's digest, or None
         self.tail = tail  # the chain hash its engine's decode blocks continue from, or None
         self.lease = lease
         self.open_until_s = open_until_s
@@ -227,6 +236,10 @@ class ResidencyTracker:
         self._claims: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
             e: {} for e, m in self.modes.items() if m == "events"}
         self._claimed: list[Claim] = []  # every claim still indexed (open, or ended and not yet dead)
+        # (engine) -> (chain hash, entry digest) -> how many indexed claims hold it WEAKLY (reused, confirmed when
+        # claimed), and chain hash -> the digests whose confirmed entry left while held weakly (module doc)
+        self._weak: dict[str, dict[tuple[int, bytes], int]] = {e: {} for e, m in self.modes.items() if m == "events"}
+        self._weak_gone: dict[str, dict[int, set[bytes]]] = {e: {} for e, m in self.modes.items() if m == "events"}
         # (engine) -> a claim's tail (its last prompt block's chain hash) -> the claims ending there
         self._tails: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
             e: {} for e, m in self.modes.items() if m == "events"}
@@ -260,15 +273,17 @@ class ResidencyTracker:
 
     # ---- routing-time side (event loop) ------------------------------------------------------
     def claim(self, engine: str, block_hashes: Sequence[int], digest: bytes, lease=None, *,
-              complete: bool = True, open_for_s: float | None = None) -> Claim:
+              complete: bool = True, open_for_s: float | None = None, weak: dict[int, bytes] | None = None
+              ) -> Claim:
         """Claim ``block_hashes`` (the chain hashes a request routed to ``engine`` may cause it to store)
         for scope ``digest``: open while ``lease.live`` or, with ``lease=None`` (a peer's request), until
         :meth:`end_claim` or ``open_for_s`` from now. ``complete=False``: the request's speculation does not
         cover every claimed block (its stores cannot all be seen confirmed). The last hash is the claim's
         TAIL: the request's decode blocks continue the engine's chain from there, so no block below it is
         credited to another scope by rule 2 (module doc). For an approximate engine the claim is only a
-        handle (nothing is attributed there, nothing is indexed). Cost: one dict write per block, at C
-        level."""
+        handle (nothing is attributed there, nothing is indexed). ``weak``: the reused blocks that were
+        CONFIRMED when claimed (chain hash -> the digest of that entry), held only while their entry is
+        not confirmed (module doc). Cost: one dict write per block, at C level."""
         if engine not in self.modes:
             raise KeyError(f"unknown engine {engine!r}")
         table = self._claims.get(engine)
@@ -278,16 +293,35 @@ class ResidencyTracker:
         self._cids += 1
         tail = hl[-1] if hl and table is not None else None
         c = Claim(engine, digest, hl, lease, math.inf if open_for_s is None else now + open_for_s,
-                  not complete, self._cids, tail)
+                  not complete, self._cids, tail, dict(weak) if weak and table is not None else None)
         if table is not None:
             if hl:
-                prevs = list(map(table.get, hl))
-                merged = {p: self._merge(p, c, now) for p in set(prevs)}  # one per overlapping claim set: few
-                table.update(zip(hl, map(merged.__getitem__, prevs)))
+                self._index(table, hl, c, now, self._blocking)
                 tails = self._tails[engine]
                 tails[tail] = self._merge(tails.get(tail), c, now, self._tail_blocking)
+            if c.weak:  # counts, not claim tuples: a hot shared prompt is held by every request reusing it
+                weak = self._weak[engine]
+                keys = list(c.weak.items())
+                weak.update(zip(keys, map((1).__add__, map(weak.get, keys, repeat(0)))))
+            if hl or c.weak:
                 self._claimed.append(c)
         return c
+
+    def _index(self, table: dict, hl: list[int], c: Claim, now: float, blocking) -> None:
+        """Index claim ``c`` under each of ``hl`` in ``table``, beside the claims there that still block."""
+        prevs = list(map(table.get, hl))
+        merged = {p: self._merge(p, c, now, blocking) for p in set(prevs)}  # one per overlapping claim set: few
+        table.update(zip(hl, map(merged.__getitem__, prevs)))
+
+    def _unindex(self, table: dict, hl: list[int], now: float, blocking) -> None:
+        """Drop from ``table`` under each of ``hl`` the claims that no longer block."""
+        prevs = list(map(table.get, hl))
+        repl = {p: self._prune(p, now, blocking) for p in set(prevs)}
+        if all(q is None for q in repl.values()):
+            deque(map(table.pop, hl, repeat(None)), maxlen=0)
+        else:  # pop with a default: a hash that is gone already (or repeated) cannot break the sweep
+            table.update(zip(hl, map(repl.__getitem__, prevs)))
+            deque(map(table.pop, [h for h, p in zip(hl, prevs) if repl[p] is None], repeat(None)), maxlen=0)
 
     def end_claim(self, c: Claim) -> None:
         """A peer's request ended: its claim blocks for the grace period from now (or less, module doc)."""
@@ -366,14 +400,25 @@ class ResidencyTracker:
         return any(self._other_scope_tail(engine, t, digest) for t in list(tails))
 
     def _other_scope_blocks(self, engine: str, h: int, digest: bytes) -> bool:
-        """Whether a claim of a scope other than ``digest`` blocks chain hash ``h`` on ``engine``."""
-        v = self._claims[engine].get(h)
-        if v is None:
-            return False
+        """Whether a claim of a scope other than ``digest`` blocks chain hash ``h`` on ``engine``: it holds
+        ``h``, or holds it weakly and that scope's entry for ``h`` is no longer confirmed (module doc)."""
         now = self.clock()
-        if type(v) is not tuple:
-            return v.digest != digest and self._blocking(v, now)
-        return any(c.digest != digest and self._blocking(c, now) for c in v)
+        v = self._claims[engine].get(h)
+        if v is not None:
+            if type(v) is not tuple:
+                if v.digest != digest and self._blocking(v, now):
+                    return True
+            elif any(c.digest != digest and self._blocking(c, now) for c in v):
+                return True
+        gone = self._weak_gone[engine].get(h)
+        if gone:
+            live, weak = self._live[engine], self._weak[engine]
+            for d in gone:
+                if d != digest and weak.get((h, d)):
+                    rec = live.get((h, d))
+                    if rec is None or rec.state is not EntryState.CONFIRMED:
+                        return True
+        return False
 
     def _sweep_claims(self, now: float) -> None:
         """Tell the peer link of local claims seen ended; unindex claims that no longer block. Runs at
@@ -383,7 +428,8 @@ class ResidencyTracker:
         self._next_sweep_s = now + self._sweep_every_s
         kept: list[Claim] = []
         for c in self._claimed:
-            blocking = self._blocking(c, now) or (c.tail is not None and self._tail_blocking(c, now))
+            blocking = self._blocking(c, now) or ((c.tail is not None or c.weak is not None)
+                                                  and self._tail_blocking(c, now))
             if c.ended_s is not None and not c.notified:
                 c.notified = True
                 if c.lease is not None and self.on_claim_end is not None:
@@ -398,16 +444,27 @@ class ResidencyTracker:
                     tails.pop(c.tail, None)
                 else:
                     tails[c.tail] = q
-            table = self._claims[c.engine]
-            hl = c.hashes
-            prevs = list(map(table.get, hl))
-            repl = {p: self._prune(p, now) for p in set(prevs)}
-            if all(q is None for q in repl.values()):
-                deque(map(table.pop, hl, repeat(None)), maxlen=0)
-            else:  # pop with a default: a hash that is gone already (or repeated) cannot break the sweep
-                table.update(zip(hl, map(repl.__getitem__, prevs)))
-                deque(map(table.pop, [h for h, p in zip(hl, prevs) if repl[p] is None], repeat(None)), maxlen=0)
+            self._unindex(self._claims[c.engine], c.hashes, now, self._blocking)
+            if c.weak:
+                self._unindex_weak(c)
         self._claimed = kept
+
+    def _unindex_weak(self, c: Claim) -> None:
+        """Count ``c``'s weak holds off; a (hash, digest) no claim holds any more leaves the gone set too."""
+        weak = self._weak[c.engine]
+        keys = list(c.weak.items())
+        left = list(map((-1).__add__, map(weak.get, keys, repeat(1))))
+        weak.update(zip(keys, left))
+        zeros = list(compress(keys, map(operator.not_, left)))
+        deque(map(weak.pop, zeros, repeat(None)), maxlen=0)
+        gone = self._weak_gone[c.engine]
+        if gone:
+            for h, d in zeros:
+                g = gone.get(h)
+                if g is not None:
+                    g.discard(d)
+                    if not g:
+                        del gone[h]
 
     def confirmed_prefix(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes]) -> int:
         """How many leading ``block_hashes`` have a CONFIRMED entry under their ``digests`` on ``engine``
@@ -442,8 +499,12 @@ class ResidencyTracker:
         if tail_only:
             first -= 1
         claimed = block_hashes[first:]
+        weak = None
+        if first > 0:
+            tolist = getattr(block_hashes, "tolist", None)
+            weak = dict(zip(tolist()[:first] if tolist is not None else map(int, block_hashes[:first]), digests))
         return self.claim(engine, claimed, digest, lease, complete=tail_only or speculated_blocks == len(claimed),
-                          open_for_s=open_for_s)
+                          open_for_s=open_for_s, weak=weak)
 
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
                   reused_blocks: int = 0, claim: Claim | None = None) -> list[_Rec]:
@@ -599,6 +660,10 @@ class ResidencyTracker:
                 continue
             e, h = int(e), int(h)
             digest = known.pop(e, None) if known else None  # stored again: live from here on
+            if digest is None:  # stored again while still cached (a recompute under an evicted ancestor)
+                cur = by_e.get(e)
+                if cur is not None and cur.state is EntryState.CONFIRMED and cur.h == h:
+                    digest = cur.digest
             if parent is not None and parent.state is EntryState.CONFIRMED:  # rule 1
                 rec, new = self._take(engine, h, parent.digest, puts)
                 self.stats.inherited += new
@@ -674,8 +739,12 @@ class ResidencyTracker:
             p = up
         return n
 
-    def _remember_scope(self, engine: str, engine_hash: int, digest: bytes) -> None:
-        """Rule 4: a confirmed block left the tracker; remember its scope should the engine store it again."""
+    def _remember_scope(self, engine: str, engine_hash: int, h: int, digest: bytes) -> None:
+        """A confirmed block left the tracker: rule 4 remembers its scope should the engine store it again,
+        and a weak hold on it starts to block other scopes (module doc)."""
+        weak = self._weak.get(engine)
+        if weak and weak.get((h, digest)):
+            self._weak_gone[engine].setdefault(h, set()).add(digest)
         if self.max_known_blocks:
             known = self._known[engine]
             known[engine_hash] = digest
@@ -701,7 +770,7 @@ class ResidencyTracker:
             rec.state = EntryState.DROPPED
             del live[(rec.h, rec.digest)]
             gone.append(ReplicaKey(rec.h, engine, _GPU, rec.digest))
-            self._remember_scope(engine, int(e), rec.digest)
+            self._remember_scope(engine, int(e), rec.h, rec.digest)
         if gone:
             self.index.remove(gone)
             self.stats.removed += len(gone)
@@ -717,7 +786,7 @@ class ResidencyTracker:
             if rec.state is EntryState.PENDING:
                 rec.drop_unconfirmed()  # its request is still in flight: its claim stays
             elif rec.state is EntryState.CONFIRMED and rec.engine_hash is not None:
-                self._remember_scope(engine, rec.engine_hash, rec.digest)
+                self._remember_scope(engine, rec.engine_hash, rec.h, rec.digest)
             rec.state = EntryState.DROPPED
         live.clear()
         self._by_engine_hash[engine].clear()
@@ -751,6 +820,10 @@ class ResidencyTracker:
             assert held == set(live), f"engine {engine}: index {len(held)} entries, tracker {len(live)}"
             for rec in live.values():
                 assert rec.state in (EntryState.PENDING, EntryState.CONFIRMED, EntryState.APPROX)
+        for engine, gone in self._weak_gone.items():  # bounded by the weak holds
+            weak = self._weak[engine]
+            assert all(weak.get((h, d), 0) > 0 for h, g in gone.items() for d in g) and all(gone.values())
+            assert all(n > 0 for n in weak.values())
 
 
 class EventSink:
