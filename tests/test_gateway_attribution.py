@@ -355,6 +355,7 @@ def test_ended_claims_are_unindexed():
     clock.t += TTL_S + 0.1
     tr.expire()
     assert tr._claimed == [] and tr._claims["e0"] == {}
+    assert tr._tails["e0"] == tr._weak["e0"] == tr._weak_gone["e0"] == {} and tr._shorts["e0"] == []
 
 
 # ---------------------------------------------------------------------------------------------- peers
@@ -499,6 +500,32 @@ def test_a_replica_that_missed_the_stores_claims_the_reused_blocks_it_does_not_s
     asyncio.run(main())
 
 
+def test_a_peers_prompt_with_no_full_block_claims_the_roots_its_decode_may_store():
+    """T's prompt with no full block is routed on replica 1; S's guess of T's output (S's first block begins with
+    T's prompt) on replica 2. The link carries T's prompt tokens (a short claim) and S's first block's tokens:
+    neither replica credits T's first decode block, a root, to S."""
+
+    async def main() -> None:
+        clock = Clock()
+        async with _linked(clock) as ((i1, t1, d1, l1), (i2, t2, d2, l2)):
+            p, o = [11, 12], [900, 901, 902, 903, 904, 905]
+            h = [int(x) for x in hash_blocks(p + o, BS)]
+            d_t = d1.decide(_ident("t"), p, 4)
+            await _wait_for(lambda: t2._shorts["e0"], "T's short claim never reached replica 2")
+            d_s = d2.decide(_ident("s"), p + o + [555], 4)
+            await _wait_for(lambda: h[0] in t1._claims["e0"], "S's root never reached replica 1")
+            for tr, dec in ((t1, d1), (t2, d2)):
+                assert h[0] in tr._claims["e0"] and h[0] in tr._tails["e0"]  # claimed by T's short claim
+                assert tr.stored("e0", [7000], h[:1], None) == 0
+                assert tr.stored("e0", [7001], h[1:2], 7000) == 0
+                assert _confirmed(tr, dec, "s") == 0
+                tr.check()
+            d_t.lease.release()
+            d_s.lease.release()
+
+    asyncio.run(main())
+
+
 def test_peer_link_applies_claims_and_refuses_garbage():
     from hypothesis import given, settings
     from hypothesis import strategies as st
@@ -511,34 +538,36 @@ def test_peer_link_applies_claims_and_refuses_garbage():
         d_a = dec.scope(_ident("a")).digest
         origin = b"\x01" * 8
         hashes = np.array(H, dtype="<u8").tobytes()
-        good = msgpack.packb(["p", origin, "e0", d_a, hashes, 7, 0, 2])
+        good = msgpack.packb(["p", origin, "e0", d_a, hashes, 7, 0, 2, b""])
         link._apply(*link._decode([good]))
         assert _entries(index, dec, "a") == set(H[:2])  # speculated the first two, claimed all four
-        link._apply(*link._decode([msgpack.packb(["r", origin, "e0", d_a, b"", 7, 0, 0])]))
+        link._apply(*link._decode([msgpack.packb(["r", origin, "e0", d_a, b"", 7, 0, 0, b""])]))
         assert _entries(index, dec, "a") == set()
         d_b = dec.decide(_ident("b"), TOKENS, 4)
         assert tr.stored("e0", A_ENGINE, H, None) == 0  # the retracted peer claim still blocks
-        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 7, 0, 0])]))
+        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 7, 0, 0, b""])]))
         clock.t += TTL_S + 0.1
         tr.expire()
         d_b.lease.release()
         d_b2 = dec.decide(_ident("b"), TOKENS, 4)
         assert tr.stored("e0", B_ENGINE, H, None) == 4
         d_b2.lease.release()
-        for bad in ([good, good], [b"\xc1"], [msgpack.packb(["p", origin, "e9", d_a, b"", 1, 0, 0])],
-                    [msgpack.packb(["p", origin, "e0", b"short", b"", 1, 0, 0])],
+        for bad in ([good, good], [b"\xc1"], [msgpack.packb(["p", origin, "e9", d_a, b"", 1, 0, 0, b""])],
+                    [msgpack.packb(["p", origin, "e0", b"short", b"", 1, 0, 0, b""])],
                     [msgpack.packb(["x", origin, "e0", d_a, b"", 1, 0, 0, True])],
-                    [msgpack.packb(["p", origin, "e0", d_a, b"1234567", 1, 0, 0])],
-                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 5])],  # speculates past its hashes
-                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 2, 3])],  # skip + speculate past them
-                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, -1, 2])],
-                    [msgpack.packb(["p", origin, "e0", d_a, hashes, -1, 0, 0])],
-                    [msgpack.packb(["p", b"short", "e0", d_a, hashes, 1, 0, 0])],
-                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, True])],
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 0, True])],  # the previous 9-field format
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 0])],  # its kind in today's layout
+                    [msgpack.packb(["p", origin, "e0", d_a, b"1234567", 1, 0, 0, b""])],
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 5, b""])],  # speculates past its hashes
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 2, 3, b""])],  # skip + speculate past them
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, -1, 2, b""])],
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, -1, 0, 0, b""])],
+                    [msgpack.packb(["p", b"short", "e0", d_a, hashes, 1, 0, 0, b""])],
                     [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 0, True])],
-                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, False])],  # the 8-field format before it
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 0, b"1234567"])],
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 0, b"\0" * (8 * 4097)])],  # first too long
+                    [msgpack.packb(["p", origin, "e0", d_a, hashes, 1, 0, 0])],  # an earlier format: no first tokens
+                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 0, True])],  # the 9-field format before it
+                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, 0, b""])],  # its kind in today's layout
+                    [msgpack.packb(["c", origin, "e0", d_a, hashes, 1, 0, False])],  # the 8-field format before that
                     [msgpack.packb(["s", "e0", d_a, hashes])], [msgpack.packb({"s": 1})]):
             assert link._decode(bad) is None, bad
 
@@ -568,8 +597,8 @@ def test_a_peer_claim_with_repeated_hashes_keeps_the_claim_sweep_working():
         origin, d_a = b"\x02" * 8, dec.scope(_ident("a")).digest
         local = dec.decide(_ident("b"), TOKENS, 4)  # in flight: claims H
         rep = np.array([7, 7, H[0], 7], dtype="<u8").tobytes()
-        link._apply(*link._decode([msgpack.packb(["p", origin, "e0", d_a, rep, 1, 0, 4])]))
-        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 1, 0, 0])]))
+        link._apply(*link._decode([msgpack.packb(["p", origin, "e0", d_a, rep, 1, 0, 4, b""])]))
+        link._apply(*link._decode([msgpack.packb(["e", origin, "e0", d_a, b"", 1, 0, 0, b""])]))
         ended = [dec.decide(_ident("c"), [50 + i] + TOKENS, 4) for i in range(20)]
         for d in ended:
             d.lease.release()
@@ -583,6 +612,7 @@ def test_a_peer_claim_with_repeated_hashes_keeps_the_claim_sweep_working():
             clock.t += TTL_S + 0.5
             tr.expire()
         assert tr._claimed == [] and tr._claims["e0"] == {}
+        assert tr._tails["e0"] == tr._weak["e0"] == tr._weak_gone["e0"] == {} and tr._shorts["e0"] == []
         tr.check()
     finally:
         link.close()
@@ -605,8 +635,9 @@ def test_peer_claims_fuzzed_with_repeated_hashes_are_all_unindexed_after_the_gra
         hs = draw(st.lists(st.sampled_from(pool), max_size=8))
         n_skip = draw(st.integers(0, len(hs)))
         n_spec = draw(st.integers(0, len(hs) - n_skip + 1))  # one past the hashes: a frame refused
+        first = draw(st.lists(st.integers(0, 3), max_size=3))  # with no hashes: a short claim
         return ("peer", draw(st.sampled_from("ppre")), draw(st.integers(0, 3)), hs, n_skip, n_spec,
-                draw(st.sampled_from("ab")), draw(st.sampled_from(["e0", "e0", "a0"])))
+                draw(st.sampled_from("ab")), draw(st.sampled_from(["e0", "e0", "a0"])), first)
 
     local_op = st.tuples(st.just("local"), st.sampled_from("ab"), st.integers(0, 3))
     store_op = st.tuples(st.just("store"), st.lists(st.sampled_from(pool), min_size=1, max_size=4))
@@ -627,9 +658,10 @@ def test_peer_claims_fuzzed_with_repeated_hashes_are_all_unindexed_after_the_gra
         try:
             for op in ops:
                 if op[0] == "peer":
-                    _, kind, cid, hs, n_skip, n_spec, tenant, engine = op
+                    _, kind, cid, hs, n_skip, n_spec, tenant, engine, first = op
                     frame = [kind, b"\x03" * 8, engine, dec.scope(_ident(tenant)).digest,
-                             np.array(hs, dtype="<u8").tobytes(), cid, n_skip, n_spec]
+                             np.array(hs, dtype="<u8").tobytes(), cid, n_skip, n_spec,
+                             np.array(first, dtype="<u8").tobytes()]
                     m = link._decode([msgpack.packb(frame)])
                     assert (m is None) == (n_skip + n_spec > len(hs))
                     if m is not None:
@@ -652,6 +684,7 @@ def test_peer_claims_fuzzed_with_repeated_hashes_are_all_unindexed_after_the_gra
             clock.t += tr.claim_grace_s + 1.0
             tr.expire()
             assert tr._claimed == [] and tr._claims["e0"] == {}
+            assert tr._tails["e0"] == tr._weak["e0"] == tr._weak_gone["e0"] == {} and tr._shorts["e0"] == []
             tr.check()
         finally:
             link.close()
@@ -678,14 +711,14 @@ def test_peer_claims_on_an_approximate_engine_do_not_accumulate(monkeypatch):
         origin, digest = b"\x04" * 8, b"d" * 16
         for cid in range(200):  # 32 blocks each: 1 + 32 kept per claim
             hs = rng.integers(1, 2**63, 32, dtype=np.uint64).astype("<u8").tobytes()
-            link._apply(*link._decode([msgpack.packb(["p", origin, "a0", digest, hs, cid, 0, 32])]))
+            link._apply(*link._decode([msgpack.packb(["p", origin, "a0", digest, hs, cid, 0, 32, b""])]))
         assert len(link._remote) == 1000 // 33 and tr._claimed == []
         assert all(c is None for c, _, _ in link._remote.values())  # no claim kept for an approximate engine
-        link._apply(*link._decode([msgpack.packb(["r", origin, "a0", digest, b"", 199, 0, 0])]))
+        link._apply(*link._decode([msgpack.packb(["r", origin, "a0", digest, b"", 199, 0, 0, b""])]))
         assert tr.count("a0") == 64 - 32  # the latest claim's entries are retracted
         for cid in range(1000, 1100):  # events claims whose "e" is lost: 1 + 2 * 16 each
             hs = rng.integers(1, 2**63, 16, dtype=np.uint64).astype("<u8").tobytes()
-            link._apply(*link._decode([msgpack.packb(["p", origin, "e0", digest, hs, cid, 0, 16])]))
+            link._apply(*link._decode([msgpack.packb(["p", origin, "e0", digest, hs, cid, 0, 16, b""])]))
         assert len(link._remote) == 1000 // 33 and len(tr._claimed) == 100
         tr.check()
     finally:

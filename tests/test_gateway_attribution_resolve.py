@@ -241,6 +241,46 @@ def test_another_tenants_decode_block_is_not_credited_to_a_scope_that_guessed_it
     tr.check()
 
 
+@pytest.mark.parametrize("t_first", [False, True])
+def test_the_decode_of_a_prompt_with_no_full_block_is_not_credited_to_a_scope_that_guessed_it(t_first):
+    """T's prompt p has no full block, so its decode blocks are ROOTS. S sends p followed by a guess o of T's
+    output (S's first block is p + o's start): S alone is pending on the chain hashes T's decode stores. T's
+    short claim claims every root another scope speculates whose first block begins with p (routed before or
+    after T), and holds it as a tail: neither decode block is credited to S, during T's request or its grace.
+    A root of another prefix is S's as before."""
+    clock = Clock()
+    index, tr, dec = _stack(clock)
+    p = [11, 12]
+    o = [900, 901, 902, 903, 904, 905]
+    h = [int(x) for x in hash_blocks(p + o, BS)]
+    t_engine = [7000, 7001]
+    other = [int(x) for x in hash_blocks([13, 12, 900, 901, 5], BS)]
+    if t_first:
+        d_t = dec.decide(_ident("t"), p, 4)
+    d_s = dec.decide(_ident("s"), p + o + [555], 4)
+    d_other = dec.decide(_ident("s"), [13, 12, 900, 901, 5], 4)
+    if not t_first:
+        d_t = dec.decide(_ident("t"), p, 4)
+    assert tr.stored("e0", t_engine[:1], h[:1], None) == 0  # T's first decode block: nobody's
+    d_t.lease.release()  # T's next decode block arrives after T ended, within the grace
+    clock.t += tr.claim_grace_s / 2
+    tr.expire()
+    assert tr.stored("e0", t_engine[1:], h[1:2], t_engine[0]) == 0
+    assert _confirmed(tr, dec, "s") == set() and tr.stats.resolved == 0
+    assert tr.stored("e0", [8000], other[:1], None) == 1 and _confirmed(tr, dec, "s") == set(other[:1])
+    dec.retract(d_s)
+    d_s.lease.release()
+    d_other.lease.release()
+    for _ in range(2):  # the first sweep sees them ended, the next one after the grace unindexes them
+        clock.t += 10
+        tr.expire()
+    assert tr._shorts["e0"] == [] and tr._tails["e0"] == {} and tr._claims["e0"] == {}
+    probe = dec.decide(_ident("s"), p + o + [1, 2, 3, 4, 5], 4)
+    assert probe.cached_tokens == 0
+    probe.lease.release()
+    tr.check()
+
+
 def _engine_hash(tenant: str, tokens: list[int]) -> int:
     """The fake engine's salted hash of a block: the tenant and every token up to the block's end."""
     return int.from_bytes(hashlib.blake2b(repr((tenant, tokens)).encode(), digest_size=7).digest(), "little")
@@ -278,7 +318,8 @@ def test_a_block_stored_again_is_credited_to_the_scope_its_engine_hash_had():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_interleavings_never_credit_a_block_to_a_scope_whose_salt_it_does_not_carry(seed):
-    """Tenants with a shared system prompt and private questions, in random order and overlap, their stores
+    """Tenants with a shared system prompt and private questions (or prompts with no full block, whose decode
+    block is a root), in random order and overlap, their stores
     split into random events, random evictions and expiries. A request's engine also stores its first DECODE
     block (its prompt's tail and output tokens), which no claim names; some prompts of one tenant are another
     tenant's prompt followed by that tenant's output (a guess of it), so a decode block can be the only pending
@@ -301,16 +342,20 @@ def test_random_interleavings_never_credit_a_block_to_a_scope_whose_salt_it_does
     def output(x: str, q: int) -> list[int]:  # what x's request q generates
         return [5000 + 100 * tenants.index(x) + 10 * q + i for i in range(2 * BS)]
 
+    def short(x: str, q: int) -> list[int]:  # a prompt with no full block: its decode blocks are roots
+        return [8000 + 100 * tenants.index(x) + 10 * q + i for i in range(1 + q % (BS - 1))]
+
     inflight = []
     for step in range(40):
         x = rng.choice(tenants)
         q = rng.randrange(3)
-        prompt = question(x, q)
+        ask = short if rng.random() < 0.2 else question
+        prompt = ask(x, q)
         if rng.random() < 0.3:  # x guesses another tenant's output and asks about it
             y = rng.choice([t for t in tenants if t != x])
             qy = rng.randrange(3)
-            prompt = question(y, qy) + output(y, qy) + [7]
-        full = prompt + output(x, q) if prompt == question(x, q) else prompt + [9] * BS
+            prompt = rng.choice([question, short])(y, qy) + output(y, qy) + [7]
+        full = prompt + output(x, q) if prompt == ask(x, q) else prompt + [9] * BS
         hashes = [int(h) for h in hash_blocks(full, BS)]
         n_prompt = len(prompt) // BS
         n_stored = min(len(hashes), n_prompt + 1)  # the prompt's full blocks and the first decode block

@@ -80,7 +80,7 @@ class Decision:
     reason: str  # prefix_hit, no_hit, retry, unhealthy (metrics label)
     lease: Lease
     prompt_tokens: int
-    speculation: tuple | None = None  # (engine, hashes, digests, reused) until recorded
+    speculation: tuple | None = None  # (engine, hashes, scope, reused, first block's tokens) until recorded
     speculated: list | None = None  # the entries written (for retract)
 
 
@@ -146,8 +146,10 @@ class Decider:
         name = self.names[w]
         hashes = req.block_hashes
         d = Decision(name, w, cached, tc, reason, lease, req.input_tokens)
-        if len(hashes) or self.tracker.modes[name] == "approximate":  # a fully reused prompt still claims its tail
-            d.speculation = (name, hashes, req.scope, reused)
+        # a fully reused prompt still claims its tail; a prompt with no full block claims roots (residency doc)
+        if len(hashes) or len(token_ids) or self.tracker.modes[name] == "approximate":
+            # a prompt with no full block has at most bs - 1 tokens: that much of a first block can be compared
+            d.speculation = (name, hashes, req.scope, reused, tuple(token_ids[: self._bs - 1]) if not reused else ())
             if record:
                 self.record(d)
         return d
@@ -162,7 +164,7 @@ class Decider:
         if spec is None:
             return
         d.speculation = None
-        name, hashes, scope, reused = spec
+        name, hashes, scope, reused, first = spec
         tracker = self.tracker
         digests = scope.write_digests(hashes)
         prompt = hashes
@@ -175,10 +177,10 @@ class Decider:
         # block whose entry is not confirmed (pending: another request's, which may never reach the engine), and
         # a confirmed one once the engine evicted it (held weakly: residency module doc)
         claim = tracker.claim_prompt(name, prompt, scope.digest, d.lease, reused_blocks=reused,
-                                     speculated_blocks=n_spec, digests=digests[:reused])
-        d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim)
-        if self.peers is not None and len(prompt):
-            self.peers.claimed(claim, prompt, reused, n_spec)
+                                     speculated_blocks=n_spec, digests=digests[:reused], tokens=first)
+        d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim, root_tokens=first)
+        if self.peers is not None and (len(prompt) or len(first)):
+            self.peers.claimed(claim, prompt, reused, n_spec, first)
 
     def retract(self, d: Decision) -> None:
         """The request failed before its engine took it: drop what it speculated (or would have)."""

@@ -15,18 +15,20 @@ request that expired here by TTL, or was retracted, still keeps its store from b
 another scope here, exactly as in the replica that routed it.
 
 Wire format (one ZeroMQ frame, msgpack): ``[kind, origin, engine, digest, hashes, cid, n_reused,
-n_spec]``: ``kind`` ``"p"`` (a request's whole prompt ``hashes``: its first ``n_reused`` blocks were
-found on the engine by the sender's plan, and it speculated the next ``n_spec``), ``"r"`` (retract
+n_spec, first]``: ``kind`` ``"p"`` (a request's whole prompt ``hashes``: its first ``n_reused`` blocks were
+found on the engine by the sender's plan, and it speculated the next ``n_spec``; ``first``: the leading
+tokens of its first block (all but its last) as little-endian u64 bytes when it reused nothing - the whole
+prompt for a prompt with no full block, whose claim is a short claim, :meth:`.ResidencyTracker.claim_short`),
+``"r"`` (retract
 the speculation of claim ``cid``) or ``"e"`` (claim ``cid``'s request ended); ``origin`` the
 sender's 8 random bytes (claim ids are per sender), ``digest`` the 16-byte scope digest, ``hashes``
-the chain hashes as little-endian u64 bytes (empty for ``"r"``/``"e"``; repeats are dropped by the
-claim). The receiver decides what the request claims from its OWN confirmed entries
+the chain hashes as little-endian u64 bytes (``hashes`` and ``first`` are empty for ``"r"``/``"e"``;
+repeats are dropped by the claim). The receiver decides what the request claims from its OWN confirmed entries
 (:meth:`.ResidencyTracker.claim_prompt`, as the sender did from its own): the reused blocks it does
 not see confirmed are claimed too, so a replica whose view lags the sender's (it resynced after a
 replay gap) still refuses another scope the store of a reused block the engine evicted and
-recomputes. (Frames of the earlier 9-field ``"c"`` format, which carried only the blocks the sender
-claimed, are refused as malformed: with them a lagging receiver could credit such a store to
-another scope pending there.) A frame that
+recomputes. (Frames of earlier formats - 9-field ``"c"`` frames, which carried only the blocks the sender
+claimed, and 8-field ``"p"`` frames, without ``first`` - are refused as malformed.) A frame that
 does not decode to exactly that, or names an engine this replica does not route to, is counted and
 dropped (a peer can never crash the link).
 
@@ -70,6 +72,7 @@ log = logging.getLogger(__name__)
 _DIGEST_BYTES = 16
 _MAX_FRAME_BYTES = 1 << 20
 _ORIGIN_BYTES = 8
+_MAX_FIRST_BYTES = 8 << 12  # a first block of at most 4,096 tokens
 _MAX_REMOTE_HASHES = 1 << 20  # kept for peers' claims (hashes + entries + 1 each): the oldest forgotten past this
 
 
@@ -114,21 +117,22 @@ class PeerLink:
         tracker.on_claim_end = self._claim_ended
 
     # ---- outgoing (event loop) ---------------------------------------------------------------
-    def _send(self, kind: str, c: Claim, hashes: bytes = b"", n_reused: int = 0, n_spec: int = 0) -> None:
+    def _send(self, kind: str, c: Claim, hashes: bytes = b"", n_reused: int = 0, n_spec: int = 0,
+              first: bytes = b"") -> None:
         try:
-            self._pub.send(msgpack.packb([kind, self.origin, c.engine, c.digest, hashes, c.cid, n_reused, n_spec]),
-                           zmq.NOBLOCK)
+            self._pub.send(msgpack.packb([kind, self.origin, c.engine, c.digest, hashes, c.cid, n_reused, n_spec,
+                                          first]), zmq.NOBLOCK)
             self.stats.sent += 1
         except zmq.Again:
             self.stats.send_dropped += 1
 
-    def claimed(self, c: Claim, prompt, n_reused: int, n_spec: int) -> None:
+    def claimed(self, c: Claim, prompt, n_reused: int, n_spec: int, first=()) -> None:
         """A request routed here made claim ``c``: ``prompt`` is its whole prompt's chain hashes, of which
         the plan found the first ``n_reused`` on ``c.engine`` and the speculation covers the next
-        ``n_spec``."""
-        if len(prompt):
-            arr = np.ascontiguousarray(prompt, dtype="<u8")
-            self._send("p", c, arr.tobytes(), n_reused, n_spec)
+        ``n_spec``; ``first``: its first block's tokens when it reused nothing (module doc)."""
+        if len(prompt) or len(first):
+            self._send("p", c, np.ascontiguousarray(prompt, dtype="<u8").tobytes(), n_reused, n_spec,
+                       np.ascontiguousarray(first, dtype="<u8").tobytes())
 
     def retracted(self, c: Claim) -> None:
         self._send("r", c)
@@ -177,22 +181,23 @@ class PeerLink:
             msg = msgpack.unpackb(frames[0], raw=False)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, RecursionError):
             return None
-        if not (isinstance(msg, list) and len(msg) == 8 and msg[0] in self._apply_kind
+        if not (isinstance(msg, list) and len(msg) == 9 and msg[0] in self._apply_kind
                 and isinstance(msg[1], bytes) and len(msg[1]) == _ORIGIN_BYTES
                 and isinstance(msg[2], str) and msg[2] in self.tracker.modes
                 and isinstance(msg[3], bytes) and len(msg[3]) == _DIGEST_BYTES
                 and isinstance(msg[4], bytes) and len(msg[4]) % 8 == 0
                 and type(msg[5]) is int and msg[5] >= 0
                 and type(msg[6]) is int and type(msg[7]) is int and msg[6] >= 0 and msg[7] >= 0
-                and msg[6] + msg[7] <= len(msg[4]) // 8):
+                and msg[6] + msg[7] <= len(msg[4]) // 8
+                and isinstance(msg[8], bytes) and len(msg[8]) % 8 == 0 and len(msg[8]) <= _MAX_FIRST_BYTES):
             return None
         return (msg[0], msg[1], msg[2], msg[3], np.frombuffer(msg[4], dtype="<u8").astype(np.uint64), msg[5],
-                msg[6], msg[7])
+                msg[6], msg[7], np.frombuffer(msg[8], dtype="<u8").tolist())
 
     def _apply(self, kind: str, origin: bytes, engine: str, digest: bytes, hashes: np.ndarray, cid: int,
-               n_reused: int, n_spec: int) -> None:
+               n_reused: int, n_spec: int, first: list[int]) -> None:
         self.stats.received += 1
-        self._apply_kind[kind]((origin, cid), engine, digest, hashes, n_reused, n_spec)
+        self._apply_kind[kind]((origin, cid), engine, digest, hashes, n_reused, n_spec, first)
 
     def _forget(self, key):
         got = self._remote.pop(key, None)
@@ -200,26 +205,26 @@ class PeerLink:
             self._remote_size -= got[2]
         return got
 
-    def _apply_claim(self, key, engine, digest, hashes, n_reused, n_spec) -> None:
+    def _apply_claim(self, key, engine, digest, hashes, n_reused, n_spec, first) -> None:
         tr = self.tracker
         self._forget(key)  # a repeated claim id replaces the earlier one here (the tracker keeps both claims)
         n = n_reused + n_spec
         c = (tr.claim_prompt(engine, hashes, digest, None, reused_blocks=n_reused, speculated_blocks=n_spec,
-                             open_for_s=self.claim_max_s)
+                             open_for_s=self.claim_max_s, tokens=first)
              if tr.modes[engine] == "events" else None)  # approximate: speculation only (module doc)
-        recs = tr.speculate(engine, hashes[:n], [digest] * n, reused_blocks=n_reused, claim=c)
+        recs = tr.speculate(engine, hashes[:n], [digest] * n, reused_blocks=n_reused, claim=c, root_tokens=first)
         size = 1 + len(recs) + (len(c.hashes) if c is not None else 0)
         self._remote[key] = (c, recs, size)
         self._remote_size += size
         while self._remote_size > _MAX_REMOTE_HASHES:  # ends lost, or approximate engines': forget the oldest
             self._remote_size -= self._remote.popitem(last=False)[1][2]
 
-    def _apply_retract(self, key, engine, digest, hashes, n_reused, n_spec) -> None:
+    def _apply_retract(self, key, engine, digest, hashes, n_reused, n_spec, first) -> None:
         got = self._remote.get(key)  # the claim stays open until its "e"
         if got is not None:
             self.tracker.retract(got[1])
 
-    def _apply_end(self, key, engine, digest, hashes, n_reused, n_spec) -> None:
+    def _apply_end(self, key, engine, digest, hashes, n_reused, n_spec, first) -> None:
         got = self._forget(key)
         if got is not None and got[0] is not None:
             self.tracker.end_claim(got[0])

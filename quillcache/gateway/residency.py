@@ -71,13 +71,15 @@ A claim's last block is its TAIL: the request's DECODE blocks continue the engin
 and no claim can name them, so rule 2 refuses a block whose unattributed ancestry passes through
 another scope's tail while that request is in flight or within the grace period after it (ancestry it
 cannot follow counts as passing through any tail). Without this, a tenant that guessed another's output
-could have that tenant's decode block, and by rule 3 its prompt, credited to itself. Not covered: a
-prompt with no full block, whose decode blocks are ROOTS; a root store that another tenant alone is
-pending on (its prompt's first block equals this prompt followed by this request's first output
-tokens) is credited to that tenant. Refusing every root while such a request is in flight cost the
-gateway study several points of hit rate (a one-token probe before each cell refused every first block
-for its grace period). A claim
-holds each chain hash once (repeats are dropped). Deployment requirement: the engines
+could have that tenant's decode block, and by rule 3 its prompt, credited to itself. A prompt with no
+full block has no tail: its decode blocks are ROOTS, whose chain hashes depend on output nobody knows
+yet. Its SHORT claim (:meth:`ResidencyTracker.claim_short`) keeps its prompt tokens instead, and claims
+and holds as a tail every root another scope speculates (in the last TTL, or while it blocks) whose
+first block BEGINS with them - exactly the roots its decode could store - so such a root, and any block
+under it, is refused rather than credited to the tenant that guessed the output. (Refusing every root
+while such a request was in flight cost the gateway study several points of hit rate: a one-token probe
+before each cell refused every first block for its grace period.) A claim holds each chain hash once
+(repeats are dropped). Deployment requirement: the engines
 are reachable only through the gateway(s), whose salts scope every store; a store by an outside
 client of a chain some scope is pending on could otherwise be attributed to that scope. A confirmed
 entry remembers its engine hash, so ``BlockRemoved`` deletes exactly it; ``AllBlocksCleared`` and
@@ -150,7 +152,7 @@ class Claim:
     block, so its stores may still be on the way."""
 
     __slots__ = ("cid", "digest", "ended_s", "engine", "hashes", "lease", "lost", "notified", "open_until_s",
-                 "tail", "unconfirmed", "weak")
+                 "roots", "short", "tail", "unconfirmed", "weak")
 
     def __init__(self, engine: str, digest: bytes, hashes: list[int], lease, open_until_s: float,
                  lost: bool, cid: int, tail: int | None = None, weak: dict[int, bytes] | None = None) -> None:
@@ -158,6 +160,8 @@ class Claim:
         self.digest = digest
         self.hashes = hashes
         self.weak = weak  # reused blocks confirmed at claim time: chain hash -> their entry's digest, or None
+        self.short: tuple[int, ...] | None = None  # a prompt with no full block: its tokens (its decode is a root)
+        self.roots: list[int] | None = None  # other scopes' pending roots such a request's decode may store
         self.tail = tail  # the chain hash its engine's decode blocks continue from, or None
         self.lease = lease
         self.open_until_s = open_until_s
@@ -240,6 +244,11 @@ class ResidencyTracker:
         # claimed), and chain hash -> the digests whose confirmed entry left while held weakly (module doc)
         self._weak: dict[str, dict[tuple[int, bytes], int]] = {e: {} for e, m in self.modes.items() if m == "events"}
         self._weak_gone: dict[str, dict[int, set[bytes]]] = {e: {} for e, m in self.modes.items() if m == "events"}
+        # (engine) -> the claims of requests whose prompt has no full block, open or within the grace; and the
+        # root speculations of the last TTL, oldest first: (expires_s, chain hash, digest, first block's tokens)
+        self._shorts: dict[str, list[Claim]] = {e: [] for e, m in self.modes.items() if m == "events"}
+        self._roots: dict[str, deque[tuple[float, int, bytes, tuple[int, ...]]]] = {
+            e: deque() for e, m in self.modes.items() if m == "events"}
         # (engine) -> a claim's tail (its last prompt block's chain hash) -> the claims ending there
         self._tails: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
             e: {} for e, m in self.modes.items() if m == "events"}
@@ -428,7 +437,7 @@ class ResidencyTracker:
         self._next_sweep_s = now + self._sweep_every_s
         kept: list[Claim] = []
         for c in self._claimed:
-            blocking = self._blocking(c, now) or ((c.tail is not None or c.weak is not None)
+            blocking = self._blocking(c, now) or ((c.tail is not None or c.weak is not None or c.short is not None)
                                                   and self._tail_blocking(c, now))
             if c.ended_s is not None and not c.notified:
                 c.notified = True
@@ -437,13 +446,15 @@ class ResidencyTracker:
             if blocking:
                 kept.append(c)
                 continue
-            if c.tail is not None:
-                tails = self._tails[c.engine]
-                q = self._prune(tails.get(c.tail), now, self._tail_blocking)
+            tails = self._tails[c.engine]
+            for t in ([c.tail] if c.tail is not None else []) + (c.roots or []):
+                q = self._prune(tails.get(t), now, self._tail_blocking)
                 if q is None:
-                    tails.pop(c.tail, None)
+                    tails.pop(t, None)
                 else:
-                    tails[c.tail] = q
+                    tails[t] = q
+            if c.short is not None:
+                self._shorts[c.engine].remove(c)
             self._unindex(self._claims[c.engine], c.hashes, now, self._blocking)
             if c.weak:
                 self._unindex_weak(c)
@@ -481,7 +492,7 @@ class ResidencyTracker:
 
     def claim_prompt(self, engine: str, block_hashes: Sequence[int], digest: bytes, lease=None, *,
                      reused_blocks: int, speculated_blocks: int, digests: Sequence[bytes] | None = None,
-                     open_for_s: float | None = None) -> Claim:
+                     open_for_s: float | None = None, tokens: Sequence[int] = ()) -> Claim:
         """:meth:`claim` what a request of scope ``digest`` with prompt chain hashes ``block_hashes`` may cause
         ``engine`` to store, decided from THIS tracker's confirmed entries (module doc): the first
         ``reused_blocks`` were found on ``engine`` by its plan (under ``digests``, its per-block write
@@ -489,8 +500,11 @@ class ResidencyTracker:
         every block from the first reused one not CONFIRMED here; a prompt confirmed whole claims its last
         block only (its tail). Linked replicas each call this with the whole prompt (:mod:`.peers`), so
         each claims from its own view: a replica whose view lags (after a resync) claims the reused blocks
-        it does not see confirmed, and no replica's attribution relies on another's confirmed state."""
+        it does not see confirmed, and no replica's attribution relies on another's confirmed state. A prompt
+        with no full block makes a short claim from its ``tokens`` (:meth:`claim_short`)."""
         events = self.modes[engine] == "events"
+        if events and not len(block_hashes) and len(tokens):
+            return self.claim_short(engine, tokens, digest, lease, open_for_s=open_for_s)
         if digests is None:
             digests = [digest] * reused_blocks
         first = self.confirmed_prefix(engine, block_hashes[:reused_blocks], digests) if events and reused_blocks \
@@ -506,12 +520,49 @@ class ResidencyTracker:
         return self.claim(engine, claimed, digest, lease, complete=tail_only or speculated_blocks == len(claimed),
                           open_for_s=open_for_s, weak=weak)
 
+    def claim_short(self, engine: str, tokens: Sequence[int], digest: bytes, lease=None, *,
+                    open_for_s: float | None = None) -> Claim:
+        """Claim for a request of scope ``digest`` on an events engine whose prompt ``tokens`` has no full
+        block: its decode blocks are ROOTS whose chain hashes nobody can name in advance (module doc). It
+        claims, and holds as tails, the pending root speculations of other scopes whose first block
+        begins with ``tokens`` - those of the last TTL now, later ones as :meth:`speculate` records them -
+        while it is in flight and for the grace period after."""
+        c = self.claim(engine, [], digest, lease, complete=False, open_for_s=open_for_s)
+        if self.modes[engine] != "events":
+            return c
+        c.short = tuple(int(t) for t in tokens)
+        self._shorts[engine].append(c)
+        self._claimed.append(c)
+        now = self.clock()
+        roots = self._roots[engine]
+        while roots and roots[0][0] <= now:
+            roots.popleft()
+        n = len(c.short)
+        for _, h, d, first in roots:
+            if d != digest and first[:n] == c.short:
+                self._claim_root(c, h, now)
+        return c
+
+    def _claim_root(self, c: Claim, h: int, now: float) -> None:
+        """Short claim ``c``'s decode may store root ``h``: claim it and hold it as a tail."""
+        if c.roots is None:
+            c.roots = []
+        elif h in c.roots:
+            return
+        c.roots.append(h)
+        c.hashes.append(h)
+        table, tails = self._claims[c.engine], self._tails[c.engine]
+        table[h] = self._merge(table.get(h), c, now)
+        tails[h] = self._merge(tails.get(h), c, now, self._tail_blocking)
+
     def speculate(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes], *,
-                  reused_blocks: int = 0, claim: Claim | None = None) -> list[_Rec]:
+                  reused_blocks: int = 0, claim: Claim | None = None, root_tokens: Sequence[int] = ()) -> list[_Rec]:
         """Record that the blocks ``[reused_blocks:]`` of a routed request will be on ``engine``
         (the first ``reused_blocks`` the plan found there are refreshed in approximate mode).
         Returns the new entries (``retract`` takes them back if the request fails); ``claim`` (the
-        request's, from :meth:`claim`) counts the pending ones it waits for."""
+        request's, from :meth:`claim`) counts the pending ones it waits for. ``root_tokens``: the leading tokens
+        of the prompt's first block (all but its last suffice), for a root speculated on an events engine
+        (:meth:`claim_short`)."""
         live = self._live[engine]
         approx = self._approx.get(engine)
         if approx is not None:
@@ -547,7 +598,23 @@ class ResidencyTracker:
                 claim.unconfirmed += len(recs)
         if approx is not None and len(approx) > self._cap[engine]:
             self._evict_approx(engine, approx)
+        if recs and not reused_blocks and len(root_tokens) and approx is None and recs[0].h == int(block_hashes[0]):
+            self._speculated_root(engine, recs[0], tuple(int(t) for t in root_tokens))
         return recs
+
+    def _speculated_root(self, engine: str, rec: _Rec, first: tuple[int, ...]) -> None:
+        """A root speculation with its first block's tokens: the short claims of other scopes whose prompt
+        begins it claim it (:meth:`claim_short`); it is kept for the short claims of the next TTL."""
+        roots = self._roots[engine]
+        while roots and roots[0][0] <= rec.expires_s - self.ttl_s:
+            roots.popleft()
+        roots.append((rec.expires_s, rec.h, rec.digest, first))
+        shorts = self._shorts[engine]
+        if shorts:
+            now = self.clock()
+            for c in shorts:
+                if c.digest != rec.digest and first[: len(c.short)] == c.short and self._tail_blocking(c, now):
+                    self._claim_root(c, rec.h, now)
 
     def retract(self, recs: Iterable[_Rec]) -> int:
         """Take back entries a failed request speculated (those no event confirmed meanwhile). Its claim
