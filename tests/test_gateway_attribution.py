@@ -289,12 +289,12 @@ def test_a_reused_block_evicted_and_recomputed_is_not_credited_to_another_scope(
 
 
 @pytest.mark.parametrize("ended_first", [False, True])
-def test_a_reused_block_evicted_and_recomputed_is_refused_without_the_tracker_remembering_it(ended_first):
-    """As above, with rule 4's memory off (``max_known_blocks=0``: what happens once the bounded memory forgot
-    the block). R2 holds its confirmed reused blocks WEAKLY: that blocks other scopes only once S's entry is
-    gone, so the recomputed store is refused, not credited to T (it was), also when R2's events come after R2
-    ended (within the grace); R2's private blocks then name S as the owner of the prompt (rule 3). While S's
-    entry is confirmed, T's own store of the shared prompt is T's (the previous test of this file)."""
+def test_a_held_block_evicted_and_recomputed_keeps_its_scope_after_the_memory_forgot_it(ended_first):
+    """As above, with rule 4's bounded memory off (``max_known_blocks=0``: what happens once it forgot the
+    block). R2 holds its confirmed reused blocks WEAKLY: while it does, the tracker keeps the engine hash and
+    scope of a held entry that leaves, so the recompute is S's (it was credited to T, the only scope pending),
+    also when R2's events come after R2 ended (within the grace). T's own store of the same chain hashes, under
+    T's engine hashes, is T's: a hold blocks nobody (a first version refused it: the review's F4)."""
     clock = Clock()
     index, tr, dec = _after_s_stored_p1(clock, max_known_blocks=0)
     r2 = dec.decide(_ident("s"), P2, 4)
@@ -305,22 +305,27 @@ def test_a_reused_block_evicted_and_recomputed_is_refused_without_the_tracker_re
         r2.lease.release()
         clock.t += TTL_S / 2
         tr.expire()
-    ambiguous = tr.stats.ambiguous
-    tr.stored("e0", [7000, 7001], H2[:2], None)  # S's salt, recomputed for R2
-    assert _confirmed(tr, dec, "t") == 0 and tr.stats.ambiguous == ambiguous + 2
-    assert tr.stored("e0", S2_ENGINE[2:], H2[2:], 7001) == 2  # R2's private blocks: S's, and so is the prompt
-    assert _entries(index, dec, "s") == set(H1) | set(H2) and tr.stats.resolved == 2
-    assert _confirmed(tr, dec, "t") == 0
+    remembered = tr.stats.remembered
+    assert tr.stored("e0", [7000, 7001], H2[:2], None) == 2  # S's salt, recomputed for R2
+    assert _confirmed(tr, dec, "t") == 0 and tr.stats.remembered == remembered + 1  # the child by rule 1
+    assert tr.stored("e0", S2_ENGINE[2:], H2[2:], 7001) == 2
+    assert _entries(index, dec, "s") == set(H1) | set(H2)
+    assert tr.stored("e0", [8000, 8001], HT[:2], None) == 2  # T's own copy of the system prompt
+    assert _confirmed(tr, dec, "t") == 2 and tr.stats.ambiguous == 0
     tr.check()
     r2.lease.release()
     r_t.lease.release()
+    for _ in range(2):
+        clock.t += TTL_S + 0.5
+        tr.expire()
+    assert tr._weak["e0"] == tr._weak_gone["e0"] == {}  # the held record ends with the last hold
 
 
 def test_blocks_computed_again_while_still_cached_keep_their_scope():
     """S's R2 reuses S's whole confirmed prompt; the engine evicts only its first block, so its prefix match is
     empty and it computes the whole prompt again, storing the blocks it still holds under the same engine
-    hashes. U, pending on the same chain hashes, is credited with none of them: the first is refused (R2's weak
-    hold, S's entry gone), the others are S's by their engine hashes (rule 4), which then resolve the first."""
+    hashes. U, pending on the same chain hashes, is credited with none of them: all are S's by their engine
+    hashes (rule 4: the first from the held record, the next still cached, the rest by rule 1)."""
     clock = Clock()
     index, tr, dec = _after_s_stored_p1(clock, max_known_blocks=0)
     r2 = dec.decide(_ident("s"), P1, 4)
@@ -329,12 +334,40 @@ def test_blocks_computed_again_while_still_cached_keep_their_scope():
     assert _entries(index, dec, "u") == set(H1)  # pending
     assert tr.removed("e0", [7000]) == 1
     remembered = tr.stats.remembered
-    assert tr.stored("e0", [7000, 7001, 7002, 7003], H1, None) == 3
-    assert tr.stats.remembered == remembered + 1 and tr.stats.resolved == 1  # the rest by rule 1
+    assert tr.stored("e0", [7000, 7001, 7002, 7003], H1, None) == 4
+    assert tr.stats.remembered == remembered + 1 and tr.stats.ambiguous == 0  # the rest by rule 1
     assert _confirmed(tr, dec, "u") == 0 and _confirmed(tr, dec, "s") == 4
     tr.check()
     r2.lease.release()
     r_u.lease.release()
+
+
+def test_swept_claims_keep_nothing_a_confirmed_entry_would_retain():
+    """Each turn of a conversation reuses the whole conversation so far: its claim holds every earlier block
+    weakly. A confirmed entry keeps a reference to the claim of the request that speculated it, so a claim that
+    kept its holds after the sweep would retain memory quadratic in the conversation's length (the review's
+    F-MEM: 1,200 turns retained 1.4M weak entries); swept claims hold nothing."""
+    clock = Clock()
+    index, tr, dec = _stack(clock)
+    toks, stored, claims = [], 0, []
+    for turn in range(40):
+        toks = toks + list(range(10_000 + 2 * BS * turn, 10_000 + 2 * BS * (turn + 1)))
+        d = dec.decide(_ident("s"), toks + [7], 4)
+        claims.append(tr._claimed[-1])
+        hs = [int(h) for h in hash_blocks(toks + [7], BS)]
+        tr.stored("e0", list(range(1 << 40 | stored, 1 << 40 | len(hs))), hs[stored:],
+                  (1 << 40 | stored - 1) if stored else None)
+        stored = len(hs)
+        d.lease.release()
+        clock.t += 0.5
+        tr.expire()
+    for _ in range(2):
+        clock.t += TTL_S + 0.5
+        tr.expire()
+    assert all(r.claim is None for r in tr._live["e0"].values())  # confirmed: the claim is not kept
+    assert tr._claimed == [] and tr._weak["e0"] == {} and sum(len(c.weak or ()) for c in claims) == 0
+    assert all(c.hashes == [] for c in claims)  # what a peer link still keeps holds nothing either
+    tr.check()
 
 
 def test_ended_claims_are_unindexed():

@@ -35,8 +35,9 @@ dropped (a peer can never crash the link).
 Memory: a peer's claim on an ``approximate`` engine (nothing is attributed there, and no ``"e"`` is
 ever sent for it) enters this tracker as speculation only; just its entries are kept, for a
 retraction. What is kept per peer claim for ``"r"``/``"e"`` is bounded by the total number of hashes
-(``_MAX_REMOTE_HASHES``, counting each claim as one more; about 0.15 GiB with approximate engines'
-entries): past it the oldest are forgotten (an events engine's claim then stays open here until
+(``_MAX_REMOTE_HASHES``: its claimed and weakly held chain hashes and its entries, counting each claim as
+one more; about 0.15 GiB with approximate engines' entries; the tracker empties a claim when its sweep
+unindexes it): past it the oldest are forgotten (an events engine's claim then stays open here until
 ``claim_max_s``: the safe side).
 
 Invariants: the tracker is touched only on the event loop (the SUB thread hands every message over
@@ -213,7 +214,7 @@ class PeerLink:
                              open_for_s=self.claim_max_s, tokens=first)
              if tr.modes[engine] == "events" else None)  # approximate: speculation only (module doc)
         recs = tr.speculate(engine, hashes[:n], [digest] * n, reused_blocks=n_reused, claim=c, root_tokens=first)
-        size = 1 + len(recs) + (len(c.hashes) if c is not None else 0)
+        size = 1 + len(recs) + (len(c.hashes) + len(c.weak or ()) if c is not None else 0)
         self._remote[key] = (c, recs, size)
         self._remote_size += size
         while self._remote_size > _MAX_REMOTE_HASHES:  # ends lost, or approximate engines': forget the oldest

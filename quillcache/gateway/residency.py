@@ -58,15 +58,16 @@ covered all its claimed blocks. Of the reused prefix (the blocks the plan found 
 scope), the request claims every block from the first one whose entry is not CONFIRMED when it is
 recorded (:meth:`confirmed_prefix`): a PENDING entry is another request's speculation, which may never
 reach the engine (its client left, its upstream failed), so this request may store that block itself.
-The CONFIRMED leading blocks are claimed WEAKLY: a weak claim blocks another scope only while this
-scope's entry for that block is NOT confirmed (and, like a tail below, while the request is in flight
-and for the grace period after). The engine stores such a block again only after evicting it, and its
-``BlockRemoved`` comes first on the same stream; so while the entry is confirmed, another scope's
-store of that chain hash is that scope's own (a shared system prompt keeps its hit rate), and once it
-is gone a store may be this request's recompute: rule 4 credits it to the scope the evicted block had
-while the tracker remembers it; otherwise it is refused as ambiguous, and rule 3 credits it later
-through the request's private blocks. A fully reused prompt claims its last block only (the rest
-weakly).
+The CONFIRMED leading blocks are held WEAKLY (while the request is in flight and until the first claim
+sweep after its grace period): a weakly held block blocks nobody, but rule 4 cannot forget its scope.
+The engine stores such a block again either after evicting it (its ``BlockRemoved`` comes first on the
+same stream) or while it is still cached (a recompute under an evicted ancestor); either way under the
+same engine hash, which rule 4 credits to the scope the entry had - from the bounded memory, or, when
+that entry left while the block was held, from the held blocks' own record (engine hash and scope per
+chain hash, kept until the last hold ends). A store of that chain hash under another engine hash is
+another scope's own, so a shared system prompt keeps its hit rate. Holds are counted per chain hash
+(a hot shared prompt is held by every request that reuses it: one count per block keeps the cost
+O(blocks) per request). A fully reused prompt claims its last block only (the rest weakly).
 A claim's last block is its TAIL: the request's DECODE blocks continue the engine's chain from there
 and no claim can name them, so rule 2 refuses a block whose unattributed ancestry passes through
 another scope's tail while that request is in flight or within the grace period after it (ancestry it
@@ -97,8 +98,11 @@ Invariants:
   through a speculation - this replica's or a peer's - or a parent or descendant already attributed
   to that scope).
 - A root-rule attribution of a chain hash to scope S happens only while no other scope's claim on
-  that (engine, chain hash) blocks; claims are indexed per (engine, chain hash) in one dict write
-  per claimed block (C-level ``map``/``update``, no per-block Python loop on the request's path).
+  that (engine, chain hash) blocks; claims and weak holds are indexed per (engine, chain hash) in one
+  dict write per block, and the confirmed prefix is found, with C-level ``map``/``update`` (no
+  per-block Python loop on the request's path or in the claim sweep).
+- Memory is bounded by the engines' caches and the requests in flight: a confirmed entry drops its
+  request's claim, and a claim swept out of the index keeps none of its blocks.
 - Confined to one thread (the gateway's event loop): the KV-event subscriber's thread hands its
   calls over with ``loop.call_soon_threadsafe`` (:class:`EventSink`).
 
@@ -122,7 +126,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from itertools import compress, repeat
+from itertools import compress, count, repeat
 
 from quillcache.index.base import IndexBackend
 from quillcache.index.keys import ReplicaKey, ResidencyEntry
@@ -133,6 +137,7 @@ __all__ = ["Claim", "EntryState", "EventSink", "ResidencyStats", "ResidencyTrack
 _GPU = CacheTier.GPU
 _MAX_ANCESTRY_STEPS = 4096  # rule 2's walk up unattributed ancestors; longer counts as unknown ancestry
 _GPU_MEDIA = (None, "GPU", "gpu")  # vLLM's medium field (absent in older builds)
+_STATE = operator.attrgetter("state")
 
 
 class EntryState(enum.Enum):
@@ -155,11 +160,11 @@ class Claim:
                  "roots", "short", "tail", "unconfirmed", "weak")
 
     def __init__(self, engine: str, digest: bytes, hashes: list[int], lease, open_until_s: float,
-                 lost: bool, cid: int, tail: int | None = None, weak: dict[int, bytes] | None = None) -> None:
+                 lost: bool, cid: int, tail: int | None = None, weak: list[int] | None = None) -> None:
         self.engine = engine
         self.digest = digest
         self.hashes = hashes
-        self.weak = weak  # reused blocks confirmed at claim time: chain hash -> their entry's digest, or None
+        self.weak = weak  # the reused blocks confirmed when it was claimed (chain hashes), or None
         self.short: tuple[int, ...] | None = None  # a prompt with no full block: its tokens (its decode is a root)
         self.roots: list[int] | None = None  # other scopes' pending roots such a request's decode may store
         self.tail = tail  # the chain hash its engine's decode blocks continue from, or None
@@ -240,10 +245,11 @@ class ResidencyTracker:
         self._claims: dict[str, dict[int, Claim | tuple[Claim, ...]]] = {
             e: {} for e, m in self.modes.items() if m == "events"}
         self._claimed: list[Claim] = []  # every claim still indexed (open, or ended and not yet dead)
-        # (engine) -> (chain hash, entry digest) -> how many indexed claims hold it WEAKLY (reused, confirmed when
-        # claimed), and chain hash -> the digests whose confirmed entry left while held weakly (module doc)
-        self._weak: dict[str, dict[tuple[int, bytes], int]] = {e: {} for e, m in self.modes.items() if m == "events"}
-        self._weak_gone: dict[str, dict[int, set[bytes]]] = {e: {} for e, m in self.modes.items() if m == "events"}
+        # (engine) -> chain hash -> how many indexed claims hold it WEAKLY (reused, confirmed when claimed), and
+        # chain hash -> {engine hash: scope digest} of its confirmed entries that left while it was held (rule 4)
+        self._weak: dict[str, dict[int, int]] = {e: {} for e, m in self.modes.items() if m == "events"}
+        self._weak_gone: dict[str, dict[int, dict[int, bytes]]] = {
+            e: {} for e, m in self.modes.items() if m == "events"}
         # (engine) -> the claims of requests whose prompt has no full block, open or within the grace; and the
         # root speculations of the last TTL, oldest first: (expires_s, chain hash, digest, first block's tokens)
         self._shorts: dict[str, list[Claim]] = {e: [] for e, m in self.modes.items() if m == "events"}
@@ -282,7 +288,7 @@ class ResidencyTracker:
 
     # ---- routing-time side (event loop) ------------------------------------------------------
     def claim(self, engine: str, block_hashes: Sequence[int], digest: bytes, lease=None, *,
-              complete: bool = True, open_for_s: float | None = None, weak: dict[int, bytes] | None = None
+              complete: bool = True, open_for_s: float | None = None, weak: Sequence[int] | None = None
               ) -> Claim:
         """Claim ``block_hashes`` (the chain hashes a request routed to ``engine`` may cause it to store)
         for scope ``digest``: open while ``lease.live`` or, with ``lease=None`` (a peer's request), until
@@ -290,9 +296,9 @@ class ResidencyTracker:
         cover every claimed block (its stores cannot all be seen confirmed). The last hash is the claim's
         TAIL: the request's decode blocks continue the engine's chain from there, so no block below it is
         credited to another scope by rule 2 (module doc). For an approximate engine the claim is only a
-        handle (nothing is attributed there, nothing is indexed). ``weak``: the reused blocks that were
-        CONFIRMED when claimed (chain hash -> the digest of that entry), held only while their entry is
-        not confirmed (module doc). Cost: one dict write per block, at C level."""
+        handle (nothing is attributed there, nothing is indexed). ``weak``: the chain hashes of the reused
+        blocks that were CONFIRMED when claimed, held only once their entry is gone (module doc). Cost: one
+        dict write per block, at C level."""
         if engine not in self.modes:
             raise KeyError(f"unknown engine {engine!r}")
         table = self._claims.get(engine)
@@ -302,7 +308,8 @@ class ResidencyTracker:
         self._cids += 1
         tail = hl[-1] if hl and table is not None else None
         c = Claim(engine, digest, hl, lease, math.inf if open_for_s is None else now + open_for_s,
-                  not complete, self._cids, tail, dict(weak) if weak and table is not None else None)
+                  not complete, self._cids, tail,
+                  (weak if type(weak) is list else list(weak)) if weak and table is not None else None)
         if table is not None:
             if hl:
                 self._index(table, hl, c, now, self._blocking)
@@ -310,8 +317,8 @@ class ResidencyTracker:
                 tails[tail] = self._merge(tails.get(tail), c, now, self._tail_blocking)
             if c.weak:  # counts, not claim tuples: a hot shared prompt is held by every request reusing it
                 weak = self._weak[engine]
-                keys = list(c.weak.items())
-                weak.update(zip(keys, map((1).__add__, map(weak.get, keys, repeat(0)))))
+                hw = c.weak
+                weak.update(zip(hw, map((1).__add__, map(weak.get, hw, repeat(0)))))
             if hl or c.weak:
                 self._claimed.append(c)
         return c
@@ -409,25 +416,14 @@ class ResidencyTracker:
         return any(self._other_scope_tail(engine, t, digest) for t in list(tails))
 
     def _other_scope_blocks(self, engine: str, h: int, digest: bytes) -> bool:
-        """Whether a claim of a scope other than ``digest`` blocks chain hash ``h`` on ``engine``: it holds
-        ``h``, or holds it weakly and that scope's entry for ``h`` is no longer confirmed (module doc)."""
-        now = self.clock()
+        """Whether a claim of a scope other than ``digest`` blocks chain hash ``h`` on ``engine``."""
         v = self._claims[engine].get(h)
-        if v is not None:
-            if type(v) is not tuple:
-                if v.digest != digest and self._blocking(v, now):
-                    return True
-            elif any(c.digest != digest and self._blocking(c, now) for c in v):
-                return True
-        gone = self._weak_gone[engine].get(h)
-        if gone:
-            live, weak = self._live[engine], self._weak[engine]
-            for d in gone:
-                if d != digest and weak.get((h, d)):
-                    rec = live.get((h, d))
-                    if rec is None or rec.state is not EntryState.CONFIRMED:
-                        return True
-        return False
+        if v is None:
+            return False
+        now = self.clock()
+        if type(v) is not tuple:
+            return v.digest != digest and self._blocking(v, now)
+        return any(c.digest != digest and self._blocking(c, now) for c in v)
 
     def _sweep_claims(self, now: float) -> None:
         """Tell the peer link of local claims seen ended; unindex claims that no longer block. Runs at
@@ -458,24 +454,21 @@ class ResidencyTracker:
             self._unindex(self._claims[c.engine], c.hashes, now, self._blocking)
             if c.weak:
                 self._unindex_weak(c)
+            c.weak = None  # a peer's claim outlives its sweep in the link: not what it held
+            c.hashes = []
         self._claimed = kept
 
     def _unindex_weak(self, c: Claim) -> None:
-        """Count ``c``'s weak holds off; a (hash, digest) no claim holds any more leaves the gone set too."""
+        """Count ``c``'s weak holds off; a chain hash no claim holds any more leaves the held record too."""
         weak = self._weak[c.engine]
-        keys = list(c.weak.items())
-        left = list(map((-1).__add__, map(weak.get, keys, repeat(1))))
-        weak.update(zip(keys, left))
-        zeros = list(compress(keys, map(operator.not_, left)))
+        hw = c.weak
+        left = list(map((-1).__add__, map(weak.get, hw, repeat(1))))
+        weak.update(zip(hw, left))
+        zeros = list(compress(hw, map(operator.not_, left)))
         deque(map(weak.pop, zeros, repeat(None)), maxlen=0)
         gone = self._weak_gone[c.engine]
         if gone:
-            for h, d in zeros:
-                g = gone.get(h)
-                if g is not None:
-                    g.discard(d)
-                    if not g:
-                        del gone[h]
+            deque(map(gone.pop, zeros, repeat(None)), maxlen=0)
 
     def confirmed_prefix(self, engine: str, block_hashes: Sequence[int], digests: Sequence[bytes]) -> int:
         """How many leading ``block_hashes`` have a CONFIRMED entry under their ``digests`` on ``engine``
@@ -483,12 +476,10 @@ class ResidencyTracker:
         live = self._live[engine]
         tolist = getattr(block_hashes, "tolist", None)
         hl = tolist() if tolist is not None else [int(h) for h in block_hashes]
-        n = 0
-        for rec in map(live.get, zip(hl, digests)):
-            if rec is None or rec.state is not EntryState.CONFIRMED:
-                break
-            n += 1
-        return n
+        recs = list(map(live.get, zip(hl, digests)))  # C-level: a hot prompt may be thousands of blocks
+        n = recs.index(None) if None in recs else len(recs)
+        not_confirmed = map(operator.is_not, map(_STATE, recs[:n]), repeat(EntryState.CONFIRMED))
+        return next(compress(count(), not_confirmed), n)
 
     def claim_prompt(self, engine: str, block_hashes: Sequence[int], digest: bytes, lease=None, *,
                      reused_blocks: int, speculated_blocks: int, digests: Sequence[bytes] | None = None,
@@ -516,7 +507,7 @@ class ResidencyTracker:
         weak = None
         if first > 0:
             tolist = getattr(block_hashes, "tolist", None)
-            weak = dict(zip(tolist()[:first] if tolist is not None else map(int, block_hashes[:first]), digests))
+            weak = tolist()[:first] if tolist is not None else [int(h) for h in block_hashes[:first]]
         return self.claim(engine, claimed, digest, lease, complete=tail_only or speculated_blocks == len(claimed),
                           open_for_s=open_for_s, weak=weak)
 
@@ -715,6 +706,7 @@ class ResidencyTracker:
         by_e = self._by_engine_hash[engine]
         orphans = self._orphans[engine]
         known = self._known[engine]
+        held_gone = self._weak_gone[engine]
         parent = by_e.get(parent_engine_hash) if parent_engine_hash is not None else None
         prev_e = None if parent_engine_hash is None else int(parent_engine_hash)  # this block's parent in the chain
         puts: list[ResidencyEntry] = []
@@ -731,6 +723,10 @@ class ResidencyTracker:
                 cur = by_e.get(e)
                 if cur is not None and cur.state is EntryState.CONFIRMED and cur.h == h:
                     digest = cur.digest
+                elif held_gone:  # its entry left while a request held it (module doc)
+                    g = held_gone.get(h)
+                    if g is not None:
+                        digest = g.get(e)
             if parent is not None and parent.state is EntryState.CONFIRMED:  # rule 1
                 rec, new = self._take(engine, h, parent.digest, puts)
                 self.stats.inherited += new
@@ -780,6 +776,7 @@ class ResidencyTracker:
     def _confirm(rec: _Rec, engine_hash: int, by_e: dict[int, _Rec]) -> None:
         if rec.state is EntryState.PENDING and rec.claim is not None:
             rec.claim.unconfirmed -= 1
+        rec.claim = None  # a confirmed entry never needs its request's claim again
         rec.state = EntryState.CONFIRMED
         rec.engine_hash = engine_hash
         by_e[engine_hash] = rec
@@ -807,11 +804,11 @@ class ResidencyTracker:
         return n
 
     def _remember_scope(self, engine: str, engine_hash: int, h: int, digest: bytes) -> None:
-        """A confirmed block left the tracker: rule 4 remembers its scope should the engine store it again,
-        and a weak hold on it starts to block other scopes (module doc)."""
+        """A confirmed block left the tracker: rule 4 remembers its scope should the engine store it again (in
+        the bounded memory, and while a request holds the block weakly, in the held record: module doc)."""
         weak = self._weak.get(engine)
-        if weak and weak.get((h, digest)):
-            self._weak_gone[engine].setdefault(h, set()).add(digest)
+        if weak and weak.get(h):  # held: kept until the last hold ends, whatever the bounded memory forgets
+            self._weak_gone[engine].setdefault(h, {})[engine_hash] = digest
         if self.max_known_blocks:
             known = self._known[engine]
             known[engine_hash] = digest
@@ -889,7 +886,7 @@ class ResidencyTracker:
                 assert rec.state in (EntryState.PENDING, EntryState.CONFIRMED, EntryState.APPROX)
         for engine, gone in self._weak_gone.items():  # bounded by the weak holds
             weak = self._weak[engine]
-            assert all(weak.get((h, d), 0) > 0 for h, g in gone.items() for d in g) and all(gone.values())
+            assert all(weak.get(h, 0) > 0 for h in gone) and all(gone.values())  # bounded by the holds
             assert all(n > 0 for n in weak.values())
 
 
