@@ -370,6 +370,32 @@ def test_swept_claims_keep_nothing_a_confirmed_entry_would_retain():
     tr.check()
 
 
+def test_a_retraction_reaches_the_peers_after_part_of_the_speculation_was_confirmed():
+    """The engine stored the request's first block, then its client left: the rest of the speculation is
+    retracted here and on the peers, although the confirmed entry no longer references the claim (the
+    review's W1: the peer was not told)."""
+
+    class Frames:
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        def claimed(self, c, *args) -> None:
+            self.sent.append("p")
+
+        def retracted(self, c) -> None:
+            self.sent.append("r")
+
+    clock = Clock()
+    index, tr, dec = _stack(clock)
+    dec.peers = Frames()
+    d = dec.decide(_ident("a"), TOKENS, 4)
+    assert tr.stored("e0", A_ENGINE[:1], H[:1], None) == 1
+    dec.retract(d)
+    assert dec.peers.sent == ["p", "r"] and _entries(index, dec, "a") == set(H[:1])
+    d.lease.release()
+    tr.check()
+
+
 def test_ended_claims_are_unindexed():
     clock = Clock()
     index, tr, dec = _stack(clock)

@@ -82,6 +82,7 @@ class Decision:
     prompt_tokens: int
     speculation: tuple | None = None  # (engine, hashes, scope, reused, first block's tokens) until recorded
     speculated: list | None = None  # the entries written (for retract)
+    claim: object | None = None  # its residency Claim once recorded (for retract: entries drop theirs when confirmed)
 
 
 class Decider:
@@ -178,6 +179,7 @@ class Decider:
         # a confirmed one once the engine evicted it (held weakly: residency module doc)
         claim = tracker.claim_prompt(name, prompt, scope.digest, d.lease, reused_blocks=reused,
                                      speculated_blocks=n_spec, digests=digests[:reused], tokens=first)
+        d.claim = claim
         d.speculated = tracker.speculate(name, hashes, digests, reused_blocks=reused, claim=claim, root_tokens=first)
         if self.peers is not None and (len(prompt) or len(first)):
             self.peers.claimed(claim, prompt, reused, n_spec, first)
@@ -189,8 +191,8 @@ class Decider:
             recs = d.speculated
             d.speculated = None
             self.tracker.retract(recs)
-            if self.peers is not None and recs[0].claim is not None:
-                self.peers.retracted(recs[0].claim)
+            if self.peers is not None and d.claim is not None:  # even if some of its entries were confirmed
+                self.peers.retracted(d.claim)
 
     def _fallback(self, plan: Plan, excluded) -> tuple[int, int]:
         """(worker, consecutive GPU blocks it holds for this scope) among the non-excluded workers."""

@@ -38,7 +38,9 @@ parent engine hash) until their ``BlockRemoved``, a clear or resync, at most
 (4) A block stored again under an engine hash that was attributed to scope S before (evicted, then
 recomputed; or computed again while still cached, as an engine does when an ancestor was evicted and
 its prefix match ends there) is S's: the engine hash commits to the salt and the whole prefix, so it
-names the same scope every time it is stored. The tracker remembers the scope of the last ``max_known_blocks``
+names the same scope every time it is stored. This assumes what rule 2 already does: an engine's hash
+of a block is a function of the salt and the prompt's tokens alone (vLLM's, without extra keys such as
+multimodal inputs), so a recompute carries the engine hash the evicted block had. The tracker remembers the scope of the last ``max_known_blocks``
 engine hashes whose confirmed entries ``BlockRemoved``, ``AllBlocksCleared`` or a resync dropped, per
 engine (the relation is a property of the hash, not of the cache's contents, so a clear keeps it).
 Rules (1) and (4) come before the claims: they never credit a scope with another scope's salted
