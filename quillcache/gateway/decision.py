@@ -14,8 +14,10 @@ events saw only the capped prefix, fell under the router's match threshold and w
 The gateway writes the speculation after the request's bytes have left (it is off the TTFT path),
 together with the request's CLAIM on every prompt block past the reused prefix (capped or not) and on
 the reused blocks from the first one whose entry is not yet CONFIRMED (another request's pending
-speculation, which may never reach the engine, or an entry gone since the plan); a fully confirmed
-prompt claims its last block: a claim's last block is where the request's decode blocks continue.
+speculation, which may never reach the engine, or an entry gone since the plan); the confirmed ones
+are held weakly, and a fully confirmed prompt claims its last block: a claim's last block is where
+the request's decode blocks continue. A prompt with no full block makes a short claim from its
+tokens (its decode blocks are roots).
 The claim is open while the decision's lease is live: the residency tracker refuses to credit a root
 store of those blocks, or a decode continuation of the request, to any other scope meanwhile
 (:mod:`.residency`, rule 2).

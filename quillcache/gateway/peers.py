@@ -15,29 +15,29 @@ request that expired here by TTL, or was retracted, still keeps its store from b
 another scope here, exactly as in the replica that routed it.
 
 Wire format (one ZeroMQ frame, msgpack): ``[kind, origin, engine, digest, hashes, cid, n_reused,
-n_spec, first]``: ``kind`` ``"p"`` (a request's whole prompt ``hashes``: its first ``n_reused`` blocks were
-found on the engine by the sender's plan, and it speculated the next ``n_spec``; ``first``: the leading
-tokens of its first block (all but its last) as little-endian u64 bytes when it reused nothing - the whole
-prompt for a prompt with no full block, whose claim is a short claim, :meth:`.ResidencyTracker.claim_short`),
-``"r"`` (retract
-the speculation of claim ``cid``) or ``"e"`` (claim ``cid``'s request ended); ``origin`` the
-sender's 8 random bytes (claim ids are per sender), ``digest`` the 16-byte scope digest, ``hashes``
-the chain hashes as little-endian u64 bytes (``hashes`` and ``first`` are empty for ``"r"``/``"e"``;
-repeats are dropped by the claim). The receiver decides what the request claims from its OWN confirmed entries
+n_spec, first]``: ``kind`` ``"p"`` (a request's whole prompt ``hashes``: its first ``n_reused``
+blocks were found on the engine by the sender's plan, and it speculated the next ``n_spec``;
+``first``: the leading tokens of its first block (all but its last) as little-endian u64 bytes when
+it reused nothing - the whole prompt for a prompt with no full block, whose claim is a short claim,
+:meth:`.ResidencyTracker.claim_short`), ``"r"`` (retract the speculation of claim ``cid``) or
+``"e"`` (claim ``cid``'s request ended); ``origin`` the sender's 8 random bytes (claim ids are per
+sender), ``digest`` the 16-byte scope digest, ``hashes`` the chain hashes as little-endian u64 bytes
+(``hashes`` and ``first`` are empty for ``"r"``/``"e"``; repeats are dropped by the claim). The
+receiver decides what the request claims from its OWN confirmed entries
 (:meth:`.ResidencyTracker.claim_prompt`, as the sender did from its own): the reused blocks it does
 not see confirmed are claimed too, so a replica whose view lags the sender's (it resynced after a
 replay gap) still refuses another scope the store of a reused block the engine evicted and
-recomputes. (Frames of earlier formats - 9-field ``"c"`` frames, which carried only the blocks the sender
-claimed, and 8-field ``"p"`` frames, without ``first`` - are refused as malformed.) A frame that
+recomputes. (Frames of earlier formats - 9-field ``"c"`` frames, which carried only the blocks the
+sender claimed, and 8-field ``"p"`` frames, without ``first`` - are refused as malformed.) A frame that
 does not decode to exactly that, or names an engine this replica does not route to, is counted and
 dropped (a peer can never crash the link).
 
 Memory: a peer's claim on an ``approximate`` engine (nothing is attributed there, and no ``"e"`` is
 ever sent for it) enters this tracker as speculation only; just its entries are kept, for a
 retraction. What is kept per peer claim for ``"r"``/``"e"`` is bounded by the total number of hashes
-(``_MAX_REMOTE_HASHES``: its claimed and weakly held chain hashes and its entries, counting each claim as
-one more; about 0.15 GiB with approximate engines' entries; the tracker empties a claim when its sweep
-unindexes it): past it the oldest are forgotten (an events engine's claim then stays open here until
+(``_MAX_REMOTE_HASHES``: its claimed and weakly held chain hashes and its entries, counting each
+claim as one more; about 0.15 GiB with approximate engines' entries; the tracker empties a claim when
+its sweep unindexes it): past it the oldest are forgotten (an events engine's claim then stays open here until
 ``claim_max_s``: the safe side).
 
 Invariants: the tracker is touched only on the event loop (the SUB thread hands every message over

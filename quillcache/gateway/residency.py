@@ -40,9 +40,10 @@ recomputed; or computed again while still cached, as an engine does when an ance
 its prefix match ends there) is S's: the engine hash commits to the salt and the whole prefix, so it
 names the same scope every time it is stored. This assumes what rule 2 already does: an engine's hash
 of a block is a function of the salt and the prompt's tokens alone (vLLM's, without extra keys such as
-multimodal inputs), so a recompute carries the engine hash the evicted block had. The tracker remembers the scope of the last ``max_known_blocks``
-engine hashes whose confirmed entries ``BlockRemoved``, ``AllBlocksCleared`` or a resync dropped, per
-engine (the relation is a property of the hash, not of the cache's contents, so a clear keeps it).
+multimodal inputs), so a recompute carries the engine hash the evicted block had. The tracker
+remembers the scope of the last ``max_known_blocks`` engine hashes whose confirmed entries
+``BlockRemoved``, ``AllBlocksCleared`` or a resync dropped, per engine (the relation is a property of
+the hash, not of the cache's contents, so a clear keeps it).
 Rules (1) and (4) come before the claims: they never credit a scope with another scope's salted
 block, whoever is in flight.
 
@@ -113,9 +114,10 @@ as peers (:mod:`.peers`): each replica's claims, speculations, retractions and r
 the other, enter its tracker as if routed there, and are confirmed by the same engine events, so
 both hold the same entries. A request's claim is decided by each replica from its own confirmed
 entries (the link carries the whole prompt: :meth:`ResidencyTracker.claim_prompt`), so a replica
-whose view lags after a resync claims the reused blocks it does not see confirmed. Replicas sharing engines MUST be linked: a replica knows no claim of a
-request routed elsewhere, so another replica's store of a chain that one scope alone is pending on
-here would be credited to that scope (see :mod:`.peers` for the ordering limit of the link).
+whose view lags after a resync claims the reused blocks it does not see confirmed. Replicas sharing
+engines MUST be linked: a replica knows no claim of a request routed elsewhere, so another replica's
+store of a chain that one scope alone is pending on here would be credited to that scope (see
+:mod:`.peers` for the ordering limit of the link).
 """
 
 from __future__ import annotations
@@ -396,8 +398,8 @@ class ResidencyTracker:
         root), with no attributed parent, could be a decode block of a request of a scope other than
         ``digest``: some unattributed ancestor up its chain is the tail of another scope's blocking claim, or
         the chain reaches another scope's attributed block, or the ancestry is unknown (a parent neither
-        remembered nor attributed) while another scope's tail blocks. A root passes (see the module doc for
-        what that leaves open)."""
+        remembered nor attributed) while another scope's tail blocks. A root passes here: a short claim
+        holds the roots its decode could store (:meth:`claim_short`)."""
         tails = self._tails[engine]
         if not tails:
             return False
@@ -509,7 +511,8 @@ class ResidencyTracker:
         weak = None
         if first > 0:
             tolist = getattr(block_hashes, "tolist", None)
-            weak = tolist()[:first] if tolist is not None else [int(h) for h in block_hashes[:first]]
+            head = block_hashes[:first]
+            weak = head.tolist() if tolist is not None else [int(h) for h in head]
         return self.claim(engine, claimed, digest, lease, complete=tail_only or speculated_blocks == len(claimed),
                           open_for_s=open_for_s, weak=weak)
 
@@ -886,9 +889,9 @@ class ResidencyTracker:
             assert held == set(live), f"engine {engine}: index {len(held)} entries, tracker {len(live)}"
             for rec in live.values():
                 assert rec.state in (EntryState.PENDING, EntryState.CONFIRMED, EntryState.APPROX)
-        for engine, gone in self._weak_gone.items():  # bounded by the weak holds
+        for engine, gone in self._weak_gone.items():  # the held record is bounded by the weak holds
             weak = self._weak[engine]
-            assert all(weak.get(h, 0) > 0 for h in gone) and all(gone.values())  # bounded by the holds
+            assert all(weak.get(h, 0) > 0 for h in gone) and all(gone.values())
             assert all(n > 0 for n in weak.values())
 
 
