@@ -307,9 +307,13 @@ def test_a_standby_behind_the_trimmed_log_fetches_the_snapshot(etcd, etcd_client
             r = c.put_start(k, 10)
             c.put_end(k, put_id=r.put_id)
         lsn = c.master_status()["lsn"]
-    log_keys = [kv.key for kv in etcd_client.get_prefix(f"{prefix}/master/m/log/")[0]]
-    oldest = int(log_keys[0].rsplit("/", 3)[-3])
-    assert oldest > 1, "the leader trimmed its log in etcd"
+
+    def oldest_log_group() -> int:
+        log_keys = [kv.key for kv in etcd_client.get_prefix(f"{prefix}/master/m/log/")[0]]
+        return int(log_keys[0].rsplit("/", 3)[-3])
+
+    # the trim follows the snapshot, which a forked child writes in the background: poll for it
+    wait_until(lambda: oldest_log_group() > 1, 15, "the leader trimmed its log in etcd")
     late = cluster("late", *small)  # an empty data dir: lsn 0 is older than the oldest log group
     assert late.info["role"] == "standby"
     wait_until(lambda: (s := late.status()) is not None and s["lsn"] >= lsn, 15, "the late standby catches up")
