@@ -42,7 +42,10 @@ Cells (each writes rows into ``results/hitrate/summary.csv`` and raw CSVs beside
    the best of LRU, SIEVE and S3-FIFO although that baseline is below Belady, the references the
    baseline hits and QuillChain misses (and the reverse), by the block's uses in the whole trace
    and the requests since its previous use (``quillcache.hitrate.anatomy``): what the remaining
-   losses are made of.
+   losses are made of; and ``sieve_spared`` (raw ``sieve_spared.csv``): on the conversation trace
+   at every finite capacity and in every cell of the table, how many of SIEVE's evictions removed a
+   block it had spared (hit since its insert; ``quillcache.hitrate.spared``) and SIEVE's and LFU's
+   hit rates: with no such eviction the two are the same policy, which is why they so often tie.
 4. replay throughput (block references/s, median of >= 5 repetitions, p10/p90 in the notes) of
    every kernel at 10k blocks, against, in the same run: libCacheSim's LRU (``libcachesim`` from
    PyPI) on the same reference stream written in its oracleGeneral binary format - imported here
@@ -112,6 +115,7 @@ from experiments.hitrate_predictability import (
 from quillcache.hitrate import HITRATE_POLICIES, SEMI_ONLINE, simulate
 from quillcache.hitrate.anatomy import GAP_LABELS, USES_LABELS, anatomy
 from quillcache.hitrate.arrays import TraceArrays, arrays_from_lists, load_arrays
+from quillcache.hitrate.spared import sieve_spared_evictions
 from quillcache.hitrate.turns import robust_sigma, turn_gap_log_ratios
 from quillcache.results import Anchor, SummaryRow, print_table, spread, write_raw, write_summary
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, default_trace_path
@@ -616,6 +620,68 @@ def loss_anatomy(sets: dict[str, tuple[list[tuple[str, int, TraceArrays]], list[
     return raw_out, rows
 
 
+def sieve_spared(arrs: TraceArrays, label: str, caps: list[int | None], table: dict,
+                 gen_traces: list[tuple[str, int, TraceArrays]], raw_gen: list[tuple]
+                 ) -> tuple[list[tuple], list[SummaryRow]]:
+    """SIEVE's evictions of blocks it had spared (``quillcache.hitrate.spared``) on the conversation
+    trace at every finite capacity (set ``trace``) and in every cell of the generalisation table (set
+    ``table``). Raw rows (set, trace, seed, cap_fraction, capacity_blocks, evictions, spared_evictions,
+    first_spared_request, sieve_hit_rate, lfu_hit_rate, spared_resident, spared_idle_median_requests);
+    summary rows ``sieve_spared_evictions``, ``sieve_spared_resident`` and ``sieve_spared_idle_requests``
+    per conversation capacity and ``sieve_lfu_agreement`` over the table's cells."""
+    raw: list[tuple] = []
+    for cap in caps:
+        if cap is not None:
+            sp = sieve_spared_evictions(arrs, cap)
+            raw.append(("trace", label, "", "", cap, sp.evictions, sp.spared, sp.first_spared_request,
+                        table[("sieve", cap)], table[("lfu", cap)], sp.spared_resident,
+                        sp.spared_idle_median_requests))
+    by_cell: dict[tuple[str, int, float], dict[str, tuple[int, float]]] = {}
+    for tr, seed, pol, f, cap, hr, _gap in raw_gen:
+        if pol in ("sieve", "lfu"):
+            by_cell.setdefault((tr, seed, f), {})[pol] = (cap, hr)
+    arrays = {(tr, seed): a for tr, seed, a in gen_traces}
+    for (tr, seed, f), v in sorted(by_cell.items()):
+        cap = v["sieve"][0]
+        sp = sieve_spared_evictions(arrays[(tr, seed)], cap)
+        raw.append(("table", tr, seed, f, cap, sp.evictions, sp.spared, sp.first_spared_request,
+                    v["sieve"][1], v["lfu"][1], sp.spared_resident, sp.spared_idle_median_requests))
+    rows: list[SummaryRow] = []
+    for _set, tr, _seed, _f, cap, ev, spared, first, s_hr, l_hr, resident, idle in raw:
+        if _set != "trace":
+            continue
+        p = {"trace": tr, "capacity_blocks": cap}
+        rows.append(SummaryRow(metric="sieve_spared_resident", subject="sieve", value=resident / cap,
+                               unit="fraction of the capacity", n=resident,
+                               notes=f"after the last request, {resident} of {cap} cached blocks are spared "
+                                     f"(hit since their insert), last hit a median {idle:g} requests earlier, "
+                                     f"of {arrs.num_requests}", params=p))
+        rows.append(SummaryRow(metric="sieve_spared_idle_requests", subject="sieve", value=idle, unit="requests",
+                               n=resident, notes="median requests since the last hit of the spared blocks cached "
+                                                 "after the last request", params=p))
+        rows.append(SummaryRow(metric="sieve_spared_evictions", subject="sieve", value=spared / ev if ev else 0.0,
+                               unit="fraction of SIEVE's evictions", n=ev,
+                               notes=f"{spared} of {ev} evictions removed a block hit since its insert"
+                                     f"{'' if first < 0 else f' (first in request {first})'}; "
+                                     f"hit rate sieve={s_hr:.4f} lfu={l_hr:.4f}",
+                               params=p))
+    cells = [r for r in raw if r[0] == "table"]
+    if cells:
+        same = [r for r in cells if r[8] == r[9]]
+        unspared = [r for r in cells if r[6] == 0]
+        differ_spared = [r for r in cells if r[8] != r[9] and r[6] > 0]
+        rows.append(SummaryRow(metric="sieve_lfu_agreement", subject="sieve", value=len(same) / len(cells),
+                               unit="fraction of cells with SIEVE's hit rate equal to LFU's", n=len(cells),
+                               baseline="lfu",
+                               notes=f"SIEVE's hit rate equals LFU's in {len(same)} of {len(cells)} cells; "
+                                     f"{sum(r[8] == r[9] for r in unspared)} of the {len(unspared)} cells with no "
+                                     "spared eviction are among them"
+                                     + (f", and {len(differ_spared)} of the {len(cells) - len(same)} cells where "
+                                        "they differ had spared evictions" if len(same) < len(cells) else ""),
+                               params={"trace": "generalisation"}))
+    return raw, rows
+
+
 def generalisation_rows(raw: list[tuple], policies: list[str]) -> list[SummaryRow]:
     """Per trace shape, capacity fraction and policy: the gap closed (median over seeds, p10/p90);
     per policy of ours: the share of (trace, seed, capacity) cells where it beats each baseline."""
@@ -755,6 +821,8 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
         "table": (gen_traces, raw_gen), "heldout": (held_traces, raw_held),
         "random": ([(label, seed, arrs) for label, seed, arrs, _ in rand], raw_rand)})
     rows += anatomy_rows
+    raw_spared, spared_rows = sieve_spared(arrs, label, caps, table, gen_traces, raw_gen)
+    rows += spared_rows
 
     # 3b. semi-online (cell 5 of the docstring; separate metrics, never beside the online rows): lookahead-W LRU sees the
     #    W requests queued at the engine
@@ -839,6 +907,10 @@ def run(quick: bool = False, results_root: str | None = None, trace: str | os.Pa
                                           "gap_closed"], raw_rand, results_root)
     write_raw(NAME, "loss_anatomy.csv", ["set", "trace", "seed", "cap_fraction", "baseline", "uses", "previous_use",
                                          "references", "ours_only", "baseline_only"], raw_anatomy, results_root)
+    write_raw(NAME, "sieve_spared.csv", ["set", "trace", "seed", "cap_fraction", "capacity_blocks", "evictions",
+                                         "spared_evictions", "first_spared_request", "sieve_hit_rate", "lfu_hit_rate",
+                                         "spared_resident", "spared_idle_median_requests"],
+              raw_spared, results_root)
     write_raw(NAME, "mixed.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
                                   "gap_closed"], raw_mix, results_root)
     write_raw(NAME, "block16.csv", ["trace", "seed", "policy", "cap_fraction", "capacity_blocks", "hit_rate",
