@@ -27,7 +27,7 @@ from quillcache.cli import OneLineParser
 from quillcache.cli.master import configure
 from quillcache.master import MasterConfig, MasterService, PutRequest, SegmentDescriptor
 from quillcache.master.client import MasterClient
-from quillcache.master.datadir import LOCK_NAME, DataDirInUseError, DataDirLock
+from quillcache.durability.dirlock import LOCK_NAME, DataDirInUseError, DataDirLock
 from quillcache.master.types import MAX_DURATION_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -308,7 +308,7 @@ def test_a_lock_kept_by_a_child_of_an_exited_holder_is_waited_for(tmp_path, monk
     """The recorded holder has exited and a process it forked still has the file open: the new holder polls
     instead of refusing, and gets the lock once that process lets go. The first poll's wait is where it lets
     go, so the first try always finds the lock held."""
-    import quillcache.master.datadir as datadir
+    import quillcache.durability.dirlock as datadir
 
     d = tmp_path / "m"
     d.mkdir()
@@ -327,7 +327,7 @@ def test_a_lock_kept_by_a_child_of_an_exited_holder_is_waited_for(tmp_path, monk
 
 
 def test_a_live_holder_is_refused_at_once_and_a_child_past_the_grace_is_named(tmp_path, monkeypatch):
-    import quillcache.master.datadir as datadir
+    import quillcache.durability.dirlock as datadir
 
     d = tmp_path / "m"
     d.mkdir()

@@ -4,7 +4,8 @@ Roles. ``HaMaster`` is one master process of a group ``name``: a :class:`~quillc
 over its own data dir in replicated mode, a :class:`~quillcache.cluster.election.LeaderElection`
 candidate, a follower of the log in etcd, and (leader only) the writer of that log. Exactly one role:
 ``standby`` (follows the log, answers NOT_LEADER to every data call) or ``leader`` (serves).
-Each candidate has a data dir of its own, locked (:mod:`~quillcache.master.datadir`) until ``close``, across reopens.
+Each candidate has a data dir of its own, locked (:mod:`~quillcache.durability.dirlock`) until ``close``,
+across reopens.
 
 The log (``{prefix}/master/{name}/log/``). The leader commits every state-changing call as etcd txns
 guarded by ``EpochFence.compares()`` (``create_revision(election key) == epoch`` and its value is this
@@ -69,7 +70,7 @@ from quillcache.cluster.election import NotLeaderError as ElectionNotLeaderError
 from quillcache.cluster.watch import Watch, WatchEvent
 from quillcache.master.errors import LogFailedError, MasterError, NotLeaderError, StaleEpochError
 from quillcache.durability.fs import RealFs
-from quillcache.master.datadir import DataDirLock
+from quillcache.durability.dirlock import DataDirLock
 from quillcache.master.oplog import log_files
 from quillcache.master.service import MasterService
 from quillcache.master.snapshot import SNAPSHOT_NAME

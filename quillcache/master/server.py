@@ -10,7 +10,7 @@ Contract:
   "qtcp://HOST:PORT"|null, "pid": N, "role": "leader"|"standby"|"single", "epoch": E}``; everything else goes to stderr (logging). SIGTERM or SIGINT
   stops it cleanly (the RPC server closes, an HA leader resigns, the service snapshots and closes), exit 0.
 - Refused at start with one line on stderr and no traceback, nothing in the data dir changed (its lock file
-  aside, :mod:`~quillcache.master.datadir`): exit 2 (``EXIT_BAD_FLAG``) for a flag value that cannot work
+  aside, :mod:`~quillcache.durability.dirlock`): exit 2 (``EXIT_BAD_FLAG``) for a flag value that cannot work
   (``--data-dir`` empty, not a directory, not creatable or not writable; a duration out of range, see
   ``MAX_DURATION_S``); exit 1 (``EXIT_CANNOT_START``) for a data dir that cannot be opened (in use by another
   master, named with its pid; a damaged, empty or foreign log or snapshot; an I/O error) or a port that cannot
@@ -63,7 +63,7 @@ from quillcache._checks import check_float
 from quillcache.cli.argtypes import directory_problem
 from quillcache.cli.parent import parent_watch
 from quillcache.durability.wal import WalError
-from quillcache.master.datadir import DataDirInUseError
+from quillcache.durability.dirlock import DataDirInUseError
 from quillcache.master.errors import InvalidParamsError, MasterError
 from quillcache.master.service import MasterService
 from quillcache.master.types import MasterConfig

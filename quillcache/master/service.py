@@ -40,8 +40,8 @@ the sealed segments are deleted once the snapshot is published; the service wait
 ``snapshot()`` and ``close`` write one inline and restart the log after it.
 ``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators.
 One master per data dir: before it reads anything in D the service takes D's exclusive lock
-(:class:`~.datadir.DataDirLock`, ``D/master.lock``) and holds it until ``close`` (or its process
-ends), so a second master on D, in any process, is refused with :class:`~.datadir.DataDirInUseError`
+(:class:`~quillcache.durability.dirlock.DataDirLock`, ``D/master.lock``) and holds it until ``close`` (or its process
+ends), so a second master on D, in any process, is refused with :class:`~quillcache.durability.dirlock.DataDirInUseError`
 naming D and the holder's pid, and nothing in D is touched; a refused or failed start releases it
 (and closes the log and the index it opened: no file stays open).
 ``dir_lock=`` hands the service a lock its caller holds (and keeps: ``close`` leaves it held), so a
@@ -80,7 +80,7 @@ from quillcache.index import IndexBackend, open_index
 from quillcache.master._kernels import (READ_BAD_KEY, READ_NOT_FOUND, all_new, check_new_puts, end_prefix,
                                        place_most_free, read_columns)
 from quillcache.master.columns import PutColumns, ReplicaColumns, columns_from_rows
-from quillcache.master.datadir import DataDirLock
+from quillcache.durability.dirlock import DataDirLock
 from quillcache.master.errors import (
     InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
     ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, RecordEncodeError, SegmentExistsError,

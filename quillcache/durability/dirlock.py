@@ -1,12 +1,14 @@
-"""The exclusive lock a master holds on its data dir for its whole life: one master per data dir.
+"""The exclusive lock an owner of a data dir holds on it for its whole life: one owner per data dir.
 
-Two masters appending to one operation log overwrite each other's records, so acknowledged writes
-would be lost. Contract:
-- ``DataDirLock(data_dir)`` takes an exclusive, non-blocking ``flock`` of ``<data_dir>/master.lock``
-  (created when missing, never followed as a symlink; it holds the holder's pid as one decimal line
-  and no data), or raises :class:`DataDirInUseError` naming the dir and the holder's pid. It waits
+Two writers appending to one log overwrite each other's records, so acknowledged writes would be
+lost: a master's operation log, a pool node's SSD tier (its slabs and log), a persistent ART index.
+Each of them takes this lock on its dir before reading anything in it. Contract:
+- ``DataDirLock(data_dir, lock_name=..., owner=...)`` takes an exclusive, non-blocking ``flock`` of
+  ``<data_dir>/<lock_name>`` (default ``master.lock``; created when missing, never followed as a
+  symlink; it holds the holder's pid as one decimal line and no data), or raises
+  :class:`DataDirInUseError` naming the dir, the owner kind and the holder's pid. It waits
   only when the pid in the file is no longer running (below): a live holder is refused at once.
-  Creating the dir and this file is all a master does to a data dir before it has the lock.
+  Creating the dir and this file is all an owner does to a data dir before it has the lock.
 - One holder per data dir, whoever asks: another process, or another ``DataDirLock`` in this process
   (an ``flock`` belongs to an open file description, so a second open in the same process is refused
   as well).
@@ -45,10 +47,11 @@ _HELD: weakref.WeakSet[DataDirLock] = weakref.WeakSet()  # locks this process ho
 
 
 class DataDirInUseError(RuntimeError):
-    """The data dir is locked by another master; ``data_dir`` and ``pid`` (None when unknown) say which;
+    """The data dir is locked by another owner; ``data_dir`` and ``pid`` (None when unknown) say which;
     ``holder_exited``: that pid has exited, but a process it started (forked) still has the lock file open."""
 
-    def __init__(self, data_dir: str, pid: int | None, *, holder_exited: bool = False) -> None:
+    def __init__(self, data_dir: str, pid: int | None, *, holder_exited: bool = False, lock_name: str = LOCK_NAME,
+                 owner: str = "master") -> None:
         if pid is None:
             who = "pid unknown"
         elif pid == os.getpid():
@@ -57,8 +60,8 @@ class DataDirInUseError(RuntimeError):
             who = f"pid {pid}, which has exited, but a process it forked still has the lock file open"
         else:
             who = f"pid {pid}"
-        super().__init__(f"data dir {data_dir} is in use by another master ({who}; lock file "
-                         f"{os.path.join(data_dir, LOCK_NAME)}): one master per data dir")
+        super().__init__(f"data dir {data_dir} is in use by another {owner} ({who}; lock file "
+                         f"{os.path.join(data_dir, lock_name)}): one {owner} per data dir")
         self.data_dir = data_dir
         self.pid = pid
         self.holder_exited = holder_exited
@@ -67,13 +70,17 @@ class DataDirInUseError(RuntimeError):
 class DataDirLock:
     """An exclusive lock on one data dir (module docstring)."""
 
-    def __init__(self, data_dir: str | os.PathLike, *, dead_holder_grace_s: float = DEAD_HOLDER_GRACE_S) -> None:
+    def __init__(self, data_dir: str | os.PathLike, *, dead_holder_grace_s: float = DEAD_HOLDER_GRACE_S,
+                 lock_name: str = LOCK_NAME, owner: str = "master") -> None:
+        if not lock_name or os.sep in lock_name or lock_name in (".", ".."):
+            raise ValueError(f"lock_name must be a plain file name, got {lock_name!r}")
         self.data_dir = os.fspath(data_dir)
-        self.path = os.path.join(self.data_dir, LOCK_NAME)
+        self.path = os.path.join(self.data_dir, lock_name)
+        self.owner = owner
         self._fd = -1
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
-            _take(fd, self.data_dir, dead_holder_grace_s)
+            _take(fd, self.data_dir, dead_holder_grace_s, lock_name, owner)
             try:  # who holds it, for the message another master gets; the lock does not depend on it
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -115,10 +122,10 @@ class DataDirLock:
         self.release()
 
     def __repr__(self) -> str:
-        return f"DataDirLock({self.data_dir!r}, held={self.held})"
+        return f"DataDirLock({self.data_dir!r}, {os.path.basename(self.path)!r}, held={self.held})"
 
 
-def _take(fd: int, data_dir: str, grace_s: float) -> None:
+def _take(fd: int, data_dir: str, grace_s: float, lock_name: str, owner: str) -> None:
     """flock ``fd``; while the recorded holder has exited, poll for up to ``grace_s`` (module docstring)."""
     deadline = None
     while True:
@@ -128,12 +135,12 @@ def _take(fd: int, data_dir: str, grace_s: float) -> None:
         except BlockingIOError:
             pid = _read_pid(fd)
             if pid is None or _running(pid):
-                raise DataDirInUseError(data_dir, pid) from None
+                raise DataDirInUseError(data_dir, pid, lock_name=lock_name, owner=owner) from None
             now = time.monotonic()
             if deadline is None:
                 deadline = now + grace_s
             elif now >= deadline:
-                raise DataDirInUseError(data_dir, pid, holder_exited=True) from None
+                raise DataDirInUseError(data_dir, pid, holder_exited=True, lock_name=lock_name, owner=owner) from None
             _sleep(_POLL_S)
 
 
