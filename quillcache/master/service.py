@@ -40,9 +40,9 @@ the sealed segments are deleted once the snapshot is published; the service wait
 ``snapshot()`` and ``close`` write one inline and restart the log after it.
 ``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators.
 One master per data dir: before it reads anything in D the service takes D's exclusive lock
-(:class:`~quillcache.durability.dirlock.DataDirLock`, ``D/master.lock``) and holds it until ``close`` (or its process
-ends), so a second master on D, in any process, is refused with :class:`~quillcache.durability.dirlock.DataDirInUseError`
-naming D and the holder's pid, and nothing in D is touched; a refused or failed start releases it
+(:class:`~quillcache.durability.dirlock.DataDirLock`, ``D/master.lock``) and holds it until ``close``
+(or its process ends), so a second master on D, in any process, is refused with
+:class:`~quillcache.durability.dirlock.DataDirInUseError` naming D and the holder's pid, and nothing in D is touched; a refused or failed start releases it
 (and closes the log and the index it opened: no file stays open).
 ``dir_lock=`` hands the service a lock its caller holds (and keeps: ``close`` leaves it held), so a
 caller that reopens the service on D (HA: :mod:`.ha`) keeps D locked in between. A simulated file
