@@ -51,7 +51,8 @@ class FileSystem(abc.ABC):
 
     @abc.abstractmethod
     def open(self, path: str, mode: str) -> int:
-        """Open ``path`` in one of :data:`MODES`; returns a handle."""
+        """Open ``path`` in one of :data:`MODES`; returns a handle. A directory is refused in every mode
+        (``IsADirectoryError`` naming ``path``): it is never a file of a log or a store."""
 
     @abc.abstractmethod
     def close(self, fd: int) -> None: ...
@@ -160,6 +161,12 @@ class RealFs(FileSystem):
         if flags is None:
             raise ValueError(f"open mode must be one of {MODES}, got {mode!r}")
         fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:  # a directory opens read-only, then fails every read with an error that names no file
+            if _stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise IsADirectoryError(errno.EISDIR, "a directory where a file was expected", path)
+        except BaseException:
+            os.close(fd)
+            raise
         handle = next(_NEXT_HANDLE)
         _FDS[handle] = fd
         return handle

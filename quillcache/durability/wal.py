@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import crc32c as _crc
 
-from quillcache._checks import check_buffer, check_choice
+from quillcache._checks import check_buffer, check_choice, check_int
 from quillcache.durability.fs import CREATE_EXCL, READ_WRITE, FileSystem, RealFs
 
 MAGIC = b"QCWAL\x00\x01\x00"
@@ -365,7 +365,7 @@ class WalWriter:
                  group_bytes: int = DEFAULT_GROUP_BYTES, on_write_error: str = "fail") -> None:
         self.path = os.fspath(path)
         self.fs = fs if fs is not None else RealFs()
-        self.group_bytes = group_bytes
+        self.group_bytes = check_int("group_bytes", group_bytes, 1)
         self.on_write_error = check_choice("on_write_error", on_write_error, WRITE_ERROR_POLICIES)
         self._buf = bytearray()
         self._buf_records = 0

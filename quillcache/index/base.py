@@ -81,6 +81,10 @@ class NotAnIndexError(ValueError):
     """A path that does not hold an index of the requested kind (or holds a damaged one)."""
 
 
+class IndexCorruptionError(NotAnIndexError):
+    """The on-disk state is damaged in a way recovery must not guess about."""
+
+
 class IndexBackend(abc.ABC):
     """Residency index over an ordered key-value store of byte keys."""
 

@@ -9,6 +9,11 @@ Tuning (stated, so the study is reproducible):
   high-entropy integers), level-style compaction with dynamic level bytes;
 - writes go through one ``WriteBatch`` per call with the WAL on and ``sync=False``; ``flush()``
   syncs the WAL (``flush_wal(sync=True)``), which is the durability point.
+
+Damage: RocksDB ends an iteration on an error (a block checksum mismatch in an SST file) the same way
+it ends one at the last key, so every scan checks the iterator's status afterwards and raises
+``IndexCorruptionError`` with RocksDB's message (which names the file): a damaged index never answers
+"nothing there". A point read raises the same error.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 import rocksdict as rd
 
 from quillcache.index import keys as K
-from quillcache.index.base import IndexBackend, NotAnIndexError
+from quillcache.index.base import IndexBackend, IndexCorruptionError, NotAnIndexError
 
 
 def _options(create: bool) -> rd.Options:
@@ -70,8 +75,14 @@ class RocksDbIndex(IndexBackend):
             wb.delete(k)
         self._db.write(wb, self._wo)
 
+    def _damaged(self, exc: Exception) -> IndexCorruptionError:
+        return IndexCorruptionError(f"{self.path}: the RocksDB index is damaged ({exc})")
+
     def _raw_get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
+        try:
+            return self._db.get(key)
+        except Exception as exc:  # rocksdict raises a bare Exception carrying RocksDB's status
+            raise self._damaged(exc) from None
 
     def _scan_with(self, it, prefix: bytes) -> list[tuple[bytes, bytes]]:
         out = []
@@ -82,6 +93,10 @@ class RocksDbIndex(IndexBackend):
                 break
             out.append((k, it.value()))
             it.next()
+        try:
+            it.status()  # an iteration ended by an error looks like one ended at the last key
+        except Exception as exc:
+            raise self._damaged(exc) from None
         return out
 
     def _raw_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
