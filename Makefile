@@ -108,8 +108,8 @@ paper: figures
 	$(PY) -m experiments.report
 	$(PY) notebooks/make_notebook.py --execute
 
-# Fuzz every parser of untrusted bytes (WAL, SSD log payloads, trace lines and files) and the SSD
-# tier's recovery from damaged directories with a large Hypothesis budget (a few minutes).
+# Fuzz every parser of untrusted bytes (WAL, SSD log payloads, trace lines and files, transfer frames, KV events,
+# RPC streams) and the SSD tier's recovery from damaged directories with a large Hypothesis budget (minutes).
 FUZZ_EXAMPLES ?= 30000
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz QUILLCACHE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/fuzz tests/test_store_ssd_damage.py

@@ -43,7 +43,7 @@ overlap, for any warm-up >= 0, when the key goes by lease expiry (SIGKILL, SIGST
 what that argument leaves out: clock-rate drift between hosts (ppm of a TTL) and a key deleted by other means (a
 resign, an operator), which the old leader learns through its watch of the key within milliseconds. Half a second
 covers both with a wide margin, and keeps failover at about TTL + 0.5 s (etcd's expiry check) + warm-up + catch-up,
-within 2×TTL from TTL 2 s up (one TTL of warm-up, measured ~2×TTL + 0.5 s, would not be).
+within 2×TTL from TTL 2 s up (one TTL of warm-up would put it at 2×TTL + 0.5 s + catch-up, above that bound).
 
 Growth. After a local snapshot at LSN L the leader deletes (fenced) the log groups that start before
 ``min(L - log_margin + 1, first LSN of its newest group)`` and compacts etcd's history to the revision

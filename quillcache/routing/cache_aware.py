@@ -26,9 +26,8 @@ It is SGLang's gateway rule (``--cache-threshold 0.3 --balance-abs-threshold 64
   smallest tree. SGLang's rule is available on exact residency as ``low_match="most_free"``: the
   worker holding the fewest resident blocks, read from ``resident_blocks`` (a callable the owner
   sets; the gateway: its residency tracker's live entries per engine). It is not the default
-  because it measured worse in the gateway's setting (four stand-in engines, sessions workload
-  seeds 2-4 that the gateway study does not use, 32 req/s: 0.2 to 3.2 points lower hit rate than
-  least-loaded).
+  because it measured worse than least-loaded in the gateway's setting (four stand-in engines, a
+  sessions workload at 32 req/s).
 
 Load is compared in request-equivalents because SGLang counts requests and the load tracker counts
 blocks. Against Dynamo's cost (:mod:`quillcache.routing.dynamo`), which charges every active block
