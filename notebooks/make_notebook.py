@@ -131,7 +131,7 @@ df[df.metric == "scan_s_per_mib"].pivot(index="subject", columns="file_bytes", v
      '''df = read_summary("safety", RESULTS)
 display(df[df.category.isna() | (df.category == "all")].pivot(index="mix", columns="metric", values="value"))
 read_anchors("safety", RESULTS)'''),
-    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO (and on held-out seeds and random session shapes, never used to choose a default), what the remaining losses are made of (net lost references by the uses of the block and the requests since its previous use), kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests; the timing oracle, which knows which blocks return and when only up to a factor; the joint oracle, wrong about both, and the error rate the online trees match) and how well arrival-time features predict reuse and the gap to the next turn; `quillcache hitrate TRACE` prints such a table for any trace.',
+    ("hitrate", 'Hit rate by policy and capacity on the conversation trace (NA = unlimited), the share of the LRU-to-Belady gap each closes, the generalisation table (median over seeds), cells QuillChain wins against LRU/SIEVE/S3-FIFO (and on held-out seeds and random session shapes, never used to choose a default), what the remaining losses are made of (net lost references by the uses of the block and the requests since its previous use), kernel speeds, and the information bounds (offline: the share of the gap a reuse oracle closes, exact and wrong about a share of requests; the timing oracle, which knows which blocks return and when only up to a factor; the joint oracle, wrong about both, and the error rate the online trees match) and how well arrival-time features predict reuse and the gap to the next turn, and SIEVE's evictions of blocks it had spared (with none, SIEVE is in-cache LFU); `quillcache hitrate TRACE` prints such a table for any trace.',
      '''df = read_summary("hitrate", RESULTS)
 hr = df[(df.metric == "hit_rate") & (df.trace == "conversation_trace")]
 display(hr.pivot(index="subject", columns="capacity_blocks", values="value"))
@@ -156,6 +156,8 @@ pred = df[df.metric.str.startswith("reuse_predictability")]  # how well arrival-
 display(pred.pivot_table(index="subject", columns="metric", values="value"))
 learned = read_raw("hitrate", "learned_reuse", RESULTS)  # the trees' bits as hits, every threshold
 display(learned.pivot_table(index=["label_mode", "threshold"], columns="capacity_blocks", values="gap_closed"))
+if Path(RESULTS, "hitrate", "sieve_spared.csv").exists():  # SIEVE evictions of blocks it had spared (with none, SIEVE is in-cache LFU)
+    display(read_raw("hitrate", "sieve_spared", RESULTS))
 read_anchors("hitrate", RESULTS)'''),
     ("replay", "Router study: TTFT, goodput and hit rate per routing/policy cell (engine compute is the engine model, a stand-in).",
      '''df = read_summary("replay", RESULTS)
