@@ -38,6 +38,10 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
    does the same: from admission to the end of the response, ``ClientWatch`` cancels the request's
    task on ``http.disconnect`` (status 499).
 
+Refusals are logged, rate-limited (``RefusalLog``): the first in each ``REFUSAL_LOG_S`` window at once, the rest of
+the window counted and summed up in the next line (by status), WARNING for 401/403 (a key being guessed shows),
+INFO for the other 4xx; a 500 is logged as an error on its own. The messages are the client's own, never a key.
+
 Invariants: the load lease and the tenant's in-flight slot are released exactly once per admitted
 request, whatever ends it (``_Exchange.finish`` runs from ``finally`` and from the response's own
 ``finally``); a request that ends before the engine produced output takes its speculative
@@ -88,6 +92,32 @@ log = logging.getLogger("quillcache.gateway")
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
 _PROXY_KINDS = {_COMPLETIONS: "completion", _CHAT: "chat"}
+
+
+REFUSAL_LOG_S = 10.0  # one refusal line at most per window of this length (module docstring)
+
+
+class RefusalLog:
+    """Rate-limited log lines for refused requests (module docstring): ``refused(status, message)``."""
+
+    def __init__(self, window_s: float = REFUSAL_LOG_S, clock=time.monotonic) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._next_s = -float("inf")
+        self._unlogged: dict[int, int] = {}  # refusals since the last line, by status
+
+    def refused(self, status: int, message: str) -> None:
+        self._unlogged[status] = self._unlogged.get(status, 0) + 1
+        now = self._clock()
+        if now < self._next_s:
+            return
+        counts, self._unlogged = self._unlogged, {}
+        self._next_s = now + self.window_s
+        level = logging.WARNING if any(st in (401, 403) for st in counts) else logging.INFO
+        total = sum(counts.values())
+        by_status = ", ".join(f"{n} x {st}" for st, n in sorted(counts.items()))
+        log.log(level, "refused %d request(s) since the last report (%s); the latest: %d %s", total, by_status,
+                status, message)
 
 
 class GatewayStartError(RuntimeError):
@@ -280,6 +310,7 @@ class Gateway:
         self._discover = not config.models
         self._skipped_models: set[str] = set()  # discovered names ModelConfig refused (logged once each)
         self._rounds = 0
+        self.refusals = RefusalLog()
         self._identities: dict[tuple[str, str], Identity] = {}
         self._tasks: list[asyncio.Task] = []
         self._subscribers: list[Any] = []
@@ -448,6 +479,8 @@ class Gateway:
         return JSONResponse({"object": "list", "data": data})
 
     def _error_response(self, status: int, message: str, kind: str, headers: dict | None = None) -> Response:
+        if 400 <= status < 500:
+            self.refusals.refused(status, message)
         return JSONResponse(_error_body(status, message, kind), status_code=status, headers=headers)
 
     async def _internal_error(self, request: Request, exc: Exception) -> Response:
