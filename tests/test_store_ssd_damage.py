@@ -306,7 +306,7 @@ def test_item3_deleted_log_is_refused_then_forced_empty(tmp_path):
     os.unlink(d / log)
     with pytest.raises(SsdLogMissingError, match="on_missing_log"):
         SsdTier(d, capacity_bytes=64 << 20)
-    assert sorted(os.listdir(d)) == ["quillcache-ssd.meta", "slab-00000.qcs"]  # refusal changes nothing
+    assert sorted(os.listdir(d)) == ["quillcache-ssd.lock", "quillcache-ssd.meta", "slab-00000.qcs"]  # unchanged
     with SsdTier(d, capacity_bytes=64 << 20, on_missing_log="empty") as t:
         assert len(t) == 0 and not t.recovery.clean and "no log" in t.recovery.log_tail
         assert t.recovery.quarantined and os.path.isfile(d / t.recovery.quarantined[0])

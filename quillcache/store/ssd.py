@@ -31,7 +31,11 @@ evicting blocks does not cure) and damages nothing already stored; a full tier r
 (the tier itself never evicts). A log rotation (after a durable commit) that fails on a full disk is retried
 at a later commit, unless it left a newer log generation it could not durably remove (the next open would
 pick it): that, and any other rotation error, turns the tier unhealthy. A block that fails its crc32c on
-read raises ``CorruptBlockError`` and is dropped; wrong bytes are never returned.
+read, or reads short, raises ``CorruptBlockError`` and is dropped (files layout: its object file is moved to
+``quarantine/``, never deleted; slab layout: its space is reused once its delete is durable, as at recovery);
+wrong bytes are never returned. A read that fails with an ``OSError`` (EMFILE, ENFILE, ENOMEM, EIO, ...) proves
+nothing about the stored bytes: it raises ``StoreError`` and the block is kept (a files-layout object file that
+is missing is the exception: the block is gone and dropped).
 
 Recovery (= opening): replay the log (slab layout) or list the objects (files layout), check every block's
 crc32c (``verify_on_open``), drop torn, corrupt or unreferenced data, sweep temp files, and report foreign
@@ -41,8 +45,15 @@ served, every other one is named in ``recovery.dropped``, damaged files are move
 unusable while slabs exist: slabs hold no keys, so the blocks cannot be recovered and the open is refused
 (``SsdLogMissingError``) unless ``on_missing_log="empty"`` forces an empty start (the old files go to
 quarantine, the report is not clean). Every error of opening is a ``StoreError`` (``SsdRecoveryError`` wraps
-I/O errors). A non-empty directory that holds no tier metadata file is refused with ``ForeignFileError``. See
-``SsdTier.recovery``.
+I/O errors), except ``DataDirInUseError`` below. A non-empty directory that holds no tier metadata file is refused
+with ``ForeignFileError``. See ``SsdTier.recovery``.
+
+One tier per directory: on the real file system a tier takes
+:class:`~quillcache.durability.dirlock.DataDirLock` (``<directory>/quillcache-ssd.lock``) before reading anything
+in its directory and holds it until ``close`` (a failed open releases it); a second tier on the same directory,
+in this process or another, is refused with ``DataDirInUseError`` naming the directory and the holder's pid, and
+nothing in the directory is touched (two tiers would overwrite each other's slabs and log records). A simulated
+file system (``CrashFs``) lives in one process's memory and takes no lock.
 
 Accounting mode (``account_only=True``; the trace harness at million-block scale): no directory,
 no files, no fsync, no crc32c; offsets, footprints, capacity and the largest block come from
@@ -90,12 +101,14 @@ from quillcache.store.errors import (
     TierUnhealthyError,
 )
 from quillcache.alloc import AllocatorError
+from quillcache.durability.dirlock import DataDirLock
 from quillcache.durability.fs import FileSystem, RealFs
 from quillcache.store.keys import StoreKey
 from quillcache.store.ssd_account import AccountLayout
 from quillcache.store.ssd_files import FilesLayout
 from quillcache.store.ssd_format import (
     DEFAULT_LAYOUT,
+    LOCK,
     META,
     PAGE_BYTES,
     QUARANTINE,
@@ -170,6 +183,7 @@ class SsdTier:
         self._used = 0
         self._unhealthy: BaseException | None = None
         self._closed = False
+        self._dir_lock: DataDirLock | None = None
         if account_only:
             self._layout = AccountLayout(capacity_bytes, self.tuning)
             self.recovery = SsdRecoveryReport(directory=self._dir, layout=AccountLayout.name, created=True,
@@ -179,11 +193,15 @@ class SsdTier:
                 self.recovery = self._open()
             except BaseException as exc:
                 layout = getattr(self, "_layout", None)
-                if layout is not None:  # release every handle the failed open took
-                    try:
-                        layout.close()
-                    except OSError:
-                        pass
+                try:
+                    if layout is not None:  # release every handle the failed open took
+                        try:
+                            layout.close()
+                        except OSError:
+                            pass
+                finally:
+                    if self._dir_lock is not None:
+                        self._dir_lock.release()
                 if isinstance(exc, (OSError, OverflowError, struct.error, AllocatorError)):
                     raise SsdRecoveryError(f"SSD tier {self._dir} could not be opened: "
                                            f"{type(exc).__name__}: {exc}") from exc
@@ -198,6 +216,10 @@ class SsdTier:
             fs.fsync_dir(os.path.dirname(d.rstrip("/")) or ".")
         elif not fs.is_dir(d):
             raise ForeignFileError(f"SSD tier path {d} exists and is not a directory")
+        made_lock = False
+        if isinstance(fs, RealFs):  # one tier per directory (a simulated file system lives in this process only)
+            made_lock = not fs.exists(f"{d}/{LOCK}")
+            self._dir_lock = DataDirLock(d, lock_name=LOCK, owner="SSD tier")
         names = fs.listdir(d)
         files: dict[str, list[tuple[int, str]]] = {}
         foreign: list[str] = []
@@ -210,8 +232,10 @@ class SsdTier:
             else:
                 files.setdefault(kind[0], []).append((kind[1], name))
         if META not in names:
-            ours = [n for n in names if n != META + ".tmp"]
+            ours = [n for n in names if n not in (META + ".tmp", LOCK)]
             if ours:
+                if made_lock:  # leave a foreign directory as it was found
+                    fs.unlink(f"{d}/{LOCK}")
                 shown = ", ".join(ours[:5]) + (", ..." if len(ours) > 5 else "")
                 raise ForeignFileError(
                     f"{d} is not a QuillCache SSD tier: it holds {len(ours)} file(s) ({shown}) and no {META}; "
@@ -229,6 +253,7 @@ class SsdTier:
                 raise ValueError(f"{d} holds a {meta['layout']!r} SSD tier; layout={self.tuning.layout!r} was asked")
         rep: dict = {"dropped": [], "swept": [], "log_records": 0, "log_damaged": (), "log_tail": "",
                      "log_rotated": False, "quarantined": []}
+        files.pop("lock", None)  # the DataDirLock's file (taken above)
         for _, name in files.pop("meta", []):
             if name != META:
                 fs.unlink(f"{d}/{name}")
@@ -461,9 +486,13 @@ class SsdTier:
         return key, rec
 
     def _corrupt(self, key: StoreKey, rec: BlockRecord, why: str) -> CorruptBlockError:
-        """Drop a block that failed its check; its delete is logged at the next group commit."""
+        """Drop a block that failed its check; its delete is logged at the next group commit (the files
+        layout moves its object file to quarantine/ then, never deletes it)."""
+        kept = (f"; its object file is moved to {self._dir}/{QUARANTINE}/, not deleted"
+                if self._layout.name == FilesLayout.name else "")
         err = CorruptBlockError(f"block {key.hex()} in SSD tier {self._dir} (segment {rec.segment_id}, offset "
-                                f"{rec.offset_bytes}, {rec.size_bytes} B) {why}; it was dropped")
+                                f"{rec.offset_bytes}, {rec.size_bytes} B) {why}; it was dropped{kept}")
+        rec.damaged = True
         if self._live.get(key) is rec:
             del self._live[key]
             self._used -= self._layout.footprint_bytes(rec.size_bytes)
@@ -506,10 +535,19 @@ class SsdTier:
             return rec.size_bytes
 
     def _read_checked(self, key: StoreKey, rec: BlockRecord, view: memoryview) -> None:
+        """Only a short read or a crc32c mismatch proves damage (the block is dropped). A read that fails
+        (out of fds or memory, EIO, ...) says nothing about the stored bytes: the block is kept and the
+        read refused with ``StoreError``. EIO included: it may be transient, and a kept block is never
+        served unverified, so keeping it costs only another refused read; dropping it could lose it for good.
+        A files-layout object that no longer exists is gone: the block is dropped."""
         try:
             n = self._layout.read_into(rec, view)
+        except FileNotFoundError as exc:  # (files layout: the object is gone, nothing is left to keep)
+            raise self._corrupt(key, rec, f"could not be read: its file is missing ({exc})") from exc
         except OSError as exc:
-            raise self._corrupt(key, rec, f"could not be read ({exc})") from exc
+            raise StoreError(f"SSD tier {self._dir}: reading block {key.hex()} (segment {rec.segment_id}, offset "
+                             f"{rec.offset_bytes}, {rec.size_bytes} B) failed ({exc}); the block is kept: the "
+                             f"error says nothing about its bytes, retry later") from exc
         if self.account_only:
             return
         if n != rec.size_bytes or block_crc(key.to_bytes(), view) != rec.crc:
@@ -584,7 +622,11 @@ class SsdTier:
                         f"SSD tier {self._dir} closed while unhealthy ({self._unhealthy}); pending put(s) dropped"))
             finally:
                 self._closed = True
-                self._layout.close()
+                try:
+                    self._layout.close()
+                finally:
+                    if self._dir_lock is not None:
+                        self._dir_lock.release()
 
     def __enter__(self) -> "SsdTier":
         return self

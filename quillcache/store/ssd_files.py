@@ -8,7 +8,10 @@ directory; a group commit fdatasyncs every temp file of the batch, renames them 
 deleted blocks' files and fsyncs the directory once. The directory is this layout's log: a final
 name exists only for a fully synced object, so recovery = list the directory, check every
 header and payload crc32c, sweep temp files. A damaged object (header, size or crc32c) is named in
-the report (by key when its header still decodes) and moved to ``quarantine/``. Object numbers are
+the report (by key when its header still decodes) and moved to ``quarantine/``; so is the file of a
+block found damaged on read (``BlockRecord.damaged``): at the group commit that logs its delete, or
+at once if it was still staged. Only files of blocks deleted by the caller, superseded copies and
+unpublished temp files are ever unlinked. Object numbers are
 taken from the free ones (the next one up, else the lowest free), so no file name can exhaust them.
 """
 
@@ -185,7 +188,10 @@ class FilesLayout:
             fs.rename(self._p(_tmp(r.segment_id)), self._p(_final(r.segment_id)))
         for _, r in deletes:
             try:
-                fs.unlink(self._p(_final(r.segment_id)))
+                if r.damaged:  # evidence: moved aside, never deleted
+                    quarantine(fs, self.dir, _final(r.segment_id), {})
+                else:
+                    fs.unlink(self._p(_final(r.segment_id)))
             except FileNotFoundError:
                 pass
         fs.fsync_dir(self.dir)
@@ -199,7 +205,8 @@ class FilesLayout:
             self._used_nos.discard(r.segment_id)
 
     def abort(self, recs) -> None:
-        """Drop staged (never published) objects: close and unlink their temp files."""
+        """Drop staged (never published) objects: close and unlink their temp files (one that failed its
+        check on read is moved to quarantine/ instead)."""
         for r in recs:
             if r.fd >= 0:
                 try:
@@ -209,6 +216,10 @@ class FilesLayout:
                 r.fd = -1
             for name in (_tmp(r.segment_id), _final(r.segment_id)):  # renamed already if the dir fsync failed
                 try:
+                    if r.damaged:
+                        quarantine(self.fs, self.dir, name, {})
+                        self.fs.fsync_dir(self.dir)
+                        break
                     self.fs.unlink(self._p(name))
                 except OSError:
                     pass

@@ -2,7 +2,9 @@
 directory's file names and its metadata file.
 
 Every name the tier creates matches :func:`owned_kind`; any other name in the directory is
-*foreign*: reported, never opened for writing, never deleted. The metadata file
+*foreign*: reported, never opened for writing, never deleted. The lock file ``quillcache-ssd.lock``
+(:class:`quillcache.durability.dirlock.DataDirLock`, one tier per directory on the real file system) is
+the tier's too: it holds the holder's pid and no data. The metadata file
 ``quillcache-ssd.meta`` (magic, layout, slab geometry, crc32c) is written once, atomically, when
 the directory is initialised; a non-empty directory without it is refused (ForeignFileError).
 """
@@ -25,6 +27,7 @@ from quillcache.store.keys import StoreKey
 LAYOUTS = ("slab", "files")
 DEFAULT_LAYOUT = "slab"  # chosen by measurement: see quillcache.store.ssd and results/store_ssd
 META = "quillcache-ssd.meta"
+LOCK = "quillcache-ssd.lock"  # the DataDirLock of the directory (real file system only)
 QUARANTINE = "quarantine"  # folder inside the tier directory where damaged files are moved, never deleted
 ON_MISSING_LOG = ("refuse", "empty")
 _META_MAGIC = b"QCSSDT01"
@@ -32,6 +35,7 @@ PAGE_BYTES = 4096
 
 _OWNED = {
     "meta": re.compile(r"^quillcache-ssd\.meta(\.tmp)?$"),
+    "lock": re.compile(r"^quillcache-ssd\.lock$"),
     "log": re.compile(r"^log-(\d{8,})\.qcl$"),
     "log_tmp": re.compile(r"^log-(\d{8,})\.qcl\.tmp$"),
     "slab": re.compile(r"^slab-(\d{5})\.qcs$"),
@@ -46,7 +50,7 @@ def owned_kind(name: str) -> tuple[str, int] | None:
     for kind, rx in _OWNED.items():
         m = rx.match(name)
         if m:
-            if kind == "meta":
+            if kind in ("meta", "lock"):
                 return kind, 0
             return kind, int(m.group(1), 16 if kind.startswith("object") else 10)
     return None
@@ -91,6 +95,7 @@ class BlockRecord:
     durable: bool = False
     lsn: int = 0  # log LSN of the put (slab layout; orders overlapping records at recovery)
     fd: int = -1  # open temp file while staged (files layout)
+    damaged: bool = False  # failed its check on read: its file goes to quarantine/, never deleted (files layout)
 
 
 def block_crc(key_bytes: bytes, data) -> int:

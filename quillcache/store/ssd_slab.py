@@ -21,11 +21,16 @@ only after log damage) keep the one with the higher LSN, and every block's crc32
 
 Damage (issue 11): a slab file whose size is not whole pages is used up to its last whole page (at
 most ``slab_bytes``), blocks past it are dropped by key; one without a whole page is quarantined. A
-log generation that cannot be replayed is quarantined, never deleted. Slabs hold no keys or
-checksums, so with no usable log next to slab files the open is refused (``SsdLogMissingError``)
-unless ``on_missing_log="empty"``; with no slab file an unusable log is quarantined and the tier
-starts empty (no block can have been lost); never reported as a clean empty recovery. An ``E``
-record lost in damage the salvage scan skipped does not make a generation unusable (``_replay``).
+log generation that cannot be replayed is quarantined, never deleted; so is one replayed with damage
+(skipped records or a dropped tail), once the rotation that recovery then makes has replaced it, and an older
+generation that a rotation superseded is checked before it is removed (quarantined if damaged: a crash may have
+come before its move). The keys of the put entries of damaged records are read from their bytes as far as
+those parse and named in ``recovery.dropped`` (and the dropped tail's message), unless the block is served:
+unverified, the damage may be in a key. Slabs hold no keys or checksums, so with no usable log next to slab
+files the open is refused (``SsdLogMissingError``) unless ``on_missing_log="empty"``; with no slab file an
+unusable log is quarantined and the tier starts empty (no block can have been lost); never reported as a
+clean empty recovery. An ``E`` record lost in damage the salvage scan skipped does not make a generation
+unusable (``_replay``).
 New log generations and slabs skip names a foreign file or directory holds.
 
 Rotation (a new generation: a snapshot of the durable live set, made complete and durable before the
@@ -39,11 +44,13 @@ from __future__ import annotations
 
 import bisect
 import errno
+import struct
 from collections.abc import Iterable
 
 from quillcache import alloc as _alloc
 from quillcache.durability.fs import FileSystem
-from quillcache.durability.wal import RecoveryReport, WalWriter
+from quillcache.durability.wal import HEADER_BYTES as WAL_HEADER_BYTES
+from quillcache.durability.wal import RECORD_HEADER_BYTES, RecoveryReport, WalWriter
 from quillcache.store import ssd_log as L
 from quillcache.store.errors import DiskFullError, SsdLogMissingError, StoreFullError
 from quillcache.store.keys import StoreKey
@@ -57,6 +64,55 @@ def _slab_name(no: int) -> str:
 
 def _log_name(gen: int) -> str:
     return f"log-{gen:08d}.qcl"
+
+
+_RECORD_HEAD_BYTES = len(L.encode_record(L.KIND_END, []))  # kind and entry count of a log payload
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
+def _unverified_puts(raw: bytes, pos: int, stop: int) -> list[StoreKey]:
+    """The keys of the put entries of the log records that lie from byte ``pos`` to ``stop`` of a log file and
+    failed their checks, read as far as their bytes parse (a cut-off record: its whole entries). Unverified."""
+    keys: list[StoreKey] = []
+    while pos + RECORD_HEADER_BYTES + _RECORD_HEAD_BYTES <= stop:
+        end = pos + RECORD_HEADER_BYTES + _U32.unpack_from(raw, pos)[0]
+        body = raw[pos + RECORD_HEADER_BYTES : min(end, stop)]
+        if len(body) < _RECORD_HEAD_BYTES:
+            break
+        kind, n = body[:1], _U32.unpack_from(body, 1)[0]
+        if kind not in (L.KIND_BATCH, L.KIND_SNAPSHOT):
+            break
+        whole = min(n, (len(body) - _RECORD_HEAD_BYTES) // L.ENTRY_BYTES)
+        for i in range(whole):
+            op, kb, *_ = L.ENTRY.unpack_from(body, _RECORD_HEAD_BYTES + i * L.ENTRY_BYTES)
+            if op == L.PUT:
+                keys.append(StoreKey.from_bytes(kb))
+        if end > stop or len(body) != _RECORD_HEAD_BYTES + n * L.ENTRY_BYTES:
+            break
+        pos = end
+    return keys
+
+
+def _damaged_puts(raw: bytes, report: RecoveryReport, records: list[tuple[int, bytes]]) -> list[StoreKey]:
+    """Keys the damaged stretches of a scanned log file name in put entries (``_unverified_puts``): each
+    stretch the salvage scan skipped (from the end of the record before it to the record after it) and the
+    dropped tail."""
+    keys: list[StoreKey] = []
+    pos, expect = WAL_HEADER_BYTES, report.header.base_lsn
+    for lsn, payload in records:
+        if lsn != expect:  # a skipped stretch starts at pos; find where record lsn is
+            at = raw.find(_U64.pack(lsn), pos + 8)
+            while at >= 0 and not (_U32.unpack_from(raw, at - 8)[0] == len(payload)
+                                   and raw[at + 16 : at + 16 + len(payload)] == payload):
+                at = raw.find(_U64.pack(lsn), at + 1)
+            if at < 0:  # (cannot happen: the scan found it) no position to read the stretch up to
+                break
+            keys += _unverified_puts(raw, pos, at - 8)
+            pos = at - 8
+        pos, expect = pos + RECORD_HEADER_BYTES + len(payload), lsn + 1
+    if report.dropped_reason:
+        keys += _unverified_puts(raw, report.valid_bytes, len(raw))
+    return keys
 
 
 class StaleGenerationError(OSError):
@@ -152,7 +208,7 @@ class SlabLayout:
         for gen, name in files.get("log", []):
             if gen == chosen[0]:
                 continue
-            if any(name == n for n, _ in unusable):
+            if any(name == n for n, _ in unusable) or self._damaged_generation(name):
                 quarantine(fs, self.dir, name, rep)  # damaged: evidence, never deleted
             else:
                 fs.unlink(self._p(name))  # an older generation a completed rotation superseded
@@ -185,10 +241,13 @@ class SlabLayout:
             for key, h in zip(order[no], slab.handles):
                 live[key].handle = h
         gen, name, (report, records) = chosen if chosen is not None else (-1, "", (None, []))
+        log_damaged = report is not None and bool(report.damaged_lsns or report.dropped_reason)
         if report is not None:
             rep["log_records"] = len(records)
             rep["log_damaged"] = report.damaged_lsns
             rep["log_tail"] = f"{self._p(name)}: {report.dropped_reason}" if report.dropped_reason else ""
+            if log_damaged:
+                self._name_lost_keys(name, report, records, live, rep)
             self.gen = gen
             next_lsn = report.last_lsn + 1
             needs_rotate = bool(rep["dropped"] or report.damaged_lsns or report.dropped_reason
@@ -197,7 +256,7 @@ class SlabLayout:
                 self.log = L.reopen_generation(fs, self._p(name), report)
                 self._snapshot_bytes = len(live) * L.ENTRY_BYTES
                 return live
-            self._rotate(live, next_lsn)
+            self._rotate(live, next_lsn, quarantine_rep=rep if log_damaged else None)
         else:
             self.gen = max((g for g, _ in files.get("log", [])), default=-1)
             self._rotate(live, 1)
@@ -298,8 +357,32 @@ class SlabLayout:
             live[key] = BlockRecord(seg, off, size, crc, durable=True, lsn=lsn)
         return live
 
-    def _rotate(self, live: dict[StoreKey, BlockRecord], next_lsn: int) -> None:
-        """Start log generation gen+1 holding a snapshot of ``live`` (durable blocks only)."""
+    def _damaged_generation(self, name: str) -> bool:
+        """Whether a log generation that recovery did not pick is damaged (unreadable, records skipped or a
+        dropped tail): such a file is quarantined, not removed."""
+        try:
+            report = L.scan_generation(self.fs, self._p(name))[0]
+        except Exception:  # noqa: BLE001 - any damage that makes it unreadable
+            return True
+        return bool(report.damaged_lsns or report.dropped_reason)
+
+    def _name_lost_keys(self, name: str, report: RecoveryReport, records: list[tuple[int, bytes]],
+                        live: dict[StoreKey, BlockRecord], rep: dict) -> None:
+        """Name in the report the blocks whose put entries were in the damaged records of the replayed log
+        (``_damaged_puts``), those not served; the dropped tail's message names them too."""
+        lost = [k for k in dict.fromkeys(_damaged_puts(self.fs.read_file(self._p(name)), report, records))
+                if k not in live]
+        why = f"{name}: its put entry is in a damaged log record (key read from the damaged bytes, unverified)"
+        rep["dropped"] += [(k.hex(), why) for k in lost]
+        if lost and report.dropped_reason:
+            shown = ", ".join(k.hex() for k in lost[:8]) + (f" and {len(lost) - 8} more" if len(lost) > 8 else "")
+            rep["log_tail"] += f"; the dropped record(s) named block(s) {shown} (unverified keys)"
+
+    def _rotate(self, live: dict[StoreKey, BlockRecord], next_lsn: int, *,
+                quarantine_rep: dict | None = None) -> None:
+        """Start log generation gen+1 holding a snapshot of ``live`` (durable blocks only). With
+        ``quarantine_rep`` (recovery replayed the current generation with damage) the old generation is moved to
+        quarantine/ (recorded there), not removed."""
         entries = [L.ENTRY.pack(L.PUT, k.to_bytes(), r.segment_id, r.offset_bytes, r.size_bytes, r.crc)
                    for k, r in live.items() if r.durable]
         step = L.SNAPSHOT_ENTRIES_PER_RECORD
@@ -320,7 +403,10 @@ class SlabLayout:
         if old is not None:
             old.close()
         if old_gen >= 0 and self.fs.exists(self._p(_log_name(old_gen))):
-            self.fs.unlink(self._p(_log_name(old_gen)))  # not durable if this fails: recovery sweeps it
+            if quarantine_rep is not None:  # damaged: evidence, never deleted (if this fails, the next open does it)
+                quarantine(self.fs, self.dir, _log_name(old_gen), quarantine_rep)
+            else:
+                self.fs.unlink(self._p(_log_name(old_gen)))  # not durable if this fails: recovery sweeps it
             self.fs.fsync_dir(self.dir)
 
     def _undo_generation(self, path: str) -> None:
