@@ -288,6 +288,7 @@ def test_an_art_index_with_a_zero_filled_log_tail_reopens_without_a_check_per_by
     want = ix.scan_prefix(b"")
     ix._wal.close()  # power loss: no checkpoint at close
     ix._wal = None
+    ix._dir_lock.release()  # (as the process's death would)
     with open(tmp_path / "ix" / WAL, "ab") as fh:
         fh.write(bytes(2 << 20))
     calls = _counting_checks(monkeypatch)

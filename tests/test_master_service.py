@@ -754,6 +754,7 @@ def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path)
     m.index.flush()  # the index's own log has the tail's records (as after a SIGKILL past its write)
     want = {k: m.index.locate([residency_key(k)[0]]) for k in keys}
     m._dir_lock.release()  # each master "dies" without a close (the log tail stays): its process would release this
+    m.index._dir_lock.release()  # (and its index's lock)
     for _ in range(2):
         r = MasterService(cfg, clock=clock, data_dir=tmp_path)
         assert r.recovered_records == 3
@@ -762,10 +763,12 @@ def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path)
         assert want[keys[0]] == [[]] and len(want[keys[1]][0]) == 2
         r.check_invariants()
         r._dir_lock.release()
+        r.index._dir_lock.release()
     shutil.rmtree(tmp_path / "index")  # an index that lost everything is refilled from the tables
     r = MasterService(cfg, clock=clock, data_dir=tmp_path)
     assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
     r._dir_lock.release()
+    r.index._dir_lock.release()
     # an index that lost only the tail: the first restart writes it (and flushes), the next writes nothing
     shutil.rmtree(tmp_path / "index")
     written = []
@@ -775,6 +778,7 @@ def test_restarts_on_the_same_log_tail_do_not_rewrite_the_index(clock, tmp_path)
         assert {k: r.index.locate([residency_key(k)[0]]) for k in keys} == want
         if i == 0:
             r._dir_lock.release()
+            r.index._dir_lock.release()
     assert written[0] > 0 and written[1] == 0, written
     r.close()
 

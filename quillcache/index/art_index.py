@@ -33,6 +33,15 @@ see :mod:`quillcache.durability.wal`). A dropped tail is never silent: it is in
 by truncation looks like a crash's torn tail, so the log alone cannot prove it held nothing
 acknowledged). A log missing next to a checkpoint is refused (it may have held acknowledged
 batches past the checkpoint) unless ``on_missing_wal="checkpoint"`` accepts the checkpoint alone.
+A checkpoint or log that cannot be read (a directory in its place, a read error) is refused with
+:class:`NotAnIndexError` naming the file.
+
+One index per directory. Two writers appending to one log overwrite each other's records, so on the real
+file system ``open`` takes the :class:`~quillcache.durability.dirlock.DataDirLock` ``<dir>/art.lock``
+before reading anything in the directory, and holds it until ``close()`` (a failed open releases it): a
+second opener, in this process or another, is refused with
+:class:`~quillcache.durability.dirlock.DataDirInUseError` naming the directory and the holder. A
+simulated file system (``CrashFs``) lives in one process's memory and takes no lock.
 
 A refused batch leaves nothing behind. Each batch is checked against the key layout before it
 is logged; if applying a logged batch still fails (MemoryError while an arena grows, a corrupt
@@ -72,8 +81,10 @@ import numpy as np
 
 from quillcache.art.tree import ArenaMeta, ArtTree
 from quillcache.index import keys as K
-from quillcache.index.base import PRIMARY_KEY_DTYPE, VALUE_DTYPE, IndexBackend, LocateResult, NotAnIndexError
+from quillcache.index.base import (PRIMARY_KEY_DTYPE, VALUE_DTYPE, IndexBackend, IndexCorruptionError, LocateResult,
+                                   NotAnIndexError)
 from quillcache._checks import check_choice
+from quillcache.durability.dirlock import DataDirLock
 from quillcache.durability.fs import CREATE_EXCL, READ, FileSystem, RealFs
 from quillcache.durability.wal import RECOVERY_MODES, WalCorruptionError, WalError, WalFailedError, WalWriter, scan
 from quillcache.index.art_wal import (  # noqa: F401  (encode_wal_batch, decode_wal_batch: re-exported)
@@ -81,6 +92,7 @@ from quillcache.index.art_wal import (  # noqa: F401  (encode_wal_batch, decode_
 
 CHECKPOINT = "art.ckpt"
 WAL = "art.wal"
+LOCK = "art.lock"  # the DataDirLock of the directory (real file system only)
 _CKPT_MAGIC = b"QCARTCK2"  # 2: arena meta as a packed ArenaMeta record
 _OLD_CKPT_MAGICS = {b"QCARTCK1": "format 1 (dict arena meta)"}
 _PAGE = 4096
@@ -93,10 +105,6 @@ ON_MISSING_WAL = ("refuse", "checkpoint")
 
 class IndexRecoveryWarning(UserWarning):
     """Reopening dropped a log tail (see ``recovery_report``): normal after a crash, but said out loud."""
-
-
-class IndexCorruptionError(NotAnIndexError):
-    """The on-disk state is damaged in a way recovery must not guess about."""
 
 
 class IndexFailedError(RuntimeError):
@@ -112,12 +120,19 @@ def _corruption_guard(fn):
     def wrapper(self, *args, **kwargs):
         try:
             return fn(self, *args, **kwargs)
+        except NotAnIndexError:
+            raise  # already named (a guarded method called from another one)
         except ValueError as exc:
             if "corrupt arena" in str(exc):
                 raise IndexCorruptionError(f"{self.path}: {exc}") from None
             raise
 
     return wrapper
+
+
+def _unreadable(path: str, exc: OSError) -> NotAnIndexError:
+    """The typed refusal of a file of the index that cannot be opened or read, naming it once."""
+    return NotAnIndexError(f"{path}: cannot read: {exc.strerror or exc}")
 
 
 def _round_up(n: int, to: int = _PAGE) -> int:
@@ -167,6 +182,7 @@ class ArtIndex(IndexBackend):
         self._failed: BaseException | None = None  # why a batch was refused part-way (IndexFailedError)
         self._names: dict[bytes, bytes] = {}
         self._wal: WalWriter | None = None
+        self._dir_lock: DataDirLock | None = None  # held from open to close (real file system only)
         self._ckpt_lsn = 0
         self._initial = initial_arena_bytes
         self.checkpoint_bytes_written = 0
@@ -175,9 +191,13 @@ class ArtIndex(IndexBackend):
         self._primary = ArtTree(K.VALUE_BYTES, initial_arena_bytes=initial_arena_bytes)
         self._secondary = ArtTree(0, initial_arena_bytes=initial_arena_bytes)
         self._bind_fast_paths()
-        if self.path is not None:
-            self._open_dir(wal_recovery, verify_checkpoint, on_missing_wal)
-        self._load_node_table()
+        try:
+            if self.path is not None:
+                self._open_dir(wal_recovery, verify_checkpoint, on_missing_wal)
+            self._load_node_table()
+        except BaseException:
+            self._release_failed_open()
+            raise
 
     def _bind_fast_paths(self) -> None:
         # the compiled core's scans, without ArtTree's argument-checking frame: the callers below pass
@@ -193,16 +213,41 @@ class ArtIndex(IndexBackend):
     def _new_wal(self, base_lsn: int) -> WalWriter:
         return WalWriter.create(self._file(WAL), base_lsn, fs=self.fs)
 
+    def _release_failed_open(self) -> None:
+        """Release what a failed open took (the log, the checkpoint image, the directory lock)."""
+        wal, self._wal = self._wal, None
+        try:
+            if wal is not None and not wal.closed:
+                try:
+                    wal.close()
+                except (WalError, OSError):
+                    pass  # the open's own error is the one to report
+            if isinstance(self._ckpt_buf, mmap.mmap):
+                try:
+                    self._ckpt_buf.close()
+                except BufferError:
+                    pass  # a tree still holds a view; the mapping is released with it
+            self._ckpt_buf = None
+        finally:
+            if self._dir_lock is not None:
+                self._dir_lock.release()
+
     def _open_dir(self, wal_recovery: str, verify: str, on_missing_wal: str) -> None:
         assert self.path is not None
         fs, d = self.fs, str(self.path)
         if fs.exists(d) and not fs.is_dir(d):
             raise NotAnIndexError(f"{d} is not a directory")
         _make_dirs(fs, d)
+        made_lock = False
+        if isinstance(fs, RealFs):  # one index per directory (a simulated file system lives in this process only)
+            made_lock = not fs.exists(self._file(LOCK))
+            self._dir_lock = DataDirLock(d, lock_name=LOCK, owner="ART index")
         ckpt, wal = self._file(CHECKPOINT), self._file(WAL)
         if not fs.exists(ckpt) and not fs.exists(wal):
-            stray = [name for name in fs.listdir(d) if not name.endswith(".tmp")]
+            stray = [name for name in fs.listdir(d) if not name.endswith(".tmp") and name != LOCK]
             if stray:
+                if made_lock:  # leave a foreign directory as it was found
+                    fs.unlink(self._file(LOCK))
                 raise NotAnIndexError(f"{d} holds {stray[:3]} but no {CHECKPOINT} or {WAL}: not an ART index")
             self._wal = self._new_wal(1)
             return
@@ -222,6 +267,8 @@ class ArtIndex(IndexBackend):
             report, records = scan(wal, mode=wal_recovery, fs=fs)
         except WalCorruptionError as exc:
             raise IndexCorruptionError(str(exc)) from None
+        except OSError as exc:  # a directory in its place, a read error
+            raise _unreadable(wal, exc) from exc
         if report.header.base_lsn > self._ckpt_lsn + 1:
             raise IndexCorruptionError(
                 f"{wal} starts at lsn {report.header.base_lsn} but the checkpoint covers only up to "
@@ -252,7 +299,7 @@ class ArtIndex(IndexBackend):
         try:
             fd = fs.open(ckpt, READ)
         except OSError as exc:
-            raise NotAnIndexError(f"{ckpt}: cannot open ({exc})") from None
+            raise _unreadable(ckpt, exc) from exc
         try:
             head = fs.pread(fd, 16, 0)
             if head[:8] in _OLD_CKPT_MAGICS:
@@ -279,6 +326,8 @@ class ArtIndex(IndexBackend):
                     raise IndexCorruptionError(f"{ckpt}: arena [{t['offset']}, +{t['len']}) lies outside the file")
             image = fs.map_copy(fd)  # copy-on-write: O(1), pages read on first touch
             self._ckpt_buf = image if image is not None else bytearray(fs.pread(fd, size, 0))
+        except OSError as exc:  # a read error (a directory in its place fails here where open lets it through)
+            raise _unreadable(ckpt, exc) from exc
         finally:
             fs.close(fd)
         view = memoryview(self._ckpt_buf)
@@ -514,16 +563,23 @@ class ArtIndex(IndexBackend):
 
     def _raw_close(self) -> None:
         """Checkpoint (only while the log and the trees are sound), close the log (syncing a sound
-        one), release the trees and the checkpoint image, and mark the index closed. A checkpoint
-        that fails without failing the log leaves the index open (close may be retried). A failed
-        log (an earlier write or fsync error, or one during this close) is closed without a
-        checkpoint, everything is released, and :class:`WalFailedError` is raised once: the batches
-        after its durable LSN were not made durable."""
+        one), release the trees, the checkpoint image and the directory lock, and mark the index
+        closed. A checkpoint refused because a chunk is damaged (:class:`IndexCorruptionError`; a
+        retry would meet the same chunk) is skipped: the log is synced and closed, everything is
+        released, and that error is raised once; the log still holds every accepted batch, so a
+        reopen replays them. Any other checkpoint that fails without failing the log (e.g. a full
+        disk) leaves the index open (close may be retried). A failed log (an earlier write or fsync
+        error, or one during this close) is closed without a checkpoint, everything is released, and
+        :class:`WalFailedError` is raised once: the batches after its durable LSN were not made
+        durable."""
         wal = self._wal
+        damaged: IndexCorruptionError | None = None
         if wal is not None and wal.failed is None and not wal.closed and self._failed is None \
                 and wal.next_lsn - 1 > self._ckpt_lsn:
             try:
                 self.checkpoint()
+            except IndexCorruptionError as exc:
+                damaged = exc
             except BaseException:
                 if self._wal is None or self._wal.failed is None:
                     raise
@@ -541,10 +597,16 @@ class ArtIndex(IndexBackend):
                     pass  # a caller still holds a view; the mapping is released with it
             self._ckpt_buf = None
             self._closed = True
+            if self._dir_lock is not None:
+                self._dir_lock.release()  # last: nothing of this index writes to the directory any more
         if wal is not None and wal.failed is not None:
             raise WalFailedError(getattr(wal.failed, "errno", None),
                                  f"{self.path}: closed without a checkpoint because the log failed earlier "
                                  f"({wal.failed}); batches after lsn {wal.durable_lsn} were not made durable")
+        if damaged is not None:
+            damaged.add_note(f"{self.kind} index at {self.path} was closed without a checkpoint; its log holds "
+                             f"every accepted batch and a reopen replays them")
+            raise damaged
 
     def __len__(self) -> int:
         """The number of replicas (primary records), as every backend counts (O(1))."""
