@@ -44,23 +44,39 @@ after it; ``drop_through(lsn)`` deletes the sealed segments whose records are al
 snapshot. Recovery reads the sealed segments and the active file in LSN order, refuses a gap between
 the snapshot and the last record (naming the missing LSNs), deletes segments the snapshot covers, and
 starts a missing active file (a crash between the rename and its creation) after the last record.
+
+Dropped tails (:class:`MasterRecoveryReport`). Recovery drops a damaged or torn last stretch of a log file
+(the WAL's ``point_in_time`` for the active file, ``strict`` for a sealed one: nothing valid the log proves
+acknowledged follows it). A drop is never silent and its bytes are never destroyed: before the active file is
+cut back (``WalWriter.reopen``) or a new active file starts after a sealed segment, the dropped bytes are
+written, fsynced, to ``<log file name>.dropped-<expected lsn>-<byte offset>`` in the data dir (a further
+``-<n>`` when that name exists: a later drop never overwrites an earlier one; the name never matches a sealed
+segment's, so nothing treats it as part of the log, and nothing deletes it), a WARNING names the file, the
+offset, the byte count and the LSN expected there, and the drop is in :attr:`OpLog.recovery_report`. A refusal
+(damage the log proves acknowledged) says what an operator can do: the master offers no recovery mode that
+drops records.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import os
+from dataclasses import dataclass
 
 import msgpack
 
-from quillcache.durability.fs import FileSystem
-from quillcache.durability.wal import WalWriter, scan
+from quillcache.durability.fs import CREATE_EXCL, FileSystem
+from quillcache.durability.wal import RecoveryReport, WalCorruptionError, WalWriter, scan_bytes
 from quillcache.master._kernels import all_of_type
 
-__all__ = ["Op", "OpLog", "decode_record", "encode_batch", "encode_record", "join_encoded", "log_files", "num_changes",
-           "sealed_segments", "segment_path"]
+__all__ = ["DroppedTail", "MasterRecoveryReport", "Op", "OpLog", "decode_record", "encode_batch", "encode_record",
+           "join_encoded", "log_files", "num_changes", "sealed_segments", "segment_path"]
 
 WAL_NAME = "master.wal"
+DROPPED_INFIX = ".dropped-"  # <log file name>.dropped-<expected lsn>-<byte offset>[-<n>]: a dropped tail, kept
+
+log = logging.getLogger(__name__)
 
 
 class Op(enum.IntEnum):
@@ -193,6 +209,41 @@ def join_encoded(records: list, payloads: list[bytes]) -> tuple[bytes, int]:
             sum(num_changes(r) for r in records))
 
 
+@dataclass(frozen=True)
+class DroppedTail:
+    """The last stretch of a log file that recovery dropped: ``num_bytes`` bytes from byte ``offset`` of
+    ``path``, where a record of lsn ``expected_lsn`` should have started (``reason``: the WAL scan's words);
+    the bytes are kept in ``kept_as``."""
+
+    path: str
+    offset: int
+    num_bytes: int
+    expected_lsn: int
+    reason: str
+    kept_as: str
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "offset": self.offset, "num_bytes": self.num_bytes,
+                "expected_lsn": self.expected_lsn, "reason": self.reason, "kept_as": self.kept_as}
+
+
+@dataclass(frozen=True)
+class MasterRecoveryReport:
+    """What the master's log recovery found past the snapshot: ``records`` replayed, and every tail it
+    dropped (module docstring; empty = every log file ended cleanly)."""
+
+    records: int = 0
+    dropped: tuple[DroppedTail, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        return not self.dropped
+
+    def as_dict(self) -> dict:
+        """Plain values (for a status reply over RPC)."""
+        return {"clean": self.clean, "records": self.records, "dropped": [d.as_dict() for d in self.dropped]}
+
+
 class OpLog:
     """The master's log: the active WAL file ``<data_dir>/master.wal`` plus sealed segments
     ``master.wal.<first lsn, 20 digits>`` (see the module docstring)."""
@@ -203,12 +254,14 @@ class OpLog:
         self.fs = fs
         self._wal: WalWriter | None = None
         self.records_since_rotate = 0
+        self.recovery_report = MasterRecoveryReport()  # what ``recover`` found (module docstring)
 
     def recover(self, after_lsn: int, *, mode: str = "point_in_time") -> list[tuple[int, bytes]]:
         """Open the log for appending and return its records past ``after_lsn`` (the snapshot's),
         in LSN order, from the sealed segments and the active file. A missing active file starts a
         fresh one after the last record found; segments wholly covered by the snapshot are deleted;
-        a gap anywhere between the snapshot and the last record is refused (records would be missing)."""
+        a gap anywhere between the snapshot and the last record is refused (records would be missing).
+        A dropped tail is kept aside, logged and reported (module docstring) before anything is changed."""
         fs = self.fs
         sealed = sealed_segments(self.data_dir, fs)
         covered = _covered(sealed, None, after_lsn)  # (the last sealed segment is read: its end is not known yet)
@@ -216,19 +269,30 @@ class OpLog:
         tail: list[tuple[int, bytes]] = []
         behind = False  # the snapshot is newer than everything in the log
         expect = None  # the lsn the next file must start at (after the previous one's last record)
-        for base, path in sealed:
-            report, records = scan(path, mode="strict", fs=fs)
+        drops: list[tuple[str, bytes, RecoveryReport]] = []  # (file, its bytes, its report) whose tail was dropped
+        active = fs.exists(self.path)
+        for i, (base, path) in enumerate(sealed):
+            data = fs.read_file(path)
+            later = [p for _, p in sealed[i + 1:]] + ([self.path] if active else [])
+            report, records = self._scan(data, path, "strict", later)
             if report.header.base_lsn != base:
                 raise ValueError(f"{path}: sealed log segment's header says it starts at lsn {report.header.base_lsn}")
-            self._check_start(path, base, expect, after_lsn)
+            self._check_start(path, base, expect, after_lsn, drops[-1][2] if drops else None)
+            if report.dropped_bytes:
+                drops.append((path, data, report))
             tail.extend((lsn, p) for lsn, p in records if lsn > after_lsn)
             expect = report.last_lsn + 1
         last = expect - 1 if expect is not None else after_lsn
-        if not fs.exists(self.path):  # a crash between sealing the active file and creating the next one
+        if not active:  # a crash between sealing the active file and creating the next one
+            self._keep_dropped(drops, after_lsn)
             self._wal = WalWriter.create(self.path, max(last, after_lsn) + 1, fs=fs)
         else:
-            report, records = scan(self.path, mode=mode, fs=fs)
-            self._check_start(self.path, report.header.base_lsn, expect, after_lsn)
+            data = fs.read_file(self.path)
+            report, records = self._scan(data, self.path, mode, [])
+            self._check_start(self.path, report.header.base_lsn, expect, after_lsn, drops[-1][2] if drops else None)
+            if report.dropped_bytes:
+                drops.append((self.path, data, report))
+            self._keep_dropped(drops, after_lsn)  # (before reopen cuts the active file back)
             self._wal = WalWriter.reopen(self.path, report, fs=fs)
             behind = report.last_lsn < after_lsn
             tail.extend((lsn, p) for lsn, p in records if lsn > after_lsn)
@@ -239,16 +303,76 @@ class OpLog:
         if behind:  # start past the snapshot
             self.rotate(after_lsn)
         self.records_since_rotate = len(tail)
+        self.recovery_report = MasterRecoveryReport(len(tail), self.recovery_report.dropped)
         return tail
 
+    def _scan(self, data: bytes, path: str, mode: str, later: list[str]) -> tuple[RecoveryReport, list]:
+        """``scan_bytes`` of one log file; a refusal says what an operator can do (``_refusal``)."""
+        try:
+            return scan_bytes(data, path, mode=mode)
+        except WalCorruptionError as exc:
+            raise self._refusal(exc, data, path, later) from None
+
+    def _refusal(self, exc: WalCorruptionError, data: bytes, path: str, later: list[str]) -> WalCorruptionError:
+        """The WAL's refusal of damage inside ``path`` (whose later log files are ``later``) without its hint at
+        a recovery mode the master does not offer, and with what an operator can do instead."""
+        try:
+            cut, _ = scan_bytes(data, path, mode="truncate")  # where that mode would cut: the first bad record
+        except WalCorruptionError:  # (a damaged header: nothing to cut, the message says all)
+            return exc
+        at, lost = cut.valid_bytes, cut.last_lsn + 1
+        msg = str(exc).replace(f" (mode='truncate' would drop everything from byte {at})", "")
+        also = f" and move the later log files aside ({', '.join(os.path.basename(p) for p in later)})" if later else ""
+        return WalCorruptionError(
+            f"{msg}. The master never drops records its log proves acknowledged and has no recovery mode that "
+            f"would: restore {self.data_dir} from a backup, or, accepting the loss of every record from lsn {lost} "
+            f"on, keep a copy of {path} and cut it at byte {at} (truncate -s {at} {path}){also}, then start again")
+
+    def _keep_dropped(self, drops: list[tuple[str, bytes, RecoveryReport]], after_lsn: int) -> None:
+        """Write each dropped tail to a file of its own (fsynced, never over an existing one), log a WARNING
+        and add it to ``recovery_report`` (module docstring). Runs before the log files are changed."""
+        kept = []
+        for path, data, report in drops:
+            offset, lsn = report.valid_bytes, report.last_lsn + 1
+            name = f"{path}{DROPPED_INFIX}{lsn}-{offset}"
+            dest, n = name, 1
+            while True:
+                try:
+                    fd = self.fs.open(dest, CREATE_EXCL)
+                    break
+                except FileExistsError:
+                    dest, n = f"{name}-{n}", n + 1
+            try:
+                self.fs.pwrite(fd, data[offset:], 0)
+                self.fs.fsync(fd)
+            finally:
+                self.fs.close(fd)
+            self.fs.fsync_dir(self.data_dir)
+            why = ("a sealed segment was fsynced whole when it was sealed, so this record was durable, and likely "
+                   "acknowledged" if path != self.path else
+                   "a crash during an unacknowledged write leaves such a tail, so nothing acknowledged is known to be "
+                   "lost, but damage to an acknowledged last record looks the same")
+            if lsn <= after_lsn:
+                why += f" (the snapshot covers up to lsn {after_lsn})"
+            log.warning("master log %s: dropped %d bytes at byte %d, where lsn %d was expected (%s); %s; the dropped "
+                        "bytes are kept in %s", path, report.dropped_bytes, offset, lsn, report.dropped_reason, why,
+                        dest)
+            kept.append(DroppedTail(path, offset, report.dropped_bytes, lsn, report.dropped_reason, dest))
+        if kept:
+            self.recovery_report = MasterRecoveryReport(self.recovery_report.records,
+                                                        self.recovery_report.dropped + tuple(kept))
+
     @staticmethod
-    def _check_start(path: str, base: int, expect: int | None, after_lsn: int) -> None:
+    def _check_start(path: str, base: int, expect: int | None, after_lsn: int,
+                     prev_drop: RecoveryReport | None = None) -> None:
         if expect is None and base > after_lsn + 1:
             raise ValueError(f"{path}: log starts at lsn {base} but the snapshot covers only up to lsn {after_lsn}: "
                              f"records {after_lsn + 1}..{base - 1} are missing")
         if expect is not None and base != expect and base > after_lsn + 1:
+            why = (f" (the previous segment's tail is damaged: {prev_drop.dropped_reason})"
+                   if prev_drop is not None and prev_drop.last_lsn + 1 == expect else "")
             raise ValueError(f"{path}: log starts at lsn {base} but the previous segment ends at lsn {expect - 1}: "
-                             f"records {expect}..{base - 1} are missing" if base > expect else
+                             f"records {expect}..{base - 1} are missing{why}" if base > expect else
                              f"{path}: log starts at lsn {base}, inside the previous segment (ends at {expect - 1})")
 
     @property

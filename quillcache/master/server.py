@@ -22,8 +22,10 @@ Contract:
 - Served (whitelist): every ``MasterService`` method in :data:`~quillcache.master.wire.SERVICE_METHODS`
   (each per-key operation and its batch form) plus ``master_status()`` (role, epoch, lsn, leader, any
   role, and ``stream_address``: how a client finds the plain-TCP transport) and ``snapshot_bytes()``
-  (leader/single: the state for a standby too far behind). In HA mode the leader record (etcd) names the
-  ``qtcp://`` address when it is served, else ``HOST:PORT`` of the ZeroMQ one. Both transports carry the
+  (leader/single: the state for a standby too far behind). A single master's status also holds ``recovery``:
+  what its restart dropped (``MasterService.recovery_report`` as plain values; None without a data dir). In HA
+  mode the leader record (etcd) names the ``qtcp://`` address when it is served, else ``HOST:PORT`` of the
+  ZeroMQ one. Both transports carry the
   same calls to the same endpoint, so every check (frame limits, typed refusals, the role's admission
   and epoch fence) is the same on both. Calls reach the service one at a time (the node lock, shared with the ``tick()`` timer thread and the HA follower).
 - The service runs with ``MasterConfig.defer_index_publish``: a call's residency-index rows are written
@@ -107,8 +109,9 @@ class SingleMaster:
 
     def status(self) -> dict:
         st = self.service.stats()
+        rep = self.service.recovery_report
         return {"role": "single", "epoch": self.service.epoch, "lsn": st.lsn, "leader": None, "address": None,
-                "objects": st.num_objects}
+                "objects": st.num_objects, "recovery": None if rep is None else rep.as_dict()}
 
     def tick(self) -> None:
         with self.lock:

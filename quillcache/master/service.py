@@ -38,7 +38,9 @@ loss can forget a put never ended, never a COMPLETE object). Snapshots (:mod:`.s
 the sealed segments are deleted once the snapshot is published; the service waits for the child once
 ``snapshot_inflight_records`` more changes were logged, which bounds the tail a restart replays);
 ``snapshot()`` and ``close`` write one inline and restart the log after it.
-``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators.
+``MasterService(data_dir=D)`` = load the snapshot, replay the log tail, rebuild the allocators; a damaged or
+torn last record that recovery dropped is kept aside in D, logged as a WARNING and listed in
+``recovery_report`` (:class:`~.oplog.MasterRecoveryReport`; over RPC in ``master_status()["recovery"]``).
 One master per data dir: before it reads anything in D the service takes D's exclusive lock
 (:class:`~quillcache.durability.dirlock.DataDirLock`, ``D/master.lock``) and holds it until ``close``
 (or its process ends), so a second master on D, in any process, is refused with
@@ -86,7 +88,7 @@ from quillcache.master.errors import (
     ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, RecordEncodeError, SegmentExistsError,
     SegmentNotFoundError, StaleEpochError,
 )
-from quillcache.master.oplog import Op, OpLog, decode_record
+from quillcache.master.oplog import MasterRecoveryReport, Op, OpLog, decode_record
 from quillcache.master.replicated import ReplicatedMode
 from quillcache.master.placement import BatchPlacer
 from quillcache.master.residency import IndexProjection
@@ -210,6 +212,7 @@ class MasterService(ReplicatedMode):
         self.last_snapshot_outcome: SnapshotOutcome | None = None
         self.recovery_s = 0.0
         self.recovered_records = 0
+        self.recovery_report: MasterRecoveryReport | None = None  # what restarting from the data dir found
         if self.data_dir is not None:
             self._recover()
         else:
@@ -233,6 +236,7 @@ class MasterService(ReplicatedMode):
         now = self._now()
         self._log, self.recovered_records = recover(st, self._projection, self._fs, self.data_dir, now=now,
                                                     lease_ttl_s=self.config.lease_ttl_s)
+        self.recovery_report = self._log.recovery_report
         want = self.config.epoch
         if want is not None and want < st.epoch:
             raise StaleEpochError(f"configured epoch {want} is older than epoch {st.epoch} found in "
