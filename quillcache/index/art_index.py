@@ -1,5 +1,10 @@
 """Persistent ART backend: two adaptive radix trees, a crc32c write-ahead log and checkpoints.
 
+Longer than 600 lines because opening (lock, checkpoint, log replay), the logged batches, checkpointing and
+closing share the index's failure state (a batch refused after it was logged fails the index; a failed log or
+a damaged checkpoint still lets it close), which is the module's invariant; the trees, the WAL and the key
+layout are modules of their own.
+
 Structure. Primary records (``B`` keys, 16-byte values) live in one :class:`ArtTree`, secondary
 records (``N`` keys, no value) in a second one, and the tiny node-name table (``M`` keys) in a
 dict. Every ``put``/``remove`` batch is one WAL record (:mod:`quillcache.durability.wal`) and is then applied

@@ -1,5 +1,10 @@
 """The crash-consistent SSD tier: immutable blocks on a local file system, crc32c-verified.
 
+Longer than 600 lines because this docstring states the durability contract every method keeps, and the
+write, group-commit, read and recovery paths share one lock and one pending set whose agreement with the log
+is that contract; the layouts (``ssd_slab``, ``ssd_files``), the on-disk format, the recovery report and the
+errors are modules of their own.
+
 Durability contract (what "acknowledged" means):
 
 - ``put(key, data)``: durable when it returns. The block's bytes are written and fdatasynced
