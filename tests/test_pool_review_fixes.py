@@ -7,10 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-from quillcache.pool import node as nodemod
 from quillcache.pool.embedded import EmbeddedPool
 from quillcache.pool.frame import check, frame
 from quillcache.pool.node import PoolNode
+from quillcache.pool.writebehind import _FlushRequest
 from quillcache.transfer import Op, TransferEngine, TransferError, TransferRequest
 from quillcache.transfer.regions import RegionTable
 from quillcache.transfer.types import RegionError
@@ -40,11 +40,11 @@ def test_own_put_of_new_content_replaces_the_cached_copy():
 def test_flush_racing_close_returns_instead_of_waiting_for_ever(tmp_path):
     with EmbeddedPool(1, 4 * MiB, ssd_dirs=[str(tmp_path)], backend="local") as pool:
         n = pool.nodes[0]
-        real_put = n._persist_q.put
+        real_put = n.write_behind._q.put
         closer: list[threading.Thread] = []
 
         def put(item, *args, **kwargs):
-            if isinstance(item, nodemod._FlushRequest) and not closer:
+            if isinstance(item, _FlushRequest) and not closer:
                 # flush() has passed its closed check: let close() run now, before the request is queued
                 t = threading.Thread(target=n.close, daemon=True)
                 closer.append(t)
@@ -52,7 +52,7 @@ def test_flush_racing_close_returns_instead_of_waiting_for_ever(tmp_path):
                 t.join(0.5)
             real_put(item, *args, **kwargs)
 
-        n._persist_q.put = put
+        n.write_behind._q.put = put
         done = threading.Event()
         threading.Thread(target=lambda: (n.flush(), done.set()), daemon=True).start()
         returned = done.wait(10)

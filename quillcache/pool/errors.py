@@ -38,3 +38,9 @@ class NodeIdInUseError(PoolError):
 class PersistFailedError(PoolError):
     """A node's ``flush()``: some write-behind to its SSD tier since the previous flush is not durable (the
     tier refused it or its group commit failed); names the node, how many, and the first cause."""
+
+
+class PersistRefusedError(PersistFailedError):
+    """A node's ``persist`` call refused whole, nothing of it queued: more than the node's items per call, or
+    its persist queue's bounds would be passed (names the node, how many items and which bound). Its blocks are
+    not durable on that node; the caller may send them again later (in smaller calls)."""

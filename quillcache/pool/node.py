@@ -25,20 +25,18 @@ What a node does:
   it mounts again and re-announces its SSD blocks (below); the master then holds nothing in this node's DRAM,
   so the whole segment starts free. While the master is unreachable it retries and keeps serving transfers.
 - Control RPC (``quillcache.rpc``): ``info()`` -> dict (node id, segment id, capacity/used bytes, SSD block
-  count, transfer and control addresses, pid, counters); ``persist(items)`` with ``items = [(key, offset,
-  size)]`` queues write-behind of completed objects to the SSD tier and returns how many it queued: a worker
-  copies each range out of the DRAM buffer ONCE into its SSD record, verifies the frame (trailer + crc32c over
-  key and payload) and ``SsdTier.put_async``s it; a range that does not verify (its object was evicted and
-  the range reused, a bad offset) is skipped and counted, never stored; a key whose SSD record holds other
-  bytes (removed, then re-put with new content) has that record replaced; ``flush()`` waits until every
-  queued persist has been handled and makes them durable (returns the counters), or raises
-  ``PersistFailedError`` naming how many and why when any persist since the previous flush was not made
-  durable (the SSD tier refused it, or its group commit failed). ``persisted`` counts durable blocks only.
-- With an SSD directory, at start: SSD recovery (the tier's own crash recovery), then re-announce every
-  recovered block: keys the master already has are skipped; the others are ``batch_put_start``-ed with one
-  replica preferring this segment, copied into the DRAM buffer (a local memcpy) and ``batch_put_end``-ed.
-  It stops when the segment has no room for the next block (counted in ``reannounce_unfit``): re-announcing
-  never makes the master evict live objects.
+  count, transfer and control addresses, pid, counters); ``persist(items)`` (``[(key, offset, size)]``) and
+  ``flush()``: the write-behind of completed objects to the SSD tier, :mod:`.writebehind` (verified copies,
+  bounded per call and in its queue, durable at ``flush()`` or reported as not). The control port is not
+  authenticated (the RPC layer has no handshake): its server refuses a request frame past
+  ``CONTROL_MAX_FRAME_BYTES``, which fits the largest legitimate call (``MAX_PERSIST_ITEMS`` items whose keys
+  have up to ``MAX_KEY_CHARS`` UTF-8 bytes).
+- With an SSD directory, at start, before the DRAM is mapped or a port is bound: the SSD tier is opened (it locks
+  its directory, so a second node on it fails here with ``DataDirInUseError`` naming it, then runs its own
+  crash recovery). Once mounted, the node re-announces every recovered block: keys the master already has are
+  skipped; the others are ``batch_put_start``-ed with one replica preferring this segment, copied into the DRAM
+  buffer (a local memcpy) and ``batch_put_end``-ed. It stops when the segment has no room for the next block
+  (counted in ``reannounce_unfit``): re-announcing never makes the master evict live objects.
 - Registers in a ``NodeRegistry`` (etcd, under a lease) when ``etcd`` is given, and publishes its descriptor again
   after every remount, so its ``regions`` name the region served now (retried each heartbeat while refused).
 - ``close()`` unmounts (best effort) and stops everything (idempotent).
@@ -55,7 +53,6 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import queue
 import random
 import secrets
 import socket
@@ -67,13 +64,15 @@ from quillcache._checks import check_float
 from quillcache.master.client import MasterClient
 from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceError, SegmentExistsError,
                                      SegmentNotFoundError)
-from quillcache.master.types import MAX_DURATION_S, PutRequest, ReplicaConfig, SegmentDescriptor
-from quillcache.pool.errors import CorruptObjectError, NodeIdInUseError, PersistFailedError, PoolClosedError
+from quillcache.master.types import MAX_DURATION_S, MAX_KEY_CHARS, PutRequest, ReplicaConfig, SegmentDescriptor
+from quillcache.pool.errors import NodeIdInUseError, PersistRefusedError, PoolClosedError
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
-from quillcache.pool.keys import decode_record, record_header, store_key
-from quillcache.rpc import RpcServer
+from quillcache.pool.keys import decode_record, store_key
+from quillcache.pool.writebehind import MAX_PERSIST_ITEMS, PERSIST_QUEUE_ITEMS, WriteBehind
+from quillcache.rpc import RpcServer, register_error
 
-__all__ = ["CONTROL_METHODS", "PoolNode", "parse_region_name", "region_name"]
+__all__ = ["CONTROL_MAX_FRAME_BYTES", "CONTROL_METHODS", "MAX_PERSIST_ITEMS", "PersistRefusedError", "PoolNode",
+           "parse_region_name", "region_name"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +84,10 @@ REANNOUNCE_CHUNK = 32
 LIVE_PROBE_TIMEOUT_S = 2.0  # at start: how long the endpoint of a segment under this node id gets to answer
 MAX_HEARTBEAT_S = MAX_DURATION_S  # a heartbeat must come within the master's client TTL, which is at most this
 REGION_PREFIX = "pool-dram;"
+# A persist request on the wire: a fixed envelope, then per item a 1-byte array head, a str head of up to 5 bytes,
+# the key and two uint64s of 9 bytes each; the largest legitimate call holds MAX_PERSIST_ITEMS items of
+# MAX_KEY_CHARS-byte keys (every ASCII key the master accepts).
+CONTROL_MAX_FRAME_BYTES = 1024 + MAX_PERSIST_ITEMS * (1 + 5 + MAX_KEY_CHARS + 2 * 9)
 _NODE_SEP = ";node="
 
 
@@ -108,16 +111,14 @@ class NodeCounters:
     persisted: int = 0  # made durable in the SSD tier (counted at its group commit)
     persist_skipped: int = 0  # did not verify (range reused / bad offset) or the SSD tier refused it
     persist_failed: int = 0  # a commit failed (callback error)
+    persist_refused: int = 0  # items of persist calls refused whole (over MAX_PERSIST_ITEMS or the queue's bounds)
     reannounced: int = 0
     reannounce_skipped: int = 0  # already in the pool, or the record did not verify
     reannounce_unfit: int = 0
     remounts: int = 0
 
 
-class _FlushRequest(threading.Event):
-    """A ``flush()`` in the persist queue, set when handled; ``error`` (set before) says what is not durable."""
-
-    error: str | None = None
+register_error(PersistRefusedError)  # a client that imports the pool gets it as itself
 
 
 class _Control:
@@ -143,7 +144,8 @@ class PoolNode:
                  ssd_bytes: int | None = None, etcd: str | None = None, node_id: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, control_port: int = 0, secret: str | bytes | None = None,
                  heartbeat_s: float = 1.0, backend: str = "tcp", master_timeout_s: float = 2.0,
-                 mount_timeout_s: float = 30.0) -> None:
+                 mount_timeout_s: float = 30.0, persist_queue_items: int = PERSIST_QUEUE_ITEMS,
+                 persist_queue_bytes: int | None = None) -> None:
         from quillcache.transfer import TransferEngine
 
         if not isinstance(dram_bytes, int) or dram_bytes < PAGE_BYTES:
@@ -169,32 +171,33 @@ class PoolNode:
         self.registry = None
         self.segment_id: int | None = None
         self._threads: list[threading.Thread] = []
-        self._persist_q: queue.Queue = queue.Queue()
-        self._q_lock = threading.Lock()  # close's stop and flush's request: no request is queued behind the stop
-        self._lost_n = 0  # persists that will never be durable since the last flush (the persist worker's)
-        self._lost_why: str | None = None  # the first one's cause
+        self.write_behind: WriteBehind | None = None
         self._publish_wanted = False  # the registry still names a region of an earlier mount
         try:
-            self._mm = mmap.mmap(-1, self.capacity_bytes)
-            self._buf = memoryview(self._mm)
-            for off in range(0, self.capacity_bytes, PAGE_BYTES):  # touch every page now
-                self._mm[off] = 0
-            self.server = RpcServer(_Control(self), CONTROL_METHODS, host, control_port, name=f"node-{self.node_id}")
-            self.server.start()
-            self.control_address = self.server.address
-            opts: dict = {} if backend == "local" else {"secret": secret, "host": host, "port": port}
-            self.engine = TransferEngine(backend, **opts)
-            self.engine.regions.start_ids_at(random.SystemRandom().randint(1, 1 << 31))  # differs per process: docstring
-            self.transfer_address = self.engine.address
-            self.region = self.engine.register_region(self._buf, name=region_name(self.control_address, self.node_id),
-                                                      writable=True)
-            if ssd_dir is not None:
+            if ssd_dir is not None:  # first: a directory another node holds is refused before anything starts
                 from quillcache.store.ssd import SsdTier
 
                 cap = ssd_bytes if ssd_bytes is not None else 4 * self.capacity_bytes
                 cap = max(PAGE_BYTES * 16, cap // PAGE_BYTES * PAGE_BYTES)
                 os.makedirs(ssd_dir, exist_ok=True)
                 self.ssd = SsdTier(ssd_dir, capacity_bytes=cap, slab_bytes=min(64 << 20, cap))
+            self._mm = mmap.mmap(-1, self.capacity_bytes)
+            self._buf = memoryview(self._mm)
+            for off in range(0, self.capacity_bytes, PAGE_BYTES):  # touch every page now
+                self._mm[off] = 0
+            if self.ssd is not None:
+                self.write_behind = WriteBehind(self.node_id, self._buf, self.ssd, self.counters,
+                                                queue_items=persist_queue_items, queue_bytes=persist_queue_bytes)
+            self.server = RpcServer(_Control(self), CONTROL_METHODS, host, control_port, name=f"node-{self.node_id}",
+                                    max_frame_bytes=CONTROL_MAX_FRAME_BYTES)
+            self.server.start()
+            self.control_address = self.server.address
+            opts: dict = {} if backend == "local" else {"secret": secret, "host": host, "port": port}
+            self.engine = TransferEngine(backend, **opts)
+            self.engine.regions.start_ids_at(random.SystemRandom().randint(1, 1 << 31))  # differs per process
+            self.transfer_address = self.engine.address
+            self.region = self.engine.register_region(self._buf, name=region_name(self.control_address, self.node_id),
+                                                      writable=True)
             self._mount_at_start(mount_timeout_s)
             self._start_thread(self._heartbeat_loop, "heartbeat")  # before re-announcing: that may take a while
             if self.ssd is not None:
@@ -202,7 +205,8 @@ class PoolNode:
                 self._start_thread(self._reannounce_loop, "reannounce")
             if etcd is not None:
                 self._publish(etcd)
-            self._start_thread(self._persist_loop, "persist")
+            if self.write_behind is not None:
+                self.write_behind.start()
         except BaseException:
             self.close()
             raise
@@ -216,9 +220,9 @@ class PoolNode:
     def close(self) -> None:
         if self._closed:
             return
-        with self._q_lock:
-            self._closed = True
-            self._persist_q.put(None)
+        self._closed = True
+        if self.write_behind is not None:
+            self.write_behind.stop()
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
@@ -488,94 +492,18 @@ class PoolNode:
 
     # ------------------------------------------------------------------ SSD: write-behind
     def persist(self, items: list) -> int:
-        """Queue ``[(key, offset, size)]`` for write-behind (module docstring); returns how many were queued."""
+        """Queue ``[(key, offset, size)]`` for write-behind (:mod:`.writebehind`); returns how many were queued
+        (0 without an SSD tier). ``PersistRefusedError`` when the call is over the bounds."""
         if self._closed:
             raise PoolClosedError(f"node {self.node_id} is closed")
-        if self.ssd is None:
-            return 0
-        if not isinstance(items, (list, tuple)):
-            raise TypeError(f"persist takes a list of (key, offset, size), got {type(items).__name__}")
-        good = []
-        for it in items:
-            if (isinstance(it, (list, tuple)) and len(it) == 3 and isinstance(it[0], str) and it[0]
-                    and all(isinstance(x, int) and x >= 0 for x in it[1:])
-                    and TRAILER_BYTES <= it[2] and it[1] + it[2] <= self.capacity_bytes):
-                good.append((it[0], it[1], it[2]))
-            else:
-                self.counters.persist_skipped += 1
-        if good:
-            self._persist_q.put(good)
-        return len(good)
-
-    def _on_commit(self, _key, err) -> None:
-        if err is None:
-            self.counters.persisted += 1
-        else:
-            self.counters.persist_failed += 1
-            self._not_durable(str(err))
-
-    def _not_durable(self, why: str) -> None:
-        """A persist since the last flush will never be durable: the next flush reports it."""
-        self._lost_n, self._lost_why = self._lost_n + 1, self._lost_why or why
-
-    def _persist_loop(self) -> None:
-        from quillcache.store.errors import StoreError
-
-        while True:
-            batch = self._persist_q.get()
-            try:
-                if batch is None:
-                    return
-                if isinstance(batch, _FlushRequest):
-                    try:
-                        self.ssd.flush()  # a failed commit fired the callbacks (counted) before raising
-                    except Exception as e:
-                        self._lost_why = self._lost_why or f"{type(e).__name__}: {e}"
-                    finally:
-                        if self._lost_why is not None:
-                            batch.error = (f"{self._lost_n} persist(s) since the last flush not durable: "
-                                           f"{self._lost_why}")
-                        self._lost_n, self._lost_why = 0, None
-                        batch.set()
-                    continue
-                for key, off, size in batch:
-                    sk = store_key(key)
-                    head = record_header(key)
-                    rec = bytearray(len(head) + size)
-                    rec[:len(head)] = head
-                    rec[len(head):] = self._buf[off:off + size]
-                    try:
-                        check(memoryview(rec)[len(head):], key)
-                    except CorruptObjectError:
-                        self.counters.persist_skipped += 1
-                        continue
-                    try:
-                        if sk in self.ssd:  # an earlier version (removed, then re-put) is replaced unless the same
-                            if self.ssd.get(sk) == rec:
-                                continue
-                            self.ssd.delete(sk)
-                        self.ssd.put_async(sk, rec, self._on_commit)
-                    except StoreError as e:
-                        log.info("node %s: persist of %r refused by the SSD tier: %s", self.node_id, key, e)
-                        self.counters.persist_skipped += 1
-                        self._not_durable(f"{type(e).__name__}: {e}")
-            except Exception:
-                log.exception("node %s: persist worker", self.node_id)
-            finally:
-                self._persist_q.task_done()
+        return 0 if self.write_behind is None else self.write_behind.persist(items)
 
     def flush(self) -> dict:
         """Wait for every queued persist and make them durable; returns :meth:`info` (at once after ``close()``).
         PersistFailedError (naming how many and the first cause) when a persist since the previous flush is not
         durable."""
-        req = _FlushRequest()
-        with self._q_lock:  # checked and queued together: close() queues its stop after this, never between
-            if self.ssd is None or self._closed:
-                return self.info()
-            self._persist_q.put(req)
-        req.wait()
-        if req.error is not None:
-            raise PersistFailedError(f"node {self.node_id}: {req.error}")
+        if self.write_behind is not None and not self._closed:
+            self.write_behind.flush()
         return self.info()
 
     # ------------------------------------------------------------------ introspection
@@ -590,7 +518,7 @@ class PoolNode:
                 "used_bytes": used, "ssd_blocks": len(self.ssd) if self.ssd is not None else 0,
                 "transfer_address": self.transfer_address, "control_address": self.control_address,
                 "pid": os.getpid(), "persisted": c.persisted, "persist_skipped": c.persist_skipped,
-                "persist_failed": c.persist_failed, "reannounced": c.reannounced,
+                "persist_failed": c.persist_failed, "persist_refused": c.persist_refused, "reannounced": c.reannounced,
                 "reannounce_skipped": c.reannounce_skipped, "reannounce_unfit": c.reannounce_unfit,
                 "remounts": c.remounts}
 

@@ -72,6 +72,7 @@ from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, 
                                     PutFailedError)
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of, encode_trailer
 from quillcache.pool.node import parse_region_name
+from quillcache.pool.writebehind import MAX_PERSIST_ITEMS
 
 __all__ = ["PoolStats", "PooledStore", "PutOutcome"]
 
@@ -506,8 +507,9 @@ class PooledStore:
                     c = self._persist_clients.get(ctl)
                     if c is None:
                         c = self._persist_clients[ctl] = RpcClient(ctl, timeout_s=2.0)
-                    c.call("persist", items)
-                    self._count(persist_sent=len(items))
+                    for i in range(0, len(items), MAX_PERSIST_ITEMS):  # a node refuses a longer call whole
+                        c.call("persist", items[i:i + MAX_PERSIST_ITEMS])
+                        self._count(persist_sent=len(items[i:i + MAX_PERSIST_ITEMS]))
                 except Exception as e:
                     log.info("persist to %s failed: %s", ctl, e)
                     self._count(persist_errors=len(items))

@@ -1,0 +1,300 @@
+"""``WriteBehind``: a pool node's write-behind of completed objects from its DRAM buffer to its SSD tier.
+
+Contract:
+- ``persist(items)`` with ``items = [(key, offset, size)]`` queues write-behind and returns how many it queued:
+  a worker thread copies each range out of the DRAM buffer ONCE into its SSD record, verifies the frame (trailer
+  + crc32c over key and payload) and ``SsdTier.put_async``s it; a range that does not verify (its object was
+  evicted and the range reused, a bad offset) is skipped and counted, never stored; a key whose SSD record holds
+  other bytes (removed, then re-put with new content) has that record replaced.
+- ``flush()`` waits until every queued persist has been handled and makes them durable, or raises
+  ``PersistFailedError`` naming how many and why when any persist since the previous flush was not made durable
+  (the SSD tier refused it, its group commit failed, or the persist was refused, below).
+- What one ``persist`` can cost is bounded (the node's control port, which calls it, is not authenticated): a
+  call carries at most ``MAX_PERSIST_ITEMS`` items; an item's ``TRAILER_BYTES`` at ``offset + size -
+  TRAILER_BYTES`` must read as a frame trailer of ``size - TRAILER_BYTES`` payload bytes, checked in the call
+  and again before the worker copies the range, so an item that names no object costs O(trailer), never a copy
+  of its range; at most ``queue_items`` items (at least ``MAX_PERSIST_ITEMS``) and ``queue_bytes`` bytes of
+  ranges (at least, and by default, the DRAM buffer once: any one object fits) wait for the worker, so a
+  ``flush()`` waits for at most that much copying. A call over either bound is refused whole, nothing of it
+  queued, with ``PersistRefusedError`` (a ``PersistFailedError``); when the queue was full, its items whose
+  trailer reads as an object's are also counted not durable for the next ``flush()``.
+- Counted in the node's counters (``persisted`` counts durable blocks only; ``persist_skipped``,
+  ``persist_failed``, ``persist_refused``); skipped and refused items are logged at most ``SKIP_LOG_BURST``
+  lines per ``SKIP_LOG_WINDOW_S``, then one summary line per window.
+- ``stop()`` ends the worker after what is queued (idempotent); ``flush()`` after it returns at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from quillcache._checks import check_int
+from quillcache.master.types import MAX_KEY_CHARS
+from quillcache.pool.errors import CorruptObjectError, PersistFailedError, PersistRefusedError, PoolClosedError
+from quillcache.pool.frame import MAGIC, TRAILER_BYTES, VERSION, check
+from quillcache.pool.keys import record_header, store_key
+from quillcache.rpc.errors import quote
+
+__all__ = ["MAX_PERSIST_ITEMS", "PERSIST_QUEUE_ITEMS", "SKIP_LOG_BURST", "SKIP_LOG_WINDOW_S", "WriteBehind"]
+
+log = logging.getLogger("quillcache.pool.node")  # the node's lines, under the node's logger
+
+MAX_PERSIST_ITEMS = 4096  # items one persist call may carry
+PERSIST_QUEUE_ITEMS = 16 * MAX_PERSIST_ITEMS  # default bound of the items waiting for the persist worker
+SKIP_LOG_BURST = 5  # skipped or refused persists logged one by one per window ...
+SKIP_LOG_WINDOW_S = 10.0  # ... the rest summed up in one line per window of this length
+
+
+class _SkipLog:
+    """Rate-limited warnings for skipped and refused persist items (module docstring); thread-safe.
+
+    A window of ``window_s`` opens at the first event after the previous window ended; its first ``burst``
+    events are logged as they happen, the rest only counted, and when the window ends (``tick``, or the next
+    event) one line sums up every event of the window by kind."""
+
+    def __init__(self, node_id: str, window_s: float, burst: int) -> None:
+        self.node_id, self.window_s, self.burst = node_id, window_s, burst
+        self._lock = threading.Lock()
+        self.started_s = self.ends_s = float("-inf")
+        self.counts: dict[str, int] = {}
+        self.logged = self.suppressed = 0
+
+    def note(self, kind: str, n: int, fmt: str, *args: object) -> None:
+        """``n`` items skipped or refused for ``kind``; ``fmt % args`` says which and why."""
+        with self._lock:
+            now = time.monotonic()
+            if now >= self.ends_s:
+                self._summary(now)
+                self.started_s, self.ends_s = now, now + self.window_s
+            self.counts[kind] = self.counts.get(kind, 0) + n
+            if self.logged < self.burst:
+                self.logged += 1
+                log.warning("node %s: " + fmt, self.node_id, *args)
+            else:
+                self.suppressed += 1
+
+    def wait_s(self) -> float | None:
+        """Seconds until a summary is due, or None when there is nothing to sum up."""
+        with self._lock:
+            return max(0.0, self.ends_s - time.monotonic()) if self.suppressed else None
+
+    def tick(self, *, final: bool = False) -> None:
+        """Log the window's summary when it is due (``final``: now, e.g. at close)."""
+        with self._lock:
+            now = time.monotonic()
+            if self.suppressed and (final or now >= self.ends_s):
+                self._summary(now)
+
+    def _summary(self, now: float) -> None:
+        if self.suppressed:
+            detail = ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items()))
+            log.warning("node %s: persist items skipped or refused in the last %.1f s: %s; %d event(s) not logged "
+                        "one by one", self.node_id, min(now, self.ends_s) - self.started_s, detail, self.suppressed)
+        self.counts.clear()
+        self.logged = self.suppressed = 0
+        self.ends_s = min(self.ends_s, now)
+
+
+class _FlushRequest(threading.Event):
+    """A ``flush()`` in the persist queue, set when handled; ``error`` (set before) says what is not durable."""
+
+    error: str | None = None
+
+
+class WriteBehind:
+    """Write-behind of ``buf``'s objects to ``ssd`` for node ``node_id`` (module docstring); ``counters`` is
+    the node's (``persisted``, ``persist_skipped``, ``persist_failed``, ``persist_refused``)."""
+
+    def __init__(self, node_id: str, buf: memoryview, ssd, counters, *, queue_items: int = PERSIST_QUEUE_ITEMS,
+                 queue_bytes: int | None = None) -> None:
+        self.node_id, self.buf, self.ssd, self.counters = node_id, buf, ssd, counters
+        self.capacity_bytes = len(buf)
+        self.queue_items = check_int("persist_queue_items", queue_items, MAX_PERSIST_ITEMS)
+        self.queue_bytes = check_int("persist_queue_bytes", self.capacity_bytes if queue_bytes is None
+                                     else queue_bytes, self.capacity_bytes)
+        self._q: queue.Queue = queue.Queue()
+        self._q_lock = threading.Lock()  # stop and flush's request: no request is queued behind the stop
+        self._queued_items = self._queued_bytes = 0  # waiting for the worker (under _q_lock)
+        self._lost_lock = threading.Lock()
+        self._lost_n = 0  # persists that will never be durable since the last flush (under _lost_lock)
+        self._lost_why: str | None = None  # the first one's cause
+        self._skip_log = _SkipLog(node_id, SKIP_LOG_WINDOW_S, SKIP_LOG_BURST)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="pool-node-persist", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the worker after what is queued (idempotent) and log a due summary."""
+        with self._q_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._q.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._skip_log.tick(final=True)
+
+    def persist(self, items: list) -> int:
+        """Queue ``[(key, offset, size)]`` (module docstring); returns how many were queued. An item that is
+        malformed, out of the buffer, or whose trailer does not read as an object of its size is skipped (counted,
+        logged rate-limited). ``PersistRefusedError`` when the call is over ``MAX_PERSIST_ITEMS`` or would pass the
+        queue's bounds: then nothing of it is queued."""
+        if self._stopped:
+            raise PoolClosedError(f"node {self.node_id} is closed")
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"persist takes a list of (key, offset, size), got {type(items).__name__}")
+        if len(items) > MAX_PERSIST_ITEMS:
+            self.counters.persist_refused += len(items)
+            self._skip_log.note("refused (too many items)", len(items), "persist of %d items refused: at most %d "
+                                "items per call", len(items), MAX_PERSIST_ITEMS)
+            raise PersistRefusedError(f"node {self.node_id}: persist of {len(items)} items refused: at most "
+                                      f"{MAX_PERSIST_ITEMS} items per call; nothing of it was queued")
+        good, bad = [], 0
+        for it in items:
+            if (isinstance(it, (list, tuple)) and len(it) == 3 and isinstance(it[0], str)
+                    and 0 < len(it[0]) <= MAX_KEY_CHARS and all(isinstance(x, int) and x >= 0 for x in it[1:])
+                    and TRAILER_BYTES <= it[2] and it[1] + it[2] <= self.capacity_bytes
+                    and self._trailer_problem(it[1], it[2]) is None):
+                good.append((it[0], it[1], it[2]))
+            else:
+                bad += 1
+                if bad == 1:
+                    first = it
+        if bad:
+            self.counters.persist_skipped += bad
+            self._skip_log.note("skipped in the call", bad, "persist: %d of %d items skipped (malformed, out of the "
+                                "buffer, or no object's trailer at their end), the first: %s", bad, len(items),
+                                quote(first))
+        if not good:
+            return 0
+        size = sum(it[2] for it in good)
+        with self._q_lock:
+            if self._stopped:
+                raise PoolClosedError(f"node {self.node_id} is closed")
+            over = (f"{self.queue_items} items" if self._queued_items + len(good) > self.queue_items
+                    else f"{self.queue_bytes} bytes" if self._queued_bytes + size > self.queue_bytes
+                    else None)
+            if over is None:
+                self._queued_items += len(good)
+                self._queued_bytes += size
+                self._q.put(good)
+                return len(good)
+            queued_n, queued_b = self._queued_items, self._queued_bytes
+        why = (f"persist of {len(good)} items ({size} bytes) refused: the persist queue holds {queued_n} items "
+               f"({queued_b} bytes), at most {over}")
+        self.counters.persist_refused += len(good)
+        self._not_durable(why, len(good))  # each one's trailer reads as an object's: real blocks, not made durable
+        self._skip_log.note("refused (queue full)", len(good), "%s", why)
+        raise PersistRefusedError(f"node {self.node_id}: {why}; nothing of it was queued")
+
+    def flush(self) -> None:
+        """Wait for every queued persist and make them durable (at once after ``stop()``). PersistFailedError
+        (naming how many and the first cause) when a persist since the previous flush is not durable."""
+        req = _FlushRequest()
+        with self._q_lock:  # checked and queued together: stop() queues its end after this, never between
+            if self._stopped:
+                return
+            self._q.put(req)
+        req.wait()
+        if req.error is not None:
+            raise PersistFailedError(f"node {self.node_id}: {req.error}")
+
+    def _trailer_problem(self, off: int, size: int) -> str | None:
+        """Why the ``TRAILER_BYTES`` at the end of ``[off, off + size)`` do not read as the trailer of an object of
+        ``size`` bytes, or None (the crc32c, over key and payload, is checked after the copy)."""
+        t = self.buf[off + size - TRAILER_BYTES:off + size]
+        if bytes(t[:4]) != MAGIC or int.from_bytes(t[4:6], "big") != VERSION or bytes(t[6:8]) != b"\0\0":
+            return "no frame trailer at the end of the range"
+        length = int.from_bytes(t[8:16], "big")
+        if length != size - TRAILER_BYTES:
+            return f"the trailer says {length} payload bytes, the range holds {size - TRAILER_BYTES}"
+        if bytes(t[20:24]) != b"\0\0\0\0":
+            return "reserved trailer bytes are not zero"
+        return None
+
+    def _on_commit(self, _key, err) -> None:
+        if err is None:
+            self.counters.persisted += 1
+        else:
+            self.counters.persist_failed += 1
+            self._not_durable(str(err))
+
+    def _not_durable(self, why: str, n: int = 1) -> None:
+        """``n`` persists since the last flush will never be durable: the next flush reports them."""
+        with self._lost_lock:
+            self._lost_n, self._lost_why = self._lost_n + n, self._lost_why or why
+
+    def _loop(self) -> None:
+        while True:
+            wait_s = self._skip_log.wait_s()
+            try:
+                batch = self._q.get(timeout=SKIP_LOG_WINDOW_S if wait_s is None else wait_s)
+            except queue.Empty:  # a summary of skipped items may be due
+                self._skip_log.tick()
+                continue
+            try:
+                if batch is None:
+                    return
+                if isinstance(batch, _FlushRequest):
+                    self._flush_now(batch)
+                    continue
+                try:
+                    for key, off, size in batch:
+                        self._persist_one(key, off, size)
+                finally:
+                    with self._q_lock:
+                        self._queued_items -= len(batch)
+                        self._queued_bytes -= sum(size for _, _, size in batch)
+            except Exception:
+                log.exception("node %s: persist worker", self.node_id)
+            finally:
+                self._q.task_done()
+
+    def _flush_now(self, req: _FlushRequest) -> None:
+        try:
+            self.ssd.flush()  # a failed commit fired the callbacks (counted) before raising
+        except Exception as e:
+            with self._lost_lock:
+                self._lost_why = self._lost_why or f"{type(e).__name__}: {e}"
+        finally:
+            with self._lost_lock:
+                if self._lost_why is not None:
+                    req.error = f"{self._lost_n} persist(s) since the last flush not durable: {self._lost_why}"
+                self._lost_n, self._lost_why = 0, None
+            req.set()
+
+    def _persist_one(self, key: str, off: int, size: int) -> None:
+        from quillcache.store.errors import StoreError
+
+        why = self._trailer_problem(off, size)  # O(trailer): the range is copied only when this reads right
+        if why is None:
+            head = record_header(key)
+            rec = bytearray(len(head) + size)
+            rec[:len(head)] = head
+            rec[len(head):] = self.buf[off:off + size]
+            try:
+                check(memoryview(rec)[len(head):], key)
+            except CorruptObjectError as e:
+                why = str(e)
+        if why is not None:  # evicted and the range reused, or never this key's
+            self.counters.persist_skipped += 1
+            self._skip_log.note("skipped (did not verify)", 1, "persist of %s at %d (%d bytes) skipped: %s",
+                                quote(key), off, size, why)
+            return
+        sk = store_key(key)
+        try:
+            if sk in self.ssd:  # an earlier version (removed, then re-put) is replaced unless the same
+                if self.ssd.get(sk) == rec:
+                    return
+                self.ssd.delete(sk)
+            self.ssd.put_async(sk, rec, self._on_commit)
+        except StoreError as e:
+            self.counters.persist_skipped += 1
+            self._not_durable(f"{type(e).__name__}: {e}")
+            self._skip_log.note("refused by the SSD tier", 1, "persist of %s refused by the SSD tier: %s",
+                                quote(key), e)
