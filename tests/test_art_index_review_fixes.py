@@ -29,6 +29,7 @@ from quillcache.durability.fs import RealFs
 from quillcache.index import NotAnIndexError, ResidencyEntry, open_index
 from quillcache.index.art_index import CHECKPOINT, WAL, IndexCorruptionError
 from quillcache.types import CacheTier
+from tests.fd_helpers import fds_into
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = "art.lock"  # (art_index.LOCK; spelled out so that every test here runs, and fails, on the code before)
@@ -40,18 +41,6 @@ def entry(h: int) -> ResidencyEntry:
 
 def hashes(ix) -> list[int]:
     return sorted(e.block_hash for hs in ix.locate(list(range(1, 10))) for e in hs)
-
-
-def _fds_into(path: str) -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(path):
-            out.append(target)
-    return out
 
 
 def _flip_in_primary_arena(d: str, where) -> None:
@@ -153,7 +142,7 @@ def test_a_failed_open_releases_the_lock_and_every_file(tmp_path):
     for _ in range(2):
         with pytest.raises(IndexCorruptionError, match="checksum mismatch"):
             open_index("art", d)
-    assert _fds_into(d) == []
+    assert fds_into(d) == []
     DataDirLock(d, lock_name=LOCK, owner="ART index").release()
 
 

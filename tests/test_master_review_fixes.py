@@ -20,6 +20,7 @@ from quillcache.master.oplog import Op, decode_record, encode_batch, encode_reco
 from quillcache.master.state import MasterState
 from quillcache.master.residency import IndexProjection
 from quillcache.index import open_index
+from tests.fd_helpers import fds_into
 
 UNIT = 64
 BAD = "bad\ud800"  # a lone surrogate: a Python str that is not valid UTF-8 (msgpack cannot write it)
@@ -265,18 +266,6 @@ def test_a_log_group_that_does_not_assemble_is_ignored_and_following_goes_on(val
 
 
 # ---------------------------------------------------------------- #8 a failed open leaves no file open
-def _fds_into(path: str) -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(path):
-            out.append(target)
-    return out
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 @pytest.mark.parametrize("damage", ["snapshot", "log"])
 def test_a_failed_open_leaves_no_file_of_the_data_dir_open(tmp_path, damage):
@@ -295,8 +284,8 @@ def test_a_failed_open_leaves_no_file_of_the_data_dir_open(tmp_path, damage):
     else:  # a tail record that does not apply (the index and the log are open when it fails)
         m._log.append(encode_record([Op.PUT_END, 1, clock.t, "ghost"]))
         crash(m)
-    assert _fds_into(d) == []
+    assert fds_into(d) == []
     for _ in range(3):
         with pytest.raises(SnapshotError):
             MasterService(c, clock=clock, data_dir=d)
-    assert _fds_into(d) == []
+    assert fds_into(d) == []

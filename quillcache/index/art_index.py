@@ -227,12 +227,7 @@ class ArtIndex(IndexBackend):
                     wal.close()
                 except (WalError, OSError):
                     pass  # the open's own error is the one to report
-            if isinstance(self._ckpt_buf, mmap.mmap):
-                try:
-                    self._ckpt_buf.close()
-                except BufferError:
-                    pass  # a tree still holds a view; the mapping is released with it
-            self._ckpt_buf = None
+            self._drop_checkpoint_buffer()
         finally:
             if self._dir_lock is not None:
                 self._dir_lock.release()
@@ -566,6 +561,16 @@ class ArtIndex(IndexBackend):
         self._wal.close()
         self._wal = self._new_wal(lsn + 1)
 
+    def _drop_checkpoint_buffer(self) -> None:
+        """Close the checkpoint's mapping, unless a tree or a caller still holds a view of it (then the mapping
+        is released with that view)."""
+        if isinstance(self._ckpt_buf, mmap.mmap):
+            try:
+                self._ckpt_buf.close()
+            except BufferError:
+                pass
+        self._ckpt_buf = None
+
     def _raw_close(self) -> None:
         """Checkpoint (only while the log and the trees are sound), close the log (syncing a sound
         one), release the trees, the checkpoint image and the directory lock, and mark the index
@@ -595,12 +600,7 @@ class ArtIndex(IndexBackend):
         finally:
             self._primary = self._secondary = None  # type: ignore[assignment]
             self._scan_block_packed = self._scan_blocks = None  # type: ignore[assignment]
-            if isinstance(self._ckpt_buf, mmap.mmap):
-                try:
-                    self._ckpt_buf.close()
-                except BufferError:
-                    pass  # a caller still holds a view; the mapping is released with it
-            self._ckpt_buf = None
+            self._drop_checkpoint_buffer()
             self._closed = True
             if self._dir_lock is not None:
                 self._dir_lock.release()  # last: nothing of this index writes to the directory any more
