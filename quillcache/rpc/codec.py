@@ -14,6 +14,15 @@ Contract:
   enum raises :class:`RpcEncodeError` naming it and ``register_type``.
 - ``decode`` raises only :class:`RpcProtocolError`, whatever the bytes (fuzzed in ``tests/test_rpc.py``); its
   message quotes what it refuses with :func:`~quillcache.rpc.errors.quote` (bounded, whatever the frame holds).
+- Request limits (``with codec.request_limits(): ...``, what a server's dispatcher wraps around decoding a request
+  frame of at least :data:`BUDGET_FRAME_BYTES`, for the decodes of its thread; replies and values decoded outside
+  it are not limited): an array or map holds at most :data:`MAX_REQUEST_ITEMS` items, and one frame of ``n``
+  bytes, with every extension value nested in it (one budget per frame), builds at most
+  ``n // BYTES_PER_CONTAINER`` container units (an array is one, a map :data:`MAP_UNITS`) and unpacks at most
+  ``EXT_BYTES_FACTOR * n`` bytes of extension payloads. Past a limit ``decode`` raises :class:`RpcProtocolError`
+  naming it, as soon as the limit is crossed: what a frame makes the decoder hold is at most that many containers,
+  those payloads and one object per other value (each at least one byte on the wire). The densest requests the
+  project sends, compact batch rows (an array of six fields: at least 8 bytes), stay within it.
 - ``DEFAULT_CODEC`` is the process-wide registry that ``RpcServer`` and ``RpcClient`` use unless given another;
   module-level ``register_type`` / ``register_error`` register there. Every codec knows the RPC layer's own
   ``RpcErrorCode`` and ``RpcRejectedError``.
@@ -25,7 +34,9 @@ import dataclasses
 import enum
 import numbers
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
 
 import msgpack
 
@@ -33,7 +44,8 @@ from quillcache.registry import Registry
 from quillcache.rpc.errors import (MAX_QUOTE_CHARS, RpcEncodeError, RpcErrorCode, RpcProtocolError, RpcRejectedError,
                                    clip, quote, quote_each)
 
-__all__ = ["Codec", "DEFAULT_CODEC", "EXT_DATACLASS", "EXT_ENUM", "EXT_TUPLE", "MAX_EXT_DEPTH",
+__all__ = ["BUDGET_FRAME_BYTES", "BYTES_PER_CONTAINER", "Codec", "DEFAULT_CODEC", "EXT_BYTES_FACTOR",
+           "EXT_DATACLASS", "EXT_ENUM", "EXT_TUPLE", "MAP_UNITS", "MAX_EXT_DEPTH", "MAX_REQUEST_ITEMS",
            "register_error", "register_type"]
 
 EXT_DATACLASS = 1
@@ -41,6 +53,48 @@ EXT_ENUM = 2
 EXT_TUPLE = 3
 MAX_EXT_DEPTH = 64  # nested extension values (a dataclass in a tuple in a dataclass ...) allowed on decode
 _MAX_DETAIL_CHARS = 4 * MAX_QUOTE_CHARS  # an underlying error's text (msgpack's, a class's check) in a message
+# Request limits (module docstring). A request frame smaller than this decodes without the budget's hooks (what it
+# can build is bounded by its size); the dispatcher applies the limits from this size up.
+BUDGET_FRAME_BYTES = 64 << 10
+MAX_REQUEST_ITEMS = 1 << 17  # items of one array or map: 8 x the master's MAX_BATCH_KEYS (the largest real batch)
+BYTES_PER_CONTAINER = 4  # frame bytes per container unit allowed
+MAP_UNITS = 4  # container units of a map (a Python dict costs about four empty lists)
+EXT_BYTES_FACTOR = 8  # extension payload bytes unpacked per frame byte (each level of nesting unpacks its bytes again)
+
+
+class _Budget:
+    """What one request frame may still build (request limits; module docstring): msgpack's hooks for the frame and
+    every extension value in it count down."""
+
+    __slots__ = ("frame_bytes", "units", "ext_bytes", "ext_hook")
+
+    def __init__(self, codec: Codec, frame_bytes: int) -> None:
+        self.frame_bytes = frame_bytes
+        self.units = frame_bytes // BYTES_PER_CONTAINER
+        self.ext_bytes = EXT_BYTES_FACTOR * frame_bytes
+        self.ext_hook = partial(codec._ext_hook, self)
+
+    def on_list(self, items: list) -> list:
+        self.units -= 1
+        if self.units < 0:
+            self._exceeded()
+        return items
+
+    def on_map(self, items: dict) -> dict:
+        self.units -= MAP_UNITS
+        if self.units < 0:
+            self._exceeded()
+        return items
+
+    def _ext_exceeded(self) -> None:
+        raise RpcProtocolError(f"request frame of {self.frame_bytes} bytes unpacks more than "
+                               f"{EXT_BYTES_FACTOR * self.frame_bytes} bytes of nested extension values "
+                               f"(EXT_BYTES_FACTOR={EXT_BYTES_FACTOR} per frame byte)")
+
+    def _exceeded(self) -> None:
+        raise RpcProtocolError(f"request frame of {self.frame_bytes} bytes builds more than "
+                               f"{self.frame_bytes // BYTES_PER_CONTAINER} container units (an array counts 1, a map "
+                               f"{MAP_UNITS}; one unit per {BYTES_PER_CONTAINER} bytes of frame: BYTES_PER_CONTAINER)")
 
 
 class Codec:
@@ -51,8 +105,9 @@ class Codec:
         self._type_tags: dict[type, str] = {}
         self._errors: Registry[type] = Registry("rpc error type")
         self._error_tags: dict[type, str] = {}
-        self._depth = threading.local()
+        self._local = threading.local()  # per decoding thread: ext nesting ``depth``, ``limits`` (request_limits)
         self._init_fields: dict[type, frozenset[str]] = {}  # a registered dataclass's constructor fields
+        self._plain_ext_hook = partial(self._ext_hook, None)  # outside the request limits
         self.register_type(RpcErrorCode)
         self.register_error(RpcRejectedError)
 
@@ -153,34 +208,58 @@ class Codec:
     # --- decoding -----------------------------------------------------------------------------------
 
     def decode(self, data: bytes | bytearray | memoryview) -> object:
-        """The value ``data`` encodes; :class:`RpcProtocolError` (only) for anything else."""
+        """The value ``data`` encodes; :class:`RpcProtocolError` (only) for anything else. Within
+        :meth:`request_limits`, under the request limits (module docstring)."""
+        budget = _Budget(self, len(data)) if getattr(self._local, "limits", False) else None
         try:
-            return self._unpack(data)
+            return self._unpack(data, budget)
         except RpcProtocolError:
             raise
         except Exception as e:  # msgpack's many errors, an ext hook's, a class's __post_init__
             raise RpcProtocolError(f"undecodable frame of {len(data)} bytes: {type(e).__name__}: "
                                    f"{clip(str(e), _MAX_DETAIL_CHARS)}") from e
         finally:
-            self._depth.n = 0
+            self._local.depth = 0
 
-    def _unpack(self, data: bytes | bytearray | memoryview) -> object:
-        return msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True)
+    @contextmanager
+    def request_limits(self) -> Iterator[None]:
+        """``decode`` on this thread, within the block, applies the request limits (module docstring)."""
+        local = self._local
+        outer = getattr(local, "limits", False)
+        local.limits = True
+        try:
+            yield
+        finally:
+            local.limits = outer
 
-    def _ext_hook(self, code: int, data: bytes) -> object:
-        depth = getattr(self._depth, "n", 0) + 1
+    def _unpack(self, data: bytes | bytearray | memoryview, budget: _Budget | None) -> object:
+        if budget is None:
+            return msgpack.unpackb(data, ext_hook=self._plain_ext_hook, raw=False, strict_map_key=False,
+                                   use_list=True)
+        return msgpack.unpackb(data, ext_hook=budget.ext_hook, raw=False, strict_map_key=False, use_list=True,
+                               list_hook=budget.on_list, object_hook=budget.on_map,
+                               max_array_len=MAX_REQUEST_ITEMS, max_map_len=MAX_REQUEST_ITEMS)
+
+    def _ext_hook(self, budget: _Budget | None, code: int, data: bytes) -> object:
+        """msgpack's hook for an extension value, through ``_plain_ext_hook`` or ``budget.ext_hook``."""
+        local = self._local
+        depth = getattr(local, "depth", 0) + 1
         if depth > MAX_EXT_DEPTH:
             raise RpcProtocolError(f"extension values nested deeper than {MAX_EXT_DEPTH}")
-        self._depth.n = depth
+        if budget is not None:
+            budget.ext_bytes -= len(data)
+            if budget.ext_bytes < 0:
+                budget._ext_exceeded()
+        local.depth = depth
         try:
             if code == EXT_TUPLE:
-                items = self._unpack(data)
+                items = self._unpack(data, budget)
                 if not isinstance(items, list):
                     raise RpcProtocolError(f"tuple extension holds a {type(items).__name__}, not an array")
                 return tuple(items)
             if code not in (EXT_DATACLASS, EXT_ENUM):
                 raise RpcProtocolError(f"unknown msgpack extension type {code}")
-            body = self._unpack(data)
+            body = self._unpack(data, budget)
             if not (isinstance(body, list) and len(body) == 2 and isinstance(body[0], str)):
                 raise RpcProtocolError(f"extension {code} must hold [tag, value], got {quote(body)}")
             tag, value = body
@@ -207,7 +286,7 @@ class Codec:
                 raise RpcProtocolError(f"cannot rebuild {tag} from fields {quote(sorted(value))}: "
                                        f"{type(e).__name__}: {clip(str(e), _MAX_DETAIL_CHARS)}") from e
         finally:
-            self._depth.n = depth - 1
+            local.depth = depth - 1
 
 
 DEFAULT_CODEC = Codec()

@@ -16,6 +16,13 @@ Contract:
 - It holds no lock of its own: the transport decides how calls reach ``target`` (both servers of this package make
   them reach it one at a time). ``handle(data, lock)`` decodes the frame before taking ``lock`` and holds it for
   the counters, the call and the encoding of the reply, so decoding a large frame never holds up other callers.
+- What a request makes the server hold: a frame of at least ``codec.BUDGET_FRAME_BYTES`` is decoded under the
+  codec's request limits (:meth:`~quillcache.rpc.codec.Codec.request_limits`: its containers and nested extension
+  payloads are bounded by a multiple of its size, a frame past them is refused ``BAD_FRAME`` naming the limit),
+  and at most ``max_large_decodes`` such frames are handled at once (a semaphore taken before decoding and given
+  back once the reply is encoded; others wait for it before decoding), so however many connections send large
+  frames, only that many decoded values are held. A refused frame's decoded value is let go before the refusal
+  waits for ``lock``.
 - A refusal quotes what it refuses with :func:`~quillcache.rpc.errors.quote` (a method name, an argument name),
   so the reply and its log line stay small whatever the frame held.
 """
@@ -24,20 +31,25 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import ContextManager
 
-from quillcache.rpc.codec import Codec
+from quillcache._checks import check_int
+from quillcache.rpc.codec import BUDGET_FRAME_BYTES, Codec
 from quillcache.rpc.errors import (MAX_QUOTE_CHARS, RpcEncodeError, RpcErrorCode, RpcRejectedError, clip, quote,
                                    quote_each)
 from quillcache.rpc.wire import Request, encode_error_reply, encode_ok_reply, parse_request
 
-__all__ = ["Dispatcher", "check_methods"]
+__all__ = ["DEFAULT_MAX_LARGE_DECODES", "Dispatcher", "check_methods"]
 
 log = logging.getLogger(__name__)
 
 _MAX_BIND_ERROR_CHARS = 2 * MAX_QUOTE_CHARS  # Python's "cannot bind" text, which quotes a keyword the peer sent
+# Frames of at least BUDGET_FRAME_BYTES handled at once: one can decode while another is being called (the servers
+# call one at a time), and no more decoded values are held whatever the number of connections.
+DEFAULT_MAX_LARGE_DECODES = 2
 
 
 def check_methods(target: object, methods: list[str]) -> None:
@@ -55,11 +67,13 @@ class Dispatcher:
     """Decode, call, encode; see the module docstring."""
 
     def __init__(self, target: object, methods: list[str], codec: Codec, max_frame_bytes: int,
-                 name: str = "rpc") -> None:
+                 name: str = "rpc", max_large_decodes: int = DEFAULT_MAX_LARGE_DECODES) -> None:
         check_methods(target, methods)
         self.codec = codec
         self.max_frame_bytes = max_frame_bytes
         self.name = name
+        self.max_large_decodes = check_int("max_large_decodes", max_large_decodes, 1)
+        self._large = threading.BoundedSemaphore(self.max_large_decodes)
         self._handlers = {m: getattr(target, m) for m in methods}
         self._signatures: dict[str, inspect.Signature | None] = {}
         for m, fn in self._handlers.items():
@@ -107,7 +121,13 @@ class Dispatcher:
 
     def handle(self, data: bytes | memoryview, lock: ContextManager[object] | None = None) -> bytes:
         """The reply frame to request frame ``data`` (module docstring); ``lock`` held for everything after
-        decoding."""
+        decoding. A frame of at least ``BUDGET_FRAME_BYTES`` waits for one of ``max_large_decodes`` slots first."""
+        if len(data) < BUDGET_FRAME_BYTES:
+            return self._handle(data, lock)
+        with self._large:
+            return self._handle(data, lock)
+
+    def _handle(self, data: bytes | memoryview, lock: ContextManager[object] | None) -> bytes:
         parsed = self._parse(data)
         with nullcontext() if lock is None else lock:
             self.num_requests += 1
@@ -121,9 +141,14 @@ class Dispatcher:
         """``(request, handler)``, or the refusal (its ``request_id`` attribute set when one was read). Touches no
         state of this object, so it may run outside the transport's lock."""
         try:
-            req = parse_request(self.codec, data, self.max_frame_bytes)
+            if len(data) < BUDGET_FRAME_BYTES:
+                req = parse_request(self.codec, data, self.max_frame_bytes)
+            else:
+                with self.codec.request_limits():
+                    req = parse_request(self.codec, data, self.max_frame_bytes)
         except RpcRejectedError as e:
-            return e
+            e.__context__ = None  # a decoding error's frames hold what it had decoded (an extension's payload)
+            return e.with_traceback(None)  # and this one's hold parse_request's, i.e. the decoded value
         fn = self._handlers.get(req.method)
         if fn is None:
             e = self.unknown_method(req.method)

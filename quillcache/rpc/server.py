@@ -19,7 +19,14 @@ Contract:
   whole, so a message of many frames, each under the limit, is buffered by libzmq (up to its whole size) before it
   is refused ``BAD_FRAME`` (a request is one frame); reading its frames one at a time here would not bound that.
   Serve peers that are not trusted over ``qtcp://`` (:class:`~quillcache.rpc.stream.StreamServer`), where a
-  request is one length-prefixed frame and ``drop_frame_bytes`` bounds what any request makes the server hold.
+  request is one length-prefixed frame and ``drop_frame_bytes`` bounds the bytes it makes the server buffer.
+- What a request's decoded value holds is not bounded by those byte limits: msgpack builds one Python object per
+  value, each many times its bytes on the wire. Both servers decode under the dispatcher's bounds
+  (:mod:`quillcache.rpc.dispatch`): a frame of at least ``codec.BUDGET_FRAME_BYTES`` builds at most a fixed
+  number of containers and extension payload bytes per frame byte (past them it is refused ``BAD_FRAME`` while
+  it decodes; see :mod:`quillcache.rpc.codec`), so its value is at most one object per byte of frame; and at most
+  ``max_large_decodes`` such frames per server are decoded or held at once. Lower ``max_frame_bytes`` where peers
+  are not trusted and send small requests.
 - ``after_reply`` (optional): called on the serving thread after each reply is sent (e.g. work the target
   deferred until its caller has the answer); an exception there is logged.
 """

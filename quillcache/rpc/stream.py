@@ -21,7 +21,11 @@ Contract:
   connection is closed (its bytes are never buffered: the server stops sending, then reads and discards the
   rest of the frame for at most ``min(idle_timeout_s, _DROP_DRAIN_S)``, so no reset overtakes the refusal; a
   client whose send fails still takes a reply that arrived whole); a malformed body (the length prefix intact)
-  gets its typed refusal and the connection goes on.
+  gets its typed refusal and the connection goes on. Decoding is bounded by the dispatcher
+  (:mod:`quillcache.rpc.dispatch`): a frame of at least ``codec.BUDGET_FRAME_BYTES`` decodes under the request
+  limits, and at most ``max_large_decodes`` such frames are decoded or held at once, whatever the number of
+  connections; a connection lets go of its frame once the reply is made. Frames still being read are buffered by
+  their connections: up to ``max_connections`` of them, each within ``max_frame_bytes``.
 - A failed accept (out of file descriptors, ``EMFILE``/``ENFILE``; out of memory; a peer gone before accept) or a
   connection thread that cannot be started (the connection is then closed, its slot freed) never ends the accept
   thread: it is counted (``num_accept_errors``), logged at most once per ``_TURN_AWAY_LOG_S``, and the thread
@@ -360,6 +364,8 @@ class StreamServer:
                     except Exception:  # never let one request end the connection's thread
                         log.exception("%s: failed handling a request", self.name)
                         continue
+                    finally:
+                        body = None  # not held while the connection waits for its next request
                 sock.sendall(pack(len(reply)) + reply)  # a peer not reading for idle_s: BlockingIOError
                 if after is not None:
                     try:
