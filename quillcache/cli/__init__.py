@@ -11,6 +11,8 @@ Contract:
   command registered with ``stop_signals=True`` (one that starts processes or writes files) gets
   SIGTERM and SIGHUP the same way (``quillcache.cli.signals``: its cleanup runs, exit 128 + the
   signal number).
+- Output piped into a reader that stops early (``| head``): the command exits quietly with status 141
+  (128 + SIGPIPE, as a shell reports a process SIGPIPE stopped), no traceback (``BrokenPipeError``).
 - Only the command named on the command line is configured (its module imported), inside the same
   Ctrl-C handling as its run: ``quillcache info`` never imports another command's dependencies.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -26,7 +29,9 @@ from types import ModuleType
 from quillcache.cli.signals import describe, exit_status, stop_signals_interrupt
 from quillcache.registry import Registry
 
-__all__ = ["COMMANDS", "Command", "main"]
+__all__ = ["BROKEN_PIPE_STATUS", "COMMANDS", "Command", "main"]
+
+BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE: the reader of stdout stopped early
 
 
 @dataclass(frozen=True)
@@ -99,9 +104,22 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         command = COMMANDS[args.command]
         if not command.stop_signals:
-            return command.load().run(args)
-        with stop_signals_interrupt():
-            return command.load().run(args)
+            status = command.load().run(args)
+        else:
+            with stop_signals_interrupt():
+                status = command.load().run(args)
+        try:  # here, not at exit: a reader gone by now is a BrokenPipeError handled below
+            sys.stdout.flush()
+        except KeyboardInterrupt:  # the command is done: a stop signal as its output goes out ends it normally
+            pass
+        return status
+    except BrokenPipeError:
+        # the reader of stdout stopped early (| head): nothing more can be said there, and Python's own
+        # flush at exit must not fail again, so stdout goes to /dev/null (the documented idiom)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return BROKEN_PIPE_STATUS
     except KeyboardInterrupt as exc:
         # Ctrl-C (or, for a stop_signals command, SIGTERM/SIGHUP): one line, 128 + the signal, no traceback
         print(f"quillcache: {describe(exc)}", file=sys.stderr)

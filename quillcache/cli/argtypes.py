@@ -1,7 +1,8 @@
 """argparse ``type=`` converters shared by the commands: each returns the value or raises
 ``argparse.ArgumentTypeError`` with a one-line message naming the text (``OneLineParser`` prints it); and
 ``directory_problem``, the check a command runs on a directory flag before any work (it may create the folder,
-so it is not a converter: parsing, ``--help`` included, has no side effect)."""
+so it is not a converter: parsing, ``--help`` included, has no side effect); and ``memory_problem``, the check
+of a flag that makes a command hold memory against what this machine (and its cgroup) has available."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import argparse
 import math
 import os
 import re
+from pathlib import Path
 
-__all__ = ["MAX_COUNT", "SIZE_MULTIPLE_BYTES", "address", "directory_problem", "int_in_range", "non_negative_float",
-           "parse_size", "port", "positive_float", "positive_float_up_to", "positive_int", "size_arg"]
+__all__ = ["MAX_COUNT", "MEMORY_SHARE", "SIZE_MULTIPLE_BYTES", "address", "available_memory_bytes",
+           "directory_problem", "int_in_range", "memory_problem", "non_negative_float", "parse_size", "port",
+           "positive_float", "positive_float_up_to", "positive_int", "size_arg"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
           "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
@@ -22,6 +25,10 @@ ADDRESS_SCHEMES = ("tcp://", "qtcp://")  # an RPC address: tcp://HOST:PORT, HOST
 # a host name, an IPv4 address, or an IPv6 address in brackets
 _HOST = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)$")
 MAX_COUNT = 2**62  # the most a count or size flag takes: far above any real one, safe in every int64 column
+# the share of the available memory a command may take (a quarter is left to everything else), as
+# replay --real-bytes does (quillcache.harness.replay._check_ram)
+MEMORY_SHARE = 0.75
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def _number(text: str, kind: type, what: str):
@@ -163,3 +170,63 @@ def directory_problem(flag: str, path: str, writes: str | None = None) -> str | 
     except OSError as e:
         return f"{flag} {path} cannot be created ({e.strerror or e})"
     return None
+
+
+def _cgroup_room() -> int | None:
+    """What this process's memory cgroup (v2 ``memory.max`` less ``memory.current``, or v1
+    ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``), or any cgroup above it, still lets it
+    take; None when no limit applies (or none can be read)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    folders = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one hierarchy
+            base, files = _CGROUP_ROOT, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            base, files = _CGROUP_ROOT / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        folder = base / path.strip("/")
+        while True:  # this cgroup and every one above it (a container sees its own as the root)
+            folders.append((folder, files))
+            if folder == base:
+                break
+            folder = folder.parent
+    rooms = []
+    for folder, (limit_file, usage_file) in folders:
+        try:
+            limit_text = (folder / limit_file).read_text().strip()
+            if limit_text == "max":
+                continue
+            limit, usage = int(limit_text), int((folder / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit < 2**60:  # v1 says "no limit" with a huge number
+            rooms.append(max(0, limit - usage))
+    return min(rooms) if rooms else None
+
+
+def available_memory_bytes() -> int:
+    """The memory this process can still take: ``MemAvailable`` (the figure ``replay --real-bytes`` checks,
+    ``quillcache.harness.replay.available_ram_bytes``), lowered to what a cgroup memory limit leaves when
+    one applies; 0 when neither is known."""
+    from quillcache.harness.replay import available_ram_bytes
+
+    have = available_ram_bytes()
+    room = _cgroup_room()
+    return room if room is not None and (not have or room < have) else have
+
+
+def memory_problem(what: str, need_bytes: int, lower: str) -> str | None:
+    """Why a command cannot hold ``need_bytes`` (``what``: the flags that ask for them, e.g. "--dram x --nodes
+    4"), or None: more than ``MEMORY_SHARE`` of ``available_memory_bytes()`` is refused, before anything is
+    allocated; ``lower`` says which flag to lower."""
+    have = available_memory_bytes()
+    if not have or need_bytes <= MEMORY_SHARE * have:
+        return None
+    gib = 1 << 30
+    return (f"{what} needs {need_bytes / gib:,.1f} GiB of memory but this machine has {have / gib:,.1f} GiB "
+            f"available (a command takes at most {MEMORY_SHARE:.0%} of it); lower {lower}")

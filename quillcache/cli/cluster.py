@@ -3,7 +3,8 @@
 - ``quillcache cluster up --nodes N [--dram SIZE] [--ssd] [--etcd] [--dir D] [--client-ttl-s S]
   [--lease-ttl-s S]``: a :class:`~quillcache.pool.cluster.LocalCluster` (a master and N node processes on
   127.0.0.1, N at most ``MAX_NODES``); a bad flag (a SIZE not a multiple of 4096, a TTL out of the master's
-  range, a ``--dir`` that is a file) is refused with one line and exit 2 before anything starts; prints one
+  range, a ``--dir`` that is a file, ``--dram`` x ``--nodes`` above what this machine has available: every node
+  maps and touches its DRAM at start) is refused with one line and exit 2 before anything starts; prints one
   JSON line (master address, nodes with their addresses, base dir, the transfer secret's environment
   variable name) and runs until Ctrl-C, SIGTERM or SIGHUP, then stops every child and removes the temporary
   base dir (exit 0). The same signals during startup stop what was started, say so, and exit 130 / 128 + the
@@ -39,7 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--nodes", type=argtypes.int_in_range(1, MAX_NODES), default=3,
                     help=f"number of node processes, 1..{MAX_NODES} (default 3)")
     up.add_argument("--dram", type=argtypes.size_arg, default=256 << 20, metavar="SIZE",
-                    help="DRAM per node, a multiple of 4096 bytes (default 256MiB)")
+                    help="DRAM per node, a multiple of 4096 bytes (default 256MiB); --dram x --nodes at most 75%% "
+                         "of the memory available (MemAvailable, or a cgroup's limit)")
     up.add_argument("--ssd", action="store_true", help="give every node an SSD tier under --dir")
     up.add_argument("--etcd", action="store_true", help="start an etcd and register the nodes in it")
     up.add_argument("--dir", help="base directory, created when missing and kept afterwards (logs, master data, "
@@ -77,6 +79,10 @@ def _up(args) -> int:
     from quillcache.cli.signals import describe, exit_status
     from quillcache.pool.cluster import ClusterError, LocalCluster
 
+    problem = argtypes.memory_problem(f"--dram x --nodes {args.nodes}", args.nodes * args.dram, "--dram or --nodes")
+    if problem:  # every node maps and touches its --dram at start
+        print(f"quillcache cluster up: {problem}", file=sys.stderr)
+        return 2
     if args.dir is not None:
         problem = argtypes.directory_problem("--dir", args.dir)  # (creates a missing one, as start would)
         if problem:

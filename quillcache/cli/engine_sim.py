@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import argparse
 
+from quillcache.cli.argtypes import MAX_COUNT
+
 DESCRIPTION = ("A STAND-IN engine, not a GPU engine: OpenAI-compatible /v1/completions and /v1/chat/completions "
                "(streaming), a hash-chained LRU block cache whose TTFT grows with uncached tokens through the "
                "engine model, vLLM-format KV events over ZeroMQ, vllm:* metrics and fault knobs.")
 
 
 def _num(kind, lo: float, hi: float | None = None):
+    """A converter for a number in ``[lo, hi]``; an integer flag without ``hi`` stops at ``MAX_COUNT`` (a
+    larger one overflowed a C size: ``--kv-events-buffer-steps 10**21`` was an OverflowError naming no flag)."""
+    if hi is None and kind is int:
+        hi = MAX_COUNT
+
     def parse(text: str):
         try:
             value = kind(text)

@@ -14,6 +14,9 @@ link kept. Bad parameters or an unwritable path: a one-line message on stderr an
 traceback; a refused value is named by the flag typed (``FLAGS``: every option's config field). Every
 line is checked with the loader's own line check before the file is written, so gen-trace never
 writes a trace (nor an empty one) that ``replay``/``hitrate`` would refuse: such knobs are refused.
+A trace is built in memory whole: ``--sessions``/``--requests`` stop at ``MAX_TRACE_REQUESTS``, ``--tenants``
+at ``MAX_TENANTS``, and the generation stops (exit 2, one line naming the flags) once the trace would take
+more than ``argtypes.MEMORY_SHARE`` of the memory available; a ``MemoryError`` all the same is one line too.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ _EPILOG = """examples:
   quillcache gen-trace sessions --out sessions.jsonl --sessions 2000 --seed 1
   quillcache gen-trace sessions --out s.jsonl --requests 10000 --tenants 32 --mean-turns 6
   quillcache gen-trace collision --out adv.jsonl --mix adversarial --requests 5000
-then: quillcache replay sessions.jsonl"""
+then: quillcache replay sessions.jsonl
+
+limits: a trace is built in memory before it is written: --sessions and --requests are at most {requests:,},
+--tenants at most {tenants:,}, and a trace that would take more than {share:.0%} of the memory available
+(about 12 KB a sessions request at the defaults; longer prompts and more turns take more) is refused."""
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -51,7 +58,10 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``sessions`` and ``collision`` sub-commands and their options to ``parser``."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = _EPILOG
+    from quillcache.cli.argtypes import MEMORY_SHARE
+    from quillcache.traces.sessions import MAX_TENANTS, MAX_TRACE_REQUESTS
+
+    parser.epilog = _EPILOG.format(requests=MAX_TRACE_REQUESTS, tenants=MAX_TENANTS, share=MEMORY_SHARE)
     sub = parser.add_subparsers(dest="workload", required=True, metavar="{sessions,collision}")
     s = sub.add_parser("sessions", help="multi-tenant multi-turn sessions with shared system prompts",
                        description="Multi-tenant, multi-turn chat sessions with shared system prompts "
@@ -59,10 +69,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        formatter_class=_Formatter)
     _common(s)
     size = s.add_mutually_exclusive_group()
-    size.add_argument("--sessions", type=int, default=None, metavar="N", help="number of sessions, all turns (default 1000)")
-    size.add_argument("--requests", type=int, default=None, metavar="N", help="exactly the first N requests by arrival instead")
+    size.add_argument("--sessions", type=int, default=None, metavar="N",
+                      help=f"number of sessions, all turns (default 1000, at most {MAX_TRACE_REQUESTS:,})")
+    size.add_argument("--requests", type=int, default=None, metavar="N",
+                      help=f"exactly the first N requests by arrival instead (at most {MAX_TRACE_REQUESTS:,})")
     s.add_argument("--block-tokens", type=int, default=16, metavar="N", help="tokens per hash_ids block")
-    s.add_argument("--tenants", type=int, default=None, metavar="N", help="number of tenants (default 8)")
+    s.add_argument("--tenants", type=int, default=None, metavar="N",
+                   help=f"number of tenants (default 8, at most {MAX_TENANTS:,})")
     s.add_argument("--tenant-skew", type=float, default=0.8, metavar="X", help="Zipf exponent of tenant popularity")
     s.add_argument("--adapter-fraction", type=float, default=0.25, metavar="X",
                    help="tenants that serve a LoRA adapter")
@@ -84,10 +97,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        description="The collision workload of the safety study (quillcache.traces.collision).",
                        formatter_class=_Formatter)
     _common(c)
-    c.add_argument("--requests", type=int, default=10_000, metavar="N", help="number of requests")
+    c.add_argument("--requests", type=int, default=10_000, metavar="N",
+                   help=f"number of requests (at most {MAX_TRACE_REQUESTS:,})")
     c.add_argument("--mix", default="realistic", help="realistic or adversarial")
     c.add_argument("--block-tokens", type=int, default=16, metavar="N", help="tokens per hash_ids block")
-    c.add_argument("--tenants", type=int, default=None, metavar="N", help="number of tenants (default 16)")
+    c.add_argument("--tenants", type=int, default=None, metavar="N",
+                   help=f"number of tenants (default 16, at most {MAX_TENANTS:,})")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -100,6 +115,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 # --tenants left out: the workload's own default, which may exceed a small trace's requests (only a
 # number the user typed is refused for that, see _tenant_problem)
 DEFAULT_TENANTS = {"sessions": 8, "collision": 16}
+
+
+def _memory_budget() -> int | None:
+    """The bytes a trace may take in memory (``argtypes.MEMORY_SHARE`` of what is available), None if unknown."""
+    from quillcache.cli.argtypes import MEMORY_SHARE, available_memory_bytes
+
+    have = available_memory_bytes()
+    return int(MEMORY_SHARE * have) if have else None
 
 
 def _generate(args: argparse.Namespace) -> tuple[list, str]:
@@ -119,14 +142,14 @@ def _generate(args: argparse.Namespace) -> tuple[list, str]:
             output_tokens_mean=args.output_tokens, session_rate_per_s=args.session_rate,
             max_input_tokens=args.max_input_tokens, kv_dtype=args.kv_dtype,
         )
-        reqs = sessions.generate(cfg)
+        reqs = sessions.generate(cfg, max_bytes=_memory_budget())
         n_sessions = len({r.session_id for r in reqs})
         return reqs, f"{len(reqs)} requests of {n_sessions} sessions, {len({r.tenant for r in reqs})} tenants"
     from quillcache.traces import collision
 
     cfg = collision.CollisionConfig(mix=args.mix, num_requests=args.requests, seed=args.seed,
                                     block_size_tokens=args.block_tokens, num_tenants=tenants)
-    reqs = collision.generate(cfg)
+    reqs = collision.generate(cfg, max_bytes=_memory_budget())
     return reqs, f"{len(reqs)} {args.mix} collision requests, {len({r.tenant for r in reqs})} tenants"
 
 
@@ -238,6 +261,11 @@ def run(args: argparse.Namespace) -> int:
             _write(reqs, args.workload, target)  # a line the loader would refuse: TraceError, nothing written
         except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: a safety net, knobs are bounded
             print(f"{prog}: {_flagged(str(exc))}", file=sys.stderr)
+            return 2
+        except MemoryError:  # a safety net under the memory budget (another process took the memory meanwhile)
+            size = "--requests" if args.workload == "collision" or args.requests is not None else "--sessions"
+            print(f"{prog}: out of memory while generating the trace; lower {size}; nothing was written to {out}",
+                  file=sys.stderr)
             return 2
     except KeyboardInterrupt as exc:
         print(f"{prog}: {describe(exc)}; nothing was written to {out} (it is as it was)", file=sys.stderr)

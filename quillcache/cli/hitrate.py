@@ -22,7 +22,9 @@ until all are, and a file of the set this run does not produce (an earlier run's
 failed write (exit status 2) leaves ``--out`` with the previous run's files as they were, a signal
 during the renames takes effect once this run's complete set is in place, and other
 files in ``--out`` are never touched; only a process killed outright mid-rename can leave a mix (and
-a ``.hitrate-*`` temporary folder). ``lru`` and ``belady`` (the offline bound) always run: the gap
+a ``.hitrate-*`` temporary folder). With ``--on-error skip`` the malformed lines skipped are a
+``lines_skipped`` row of ``summary.csv`` (none when no line was skipped) and one line on stderr, ``--quiet`` or not.
+``lru`` and ``belady`` (the offline bound) always run: the gap
 needs both.
 ``--bounds`` adds two offline bounds after them (``quillcache.hitrate.bounds``): ``reuse_oracle``,
 an LRU that knows which blocks will be referenced again, never when; and ``timing_oracle``, Belady
@@ -99,7 +101,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT}/<trace stem>/)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
-                   help="a malformed trace line: stop naming it (default) or skip it (counted in the output)")
+                   help="a malformed trace line: stop naming it (default) or skip it (counted on stderr, also with "
+                        "--quiet, and as the lines_skipped row of summary.csv)")
     p.add_argument("--bounds", action="store_true",
                    help="also run the reuse oracle (offline: knows which blocks are referenced again, never when), "
                         "the timing oracle (offline: knows which, and when as roughly as 'the same gap as the "
@@ -340,12 +343,14 @@ def with_bounds(df, arrs, block_tokens: int, flip_rates: Sequence[float] = ()):
     return with_gap_closed(pd.concat([df.drop(columns="gap_closed"), extra], ignore_index=True)), note
 
 
-def _tidy_rows(df, trace: str, block_tokens: int) -> list:
+def _tidy_rows(df, trace: str, block_tokens: int, lines_skipped: int = 0) -> list:
     import pandas as pd
 
     from quillcache.results import SummaryRow
 
-    rows = []
+    # first: the malformed lines --on-error skip left out of every figure below (a row only when there are)
+    rows = [SummaryRow(metric="lines_skipped", subject="trace", value=float(lines_skipped), unit="count",
+                       params={"trace": trace, "block_tokens": block_tokens})] if lines_skipped else []
     for r in df.itertuples(index=False):
         cap = None if pd.isna(r.capacity_blocks) else int(r.capacity_blocks)
         params = {"trace": trace, "block_tokens": block_tokens, **({} if cap is None else {"capacity_blocks": cap})}
@@ -369,7 +374,7 @@ def _tidy_rows(df, trace: str, block_tokens: int) -> list:
 RESULT_FILES = ("hitrate.csv", "summary.csv", "meta.json", "anchors.csv", "hitrate.parquet", "anatomy.csv")
 
 
-def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None) -> list[Path]:
+def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None, lines_skipped: int = 0) -> list[Path]:
     """Write the run's files under ``out`` as one set (``quillcache.cli.resultset``: staged in a
     temporary folder inside ``out``, renamed into place with Ctrl-C and the stop signals held off
     until all are, a file of ``RESULT_FILES`` this run does not produce removed) and return their
@@ -381,7 +386,8 @@ def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None) ->
     def stage_files(stage: Path) -> dict[str, Path]:
         staged = {"hitrate.csv": stage / "hitrate.csv"}
         df.to_csv(staged["hitrate.csv"], index=False)
-        summary = write_summary(out.resolve().name, _tidy_rows(df, trace, block_tokens), stage, profile="custom")
+        summary = write_summary(out.resolve().name, _tidy_rows(df, trace, block_tokens, lines_skipped), stage,
+                                profile="custom")
         staged["summary.csv"], staged["meta.json"] = summary, summary.parent / "meta.json"
         try:
             import pyarrow  # noqa: F401
@@ -474,8 +480,13 @@ def run(args: argparse.Namespace) -> int:
         requests, report = load_trace_report(trace, limit=args.limit, on_error=args.on_error)
     except TraceError as exc:
         return _fail(str(exc))
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP while reading the trace
+        print(f"quillcache hitrate: {describe(exc)} while reading {trace}; no results were written under {out}",
+              file=sys.stderr)
+        return exit_status(exc)
     if not requests:
-        return _fail(f"{trace}: no requests to replay")
+        return _fail(f"{trace}: no requests to replay" + (f" ({report.num_skipped:,} malformed line(s) skipped, "
+                                                          f"--on-error skip)" if report.skipped else ""))
     sizes = {q.block_tokens for q in requests}
     if len(sizes) > 1:
         return _fail(f"{trace}: lines use different block sizes {sorted(sizes)}; one trace needs one block size")
@@ -512,9 +523,13 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         print(f"quillcache hitrate: {describe(exc)}; no results were written under {out}", file=sys.stderr)
         return exit_status(exc)
-    paths, status = write_reported("hitrate", out, lambda: write_results(out, df, trace.stem, block_tokens, anat))
+    paths, status = write_reported("hitrate", out, lambda: write_results(out, df, trace.stem, block_tokens, anat,
+                                                                         report.num_skipped))
     if status is not None:
         return status
+    if report.skipped:  # stderr, --quiet or not: a result set missing part of its trace says so
+        print(f"quillcache hitrate: {report.num_skipped:,} malformed trace line(s) skipped (--on-error skip; "
+              f"the lines_skipped row of summary.csv)", file=sys.stderr)
     if not args.quiet:
         note = "\n".join(x for x in (report.summary() if report.skipped else "", bounds_note) if x)
         _print_table(df, f"quillcache hitrate: {trace.name}, {arrs.num_requests:,} requests, {arrs.num_refs:,} "

@@ -56,11 +56,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"quillcache {quillcache.__version__} (numpy {numpy.__version__})")
     ok = True
     for name in fast_modules():
-        try:
+        try:  # only the import: an error printing (a closed pipe) is not the module's
             importlib.import_module(name)
-            print(f"  {name}: ok")
         except Exception as exc:  # report, do not crash
             ok = False
             why = _not_built(name) or f"{type(exc).__name__}: {exc}"
             print(f"  {name}: NOT AVAILABLE ({why})")
+        else:
+            print(f"  {name}: ok")
     return 0 if ok else 1

@@ -6,6 +6,9 @@ HA mode adds ``--etcd HOST:PORT --name NAME --candidate ID --ttl-s 5``. Prints o
 ``{"address", "stream_address", "pid", "role", "epoch"}`` when serving or standing by; logs go to stderr; SIGTERM stops it.
 Every duration flag (``*-s``) takes seconds in (0, ``MAX_DURATION_S``] (one day; ``--warmup-s`` and
 ``--restart-budget-s`` also 0); anything else, 0 for a TTL included, is refused with exit 2 naming the flag.
+Conflicting flags are refused with one line naming both (exit 2): ``--no-stream`` with ``--stream-port``,
+``--port`` equal to a non-zero ``--stream-port``, and the HA flags (``--name``, ``--candidate``, ``--ttl-s``,
+``--prefix``, ``--warmup-s``, ``--log-margin``) without ``--etcd``.
 A data dir serves one master at a time: a second master on it is refused (exit 1, naming the holder's pid).
 See :mod:`quillcache.master.server` and :mod:`quillcache.master.ha`.
 """
@@ -39,13 +42,33 @@ def _up_to(high: float):
     return convert
 
 
+# the HA flags' values when not typed (default None in the parser, so that one typed without --etcd is seen)
+HA_DEFAULTS = {"name": "master", "ttl_s": 5, "prefix": "/quillcache", "warmup_s": 0.5, "log_margin": 10_000}
+
+
+def _flag_problem(args: argparse.Namespace) -> str | None:
+    """Flags that contradict each other, said naming both, or None; fills in the defaults left as None."""
+    if args.no_stream and args.stream_port is not None:
+        return f"--no-stream and --stream-port {args.stream_port} contradict each other: give one of them"
+    if args.stream_port and args.stream_port == args.port:
+        return f"--port and --stream-port are both {args.port}: the two transports need two ports (or 0: free ones)"
+    typed = [f"--{name.replace('_', '-')}" for name in ("candidate", *HA_DEFAULTS) if getattr(args, name) is not None]
+    if not args.etcd and typed:
+        return f"{', '.join(typed)} need{'s' if len(typed) == 1 else ''} --etcd (HA mode)"
+    args.stream_port = None if args.no_stream else args.stream_port or 0
+    for name, value in HA_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return None
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="directory of the operation log, snapshots and index")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=argtypes.port, default=0, help="port to listen on (default 0: a free one)")
-    parser.add_argument("--stream-port", type=argtypes.port, default=0,
+    parser.add_argument("--stream-port", type=argtypes.port, default=None,
                         help="port of the plain-TCP transport (qtcp://, which MasterClient prefers; "
-                             "default 0: a free one)")
+                             "default 0: a free one; not with --no-stream, nor the same as --port)")
     parser.add_argument("--stream-spin-us", type=_up_to(MAX_STREAM_SPIN_US), default=100.0,
                         help="microseconds a plain-TCP connection's thread polls for the next request before it "
                              f"sleeps (default 100; 0: never poll; at most {MAX_STREAM_SPIN_US:.0f}; see "
@@ -54,19 +77,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds a plain-TCP connection may go without a request (or stall in one) before the "
                              "server closes it; clients reconnect transparently (default 60: "
                              "quillcache.rpc.stream.DEFAULT_IDLE_TIMEOUT_S)")
-    parser.add_argument("--no-stream", dest="stream_port", action="store_const", const=None,
-                        help="serve ZeroMQ only (no plain-TCP transport)")
-    ha = parser.add_argument_group("high availability (etcd)")
+    parser.add_argument("--no-stream", action="store_true",
+                        help="serve ZeroMQ only (no plain-TCP transport; not with --stream-port)")
+    ha = parser.add_argument_group("high availability (etcd)", "every flag here but --etcd needs --etcd")
     ha.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint: run as one candidate of an HA group")
-    ha.add_argument("--name", default="master", help="the HA group's name (default 'master')")
+    ha.add_argument("--name", default=None, help=f"the HA group's name (default {HA_DEFAULTS['name']!r})")
     ha.add_argument("--candidate", help="this candidate's id (default HOSTNAME-PID)")
-    ha.add_argument("--ttl-s", type=argtypes.int_in_range(1, int(MAX_DURATION_S)), default=5,
-                    help="leader lease TTL in seconds (default 5)")
-    ha.add_argument("--prefix", default="/quillcache", help="etcd key prefix (default /quillcache)")
-    ha.add_argument("--warmup-s", type=_up_to(MAX_DURATION_S), default=0.5,
-                    help="wait after winning the election before serving (default 0.5; see quillcache.master.ha)")
-    ha.add_argument("--log-margin", type=argtypes.positive_int, default=10_000,
-                    help="log records kept in etcd below the leader's last snapshot (default 10000)")
+    ha.add_argument("--ttl-s", type=argtypes.int_in_range(1, int(MAX_DURATION_S)), default=None,
+                    help=f"leader lease TTL in seconds (default {HA_DEFAULTS['ttl_s']})")
+    ha.add_argument("--prefix", default=None, help=f"etcd key prefix (default {HA_DEFAULTS['prefix']})")
+    ha.add_argument("--warmup-s", type=_up_to(MAX_DURATION_S), default=None,
+                    help=f"wait after winning the election before serving (default {HA_DEFAULTS['warmup_s']}; see "
+                         f"quillcache.master.ha)")
+    ha.add_argument("--log-margin", type=argtypes.positive_int, default=None,
+                    help=f"log records kept in etcd below the leader's last snapshot (default "
+                         f"{HA_DEFAULTS['log_margin']})")
     parser.add_argument("--snapshot-every-records", type=argtypes.positive_int, default=None,
                         help="snapshot after this many log records (default: MasterConfig's)")
     parser.add_argument("--restart-budget-s", type=_up_to(MAX_DURATION_S), default=None,
@@ -97,8 +122,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    if not args.etcd and (args.candidate is not None):
-        print("quillcache master: --candidate needs --etcd (HA mode)", file=sys.stderr)
+    problem = _flag_problem(args)
+    if problem:
+        print(f"quillcache master: {problem}", file=sys.stderr)
         return 2
     if args.etcd:
         from quillcache.cluster.client import parse_endpoint

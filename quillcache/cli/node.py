@@ -6,7 +6,8 @@
 The transfer secret comes from ``QUILLCACHE_TRANSFER_SECRET`` (at least 16 bytes). Prints ONE JSON line when
 serving: ``{"node_id", "segment_id", "transfer", "control", "pid"}``; logs go to stderr; SIGTERM/SIGINT stop it
 cleanly (it unmounts), exit 0. Bad flags, a missing or short secret, an ``--ssd`` that is not a directory (or
-cannot be made one): one line naming it, exit 2, before anything starts.
+cannot be made one), a ``--dram`` above what this machine has available (``argtypes.memory_problem``: the
+segment is mapped and touched at start): one line naming it, exit 2, before anything starts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", required=True, type=argtypes.address, metavar="ADDR",
                         help="the master's address (tcp://HOST:PORT)")
     parser.add_argument("--dram", required=True, type=argtypes.size_arg, metavar="SIZE",
-                        help="DRAM to contribute, a multiple of 4096 bytes, e.g. 1GiB")
+                        help="DRAM to contribute, a multiple of 4096 bytes, e.g. 1GiB; at most 75%% of the memory "
+                             "available (MemAvailable, or a cgroup's limit): it is allocated and touched at start")
     parser.add_argument("--ssd", metavar="DIR",
                         help="SSD tier directory, created when missing (write-behind; re-announced at restart)")
     parser.add_argument("--ssd-size", type=argtypes.size_arg, metavar="SIZE",
@@ -90,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"quillcache node: --etcd: {e}", file=sys.stderr)
             return 2
+    problem = argtypes.memory_problem("--dram", args.dram, "--dram")
+    if problem:
+        print(f"quillcache node: {problem}", file=sys.stderr)
+        return 2
     if args.ssd is not None:
         problem = argtypes.directory_problem("--ssd", args.ssd)  # (creates a missing one, as the node would)
         if problem:

@@ -14,6 +14,10 @@ run's ``pool.csv``) removed; a failed write leaves the previous set as it was. C
 exit status 130 and writes nothing (one during the renames takes effect once this run's set is in
 place); SIGTERM and SIGHUP do the same with exit status 128 + the signal, and with ``--cluster``
 every node and master process is stopped and the pool's temporary folder removed first.
+With ``--on-error skip``, what was not replayed (``SKIP_COLUMNS``: malformed lines, requests larger than
+an engine's GPU KV, requests with an empty prompt) is a column of ``replay.csv``, a row of ``summary.csv``
+and one line on stderr, ``--quiet`` or not; a run that replays no request at all is an error (exit 2,
+nothing written).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 from quillcache.cli.argtypes import MAX_COUNT
 from quillcache.cli.resultset import write_reported, write_result_set
 
-__all__ = ["MAX_DRAM_BLOCKS", "RESULT_FILES", "configure", "run", "write_results"]
+__all__ = ["MAX_DRAM_BLOCKS", "RESULT_FILES", "SKIP_COLUMNS", "configure", "run", "write_results"]
 
 # --capacity-blocks, per node: far above any trace's distinct blocks, and small enough that setting up
 # the DRAM tier (linear in its bytes, also when it only accounts) stays quick; the other capacities
@@ -42,6 +46,8 @@ DEFAULT_OUT = Path("results") / "replay"
 # every file a replay writes under --out (a run replaces them as one set; write_results)
 RESULT_FILES = ("requests.csv", "replay.csv", "pool.csv", "summary.csv", "meta.json", "anchors.csv",
                 "requests.parquet", "replay.parquet")
+# what a run did not replay, written as columns of replay.csv and rows of summary.csv (0 when nothing was)
+SKIP_COLUMNS = ("lines_skipped", "requests_skipped_oversize", "requests_skipped_empty")
 
 EPILOG = """\
 examples:
@@ -96,14 +102,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="a JSON-Lines trace (Mooncake format or the project's generated schemas)")
     p.add_argument("--policy", default=d.policy, help=f"eviction policy of every tier: {', '.join(REPLAY_POLICIES)} "
                                                       f"(default {d.policy})")
-    p.add_argument("--capacity-blocks", type=int, default=d.dram_capacity_blocks,
-                   help=f"DRAM capacity per node, in blocks (default {d.dram_capacity_blocks})")
-    p.add_argument("--ssd-capacity-blocks", type=int, default=d.ssd_capacity_blocks,
-                   help=f"SSD capacity per node, in blocks; 0 = no SSD tier (default {d.ssd_capacity_blocks})")
+    p.add_argument("--capacity-blocks", type=int, default=None,
+                   help=f"DRAM capacity per node, in blocks (default {d.dram_capacity_blocks}; not with "
+                        f"--dram-capacity-bytes)")
+    p.add_argument("--ssd-capacity-blocks", type=int, default=None,
+                   help=f"SSD capacity per node, in blocks; 0 = no SSD tier (default {d.ssd_capacity_blocks}; not "
+                        f"with --ssd-capacity-bytes)")
     p.add_argument("--dram-capacity-bytes", type=int, default=None,
-                   help="DRAM byte budget per node (default: --capacity-blocks 16-bit blocks)")
+                   help="DRAM byte budget per node (default: --capacity-blocks 16-bit blocks; not with "
+                        "--capacity-blocks)")
     p.add_argument("--ssd-capacity-bytes", type=int, default=None,
-                   help="SSD byte budget per node; 0 = no SSD tier (default: --ssd-capacity-blocks 16-bit blocks)")
+                   help="SSD byte budget per node; 0 = no SSD tier (default: --ssd-capacity-blocks 16-bit blocks; "
+                        "not with --ssd-capacity-blocks)")
     p.add_argument("--kv-codec", default=d.kv_codec,
                    help=f"codec of the DRAM and SSD tiers: {', '.join(TIER_CODECS)} (default {d.kv_codec}: none)")
     p.add_argument("--gpu-capacity-blocks", type=int, default=None,
@@ -114,7 +124,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--on-error", choices=("stop", "skip"), default="stop",
                    help="a malformed trace line, or a request larger than an engine's GPU KV capacity: stop "
-                        "naming it (default) or skip it (counted in the output)")
+                        "naming it (default) or skip it (counted on stderr, also with --quiet, and in replay.csv "
+                        "and summary.csv; replaying no request at all is an error)")
     p.add_argument("--slo-ttft-s", type=float, default=d.ttft_slo_s,
                    help=f"TTFT SLO in seconds for goodput (default {d.ttft_slo_s})")
     p.add_argument("--model", default=d.model, help=f"model profile: {', '.join(sorted(MODELS))} (default {d.model})")
@@ -171,8 +182,23 @@ def _write_csv(path: Path, rows: list[dict[str, object]], columns: list[str]) ->
         w.writerows(rows)
 
 
-def write_results(out: Path, result) -> list[Path]:
-    """``requests.csv`` (one row per request), ``replay.csv`` (the summary as one wide row),
+def _skips(result, lines_skipped: int) -> dict[str, int]:
+    """``SKIP_COLUMNS``: the malformed lines the loader skipped and the requests the replay did not run."""
+    return dict(zip(SKIP_COLUMNS, (lines_skipped, result.skipped_oversize, result.skipped_empty), strict=True))
+
+
+def _skip_line(skips: dict[str, int]) -> str:
+    """The one line saying what ``--on-error skip`` (or an empty prompt) left out, or "" when nothing was."""
+    said = [f"{n:,} {what}" for n, what in zip(skips.values(), (
+        "malformed trace line(s) skipped (--on-error skip)",
+        "request(s) larger than an engine's GPU KV capacity skipped (--on-error skip)",
+        "request(s) with an empty prompt not replayed"), strict=True) if n]
+    return "; ".join(said)
+
+
+def write_results(out: Path, result, lines_skipped: int = 0) -> list[Path]:
+    """``requests.csv`` (one row per request), ``replay.csv`` (the summary as one wide row, then the
+    ``SKIP_COLUMNS``; ``lines_skipped`` is the loader's count of malformed lines),
     ``pool.csv`` (with ``--cluster``) and ``summary.csv`` + ``meta.json`` in the project's results
     schema, so ``quillcache.results.read_summary`` reads it (+ Parquet twins when pyarrow imports),
     written as one set (``quillcache.cli.resultset``: staged, renamed into place with Ctrl-C and the
@@ -182,7 +208,7 @@ def write_results(out: Path, result) -> list[Path]:
     from quillcache.results import write_summary
 
     req_rows = [r.as_dict() for r in result.rows]
-    summ = result.summary.as_dict()
+    summ = {**result.summary.as_dict(), **_skips(result, lines_skipped)}
 
     def stage_files(stage: Path) -> dict[str, Path]:
         staged = {"requests.csv": stage / "requests.csv", "replay.csv": stage / "replay.csv"}
@@ -192,7 +218,7 @@ def write_results(out: Path, result) -> list[Path]:
             pool = result.pool.as_dict()
             staged["pool.csv"] = stage / "pool.csv"
             _write_csv(staged["pool.csv"], [pool], list(pool))
-        summary = write_summary(out.resolve().name, _tidy_rows(result), stage, profile="custom")
+        summary = write_summary(out.resolve().name, _tidy_rows(result, summ), stage, profile="custom")
         staged["summary.csv"], staged["meta.json"] = summary, summary.parent / "meta.json"
         try:
             import pandas as pd
@@ -274,12 +300,19 @@ UNKNOWN_NAME_FLAGS = {"unknown model ": "--model", "unknown GPU ": "--gpu", "unk
                       "unknown policy ": "--policy"}
 
 
+# the replay's messages about a value a flag gave, by how they start -> that flag
+MESSAGE_FLAGS = {**UNKNOWN_NAME_FLAGS, "a DRAM capacity of ": "--dram-capacity-bytes",
+                 "a SSD capacity of ": "--ssd-capacity-bytes"}
+
+
 def _flagged(msg: str) -> str:
-    """A ReplayConfig message with its field names (``ttft_slo_s=...``) replaced by the flags, and an unknown
-    name's message led by its flag (``--router: unknown router 'x'; ...``)."""
+    """A ReplayConfig (or replay) message with its field names (``ttft_slo_s=...``, ``on_oversize='skip'``)
+    replaced by the flags, and a message about one flag's value led by that flag (``--router: unknown router
+    'x'; ...``, ``--dram-capacity-bytes: a DRAM capacity of 1 bytes holds no block ...``)."""
     for field, flag in FLAGS.items():
         msg = msg.replace(f"{field}=", f"{flag}=")
-    flag = next((f for prefix, f in UNKNOWN_NAME_FLAGS.items() if msg.startswith(prefix)), None)
+    msg = msg.replace("on_oversize='skip' (--on-error skip)", "--on-error skip")
+    flag = next((f for prefix, f in MESSAGE_FLAGS.items() if msg.startswith(prefix)), None)
     return f"{flag}: {msg}" if flag else msg
 
 
@@ -360,12 +393,13 @@ def _out_problem(out: Path, names: Sequence[str]) -> str | None:
     return None
 
 
-def _tidy_rows(result) -> list:
+def _tidy_rows(result, summ: dict | None = None) -> list:
     """The replay's measured figures in the results schema (``quillcache.results``): one row per
-    metric, the configuration as typed parameter columns."""
+    metric (``summ``: the summary row as written to replay.csv, skip counts included), the
+    configuration as typed parameter columns."""
     from quillcache.results import SummaryRow
 
-    s = result.summary.as_dict()
+    s = result.summary.as_dict() if summ is None else summ
     params = {k: s[k] for k in ("engines", "router", "policy", "model", "gpu", "account_bytes", "block_tokens",
                                 "gpu_capacity_blocks", "dram_capacity_blocks", "ssd_capacity_blocks", "requests",
                                 "kv_codec", "tier_block_bytes", "dram_capacity_bytes", "ssd_capacity_bytes")}
@@ -375,7 +409,7 @@ def _tidy_rows(result) -> list:
         if k in params or isinstance(v, (str, bool)) or k == "slo_ttft_s":
             continue
         unit = next((u for suffix, u in units.items() if k.endswith(suffix) or suffix in k), "")
-        unit = "bytes" if k.startswith("bytes_") else unit or "count"
+        unit = "count" if k in SKIP_COLUMNS else "bytes" if k.startswith("bytes_") else unit or "count"
         rows.append(SummaryRow(metric=k, subject=f"{s['router']}/{s['policy']}", value=float(v), unit=unit,
                                params={**params, "slo_ttft_s": float(s["slo_ttft_s"])}))
     if result.pool is not None and result.pool.real_bytes:  # --cluster: what the real pool moved
@@ -413,6 +447,16 @@ def run(args: argparse.Namespace) -> int:
     from quillcache.store.tier_codec import check_tier_codec
     from quillcache.traces.loader import TraceError, load_trace_report
 
+    d = ReplayConfig()
+    for blocks, size in (("--capacity-blocks", "--dram-capacity-bytes"), ("--ssd-capacity-blocks",
+                                                                         "--ssd-capacity-bytes")):
+        given = [getattr(args, f[2:].replace("-", "_")) for f in (blocks, size)]
+        if None not in given:  # the byte budget would win silently
+            return _fail(f"{blocks} {given[0]} and {size} {given[1]} both size the same tier: give one of them")
+    if args.capacity_blocks is None:
+        args.capacity_blocks = d.dram_capacity_blocks
+    if args.ssd_capacity_blocks is None:
+        args.ssd_capacity_blocks = d.ssd_capacity_blocks
     for flag, v, lo, hi in (("--capacity-blocks", args.capacity_blocks, 1, MAX_DRAM_BLOCKS),
                             ("--ssd-capacity-blocks", args.ssd_capacity_blocks, 0, MAX_COUNT),
                             ("--gpu-capacity-blocks", args.gpu_capacity_blocks, 1, MAX_COUNT),
@@ -464,6 +508,13 @@ def run(args: argparse.Namespace) -> int:
         requests, report = load_trace_report(trace, limit=args.limit, on_error=args.on_error)
     except TraceError as exc:
         return _fail(str(exc))
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP while reading the trace
+        print(f"quillcache replay: {describe(exc)} while reading {trace}; no results were written under {out}",
+              file=sys.stderr)
+        return exit_status(exc)
+    if not requests:  # every line malformed and skipped: say so before the replay's own "no requests"
+        return _fail(f"{trace}: no request to replay ({report.num_skipped:,} malformed line(s) skipped, "
+                     f"--on-error skip); nothing was written")
     problem = _clock_problem(requests, args.time_scale)
     if problem:
         return _fail(problem)
@@ -493,9 +544,14 @@ def run(args: argparse.Namespace) -> int:
         return _fail(_flagged(str(exc)))
     except ClusterError as exc:  # a node or the master did not start
         return _fail(f"--cluster {args.cluster}: the pool did not start: {str(exc).splitlines()[0]}")
-    paths, status = write_reported("replay", out, lambda: write_results(out, result))
+    skips = _skips(result, report.num_skipped)
+    if not result.summary.requests:
+        return _fail(f"{trace}: no request was replayed ({_skip_line(skips)}); nothing was written")
+    paths, status = write_reported("replay", out, lambda: write_results(out, result, report.num_skipped))
     if status is not None:
         return status
+    if _skip_line(skips):  # stderr, --quiet or not: a result set missing part of its trace says so
+        print(f"quillcache replay: {_skip_line(skips)} (counted in replay.csv and summary.csv)", file=sys.stderr)
     if not args.quiet:
         if result.skipped_oversize:
             note = (note + "; " if note else "") + (f"{result.skipped_oversize} request(s) larger than an engine's "

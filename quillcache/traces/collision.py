@@ -28,13 +28,17 @@ the knobs are bounded by the schema's limits (``block_size_tokens <= MAX_BLOCK_T
 ``max_prompt_blocks`` blocks under ``2**31`` tokens, ``mean_interarrival_ms <= MAX_TIMESTAMP_MS``),
 :func:`generate` refuses a stream whose timestamps would pass ``MAX_TIMESTAMP_MS`` and
 :func:`write_jsonl` checks every line before writing any. The adversarial mix needs two tenants or
-more (its cross-tenant attacker is another tenant). :func:`read_jsonl` reads with the loader's file
+more (its cross-tenant attacker is another tenant). A trace is held in memory whole: ``num_requests`` and
+``num_tenants`` are at most the sessions workload's ``MAX_TRACE_REQUESTS`` / ``MAX_TENANTS``, and
+``generate(cfg, max_bytes=B)`` refuses, before generating, a config whose longest prompts would need
+more than ``B`` bytes (:func:`memory_bound`). :func:`read_jsonl` reads with the loader's file
 and line checks plus the collision fields, so it refuses everything ``load_trace`` refuses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
 from collections.abc import Iterable
@@ -48,6 +52,7 @@ from quillcache._mix import splitmix64_array
 from quillcache.identity.scope import make_identity
 from quillcache.traces.loader import TraceError, _decode, parse_line, trace_lines
 from quillcache.traces.schemas import MAX_BLOCK_TOKENS, MAX_TIMESTAMP_MS, SchemaError, check_record
+from quillcache.traces.sessions import MAX_TENANTS, MAX_TRACE_REQUESTS, TraceTooLargeError, trace_bytes
 from quillcache.types import Identity, KvLayout
 
 __all__ = [
@@ -56,6 +61,7 @@ __all__ = [
     "CollisionConfig",
     "CollisionRequest",
     "generate",
+    "memory_bound",
     "read_jsonl",
     "tokens_for",
     "write_jsonl",
@@ -97,6 +103,8 @@ class CollisionConfig:
         for name in ("num_requests", "num_tenants", "num_public_prompts", "public_prompt_blocks", "num_templates",
                      "max_prompt_blocks"):
             check_int(f"CollisionConfig.{name}", getattr(self, name), 1, type_error=ValueError)
+        for name, hi in (("num_requests", MAX_TRACE_REQUESTS), ("num_tenants", MAX_TENANTS)):
+            check_int(f"CollisionConfig.{name}", getattr(self, name), None, hi, type_error=ValueError)
         check_int("CollisionConfig.block_size_tokens", self.block_size_tokens, 1, MAX_BLOCK_TOKENS,
                   type_error=ValueError)
         check_int("CollisionConfig.seed", self.seed, 0, type_error=ValueError)
@@ -222,13 +230,13 @@ def _realistic(cfg: CollisionConfig, rng: random.Random) -> list[CollisionReques
     ids = _Ids()
     tenants = [f"tenant-{t:02d}" for t in range(cfg.num_tenants)]
     deps = _deployments(rng, cfg.num_tenants)
-    weights = [1.0 / (t + 1) ** 0.8 for t in range(cfg.num_tenants)]  # a few big tenants
+    cum_weights = list(itertools.accumulate(1.0 / (t + 1) ** 0.8 for t in range(cfg.num_tenants)))  # a few big
     sessions: list[list[dict]] = [[] for _ in tenants]
     out: list[CollisionRequest] = []
     ts = 0.0
     for _ in range(cfg.num_requests):
         ts += rng.expovariate(1.0 / cfg.mean_interarrival_ms)
-        t = rng.choices(range(cfg.num_tenants), weights)[0]
+        t = rng.choices(range(cfg.num_tenants), cum_weights=cum_weights)[0]  # = weights=, O(log tenants)
         live = sessions[t]
         if live and rng.random() < 0.7:
             s = rng.choice(live)
@@ -271,8 +279,9 @@ _ATTACKS = ("cross-tenant", "cross-adapter", "cross-model", "cross-tokenizer", "
 def _attacker(victim_tenant: str, dep: _Deployment, kind: str, tenants: list[str], rng: random.Random):
     d = _Deployment(dep.model, dep.tokenizer, dep.adapter, dep.kv_dtype)
     tenant = victim_tenant
-    if kind == "cross-tenant":
-        tenant = rng.choice([x for x in tenants if x != victim_tenant])
+    if kind == "cross-tenant":  # = rng.choice of the others, without listing them (the same draw)
+        i = rng.choice(range(len(tenants) - 1))
+        tenant = tenants[i + (i >= int(victim_tenant.removeprefix("tenant-")))]
     elif kind == "cross-adapter":
         d.adapter = rng.choice([a for a in ADAPTERS if a != dep.adapter])
     elif kind == "cross-model":
@@ -315,10 +324,22 @@ def _adversarial(cfg: CollisionConfig, rng: random.Random) -> list[CollisionRequ
     return out
 
 
-def generate(cfg: CollisionConfig) -> list[CollisionRequest]:
-    """The request stream of ``cfg`` (same config and seed -> the same stream)."""
+def memory_bound(cfg: CollisionConfig) -> int:
+    """The most memory ``cfg``'s trace can take until it is written (sessions' ``trace_bytes`` with
+    every request as long as the longest prompt the config allows)."""
+    return trace_bytes(cfg.num_requests, cfg.num_requests * (max(cfg.max_prompt_blocks, 16) + 7))
+
+
+def generate(cfg: CollisionConfig, *, max_bytes: int | None = None) -> list[CollisionRequest]:
+    """The request stream of ``cfg`` (same config and seed -> the same stream). ``max_bytes``: the
+    memory the trace may take; a config whose :func:`memory_bound` is larger is refused up front
+    with :class:`TraceTooLargeError` (None: no budget)."""
     if not isinstance(cfg, CollisionConfig):
         raise TypeError(f"generate() takes a CollisionConfig, got {type(cfg).__name__}")
+    if max_bytes is not None and memory_bound(cfg) > max_bytes:
+        raise TraceTooLargeError(f"{cfg.num_requests:,} requests of up to {max(cfg.max_prompt_blocks, 16) + 7} "
+                                 f"blocks could need {memory_bound(cfg) / 2**30:,.1f} GiB of memory, more than "
+                                 f"{max_bytes / 2**30:,.1f} GiB; lower num_requests")
     rng = random.Random(cfg.seed)
     out = _realistic(cfg, rng) if cfg.mix == "realistic" else _adversarial(cfg, rng)
     longest = max(r.input_length for r in out)

@@ -31,12 +31,18 @@ Invariants (tested):
   trace the loader refuses; :func:`write_jsonl` runs the loader's full line check on every line and
   writes nothing if one fails;
 - a trace is never empty: when no session has a request (every first prompt exceeds
-  ``max_input_tokens``), :func:`generate` raises ``ValueError`` in both size modes.
+  ``max_input_tokens``), :func:`generate` raises ``ValueError`` in both size modes;
+- a trace is held in memory whole: ``num_sessions``, ``num_requests`` and ``num_tenants`` are at most
+  ``MAX_TRACE_REQUESTS`` / ``MAX_TENANTS``, and ``generate(cfg, max_bytes=B)`` stops with
+  :class:`TraceTooLargeError` (a ``ValueError`` naming the knobs) as soon as the requests made so far
+  would need more than ``B`` bytes by ``trace_bytes`` (turns, prompt lengths and block size decide the
+  size of a request, so only a budget checked while generating bounds it).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
 import random
@@ -50,12 +56,31 @@ from quillcache.traces.loader import TraceError, TraceRequest, parse_line
 from quillcache.traces.schemas import MAX_BLOCK_TOKENS, MAX_TIMESTAMP_MS
 from quillcache.types import _KNOWN_DTYPES, KvLayout
 
-__all__ = ["SessionRequest", "SessionsConfig", "generate", "write_jsonl"]
+__all__ = ["MAX_TENANTS", "MAX_TRACE_REQUESTS", "SessionRequest", "SessionsConfig", "TraceTooLargeError", "generate",
+           "trace_bytes", "write_jsonl"]
 
 # (model, tokenizer) of tenant deployments, assigned round-robin
 DEFAULT_MODELS: tuple[tuple[str, str], ...] = (("llama-3-8b", "llama3"), ("qwen2.5-7b", "qwen2.5"))
 MAX_TOKENS = (1 << 31) - 1  # the schema's limit on input_length / output_length (and turn)
 MAX_GAP_S = MAX_TIMESTAMP_MS / 1000.0  # a mean session gap or median think time longer than a whole trace
+# a generated trace is built in memory whole (then every line is checked before one is written): far
+# above the Mooncake release (12,031 requests), far below what a machine holds
+MAX_TRACE_REQUESTS = 1_000_000  # num_requests, and num_sessions (a session has at least one request)
+MAX_TENANTS = 100_000  # num_tenants (each has a deployment and a weight)
+# memory a generated request takes until it is written (object, its JSON line, interned ids), an
+# upper estimate: a fixed part and a part per hash id (trace_bytes)
+REQUEST_BYTES = 1024
+HASH_ID_BYTES = 64
+
+
+class TraceTooLargeError(ValueError):
+    """The trace being generated would need more memory than the budget ``generate`` was given."""
+
+
+def trace_bytes(num_requests: int, num_hash_ids: int) -> int:
+    """The memory (an upper estimate, see ``REQUEST_BYTES``) of ``num_requests`` generated requests
+    holding ``num_hash_ids`` hash ids in all, until they are written."""
+    return num_requests * REQUEST_BYTES + num_hash_ids * HASH_ID_BYTES
 # the schema limits a random draw can still break after the knobs are bounded: field -> (largest
 # value the loader accepts, the knobs that drive it); checked on every generated request
 DRAWN_LIMITS: dict[str, tuple[int, str]] = {
@@ -104,6 +129,11 @@ class SessionsConfig:
             ints.append(("num_requests", 1, None))
         for name, lo, hi in ints:
             check_int(f"SessionsConfig.{name}", getattr(self, name), lo, hi, type_error=ValueError)
+        # the sizes of a trace held in memory whole (after the low bounds: "must be >= 1" is the familiar one)
+        for name, hi in (("num_sessions", MAX_TRACE_REQUESTS), ("num_requests", MAX_TRACE_REQUESTS),
+                         ("num_tenants", MAX_TENANTS)):
+            if getattr(self, name) is not None:
+                check_int(f"SessionsConfig.{name}", getattr(self, name), None, hi, type_error=ValueError)
         for name, lo, hi in (("tenant_skew", 0.0, 10.0), ("adapter_fraction", 0.0, 1.0),
                              ("global_prompt_fraction", 0.0, 1.0), ("think_time_sigma", 0.0, 10.0),
                              ("length_sigma", 0.0, 10.0)):
@@ -248,8 +278,8 @@ def _turns(rng: random.Random, cfg: SessionsConfig) -> int:
 
 
 def _session(cfg: SessionsConfig, rng: random.Random, ids: _Interner, sid: int, start_ms: float,
-             deployments: list[tuple[str, str, str, str]], weights: list[float]) -> list[SessionRequest]:
-    t = rng.choices(range(cfg.num_tenants), weights)[0]
+             deployments: list[tuple[str, str, str, str]], cum_weights: list[float]) -> list[SessionRequest]:
+    t = rng.choices(range(cfg.num_tenants), cum_weights=cum_weights)[0]  # = weights=, without O(tenants) a draw
     tenant, model, tokenizer, adapter = deployments[t]
     conv = _Conversation(cfg.block_tokens)
     if cfg.global_prompt_tokens and rng.random() < cfg.global_prompt_fraction:
@@ -273,18 +303,23 @@ def _session(cfg: SessionsConfig, rng: random.Random, ids: _Interner, sid: int, 
     return out
 
 
-def generate(cfg: SessionsConfig) -> list[SessionRequest]:
-    """The requests of ``cfg``, sorted by timestamp (same config and seed -> the same list)."""
+def generate(cfg: SessionsConfig, *, max_bytes: int | None = None) -> list[SessionRequest]:
+    """The requests of ``cfg``, sorted by timestamp (same config and seed -> the same list).
+    ``max_bytes``: the memory the trace may take (``trace_bytes``), checked after every session;
+    past it, :class:`TraceTooLargeError` (None: no budget)."""
     if not isinstance(cfg, SessionsConfig):
         raise TypeError(f"generate() takes a SessionsConfig, got {type(cfg).__name__}")
+    if max_bytes is not None:
+        check_int("max_bytes", max_bytes, 1)
     rng = random.Random(cfg.seed)
     deployments = []
     for t in range(cfg.num_tenants):
         model, tokenizer = cfg.models[t % len(cfg.models)]
         adapter = f"lora-{t:02d}" if rng.random() < cfg.adapter_fraction else ""
         deployments.append((f"tenant-{t:02d}", model, tokenizer, adapter))
-    weights = [1.0 / (t + 1) ** cfg.tenant_skew for t in range(cfg.num_tenants)]
+    cum_weights = list(itertools.accumulate(1.0 / (t + 1) ** cfg.tenant_skew for t in range(cfg.num_tenants)))
     ids = _Interner()
+    held_ids = 0  # hash ids of the requests in out
     out: list[tuple[int, int, SessionRequest]] = []  # (timestamp, generation order, request)
     newest: list[int] = []  # max-heap (negated) of the num_requests smallest timestamps so far
     start_ms = 0.0
@@ -296,13 +331,20 @@ def generate(cfg: SessionsConfig) -> list[SessionRequest]:
             break  # every later session starts after the num_requests-th arrival: nothing can enter
         if cfg.num_requests is not None and not newest and sid >= 1000:
             raise _no_request(cfg, sid)
-        for r in _session(cfg, rng, ids, sid, start_ms, deployments, weights):
+        for r in _session(cfg, rng, ids, sid, start_ms, deployments, cum_weights):
             out.append((r.timestamp, len(out), r))
+            held_ids += len(r.hash_ids)
             if cfg.num_requests is not None:
                 if len(newest) < cfg.num_requests:
                     heapq.heappush(newest, -r.timestamp)
                 elif r.timestamp < -newest[0]:
                     heapq.heapreplace(newest, -r.timestamp)
+        if max_bytes is not None and trace_bytes(len(out), held_ids) > max_bytes:
+            raise TraceTooLargeError(
+                f"the trace would need more than {max_bytes / 2**30:,.1f} GiB of memory (its first {sid + 1:,} "
+                f"sessions made {len(out):,} requests of {held_ids:,} hash ids, about "
+                f"{trace_bytes(len(out), held_ids) / 2**30:,.1f} GiB); lower num_sessions or num_requests, "
+                f"mean_turns or max_input_tokens, or raise block_tokens")
         sid += 1
         start_ms += 1000.0 * rng.expovariate(cfg.session_rate_per_s)
     if not out:
