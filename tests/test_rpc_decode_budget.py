@@ -24,6 +24,7 @@ from quillcache.rpc import Codec, RpcClient, RpcErrorCode, StreamServer
 from quillcache.rpc.codec import EXT_TUPLE
 from quillcache.rpc.dispatch import Dispatcher
 from quillcache.rpc.wire import encode_request
+from tests.test_rpc_stream import recv_exact
 
 LEN = struct.Struct(">I")
 DEADLINE_S = 10.0
@@ -296,8 +297,8 @@ def test_a_stream_server_refuses_the_reviewers_frame_from_many_connections_and_s
             for s in socks:
                 s.sendall(LEN.pack(len(frame)) + frame)
             for s in socks:
-                (n,) = LEN.unpack(_recv(s, 4))
-                code, message = _refusal(_reply(codec, _recv(s, n)))
+                (n,) = LEN.unpack(recv_exact(s, 4))
+                code, message = _refusal(_reply(codec, recv_exact(s, n)))
                 assert code == "BAD_FRAME" and "container units" in message
         finally:
             for s in socks:
@@ -306,11 +307,3 @@ def test_a_stream_server_refuses_the_reviewers_frame_from_many_connections_and_s
             assert client.echo(RpcErrorCode.BAD_FRAME) is RpcErrorCode.BAD_FRAME
 
 
-def _recv(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
-        out += chunk
-    return bytes(out)
