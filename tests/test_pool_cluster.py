@@ -403,16 +403,22 @@ def test_nodes_register_in_etcd_and_leave_when_killed(tmp_path):
 
 
 def test_node_control_rpc_info_and_bad_persist_requests(cluster):
+    from quillcache.pool.control_auth import control_key, sign
+    from quillcache.pool.errors import ControlAuthError
     from quillcache.rpc import RpcClient, RpcRejectedError
 
+    key = control_key(cluster.secret)  # persist and flush need a proof on the pool secret (control_auth)
+    bad = [("k", -1, 100), "junk", ("k", 0, 1 << 40), ("", 0, 100)]
     for n in cluster.nodes:
         with RpcClient(n.control_address, timeout_s=10) as c:
             info = c.call("info")
             assert info["node_id"] == n.node_id and info["pid"] == n.pid
             assert info["transfer_address"] == n.transfer_address and info["capacity_bytes"] == 160 * MiB
-            assert c.call("persist", [("k", -1, 100), "junk", ("k", 0, 1 << 40), ("", 0, 100)]) == 0
+            with pytest.raises(ControlAuthError):
+                c.call("persist", bad)
+            assert c.call("persist", bad, auth=sign(key, "persist", bad)) == 0
             with pytest.raises(RpcRejectedError):
                 c.call("persist")  # arguments that do not bind
             with pytest.raises(Exception, match="list"):
-                c.call("persist", "not a list")
+                c.call("persist", "not a list", auth=sign(key, "persist", "not a list"))
             assert c.call("info")["persist_skipped"] >= 4  # still serving, and it counted them

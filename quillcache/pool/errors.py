@@ -44,3 +44,8 @@ class PersistRefusedError(PersistFailedError):
     """A node's ``persist`` call refused whole, nothing of it queued: more than the node's items per call, or
     its persist queue's bounds would be passed (names the node, how many items and which bound). Its blocks are
     not durable on that node; the caller may send them again later (in smaller calls)."""
+
+
+class ControlAuthError(PoolError):
+    """A state-changing call on a node's control port without a valid proof on the pool secret (the message says
+    what is wrong: none, malformed, too old or new, or not matching)."""

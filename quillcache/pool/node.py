@@ -27,10 +27,11 @@ What a node does:
 - Control RPC (``quillcache.rpc``): ``info()`` -> dict (node id, segment id, capacity/used bytes, SSD block
   count, transfer and control addresses, pid, counters); ``persist(items)`` (``[(key, offset, size)]``) and
   ``flush()``: the write-behind of completed objects to the SSD tier, :mod:`.writebehind` (verified copies,
-  bounded per call and in its queue, durable at ``flush()`` or reported as not). The control port is not
-  authenticated (the RPC layer has no handshake): its server refuses a request frame past
-  ``CONTROL_MAX_FRAME_BYTES``, which fits the largest legitimate call (``MAX_PERSIST_ITEMS`` items whose keys
-  have up to ``MAX_KEY_CHARS`` UTF-8 bytes).
+  bounded per call and in its queue, durable at ``flush()`` or reported as not). The RPC layer has no
+  handshake, so ``persist`` and ``flush`` carry a proof on the pool secret (:mod:`.control_auth`; refused with
+  ``ControlAuthError`` before their arguments are looked at, on every backend but ``local``), and the server
+  refuses a request frame past ``CONTROL_MAX_FRAME_BYTES``, which fits the largest legitimate call
+  (``MAX_PERSIST_ITEMS`` items whose keys have up to ``MAX_KEY_CHARS`` UTF-8 bytes).
 - With an SSD directory, at start, before the DRAM is mapped or a port is bound: the SSD tier is opened (it locks
   its directory, so a second node on it fails here with ``DataDirInUseError`` naming it, then runs its own
   crash recovery). Once mounted, the node re-announces every recovered block: keys the master already has are
@@ -65,10 +66,13 @@ from quillcache.master.client import MasterClient
 from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceError, SegmentExistsError,
                                      SegmentNotFoundError)
 from quillcache.master.types import MAX_DURATION_S, MAX_KEY_CHARS, PutRequest, ReplicaConfig, SegmentDescriptor
-from quillcache.pool.errors import NodeIdInUseError, PersistRefusedError, PoolClosedError
+from quillcache.pool.control_auth import check as check_control_auth
+from quillcache.pool.control_auth import control_key
+from quillcache.pool.errors import ControlAuthError, NodeIdInUseError, PersistRefusedError, PoolClosedError
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, store_key
-from quillcache.pool.writebehind import MAX_PERSIST_ITEMS, PERSIST_QUEUE_ITEMS, WriteBehind
+from quillcache.pool.writebehind import (MAX_PERSIST_ITEMS, PERSIST_QUEUE_ITEMS, SKIP_LOG_BURST, SKIP_LOG_WINDOW_S,
+                                         SkipLog, WriteBehind)
 from quillcache.rpc import RpcServer, register_error
 
 __all__ = ["CONTROL_MAX_FRAME_BYTES", "CONTROL_METHODS", "MAX_PERSIST_ITEMS", "PersistRefusedError", "PoolNode",
@@ -118,11 +122,13 @@ class NodeCounters:
     remounts: int = 0
 
 
-register_error(PersistRefusedError)  # a client that imports the pool gets it as itself
+register_error(PersistRefusedError)  # a client that imports the pool gets these as themselves
+register_error(ControlAuthError)
 
 
 class _Control:
-    """The RPC target (only these three methods are served)."""
+    """The RPC target (only these three methods are served; ``persist`` and ``flush`` need a proof on the pool
+    secret: :mod:`.control_auth`)."""
 
     def __init__(self, node: PoolNode) -> None:
         self._node = node
@@ -130,10 +136,12 @@ class _Control:
     def info(self) -> dict:
         return self._node.info()
 
-    def persist(self, items: list) -> int:
+    def persist(self, items: list, auth: object = None) -> int:
+        self._node.check_control("persist", items, auth)
         return self._node.persist(items)
 
-    def flush(self) -> dict:
+    def flush(self, auth: object = None) -> dict:
+        self._node.check_control("flush", [], auth)
         return self._node.flush()
 
 
@@ -146,7 +154,7 @@ class PoolNode:
                  heartbeat_s: float = 1.0, backend: str = "tcp", master_timeout_s: float = 2.0,
                  mount_timeout_s: float = 30.0, persist_queue_items: int = PERSIST_QUEUE_ITEMS,
                  persist_queue_bytes: int | None = None) -> None:
-        from quillcache.transfer import TransferEngine
+        from quillcache.transfer import SECRET_ENV, TransferEngine
 
         if not isinstance(dram_bytes, int) or dram_bytes < PAGE_BYTES:
             raise ValueError(f"dram_bytes must be an int >= {PAGE_BYTES}, got {dram_bytes!r}")
@@ -172,6 +180,8 @@ class PoolNode:
         self.segment_id: int | None = None
         self._threads: list[threading.Thread] = []
         self.write_behind: WriteBehind | None = None
+        self._control_key: bytes | None = None  # persist/flush need a proof made with it (None: local backend)
+        self._auth_log = SkipLog(self.node_id, SKIP_LOG_WINDOW_S, SKIP_LOG_BURST, "control calls refused")
         self._publish_wanted = False  # the registry still names a region of an earlier mount
         try:
             if ssd_dir is not None:  # first: a directory another node holds is refused before anything starts
@@ -188,6 +198,8 @@ class PoolNode:
             if self.ssd is not None:
                 self.write_behind = WriteBehind(self.node_id, self._buf, self.ssd, self.counters,
                                                 queue_items=persist_queue_items, queue_bytes=persist_queue_bytes)
+            key_secret = secret if secret is not None else os.environ.get(SECRET_ENV)
+            self._control_key = control_key(key_secret) if backend != "local" and key_secret else None
             self.server = RpcServer(_Control(self), CONTROL_METHODS, host, control_port, name=f"node-{self.node_id}",
                                     max_frame_bytes=CONTROL_MAX_FRAME_BYTES)
             self.server.start()
@@ -221,6 +233,7 @@ class PoolNode:
         if self._closed:
             return
         self._closed = True
+        self._auth_log.tick(final=True)
         if self.write_behind is not None:
             self.write_behind.stop()
         self._stop.set()
@@ -491,6 +504,16 @@ class PoolNode:
         return announced, unfit, full
 
     # ------------------------------------------------------------------ SSD: write-behind
+    def check_control(self, method: str, args: object, auth: object) -> None:
+        """``ControlAuthError`` unless ``auth`` proves ``method(args)`` on the pool secret (:mod:`.control_auth`;
+        nothing is checked on the local backend)."""
+        if self._control_key is None:
+            return
+        why = check_control_auth(self._control_key, method, args, auth)
+        if why is not None:
+            self._auth_log.note("refused (no valid proof)", 1, "%s", why)
+            raise ControlAuthError(f"node {self.node_id}: {why}")
+
     def persist(self, items: list) -> int:
         """Queue ``[(key, offset, size)]`` for write-behind (:mod:`.writebehind`); returns how many were queued
         (0 without an SSD tier). ``PersistRefusedError`` when the call is over the bounds."""

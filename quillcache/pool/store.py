@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -68,6 +69,8 @@ from quillcache.master.client import MasterClient
 from quillcache.master.errors import MasterError, ObjectNotFoundError, ObjectNotReadyError
 from quillcache.master.types import MAX_KEY_CHARS, MasterConfig, PutRequest, ReplicaConfig, ReplicaDescriptor
 from quillcache.pool.cache import Alloc, LocalCache
+from quillcache.pool.control_auth import control_key
+from quillcache.pool.control_auth import sign as sign_control
 from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, PoolClosedError, PoolError,
                                     PutFailedError)
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of, encode_trailer
@@ -148,7 +151,7 @@ class PooledStore:
                  lease_ttl_s: float | None = None, secret: str | bytes | None = None, backend: str = "tcp",
                  master_timeout_s: float = 5.0, master_retry_s: float = 10.0, suspect_s: float = 5.0,
                  min_replicas: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        from quillcache.transfer import TransferEngine
+        from quillcache.transfer import SECRET_ENV, TransferEngine
 
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
@@ -173,6 +176,9 @@ class PooledStore:
         if engine is None:
             engine = TransferEngine(backend, **({} if backend == "local" else {"secret": secret, "serve": False}))
         self.engine = engine
+        key_secret = secret if secret is not None else os.environ.get(SECRET_ENV)  # the engine's own rule
+        self._control_key = (control_key(key_secret) if getattr(engine, "backend_name", backend) != "local"
+                             and key_secret else None)  # proofs for nodes' persist and flush (control_auth)
         self.cache = LocalCache(local_cache_bytes + staging_bytes, local_cache_bytes)
         self.region = engine.register_region(self.cache.view, name=f"pool-client-{id(self):x}", writable=True)
         self._segments: dict[str, tuple] = {}  # endpoint -> (engine segment id, control address, node id, region ids)
@@ -508,8 +514,9 @@ class PooledStore:
                     if c is None:
                         c = self._persist_clients[ctl] = RpcClient(ctl, timeout_s=2.0)
                     for i in range(0, len(items), MAX_PERSIST_ITEMS):  # a node refuses a longer call whole
-                        c.call("persist", items[i:i + MAX_PERSIST_ITEMS])
-                        self._count(persist_sent=len(items[i:i + MAX_PERSIST_ITEMS]))
+                        chunk = items[i:i + MAX_PERSIST_ITEMS]
+                        c.call("persist", chunk, auth=self._control_proof("persist", chunk))
+                        self._count(persist_sent=len(chunk))
                 except Exception as e:
                     log.info("persist to %s failed: %s", ctl, e)
                     self._count(persist_errors=len(items))
@@ -519,6 +526,10 @@ class PooledStore:
                     c = self._persist_clients.pop(ctl, None)
                     if c is not None:
                         c.close()
+
+    def _control_proof(self, method: str, args: object) -> list | None:
+        """A node's proof for a control call (``quillcache.pool.control_auth``); None on the local backend."""
+        return None if self._control_key is None else sign_control(self._control_key, method, args)
 
     def flush_persist(self, timeout_s: float = 30.0) -> dict[str, dict]:
         """Wait until every queued persist was sent, then ask every node this store sent one to make them
@@ -546,7 +557,7 @@ class PooledStore:
                 continue
             try:
                 with RpcClient(ctl, timeout_s=max(0.1, deadline - time.monotonic())) as c:
-                    out[ctl] = c.call("flush")
+                    out[ctl] = c.call("flush", auth=self._control_proof("flush", []))
             except Exception as e:
                 out[ctl] = {"error": f"{type(e).__name__}: {e}"}
         return out

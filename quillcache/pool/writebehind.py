@@ -38,7 +38,7 @@ from quillcache.pool.frame import MAGIC, TRAILER_BYTES, VERSION, check
 from quillcache.pool.keys import record_header, store_key
 from quillcache.rpc.errors import quote
 
-__all__ = ["MAX_PERSIST_ITEMS", "PERSIST_QUEUE_ITEMS", "SKIP_LOG_BURST", "SKIP_LOG_WINDOW_S", "WriteBehind"]
+__all__ = ["MAX_PERSIST_ITEMS", "PERSIST_QUEUE_ITEMS", "SKIP_LOG_BURST", "SKIP_LOG_WINDOW_S", "SkipLog", "WriteBehind"]
 
 log = logging.getLogger("quillcache.pool.node")  # the node's lines, under the node's logger
 
@@ -48,15 +48,17 @@ SKIP_LOG_BURST = 5  # skipped or refused persists logged one by one per window .
 SKIP_LOG_WINDOW_S = 10.0  # ... the rest summed up in one line per window of this length
 
 
-class _SkipLog:
-    """Rate-limited warnings for skipped and refused persist items (module docstring); thread-safe.
+class SkipLog:
+    """Rate-limited warnings for skipped and refused items (``what`` names them in the summary; module
+    docstring); thread-safe.
 
     A window of ``window_s`` opens at the first event after the previous window ended; its first ``burst``
     events are logged as they happen, the rest only counted, and when the window ends (``tick``, or the next
     event) one line sums up every event of the window by kind."""
 
-    def __init__(self, node_id: str, window_s: float, burst: int) -> None:
-        self.node_id, self.window_s, self.burst = node_id, window_s, burst
+    def __init__(self, node_id: str, window_s: float, burst: int, what: str = "persist items skipped or refused"
+                 ) -> None:
+        self.node_id, self.window_s, self.burst, self.what = node_id, window_s, burst, what
         self._lock = threading.Lock()
         self.started_s = self.ends_s = float("-inf")
         self.counts: dict[str, int] = {}
@@ -91,8 +93,8 @@ class _SkipLog:
     def _summary(self, now: float) -> None:
         if self.suppressed:
             detail = ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items()))
-            log.warning("node %s: persist items skipped or refused in the last %.1f s: %s; %d event(s) not logged "
-                        "one by one", self.node_id, min(now, self.ends_s) - self.started_s, detail, self.suppressed)
+            log.warning("node %s: %s in the last %.1f s: %s; %d event(s) not logged one by one", self.node_id,
+                        self.what, min(now, self.ends_s) - self.started_s, detail, self.suppressed)
         self.counts.clear()
         self.logged = self.suppressed = 0
         self.ends_s = min(self.ends_s, now)
@@ -121,7 +123,7 @@ class WriteBehind:
         self._lost_lock = threading.Lock()
         self._lost_n = 0  # persists that will never be durable since the last flush (under _lost_lock)
         self._lost_why: str | None = None  # the first one's cause
-        self._skip_log = _SkipLog(node_id, SKIP_LOG_WINDOW_S, SKIP_LOG_BURST)
+        self._skip_log = SkipLog(node_id, SKIP_LOG_WINDOW_S, SKIP_LOG_BURST)
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="pool-node-persist", daemon=True)
 
