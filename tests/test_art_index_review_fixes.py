@@ -184,6 +184,28 @@ def test_close_with_a_damaged_chunk_releases_everything_raises_once_and_the_batc
     assert again._closed and not again._dir_lock.held
 
 
+def test_close_with_a_checkpoint_that_fails_for_a_full_disk_releases_the_lock_and_the_batch_is_replayed(tmp_path):
+    # the re-review's M3: such a close left the index open with art.lock held, and a master that had marked itself
+    # closed never retried it, so every in-process reopen (HaMaster._reopen) was refused until the process ended
+    d = str(tmp_path / "ix")
+    ix = open_index("art", d)
+    ix.put([entry(7)])
+
+    def disk_full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ix.checkpoint = disk_full
+    with pytest.raises(OSError, match="No space left") as info:
+        ix.close()
+    assert ix._closed and ix._wal is None and not ix._dir_lock.held
+    assert any("closed without a checkpoint" in note for note in info.value.__notes__)
+    again = open_index("art", d)  # this process can reopen it; the log replays the batch
+    try:
+        assert [e.block_hash for e in again.locate([7])[0]] == [7]
+    finally:
+        again.close()
+
+
 # ---- L2. a directory or an unreadable file where a file of the index should be ------------------------------
 
 

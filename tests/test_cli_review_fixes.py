@@ -243,6 +243,11 @@ def test_cgroup_limit_lowers_the_available_memory(monkeypatch, tmp_path: Path) -
     monkeypatch.setattr(argtypes, "Path", lambda p: fake if p == "/proc/self/cgroup" else real_path(p))
     monkeypatch.setattr(harness_replay, "available_ram_bytes", lambda: 8 << 30)
     assert argtypes.available_memory_bytes() == (1 << 30) - (256 << 20)
+    # the usage counts the inactive file cache, which the kernel reclaims before it refuses memory (re-review M2:
+    # a container whose usage is mostly page cache was told it had no room)
+    (root / "sub" / "memory.current").write_text(str(1000 << 20) + "\n")
+    (root / "sub" / "memory.stat").write_text(f"anon {200 << 20}\nfile {800 << 20}\ninactive_file {700 << 20}\n")
+    assert argtypes.available_memory_bytes() == (1 << 30) - (300 << 20)
 
 
 # ================================================================ L1: a reader that stops early
@@ -341,3 +346,17 @@ def test_replay_messages_name_the_flag(tmp_path: Path) -> None:
     p = _cli("replay", str(trace), "--quiet", "--out", str(tmp_path / "o2"), "--gpu-capacity-blocks", "1")
     msg = _one_line(p.stderr)
     assert p.returncode == 2 and "on_oversize" not in msg and "--on-error skip" in msg, msg
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch) -> None:
+    # the re-review's L3: any BrokenPipeError (a socket's too) exited 141 with nothing said
+    from quillcache.cli import COMMANDS, main
+    from quillcache.cli import info as info_cmd
+
+    def run(args):
+        raise BrokenPipeError(32, "Broken pipe (a peer's socket)")
+
+    monkeypatch.setattr(info_cmd, "run", run)
+    assert COMMANDS["info"].load() is info_cmd
+    with pytest.raises(BrokenPipeError, match="peer's socket"):
+        main(["info"])

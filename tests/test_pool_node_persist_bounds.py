@@ -22,6 +22,8 @@ import time
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quillcache.pool import node as nodemod
 from quillcache.pool import writebehind as wbmod
@@ -277,3 +279,74 @@ def test_the_pooled_store_sends_a_large_batch_in_calls_the_node_accepts(pool, mo
         s.close()
     node.flush()  # nothing lost on the node either
     assert node.info()["persist_refused"] == 0
+
+
+# ---------------------------------------------------------------- the store's calls fit the node's bounds
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=30), st.integers(0, 10**9), st.integers(0, 10**9)),
+                max_size=60), st.integers(1, 8), st.integers(4, 64))
+def test_persist_chunks_keep_every_item_in_order_within_both_bounds(items, max_items, max_key_chars):
+    from quillcache.pool import store as storemod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(storemod, "MAX_PERSIST_ITEMS", max_items)
+        mp.setattr(storemod, "MAX_KEY_CHARS", max_key_chars)
+        chunks = storemod.persist_chunks(items)
+    assert [it for c in chunks for it in c] == items
+    for c in chunks:
+        assert 1 <= len(c) <= max_items
+        assert len(c) == 1 or sum(len(k.encode()) for k, _, _ in c) <= max_items * max_key_chars
+
+
+def test_the_largest_non_ascii_batch_is_sent_in_calls_that_fit_the_control_frame():
+    # the re-review's L1: 4,096 keys of 2,200 'é' (4,400 UTF-8 bytes each) made one 18.1 MB call against a
+    # 16.9 MB frame limit, so the node refused the whole batch
+    from quillcache.pool.store import persist_chunks
+    from quillcache.rpc.codec import DEFAULT_CODEC
+    from quillcache.rpc.wire import encode_request
+
+    items = [("é" * 2200 + str(i), (1 << 64) - 1, (1 << 64) - 1) for i in range(nodemod.MAX_PERSIST_ITEMS)]
+    chunks = persist_chunks(items)
+    assert len(chunks) == 2 and [it for c in chunks for it in c] == items
+    proof = [2**62, b"\0" * 32]
+    for c in chunks:
+        assert len(encode_request(DEFAULT_CODEC, 2**63, "persist", [c], {"auth": proof})) <= \
+            nodemod.CONTROL_MAX_FRAME_BYTES
+
+
+def test_a_failed_call_after_accepted_ones_reports_only_the_rest_as_lost(pool, monkeypatch):
+    # the re-review's L2: every item of the node's batch was counted lost, also those its earlier calls delivered
+    import quillcache.rpc as rpcmod
+    from quillcache.pool import store as storemod
+
+    calls = []
+
+    class Flaky:
+        def __init__(self, *a, **kw) -> None:
+            pass
+
+        def call(self, method, *args, **kwargs):
+            calls.append((method, len(args[0]) if args else 0))
+            if method == "persist" and len(calls) == 2:
+                raise ConnectionError("the node went away")
+            return {"persisted": 0} if method == "flush" else len(args[0])
+
+        def close(self) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(rpcmod, "RpcClient", Flaky)
+    monkeypatch.setattr(storemod, "MAX_PERSIST_ITEMS", 4)
+    s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+    try:
+        s._queue_persist({"tcp://127.0.0.1:9": [(f"k{i}", 0, 100) for i in range(10)]})
+        (info,) = s.flush_persist().values()
+        assert calls[:2] == [("persist", 4), ("persist", 4)]
+        assert info["error"].startswith("6 persist(s) could not be sent"), info
+    finally:
+        s.close()

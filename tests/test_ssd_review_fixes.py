@@ -229,9 +229,29 @@ def test_slab_damaged_log_tail_is_quarantined_and_names_the_key(tmp_path):
         assert key(3).hex() in r.log_tail and "unverified" in r.log_tail
         assert (key(3).hex(), f"{log}: its put entry is in a damaged log record (key read from the damaged "
                               f"bytes, unverified)") in r.dropped
-        assert r.log_rotated and len(r.quarantined) == 1 and r.quarantined[0].endswith(log)
-        assert (d / r.quarantined[0]).read_bytes() == damaged
+        # only the dropped tail is kept (a crash's torn write looks the same: a whole generation per crash would
+        # fill the disk), named after its generation and offset; the generation itself is replaced
+        assert r.log_rotated and len(r.quarantined) == 1
+        (kept,) = r.quarantined
+        offset = int(kept.rsplit(".tail-", 1)[1])
+        assert f"{log}.tail-" in kept and (d / kept).read_bytes() == damaged[offset:]
+        assert 0 < len(damaged) - offset < len(damaged) // 2
         assert not (d / log).exists()
+
+
+def test_repeated_crashes_with_torn_tails_keep_only_the_tails(tmp_path):
+    # the re-review's M1: every open after a torn group commit moved the whole log generation to quarantine/
+    d = tmp_path / "t"
+    log = _three_block_slab_tier(d)
+    kept_bytes = 0
+    for i in range(5):
+        (cur,) = [n for n in os.listdir(d) if n.endswith(".qcl")]
+        with open(d / cur, "ab") as fh:
+            fh.write(b"\x17" * 40)  # a torn append: garbage after the last whole record
+        with _tier(d) as t:
+            assert len(t) == 3 and t.recovery.quarantined
+            kept_bytes += sum(os.path.getsize(d / q) for q in t.recovery.quarantined)
+    assert kept_bytes == 5 * 40
 
 
 def test_slab_damaged_middle_record_names_the_key(tmp_path):

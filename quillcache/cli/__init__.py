@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return status
     except BrokenPipeError:
+        if not _stdout_is_broken():  # another pipe or socket of the command's: not the reader's doing
+            raise
         # the reader of stdout stopped early (| head): nothing more can be said there, and Python's own
         # flush at exit must not fail again, so stdout goes to /dev/null (the documented idiom)
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -124,6 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C (or, for a stop_signals command, SIGTERM/SIGHUP): one line, 128 + the signal, no traceback
         print(f"quillcache: {describe(exc)}", file=sys.stderr)
         return exit_status(exc)
+
+
+def _stdout_is_broken() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (poll reports an error or hang-up on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real descriptor (captured, closed): not a broken pipe
+        return False
 
 
 if __name__ == "__main__":

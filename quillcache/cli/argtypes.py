@@ -172,10 +172,24 @@ def directory_problem(flag: str, path: str, writes: str | None = None) -> str | 
     return None
 
 
+def _reclaimable_bytes(folder: Path, key: str) -> int:
+    """The cgroup's inactive file cache (``memory.stat``'s ``key``): counted in its usage, but the kernel drops it
+    before it refuses memory (the figure ``docker stats`` subtracts); 0 when it cannot be read."""
+    try:
+        for line in (folder / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _cgroup_room() -> int | None:
     """What this process's memory cgroup (v2 ``memory.max`` less ``memory.current``, or v1
-    ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``), or any cgroup above it, still lets it
-    take; None when no limit applies (or none can be read)."""
+    ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``; the usage without its inactive file cache, which
+    the kernel reclaims first), or any cgroup above it, still lets it take; None when no limit applies (or none
+    can be read)."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -184,9 +198,10 @@ def _cgroup_room() -> int | None:
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":  # v2: one hierarchy
-            base, files = _CGROUP_ROOT, ("memory.max", "memory.current")
+            base, files = _CGROUP_ROOT, ("memory.max", "memory.current", "inactive_file")
         elif "memory" in controllers.split(","):
-            base, files = _CGROUP_ROOT / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+            base, files = _CGROUP_ROOT / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                    "total_inactive_file")
         else:
             continue
         folder = base / path.strip("/")
@@ -196,7 +211,7 @@ def _cgroup_room() -> int | None:
                 break
             folder = folder.parent
     rooms = []
-    for folder, (limit_file, usage_file) in folders:
+    for folder, (limit_file, usage_file, cache_key) in folders:
         try:
             limit_text = (folder / limit_file).read_text().strip()
             if limit_text == "max":
@@ -205,7 +220,7 @@ def _cgroup_room() -> int | None:
         except (OSError, ValueError):
             continue
         if limit < 2**60:  # v1 says "no limit" with a huge number
-            rooms.append(max(0, limit - usage))
+            rooms.append(max(0, limit - max(0, usage - _reclaimable_bytes(folder, cache_key))))
     return min(rooms) if rooms else None
 
 

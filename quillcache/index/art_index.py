@@ -574,25 +574,23 @@ class ArtIndex(IndexBackend):
     def _raw_close(self) -> None:
         """Checkpoint (only while the log and the trees are sound), close the log (syncing a sound
         one), release the trees, the checkpoint image and the directory lock, and mark the index
-        closed. A checkpoint refused because a chunk is damaged (:class:`IndexCorruptionError`; a
-        retry would meet the same chunk) is skipped: the log is synced and closed, everything is
-        released, and that error is raised once; the log still holds every accepted batch, so a
-        reopen replays them. Any other checkpoint that fails without failing the log (e.g. a full
-        disk) leaves the index open (close may be retried). A failed log (an earlier write or fsync
+        closed. A checkpoint that fails without failing the log (a damaged chunk,
+        :class:`IndexCorruptionError`, which a retry would meet again; a full disk) is skipped: the
+        log is synced and closed, everything is released (the directory lock too, so this process
+        can reopen the index), and that error is raised once; the log still holds every accepted
+        batch, so a reopen replays them. A failed log (an earlier write or fsync
         error, or one during this close) is closed without a checkpoint, everything is released, and
         :class:`WalFailedError` is raised once: the batches after its durable LSN were not made
         durable."""
         wal = self._wal
-        damaged: IndexCorruptionError | None = None
+        skipped: BaseException | None = None  # the checkpoint's error, raised once everything is released
         if wal is not None and wal.failed is None and not wal.closed and self._failed is None \
                 and wal.next_lsn - 1 > self._ckpt_lsn:
             try:
                 self.checkpoint()
-            except IndexCorruptionError as exc:
-                damaged = exc
-            except BaseException:
-                if self._wal is None or self._wal.failed is None:
-                    raise
+            except BaseException as exc:
+                if self._wal is None or self._wal.failed is None:  # (a failed log: WalFailedError below)
+                    skipped = exc
         wal, self._wal = self._wal, None
         try:
             if wal is not None:
@@ -608,10 +606,10 @@ class ArtIndex(IndexBackend):
             raise WalFailedError(getattr(wal.failed, "errno", None),
                                  f"{self.path}: closed without a checkpoint because the log failed earlier "
                                  f"({wal.failed}); batches after lsn {wal.durable_lsn} were not made durable")
-        if damaged is not None:
-            damaged.add_note(f"{self.kind} index at {self.path} was closed without a checkpoint; its log holds "
+        if skipped is not None:
+            skipped.add_note(f"{self.kind} index at {self.path} was closed without a checkpoint; its log holds "
                              f"every accepted batch and a reopen replays them")
-            raise damaged
+            raise skipped
 
     def __len__(self) -> int:
         """The number of replicas (primary records), as every backend counts (O(1))."""

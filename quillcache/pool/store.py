@@ -143,6 +143,26 @@ def _check_key(key: object) -> str:
     return key
 
 
+def persist_chunks(items: list) -> list[list]:
+    """``items`` (``(key, offset, size)``) cut into the calls a node accepts: at most ``MAX_PERSIST_ITEMS`` items
+    and at most ``MAX_PERSIST_ITEMS * MAX_KEY_CHARS`` key bytes (UTF-8) each, so every call fits the node's
+    control frame whatever the keys' characters (``quillcache.pool.node.CONTROL_MAX_FRAME_BYTES``)."""
+    budget = MAX_PERSIST_ITEMS * MAX_KEY_CHARS
+    out: list[list] = []
+    cur: list = []
+    used = 0
+    for it in items:
+        n = len(it[0].encode("utf-8", "surrogatepass"))
+        if cur and (len(cur) == MAX_PERSIST_ITEMS or used + n > budget):
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(it)
+        used += n
+    if cur:
+        out.append(cur)
+    return out
+
+
 class PooledStore:
     """See the module docstring."""
 
@@ -509,20 +529,22 @@ class PooledStore:
                         merged.setdefault(ctl, []).extend(items)
             for ctl, items in merged.items():
                 self._persist_targets.add(ctl)
+                sent = 0
                 try:
                     c = self._persist_clients.get(ctl)
                     if c is None:
                         c = self._persist_clients[ctl] = RpcClient(ctl, timeout_s=2.0)
-                    for i in range(0, len(items), MAX_PERSIST_ITEMS):  # a node refuses a longer call whole
-                        chunk = items[i:i + MAX_PERSIST_ITEMS]
+                    for chunk in persist_chunks(items):  # a node refuses a longer call whole
                         c.call("persist", chunk, auth=self._control_proof("persist", chunk))
+                        sent += len(chunk)
                         self._count(persist_sent=len(chunk))
                 except Exception as e:
+                    lost = len(items) - sent  # the calls the node accepted are its own business now
                     log.info("persist to %s failed: %s", ctl, e)
-                    self._count(persist_errors=len(items))
+                    self._count(persist_errors=lost)
                     with self._persist_cv:  # the next flush_persist reports them for this node
                         n, why = self._persist_lost.get(ctl, (0, f"{type(e).__name__}: {e}"))
-                        self._persist_lost[ctl] = (n + len(items), why)
+                        self._persist_lost[ctl] = (n + lost, why)
                     c = self._persist_clients.pop(ctl, None)
                     if c is not None:
                         c.close()

@@ -163,6 +163,36 @@ def write_meta(fs: FileSystem, directory: str, layout: str, slab_bytes: int) -> 
     fs.fsync_dir(directory)
 
 
+def quarantine_tail(fs: FileSystem, directory: str, name: str, offset: int, rep: dict) -> str:
+    """Copy the bytes of ``directory/name`` from ``offset`` on (a log's dropped tail: a crash's torn write, or
+    damage to its last records, which the log cannot tell apart) to ``quarantine/<UTC timestamp>-<name>.tail-<offset>``,
+    fsynced, and record it in ``rep["quarantined"]``. Keeps the evidence at the size of the damage, so a tier that
+    crashes often does not fill its disk with whole log generations."""
+    fd = fs.open(f"{directory}/{name}", "r")
+    try:
+        data = fs.pread(fd, max(0, fs.fsize(fd) - offset), offset)
+    finally:
+        fs.close(fd)
+    qdir = f"{directory}/{QUARANTINE}"
+    if not fs.exists(qdir):
+        fs.mkdir(qdir)
+        fs.fsync_dir(directory)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dst, n = f"{stamp}-{name}.tail-{offset}", 1
+    while fs.exists(f"{qdir}/{dst}"):
+        n += 1
+        dst = f"{stamp}.{n}-{name}.tail-{offset}"
+    out = fs.open(f"{qdir}/{dst}", "x")
+    try:
+        fs.pwrite(out, data, 0)
+        fs.fsync(out)
+    finally:
+        fs.close(out)
+    fs.fsync_dir(qdir)
+    rep.setdefault("quarantined", []).append(f"{QUARANTINE}/{dst}")
+    return dst
+
+
 def quarantine(fs: FileSystem, directory: str, name: str, rep: dict) -> str:
     """Move ``directory/name`` to ``directory/quarantine/<UTC timestamp>-<name>`` (never delete a
     damaged file: it is evidence); record the new relative path in ``rep["quarantined"]``. The caller

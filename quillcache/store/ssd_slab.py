@@ -54,7 +54,7 @@ from quillcache.durability.wal import RECORD_HEADER_BYTES, RecoveryReport, WalWr
 from quillcache.store import ssd_log as L
 from quillcache.store.errors import DiskFullError, SsdLogMissingError, StoreFullError
 from quillcache.store.keys import StoreKey
-from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc, quarantine
+from quillcache.store.ssd_format import PAGE_BYTES, BlockRecord, SsdTuning, block_crc, quarantine, quarantine_tail
 
 
 
@@ -256,7 +256,9 @@ class SlabLayout:
                 self.log = L.reopen_generation(fs, self._p(name), report)
                 self._snapshot_bytes = len(live) * L.ENTRY_BYTES
                 return live
-            self._rotate(live, next_lsn, quarantine_rep=rep if log_damaged else None)
+            if report.dropped_reason and not report.damaged_lsns:  # a dropped tail only: keep just those bytes
+                quarantine_tail(fs, self.dir, name, report.valid_bytes, rep)
+            self._rotate(live, next_lsn, quarantine_rep=rep if report.damaged_lsns else None)
         else:
             self.gen = max((g for g, _ in files.get("log", [])), default=-1)
             self._rotate(live, 1)
