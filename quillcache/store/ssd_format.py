@@ -163,6 +163,21 @@ def write_meta(fs: FileSystem, directory: str, layout: str, slab_bytes: int) -> 
     fs.fsync_dir(directory)
 
 
+def _quarantine_slot(fs: FileSystem, directory: str, name: str) -> tuple[str, str]:
+    """``(quarantine dir, a free file name in it for name)``: ``<UTC timestamp>-<name>``, or
+    ``<timestamp>.<n>-<name>`` when taken; the quarantine dir is created (and made durable) when missing."""
+    qdir = f"{directory}/{QUARANTINE}"
+    if not fs.exists(qdir):
+        fs.mkdir(qdir)
+        fs.fsync_dir(directory)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dst, n = f"{stamp}-{name}", 1
+    while fs.exists(f"{qdir}/{dst}"):
+        n += 1
+        dst = f"{stamp}.{n}-{name}"
+    return qdir, dst
+
+
 def quarantine_tail(fs: FileSystem, directory: str, name: str, offset: int, rep: dict) -> str:
     """Copy the bytes of ``directory/name`` from ``offset`` on (a log's dropped tail: a crash's torn write, or
     damage to its last records, which the log cannot tell apart) to ``quarantine/<UTC timestamp>-<name>.tail-<offset>``,
@@ -173,15 +188,7 @@ def quarantine_tail(fs: FileSystem, directory: str, name: str, offset: int, rep:
         data = fs.pread(fd, max(0, fs.fsize(fd) - offset), offset)
     finally:
         fs.close(fd)
-    qdir = f"{directory}/{QUARANTINE}"
-    if not fs.exists(qdir):
-        fs.mkdir(qdir)
-        fs.fsync_dir(directory)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dst, n = f"{stamp}-{name}.tail-{offset}", 1
-    while fs.exists(f"{qdir}/{dst}"):
-        n += 1
-        dst = f"{stamp}.{n}-{name}.tail-{offset}"
+    qdir, dst = _quarantine_slot(fs, directory, f"{name}.tail-{offset}")
     out = fs.open(f"{qdir}/{dst}", "x")
     try:
         fs.pwrite(out, data, 0)
@@ -197,15 +204,7 @@ def quarantine(fs: FileSystem, directory: str, name: str, rep: dict) -> str:
     """Move ``directory/name`` to ``directory/quarantine/<UTC timestamp>-<name>`` (never delete a
     damaged file: it is evidence); record the new relative path in ``rep["quarantined"]``. The caller
     fsyncs ``directory`` (one directory fsync covers every move of a recovery)."""
-    qdir = f"{directory}/{QUARANTINE}"
-    if not fs.exists(qdir):
-        fs.mkdir(qdir)
-        fs.fsync_dir(directory)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dst, n = f"{stamp}-{name}", 1
-    while fs.exists(f"{qdir}/{dst}"):
-        n += 1
-        dst = f"{stamp}.{n}-{name}"
+    qdir, dst = _quarantine_slot(fs, directory, name)
     fs.rename(f"{directory}/{name}", f"{qdir}/{dst}")
     fs.fsync_dir(qdir)
     rep.setdefault("quarantined", []).append(f"{QUARANTINE}/{dst}")
