@@ -464,3 +464,12 @@ def test_cluster_up_stopped_as_its_line_goes_out_is_a_normal_stop(monkeypatch, c
     monkeypatch.setattr("sys.stdout", SignalAtFlush())
     assert main(["cluster", "up", "--nodes", "1", "--dram", "16MiB"]) == 0
     assert closed == [True]
+
+
+def test_a_value_that_starts_with_a_dash_is_explained(capsys):
+    """argparse reads ``--bound-flip-rates -1%`` as a flag with no value; the message says how to pass it."""
+    with pytest.raises(SystemExit) as info:
+        main(["hitrate", "trace.jsonl", "--bounds", "--bound-flip-rates", "-1%"])
+    assert info.value.code == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--bound-flip-rates: expected one argument" in line and "--option=-VALUE" in line

@@ -70,9 +70,15 @@ COMMANDS.register("gen-trace", Command("write a generated trace (multi-turn sess
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``prog: error: message (see prog --help)``, exit 2, no usage block."""
+    """argparse with one-line errors: ``prog: error: message (see prog --help)``, exit 2, no usage block.
+
+    argparse reads a value that starts with ``-`` and is not a plain negative number (``-1%``, ``-inf``) as the
+    next option and reports the flag before it as missing its value; that message says how to pass such a
+    value (``--flag=-1%``), so the user learns the value was seen and why it was not taken."""
 
     def error(self, message: str):  # type: ignore[override]
+        if message.endswith(("expected one argument", "expected at least one argument")):
+            message += " (a value that starts with '-' is written with '=': --option=-VALUE)"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -38,9 +38,9 @@ Per request, in order (each refusal is an OpenAI-style JSON error ``{"error": {"
    does the same: from admission to the end of the response, ``ClientWatch`` cancels the request's
    task on ``http.disconnect`` (status 499).
 
-Refusals are logged, rate-limited (``RefusalLog``): the first in each ``REFUSAL_LOG_S`` window at once, the rest of
-the window counted and summed up in the next line (by status), WARNING for 401/403 (a key being guessed shows),
-INFO for the other 4xx; a 500 is logged as an error on its own. The messages are the client's own, never a key.
+Refusals are logged, rate-limited (``RefusalLog``, a ``quillcache._ratelog.BurstLog``): per ``REFUSAL_LOG_S``
+window the first at once, the rest summed up by status once the window is over; WARNING for 401/403 (a key
+being guessed shows), INFO for the other 4xx; a 500 is an error on its own. Never a key in the log.
 
 Invariants: the load lease and the tenant's in-flight slot are released exactly once per admitted
 request, whatever ends it (``_Exchange.finish`` runs from ``finally`` and from the response's own
@@ -69,6 +69,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from quillcache._ratelog import BurstLog
 from quillcache.gateway.config import GatewayConfig, ModelConfig
 from quillcache.gateway.decision import Decider, Decision, NoWorkerError
 from quillcache.gateway.metrics import GatewayMetrics
@@ -94,30 +95,19 @@ _COMPLETIONS = "/v1/completions"
 _PROXY_KINDS = {_COMPLETIONS: "completion", _CHAT: "chat"}
 
 
-REFUSAL_LOG_S = 10.0  # one refusal line at most per window of this length (module docstring)
+REFUSAL_LOG_S = 10.0  # a refusal on its own line at most once per window of this length (module docstring)
 
 
-class RefusalLog:
-    """Rate-limited log lines for refused requests (module docstring): ``refused(status, message)``."""
+class RefusalLog(BurstLog):
+    """Rate-limited log lines for refused requests (module docstring; ``quillcache._ratelog``): the first
+    refusal of each window on a line of its own, the rest summed up by status."""
 
     def __init__(self, window_s: float = REFUSAL_LOG_S, clock=time.monotonic) -> None:
-        self.window_s = window_s
-        self._clock = clock
-        self._next_s = -float("inf")
-        self._unlogged: dict[int, int] = {}  # refusals since the last line, by status
+        super().__init__(log, "requests refused", window_s=window_s, burst=1, clock=clock)
 
     def refused(self, status: int, message: str) -> None:
-        self._unlogged[status] = self._unlogged.get(status, 0) + 1
-        now = self._clock()
-        if now < self._next_s:
-            return
-        counts, self._unlogged = self._unlogged, {}
-        self._next_s = now + self.window_s
-        level = logging.WARNING if any(st in (401, 403) for st in counts) else logging.INFO
-        total = sum(counts.values())
-        by_status = ", ".join(f"{n} x {st}" for st, n in sorted(counts.items()))
-        log.log(level, "refused %d request(s) since the last report (%s); the latest: %d %s", total, by_status,
-                status, message)
+        level = logging.WARNING if status in (401, 403) else logging.INFO
+        self.note(f"x {status}", "refused a request: %d %s", status, message, level=level)
 
 
 class GatewayStartError(RuntimeError):
@@ -398,6 +388,7 @@ class Gateway:
             self.decider.peers = None
         await self.upstream.close()
         self.index.close()
+        self.refusals.tick(final=True)
 
     async def _probe_all(self) -> None:
         results = await asyncio.gather(*(self.upstream.probe(u + "/health") for u in self.urls))
@@ -436,6 +427,7 @@ class Gateway:
             try:
                 await self._probe_all()
                 self.tracker.expire()
+                self.refusals.tick()  # a window's summary is not held back until the next refusal
             except Exception:  # a probe must never stop the loop
                 log.exception("health probe round failed")
 

@@ -71,8 +71,7 @@ from quillcache.pool.control_auth import control_key
 from quillcache.pool.errors import ControlAuthError, NodeIdInUseError, PersistRefusedError, PoolClosedError
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, store_key
-from quillcache.pool.writebehind import (MAX_PERSIST_ITEMS, PERSIST_QUEUE_ITEMS, SKIP_LOG_BURST, SKIP_LOG_WINDOW_S,
-                                         SkipLog, WriteBehind)
+from quillcache.pool.writebehind import MAX_PERSIST_ITEMS, PERSIST_QUEUE_ITEMS, WriteBehind, skip_log
 from quillcache.rpc import RpcServer, register_error
 
 __all__ = ["CONTROL_MAX_FRAME_BYTES", "CONTROL_METHODS", "MAX_PERSIST_ITEMS", "PersistRefusedError", "PoolNode",
@@ -181,7 +180,7 @@ class PoolNode:
         self._threads: list[threading.Thread] = []
         self.write_behind: WriteBehind | None = None
         self._control_key: bytes | None = None  # persist/flush need a proof made with it (None: local backend)
-        self._auth_log = SkipLog(self.node_id, SKIP_LOG_WINDOW_S, SKIP_LOG_BURST, "control calls refused")
+        self._auth_log = skip_log(self.node_id, "control calls refused")
         self._publish_wanted = False  # the registry still names a region of an earlier mount
         try:
             if ssd_dir is not None:  # first: a directory another node holds is refused before anything starts
@@ -511,7 +510,7 @@ class PoolNode:
             return
         why = check_control_auth(self._control_key, method, args, auth)
         if why is not None:
-            self._auth_log.note("refused (no valid proof)", 1, "%s", why)
+            self._auth_log.note("refused (no valid proof)", "%s", why)
             raise ControlAuthError(f"node {self.node_id}: {why}")
 
     def persist(self, items: list) -> int:

@@ -9,7 +9,8 @@ Contract:
 - ``flush()`` waits until every queued persist has been handled and makes them durable, or raises
   ``PersistFailedError`` naming how many and why when any persist since the previous flush was not made durable
   (the SSD tier refused it, its group commit failed, or the persist was refused, below).
-- What one ``persist`` can cost is bounded (the node's control port, which calls it, is not authenticated): a
+- What one ``persist`` can cost is bounded (the node's control port, which calls it, takes a proof of the pool
+  secret, but the local backend checks none and a holder of the secret must not stall the node either): a
   call carries at most ``MAX_PERSIST_ITEMS`` items; an item's ``TRAILER_BYTES`` at ``offset + size -
   TRAILER_BYTES`` must read as a frame trailer of ``size - TRAILER_BYTES`` payload bytes, checked in the call
   and again before the worker copies the range, so an item that names no object costs O(trailer), never a copy
@@ -20,7 +21,7 @@ Contract:
   trailer reads as an object's are also counted not durable for the next ``flush()``.
 - Counted in the node's counters (``persisted`` counts durable blocks only; ``persist_skipped``,
   ``persist_failed``, ``persist_refused``); skipped and refused items are logged at most ``SKIP_LOG_BURST``
-  lines per ``SKIP_LOG_WINDOW_S``, then one summary line per window.
+  lines per ``SKIP_LOG_WINDOW_S``, then one summary line per window (``skip_log``).
 - ``stop()`` ends the worker after what is queued (idempotent); ``flush()`` after it returns at once.
 """
 
@@ -29,16 +30,17 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 
 from quillcache._checks import check_int
+from quillcache._ratelog import BurstLog
 from quillcache.master.types import MAX_KEY_CHARS
 from quillcache.pool.errors import CorruptObjectError, PersistFailedError, PersistRefusedError, PoolClosedError
 from quillcache.pool.frame import MAGIC, TRAILER_BYTES, VERSION, check
 from quillcache.pool.keys import record_header, store_key
 from quillcache.rpc.errors import quote
 
-__all__ = ["MAX_PERSIST_ITEMS", "PERSIST_QUEUE_ITEMS", "SKIP_LOG_BURST", "SKIP_LOG_WINDOW_S", "SkipLog", "WriteBehind"]
+__all__ = ["MAX_PERSIST_ITEMS", "PERSIST_QUEUE_ITEMS", "SKIP_LOG_BURST", "SKIP_LOG_WINDOW_S", "WriteBehind",
+           "skip_log"]
 
 log = logging.getLogger("quillcache.pool.node")  # the node's lines, under the node's logger
 
@@ -48,56 +50,9 @@ SKIP_LOG_BURST = 5  # skipped or refused persists logged one by one per window .
 SKIP_LOG_WINDOW_S = 10.0  # ... the rest summed up in one line per window of this length
 
 
-class SkipLog:
-    """Rate-limited warnings for skipped and refused items (``what`` names them in the summary; module
-    docstring); thread-safe.
-
-    A window of ``window_s`` opens at the first event after the previous window ended; its first ``burst``
-    events are logged as they happen, the rest only counted, and when the window ends (``tick``, or the next
-    event) one line sums up every event of the window by kind."""
-
-    def __init__(self, node_id: str, window_s: float, burst: int, what: str = "persist items skipped or refused"
-                 ) -> None:
-        self.node_id, self.window_s, self.burst, self.what = node_id, window_s, burst, what
-        self._lock = threading.Lock()
-        self.started_s = self.ends_s = float("-inf")
-        self.counts: dict[str, int] = {}
-        self.logged = self.suppressed = 0
-
-    def note(self, kind: str, n: int, fmt: str, *args: object) -> None:
-        """``n`` items skipped or refused for ``kind``; ``fmt % args`` says which and why."""
-        with self._lock:
-            now = time.monotonic()
-            if now >= self.ends_s:
-                self._summary(now)
-                self.started_s, self.ends_s = now, now + self.window_s
-            self.counts[kind] = self.counts.get(kind, 0) + n
-            if self.logged < self.burst:
-                self.logged += 1
-                log.warning("node %s: " + fmt, self.node_id, *args)
-            else:
-                self.suppressed += 1
-
-    def wait_s(self) -> float | None:
-        """Seconds until a summary is due, or None when there is nothing to sum up."""
-        with self._lock:
-            return max(0.0, self.ends_s - time.monotonic()) if self.suppressed else None
-
-    def tick(self, *, final: bool = False) -> None:
-        """Log the window's summary when it is due (``final``: now, e.g. at close)."""
-        with self._lock:
-            now = time.monotonic()
-            if self.suppressed and (final or now >= self.ends_s):
-                self._summary(now)
-
-    def _summary(self, now: float) -> None:
-        if self.suppressed:
-            detail = ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items()))
-            log.warning("node %s: %s in the last %.1f s: %s; %d event(s) not logged one by one", self.node_id,
-                        self.what, min(now, self.ends_s) - self.started_s, detail, self.suppressed)
-        self.counts.clear()
-        self.logged = self.suppressed = 0
-        self.ends_s = min(self.ends_s, now)
+def skip_log(node_id: str, what: str = "persist items skipped or refused") -> BurstLog:
+    """Node ``node_id``'s rate-limited log of refused or skipped ``what`` (``quillcache._ratelog``)."""
+    return BurstLog(log, what, window_s=SKIP_LOG_WINDOW_S, burst=SKIP_LOG_BURST, prefix=f"node {node_id}: ")
 
 
 class _FlushRequest(threading.Event):
@@ -123,7 +78,7 @@ class WriteBehind:
         self._lost_lock = threading.Lock()
         self._lost_n = 0  # persists that will never be durable since the last flush (under _lost_lock)
         self._lost_why: str | None = None  # the first one's cause
-        self._skip_log = SkipLog(node_id, SKIP_LOG_WINDOW_S, SKIP_LOG_BURST)
+        self._skip_log = skip_log(node_id)
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="pool-node-persist", daemon=True)
 
@@ -152,8 +107,8 @@ class WriteBehind:
             raise TypeError(f"persist takes a list of (key, offset, size), got {type(items).__name__}")
         if len(items) > MAX_PERSIST_ITEMS:
             self.counters.persist_refused += len(items)
-            self._skip_log.note("refused (too many items)", len(items), "persist of %d items refused: at most %d "
-                                "items per call", len(items), MAX_PERSIST_ITEMS)
+            self._skip_log.note("refused (too many items)", "persist of %d items refused: at most %d items per call",
+                                len(items), MAX_PERSIST_ITEMS, n=len(items))
             raise PersistRefusedError(f"node {self.node_id}: persist of {len(items)} items refused: at most "
                                       f"{MAX_PERSIST_ITEMS} items per call; nothing of it was queued")
         good, bad = [], 0
@@ -169,9 +124,9 @@ class WriteBehind:
                     first = it
         if bad:
             self.counters.persist_skipped += bad
-            self._skip_log.note("skipped in the call", bad, "persist: %d of %d items skipped (malformed, out of the "
+            self._skip_log.note("skipped in the call", "persist: %d of %d items skipped (malformed, out of the "
                                 "buffer, or no object's trailer at their end), the first: %s", bad, len(items),
-                                quote(first))
+                                quote(first), n=bad)
         if not good:
             return 0
         size = sum(it[2] for it in good)
@@ -191,7 +146,7 @@ class WriteBehind:
                f"({queued_b} bytes), at most {over}")
         self.counters.persist_refused += len(good)
         self._not_durable(why, len(good))  # each one's trailer reads as an object's: real blocks, not made durable
-        self._skip_log.note("refused (queue full)", len(good), "%s", why)
+        self._skip_log.note("refused (queue full)", "%s", why, n=len(good))
         raise PersistRefusedError(f"node {self.node_id}: {why}; nothing of it was queued")
 
     def flush(self) -> None:
@@ -285,7 +240,7 @@ class WriteBehind:
                 why = str(e)
         if why is not None:  # evicted and the range reused, or never this key's
             self.counters.persist_skipped += 1
-            self._skip_log.note("skipped (did not verify)", 1, "persist of %s at %d (%d bytes) skipped: %s",
+            self._skip_log.note("skipped (did not verify)", "persist of %s at %d (%d bytes) skipped: %s",
                                 quote(key), off, size, why)
             return
         sk = store_key(key)
@@ -298,5 +253,5 @@ class WriteBehind:
         except StoreError as e:
             self.counters.persist_skipped += 1
             self._not_durable(f"{type(e).__name__}: {e}")
-            self._skip_log.note("refused by the SSD tier", 1, "persist of %s refused by the SSD tier: %s",
+            self._skip_log.note("refused by the SSD tier", "persist of %s refused by the SSD tier: %s",
                                 quote(key), e)

@@ -14,21 +14,22 @@ Contract:
   reply per request, nothing a peer sends stops serving): one accept thread and one thread per connection that
   reads a frame, calls the method and writes the reply itself (no hand-off to another thread). Calls reach
   ``target`` one at a time (a server-wide lock), in arrival order per connection.
-- Limits: at most ``max_connections`` connections are served at once (one thread each); a connection past
-  that gets one ``TOO_MANY_CONNECTIONS`` refusal and is closed at accept (``num_turned_away``; logged at most once
-  per ``_TURN_AWAY_LOG_S``). A frame past ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and
-  answered ``FRAME_TOO_LARGE``; a length past ``drop_frame_bytes`` is answered ``FRAME_TOO_LARGE`` and the
-  connection is closed (its bytes are never buffered: the server stops sending, then reads and discards the
-  rest of the frame for at most ``min(idle_timeout_s, _DROP_DRAIN_S)``, so no reset overtakes the refusal; a
-  client whose send fails still takes a reply that arrived whole); a malformed body (the length prefix intact)
-  gets its typed refusal and the connection goes on. Decoding is bounded by the dispatcher
-  (:mod:`quillcache.rpc.dispatch`): a frame of at least ``codec.BUDGET_FRAME_BYTES`` decodes under the request
-  limits, and at most ``max_large_decodes`` such frames are decoded or held at once, whatever the number of
-  connections; a connection lets go of its frame once the reply is made. Frames still being read are buffered by
-  their connections: up to ``max_connections`` of them, each within ``max_frame_bytes``.
+- Limits: at most ``max_connections`` connections are served at once (one thread each); a connection past that gets
+  one ``TOO_MANY_CONNECTIONS`` refusal and is closed at accept (``num_turned_away``; the first of each
+  ``_TURN_AWAY_LOG_S`` window logged, the rest summed up in one line: ``quillcache._ratelog``). A frame past
+  ``max_frame_bytes`` (up to ``drop_frame_bytes``) is read, discarded and answered ``FRAME_TOO_LARGE``; a length
+  past ``drop_frame_bytes`` is answered ``FRAME_TOO_LARGE`` and the connection is closed (its bytes are never
+  buffered: the server stops sending, then reads and discards the rest of the frame for at most
+  ``min(idle_timeout_s, _DROP_DRAIN_S)``, so no reset overtakes the refusal; a client whose send fails still takes a
+  reply that arrived whole); a malformed body (the length prefix intact) gets its typed refusal and the connection
+  goes on. Decoding is bounded by the dispatcher (:mod:`quillcache.rpc.dispatch`): a frame of at least
+  ``codec.BUDGET_FRAME_BYTES`` decodes under the request limits, and at most ``max_large_decodes`` such frames are
+  decoded or held at once, whatever the number of connections; a connection lets go of its frame once the reply is
+  made. Frames still being read are buffered by their connections: up to ``max_connections`` of them, each within
+  ``max_frame_bytes``.
 - A failed accept (out of file descriptors, ``EMFILE``/``ENFILE``; out of memory; a peer gone before accept) or a
   connection thread that cannot be started (the connection is then closed, its slot freed) never ends the accept
-  thread: it is counted (``num_accept_errors``), logged at most once per ``_TURN_AWAY_LOG_S``, and the thread
+  thread: it is counted (``num_accept_errors``), logged as turned-away connections are, and the thread
   pauses ``_ACCEPT_RETRY_S`` (``close()`` cuts the pause short) before accepting again; only ``close()`` ends it.
 - Idle timeout (``idle_timeout_s``, default :data:`DEFAULT_IDLE_TIMEOUT_S`): a connection that sends no byte of a
   request for ``idle_timeout_s``, that does not complete a request within ``idle_timeout_s`` of its first byte
@@ -71,6 +72,7 @@ import time
 from collections.abc import Callable
 
 from quillcache._checks import check_float, check_int
+from quillcache._ratelog import BurstLog
 from quillcache.rpc.codec import DEFAULT_CODEC, Codec
 from quillcache.rpc.dispatch import Dispatcher
 from quillcache.rpc.errors import RpcErrorCode, RpcRejectedError, RpcTimeoutError
@@ -92,7 +94,7 @@ DEFAULT_SPIN_S = 100e-6  # see the module docstring: chosen by experiments/maste
 # use (a pool node heartbeats within the master's client_ttl_s); a client idle longer reconnects transparently.
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 GOODBYE_CODES = frozenset({RpcErrorCode.IDLE_TIMEOUT, RpcErrorCode.TOO_MANY_CONNECTIONS})
-_TURN_AWAY_LOG_S = 10.0  # at most one warning per this many seconds about connections turned away (or not accepted)
+_TURN_AWAY_LOG_S = 10.0  # one warning, then a summary, per window this long of turned-away (or not accepted) ones
 _ACCEPT_RETRY_S = 0.05  # pause of the accept thread after accept() failed (EMFILE...), so it does not spin
 _PEER_GONE_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})  # accept() again at once
 _DRAIN_RECVS = 16  # non-blocking reads that empty a closing connection's receive queue (so close sends FIN, not RST)
@@ -138,8 +140,8 @@ class StreamServer:
         self.dispatcher = Dispatcher(target, methods, self.codec, self.max_frame_bytes, name)
         self._busy_frame = self._goodbye_frame(RpcErrorCode.TOO_MANY_CONNECTIONS, (
             f"{self.max_connections} connections are open (max_connections): this one is closed unread"))
-        self._turned_away_unlogged = 0
-        self._turn_away_log_at = 0.0
+        self._turn_away_log = BurstLog(log, "new connections turned away (max_connections)",
+                                       window_s=_TURN_AWAY_LOG_S, burst=1, prefix=f"{name}: ")
         self._call_lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -148,8 +150,8 @@ class StreamServer:
         self._closing = False
         self._stopping = threading.Event()  # set by close(): cuts short the accept thread's pause after a failure
         self.num_accept_errors = 0  # connections not accepted or not served (EMFILE, no thread...): see _accept
-        self._accept_errors_unlogged = 0
-        self._accept_log_at = 0.0
+        self._accept_error_log = BurstLog(log, "connections not accepted or not served",
+                                          window_s=_TURN_AWAY_LOG_S, burst=1, prefix=f"{name}: ")
 
     @property
     def num_requests(self) -> int:
@@ -215,6 +217,8 @@ class StreamServer:
                 pass
         for sock, thread in conns:
             thread.join()
+        self._turn_away_log.tick(final=True)
+        self._accept_error_log.tick(final=True)
 
     def __enter__(self) -> StreamServer:
         if self._accept_thread is None:
@@ -267,7 +271,7 @@ class StreamServer:
 
     def _accept_failed(self, err: Exception) -> None:
         """A connection that could not be accepted or served (out of descriptors, memory or threads; the peer gone
-        before accept): counted, logged at most once per ``_TURN_AWAY_LOG_S`` with the count since the last report,
+        before accept): counted, logged rate-limited (the first of each ``_TURN_AWAY_LOG_S`` window, then a summary),
         and, unless the peer merely left first, a pause of ``_ACCEPT_RETRY_S`` (cut short by ``close()``) so a
         lasting shortage is not retried in a busy loop. The accept thread then goes on."""
         self._count_accept_error(err)
@@ -276,13 +280,8 @@ class StreamServer:
     def _count_accept_error(self, err: Exception) -> None:
         """Count one connection not accepted or not served, and log it (rate-limited: see ``_accept_failed``)."""
         self.num_accept_errors += 1
-        self._accept_errors_unlogged += 1
-        now = _now()
-        if now >= self._accept_log_at:
-            log.warning("%s: %d connection(s) not accepted or not served since the last report, the latest: %s: %s",
-                        self.name, self._accept_errors_unlogged, type(err).__name__, err)
-            self._accept_errors_unlogged = 0
-            self._accept_log_at = now + _TURN_AWAY_LOG_S
+        self._accept_error_log.note(type(err).__name__, "a connection not accepted or not served: %s: %s",
+                                    type(err).__name__, err)
 
     def _pause_after(self, err: Exception) -> None:
         """Unless the peer merely left first, wait ``_ACCEPT_RETRY_S`` (cut short by ``close()``)."""
@@ -290,16 +289,11 @@ class StreamServer:
             self._stopping.wait(_ACCEPT_RETRY_S)
 
     def _turn_away(self, sock: socket.socket, peer: object) -> None:
-        """(Under ``_conns_lock``) one TOO_MANY_CONNECTIONS goodbye, then close; a warning at most once per
-        ``_TURN_AWAY_LOG_S`` with the count since the last one."""
+        """(Under ``_conns_lock``) one TOO_MANY_CONNECTIONS goodbye, then close; logged rate-limited (the first of
+        each ``_TURN_AWAY_LOG_S`` window, then a summary)."""
         self.num_turned_away += 1
-        self._turned_away_unlogged += 1
-        now = _now()
-        if now >= self._turn_away_log_at:
-            log.warning("%s: %d connections open (max_connections): turned away %d new one(s) since the last "
-                        "report, the latest from %s", self.name, len(self._conns), self._turned_away_unlogged, peer)
-            self._turned_away_unlogged = 0
-            self._turn_away_log_at = now + _TURN_AWAY_LOG_S
+        self._turn_away_log.note("turned away", "%d connections open (max_connections): turned away a new one "
+                                 "from %s", len(self._conns), peer)
         _say_goodbye(sock, self._busy_frame)
 
     def _goodbye_frame(self, code: RpcErrorCode, message: str) -> bytes:

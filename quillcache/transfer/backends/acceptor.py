@@ -33,10 +33,10 @@ Invariants:
   cannot be drained); the connections already authenticating go on meanwhile.
 - Connections dropped before authenticating (failed, timed out, evicted, refused busy, not accepted)
   are logged one by one only for the first ``DROP_LOG_BURST`` of each ``DROP_LOG_WINDOW_S``; the rest
-  are counted and summed up in one line per window ("N unauthenticated connections dropped in the
-  last X s"), and in ``stats.drop_logs_suppressed`` (``DropLog``). So the log grows by a bounded
-  number of lines per window however fast connections are opened and dropped. Both constants are
-  read when an acceptor is built.
+  are counted and summed up in one line per window ("unauthenticated connections dropped in the
+  last X s: N (...)"), and in ``stats.drop_logs_suppressed`` (``quillcache._ratelog.BurstLog``). So the
+  log grows by a bounded number of lines per window however fast connections are opened and dropped.
+  Both constants are read when an acceptor is built.
 - Who owns what: the authenticating connections, the selector and the drop log belong to the
   accepting thread alone (other threads only read how many connections are authenticating). The
   owner's table ``conns`` is guarded by the owner's ``lock``: the accepting thread adds a connection
@@ -63,12 +63,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from quillcache._ratelog import BurstLog
 from quillcache.transfer import protocol as P
 from quillcache.transfer.backends.sockets import TcpConfig
 from quillcache.transfer.types import AuthenticationError, ProtocolError
 
 __all__ = ["ACCEPT_BURST", "ACCEPT_PAUSE_S", "DROP_LOG_BURST", "DROP_LOG_WINDOW_S", "LISTEN_BACKLOG", "AcceptorStats",
-           "DropLog", "PreauthAcceptor", "answer_busy"]
+           "PreauthAcceptor", "answer_busy"]
 
 LISTEN_BACKLOG = 1024  # connections the kernel queues for accept (it caps this at net.core.somaxconn)
 ACCEPT_BURST = 64  # most connections accepted per turn (also at most half of max_preauth_connections)
@@ -76,7 +77,6 @@ ACCEPT_PAUSE_S = 0.05  # how long accepting stops after accept fails for want of
 DROP_LOG_BURST = 5  # dropped unauthenticated connections logged one by one per window ...
 DROP_LOG_WINDOW_S = 10.0  # ... the rest summed up in one line per window of this length
 
-_INF = float("inf")
 _LISTENER, _WAKE = "listener", "wake"  # selector tags of the listening socket and the wake-up pipe
 _NO_RESOURCES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 
@@ -91,54 +91,6 @@ class AcceptorStats:
     authenticated: int = 0
     auth_failures: int = 0   # a wrong, malformed or missing proof (also: none within auth_timeout_s)
     drop_logs_suppressed: int = 0  # dropped unauthenticated connections counted in a summary line, not logged
-
-
-class DropLog:
-    """Rate-limited warnings on ``log`` for connections dropped before they authenticated (module docstring).
-
-    Used by the accepting thread only. A window of ``window_s`` opens at the first drop after the previous
-    window ended; its first ``burst`` drops are logged as they happen, the rest only counted, and when the
-    window ends (``tick``) or the acceptor closes (``flush``) one line sums up every drop of the window.
-    """
-
-    def __init__(self, stats: AcceptorStats, window_s: float, burst: int, log: logging.Logger) -> None:
-        self.stats, self.window_s, self.burst, self.log = stats, window_s, burst, log
-        self.started_s = self.ends_s = -_INF  # the current window (monotonic); none open once it ended
-        self.counts: dict[str, int] = {}
-        self.logged = self.suppressed = 0
-
-    def drop(self, kind: str, fmt: str, *args: object) -> None:
-        now = time.monotonic()
-        if now >= self.ends_s:
-            self.flush(now)
-            self.started_s, self.ends_s = now, now + self.window_s
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        if self.logged < self.burst:
-            self.logged += 1
-            self.log.warning(fmt, *args)
-        else:
-            self.suppressed += 1
-            self.stats.drop_logs_suppressed += 1
-
-    def wait_s(self, now: float) -> float | None:
-        """Seconds until a summary is due, or None when there is nothing to sum up."""
-        return max(0.0, self.ends_s - now) if self.suppressed else None
-
-    def tick(self, now: float) -> None:
-        if self.suppressed and now >= self.ends_s:
-            self.flush(now)
-
-    def flush(self, now: float) -> None:
-        """Log the summary of the window so far (if any drop went unlogged) and start afresh."""
-        if self.suppressed:
-            total = sum(self.counts.values())
-            detail = ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items()))
-            self.log.warning("%d unauthenticated connections dropped in the last %.1f s (%s); %d of them not "
-                             "logged one by one", total, min(now, self.ends_s) - self.started_s, detail,
-                             self.suppressed)
-        self.counts.clear()
-        self.logged = self.suppressed = 0
-        self.ends_s = min(self.ends_s, now)
 
 
 def answer_busy(sock: socket.socket, reason: str) -> None:
@@ -197,7 +149,8 @@ class PreauthAcceptor:
         self._kind = f"{label} " if label else ""
         self.closing = False  # set under ``lock`` by ``close``
         self._pending: dict[socket.socket, _Pending] = {}  # authenticating, oldest first (accepting thread's)
-        self._drops = DropLog(stats, DROP_LOG_WINDOW_S, DROP_LOG_BURST, log)
+        self._drops = BurstLog(log, "unauthenticated connections dropped", window_s=DROP_LOG_WINDOW_S,
+                               burst=DROP_LOG_BURST)
         self._thread: threading.Thread | None = None
         self._lsock = socket.create_server((host, port), backlog=LISTEN_BACKLOG)
         try:
@@ -254,7 +207,7 @@ class PreauthAcceptor:
                     sel.register(lsock, selectors.EVENT_READ, _LISTENER)
                     paused_until = None
                 waits = [w for w in (pending[next(iter(pending))].deadline_s - now if pending else None,
-                                     self._drops.wait_s(now), None if paused_until is None else paused_until - now)
+                                     self._drops.wait_s(), None if paused_until is None else paused_until - now)
                          if w is not None]
                 events = sel.select(max(0.0, min(waits)) if waits else None)
                 accept = False
@@ -284,7 +237,7 @@ class PreauthAcceptor:
                         break
                     self._fail(p, f"no proof within auth_timeout_s={self.config.auth_timeout_s:g} s "
                                   f"({p.got} of {P.PROOF.size} bytes came)")
-                self._drops.tick(now)
+                self._drops.tick()
         except Exception:
             self._log.exception(f"{self._listener} %s: the accepting thread failed; no new {self._noun} are accepted",
                                 self.address)
@@ -293,7 +246,12 @@ class PreauthAcceptor:
                 p.sock.close()
             pending.clear()
             sel.close()
-            self._drops.flush(time.monotonic())
+            self._drops.tick(final=True)
+
+    def _drop(self, kind: str, fmt: str, *args: object) -> None:
+        """One connection dropped before it authenticated, into the drop log (module docstring)."""
+        self._drops.note(kind, fmt, *args)
+        self.stats.drop_logs_suppressed = self._drops.suppressed_total
 
     def _accept_some(self, burst: int) -> bool:
         """Accept up to ``burst`` connections; False when accepting failed for want of descriptors or memory."""
@@ -304,7 +262,7 @@ class PreauthAcceptor:
                 return True
             except OSError as e:
                 if e.errno in _NO_RESOURCES:
-                    self._drops.drop(f"{self._kind}not accepted", f"cannot accept {self._noun} for %g s: %s",
+                    self._drop(f"{self._kind}not accepted", f"cannot accept {self._noun} for %g s: %s",
                                      ACCEPT_PAUSE_S, e)
                     return False
                 continue  # that connection is gone already (ECONNABORTED and the like)
@@ -341,7 +299,7 @@ class PreauthAcceptor:
             self.stats.preauth_evicted += 1
             answer_busy(oldest.sock, f"{len(pending) + 1} {self._noun} are authenticating (max_preauth_connections); "
                                      "this one, the oldest, gave its slot to a newer one")
-            self._drops.drop(f"{self._kind}evicted", f"dropping unauthenticated {self._who}: %d {self._noun} are "
+            self._drop(f"{self._kind}evicted", f"dropping unauthenticated {self._who}: %d {self._noun} are "
                              "authenticating (max_preauth_connections), this one the oldest", oldest.peer,
                              len(pending) + 1)
         nonce = P.new_nonce()
@@ -365,7 +323,7 @@ class PreauthAcceptor:
         held = len(self._conns)
         self.stats.refused_busy += 1
         answer_busy(sock, f"already serving {held} authenticated {self._noun} (max_server_connections)")
-        self._drops.drop(f"{self._kind}refused busy", f"refusing {self._who}: already serving %d {self._noun}",
+        self._drop(f"{self._kind}refused busy", f"refusing {self._who}: already serving %d {self._noun}",
                          peer, held)
 
     def _forget(self, p: _Pending) -> _Pending:
@@ -375,7 +333,7 @@ class PreauthAcceptor:
 
     def _failed(self, peer: tuple, why: object) -> None:
         self.stats.auth_failures += 1
-        self._drops.drop(f"{self._kind}failed authentication", f"refused {self._who}: authentication failed: %s",
+        self._drop(f"{self._kind}failed authentication", f"refused {self._who}: authentication failed: %s",
                          peer, str(why) or type(why).__name__)
 
     def _fail(self, p: _Pending, why: object) -> None:
@@ -428,5 +386,5 @@ class PreauthAcceptor:
         """Answer BUSY (the client tries again later) to an authenticated connection whose thread did not start."""
         self.stats.refused_busy += 1
         answer_busy(sock, f"cannot start a thread for this connection now: {error}")
-        self._drops.drop(f"{self._kind}refused busy", f"refusing {self._who}: cannot start its thread: %s", peer,
+        self._drop(f"{self._kind}refused busy", f"refusing {self._who}: cannot start its thread: %s", peer,
                          error)
