@@ -94,6 +94,32 @@ def test_numba_cpu_kernels_are_bit_identical_to_the_reference(x, data):
     _check_backend(_cpu, x, gt, gd, data.draw(st.sampled_from([2, 4])))
 
 
+def _tiny_constant_groups() -> np.ndarray:
+    """Constant groups whose scale floor ``amax * 2**-20`` is subnormal and inexact: where the floor is raised by
+    one 2**-149 step, so a kernel that rounds the raise differently (an FMA) writes other scale bits."""
+    exps = np.arange(-149, -100)
+    mant = np.float32(1.0) + np.arange(8, dtype=np.float32) / np.float32(8.0)
+    v = (mant[None, :] * np.exp2(exps[:, None]).astype(np.float32)).astype(np.float32).reshape(-1)
+    v = v[v > 0]
+    signs = np.where(np.arange(v.size) % 2 == 0, np.float32(1.0), np.float32(-1.0))
+    return np.repeat(v * signs, 4).reshape(-1, 1, 4)  # one constant group of 4 per token (gt=1, gd=4)
+
+
+def test_the_scale_floor_of_tiny_groups_is_bit_identical_on_every_backend():
+    from quillcache.kvquant import _scalar
+
+    x = np.ascontiguousarray(_tiny_constant_groups())
+    for bits in (2, 4):
+        rq, rs, rz = reference.asym_quantize(x, bits, 1, 4)
+        q, s, z = _cpu.asym_quantize(x, bits, 1, 4)
+        _same(rq, q), _same(rs, s), _same(rz, z)
+        qmaxf = np.float32((1 << bits) - 1)
+        plain = np.array([_scalar.asym_scale(np.float32(g.min()), np.float32(g.max()), qmaxf) for g in x[:, 0, :]],
+                         np.float32)  # the Python the simulator runs
+        _same(rs.reshape(-1), plain)
+    assert (rs.view(np.uint32) < 0x00800000).any()  # subnormal scales were exercised
+
+
 def test_numba_cpu_kernels_on_a_study_sized_tensor():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((256, 8, 128)).astype(np.float32)

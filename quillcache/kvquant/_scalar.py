@@ -61,12 +61,20 @@ def e4m3_encode_scalar(v, s):
 
 def asym_scale(mn, mx, qmaxf):
     """The group scale: ``mx/qmax - mn/qmax`` (no overflow), at least ``max|.| * 2**-20`` (raised by
-    one subnormal step where that product rounded down), 1 if 0."""
+    one subnormal step where that product rounded down), 1 if 0.
+
+    Written so that the CUDA build computes the same bits: no ``max`` of two floats (numba.cuda cannot
+    compile the builtin's varargs overload), and no float multiply whose product feeds a float add (ptxas
+    may fuse such a pair into one FMA, which rounds once instead of twice): the subnormal step is added to
+    the floor's integer count of 2**-149 units, every scaling in between exact (powers of two, in range)."""
     s = mx / qmaxf - mn / qmaxf
-    amax = max(abs(mn), abs(mx))
+    a = abs(mn)
+    b = abs(mx)
+    amax = a if a > b else b
     floor = amax * np.float32(9.5367431640625e-07)  # 2**-20
     if floor * np.float32(1048576.0) < amax:  # exact product: only a subnormal floor can fail it
-        floor = floor + np.float32(1.401298464324817e-45)  # 2**-149
+        units = int(floor * np.float32(1.2676506002282294e30) * np.float32(562949953421312.0))  # * 2**100 * 2**49
+        floor = np.float32(units + 1) * np.float32(7.888609052210118e-31) * np.float32(1.7763568394002505e-15)
     if s < floor:
         s = floor
     if s == 0:
