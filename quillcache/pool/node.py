@@ -190,6 +190,9 @@ class PoolNode:
                 cap = max(PAGE_BYTES * 16, cap // PAGE_BYTES * PAGE_BYTES)
                 os.makedirs(ssd_dir, exist_ok=True)
                 self.ssd = SsdTier(ssd_dir, capacity_bytes=cap, slab_bytes=min(64 << 20, cap))
+            # the master answers before the DRAM is mapped and touched (seconds per GiB): a wrong address or a
+            # master that is down fails within mount_timeout_s, not after the whole buffer was faulted in
+            self._retry_master(self.master.master_status, mount_timeout_s)
             self._mm = mmap.mmap(-1, self.capacity_bytes)
             self._buf = memoryview(self._mm)
             for off in range(0, self.capacity_bytes, PAGE_BYTES):  # touch every page now
@@ -340,12 +343,16 @@ class PoolNode:
 
     def _mount_at_start(self, timeout_s: float) -> None:
         """``_mount``, retried with backoff while the master does not answer (it may be restarting)."""
+        self._retry_master(self._mount, timeout_s)
+
+    def _retry_master(self, call, timeout_s: float):
+        """``call()``, retried with backoff while the master does not answer, for at most ``timeout_s``."""
         from quillcache.rpc import RpcConnectionError, RpcTimeoutError
 
         deadline, delay = time.monotonic() + timeout_s, 0.05
         while True:
             try:
-                return self._mount()
+                return call()
             except (RpcTimeoutError, RpcConnectionError) as e:
                 if time.monotonic() + delay > deadline:
                     raise
