@@ -6,9 +6,10 @@ Routes (vLLM's shapes unless noted):
   ``data: [DONE]\\n\\n``) and not; ``stream_options.include_usage`` adds a final chunk with empty ``choices`` and
   ``usage{prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens}`` (non-streaming
   responses always carry ``usage``). Request fields: ``model`` (the base model or a LoRA adapter name),
-  ``prompt``/``messages``, ``max_tokens`` (chat: or ``max_completion_tokens``), ``stream``, ``stream_options``,
-  ``cache_salt`` (vLLM's), ``seed``. Every output has exactly ``max_tokens`` tokens, ``finish_reason="length"``
-  (a benchmark engine, like vLLM's ``ignore_eos``).
+  ``prompt``/``messages``, ``max_tokens`` (chat: ``max_completion_tokens`` wins when both are given, as in vLLM
+  and SGLang; each given one is validated), ``stream``, ``stream_options``, ``cache_salt`` (vLLM's), ``seed``,
+  ``n`` (only the integer 1). Every output has exactly ``max_tokens`` tokens, ``finish_reason="length"`` (a
+  benchmark engine, like vLLM's ``ignore_eos``).
 - ``GET /v1/models`` (``owned_by`` names the stand-in), ``GET /health``, ``GET /metrics`` (Prometheus),
   ``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``.
 - For ``sglang-router`` in front of it (SGLang's worker API): ``GET /health_generate``, ``/get_model_info``,
@@ -17,10 +18,14 @@ Routes (vLLM's shapes unless noted):
 Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` with the status in ``code``: 400 for
 malformed JSON or fields (the message names the field), 404 for an unknown model, 413 over the body cap
 (``MAX_BODY_BYTES``, checked as the body is read, as the gateway does), 415 for a body declared as something other
-than JSON (no Content-Type is accepted), 500 for an injected error (``--error-rate``). A message may quote what the
+than JSON (no Content-Type is accepted), 500 for an injected error (``--error-rate``) or an unexpected exception
+raised before the response headers were sent. An unexpected exception during a stream ends it with one SSE error
+event ``data: {"error": {...}}`` (the same object, status 500) and no ``[DONE]``, as the gateway ends a stream
+whose engine failed. Every unexpected exception is logged once, with its traceback, on the server
+(``quillcache.enginesim``); no traceback or exception text ever reaches a client. A message may quote what the
 client sent (shortened, and with any character UTF-8 cannot carry, such as a lone surrogate, escaped), so every
 error renders. ``--die-mid-stream-after-tokens`` applies to streaming responses only (a
-non-streaming response has no middle to die in). No traceback ever reaches a client. Headers of a streaming
+non-streaming response has no middle to die in). Headers of a streaming
 response are sent before prefill starts (and after ``--hang-before-headers-s`` when that fault is drawn); a client
 that disconnects cancels its request at once (the response races the request against ``http.disconnect``).
 """
@@ -28,10 +33,13 @@ that disconnects cancels its request at once (the response races the request aga
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
+import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -48,16 +56,40 @@ __all__ = ["MAX_BODY_BYTES", "build_app"]
 
 MAX_BODY_BYTES = 32 << 20
 OWNED_BY = "quillcache-engine-sim (stand-in engine)"
+INTERNAL_ERROR = "internal error in the stand-in engine (its log has the details)"
+
+log = logging.getLogger("quillcache.enginesim")
 
 
 class _InjectedDeath(Exception):
     """Raised by the die-mid-stream fault knob: the server drops the connection without ending the stream."""
 
 
-def _error(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> JSONResponse:
+def _error_obj(status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate cannot be sent
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> JSONResponse:
+    return JSONResponse(_error_obj(status, message, kind, param), status_code=status)
+
+
+def _internal_error() -> JSONResponse:
+    return _error(500, INTERNAL_ERROR, "InternalServerError")
+
+
+def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``endpoint`` with an unexpected exception logged once (traceback, server side) and answered with an
+    OpenAI-shaped 500 instead of Starlette's plain-text one."""
+
+    @functools.wraps(endpoint)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception:  # noqa: BLE001 - the client gets a 500 naming nothing internal; the log has the rest
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _internal_error()
+    return guarded
 
 
 def _dumps(obj: Any) -> bytes:
@@ -97,6 +129,7 @@ class _EngineResponse(Response):
         self.chat, self.stream, self.include_usage, self.model = chat, stream, include_usage, model
         self.created = int(time.time())
         self.background = None
+        self.headers_sent = self.body_sent = False  # how far the response got (what a failure can still say)
 
     def _usage(self) -> dict[str, Any]:
         r = self.req
@@ -153,13 +186,16 @@ class _EngineResponse(Response):
             obj = "text_completion"
         body = _dumps({"id": r.request_id, "object": obj, "created": self.created, "model": self.model,
                        "choices": [choice], "usage": self._usage()})
+        self.headers_sent = True
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"x-request-id", r.request_id.encode())]})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+        self.body_sent = True
 
     async def _run_stream(self, gen: Any, send: Any) -> None:
         r, die = self.req, self.fault.die_after_tokens
+        self.headers_sent = True
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                                 (b"x-request-id", r.request_id.encode())]})
@@ -181,6 +217,7 @@ class _EngineResponse(Response):
                      "created": self.created, "model": self.model, "choices": [], "usage": self._usage()}
             tail = b"data: " + _dumps(usage) + b"\n\n"
         await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
+        self.body_sent = True
 
     def _die(self) -> None:
         self.req.killed_by_fault = True
@@ -200,7 +237,22 @@ class _EngineResponse(Response):
         if isinstance(outcome, _InjectedDeath):
             raise outcome  # uvicorn drops the connection: the client sees a stream cut short
         if isinstance(outcome, BaseException) and not isinstance(outcome, (asyncio.CancelledError, OSError)):
-            raise outcome
+            if not isinstance(outcome, Exception):
+                raise outcome  # KeyboardInterrupt, SystemExit: not a request's failure
+            log.error("request %s failed", self.req.request_id, exc_info=outcome)
+            with contextlib.suppress(OSError):  # the client may be gone too
+                await self._send_failure(scope, receive, send)
+
+    async def _send_failure(self, scope: Any, receive: Any, send: Any) -> None:
+        """After an unexpected exception: an OpenAI-shaped 500 if no header was sent, else (a stream) one SSE error
+        event with the same object, ending the stream without ``[DONE]`` (the gateway's mid-stream shape)."""
+        if not self.headers_sent:
+            await _internal_error()(scope, receive, send)
+        elif self.stream and not self.body_sent:
+            event = b"data: " + _dumps(_error_obj(500, INTERNAL_ERROR + "; the response is incomplete",
+                                                  "InternalServerError", None)) + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        # else the whole body was sent (a JSON body leaves with its headers): nothing is left to say
 
 
 def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], Any]:
@@ -216,13 +268,17 @@ def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[
         lora = engine.lora_of(model)
     except KeyError:
         return {}, _error(404, f"The model {model!r:.100} does not exist.", "NotFoundError", "model")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None and chat:
-        max_tokens = body.get("max_completion_tokens")
+    max_tokens = None
+    for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):  # vLLM's and SGLang's order
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return {}, _error(400, f"'{name}' must be an integer >= 1, got {value!r:.40}", param=name)
+        if max_tokens is None:
+            max_tokens = value
     if max_tokens is None:
         max_tokens = cfg.default_max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        return {}, _error(400, f"'max_tokens' must be an integer >= 1, got {max_tokens!r:.40}", param="max_tokens")
     stream = body.get("stream")
     stream = False if stream is None else stream
     if not isinstance(stream, bool):
@@ -235,13 +291,19 @@ def _parse_common(engine: SimEngine, body: dict[str, Any], chat: bool) -> tuple[
         return {}, _error(400, "'stream_options' must be an object with a boolean 'include_usage', got "
                           f"{opts!r:.40}", param="stream_options")
     salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        return {}, _error(400, "'cache_salt' must be a non-empty string", param="cache_salt")
+    if salt is not None:
+        if not isinstance(salt, str) or not salt:
+            return {}, _error(400, "'cache_salt' must be a non-empty string", param="cache_salt")
+        try:
+            salt.encode("utf-8")  # the engine hashes the salt's UTF-8 bytes into block 0
+        except UnicodeEncodeError as ex:
+            return {}, _error(400, f"'cache_salt' is not encodable as UTF-8 at position {ex.start}: {ex.reason}",
+                              param="cache_salt")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         return {}, _error(400, f"'seed' must be an integer, got {seed!r:.40}", param="seed")
     n = body.get("n")
-    if n not in (None, 1):
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n != 1):
         return {}, _error(400, f"'n'={n!r:.20} is not supported by the stand-in engine (only 1)", param="n")
     return {"model": model, "lora": lora, "max_tokens": max_tokens, "stream": stream,
             "include_usage": include_usage and stream, "salt": salt, "seed": seed}, None
@@ -369,24 +431,24 @@ def build_app(config: EngineSimConfig, engine: SimEngine | None = None) -> Starl
     async def shutdown() -> None:
         app.state.engine.close()
 
-    routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/health_generate", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-        Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-        Route("/flush_cache", reset_prefix_cache, methods=["POST"]),
-        Route("/get_model_info", model_info, methods=["GET"]),
-        Route("/model_info", model_info, methods=["GET"]),
-        Route("/get_server_info", server_info, methods=["GET"]),
-        Route("/server_info", server_info, methods=["GET"]),
-        Route("/get_load", get_load, methods=["GET"]),
-        Route("/version", version, methods=["GET"]),
-    ]
+    routes = [Route(path, _guarded(endpoint), methods=methods) for path, endpoint, methods in [
+        ("/v1/completions", completions, ["POST"]),
+        ("/v1/chat/completions", chat_completions, ["POST"]),
+        ("/v1/models", models, ["GET"]),
+        ("/health", health, ["GET"]),
+        ("/health_generate", health, ["GET"]),
+        ("/metrics", metrics, ["GET"]),
+        ("/tokenize", tokenize, ["POST"]),
+        ("/detokenize", detokenize, ["POST"]),
+        ("/reset_prefix_cache", reset_prefix_cache, ["POST"]),
+        ("/flush_cache", reset_prefix_cache, ["POST"]),
+        ("/get_model_info", model_info, ["GET"]),
+        ("/model_info", model_info, ["GET"]),
+        ("/get_server_info", server_info, ["GET"]),
+        ("/server_info", server_info, ["GET"]),
+        ("/get_load", get_load, ["GET"]),
+        ("/version", version, ["GET"]),
+    ]]
     from contextlib import asynccontextmanager
 
     @asynccontextmanager

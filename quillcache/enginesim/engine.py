@@ -14,9 +14,11 @@ Per request (:meth:`SimEngine.stream`, an async generator of text deltas, one pe
 6. at the end, cache the full blocks that the output completed (vLLM caches generated blocks too) and release.
 
 Time only passes in ``asyncio.sleep`` (no CPU burn). A generator closed before its end (client disconnect,
-cancellation) releases everything in ``finally`` and counts in ``quillcache_sim_cancelled_total``; counters and
-gauges return to zero when no request is in flight. ``cached_tokens`` and the timing of a request depend only on
-what requests of the SAME scope (model/adapter and cache salt) stored: other scopes' blocks have other hashes.
+cancellation) releases everything in ``finally`` and counts in ``quillcache_sim_cancelled_total``; one that raises
+(a failure of the engine itself, which its caller logs) releases everything too and is not counted as cancelled;
+counters and gauges return to zero when no request is in flight. ``cached_tokens`` and the timing of a request
+depend only on what requests of the SAME scope (model/adapter and cache salt) stored: other scopes' blocks have
+other hashes.
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ class SimEngine:
         pinned: list[bytes] = []
         context = 0
         acquired = False
-        finished = False
+        finished = failed = False
         self.num_waiting += 1
         self._update_gauges()
         try:
@@ -234,6 +236,9 @@ class SimEngine:
             finished = True
             m.success.labels(name, req.finish_reason).inc()
             m.e2e.labels(name).observe(loop.time() - t0)
+        except Exception:  # the engine's own failure (a cancellation or close is a BaseException, not this)
+            failed = True
+            raise
         finally:
             if acquired:
                 self.num_running -= 1
@@ -242,7 +247,7 @@ class SimEngine:
                 self.num_waiting -= 1
             self.kv_tokens -= context
             self.cache.release(pinned)
-            if not finished and not req.killed_by_fault:
+            if not finished and not failed and not req.killed_by_fault:
                 self.num_cancelled += 1
                 m.cancelled.inc()
             self._update_gauges()
