@@ -99,7 +99,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 def test_chatml_exact_output():
     text = ChatMLTemplate().render(MESSAGES)
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi ☃<|im_end|>\n"
-                    "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\ntwo parts<|im_end|>\n"
+                    "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\ntwo \nparts<|im_end|>\n"
                     "<|im_start|>assistant\n")
     assert ChatMLTemplate().render(MESSAGES[:1], add_generation_prompt=False) == \
         "<|im_start|>system\nBe brief.<|im_end|>\n"

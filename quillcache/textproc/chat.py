@@ -7,19 +7,35 @@ Two templates, registered in :data:`CHAT_TEMPLATES`:
       <|im_start|>{role}\\n{content}<|im_end|>\\n      (one per message, in order)
       <|im_start|>assistant\\n                         (when add_generation_prompt)
 
-- ``"jinja"`` — :class:`JinjaChatTemplate`, a HuggingFace-style Jinja2 template (``chat_template`` of a model's
-  ``tokenizer_config.json``), rendered in Jinja2's immutable sandbox with ``messages``, ``add_generation_prompt``,
-  ``bos_token``, ``eos_token`` and ``raise_exception`` like ``transformers`` does.
+  It renders ``role`` and ``content`` only (like a plain ChatML Jinja template, it ignores tools and tool calls).
 
-Messages are validated first (:func:`normalize_messages`): a non-empty list of objects with a ``role`` in
-:data:`ROLES` and a ``content`` that is a string, a list of ``{"type": "text", "text": str}`` parts (joined with no
-separator), or null (only for ``assistant``, rendered as ""). Anything else raises :class:`ChatFormatError`
-(a ``ValueError``) naming the message index and the field. Rendering is deterministic: the same messages give the
-same text, byte for byte, so both sides of the gateway get the same tokens.
+- ``"jinja"`` — :class:`JinjaChatTemplate`, a HuggingFace-style Jinja2 template (``chat_template`` of a model's
+  ``tokenizer_config.json``), rendered in Jinja2's immutable sandbox like ``transformers``' ``apply_chat_template``
+  does as vLLM calls it: the variables are ``bos_token`` and ``eos_token``, then the template kwargs (which may
+  override those two), then ``messages``, ``tools``, ``documents`` and ``add_generation_prompt``; plus
+  ``raise_exception``.
+
+Messages are validated first (:func:`normalize_messages`) and shaped as vLLM's ``parse_chat_messages`` gives them
+to the template: a non-empty list of objects with a ``role`` in :data:`ROLES` and a ``content`` that is a string,
+a list of ``{"type": "text", "text": str}`` parts (joined with ``"\\n"``, as vLLM joins text parts), or null
+(only for ``assistant``, rendered as ""). Each normalized message is ``{"role", "content"}`` plus, when given:
+``tool_calls`` (assistant; each ``{"id", "function": {"arguments", "name"}, "type"}``, other keys dropped, with
+``arguments`` read as vLLM reads it: a JSON string parsed, ``{}`` when it is not valid JSON, an object or a list
+kept, anything else ``{}``; an empty list is dropped), ``reasoning`` and
+``reasoning_content`` (assistant; the same string, from either field), ``tool_call_id`` (tool), ``name`` and
+``task`` (any role), and ``tools`` (developer, null when absent). Other fields are not passed. The request's
+objects are never modified. Anything malformed raises :class:`ChatFormatError` (a ``ValueError``) naming the
+message index and the field.
+
+``continue_final_message`` cuts the rendered text right after the final message's content, as ``transformers``
+does (so the model continues that message); it cannot be combined with ``add_generation_prompt``. Rendering is
+deterministic: the same arguments give the same text, byte for byte, so both sides of the gateway get the same
+tokens.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,70 +56,168 @@ __all__ = [
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_MESSAGES = 10_000
+# set by JinjaChatTemplate.render itself, never from template_kwargs
+_RESERVED_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"})
 
 
 class ChatFormatError(ValueError):
     """Malformed ``messages`` or a template that cannot be loaded or rendered (the message says which)."""
 
 
-def normalize_messages(messages: object) -> list[dict[str, str]]:
-    """Validated ``[{"role", "content"}]`` with ``content`` flattened to ``str`` (see the module docstring)."""
+def _text_content(i: int, role: str, content: object) -> str:
+    if content is None:
+        if role != "assistant":
+            raise ChatFormatError(f"messages[{i}].content is missing (only an assistant message may omit it)")
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise ChatFormatError(
+                    f"messages[{i}].content[{j}] must be {{\"type\": \"text\", \"text\": str}} "
+                    f"(only text parts are supported)")
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise ChatFormatError(f"messages[{i}].content must be a string or a list of text parts, "
+                          f"got {type(content).__name__}")
+
+
+def _arguments(where: str, value: object) -> Any:
+    """vLLM's reading of a tool call's ``arguments``: a JSON string is parsed (``{}`` when it is not valid JSON);
+    an object or a list is kept; anything else becomes ``{}``."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+        except RecursionError:
+            raise ChatFormatError(f"{where}.arguments is nested too deeply to parse") from None
+    return value if isinstance(value, (dict, list)) else {}
+
+
+def _tool_calls(i: int, value: object) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ChatFormatError(f"messages[{i}].tool_calls must be a list, got {type(value).__name__}")
+    out = []
+    for j, call in enumerate(value):
+        where = f"messages[{i}].tool_calls[{j}]"
+        if not isinstance(call, dict):
+            raise ChatFormatError(f"{where} must be an object, got {type(call).__name__}")
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ChatFormatError(f"{where}.function must be an object with a string 'name'")
+        for key in ("id", "type"):
+            if key in call and not isinstance(call[key], str):
+                raise ChatFormatError(f"{where}.{key} must be a string, got {type(call[key]).__name__}")
+        # the shape (and key order) vLLM's request model gives a tool call; other keys are not passed
+        shaped: dict[str, Any] = {}
+        if "id" in call:
+            shaped["id"] = call["id"]
+        shaped["function"] = {"arguments": _arguments(f"{where}.function", fn.get("arguments")), "name": fn["name"]}
+        if "type" in call:
+            shaped["type"] = call["type"]
+        out.append(shaped)
+    return out
+
+
+def _optional_str(i: int, m: dict[str, Any], key: str) -> str | None:
+    value = m.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ChatFormatError(f"messages[{i}].{key} must be a string, got {type(value).__name__}")
+    return value
+
+
+def normalize_messages(messages: object) -> list[dict[str, Any]]:
+    """Validated messages as vLLM hands them to the template: ``{"role", "content": str}`` plus the fields the
+    module docstring lists. New objects throughout: the caller's ``messages`` are not modified."""
     if not isinstance(messages, list):
         raise ChatFormatError(f"'messages' must be a list, got {type(messages).__name__}")
     if not messages:
         raise ChatFormatError("'messages' is empty")
     if len(messages) > MAX_MESSAGES:
         raise ChatFormatError(f"'messages' has {len(messages)} entries, more than {MAX_MESSAGES}")
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ChatFormatError(f"messages[{i}] must be an object, got {type(m).__name__}")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise ChatFormatError(f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r:.40}")
-        content = m.get("content")
-        if content is None:
-            if role != "assistant":
-                raise ChatFormatError(f"messages[{i}].content is missing (only an assistant message may omit it)")
-            text = ""
-        elif isinstance(content, str):
-            text = content
-        elif isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise ChatFormatError(
-                        f"messages[{i}].content[{j}] must be {{\"type\": \"text\", \"text\": str}} "
-                        f"(only text parts are supported)")
-                parts.append(part["text"])
-            text = "".join(parts)
-        else:
-            raise ChatFormatError(f"messages[{i}].content must be a string or a list of text parts, "
-                                  f"got {type(content).__name__}")
-        out.append({"role": role, "content": text})
+        msg: dict[str, Any] = {"role": role, "content": _text_content(i, role, m.get("content"))}
+        if role == "assistant":
+            if m.get("tool_calls") is not None:
+                calls = _tool_calls(i, m["tool_calls"])
+                if calls:  # vLLM drops an empty list so that templates take the plain assistant path
+                    msg["tool_calls"] = calls
+            reasoning = _optional_str(i, m, "reasoning")
+            if reasoning is None:  # the deprecated name, which vLLM reads when 'reasoning' is absent
+                reasoning = _optional_str(i, m, "reasoning_content")
+            if reasoning is not None:
+                msg["reasoning"] = msg["reasoning_content"] = reasoning
+        elif role == "tool" and "tool_call_id" in m:
+            msg["tool_call_id"] = _optional_str(i, m, "tool_call_id")
+        name = _optional_str(i, m, "name")
+        if name is not None:
+            msg["name"] = name
+        if isinstance(m.get("task"), str):
+            msg["task"] = m["task"]
+        if role == "developer":
+            tools = m.get("tools")
+            if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+                raise ChatFormatError(f"messages[{i}].tools must be a list of objects")
+            msg["tools"] = tools
+        out.append(msg)
     return out
 
 
+def _continue_final(text: str, msgs: list[dict[str, Any]]) -> str:
+    """``transformers``' cut for ``continue_final_message``: end the text right after the final message's
+    content (its trailing whitespace kept only when the template kept it)."""
+    final = msgs[-1]["content"]
+    stripped = final.strip()
+    if stripped not in text:
+        raise ChatFormatError("'continue_final_message': the final message does not appear in the rendered "
+                              "prompt (the chat template changes it), so it cannot be continued")
+    at = text.rindex(stripped)
+    if text[at:at + len(final.lstrip())] == final:
+        return text[:at + len(final.lstrip())]
+    return text[:at + len(stripped)]
+
+
+def _check_flags(add_generation_prompt: bool, continue_final_message: bool) -> None:
+    if continue_final_message and add_generation_prompt:
+        raise ChatFormatError("'continue_final_message' and 'add_generation_prompt' cannot both be true "
+                              "(give \"add_generation_prompt\": false to continue the final message)")
+
+
 class ChatTemplate(Protocol):
-    """Renders validated messages to prompt text; ``name`` identifies the template."""
+    """Renders validated messages to prompt text; ``name`` identifies the template. ``tools``, ``documents`` and
+    ``template_kwargs`` are what vLLM passes to the template (a template that does not use them ignores them)."""
 
     name: str
 
-    def render(self, messages: object, *, add_generation_prompt: bool = True) -> str: ...
+    def render(self, messages: object, *, add_generation_prompt: bool = True, continue_final_message: bool = False,
+               tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> str: ...
 
 
 @dataclass(frozen=True)
 class ChatMLTemplate:
-    """The fixed ChatML template (module docstring gives its exact output)."""
+    """The fixed ChatML template (module docstring gives its exact output); tools and kwargs do not change it."""
 
     name: str = "chatml"
 
-    def render(self, messages: object, *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: object, *, add_generation_prompt: bool = True, continue_final_message: bool = False,
+               tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> str:
+        _check_flags(add_generation_prompt, continue_final_message)
         msgs = normalize_messages(messages)
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
         if add_generation_prompt:
             text += "<|im_start|>assistant\n"
-        return text
+        return _continue_final(text, msgs) if continue_final_message else text
 
 
 def _token_text(value: Any) -> str:
@@ -131,14 +245,26 @@ class JinjaChatTemplate:
         def raise_exception(message: str) -> None:
             raise ChatFormatError(f"chat template refused the messages: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
+
+        def strftime_now(fmt: str) -> str:  # templates that date their system prompt (Llama 3.2/3.3)
+            return datetime.datetime.now().strftime(fmt)
+
+        # the environment transformers renders chat templates in (and vLLM through it): loop controls,
+        # raise_exception, strftime_now, and tojson with its keyword arguments
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+        env.globals["strftime_now"] = strftime_now
+        env.filters["tojson"] = tojson
         try:
             self._template = env.from_string(source)
         except TemplateError as e:
             raise ChatFormatError(f"chat template does not compile: {e}") from None
-        self._template_error = TemplateError
+        # what a template (or a request's tools / kwargs inside it) can raise while rendering
+        self._template_error = (TemplateError, TypeError, ValueError, ArithmeticError, LookupError, RecursionError)
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -170,15 +296,24 @@ class JinjaChatTemplate:
         return cls(tpl, bos_token=_token_text(cfg.get("bos_token")), eos_token=_token_text(cfg.get("eos_token")),
                    name=f"jinja:{p.parent.name}")
 
-    def render(self, messages: object, *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: object, *, add_generation_prompt: bool = True, continue_final_message: bool = False,
+               tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> str:
+        _check_flags(add_generation_prompt, continue_final_message)
         msgs = normalize_messages(messages)
+        context: dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        for key, value in (template_kwargs or {}).items():
+            if key in _RESERVED_KWARGS:
+                raise ChatFormatError(f"template kwarg {key!r} is set by the renderer and cannot be given")
+            context[key] = value
+        context.update(messages=msgs, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt)
         try:
-            return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+            text = self._template.render(**context)
         except ChatFormatError:
             raise
         except self._template_error as e:
             raise ChatFormatError(f"chat template failed to render: {e}") from None
+        return _continue_final(text, msgs) if continue_final_message else text
 
 
 CHAT_TEMPLATES: Registry = Registry("chat template")
