@@ -1,11 +1,18 @@
 """``KvEventSubscriber``: follow one engine's vLLM KV events (ZeroMQ SUB + replay) and feed a sink.
 
+Longer than 600 lines because the sequence, replay-paging and publisher-identity rules below act on one
+connection's state (last seq and digest, the SUB socket and its monitor, the replay socket) and change together;
+the wire format is ``codec``'s and the event types are ``types``'.
+
 Protocol handling (``publisher`` states the wire side):
 
 - Frames: exactly 3, ``(topic, seq, payload)`` with an 8-byte big-endian ``seq``; anything else is counted as
   malformed and skipped. A payload that does not decode (``codec.decode_batch``) is counted and skipped whole: its
   ``seq`` is not trusted and nothing advances, so if it was a real batch the next one shows a gap and the replay is
-  asked for it.
+  asked for it. No frame larger than ``MAX_PAYLOAD_BYTES`` plus ``_FRAME_SLACK_BYTES`` is received, on the SUB or
+  the replay socket (``zmq.MAXMSGSIZE``): ZeroMQ refuses it from its size header, before reading it, and drops the
+  connection; the SUB socket is then replaced (publisher identity, below), so the batch shows as a gap, and a replay
+  answer cut this way ends by silence (the batch is a hole).
 - Start: with a replay socket, the subscriber first asks it for everything from seq 0 (the engine's history
   before this subscriber connected; ``on_resync`` first if the buffer no longer reaches back to 0). Live batches
   that repeat a replayed one (same seq, same bytes) are counted as duplicates and skipped. Once the catch-up was
@@ -19,8 +26,25 @@ Protocol handling (``publisher`` states the wire side):
   only signalled when some event reached the sink since the start (or the previous resync): history lost before the
   sink heard anything leaves nothing to forget (``stats.resyncs_skipped`` counts those). A ``seq <=
   last`` on the PUB socket (other than a start-up duplicate) means the publisher restarted (a PUB never repeats a
-  number): ``on_resync``, then the
-  batch is handled as a first one.
+  number): ``on_resync``, then the batch is handled as a first one.
+- Publisher identity. A restarted engine numbers from 0 again on the same endpoints, and vLLM's batches name no
+  process, so while the subscriber was disconnected or slow the new numbers may continue the old ones (no gap) or
+  jump (a gap the NEW publisher's buffer would fill). INVARIANT: a batch that follows a gap, or that is the first
+  one received over a new SUB connection, is applied on the sink's state only when the replay socket still holds
+  the batch ``last_seq`` that was applied, byte for byte (the digest of the last applied payload is kept; one
+  replay of ``[last_seq, seq)`` checks it and fills the gap). A different batch there is a restart
+  (``stats.restarts``); an answer without it cannot be told from one (``stats.unverified``; e.g. a buffer that
+  rolled past it); both: ``on_resync``, then the batch is handled as a first one (the new publisher's history
+  from its replay). Without a replay socket, or when it does not answer, a new connection is a resync
+  (``stats.unverified``) and a gap a hole. Payloads carry the engine's timestamp, so two publishers' batches with
+  one seq differ unless they are the same bytes. Connections are followed by a socket monitor, and a SUB socket
+  carries ONE connection: at its first ``EVENT_DISCONNECTED`` after a handshake it is closed and a new one
+  connects, so what the lost connection left queued (possibly a dead publisher's batches, behind which the new
+  one's would come unchecked) is dropped unread and shows as a gap; this also re-opens a connection that ZeroMQ
+  itself drops for good (it does not reconnect after a protocol error, e.g. an oversized frame).
+  ``EVENT_HANDSHAKE_SUCCEEDED`` (``stats.reconnects`` after the first) marks the next batch for the check: ZeroMQ
+  reports a handshake before any message of that connection reaches the socket, and the monitor is read after a
+  message is received and before it is handled (a message read with the disconnection pending is dropped too).
 - Replay answers arrive in pages. vLLM's publisher answers a request by sending every buffered batch from
   ``start`` on in one loop through a ROUTER socket with the default high-water mark, and a ROUTER silently drops
   what does not fit: an answer of more than about a thousand large batches loses a stretch of them and often its
@@ -58,6 +82,7 @@ run's parent is not in the map (stored before this subscriber saw it, or aged ou
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import struct
 import threading
@@ -68,9 +93,11 @@ from typing import Iterator, Protocol
 
 import xxhash
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from quillcache._ratelog import BurstLog
 from quillcache.hashing import DYNAMO_BASE_SEED, local_hashes
-from quillcache.kvevents.codec import KvEventDecodeError, decode_batch
+from quillcache.kvevents.codec import MAX_PAYLOAD_BYTES, KvEventDecodeError, decode_batch
 from quillcache.kvevents.types import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 __all__ = ["KvEventSink", "KvEventSubscriber", "RemovedHashes", "StoredBlocks", "SubscriberStats",
@@ -78,6 +105,14 @@ __all__ = ["KvEventSink", "KvEventSubscriber", "RemovedHashes", "StoredBlocks", 
 
 log = logging.getLogger(__name__)
 _END = -1
+_FRAME_SLACK_BYTES = 64  # a frame is a payload (at most MAX_PAYLOAD_BYTES), an 8-byte seq or a topic
+_MONITORED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_MONITOR_IDS = itertools.count()
+_CONN_LOG_WINDOW_S, _CONN_LOG_BURST = 60.0, 5  # a publisher can drop connections at will (oversized frames)
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
 
 
 def chain_step(parent_chain: int | None, local: int) -> int:
@@ -145,7 +180,9 @@ class SubscriberStats:
     replay_pages: int = 0  # replay requests answered (a replay may take several: module doc)
     resyncs: int = 0
     resyncs_skipped: int = 0  # lost history before anything reached the sink: nothing to forget
-    restarts: int = 0
+    restarts: int = 0  # a seq that went back, or a replay whose batch last_seq is not the one applied
+    reconnects: int = 0  # SUB connections after the first (each one's first batch is checked: module doc)
+    unverified: int = 0  # a new connection or gap after which the publisher could not be checked: resynced
     sink_errors: int = 0
     internal_errors: int = 0
 
@@ -174,10 +211,17 @@ class KvEventSubscriber:
         self._told_since_resync = False  # an event reached the sink since the start or the last resync
         self._caught_up: dict[int, bytes] = {}  # seq -> payload digest of batches the start-up replay applied
         self.last_seq: int | None = None
+        self._last_digest: bytes | None = None  # of the payload applied as ``last_seq`` (publisher identity)
+        self._check_next = False  # a new SUB connection: its first batch is checked (module docstring)
+        self._handshaken = 0  # connections the monitor reported (the first is not a reconnect)
         self.stats = SubscriberStats()
         self._ctx = zmq.Context.instance()
         self._sub: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._sub_handshaken = False  # the current SUB socket has had a connection (then it is replaced at its loss)
         self._replay: zmq.Socket | None = None
+        self._conn_log = BurstLog(log, "KV-event connections replaced or publishers found restarted",
+                                  window_s=_CONN_LOG_WINDOW_S, burst=_CONN_LOG_BURST, prefix=f"kv events {engine_id}: ")
         self._running = threading.Event()
         self._connected = threading.Event()
         # set once the start-up catch-up was attempted (applied, refused, timed out or impossible); the sink's
@@ -224,19 +268,74 @@ class KvEventSubscriber:
         return True
 
     # ---- thread ---------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _open_sub(self) -> None:
+        """A new SUB socket with its connection monitor, connecting (``ZMQError`` if the endpoint is refused)."""
         sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 100_000)  # like vLLM's PUB side: a burst is queued, not dropped
-        sub.setsockopt(zmq.SUBSCRIBE, self._topic)
-        self._sub = sub
+        try:
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, 100_000)  # like vLLM's PUB side: a burst is queued, not dropped
+            sub.setsockopt(zmq.MAXMSGSIZE, MAX_PAYLOAD_BYTES + _FRAME_SLACK_BYTES)
+            sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+            # before connecting, so the first handshake is seen too; a fresh name, as a closed monitor's may still
+            # be registered (pyzmq's default name reuses the socket's descriptor number)
+            monitor = sub.get_monitor_socket(_MONITORED, f"inproc://quillcache-kvevents-monitor-{next(_MONITOR_IDS)}")
+        except BaseException:
+            sub.close(0)
+            raise
+        self._sub, self._monitor, self._sub_handshaken = sub, monitor, False
         try:
             sub.connect(self.endpoint)
+        except BaseException:
+            self._close_sub()
+            raise
+
+    def _close_sub(self) -> None:
+        sub, monitor = self._sub, self._monitor
+        self._sub = self._monitor = None
+        if sub is not None:
+            if monitor is not None:
+                try:
+                    sub.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                monitor.close(0)
+            sub.close(0)
+
+    def _connection_lost(self) -> bool:
+        """Read the SUB socket's connection events (module docstring: publisher identity); True when its connection
+        was lost, so the socket must be replaced."""
+        monitor = self._monitor
+        lost = False
+        while monitor is not None and monitor.poll(0):
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._sub_handshaken = True
+                self._check_next = True
+                self._handshaken += 1
+                if self._handshaken > 1:
+                    self.stats.reconnects += 1
+            elif event == zmq.EVENT_DISCONNECTED and self._sub_handshaken:
+                lost = True  # (a connection that failed its handshake brought nothing: ZeroMQ retries it)
+        return lost
+
+    def _reopen_sub(self) -> None:
+        """Replace the SUB socket whose connection was lost; what it still holds is dropped unread (a gap)."""
+        self._conn_log.note("connection lost", "connection to %s lost; reconnecting with a new socket",
+                            self.endpoint, level=logging.INFO)
+        self._close_sub()
+        try:
+            self._open_sub()
+        except zmq.ZMQError as e:  # the same endpoint was accepted before: retried at the next turn of the loop
+            self.stats.internal_errors += 1
+            log.error("kv events %s: cannot reconnect to %s: %s", self.engine_id, self.endpoint, e)
+
+    def _run(self) -> None:
+        try:
+            self._open_sub()
         except zmq.ZMQError as e:
             log.error("kv events %s: cannot connect to %s: %s", self.engine_id, self.endpoint, e)
             self._connected.set()
             self._signal_caught_up()
-            sub.close(0)
             return
         self._connected.set()
         try:
@@ -250,9 +349,18 @@ class KvEventSubscriber:
                     self._progress.notify_all()
             self._signal_caught_up()
             while self._running.is_set():
-                if not sub.poll(self._poll_ms):
+                sub = self._sub
+                if sub is None:  # a failed re-open: try again after a poll interval
+                    time.sleep(self._poll_ms / 1000)
+                    self._reopen_sub()
                     continue
-                frames = sub.recv_multipart()
+                frames = sub.recv_multipart() if sub.poll(self._poll_ms) else None
+                if self._connection_lost():  # read after the message, before it is handled (module docstring)
+                    self._reopen_sub()
+                    continue
+                if frames is None:
+                    self._conn_log.tick()
+                    continue
                 try:
                     self._handle(frames)
                 except Exception:  # never let a bug or a peer's bytes stop the stream
@@ -261,7 +369,8 @@ class KvEventSubscriber:
                 with self._progress:
                     self._progress.notify_all()
         finally:
-            sub.close(0)
+            self._conn_log.tick(final=True)
+            self._close_sub()
             if self._replay is not None:
                 self._replay.close(0)
 
@@ -276,19 +385,56 @@ class KvEventSubscriber:
             self.stats.malformed += 1
             log.debug("kv events %s: seq %d refused: %s", self.engine_id, seq, e)
             return
+        digest = _digest(frames[2])
+        got: dict[int, bytes] | None = None
         if self.last_seq is not None and seq <= self.last_seq:
-            if self._caught_up.get(seq) == hashlib.blake2b(frames[2], digest_size=16).digest():
+            if self._caught_up.get(seq) == digest:
                 self.stats.duplicates += 1  # a batch the catch-up replay already applied
                 return
             self.stats.restarts += 1
-            self._resync()
-            self.last_seq = None
+            self._forget()
+        elif self.last_seq is not None and (seq > self.last_seq + 1 or self._check_next):
+            got = self._same_publisher(seq)
+        self._check_next = False
         start = 0 if self.last_seq is None else self.last_seq + 1
         if seq > start:
-            self._fill_gap(start, seq)
+            self._fill_gap(start, seq, got)
         self._apply(batch)
         self.last_seq = seq
+        self._last_digest = digest
         self._caught_up.clear()
+
+    def _forget(self) -> None:
+        """The publisher is not (provably) the one followed so far: resync, and handle the batch as a first one."""
+        self._resync()
+        self.last_seq = None
+        self._last_digest = None
+
+    def _same_publisher(self, seq: int) -> dict[int, bytes] | None:
+        """After a gap or a new connection (``last_seq < seq``): the replay of ``[last_seq, seq)`` when it holds the
+        batch ``last_seq`` that was applied, byte for byte (the same publisher; the caller fills the gap from it).
+        Otherwise (module docstring: publisher identity) the sink resyncs and, when the replay answered, ``last_seq``
+        is forgotten (the caller asks the new publisher's history from 0); with no answer, ``{}`` (a gap is a
+        hole)."""
+        assert self.last_seq is not None
+        got = self._collect_replay(self.last_seq, seq) if self.replay_endpoint is not None else None
+        if got is None:  # no replay socket, or no answer: nothing tells the publishers apart
+            if self._check_next:
+                self.stats.unverified += 1
+            if seq == self.last_seq + 1:
+                self._resync()  # (a gap resyncs as a hole)
+            return {}
+        held = got.get(self.last_seq)
+        if held is not None and _digest(held) == self._last_digest:
+            return got
+        if held is None:
+            self.stats.unverified += 1
+        else:
+            self.stats.restarts += 1
+        self._conn_log.note("publisher restarted", "the replay's batch %d is %s: a restarted publisher, resyncing",
+                            self.last_seq, "missing" if held is None else "not the one applied")
+        self._forget()
+        return None
 
     def _signal_caught_up(self) -> None:
         self.caught_up.set()
@@ -317,7 +463,7 @@ class KvEventSubscriber:
             except KvEventDecodeError:
                 self.stats.malformed += 1
                 break
-            self._caught_up[s] = hashlib.blake2b(payload, digest_size=16).digest()
+            self._caught_up[s] = _digest(payload)
         if not decoded:
             return
         if decoded[0][0] != 0:
@@ -326,13 +472,18 @@ class KvEventSubscriber:
             self._apply(b)
             self.stats.replayed += 1
         self.last_seq = decoded[-1][0]
+        self._last_digest = self._caught_up[self.last_seq]
 
-    def _fill_gap(self, start: int, end: int) -> None:
-        """Replay ``[start, end)`` (module docstring); resync when any part of it cannot be had."""
+    def _fill_gap(self, start: int, end: int, got: dict[int, bytes] | None = None) -> None:
+        """Replay ``[start, end)`` (module docstring), or take it from ``got`` (a replay already read); resync when
+        any part of it cannot be had."""
         self.stats.gaps += 1
-        got = self._collect_replay(start, end) if self.replay_endpoint is not None else {}
+        if got is None and self.replay_endpoint is not None:
+            got = self._collect_replay(start, end)
         batches: dict[int, EventBatch | None] = {}
-        for s, payload in got.items():
+        for s, payload in (got or {}).items():
+            if not start <= s < end:
+                continue
             try:
                 batches[s] = decode_batch(payload)
             except KvEventDecodeError:
@@ -351,16 +502,19 @@ class KvEventSubscriber:
             self._apply(b)
             self.stats.replayed += 1
 
-    def _collect_replay(self, start: int, end: int | None = None) -> dict[int, bytes]:
+    def _collect_replay(self, start: int, end: int | None = None) -> dict[int, bytes] | None:
         """The buffered batches with ``start <= seq < end`` (``end=None``: to the buffer's end) that a series of
-        replay requests could get, by seq (module docstring: answers arrive in pages)."""
+        replay requests could get, by seq (module docstring: answers arrive in pages); None when no request was
+        answered."""
         got: dict[int, bytes] = {}
+        answered = False
         want = start  # the next seq of the consecutive run being assembled
         while self._thread is None or self._running.is_set():  # (not started: a direct call, tests)
             answer = self._request_replay(want)
             if answer is None:
                 break
             frames, complete = answer
+            answered = True
             self.stats.replay_pages += 1
             for s, payload in frames:
                 if s >= want and (end is None or s < end):
@@ -374,7 +528,7 @@ class KvEventSubscriber:
                 break  # the range is complete, or the buffer's end was reached with nothing missing
             if want == before:
                 break  # this request added nothing: what is missing stays a hole
-        return got
+        return got if answered else None
 
     def _request_replay(self, start: int) -> tuple[list[tuple[int, bytes]], bool] | None:
         """One replay request from ``start``: ``(frames, ended)`` where ``ended`` says the end marker came, or
@@ -383,6 +537,7 @@ class KvEventSubscriber:
             self._replay = self._ctx.socket(zmq.DEALER)
             self._replay.setsockopt(zmq.LINGER, 0)
             self._replay.setsockopt(zmq.RCVHWM, 0)  # never drop on this side: the buffer bounds an answer
+            self._replay.setsockopt(zmq.MAXMSGSIZE, MAX_PAYLOAD_BYTES + _FRAME_SLACK_BYTES)
             self._replay.connect(self.replay_endpoint)  # type: ignore[arg-type]
         sock = self._replay
         sock.send_multipart((b"", start.to_bytes(8, "big", signed=True)))
