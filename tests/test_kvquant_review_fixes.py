@@ -110,8 +110,12 @@ def test_every_accepted_hand_built_kivi_tensor_decodes_bit_identically_on_every_
     if used:
         payload[-1] &= (1 << used) - 1
     hand = R(q, zeros=zeros, scales=scales, payload=payload)
-    hand.check_layout()
+    try:
+        hand.check_layout()
+    except KVQuantError as e:  # a zero scale, or one that decodes past float32: decode_block refuses its block too
+        assert str(e).startswith("scales: ")
+        return
     codec = make_codec(f"int{bits}", group_size=4)
-    with np.errstate(over="ignore"):
-        a, b = codec.dequantize(hand, backend="reference"), codec.dequantize(hand, backend="numba")
+    a, b = codec.dequantize(hand, backend="reference"), codec.dequantize(hand, backend="numba")
+    assert np.isfinite(a).all()
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

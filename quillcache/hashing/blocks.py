@@ -74,7 +74,11 @@ def _check_name(param: str, value: object) -> bytes:
         return b""
     if not isinstance(value, str):
         raise TypeError(f"{param} must be str or None, got {type(value).__name__} {value!r:.80}")
-    return value.encode("utf-8")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: not text that UTF-8 (so Dynamo's hash) can carry
+        raise ValueError(f"{param}={value!r:.80} is not valid Unicode text: {e.reason} at index {e.start} "
+                         f"({value[e.start]!r}); it cannot be encoded as UTF-8") from None
 
 
 def check_block_size(block_size: object) -> int:

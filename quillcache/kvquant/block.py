@@ -14,18 +14,20 @@ A block decodes with no outside context. Layout (all integers little-endian)::
     scales (float32) | zeros (int32) | payload (uint8 codes) | window (dtype)
     crc32c u32 of every byte before it
 
-Decoding checks, in order, and raises ``KVBlockError`` naming the field: length, magic, version,
-header size, total length against the declared sections, crc32c (any flipped bit fails here), then
-the header's meaning (known codec / kind / layout / dtype / granularity, bits of the codec, shape
->= 1, window < tokens, group size dividing, ``scale_option`` NaN except for fp8's fixed scale,
-every section's size equal to what the shape implies) and the sections' contents (scales
-positive and finite, fp8's all equal to its fixed scale when it has one, zero points within the
-bound ``|z| <= 2**20`` (``reference.MAX_ZERO_POINT``), no int8 code -128, no fp8 NaN code, zero
-padding bits, a finite window, and no code decoding to a magnitude beyond ``MAGNITUDE_LIMIT`` of
-the block's dtype: float32's largest finite value, and twice float16's (what an encoder's zero
-point rounding can reach for float16 input, clipped on dequantization). A block that passes
-decodes to exactly the tensor that was encoded, or, if resealed by hand, at least to finite values
-of its dtype; every other block is refused.
+Decoding checks, in order, and raises ``KVBlockError`` naming the field: the buffer (``buf``: a
+C-contiguous bytes-like object), length, magic, version, header size, total length against the
+declared sections, crc32c (any flipped bit fails here), then the header's meaning (known codec /
+kind / layout / dtype / granularity, bits of the codec, shape >= 1, window < tokens, group size
+dividing, ``scale_option`` NaN except for fp8's fixed scale, every section's size equal to what the
+shape implies) and the sections' contents (``codecs.content_problem``, which
+``QuantizedKV.check_layout`` applies before ``encode_block`` writes a block, so encoding and
+decoding accept the same tensors: scales positive and finite, fp8's all equal to its fixed scale
+when it has one, zero points within the bound ``|z| <= 2**20`` (``reference.MAX_ZERO_POINT``), no
+int8 code -128, no fp8 NaN code, zero padding bits, a finite window, and no code decoding to a
+magnitude beyond ``MAGNITUDE_LIMIT`` of the block's dtype: float32's largest finite value, and twice
+float16's (what an encoder's zero point rounding can reach for float16 input, clipped on
+dequantization). A block that passes decodes to exactly the tensor that was encoded, or, if resealed
+by hand, at least to finite values of its dtype; every other block is refused.
 """
 
 from __future__ import annotations
@@ -36,11 +38,9 @@ import struct
 import crc32c
 import numpy as np
 
-from quillcache.kvquant.codecs import (CODEC_BITS, DTYPES, FLOAT16_MAX, GRANULARITIES, KINDS, QuantizedKV,
-                                      expected_layout)
+from quillcache.kvquant.codecs import (CODEC_BITS, DTYPES, GRANULARITIES, KINDS, MAGNITUDE_LIMIT, QuantizedKV,
+                                      content_problem, expected_layout, scale_option_problem)
 from quillcache.kvquant.errors import KVBlockError
-from quillcache.kvquant.fp8 import E4M3_NAN_CODE, E4M3_TABLE
-from quillcache.kvquant.reference import MAX_ZERO_POINT
 
 __all__ = ["BLOCK_MAGIC", "BLOCK_VERSION", "HEADER_BYTES", "decode_block", "encode_block"]
 
@@ -51,7 +51,6 @@ HEADER_BYTES = _HEADER.size
 _CRC_BYTES = 4
 CODEC_IDS = {"int8": 1, "fp8_e4m3": 2, "int4": 3, "int2": 4}
 GRANULARITY_IDS = {"token_head": 0, "tensor": 1, "head": 2, "channel": 3, "token": 4}
-MAGNITUDE_LIMIT = {"float32": float(np.finfo(np.float32).max), "float16": 2 * FLOAT16_MAX}
 
 
 def _host(a) -> np.ndarray:
@@ -60,7 +59,8 @@ def _host(a) -> np.ndarray:
 
 def encode_block(q: QuantizedKV) -> bytes:
     """The block of ``q`` (device arrays are copied to the host first); ``q.check_layout()`` first, so a
-    hand-built ``QuantizedKV`` with a field no encoder writes raises ``KVQuantError`` naming it."""
+    hand-built ``QuantizedKV`` with a field or contents no encoder writes raises ``KVQuantError`` naming it
+    (what is written, ``decode_block`` reads back)."""
     q.check_layout()
     scales, zeros = _host(q.scales).astype("<f4"), _host(q.zeros).astype("<i4")
     payload, window = _host(q.payload).astype(np.uint8), _host(q.window)
@@ -74,21 +74,12 @@ def encode_block(q: QuantizedKV) -> bytes:
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
-def _peak_magnitude(codec: str, scales: np.ndarray, zeros: np.ndarray, payload: np.ndarray) -> float:
-    """An upper bound (float64, exact products) on the magnitude any of the block's codes decodes to."""
-    s = scales.astype(np.float64)
-    if codec == "int8":
-        return 127.0 * float(s.max())
-    if codec == "fp8_e4m3":
-        return float(E4M3_TABLE[int((payload & 0x7F).max())]) * float(s.max())
-    qmax = (1 << CODEC_BITS[codec]) - 1
-    z = zeros.astype(np.int64)
-    return float((np.maximum(np.abs(z), np.abs(qmax - z)) * s).max())
-
-
 def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
     """The ``QuantizedKV`` a block holds; ``KVBlockError`` (naming the field) for anything malformed."""
-    mv = memoryview(buf).cast("B")
+    try:
+        mv = memoryview(buf).cast("B")
+    except TypeError as e:  # not bytes-like, or a non-contiguous view (cast needs C-contiguous memory)
+        raise KVBlockError("buf", f"{type(buf).__name__} is not a C-contiguous bytes-like object ({e})") from None
     if len(mv) < HEADER_BYTES + _CRC_BYTES:
         raise KVBlockError("length", f"{len(mv)} bytes is shorter than a header and a crc ({HEADER_BYTES + 4})")
     (magic, version, header_bytes, codec_id, kind_id, layout, dtype_id, gran_id, bits, group, t, h, d, w, n_scales,
@@ -131,10 +122,9 @@ def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
             raise KVBlockError("group_size", f"group_size={group} does not divide {extent} ({gran} groups)")
     elif group != 0:
         raise KVBlockError("group_size", f"group_size={group} for {codec} (expects 0)")
-    if codec == "fp8_e4m3" and not (math.isnan(scale_option) or (math.isfinite(scale_option) and scale_option > 0)):
-        raise KVBlockError("scale_option", f"{scale_option} is neither NaN nor a positive finite scale")
-    if codec != "fp8_e4m3" and not math.isnan(scale_option):
-        raise KVBlockError("scale_option", f"{scale_option} for {codec} (only fp8's fixed scale sets it; expects NaN)")
+    why = scale_option_problem(codec, scale_option)
+    if why is not None:
+        raise KVBlockError("scale_option", why)
     dtype = np.dtype(DTYPES[dtype_id]).newbyteorder("<")
     grid, n_z, payload_bytes = expected_layout(codec, gran, group, t_q, h, d)
     for name, got, want in (("scales_bytes", n_scales, 4 * math.prod(grid)), ("zeros_bytes", n_zeros, 4 * n_z),
@@ -151,26 +141,9 @@ def decode_block(buf: bytes | bytearray | memoryview) -> QuantizedKV:
     payload = np.frombuffer(mv, np.uint8, n_payload, off).copy()
     off += n_payload
     window = np.frombuffer(mv, dtype, w * h * d, off).astype(DTYPES[dtype_id]).reshape(w, h, d)
-    if not (np.isfinite(scales).all() and (scales > 0).all()):
-        raise KVBlockError("scales", "a scale is not a positive finite number")
-    if codec == "fp8_e4m3" and not math.isnan(scale_option) and (scales != np.float32(scale_option)).any():
-        raise KVBlockError("scales", f"a scale differs from the block's fixed fp8 scale_option {scale_option}")
-    if n_z and np.abs(zeros.astype(np.int64)).max() > MAX_ZERO_POINT:
-        raise KVBlockError("zeros", f"a zero point exceeds {MAX_ZERO_POINT} in magnitude")
-    if codec == "int8" and (payload == 0x80).any():
-        raise KVBlockError("payload", "int8 code -128 never occurs in an encoded block")
-    if codec == "fp8_e4m3" and ((payload & 0x7F) == E4M3_NAN_CODE).any():
-        raise KVBlockError("payload", "an fp8 NaN code (0x7F/0xFF) never occurs in an encoded block")
-    if codec in ("int4", "int2"):
-        used = t_q * h * d * bits
-        if used % 8 and payload[-1] >> (used % 8):
-            raise KVBlockError("payload", "padding bits of the last byte are not zero")
-    if not np.isfinite(window).all():
-        raise KVBlockError("window", "a full-precision window value is not finite")
-    peak, limit = _peak_magnitude(codec, scales, zeros, payload), MAGNITUDE_LIMIT[DTYPES[dtype_id]]
-    if not peak <= limit:
-        raise KVBlockError("scales", f"a code would decode to magnitude {peak:.6g}, beyond {limit:.6g} for "
-                                     f"{DTYPES[dtype_id]} (no encoder writes such a scale)")
+    problem = content_problem(codec, DTYPES[dtype_id], scale_option, scales, zeros, payload, window, t_q * h * d)
+    if problem is not None:  # the same checks as QuantizedKV.check_layout: encode and decode accept one set
+        raise KVBlockError(*problem)
     return QuantizedKV(codec=codec, kind=KINDS[kind_id], granularity=gran, dtype=DTYPES[dtype_id], shape=(t, h, d),
                        group_size=group, window_tokens=w, scales=scales, zeros=zeros, payload=payload, window=window,
                        scale_option=float(scale_option))

@@ -29,9 +29,13 @@ toward the original). Inputs are never modified.
 
 ``dequantize`` and ``encode_block`` check a ``QuantizedKV`` they are given (a public type, which may be
 built by hand; ``QuantizedKV.check_layout``) before any kernel reads it: its fields must be ones an encoder
-writes (codec, kind, dtype, granularity, group size, shape; zero points within ``MAX_ZERO_POINT``) and its
-arrays the layout those fields imply (``expected_layout``: array dtypes and sizes); otherwise
-``KVQuantError`` names the field or array. The ``window`` of a ``quantize`` result is a copy: changing the
+writes (codec, kind, dtype, granularity, group size, shape, ``scale_option``) and its arrays the layout those
+fields imply (``expected_layout``: array dtypes and sizes) holding contents an encoder writes
+(``content_problem``, the same function ``decode_block`` applies to a block's sections: scales positive and
+finite, zero points within ``MAX_ZERO_POINT``, no int8 code -128, no fp8 NaN code, zero padding bits, a
+finite window, no code decoding beyond ``MAGNITUDE_LIMIT``); otherwise ``KVQuantError`` names the field or
+array. So what ``check_layout`` accepts encodes to a block ``decode_block`` accepts, and dequantizes to finite
+values alike on every backend. The ``window`` of a ``quantize`` result is a copy: changing the
 input afterwards changes nothing quantized.
 """
 
@@ -46,12 +50,14 @@ import numpy as np
 from quillcache._checks import check_choice, check_float, check_int
 from quillcache.kvquant.errors import (KVQuantDtypeError, KVQuantError, KVQuantShapeError, NonFiniteError,
                                        OutOfRangeError)
+from quillcache.kvquant.fp8 import E4M3_NAN_CODE, E4M3_TABLE
 from quillcache.kvquant.kernels import KernelBackend, backend
 from quillcache.kvquant.reference import MAX_ZERO_POINT
 from quillcache.registry import Registry
 
-__all__ = ["CODECS", "DTYPES", "GRANULARITIES", "MAX_ABS", "Fp8E4M3Codec", "Int8Codec", "KINDS", "KiviCodec",
-           "QuantizedKV", "Codec", "expected_layout", "make_codec"]
+__all__ = ["CODECS", "DTYPES", "GRANULARITIES", "MAGNITUDE_LIMIT", "MAX_ABS", "Fp8E4M3Codec", "Int8Codec", "KINDS",
+           "KiviCodec", "QuantizedKV", "Codec", "content_problem", "expected_layout", "make_codec",
+           "scale_option_problem"]
 
 KINDS = ("key", "value")
 DTYPES = ("float16", "float32")
@@ -63,6 +69,10 @@ CODEC_BITS = {"int8": 8, "fp8_e4m3": 8, "int4": 4, "int2": 2}  # bits per code
 GRANULARITIES = {"int8": ("token_head", "tensor"), "fp8_e4m3": ("head", "tensor"), "int4": ("channel", "token"),
                  "int2": ("channel", "token")}
 MAX_EXTENT = 2**32 - 1  # a block's u32 header fields: tokens, heads, head_dim
+_F32_MAX = float(np.finfo(np.float32).max)
+# the largest magnitude a code may decode to: float32's largest finite value, and twice float16's (what an
+# encoder's zero point rounding can reach for float16 input; dequantize clips it)
+MAGNITUDE_LIMIT = {"float32": _F32_MAX, "float16": 2 * FLOAT16_MAX}
 
 
 def _is_int(v) -> bool:
@@ -83,6 +93,83 @@ def expected_layout(codec: str, granularity: str, group_size: int, tokens_quanti
     else:
         grid = (tokens_quantized, heads, head_dim // group_size)
     return grid, math.prod(grid), -(-n * CODEC_BITS[codec] // 8)
+
+
+def scale_option_problem(codec: str, scale_option: object) -> str | None:
+    """Why ``scale_option`` is not one an encoder writes, or None: NaN, or for ``fp8_e4m3`` also a fixed
+    scale that is a positive finite float32 (what a block's f32 header field holds)."""
+    if isinstance(scale_option, bool) or not isinstance(scale_option, (float, int, np.floating, np.integer)):
+        return f"{scale_option!r} is not a float"
+    if math.isnan(scale_option):
+        return None
+    if codec != "fp8_e4m3":
+        return f"{scale_option} for {codec} (only fp8's fixed scale sets it; expects NaN)"
+    if not (0 < scale_option <= _F32_MAX and np.float32(scale_option) > 0):  # inf fails the first test
+        return f"{scale_option} is neither NaN nor a positive finite float32 scale"
+    return None
+
+
+def content_problem(codec: str, dtype: str, scale_option: float, scales, zeros, payload, window,
+                    num_codes: int) -> tuple[str, str] | None:
+    """The first ``(field, reason)`` of a quantized tensor's contents that no encoder writes, or None.
+
+    The one definition of valid contents, shared by ``QuantizedKV.check_layout`` (so ``dequantize`` and
+    ``encode_block``) and ``decode_block``: scales positive and finite (fp8's all equal to its fixed scale
+    when it has one), zero points within ``MAX_ZERO_POINT``, no int8 code -128, no fp8 NaN code, zero padding
+    bits after the last int4/int2 code, a finite window, and no code decoding to a magnitude beyond
+    ``MAGNITUDE_LIMIT[dtype]``. What passes dequantizes to finite values of ``dtype`` on every backend.
+    The arrays (NumPy or CuPy) must already have the dtypes and sizes ``expected_layout`` gives for
+    ``num_codes`` codes, and ``scale_option`` have passed ``scale_option_problem``. The checks are whole-array
+    reductions (no temporaries over the codes; vectorised, so cheap enough for every encode), plus a float64
+    pass over the int4/int2 scale grid only when the bound from the extreme scale and zero points is beyond
+    the limit.
+    """
+    smin, smax = float(scales.min()), float(scales.max())
+    if not (smin > 0 and smax <= _F32_MAX):  # NaN fails both comparisons
+        return "scales", "a scale is not a positive finite number"
+    if codec == "fp8_e4m3" and not math.isnan(scale_option) and not smin == smax == float(np.float32(scale_option)):
+        return "scales", f"a scale differs from the block's fixed fp8 scale_option {scale_option}"
+    lo = hi = 0
+    if zeros.size:  # int32 min/max: no widening copy, and |z| <= 2**20 cannot overflow the comparison
+        lo, hi = int(zeros.min()), int(zeros.max())
+        if lo < -MAX_ZERO_POINT or hi > MAX_ZERO_POINT:
+            return "zeros", (f"a zero point of magnitude {max(-lo, hi)} exceeds MAX_ZERO_POINT={MAX_ZERO_POINT} "
+                             f"(no encoder writes one)")
+    if codec == "int8":
+        if int(payload.view(np.int8).min()) == -128:
+            return "payload", "int8 code -128 never occurs in an encoded block"
+        peak = 127.0 * smax
+    elif codec == "fp8_e4m3":
+        # the largest code & 0x7F present, in two reductions without a temporary: the int8 view's maximum is
+        # the largest code below 0x80 (negative if there is none), uint8's minus 0x80 the largest above
+        top = max(int(payload.view(np.int8).max()), int(payload.max()) - 0x80)
+        if top == E4M3_NAN_CODE:
+            return "payload", "an fp8 NaN code (0x7F/0xFF) never occurs in an encoded block"
+        peak = float(E4M3_TABLE[top]) * smax
+    else:
+        bits = CODEC_BITS[codec]
+        used = num_codes * bits
+        if used % 8 and int(payload[-1]) >> (used % 8):
+            return "payload", "padding bits of the last byte are not zero"
+        # a group's codes decode to at most max(|z|, |qmax - z|) * s = (|z - qmax/2| + qmax/2) * s (exact in
+        # float64); the largest step over the extreme zero points bounds them all, and only a tensor beyond
+        # the limit by that coarse bound pays for the exact pass over the scale grid
+        half = ((1 << bits) - 1) / 2
+        peak = (max(abs(lo - half), abs(hi - half)) + half) * smax
+        if not peak <= MAGNITUDE_LIMIT[dtype]:
+            m = zeros.astype(np.float64)
+            m -= half
+            m = abs(m)
+            m += half
+            m *= scales
+            peak = float(m.max())
+    if window.size and not bool(_xp(window).isfinite(window).all()):
+        return "window", "a full-precision window value is not finite"
+    limit = MAGNITUDE_LIMIT[dtype]
+    if not peak <= limit:
+        return "scales", (f"a code would decode to magnitude {peak:.6g}, beyond {limit:.6g} for {dtype} (no "
+                          f"encoder writes such a scale)")
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -120,9 +207,11 @@ class QuantizedKV:
     def check_layout(self) -> None:
         """``KVQuantError`` naming the first field that no encoder writes: a codec, kind, dtype or granularity
         not among the codec's (``CODEC_BITS``, ``KINDS``, ``DTYPES``, ``GRANULARITIES``), a group size or shape
-        a block could not hold, an array whose dtype or size is not what the fields imply, or a zero point
-        beyond ``MAX_ZERO_POINT`` in magnitude (where ``q - z`` would no longer be exact and the backends
-        could disagree). What passes dequantizes alike on every backend and encodes to a block."""
+        a block could not hold, a ``scale_option`` other than NaN or fp8's positive finite fixed scale, an
+        array whose dtype or size is not what the fields imply, or contents no encoder writes
+        (``content_problem``, the checks ``decode_block`` applies: e.g. a zero point beyond ``MAX_ZERO_POINT``
+        in magnitude, where ``q - z`` would no longer be exact and the backends could disagree). What passes
+        dequantizes to finite values alike on every backend and encodes to a block ``decode_block`` accepts."""
         if not isinstance(self.codec, str) or self.codec not in CODEC_BITS:
             raise KVQuantError(f"codec={self.codec!r} must be one of {list(CODEC_BITS)}")
         for name, value, allowed in (("kind", self.kind, KINDS), ("dtype", self.dtype, DTYPES),
@@ -153,18 +242,20 @@ class QuantizedKV:
             if str(arr.dtype) != dtype or tuple(arr.shape) != shape:
                 raise KVQuantError(f"{name} is {arr.dtype} {tuple(arr.shape)}; a {self.codec} tensor of shape "
                                    f"{self.shape} ({self.granularity}) needs {dtype} {shape}")
-        if n_zeros:  # int32 min/max: no widening copy, and |z| <= 2**20 cannot overflow the comparison
-            lo, hi = int(self.zeros.min()), int(self.zeros.max())
-            if lo < -MAX_ZERO_POINT or hi > MAX_ZERO_POINT:
-                raise KVQuantError(f"zeros: a zero point of magnitude {max(-lo, hi)} exceeds "
-                                   f"MAX_ZERO_POINT={MAX_ZERO_POINT} (no encoder writes one)")
+        why = scale_option_problem(self.codec, self.scale_option)
+        if why is not None:
+            raise KVQuantError(f"scale_option: {why}")
+        problem = content_problem(self.codec, self.dtype, self.scale_option, self.scales, self.zeros, self.payload,
+                                  self.window, (t - self.window_tokens) * h * d)
+        if problem is not None:
+            raise KVQuantError(f"{problem[0]}: {problem[1]}")
 
     def codec_object(self) -> "Codec":
         return make_codec(self.codec, **_options_of(self))
 
     def dequantize(self, backend_name: str = "numba") -> np.ndarray:
         self.check_layout()  # before the codec is built from the fields: an error names the field
-        return self.codec_object().dequantize(self, backend=backend_name)
+        return self.codec_object()._dequantize_checked(self, backend_name)  # checked once, not twice
 
 
 def _xp(a):
@@ -244,6 +335,10 @@ class Codec:
         if q.codec != self.name:
             raise KVQuantError(f"a {q.codec!r} tensor cannot be dequantized by codec {self.name!r}")
         q.check_layout()
+        return self._dequantize_checked(q, backend)
+
+    def _dequantize_checked(self, q: QuantizedKV, backend: str):
+        """``dequantize`` of a ``q`` of this codec that passed ``check_layout``."""
         k = _backend(backend)
         xp = _xp(q.payload)
         out = xp.empty(q.shape, dtype=q.dtype)

@@ -18,8 +18,22 @@ Invariants:
   (ties: smaller key first), from candidates re-ranked on every addition.
 - Inputs are validated before the core sees them: keys are 1-D C-contiguous ``uint64`` arrays or
   Python/NumPy integers in [0, 2**64); anything else raises TypeError/ValueError naming the value.
+- Every row's counters sum to at most ``total``: an addition of ``count`` raises each row by at most
+  ``count`` (conservative update raises less, saturation stops it), halving halves both sides rounding
+  down, and ``merge`` adds both sides. (Equality is not an invariant: conservative update, saturation
+  and halving each make a row fall short.)
 - Not thread-safe: a mutating call made while another thread is inside one raises RuntimeError
   (the core releases the GIL during batch loops but never races on its own state).
+
+Snapshots (``to_bytes`` / ``from_bytes``, also what pickle uses), all little-endian: a header
+(``_HEADER``: magic ``b"QCCMS\\x00v2"`` carrying the format version, then eps, delta, width, depth, seed,
+conservative, top_k, aging_window (0 = off), aging clock, total, heavy-hitter count), the counters
+(uint32, depth x width), the heavy-hitter heap's keys (uint64) and stored estimates (uint32), then a
+crc32c (uint32) of every byte before it. ``from_bytes`` refuses with a ValueError naming what failed:
+a bad magic, a header the config checks refuse, a length other than the header implies, a crc32c
+mismatch (any damaged byte), an aging clock or heap that the sketch could not hold, or a row whose
+counters sum to more than ``total``. A version-1 snapshot (magic ``b"QCCMS\\x00v1"``: the same layout
+without the crc32c, written before it existed) still loads, checked for everything but the crc32c.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import math
 import struct
 from dataclasses import dataclass
 
+import crc32c
 import numpy as np
 
 from quillcache._checks import check_float, check_int, is_int
@@ -44,9 +59,11 @@ from quillcache.sketch.reference import (
 
 __all__ = ["CountMinSketch", "SketchConfig"]
 
-_MAGIC = b"QCCMS\x00v1"
+_MAGIC = b"QCCMS\x00v2"  # version 2: a crc32c follows the body
+_MAGIC_V1 = b"QCCMS\x00v1"  # version 1: the same header and body, no crc32c (still read)
 # magic, eps, delta, width, depth, seed, conservative, top_k, aging_window(0=off), since_aging, total, n_heavy
 _HEADER = struct.Struct("<8sddIIQ?3xIQQQI")
+_CRC = struct.Struct("<I")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,7 +291,8 @@ class CountMinSketch:
         return (CountMinSketch.from_bytes, (self.to_bytes(),))
 
     def to_bytes(self) -> bytes:
-        """Little-endian snapshot: header, counters, heavy-hitter heap (restored exactly)."""
+        """Little-endian snapshot: header, counters, heavy-hitter heap, crc32c (restored exactly; the
+        module docstring gives the format)."""
         c = self._config
         hk = self._core.heavy_keys()
         he = self._core.heavy_stored()
@@ -292,30 +310,42 @@ class CountMinSketch:
             self._core.total,
             hk.shape[0],
         )
-        return b"".join(
-            [header, self._core.table.astype("<u4").tobytes(), hk.astype("<u8").tobytes(), he.astype("<u4").tobytes()]
-        )
+        table = self._core.table.astype("<u4").tobytes()
+        parts = [header, table, hk.astype("<u8").tobytes(), he.astype("<u4").tobytes()]
+        crc = 0
+        for part in parts:
+            crc = crc32c.crc32c(part, crc)
+        parts.append(_CRC.pack(crc))
+        return b"".join(parts)
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> "CountMinSketch":
-        """Rebuild a sketch from ``to_bytes``; malformed input raises ValueError, never crashes."""
+        """Rebuild a sketch from ``to_bytes`` (a version-1 snapshot too, which has no crc32c); malformed or
+        damaged input raises ValueError naming what failed, never crashes."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes-like, got {type(data).__name__}")
         buf = bytes(data)
         if len(buf) < _HEADER.size:
             raise ValueError(f"sketch snapshot is {len(buf)} bytes; the header alone is {_HEADER.size}")
         magic, eps, delta, width, depth, seed, cons, top_k, aging, since, total, n_heavy = _HEADER.unpack_from(buf)
-        if magic != _MAGIC:
-            raise ValueError(f"not a sketch snapshot: magic {magic!r} != {_MAGIC!r}")
+        if magic not in (_MAGIC, _MAGIC_V1):
+            raise ValueError(f"not a sketch snapshot: magic {magic!r} is neither {_MAGIC!r} nor {_MAGIC_V1!r}")
+        crc_bytes = _CRC.size if magic == _MAGIC else 0
         cfg = SketchConfig(
             eps=eps, delta=delta, conservative=cons, seed=seed, aging_window=aging or None, top_k=top_k
         )  # validates before anything is allocated
         if (cfg.width, cfg.depth) != (width, depth):
             raise ValueError(f"snapshot says {width}x{depth} but eps={eps}, delta={delta} give {cfg.width}x{cfg.depth}")
         n_counters = width * depth
-        expected = _HEADER.size + 4 * n_counters + 12 * n_heavy
+        expected = _HEADER.size + 4 * n_counters + 12 * n_heavy + crc_bytes
         if len(buf) != expected:
             raise ValueError(f"sketch snapshot is {len(buf)} bytes; expected {expected}")
+        if crc_bytes:
+            body_end = len(buf) - crc_bytes
+            stored, actual = _CRC.unpack_from(buf, body_end)[0], crc32c.crc32c(memoryview(buf)[:body_end])
+            if stored != actual:
+                raise ValueError(f"sketch snapshot crc32c: stored {stored:#010x} != computed {actual:#010x} over "
+                                 f"{body_end} bytes of header and body: the snapshot is corrupted")
         if n_heavy > top_k:
             raise ValueError(f"snapshot holds {n_heavy} heavy hitters but top_k={top_k}")
         if (aging and since >= aging) or (not aging and since):
@@ -324,6 +354,11 @@ class CountMinSketch:
         off = _HEADER.size
         counters = np.frombuffer(buf, dtype="<u4", count=n_counters, offset=off).astype(np.uint32)
         off += 4 * n_counters
+        row_sums = counters.reshape(depth, width).sum(axis=1, dtype=np.uint64)  # < 2**63: width <= 2**31
+        if int(row_sums.max()) > total:
+            row = int(np.argmax(row_sums))
+            raise ValueError(f"snapshot counters of row {row} sum to {int(row_sums[row])} > total={total} (a row "
+                             f"never sums to more than the counted stream)")
         hk = np.frombuffer(buf, dtype="<u8", count=n_heavy, offset=off).astype(np.uint64)
         off += 8 * n_heavy
         he = np.frombuffer(buf, dtype="<u4", count=n_heavy, offset=off).astype(np.uint32)
