@@ -254,6 +254,7 @@ def session_arrays(**config) -> TraceArrays:
 def hit_rate_table(arrs: TraceArrays, caps: list[int | None], policies: list[str],
                    options: dict[str, dict] | None = None) -> dict[tuple[str, int | None], float]:
     """Hit rate per (policy, capacity); ``options`` gives kernel options per policy (e.g. block_tokens)."""
+    assert arrs.prefix_chained, f"Belady bounds nothing on a trace that is not prefix-chained: {arrs.chain_break}"
     options = options or {}
     out = {}
     for pol in policies:

@@ -470,17 +470,86 @@ def _learning_options(draw, pol: str) -> dict:
     return opts
 
 
+def _state_after(arrs: TraceArrays, pol: str, cap: int, cut: int, opts: dict) -> tuple[frozenset, list, list]:
+    """Drive ``pol``'s policy object over requests ``0..cut-1`` of ``arrs`` with the loop of
+    ``quillcache.hitrate.reference.replay`` (the same harness options, from its ``build_policy``) and
+    stop there: the blocks it then holds, the order it would evict them in, and its hits on the way."""
+    from quillcache.hitrate.reference import build_policy
+
+    cursor = [0, 0]
+    p = build_policy(pol, cap, arrs, cursor, **opts)
+    begin = getattr(p, "begin_request", None)
+    off, blocks, isl = arrs.req_offsets.tolist(), arrs.blocks.tolist(), arrs.input_tokens.tolist()
+    hits = []
+    for r in range(cut):
+        keys = blocks[off[r]:off[r + 1]]
+        k = next((i for i, b in enumerate(keys) if b not in p), len(keys))
+        hits.append(k)
+        cursor[1] = r
+        if begin is not None:
+            begin(keys, k, isl[r])
+        for j, b in enumerate(keys):
+            cursor[0] = off[r] + j
+            if b in p:
+                p.touch(b)
+            elif p.admit(b, 1):
+                if len(p) >= cap:
+                    p.evict(p.victim())
+                p.insert(b, 1)
+    return frozenset(p), p.eviction_order(), hits
+
+
+def _decisions(arrs: TraceArrays, pol: str, cap: int, cut: int, opts: dict) -> tuple[tuple, tuple]:
+    """``pol``'s (blocks held, eviction order) after request ``cut - 1``, replaying requests
+    ``0..cut-1`` alone and replaying the whole trace. The prefix is re-densified by ``subset``,
+    which keeps every id (ids are numbered by first appearance)."""
+    head = arrs.subset(np.arange(cut))
+    held, order, hits = _state_after(head, pol, cap, cut, opts)
+    assert hits == replay(head, pol, cap, **opts).tolist(), (pol, opts)  # _state_after is replay's loop
+    return (held, order), _state_after(arrs, pol, cap, cut, opts)[:2]
+
+
 @given(arrs=conversation_traces(), cap=st.integers(1, 24), cut=st.integers(0, 40), data=st.data())
 def test_online_policies_decide_without_the_future(arrs, cap, cut, data):
-    """Every online policy's hits on a prefix of the trace are its full run's hits on that prefix,
-    with learning periods that end inside the prefix (``_learning_options``), so that what is
-    learnt at a period's end (densities, horizons, the rule in use) is checked for the future too."""
+    """Decisions, not hits: every online policy object holds the same blocks (and would evict them in
+    the same order) after the last request of a trace prefix whether it replays the prefix alone or
+    the whole trace, with learning periods that end inside the prefix (``_learning_options``), so
+    what is learnt at a period's end (densities, horizons, the rule in use) is checked too. Equal
+    hits on the prefix would not do: Belady and lookahead have them as well (they use the future
+    only to pick among blocks not referenced before the cut), but they fail this check, on the
+    blocks held alone (``test_the_decision_check_catches_policies_that_see_the_future``). The
+    kernels replay these objects hit for hit (``test_kernels_agree_with_online_reference``), which
+    carries the guarantee to them; their hits on the prefix are checked here as well."""
     cut = min(cut, arrs.num_requests)
     head = arrs.subset(np.arange(cut))
     for pol in ONLINE:
         opts = _learning_options(data.draw, pol)
+        alone, with_rest = _decisions(arrs, pol, cap, cut, opts)
+        assert alone == with_rest, (pol, cut, opts)
         full = simulate(arrs, pol, cap, **opts).hits_per_request
         assert np.array_equal(simulate(head, pol, cap, **opts).hits_per_request, full[:cut]), (pol, cut, opts)
+
+
+@pytest.mark.parametrize("pol, opts, hand_made", [
+    ("belady", {}, [[1], [2], [3], [3], [2]]), ("belady", {"bypass": False}, [[1], [2], [3], [3], [2]]),
+    ("lookahead", {}, [[1, 2], [3], [1, 2]]), ("lookahead", {"window_requests": 1}, [[1, 2], [3], [1, 2]])])
+def test_the_decision_check_catches_policies_that_see_the_future(pol, opts, hand_made):
+    """Positive control: the check of ``test_online_policies_decide_without_the_future`` fails for
+    the two policies that see the future, on the blocks held alone, on traces of its own strategy
+    (found by Hypothesis) and on a hand-made trace, cache 2, cut before its last request: the block
+    dropped there is chosen by what the last request references."""
+    from hypothesis import Phase, find
+
+    alone, with_rest = _decisions(arrays_from_lists(hand_made), pol, 2, len(hand_made) - 1, opts)
+    assert alone[0] != with_rest[0]
+
+    def held_differ(x) -> bool:
+        alone, with_rest = _decisions(x[0], pol, x[1], min(x[2], x[0].num_requests), opts)
+        return alone[0] != with_rest[0]
+
+    # the first trace found will do (no shrinking); none in 2,000: NoSuchExample, the check is blind
+    find(st.tuples(conversation_traces(), st.integers(1, 24), st.integers(0, 40)), held_differ,
+         settings=settings(database=None, max_examples=2000, deadline=None, phases=[Phase.generate]))
 
 
 def test_quillchain_on_real_trace_prefixes_equals_the_full_run(real_arrays):

@@ -219,3 +219,156 @@ def test_a_validated_instance_over_writable_memory_is_checked_again():
         simulate(t, "belady", 1)
     base[2] = 0  # valid again: replayed again
     assert simulate(t, "belady", 1).hits_per_request.tolist() == [0, 0, 1]
+
+
+# ---------------------------------------------------------------- second review: prefix-chained traces (M2)
+
+
+UNCHAINED = [[3], [2, 5, 6], [2, 4, 6, 5], [5, 2, 3]]  # 6 follows 5, then 4; lengthaware beats Belady at 3 blocks
+
+
+def _jsonl(path: Path, lists: list[list[int]]) -> Path:
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                        "hash_ids": ids}) + "\n" for i, ids in enumerate(lists)), encoding="utf-8")
+    return path
+
+
+def test_arrays_from_lists_says_whether_the_ids_are_prefix_chained_and_where_not():
+    from quillcache.hitrate.arrays import ChainBreak
+
+    for chained in ([], [[]], [[1, 2], [1, 2, 3], [], [1, 4], [7]], _lists()):
+        a = arrays_from_lists(chained)
+        assert a.prefix_chained is True and a.chain_break is None, chained
+    a = arrays_from_lists(UNCHAINED)
+    assert a.prefix_chained is False
+    assert a.chain_break == ChainBreak(request=2, position=2, block_id=6, parent=4, first_request=1, first_position=2,
+                                       first_parent=5, in_one_request=False)
+    assert str(a.chain_break) == ("block id 6 (request 2, position 2) follows id 4, but at its first reference "
+                                  "(request 1, position 2) it follows id 5")
+    # an id twice in one request; a first block that follows another block elsewhere; the trace's own ids (uint64)
+    big = 2**64 - 1
+    assert arrays_from_lists([[0, 5, 5], [0]]).chain_break == ChainBreak(0, 2, 5, 5, 0, 1, 0, True)
+    assert arrays_from_lists([[1, 2], [2]]).chain_break == ChainBreak(1, 0, 2, None, 0, 1, 1, False)
+    assert arrays_from_lists([[big, 9], [], [7, 9]]).chain_break == ChainBreak(2, 1, 9, 7, 0, 1, big, False)
+    assert "it occurs twice in request 0" in str(arrays_from_lists([[0, 5, 5], [0]]).chain_break)
+    # a sub-trace is checked again; the study's traces are prefix-chained and belady bounds the policies there
+    assert a.subset(np.array([0, 1])).prefix_chained is True and a.subset(np.array([0, 1, 3])).prefix_chained is False
+    assert simulate(a, "lengthaware", 3).hit_blocks > simulate(a, "belady", 3).hit_blocks  # why it matters
+
+
+def test_validate_refuses_a_prefix_chained_flag_the_blocks_contradict():
+    a = arrays_from_lists(UNCHAINED)
+    assert _with(a).prefix_chained is None  # built by hand without it: not known, accepted
+    validate_arrays(_with(a))
+    with pytest.raises(ValueError, match=r"prefix_chained=True but the blocks are not \(block reference 6 breaks it\)"):
+        validate_arrays(_with(a, prefix_chained=True))
+    with pytest.raises(ValueError, match="chain_break must be given exactly when prefix_chained is False"):
+        validate_arrays(_with(a, prefix_chained=False))
+    ok = arrays_from_lists(_lists())
+    with pytest.raises(ValueError, match="prefix_chained=False but the blocks are prefix-chained"):
+        validate_arrays(_with(ok, prefix_chained=False, chain_break=a.chain_break))
+    with pytest.raises(TypeError, match="prefix_chained must be a bool or None"):
+        validate_arrays(_with(ok, prefix_chained=1))
+
+
+def test_the_study_refuses_a_trace_that_is_not_prefix_chained():
+    from experiments.hitrate_study import hit_rate_table
+
+    with pytest.raises(AssertionError, match="not prefix-chained: block id 6 .request 2, position 2."):
+        hit_rate_table(arrays_from_lists(UNCHAINED), [3], ["lru", "belady"])
+    assert hit_rate_table(arrays_from_lists(_lists()), [2], ["lru"])[("lru", 2)] >= 0.0
+
+
+def test_cli_refuses_a_trace_that_is_not_prefix_chained_naming_the_block(tmp_path: Path, capsys):
+    from quillcache.cli import main
+
+    trace = _jsonl(tmp_path / "np.jsonl", UNCHAINED)
+    out = tmp_path / "out"
+    assert main(["hitrate", str(trace), "--policies", "lengthaware", "--capacities", "3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1  # ONE line, before any replay
+    assert err[0].startswith(f"quillcache hitrate: error: {trace}: hash ids are not prefix-chained: block id 6 "
+                             f"(request 2, position 2) follows id 4, but at its first reference (request 1, "
+                             f"position 2) it follows id 5; Belady is then no upper bound")
+    assert "--allow-unchained" in err[0]
+    assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
+def test_cli_allow_unchained_labels_belady_a_heuristic_and_leaves_every_gap_closed_na(tmp_path: Path, capsys):
+    import pandas as pd
+
+    from quillcache.cli import main
+    from quillcache.results import read_summary
+
+    trace = _jsonl(tmp_path / "np.jsonl", UNCHAINED)
+    out = tmp_path / "out"
+    assert main(["hitrate", str(trace), "--policies", "lengthaware", "--capacities", "3,inf", "--bounds",
+                 "--allow-unchained", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "belady (heuristic: trace not prefix-chained, no bound)" in cap.out
+    assert "offline bound" not in cap.out and "+200.0%" not in cap.out
+    assert "--allow-unchained: belady is a heuristic and gap_closed is NA in every row" in cap.err
+    raw = (out / "hitrate.csv").read_text().splitlines()
+    df = pd.read_csv(out / "hitrate.csv")
+    assert df["gap_closed"].isna().all() and len(df) == 8  # lru, lengthaware, belady, reuse_oracle x 2 capacities
+    gap_col = raw[0].split(",").index("gap_closed")
+    assert all(line.split(",")[gap_col] == "" for line in raw[1:])  # NA: empty in the CSV
+    by = df.drop_duplicates("policy").set_index("policy")
+    assert by.loc["belady", "label"] == "heuristic: trace not prefix-chained, no bound"
+    assert by.loc["belady", "policy_class"] == "offline" and by.loc["lengthaware", "policy_class"] == "online"
+    assert by.loc["reuse_oracle", "label"].endswith("; heuristic: trace not prefix-chained, no bound")
+    tidy = read_summary("out", tmp_path)
+    assert set(tidy["metric"]) == {"hit_rate"} and (tidy["prefix_chained"] == False).all()  # noqa: E712
+    assert set(tidy[tidy.subject.isin(["belady", "reuse_oracle"])]["notes"]) == {
+        "heuristic: trace not prefix-chained, no bound"}
+
+
+# ---------------------------------------------------------------- second review: the class of each row (L4)
+
+
+def test_cli_files_keep_lookahead_apart_as_the_study_does(tmp_path: Path, capsys):
+    import pandas as pd
+
+    from quillcache.cli import main
+    from quillcache.hitrate import HITRATE_KERNELS
+    from quillcache.results import read_summary
+
+    trace = _jsonl(tmp_path / "c.jsonl", _lists())
+    out = tmp_path / "out"
+    assert main(["hitrate", str(trace), "--policies", "lookahead,sieve", "--capacities", "2,inf", "--quiet",
+                 "--out", str(out)]) == 0
+    df = pd.read_csv(out / "hitrate.csv")
+    cls = dict(zip(df["policy"], df["policy_class"]))
+    assert cls == {"lru": "online", "sieve": "online", "lookahead": "semi_online", "belady": "offline"}
+    label = dict(zip(df["policy"], df["label"].fillna("")))
+    assert label == {"lru": "", "sieve": "", "lookahead": "semi-online", "belady": "offline bound"}
+    w = HITRATE_KERNELS["lookahead"].options["window_requests"]
+    assert set(df[df.policy == "lookahead"]["window_requests"]) == {w} and df[df.policy != "lookahead"][
+        "window_requests"].isna().all()
+    tidy = read_summary("out", tmp_path)
+    semi = tidy[tidy.subject == "lookahead"]
+    assert set(semi["metric"]) == {"semi_online_hit_rate", "semi_online_gap_closed"}  # the study's names
+    assert set(semi["window_requests"]) == {w}
+    assert set(tidy[tidy.subject != "lookahead"]["metric"]) == {"hit_rate", "gap_closed"}
+    assert not tidy["metric"].isin(["hit_rate", "gap_closed"])[tidy.subject == "lookahead"].any()
+    assert "prefix_chained" not in tidy.columns or tidy["prefix_chained"].isna().all()
+
+
+# ---------------------------------------------------------------- second review: docstrings (M1, L3)
+
+
+def test_docstrings_claim_neither_belady_without_bypass_optimal_nor_hits_on_a_prefix_as_the_online_proof():
+    """Without bypass Belady is per-reference MIN and not optimal for prefix hits among policies that
+    always admit: [0,1,2] [0,1,2] [0] at 2 blocks, it hits 1 block, keeping 0 and dropping 2 for 1 on
+    the second request hits 2; with bypass it hits 3. And equal hits on a trace prefix do not show a
+    policy sees no future (Belady has them too); the online test compares decisions."""
+    import quillcache.hitrate as hitrate
+    import quillcache.policies.belady as belady
+
+    arrs = arrays_from_lists([[0, 1, 2], [0, 1, 2], [0]])
+    assert simulate(arrs, "belady", 2, bypass=False).hit_blocks == 1
+    assert simulate(arrs, "belady", 2).hit_blocks == 3
+    text = " ".join((belady.__doc__ or "").split())
+    assert "MIN among policies that always admit" not in text and "not optimal for prefix hits" in text
+    text = " ".join((hitrate.__doc__ or "").split())
+    assert "hits on a trace prefix == the full run's" not in text and "Tested on decisions, not hits" in text

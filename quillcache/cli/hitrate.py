@@ -6,13 +6,26 @@ Capacities are block counts (``10k``), ``inf``, or shares of the trace's distinc
 hit-rate study's generalisation table, so one command line means the same cache pressure on traces
 of any size; the table heads say both, and ``hitrate.csv`` has a ``capacity_share`` column.
 
+Belady (with bypass) bounds every policy's prefix hits only when the trace's hash ids are
+prefix-chained: every block id follows the same parent (the id before it in its request, or none)
+wherever it is referenced, so no id occurs twice in a request (``TraceArrays.prefix_chained``). A
+trace that is not is refused like bad input, the one line naming the first block reference that
+breaks the chain, unless ``--allow-unchained`` is given: then Belady runs as a heuristic (so
+labelled in the table, the ``label`` column of ``hitrate.csv`` and the notes of ``summary.csv``,
+whose rows all get ``prefix_chained = false``), and ``gap_closed`` is NA (empty in the CSV) in every
+row, bounds' included.
+
 Bad input (a missing or malformed trace, unsorted timestamps, an unknown policy, a capacity that
 is not a positive integer up to ``MAX_CAPACITY_BLOCKS``, a share in (0, 100%] or ``inf``, an empty
 ``--out``) prints ONE line ``quillcache hitrate: error: ...`` on stderr and exits with status 2;
 nothing is written. ``--out`` is checked to be writable before any work.
 Results go under ``--out`` (default ``results/hitrate_cli/<trace stem>/``): ``hitrate.csv`` (one
-row per policy and capacity: hit rate, hit blocks, gap closed, replay speed), ``summary.csv`` +
-``meta.json`` in the project's results schema (``quillcache.results.read_summary`` reads them),
+row per policy and capacity: hit rate, hit blocks, gap closed, replay speed, ``policy_class``:
+``online``, ``semi_online`` (lookahead: it sees the queued requests) or ``offline`` (Belady and the
+oracle bounds), and ``label``, the table's note on the row), ``summary.csv`` + ``meta.json`` in the
+project's results schema (``quillcache.results.read_summary`` reads them; as in the hit-rate study,
+semi-online rows are the metrics ``semi_online_hit_rate`` and ``semi_online_gap_closed``, with their
+window ``window_requests`` in the params, never ``hit_rate``/``gap_closed`` beside the online ones),
 a ``hitrate.parquet`` twin when pyarrow is importable and, with ``--anatomy``, ``anatomy.csv``
 (its header row only when there is nothing to compare). A run replaces that set as a whole
 (``write_results``, ``quillcache.cli.resultset``): every file is written into a temporary folder
@@ -24,8 +37,8 @@ during the renames takes effect once this run's complete set is in place, and ot
 files in ``--out`` are never touched; only a process killed outright mid-rename can leave a mix (and
 a ``.hitrate-*`` temporary folder). With ``--on-error skip`` the malformed lines skipped are a
 ``lines_skipped`` row of ``summary.csv`` (none when no line was skipped) and one line on stderr, ``--quiet`` or not.
-``lru`` and ``belady`` (the offline bound) always run: the gap
-needs both.
+``lru`` and ``belady`` (the offline bound; with ``--allow-unchained`` possibly a heuristic) always
+run: the gap needs both.
 ``--bounds`` adds two offline bounds after them (``quillcache.hitrate.bounds``): ``reuse_oracle``,
 an LRU that knows which blocks will be referenced again, never when; and ``timing_oracle``, Belady
 knowing exactly which blocks return but *when* only up to a factor ``exp(sigma * Z)`` per request,
@@ -46,23 +59,21 @@ from __future__ import annotations
 
 import argparse
 import os  # noqa: F401 - tests patch hitrate.os.replace, the rename quillcache.cli.resultset uses
-import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from quillcache.cli.argtypes import MAX_COUNT
+from quillcache.cli.hitrate_specs import (MAX_CAPACITY_BLOCKS, Share, joint_label, parse_capacities,
+                                         parse_flip_rates, resolve_capacities)
 from quillcache.cli.resultset import ResultsWritten, write_reported, write_result_set
 
 __all__ = ["DEFAULT_BOUND_FLIP_RATES", "DEFAULT_CAPACITIES", "MAX_CAPACITY_BLOCKS", "RESULT_FILES", "ResultsWritten",
            "Share", "anatomy_frame", "configure", "joint_label", "parse_anatomy", "parse_capacities", "parse_flip_rates",
-           "resolve_capacities", "run", "write_results"]
+           "policy_class", "resolve_capacities", "run", "write_results"]
 
 DEFAULT_CAPACITIES = "1k,10k,30k,50k,100k,inf"
 DEFAULT_BOUND_FLIP_RATES = "5%,10%,20%"  # --bounds: joint-oracle shares of requests wrong about which blocks return
 DEFAULT_OUT = Path("results") / "hitrate_cli"
-MAX_CAPACITY_BLOCKS = MAX_COUNT  # far above any trace's distinct blocks, and safe in every int64 column
 
 EPILOG = """\
 examples:
@@ -85,6 +96,10 @@ examples:
 
 hit rate: the prefix-aware block hit rate of REFERENCE §5 (a request hits its leading cached
 blocks up to the first miss); "gap closed" = (policy - lru) / (belady - lru) at that capacity.
+Belady is an upper bound only on a prefix-chained trace (every block id follows the same parent
+wherever it occurs): another trace is refused, or run with --allow-unchained, Belady then a
+heuristic and no gap closed. hitrate.csv says each row's class (online, semi_online, offline);
+summary.csv names the semi-online rows semi_online_hit_rate / semi_online_gap_closed.
 """
 
 
@@ -94,7 +109,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="a JSON-Lines trace (Mooncake format or the project's generated schemas)")
     p.add_argument("--policies", default=None,
                    help="comma-separated policy names (default: every online policy with a hit-rate kernel; "
-                        "the semi-online lookahead, which sees the queued requests, only when named)")
+                        "the semi-online lookahead, which sees the queued requests, only when named, and then "
+                        "reported apart: class semi_online in hitrate.csv, semi_online_* metrics in summary.csv)")
     p.add_argument("--capacities", default=DEFAULT_CAPACITIES,
                    help=f"comma-separated capacities in blocks; k/M suffixes; N%% = that share of the trace's "
                         f"distinct blocks; inf = unlimited (default {DEFAULT_CAPACITIES})")
@@ -116,96 +132,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="also compare two policies reference by reference at every finite capacity: the block "
                         "references A hits and B misses and the reverse, by the block's uses in the trace and the "
                         "requests since its previous use (written to anatomy.csv)")
+    p.add_argument("--allow-unchained", action="store_true",
+                   help="run a trace whose hash ids are not prefix-chained (an id after different parents, or "
+                        "twice in one request) instead of refusing it: Belady is then no bound, so it is labelled "
+                        "a heuristic and no gap closed is computed (NA in every row)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table (the files are still written)")
 
 
 def _fail(msg: str) -> int:
     print(f"quillcache hitrate: error: {msg}", file=sys.stderr)
     return 2
-
-
-_CAP_RE = re.compile(r"^(\d+)([kKmM]?)$")
-_SHARE_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)%$")
-
-
-@dataclass(frozen=True)
-class Share:
-    """A capacity given as a share of the trace's distinct blocks (``fraction`` in (0, 1])."""
-
-    fraction: float
-    text: str  # as the user wrote it, e.g. "1%"
-
-    def blocks(self, num_unique: int) -> int:
-        """The study's rule (``experiments.hitrate_study.generalisation``): at least one block."""
-        return max(1, int(num_unique * self.fraction))
-
-
-def parse_flip_rates(text: str) -> list[float]:
-    """``"5%,0.1"`` -> ``[0.05, 0.1]``: shares in [0, 1) as a percentage or a fraction, rounded to 12
-    decimals (so ``0.7%`` and ``0.007`` are one share, with one ``joint_label``); ``"none"`` -> ``[]``;
-    ValueError naming the bad item."""
-    if text.strip().lower() == "none":
-        return []
-    out: list[float] = []
-    for item in text.split(","):
-        s = item.strip()
-        try:
-            rate = float(s[:-1]) / 100.0 if s.endswith("%") else float(s)
-        except ValueError:
-            raise ValueError(f"--bound-flip-rates: {item!r} is not a share of requests (e.g. 10% or 0.1)") from None
-        if not 0.0 <= rate < 1.0:  # (NaN fails too)
-            raise ValueError(f"--bound-flip-rates: {item!r} must be a share in [0%, 100%)")
-        out.append(round(rate, 12))
-    return list(dict.fromkeys(out))
-
-
-def joint_label(rate: float) -> str:
-    """The policy name of the joint oracle's rows at flip rate ``rate``: ``joint_oracle@10%``."""
-    return f"joint_oracle@{round(rate * 100, 10):.10g}%"
-
-
-def parse_capacities(text: str) -> list[int | Share | None]:
-    """``"1k,10000,5%,inf"`` -> ``[1000, 10000, Share(0.05, "5%"), None]``; ValueError naming the bad item
-    (a count must lie in ``[1, MAX_CAPACITY_BLOCKS]``)."""
-    out: list[int | Share | None] = []
-    for item in text.split(","):
-        s = item.strip()
-        if s.lower() in ("inf", "unlimited"):
-            out.append(None)
-            continue
-        if s.endswith("%"):
-            m = _SHARE_RE.match(s)
-            if not m:
-                raise ValueError(f"--capacities: {item!r} is not a share of the distinct blocks (e.g. 1%, 0.5%)")
-            pct = float(m.group(1))
-            if not 0.0 < pct <= 100.0:
-                raise ValueError(f"--capacities: {item!r} must be a share in (0%, 100%]")
-            out.append(Share(pct / 100.0, s))
-            continue
-        m = _CAP_RE.match(s)
-        if not m:
-            raise ValueError(f"--capacities: {item!r} is not a block count (e.g. 1000, 10k, 2M), a share (1%) or inf")
-        n = int(m.group(1)) * {"": 1, "k": 1000, "m": 1_000_000}[m.group(2).lower()]
-        if n < 1:
-            raise ValueError(f"--capacities: {item!r} must be >= 1 block")
-        if n > MAX_CAPACITY_BLOCKS:
-            raise ValueError(f"--capacities: {item!r} is too large (at most {MAX_CAPACITY_BLOCKS:,} blocks; "
-                             f"use inf for unlimited)")
-        out.append(n)
-    return list(dict.fromkeys(out))
-
-
-def resolve_capacities(specs: list[int | Share | None], num_unique: int) -> tuple[list[int | None], dict[int, Share]]:
-    """Block counts (None = unlimited) in the order given, duplicates dropped, and the share each
-    count came from, if any (``{1832: Share(0.01, "1%")}``; the first share wins when two resolve alike)."""
-    caps: list[int | None] = []
-    shares: dict[int, Share] = {}
-    for s in specs:
-        cap = s.blocks(num_unique) if isinstance(s, Share) else s
-        if isinstance(s, Share):
-            shares.setdefault(cap, s)
-        caps.append(cap)
-    return list(dict.fromkeys(caps)), shares
 
 
 def _cap_label(cap, shares: dict[int, Share]) -> str:
@@ -343,7 +279,11 @@ def with_bounds(df, arrs, block_tokens: int, flip_rates: Sequence[float] = ()):
     return with_gap_closed(pd.concat([df.drop(columns="gap_closed"), extra], ignore_index=True)), note
 
 
-def _tidy_rows(df, trace: str, block_tokens: int, lines_skipped: int = 0) -> list:
+def _tidy_rows(df, trace: str, block_tokens: int, lines_skipped: int = 0, prefix_chained: bool = True) -> list:
+    """Summary rows of ``df``: ``hit_rate``/``gap_closed``, or ``semi_online_hit_rate``/
+    ``semi_online_gap_closed`` for a ``semi_online`` row (the hit-rate study's names; its window in
+    ``window_requests``); on a trace that is not prefix-chained every row has ``prefix_chained = false``
+    and each offline row's notes say it is a heuristic there."""
     import pandas as pd
 
     from quillcache.results import SummaryRow
@@ -363,10 +303,18 @@ def _tidy_rows(df, trace: str, block_tokens: int, lines_skipped: int = 0) -> lis
         flip = getattr(r, "flip_rate", float("nan"))
         if flip == flip:  # the joint oracle's share of requests wrong about which blocks return
             params["flip_rate"] = float(flip)
-        rows.append(SummaryRow(metric="hit_rate", subject=r.policy, value=float(r.hit_rate), unit="fraction",
-                               params=params))
+        window = getattr(r, "window_requests", pd.NA)
+        if not pd.isna(window):  # a semi-online policy's window of queued requests
+            params["window_requests"] = int(window)
+        if not prefix_chained:
+            params["prefix_chained"] = False
+        cls = getattr(r, "policy_class", "online")
+        prefix = "semi_online_" if cls == "semi_online" else ""
+        notes = NOT_A_BOUND if cls == "offline" and not prefix_chained else ""
+        rows.append(SummaryRow(metric=f"{prefix}hit_rate", subject=r.policy, value=float(r.hit_rate), unit="fraction",
+                               notes=notes, params=params))
         if not pd.isna(r.gap_closed):
-            rows.append(SummaryRow(metric="gap_closed", subject=r.policy, value=float(r.gap_closed),
+            rows.append(SummaryRow(metric=f"{prefix}gap_closed", subject=r.policy, value=float(r.gap_closed),
                                    unit="fraction of the LRU-to-Belady gap", params=params))
     return rows
 
@@ -374,20 +322,22 @@ def _tidy_rows(df, trace: str, block_tokens: int, lines_skipped: int = 0) -> lis
 RESULT_FILES = ("hitrate.csv", "summary.csv", "meta.json", "anchors.csv", "hitrate.parquet", "anatomy.csv")
 
 
-def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None, lines_skipped: int = 0) -> list[Path]:
+def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None, lines_skipped: int = 0,
+                  prefix_chained: bool = True) -> list[Path]:
     """Write the run's files under ``out`` as one set (``quillcache.cli.resultset``: staged in a
     temporary folder inside ``out``, renamed into place with Ctrl-C and the stop signals held off
     until all are, a file of ``RESULT_FILES`` this run does not produce removed) and return their
     paths (meta.json aside). An exception before the renames (OSError, Ctrl-C) leaves ``out`` as it
     was, folders made for this run removed again; a signal during the renames raises
-    ``ResultsWritten`` once they are done. No other file in ``out`` is touched."""
+    ``ResultsWritten`` once they are done. No other file in ``out`` is touched. ``prefix_chained``:
+    whether Belady bounds the rows (``_tidy_rows``)."""
     from quillcache.results import write_summary
 
     def stage_files(stage: Path) -> dict[str, Path]:
         staged = {"hitrate.csv": stage / "hitrate.csv"}
         df.to_csv(staged["hitrate.csv"], index=False)
-        summary = write_summary(out.resolve().name, _tidy_rows(df, trace, block_tokens, lines_skipped), stage,
-                                profile="custom")
+        summary = write_summary(out.resolve().name, _tidy_rows(df, trace, block_tokens, lines_skipped,
+                                                               prefix_chained), stage, profile="custom")
         staged["summary.csv"], staged["meta.json"] = summary, summary.parent / "meta.json"
         try:
             import pyarrow  # noqa: F401
@@ -408,15 +358,31 @@ def write_results(out: Path, df, trace: str, block_tokens: int, anatomy=None, li
 
 LABELS = {"belady": " (offline bound)", "reuse_oracle": " (offline: which blocks return, not when)",
           "timing_oracle": " (offline: which, and roughly when)"}
+NOT_A_BOUND = "heuristic: trace not prefix-chained, no bound"
 
 
-def _label(pol: str, semi_online) -> str:
+def policy_class(pol: str) -> str:
+    """``online``, ``semi_online`` (``quillcache.hitrate.SEMI_ONLINE``: sees the queued requests) or
+    ``offline`` (Belady and every bound row: sees the whole future)."""
+    from quillcache.hitrate import HITRATE_KERNELS, SEMI_ONLINE
+
+    if pol in SEMI_ONLINE:
+        return "semi_online"
+    return "online" if pol in HITRATE_KERNELS and pol != "belady" else "offline"
+
+
+def _label(pol: str, semi_online, prefix_chained: bool = True) -> str:
     if pol.startswith("joint_oracle@"):
-        return f" (offline: roughly when; which, wrong for {pol.split('@', 1)[1]} of requests)"
-    return LABELS.get(pol, " (semi-online)" if pol in semi_online else "")
+        label = f" (offline: roughly when; which, wrong for {pol.split('@', 1)[1]} of requests)"
+    else:
+        label = LABELS.get(pol, " (semi-online)" if pol in semi_online else "")
+    if prefix_chained or policy_class(pol) != "offline":
+        return label
+    return f" ({NOT_A_BOUND})" if pol == "belady" else f"{label[:-1]}; {NOT_A_BOUND})"
 
 
-def _print_table(df, title: str, paths: list[Path], note: str, shares: dict[int, Share]) -> None:
+def _print_table(df, title: str, paths: list[Path], note: str, shares: dict[int, Share],
+                 prefix_chained: bool = True) -> None:
     import pandas as pd
     from rich.console import Console
     from rich.table import Table
@@ -435,13 +401,32 @@ def _print_table(df, title: str, paths: list[Path], note: str, shares: dict[int,
             r = part[part["capacity_blocks"].isna()] if pd.isna(c) else part[part["capacity_blocks"] == c]
             hr, g = float(r["hit_rate"].iloc[0]), r["gap_closed"].iloc[0]
             cells.append(f"{hr:.4f}" + ("" if pd.isna(g) or pol in ("lru", "belady") else f" {g * 100:+.1f}%"))
-        t.add_row(pol + _label(pol, SEMI_ONLINE), *cells)
+        t.add_row(pol + _label(pol, SEMI_ONLINE, prefix_chained), *cells)
     con.print(t)
-    con.print("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity"
+    con.print(("cells: block hit rate, then the share of the LRU-to-Belady gap closed at that capacity"
+               if prefix_chained else "cells: block hit rate (no gap closed: the trace is not prefix-chained, so "
+                                      "Belady bounds nothing)")
               + (" (columns: blocks, or share of the distinct blocks = blocks)" if shares else ""), markup=False)
     if note:
         con.print(note, markup=False, highlight=False)
     con.print("results: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
+
+
+def _classify(df, prefix_chained: bool) -> None:
+    """Add ``policy_class`` and ``label`` (the table's note, without parentheses) to every row, and
+    ``window_requests`` (the kernel's default window) when a semi-online policy ran; on a trace that is
+    not prefix-chained, ``gap_closed`` becomes NA in every row (Belady bounds nothing there)."""
+    import pandas as pd
+
+    from quillcache.hitrate import HITRATE_KERNELS, SEMI_ONLINE
+
+    df["policy_class"] = [policy_class(p) for p in df["policy"]]
+    df["label"] = [_label(p, SEMI_ONLINE, prefix_chained).strip()[1:-1] for p in df["policy"]]
+    if df["policy_class"].eq("semi_online").any():
+        df["window_requests"] = pd.array([HITRATE_KERNELS[p].options.get("window_requests", pd.NA) if c == "semi_online"
+                                          else pd.NA for p, c in zip(df["policy"], df["policy_class"])], dtype="Int64")
+    if not prefix_chained:
+        df["gap_closed"] = pd.Series(pd.NA, index=df.index, dtype="Float64")
 
 
 def _is_na(x) -> bool:
@@ -496,6 +481,12 @@ def run(args: argparse.Namespace) -> int:
     from quillcache.hitrate.sweep import sweep
 
     arrs = arrays_from_requests(requests, block_tokens=block_tokens)
+    chained = bool(arrs.prefix_chained)
+    if not chained and not args.allow_unchained:
+        return _fail(f"{trace}: hash ids are not prefix-chained: {arrs.chain_break}; Belady is then no upper bound "
+                     f"(it assumes a block's parent is referenced before it in every request, so it can keep a block "
+                     f"whose prefix it dropped and other policies can beat it), nor is the gap closed meaningful; "
+                     f"--allow-unchained runs it anyway, Belady as a heuristic and no gap closed")
     caps, shares = resolve_capacities(cap_specs, arrs.num_unique)
     options = {p: {"block_tokens": block_tokens} for p in {*policies, *(pair or ())}
                if "block_tokens" in HITRATE_KERNELS[p].options}
@@ -520,13 +511,17 @@ def run(args: argparse.Namespace) -> int:
         anat = anatomy_frame(arrs, pair, caps, options) if pair else None
         df["capacity_share"] = [shares[int(c)].fraction if not _is_na(c) and int(c) in shares else float("nan")
                                 for c in df["capacity_blocks"]]
+        _classify(df, chained)
     except KeyboardInterrupt as exc:
         print(f"quillcache hitrate: {describe(exc)}; no results were written under {out}", file=sys.stderr)
         return exit_status(exc)
     paths, status = write_reported("hitrate", out, lambda: write_results(out, df, trace.stem, block_tokens, anat,
-                                                                         report.num_skipped))
+                                                                         report.num_skipped, chained))
     if status is not None:
         return status
+    if not chained:  # stderr, --quiet or not: Belady is no bound in these files
+        print(f"quillcache hitrate: --allow-unchained: belady is a heuristic and gap_closed is NA in every row; "
+              f"hash ids are not prefix-chained: {arrs.chain_break}", file=sys.stderr)
     if report.skipped:  # stderr, --quiet or not: a result set missing part of its trace says so
         print(f"quillcache hitrate: {report.num_skipped:,} malformed trace line(s) skipped (--on-error skip; "
               f"the lines_skipped row of summary.csv)", file=sys.stderr)
@@ -534,7 +529,7 @@ def run(args: argparse.Namespace) -> int:
         note = "\n".join(x for x in (report.summary() if report.skipped else "", bounds_note) if x)
         _print_table(df, f"quillcache hitrate: {trace.name}, {arrs.num_requests:,} requests, {arrs.num_refs:,} "
                          f"block references ({arrs.num_unique:,} distinct), {block_tokens}-token blocks", paths, note,
-                     shares)
+                     shares, chained)
         if anat is not None and len(anat):
             _print_anatomy(anat, pair, shares)
         elif anat is not None and not arrs.num_refs:

@@ -9,8 +9,14 @@ Registries: the policies are ``quillcache.policies.POLICIES`` (``HITRATE_POLICIE
 object, kept as a name); this layer adds only ``HITRATE_KERNELS`` (policy name -> its Numba kernel
 and the kernel-side options it takes, whose defaults are the online class's defaults). A policy can
 be simulated once it has a kernel here. ``SEMI_ONLINE`` names the policies that see the requests
-queued at the engine (``lookahead``): they are reported apart from online policies, and the
-"no future knowledge" tests (hits on a trace prefix == the full run's on it) exclude them.
+queued at the engine (``lookahead``): they are reported apart from online policies.
+
+No future knowledge: only the ``belady`` and ``lookahead`` runners pass ``next_use`` to a kernel,
+and only their classes get a next-use oracle from the harness. Tested on decisions, not hits: every
+online policy object holds the same blocks after a trace prefix's last request whether it replays
+the prefix alone or the whole trace (Belady and lookahead fail that check: the test's positive
+control), and each kernel matches its object hit for hit (tested), which carries this to the kernels.
+Equal hits on a prefix alone would prove nothing: Belady and lookahead have them too.
 
 Capacity: a positive int number of blocks, or None for unlimited. Capacities at or above the
 number of distinct blocks never evict, so they are run as exactly that many (same hits).

@@ -13,10 +13,17 @@
 - ``conv_ids`` int32[R]: the dense id of each request's SECOND block (its first if it has only
   one, -1 if empty): a stand-in for its conversation, since the first block is often a system prompt
   shared by every conversation (on the Mooncake conversation trace every request starts with it).
+- ``prefix_chained`` (bool, or None when not known: arrays built by hand): whether every block id
+  has one parent, the id before it in its request (none for a request's first block), wherever it is
+  referenced. That also rules out an id twice in one request (follow its two parents back to the
+  request's start). Belady (with bypass) bounds every policy's prefix hits only on such traces;
+  ``chain_break`` (a ``ChainBreak``, None unless ``prefix_chained`` is False) names the first
+  reference that breaks it, with the trace's own ids.
 
 Arrays are C-contiguous, own their memory and are read-only after construction
 (``arrays_from_lists``). ``validate_arrays`` checks all of the above but ownership and
-read-only-ness (it accepts hand-built arrays, and then re-checks them on every call) in
+read-only-ness (it accepts hand-built arrays, and then re-checks them on every call) and the ids in
+``chain_break`` (it checks where the break is, not the trace's ids, which the arrays no longer hold) in
 O(N log N) with NumPy (the next-use check sorts; the rest is O(N)) and raises ValueError/TypeError
 naming the offending value, so kernels can trust their input (an out-of-range id would otherwise
 index out of bounds in nopython code).
@@ -35,6 +42,7 @@ from quillcache._checks import check_int
 from quillcache.traces.loader import TraceRequest, load_trace
 
 __all__ = [
+    "ChainBreak",
     "TraceArrays",
     "arrays_from_lists",
     "arrays_from_requests",
@@ -43,6 +51,30 @@ __all__ = [
     "load_arrays",
     "validate_arrays",
 ]
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    """The first block reference (in trace order) whose parent differs from the parent the same id
+    had at its first reference; ids as the trace gives them, None for "it starts its request"."""
+
+    request: int  # 0-based index of the request
+    position: int  # 0-based index of the block in that request's hash ids
+    block_id: int
+    parent: int | None  # the id before it here
+    first_request: int  # where the id was first referenced
+    first_position: int
+    first_parent: int | None  # the id before it there
+    in_one_request: bool  # the id occurs earlier in this same request
+
+    def __str__(self) -> str:
+        def after(parent: int | None) -> str:
+            return "starts its request" if parent is None else f"follows id {parent}"
+
+        twice = f"; it occurs twice in request {self.request}" if self.in_one_request else ""
+        return (f"block id {self.block_id} (request {self.request}, position {self.position}) {after(self.parent)}, "
+                f"but at its first reference (request {self.first_request}, position {self.first_position}) it "
+                f"{after(self.first_parent)}{twice}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +87,8 @@ class TraceArrays:
     next_use: np.ndarray
     conv_ids: np.ndarray
     num_unique: int
+    prefix_chained: bool | None = None  # None: not known (built by hand)
+    chain_break: ChainBreak | None = None  # the first reference that breaks it (when prefix_chained is False)
 
     @property
     def num_requests(self) -> int:
@@ -106,6 +140,41 @@ def _densify(raw: np.ndarray) -> tuple[np.ndarray, int]:
     return rank_by_first[inverse.reshape(-1)].astype(np.int32), int(uniq.shape[0])
 
 
+def _first_chain_break(req_offsets: np.ndarray, blocks: np.ndarray) -> int:
+    """The first position whose parent (the block before it in its request, -1 at a request's
+    start) differs from the parent of the same id at its first reference, or -1 if there is none.
+    ``blocks`` must be dense in order of first appearance (O(N), vectorised)."""
+    n = blocks.shape[0]
+    if n == 0:
+        return -1
+    parent = np.empty(n, dtype=np.int32)
+    parent[0] = -1
+    parent[1:] = blocks[:-1]
+    starts = req_offsets[:-1]
+    parent[starts[starts < n]] = -1  # each request's first block
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.greater(blocks[1:], np.maximum.accumulate(blocks)[:-1], out=new[1:])
+    first_parent = parent[new]  # ids are dense in order of first appearance: first_parent[id]
+    bad = parent != first_parent[blocks]
+    p = int(np.argmax(bad))
+    return p if bad[p] else -1
+
+
+def _chain_break(req_offsets: np.ndarray, blocks: np.ndarray, raw: np.ndarray, p: int) -> ChainBreak:
+    """The ``ChainBreak`` at position ``p`` (``_first_chain_break``), in the trace's ids ``raw``."""
+    def where(q: int) -> tuple[int, int, int | None]:
+        r = int(np.searchsorted(req_offsets, q, side="right")) - 1
+        start = int(req_offsets[r])
+        return r, q - start, None if q == start else int(raw[q - 1])
+
+    first = int(np.argmax(blocks == blocks[p]))
+    r, k, parent = where(p)
+    fr, fk, fparent = where(first)
+    start = int(req_offsets[r])
+    return ChainBreak(r, k, int(raw[p]), parent, fr, fk, fparent, bool(np.any(blocks[start:p] == blocks[p])))
+
+
 _U64 = 1 << 64
 
 
@@ -130,19 +199,23 @@ def arrays_from_lists(hash_lists: Sequence[Sequence[int]], *, timestamps_ms: Seq
     """Build arrays from per-request hash-id lists (ids in ``[0, 2**64)``, the trace schema's range;
     ValueError naming the first id outside it). Timestamps default to 0, 1, 2, ...; input tokens
     to ``len * block_tokens``; output tokens to 0. Given arrays are copied: the caller's own arrays
-    are neither shared nor made read-only."""
+    are neither shared nor made read-only. ``prefix_chained`` and ``chain_break`` say whether the
+    ids are prefix-chained (O(N)); a trace that is not is still converted (the caller decides)."""
     r = len(hash_lists)
     lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=r)
     offsets = np.zeros(r + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    blocks, u = _densify(_flat_ids(hash_lists, int(offsets[-1])))
+    raw = _flat_ids(hash_lists, int(offsets[-1]))
+    blocks, u = _densify(raw)
+    broken = _first_chain_break(offsets, blocks)
+    chain_break = None if broken < 0 else _chain_break(offsets, blocks, raw, broken)
     ts = np.arange(r, dtype=np.int64) if timestamps_ms is None else np.array(timestamps_ms, dtype=np.int64, order="C")
     isl = lengths * block_tokens if input_tokens is None else np.array(input_tokens, dtype=np.int64, order="C")
     osl = np.zeros(r, dtype=np.int64) if output_tokens is None else np.array(output_tokens, dtype=np.int64, order="C")
     conv = np.full(r, -1, dtype=np.int32)
     nonempty = lengths > 0
     conv[nonempty] = blocks[(offsets[:-1] + (lengths > 1))[nonempty]]
-    arrs = TraceArrays(offsets, blocks, ts, isl, osl, compute_next_use(blocks, u), conv, u)
+    arrs = TraceArrays(offsets, blocks, ts, isl, osl, compute_next_use(blocks, u), conv, u, broken < 0, chain_break)
     for f in _FIELDS:
         getattr(arrs, f).setflags(write=False)
     validate_arrays(arrs)
@@ -189,6 +262,26 @@ def _frozen(a: object) -> bool:
 
 _VALIDATED: weakref.WeakSet[TraceArrays] = weakref.WeakSet()
 _FIELDS = ("req_offsets", "blocks", "timestamps_ms", "input_tokens", "output_tokens", "next_use", "conv_ids")
+
+
+def _check_chain(arrs: TraceArrays, off: np.ndarray, blocks: np.ndarray) -> None:
+    """``prefix_chained`` is None or says what the blocks say; ``chain_break`` is a ``ChainBreak``
+    at the first break exactly when ``prefix_chained`` is False."""
+    chained, brk = arrs.prefix_chained, arrs.chain_break
+    if chained is not None and not isinstance(chained, (bool, np.bool_)):
+        raise TypeError(f"prefix_chained must be a bool or None, got {chained!r}")
+    if (brk is not None) != (chained is not None and not chained):
+        raise ValueError(f"chain_break must be given exactly when prefix_chained is False; got prefix_chained="
+                         f"{chained!r}, chain_break={brk!r}")
+    if chained is None:
+        return
+    p = _first_chain_break(off, blocks)
+    if bool(chained) != (p < 0):
+        raise ValueError(f"prefix_chained={bool(chained)} but the blocks are "
+                         + ("prefix-chained" if p < 0 else f"not (block reference {p} breaks it)"))
+    if brk is not None and (not isinstance(brk, ChainBreak) or not 0 <= brk.request < off.shape[0] - 1
+                            or int(off[brk.request]) + brk.position != p):
+        raise ValueError(f"chain_break {brk!r} is not the first break, block reference {p}")
 
 
 def validate_arrays(arrs: object) -> TraceArrays:
@@ -260,5 +353,6 @@ def validate_arrays(arrs: object) -> TraceArrays:
         raise ValueError(f"next_use has {nu.shape[0]} entries for {n} block references")
     if n and not np.array_equal(nu, compute_next_use(blocks, u)):
         raise ValueError("next_use does not match blocks (recompute it with compute_next_use)")
+    _check_chain(arrs, off, blocks)
     _VALIDATED.add(arrs)
     return arrs

@@ -17,8 +17,9 @@ every online policy is measured against.
   would evict the newcomer itself. For the prefix-aware hit count used here this is the bound we
   rely on: a block's ancestors are referenced just before it in every request, so an ancestor's
   next use always comes first and MIN drops descendants before their ancestors; the tests check
-  on random prefix-structured traces that no policy beats it. Without bypass it is MIN among
-  policies that always admit.
+  on random prefix-structured traces that no policy beats it. Without bypass it is per-reference
+  MIN (it always admits): it is not optimal for prefix hits, not even among policies that always
+  admit, since a reference after its request's first miss is no hit even when its block is cached.
 """
 
 from __future__ import annotations
