@@ -57,7 +57,10 @@ class BurstLog:
             self._counts[kind] = self._counts.get(kind, 0) + n
             if self._logged < self.burst:
                 self._logged += 1
-                self.log.log(level, self.prefix + fmt, *args)
+                if args:  # the prefix is data, never part of the format (a '%' in a node id)
+                    self.log.log(level, self.prefix.replace("%", "%%") + fmt, *args)
+                else:  # no arguments: ``fmt`` is the line itself, never formatted
+                    self.log.log(level, "%s%s", self.prefix, fmt)
                 return
             self._suppressed += 1
             self.suppressed_total += 1

@@ -190,3 +190,48 @@ def test_the_rpc_server_logs_turned_away_connections_once_then_sums_them_up_at_c
     m = re.search(r"new connections turned away \(max_connections\) in the last [\d.]+ s: 4 \(4 turned away\); "
                   r"3 event\(s\) not logged one by one", lines[1])
     assert m and lines[1].startswith("ratelog-test: "), lines[1]
+
+
+def test_a_percent_sign_in_the_prefix_or_a_plain_line_is_text_not_a_format(captured):
+    """A node started with ``--node-id rack%1`` logged a traceback instead of its lines (re-review L2)."""
+    logger, cap = captured
+    bl = BurstLog(logger, "things", window_s=10.0, burst=3, prefix="node rack%1: ")
+    bl.note("a", "persist of %d items refused", 5)
+    bl.note("a", "100% full, no arguments")
+    bl.note("a", "%s", "why: 50% done")
+    assert [r.getMessage() for r in cap.records] == ["node rack%1: persist of 5 items refused",
+                                                     "node rack%1: 100% full, no arguments",
+                                                     "node rack%1: why: 50% done"]
+
+
+def test_the_rpc_server_sums_up_a_flood_that_stopped_without_waiting_for_close(caplog):
+    """The accept thread blocked in accept() and wrote the summary only at the next turned-away connection or at
+    close (re-review L3): it now wakes when a summary is due."""
+    from test_rpc import CODEC, DEADLINE_S, METHODS, Service, until
+
+    from quillcache.rpc import RpcClient
+    from quillcache.rpc import stream as stream_mod
+    from quillcache.rpc.stream import HEADER, StreamServer
+
+    caplog.set_level(logging.WARNING, logger="quillcache.rpc")
+    window_s = 0.3
+    real = stream_mod._TURN_AWAY_LOG_S
+    stream_mod._TURN_AWAY_LOG_S = window_s
+    try:
+        server = StreamServer(Service(), METHODS, codec=CODEC, max_connections=1, name="flood-test")
+    finally:
+        stream_mod._TURN_AWAY_LOG_S = real
+    server.start()
+    try:
+        with RpcClient(server.address, timeout_s=DEADLINE_S, codec=CODEC) as held:
+            assert held.echo(1) == 1
+            for k in range(3):
+                with socket.create_connection(("127.0.0.1", server.port), timeout=DEADLINE_S) as extra:
+                    assert len(extra.recv(HEADER.size)) == HEADER.size
+                until(lambda k=k: server.num_turned_away == k + 1, "the server to count the turned-away one")
+            until(lambda: any("in the last" in r.getMessage() for r in caplog.records), "the summary, before close")
+            assert held.echo(2) == 2  # still serving
+    finally:
+        server.close()
+    summary = [r.getMessage() for r in caplog.records if "in the last" in r.getMessage()]
+    assert len(summary) == 1 and ": 3 (3 turned away); 2 event(s)" in summary[0], summary

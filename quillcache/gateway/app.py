@@ -73,7 +73,7 @@ from quillcache._ratelog import BurstLog
 from quillcache.gateway.config import GatewayConfig, ModelConfig
 from quillcache.gateway.decision import Decider, Decision, NoWorkerError
 from quillcache.gateway.metrics import GatewayMetrics
-from quillcache.gateway.proxying import ClientWatch, sse_event_end
+from quillcache.gateway.proxying import ClientWatch, sse_error_event, sse_event_end
 from quillcache.gateway.residency import EntryState, EventSink, ResidencyTracker
 from quillcache.gateway.tenants import TenantKey, TenantLimiter, TenantTable, salt_for, scope_tenant
 from quillcache.gateway.clients import UPSTREAM_CLIENTS
@@ -158,8 +158,11 @@ class _ProxyStream:
     does under ASGI 2.3, without its anyio task group and async-generator layer): headers first,
     then the engine's SSE stream whole events at a time (a partial event at a failure is dropped and
     replaced by one error event; at a clean end, bytes after the last blank line are sent as they
-    are); a client disconnect (``ex.watch``) cancels it, which closes the upstream connection;
-    ``_Exchange.finish`` runs however it ends (also when the client is gone before the body started)."""
+    are); an error event of the engine's (``sse_error_event``) is passed on and counted (``error_event``), and
+    neither it nor what follows is output: one before any output leaves the request unconfirmed (no TTFT
+    sample; its speculative residency is taken back); a client disconnect (``ex.watch``) cancels it, which
+    closes the upstream connection; ``_Exchange.finish`` runs however it ends (also when the client is gone
+    before the body started)."""
 
     def __init__(self, gw: Gateway, ex: _Exchange, resp, t0: float, headers: dict[str, str]) -> None:
         self._gw = gw
@@ -181,6 +184,7 @@ class _ProxyStream:
             last_t = 0.0
             pending = b""
             failure = None
+            errored = False  # the engine sent an error event (OpenAI's shape): what follows is not output
             chunks = resp.content.iter_any().__aiter__()
             while True:
                 try:
@@ -204,15 +208,24 @@ class _ProxyStream:
                     if cut < len(chunk):
                         pending = chunk[cut:]
                         chunk = chunk[:cut]
+                output = not errored  # after the engine's error event ([DONE] and the like): no output
+                if output:
+                    at = sse_error_event(chunk)
+                    if at is not None:  # passed on as the engine sent it; only events before it are output
+                        errored, output = True, at > 0
+                        metrics.upstream_error(ex.decision.worker, "error_event")
+                        log.info("upstream %s sent an error event%s", ex.decision.worker,
+                                 " before any output" if first and not output else " mid-stream")
                 now = perf()
-                if first:
-                    first = False
-                    ex.ok = True
-                    lease.prefill_done()
-                    metrics.ttft.observe(now - self._t0)
-                else:
-                    metrics.itl.observe(now - last_t)
-                last_t = now
+                if output:
+                    if first:
+                        first = False
+                        ex.ok = True
+                        lease.prefill_done()
+                        metrics.ttft.observe(now - self._t0)
+                    else:
+                        metrics.itl.observe(now - last_t)
+                    last_t = now
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if completed:
                     break

@@ -13,7 +13,8 @@ decision_seconds                            histogram  request received -> first
                                                        contacted; one per routed request)
 prompt_tokens_total / cached_tokens_total   counter    prompt tokens, and those the plan found cached (own scope)
 routing_decisions_total                     counter    worker, reason (prefix_hit, no_hit, retry, unhealthy)
-upstream_errors_total                       counter    worker, kind (connect, protocol, status, timeout, mid_stream)
+upstream_errors_total                       counter    worker, kind (connect, protocol, status, timeout, mid_stream,
+                                                       error_event: the engine's own error event in its stream)
 upstream_retries_total                      counter    worker (the worker retried away from)
 client_disconnects_total                    counter    admitted requests the client closed before the end
 inflight_requests                           gauge      worker (read from the live load counters at scrape)
@@ -47,7 +48,7 @@ __all__ = ["GatewayMetrics"]
 _P = "quillcache_gateway_"
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ROUTING_REASONS = ("prefix_hit", "no_hit", "retry", "unhealthy")
-UPSTREAM_ERROR_KINDS = ("connect", "protocol", "status", "timeout", "mid_stream")
+UPSTREAM_ERROR_KINDS = ("connect", "protocol", "status", "timeout", "mid_stream", "error_event")
 
 
 class _LiveCollector:

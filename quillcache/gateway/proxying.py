@@ -1,17 +1,22 @@
 """Pieces of the gateway's proxy that stand alone: where whole SSE events end in a buffer
-(:func:`sse_event_end`), and the watch that turns a client's ``http.disconnect`` into the cancellation of
-its request's task (:class:`ClientWatch`).
+(:func:`sse_event_end`), which of them is an engine's error event (:func:`sse_error_event`), and the watch that
+turns a client's ``http.disconnect`` into the cancellation of its request's task (:class:`ClientWatch`).
 
 Invariants: ``sse_event_end`` never cuts inside an event (any mix of LF, CR and CRLF line ends, as the
-SSE spec allows); a ``ClientWatch`` cancels its task at most once, only while open, and says so in
-``fired``.
+SSE spec allows); ``sse_error_event`` names an event only when its data is a JSON object that is an OpenAI
+error (``{"error": {...}}``, or vLLM's older ``{"object": "error", ...}``), never a token whose text merely
+contains the word; a ``ClientWatch`` cancels its task at most once, only while open, and says so in ``fired``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
-__all__ = ["ClientWatch", "sse_event_end"]
+__all__ = ["ClientWatch", "sse_error_event", "sse_event_end"]
+
+_EVENT_SPLIT = re.compile(rb"\r\n\r\n|\n\n|\r\r|\n\r\n|\r\n\n|\n\r")
 
 
 def sse_event_end(buf: bytes) -> int:
@@ -29,6 +34,25 @@ def sse_event_end(buf: bytes) -> int:
         if i > end:
             end = i + 1 if buf[i:i + 1] == b"\n" else i
     return end if end > 1 else 0
+
+
+def sse_error_event(events: bytes) -> int | None:
+    """The index of the first event of ``events`` (whole SSE events, as ``sse_event_end`` cuts them) whose data
+    is an error object, or None. Cheap when there is none: the events are parsed only when the bytes hold
+    ``"error"``."""
+    if b'"error"' not in events:
+        return None
+    for i, event in enumerate(e for e in _EVENT_SPLIT.split(events) if e.strip()):
+        data = b"\n".join(line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:"))
+        if not data.lstrip().startswith(b"{") or b'"error"' not in data:
+            continue
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and (isinstance(obj.get("error"), dict) or obj.get("object") == "error"):
+            return i
+    return None
 
 
 class ClientWatch:

@@ -431,8 +431,12 @@ class KvEventSubscriber:
             self.stats.unverified += 1
         else:
             self.stats.restarts += 1
-        self._conn_log.note("publisher restarted", "the replay's batch %d is %s: a restarted publisher, resyncing",
-                            self.last_seq, "missing" if held is None else "not the one applied")
+        if held is None:  # most often a buffer that rolled past it; a restart cannot be ruled out
+            self._conn_log.note("publisher not verified", "the replay no longer holds batch %d, the last applied (its "
+                                "buffer rolled past it, or the publisher restarted): resyncing", self.last_seq)
+        else:
+            self._conn_log.note("publisher restarted", "the replay's batch %d is not the one applied: a restarted "
+                                "publisher, resyncing", self.last_seq)
         self._forget()
         return None
 

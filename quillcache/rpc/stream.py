@@ -238,8 +238,14 @@ class StreamServer:
         listener = self._listener
         assert listener is not None
         while True:
+            waits = [w for w in (self._turn_away_log.wait_s(), self._accept_error_log.wait_s()) if w is not None]
             try:
+                listener.settimeout(max(min(waits), 0.001) if waits else None)  # wake for a due log summary
                 sock, peer = listener.accept()
+            except TimeoutError:  # no connection, but a summary of turned-away ones is due
+                self._turn_away_log.tick()
+                self._accept_error_log.tick()
+                continue
             except OSError as e:
                 if self._closing:
                     return  # close() shut the listener
