@@ -327,8 +327,8 @@ def test_template_kwargs_reach_the_template_and_may_override_special_tokens(tmp_
 
 
 @pytest.mark.parametrize("extra, match", [
-    ({"add_generation_prompt": "yes"}, r"'add_generation_prompt' must be true or false, got str"),
-    ({"continue_final_message": 1}, r"'continue_final_message' must be true or false, got int"),
+    ({"add_generation_prompt": "perhaps"}, r"'add_generation_prompt' must be true or false, got 'perhaps'"),
+    ({"continue_final_message": 2}, r"'continue_final_message' must be true or false, got 2"),
     ({"tools": {"type": "function"}}, r"'tools' must be a list of objects, got dict"),
     ({"tools": []}, r"'tools' is an empty list"),
     ({"tools": ["get_weather"]}, r"'tools\[0\]' must be an object, got str"),
@@ -418,3 +418,20 @@ def test_the_template_environment_is_the_one_transformers_renders_in():
     tpl = JinjaChatTemplate(src)
     out = tpl.render([{"role": "user", "content": "one"}, {"role": "user", "content": "two"}])
     assert out == f"one|{datetime.datetime.now().year}|" + '{"a":2,"b":1}'
+
+
+@pytest.mark.parametrize("value, want", [(1, True), (0, False), ("true", True), ("False", False), ("yes", True),
+                                         ("off", False), (True, True)])
+def test_boolean_flags_take_what_vllm_reads_as_booleans(value, want):
+    """vLLM's request model reads 1/0 and "true"/"false" as booleans; a 400 for them was a regression (re-review
+    of 2026-11-29, /tmp/s35/rr_data L4)."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": value}
+    assert chat_render_args(body)["add_generation_prompt"] is want
+
+
+@pytest.mark.parametrize("value", [2, -1, "maybe", 1.0, [], {}])
+def test_other_flag_values_are_refused_naming_the_field(value):
+    from quillcache.textproc import PromptError
+
+    with pytest.raises(PromptError, match="'add_generation_prompt' must be true or false"):
+        chat_render_args({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": value})

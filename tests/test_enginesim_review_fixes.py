@@ -179,3 +179,16 @@ def test_n_must_be_the_integer_1(sim, route, n):
     assert "'n'" in err["message"], err
     for ok in (1, None):
         assert sim.post(route, json={**body, "n": ok}).status_code == 200
+
+
+def test_tokenize_renders_chat_as_the_chat_endpoint_does(sim):
+    """``/tokenize`` rendered messages with the flag alone, so a request with tools counted other tokens than the
+    chat completion of the same body (re-review of 2026-11-29, /tmp/s35/rr_data L2)."""
+    body = {"model": "quillcache-sim", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]}], "max_tokens": 1}
+    tok = sim.post("/tokenize", json=body)
+    chat = sim.post("/v1/chat/completions", json=body)
+    assert tok.status_code == chat.status_code == 200, (tok.text, chat.text)
+    assert tok.json()["count"] == chat.json()["usage"]["prompt_tokens"]
+    refused = sim.post("/tokenize", json={**body, "continue_final_message": True})
+    assert refused.status_code == 400 and "continue_final_message" in refused.json()["error"]["message"]

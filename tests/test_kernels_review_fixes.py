@@ -293,3 +293,21 @@ def test_decode_block_of_something_not_a_contiguous_buffer_names_buf(buf):
     with pytest.raises(KVBlockError) as e:
         decode_block(buf)
     assert e.value.field == "buf"
+
+
+def test_a_fixed_fp8_scale_the_codec_accepts_is_one_every_check_accepts():
+    """``3.4028235e38`` rounds to float32's largest finite value: the codec took it while the content checks, reading
+    the float64, refused what it then quantized (re-review of 2026-11-29, /tmp/s35/rr_data L1)."""
+    from quillcache.kvquant.codecs import scale_option_problem
+
+    x = np.random.default_rng(2).standard_normal((4, 2, 8)).astype(np.float32)
+    for scale in (3.4028235e38, 1e-45, 0.25):
+        codec = make_codec("fp8_e4m3", scale=scale)
+        q = codec.quantize(x, kind="key")
+        assert scale_option_problem("fp8_e4m3", q.scale_option) is None
+        back = decode_block(encode_block(q))
+        assert np.array_equal(codec.dequantize(back), codec.dequantize(q))
+    for scale in (3.5e38, 1e-46):
+        with pytest.raises(KVQuantError, match="positive finite float32"):
+            make_codec("fp8_e4m3", scale=scale)
+        assert scale_option_problem("fp8_e4m3", scale) is not None

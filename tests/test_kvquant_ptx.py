@@ -53,7 +53,19 @@ SIGS = {
     "_unpack_k": (A(uint8, 1), int64, A(uint8, 1)),
 }
 kernels = sorted(n for n, v in vars(K).items() if n.endswith("_k") and hasattr(v, "py_func"))
-out = {"kernels": kernels, "ptx": {}, "errors": {}}
+out = {"kernels": kernels, "ptx": {}, "errors": {}, "controls": {}}
+
+def fused(x, y, z, out):  # positive controls: a product feeding an add, in one block and across a branch
+    out[0] = x[0] * y[0] + z[0]
+
+def split(x, y, z, out):
+    p = x[0] * y[0]
+    if p < z[0]:
+        p = p + z[0]
+    out[0] = p
+
+for fn in (fused, split):
+    out["controls"][fn.__name__], _ = cuda.compile_ptx(fn, (A(float32, 1),) * 4, cc=(9, 0))
 for name in kernels:
     try:
         out["ptx"][name], _ = cuda.compile_ptx(getattr(K, name).py_func, SIGS[name], cc=(9, 0))
@@ -103,10 +115,15 @@ _FLOAT_REG = r"%f\d+"
 
 
 def _contractible_pairs(ptx: str) -> list[str]:
-    """``add``/``sub`` (f32/f64, no rounding suffix) lines reading a register a ``mul`` without one wrote."""
+    """Lines that round a product and a sum once: an ``fma``/``mad`` NVVM already fused (float, any rounding
+    suffix), or an ``add``/``sub`` (f32/f64, no rounding suffix) reading a register that a ``mul`` without one
+    wrote, which ptxas may fuse."""
     products: set[str] = set()
     found = []
     for line in ptx.splitlines():
+        if re.match(r"\s*(?:fma|mad)(?:\.[a-z]+)*\.f(?:32|64)\s", line):
+            found.append(line.strip())
+            continue
         m = re.match(r"\s*mul\.f(?:32|64)\s+(%f[d]?\d+),", line)
         if m:
             products.add(m.group(1))
@@ -122,7 +139,16 @@ def test_no_float_product_feeds_an_add_that_ptxas_could_fuse(compiled):
     assert {name: p for name, p in pairs.items() if p} == {}
 
 
+def test_the_pair_check_flags_both_positive_controls(compiled):
+    """A product feeding a sum in one block (NVVM writes ``fma.rn.f32`` itself) and across a branch (separate
+    ``mul.f32`` / ``add.f32``, which ptxas may fuse): the check must see both, or it proves nothing."""
+    for name, ptx in compiled["controls"].items():
+        assert _contractible_pairs(ptx), (name, ptx[-1500:])
+
+
 def test_the_pair_check_sees_a_contractible_pair():
     ptx = "mul.f32 %f3, %f1, 0f35800000;\n add.f32 %f4, %f3, 0f00000001;\n mul.rn.f32 %f5, %f1, %f2;\n" \
           "add.f32 %f6, %f5, %f1;"
     assert _contractible_pairs(ptx) == ["add.f32 %f4, %f3, 0f00000001;"]
+    assert _contractible_pairs("fma.rn.f32 %f4, %f1, %f2, %f3;\n mad.lo.s32 %r1, %r2, %r3, %r4;") == \
+        ["fma.rn.f32 %f4, %f1, %f2, %f3;"]

@@ -51,6 +51,7 @@ from quillcache.enginesim.engine import FaultDraw, SimEngine, SimRequest
 from quillcache.httpserve.jsonbody import (BodyError, BodyTooLarge, UnsupportedMediaType, check_content_type,
                                            loads_strict, read_capped)
 from quillcache.textproc import PromptError, TokenizerError, prompt_tokens
+from quillcache.textproc.prompt import chat_render_args
 
 __all__ = ["MAX_BODY_BYTES", "build_app"]
 
@@ -369,11 +370,8 @@ def build_app(config: EngineSimConfig, engine: SimEngine | None = None) -> Starl
         if not isinstance(special, bool):
             return _error(400, "'add_special_tokens' must be a boolean", param="add_special_tokens")
         try:
-            if "messages" in body:
-                gen_prompt = body.get("add_generation_prompt", True)
-                if not isinstance(gen_prompt, bool):
-                    return _error(400, "'add_generation_prompt' must be a boolean", param="add_generation_prompt")
-                text = e.chat_template.render(body["messages"], add_generation_prompt=gen_prompt)
+            if "messages" in body:  # rendered as a chat completion's prompt is (tools, flags, template kwargs)
+                text = e.chat_template.render(body["messages"], **chat_render_args(body))
             else:
                 text = body.get("prompt")
                 if not isinstance(text, str):

@@ -104,7 +104,9 @@ def scale_option_problem(codec: str, scale_option: object) -> str | None:
         return None
     if codec != "fp8_e4m3":
         return f"{scale_option} for {codec} (only fp8's fixed scale sets it; expects NaN)"
-    if not (0 < scale_option <= _F32_MAX and np.float32(scale_option) > 0):  # inf fails the first test
+    with np.errstate(over="ignore"):
+        f32 = np.float32(scale_option)  # the codec's own test (Fp8E4M3Codec): what the block's f32 field holds
+    if not (scale_option > 0 and np.isfinite(f32) and f32 > 0):
         return f"{scale_option} is neither NaN nor a positive finite float32 scale"
     return None
 

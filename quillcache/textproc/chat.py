@@ -30,7 +30,9 @@ message index and the field.
 ``continue_final_message`` cuts the rendered text right after the final message's content, as ``transformers``
 does (so the model continues that message); it cannot be combined with ``add_generation_prompt``. Rendering is
 deterministic: the same arguments give the same text, byte for byte, so both sides of the gateway get the same
-tokens.
+tokens; the one exception is a template that calls ``strftime_now`` (Llama 3.2/3.3 date their system prompt),
+which renders the rendering process's local date as ``transformers`` does, so a gateway and an engine on either
+side of midnight, or in different time zones, hash different first blocks.
 """
 
 from __future__ import annotations

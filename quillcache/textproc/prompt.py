@@ -115,13 +115,24 @@ def chat_prompt_tokens(body: dict[str, Any], tokenizer: Tokenizer, template: Cha
     return PromptTokens("chat", ids, text)
 
 
+# what vLLM's request model (pydantic, lax mode) reads as a boolean, besides true and false
+_TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
 def _flag(body: dict[str, Any], field: str, default: bool) -> bool:
+    """A boolean request field as vLLM reads it: true/false, the integers 1/0, or pydantic's strings
+    ("true", "yes", "on", "1"... in any case); anything else is refused naming the field."""
     value = body.get(field)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise PromptError(f"'{field}' must be true or false, got {type(value).__name__}")
-    return value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE_STRINGS | _FALSE_STRINGS:
+        return value.strip().lower() in _TRUE_STRINGS
+    raise PromptError(f"'{field}' must be true or false, got {value!r:.40}")
 
 
 def _objects(value: object, field: str, *, str_values: bool = False) -> list[dict[str, Any]]:
