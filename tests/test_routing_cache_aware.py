@@ -59,8 +59,9 @@ def test_low_match_fallback_least_loaded_by_default_and_most_free_when_asked():
     free.resident_blocks = lambda: np.array([500, 500, 900])
     assert free.select(route([0, 2, 0], [50, 40, 10])) == 1  # equal counts: the less loaded of them
     assert free.select(route([0, 2, 0], [50, 40, 10], eligible=[True, False, True])) == 0
-    free.resident_blocks = lambda: np.array([1, 2])  # a source of the wrong shape is not trusted
-    assert free.select(route([0, 2, 0], [50, 40, 10])) == 2
+    free.resident_blocks = lambda: np.array([1, 2])  # a source of the wrong shape is refused, naming it
+    with pytest.raises(ValueError, match="resident_blocks"):
+        free.select(route([0, 2, 0], [50, 40, 10]))
     # above the match threshold the prefix wins whatever the residency
     free.resident_blocks = lambda: np.array([0, 5000, 0])
     assert free.select(route([0, 8, 0], [0, 0, 0])) == 1

@@ -28,7 +28,12 @@ from quillcache.index.keys import ResidencyEntry
 from quillcache.planner.cost_model import SOURCE_NAMES
 from quillcache.types import CacheTier
 
-__all__ = ["BlockAction", "Plan", "PlanRequest", "TimingClass"]
+__all__ = ["MAX_INPUT_TOKENS", "BlockAction", "Plan", "PlanRequest", "TimingClass"]
+
+# The longest prompt a plan takes: the trace schema's limit on ``input_length`` (below 2**31). The
+# planner kernels compute ``isl * (isl - 1)`` in int64 (the attention term of the prefill cost), which
+# stays exact below 2**62 at this bound and would wrap above about 3.04e9 tokens.
+MAX_INPUT_TOKENS = (1 << 31) - 1
 
 
 class BlockAction(enum.IntEnum):
@@ -64,6 +69,10 @@ class PlanRequest:
     needs them to write registered public blocks under the public scope (the tokens must BE the
     registered prompt's, :meth:`RequestScope.write_digests`); without them every block is recorded
     under the request's own scope. ``Planner.request`` always sets them.
+
+    ``input_tokens`` is an integer in ``[1, MAX_INPUT_TOKENS]`` (2**31 - 1, so the kernels' int64
+    cost sums cannot wrap; the plain-Python reference takes the same requests); anything else is
+    refused with an error naming the field.
     """
 
     scope: RequestScope
@@ -80,7 +89,7 @@ class PlanRequest:
             raise TypeError(f"block_hashes must be a 1-D uint64 array, got {getattr(h, 'dtype', type(h).__name__)}")
         if not h.flags.c_contiguous:
             raise ValueError("block_hashes must be contiguous (np.ascontiguousarray)")
-        check_int("input_tokens", self.input_tokens, 1)  # an empty prompt is refused
+        check_int("input_tokens", self.input_tokens, 1, MAX_INPUT_TOKENS)  # an empty prompt is refused
         check_int("output_tokens", self.output_tokens, 0)
         t = self.tokens
         if t is not None:

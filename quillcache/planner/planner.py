@@ -57,7 +57,12 @@ __all__ = ["Planner", "PlannerConfig"]
 
 @dataclass(frozen=True, kw_only=True)
 class PlannerConfig:
-    """``enable_guard=False`` is the naive baseline of the same planner (every replica counts)."""
+    """``enable_guard=False`` is the naive baseline of the same planner (every replica counts).
+
+    ``enable_guard`` and ``hash_lora`` are bools (``TypeError`` otherwise: a truthy string would
+    silently switch the block hashes); ``seed`` is None or an integer ``>= 0`` (the gateway's and the
+    harness's rule, kept as a Python int), checked here rather than when a router is first built from it.
+    """
 
     block_size_tokens: int = 16
     ttft_slo_s: float = 1.0
@@ -71,6 +76,10 @@ class PlannerConfig:
         check_float("ttft_slo_s", self.ttft_slo_s, 0.0, lo_open=True, finite=False, type_error=ValueError)
         if not isinstance(self.enable_guard, bool):
             raise TypeError(f"enable_guard must be a bool, got {type(self.enable_guard).__name__}")
+        if not isinstance(self.hash_lora, bool):
+            raise TypeError(f"hash_lora must be a bool, got {type(self.hash_lora).__name__} {self.hash_lora!r:.40}")
+        if self.seed is not None:  # stored as a Python int: random.Random refuses NumPy integers
+            object.__setattr__(self, "seed", check_int("seed", self.seed, 0))
         if not isinstance(self.cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(self.cost_model).__name__}")
 

@@ -264,10 +264,15 @@ class RouteRequest:
 
 
 def _check_column(name: str, a: np.ndarray, kinds: str) -> None:
-    """``a``'s dtype kind is in ``kinds`` and every value is finite and >= 0."""
+    """``a``'s dtype kind is in ``kinds``, in native byte order (floats: float32 or float64, the
+    dtypes the compiled kernels take), and every value is finite and >= 0."""
     if a.dtype.kind not in kinds:
         want = "an integer" if kinds == "iu" else "an integer or float"
         raise ValueError(f"{name} must have {want} dtype, got dtype {a.dtype}")
+    if not a.dtype.isnative:
+        raise ValueError(f"{name} must be in native byte order, got dtype {a.dtype.str!r}")
+    if a.dtype.kind == "f" and a.dtype.itemsize not in (4, 8):
+        raise ValueError(f"{name} must be float32 or float64 if float, got dtype {a.dtype}")
     if a.size == 0:
         return
     if a.dtype.kind == "f" and not np.isfinite(a).all():
@@ -283,7 +288,9 @@ def check_route(route: RouteRequest) -> None:
     summing to at most the request's ``ceil(isl_tokens / block_size_tokens)`` blocks (a prefix
     overlap cannot be longer than the prompt). ``active_prefill_tokens`` and ``decode_blocks``:
     integer or float arrays of shape (n,), finite, >= 0 and at most ``MAX_ROUTE_LOAD`` (2**52: exact in
-    float64, and a load plus a prompt's tokens cannot wrap int64 in the compiled kernels). ``eligible``: None or a bool array of
+    float64, and a load plus a prompt's tokens cannot wrap int64 in the compiled kernels). Every column is in
+    native byte order and a float column is float32 or float64 (the compiled kernels take no other; float16
+    could not hold the loads either). ``eligible``: None or a bool array of
     shape (n,). ``isl_tokens`` and ``block_size_tokens`` are integers in ``[1, MAX_ROUTE_TOKENS]``
     (2**40), so ``overlap * block_size`` and every sum of the cost kernels stay far inside int64
     and the compiled kernels compute what their plain-Python references do. Anything else raises

@@ -25,7 +25,8 @@ It is SGLang's gateway rule (``--cache-threshold 0.3 --balance-abs-threshold 64
 - the low-match fallback is the least-loaded worker, where SGLang takes the worker with the
   smallest tree. SGLang's rule is available on exact residency as ``low_match="most_free"``: the
   worker holding the fewest resident blocks, read from ``resident_blocks`` (a callable the owner
-  sets; the gateway: its residency tracker's live entries per engine). It is not the default
+  sets; the gateway: its residency tracker's live entries per engine; an answer that is not one
+  finite count >= 0 per worker raises ``ValueError``). It is not the default
   because it measured worse than least-loaded in the gateway's setting (four stand-in engines, a
   sessions workload at 32 req/s).
 
@@ -67,7 +68,9 @@ class CacheAwareRouter(Router):
             raise ValueError(f"low_match={low_match!r}; known: {list(LOW_MATCH_RULES)}")
         self.imbalance = imbalance
         self.low_match = low_match
-        # per-worker resident GPU blocks (int array, worker order), set by the owner; None: least loaded
+        # per-worker resident GPU blocks (int array, worker order), set by the owner; None: least loaded.
+        # With low_match="most_free", an answer of the wrong length or with NaN / negative counts raises
+        # ValueError naming the source (no silent fallback)
         self.resident_blocks: Callable[[], np.ndarray] | None = None
 
     def clone(self, seed: int | None = None) -> CacheAwareRouter:
@@ -115,8 +118,23 @@ class CacheAwareRouter(Router):
             return self._pick(cand, lambda i: (-dev[i], -host[i], -disk[i], load[i]))
         source = self.resident_blocks
         if source is not None and self.low_match == "most_free":
-            resident = np.asarray(source()).tolist()
-            if len(resident) == len(load):
-                # the fewest resident blocks first; among equal counts the least loaded
-                return self._pick(cand, lambda i: (resident[i], load[i]))
+            resident = _resident_counts(source(), len(load))
+            # the fewest resident blocks first; among equal counts the least loaded
+            return self._pick(cand, lambda i: (resident[i], load[i]))
         return self._pick(cand, by_load)
+
+
+def _resident_counts(values: object, n_workers: int) -> list:
+    """``resident_blocks()``'s answer as a list: one finite count >= 0 per worker, else ``ValueError``
+    naming the source (a wrong answer is refused, never silently replaced by the least-loaded rule)."""
+    try:
+        a = np.asarray(values)
+    except (TypeError, ValueError):  # a ragged or otherwise unconvertible answer
+        a = np.asarray(None)
+    if a.shape != (n_workers,) or a.dtype.kind not in "iuf":
+        raise ValueError(f"resident_blocks (the low_match='most_free' source) must return {n_workers} numbers, "
+                         f"one per worker, got dtype {a.dtype} shape {a.shape}")
+    if a.size and (not np.isfinite(a).all() or a.min() < 0):
+        raise ValueError(f"resident_blocks (the low_match='most_free' source) must return finite counts >= 0, "
+                         f"got {a.tolist()!r:.120}")
+    return a.tolist()
