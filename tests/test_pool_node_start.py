@@ -21,15 +21,21 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # closed again when the block ends: nothing listens there
 
 
-def test_a_node_whose_master_does_not_answer_fails_before_mapping_its_dram(monkeypatch):
-    mapped = []
+@pytest.fixture
+def mapped(monkeypatch) -> list:
+    """The arguments of every ``mmap.mmap`` the node module makes (the DRAM buffer)."""
+    calls: list = []
     real = mmap.mmap
 
     def spy(*args, **kwargs):
-        mapped.append(args)
+        calls.append(args)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(node_mod.mmap, "mmap", spy)
+    return calls
+
+
+def test_a_node_whose_master_does_not_answer_fails_before_mapping_its_dram(mapped):
     t0 = time.monotonic()
     with pytest.raises((RpcConnectionError, RpcTimeoutError)):
         PoolNode(f"tcp://127.0.0.1:{_closed_port()}", dram_bytes=64 << 20, backend="local", master_timeout_s=0.2,
@@ -38,18 +44,10 @@ def test_a_node_whose_master_does_not_answer_fails_before_mapping_its_dram(monke
     assert time.monotonic() - t0 < 30  # the retry deadline, not a hang
 
 
-def test_a_node_whose_master_answers_maps_its_dram_and_mounts(monkeypatch):
+def test_a_node_whose_master_answers_maps_its_dram_and_mounts(mapped):
     from quillcache.master.client import MasterClient
     from quillcache.master.service import MasterService
 
-    mapped = []
-    real = mmap.mmap
-
-    def spy(*args, **kwargs):
-        mapped.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(node_mod.mmap, "mmap", spy)
     master = MasterClient.embedded(MasterService())
     node = PoolNode(master, dram_bytes=64 << 20, backend="local")
     try:

@@ -5,6 +5,7 @@ summary, a summary at the highest level it counts. Checked against a plain model
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import socket
@@ -37,9 +38,10 @@ class _Capture(logging.Handler):
         self.records.append(record)
 
 
-@pytest.fixture
-def captured():
-    logger = logging.getLogger("quillcache.test_ratelog")
+@contextlib.contextmanager
+def _capturing(name: str):
+    """(logger, handler): every record of logger ``name`` while the block runs, kept off the root logger."""
+    logger = logging.getLogger(name)
     cap = _Capture()
     logger.addHandler(cap)
     logger.setLevel(logging.DEBUG)
@@ -48,6 +50,12 @@ def captured():
         yield logger, cap
     finally:
         logger.removeHandler(cap)
+
+
+@pytest.fixture
+def captured():
+    with _capturing("quillcache.test_ratelog") as got:
+        yield got
 
 
 def _model(events, burst: int, window_s: float, final: bool):
@@ -69,12 +77,7 @@ _EVENT = st.tuples(st.floats(0.0, 5.0), st.sampled_from(["a", "b", "c"]), st.int
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_EVENT, max_size=60), st.integers(0, 4), st.sampled_from([0.0, 1.0, 2.5, 10.0]))
 def test_every_event_is_one_line_or_counted_in_exactly_one_summary(events, burst, window_s):
-    logger = logging.getLogger("quillcache.test_ratelog.model")
-    cap = _Capture()
-    logger.addHandler(cap)
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    try:
+    with _capturing("quillcache.test_ratelog.model") as (logger, cap):
         clock = _Clock()
         bl = BurstLog(logger, "things", window_s=window_s, burst=burst, prefix="p: ", clock=clock)
         timed = []
@@ -83,8 +86,6 @@ def test_every_event_is_one_line_or_counted_in_exactly_one_summary(events, burst
             timed.append((clock.now, kind, n, level))
             bl.note(kind, "event %s of %d", kind, n, n=n, level=level)
         bl.tick(final=True)
-    finally:
-        logger.removeHandler(cap)
     windows = _model(timed, burst, window_s, final=True)
     summaries = [r for r in cap.records if SUMMARY.match(r.getMessage())]
     singles = [r for r in cap.records if not SUMMARY.match(r.getMessage())]
