@@ -18,6 +18,18 @@ Invariants:
   ``TransferError`` (bounded memory), nothing of it started.
 - ``close`` stops the backend (serving and connections) and the I/O threads; it is idempotent. A
   batch submitted while ``close`` runs ends every request it could not start FAILED.
+- A request that ended FAILED or TIMEOUT leaves its destination range undefined: a failed READ's
+  local range may hold part of the data or the peer's reason; a failed WRITE's remote range may hold
+  part of its bytes, and more of them may still land there LATER -- even after a later WRITE to the
+  same range was acknowledged -- until the peer has read or dropped the abandoned connection (it is
+  closed with a reset, which discards what this side had not sent, but not what the peer already
+  received). Nothing orders it against later requests: a caller that must know what the range holds
+  verifies it (the pool verifies every value by its key when it reads it back).
+- An engine whose backend serves at a fixed address (``backend.fixed_address``: the ``tcp`` and
+  ``rdma`` backends given a port; peers name its regions by id) numbers its regions from a random
+  id drawn per engine (``RegionTable.start_ids_at``), so a region id a peer kept from an EARLIER
+  process at that address names no region here: its transfer is refused (``no region N``) instead of
+  landing in memory this process hands out. Otherwise ids count up from 1.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -57,6 +70,7 @@ BACKENDS.register_lazy("rdma", "quillcache.transfer.backends.rdma:RdmaBackend")
 
 SECRET_ENV = "QUILLCACHE_TRANSFER_SECRET"
 DEFAULT_TIMEOUT_S = 30.0
+FIRST_REGION_ID_MAX = 1 << 31  # a random first region id lies in [1, this]: room for 2**31 more regions
 
 
 class TransferEngine:
@@ -73,6 +87,8 @@ class TransferEngine:
             backend_options["secret"] = env
         self.regions = RegionTable()
         self.backend: Backend = BACKENDS.create(backend, **backend_options)  # type: ignore[assignment]
+        if getattr(self.backend, "fixed_address", False):  # a stale peer's region id names none here (module doc)
+            self.regions.start_ids_at(random.SystemRandom().randint(1, FIRST_REGION_ID_MAX))
         self.backend_name = backend
         self.address = self.backend.start(self.regions)
         self._transfer_one = getattr(self.backend, "transfer_one", None)
@@ -333,7 +349,11 @@ class TransferEngine:
     def write(self, local: RegionDescriptor | int, local_offset_bytes: int, segment: SegmentInfo | int,
               remote_region: int, remote_offset_bytes: int, length_bytes: int, *, timeout_s: float | None = None
               ) -> None:
-        """Synchronous WRITE of one range, returning once the peer acknowledged the bytes in its memory."""
+        """Synchronous WRITE of one range, returning once the peer acknowledged the bytes in its memory; raises
+        like ``read`` otherwise. After a failed or timed-out WRITE the remote range is undefined, and bytes of
+        it may still land there later (after a later WRITE to that range completed) until the peer has read or
+        dropped the abandoned connection; a caller that needs to know verifies the range (as the pool does by
+        key; module docstring)."""
         self._one(Op.WRITE, local, local_offset_bytes, segment, remote_region, remote_offset_bytes, length_bytes,
                   timeout_s)
 

@@ -13,7 +13,8 @@ Invariants:
 - Region ids are never reused within one table, and fit the wire's u32. They count up from 1, or from
   where ``start_ids_at`` put them: a process serving at a fixed address starts at a random id so that a
   peer's region id from an EARLIER process at that address names no region here (its stale transfer is
-  refused, instead of landing in memory the new process hands out).
+  refused, instead of landing in memory the new process hands out); ``TransferEngine`` does so whenever
+  its backend serves at a fixed address.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ from types import SimpleNamespace
 from quillcache.transfer import rdma_control as C
 from quillcache.transfer.backends.acceptor import AcceptorStats, PreauthAcceptor
 from quillcache.transfer.backends.sockets import TcpConfig
-from quillcache.transfer.backends.tcp import _secret_bytes
+from quillcache.transfer.backends.tcp import _secret_bytes, check_host
 from quillcache.transfer.backends.tcp_client import TcpClient, retry_busy
 from quillcache.transfer.backends.tcp_server import TcpServer
 from quillcache.transfer.batch import Item
@@ -157,7 +157,7 @@ class RdmaBackend:
             if type(v) is not int or not lo <= v <= hi:
                 raise ValueError(f"{name} must be an int in {lo}..{hi}, got {v!r}")
         self.device, self.port, self.gid_index = device, port, gid_index
-        self.host, self.port_tcp, self.ctrl_port = host, port_tcp, ctrl_port
+        self.host, self.port_tcp, self.ctrl_port = check_host("host", host), port_tcp, ctrl_port
         self.client = TcpClient(self.secret, self.config)
         self.server: TcpServer | None = None
         self.probe_result: RdmaProbe | None = None
@@ -172,6 +172,12 @@ class RdmaBackend:
         self._ctrl: dict[socket.socket, threading.Thread] = {}  # authenticated, each with its thread (_lock)
         self.ctrl_stats = CtrlStats()
         self._closing = False
+
+    @property
+    def fixed_address(self) -> bool:
+        """Whether this backend serves at a port its caller chose, where a later process may serve next (the
+        engine then starts its region ids at a random value)."""
+        return self.port_tcp != 0 or self.ctrl_port != 0
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
 

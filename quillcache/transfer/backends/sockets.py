@@ -161,6 +161,7 @@ def fast_channel(ch: "Channel", config: TcpConfig):
 _DONTWAIT = socket.MSG_DONTWAIT
 _clock = time.monotonic  # the clock of every deadline
 _BACKOFF_MIN, _BACKOFF_MAX = 16, 1024  # waits without a spin after fruitless spins in a row
+_ABORT_LINGER = struct.pack("ii", 1, 0)  # struct linger {l_onoff=1, l_linger=0}: close() sends a reset
 
 
 class Channel:
@@ -390,4 +391,14 @@ class Channel:
         return False
 
     def close(self) -> None:
+        self.sock.close()
+
+    def abort(self) -> None:
+        """Close with a reset (``SO_LINGER`` on, 0 s) instead of a FIN: what this side has not sent yet is
+        discarded, not flushed to the peer. For a connection abandoned mid-request (a timeout, a failure),
+        whose unsent WRITE payload must not land later; bytes the peer has already received may still."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT_LINGER)
+        except OSError:  # already reset or shut down: a plain close does the same
+            pass
         self.sock.close()

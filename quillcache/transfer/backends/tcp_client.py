@@ -17,7 +17,13 @@ Invariants:
   which it sends once the bytes are in its memory.
 - Every socket call makes progress within ``progress_timeout_s`` and ends by the deadline of the
   request it serves; a request whose deadline passes ends TIMEOUT, and the connection it was on is
-  closed (its state is unknown).
+  closed (its state is unknown) with a reset (``SO_LINGER`` 0, ``Channel.abort``), as is every
+  connection given up after a failure: what we had not sent yet is discarded, not delivered.
+- A WRITE that ended TIMEOUT or FAILED leaves the remote range undefined: the payload bytes the peer
+  had already received are still written into the range when its serving thread gets to them, which
+  may be after a later WRITE to that range (on another connection) was acknowledged; nothing orders
+  the two until the peer has read or dropped the abandoned connection. Callers that must know verify
+  the range (the pool verifies values by key); a server-side fence would close this window.
 - With the compiled ``FastChannel`` (``TcpConfig.fast_path``), a request's bytes move through it and
   every outcome is turned into the exception the plain ``Channel`` raises for it (``_fast_failed``);
   an answer whose header is not the expected OK one goes through the same Python checks either way
@@ -109,7 +115,7 @@ def parse_address(address: str) -> tuple[str, int]:
     if not isinstance(address, str):
         raise TypeError(f"a peer address must be a str 'host:port', got {type(address).__name__}")
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"bad peer address {address!r}: expected 'host:port' with a port in 1..65535")
     return host.strip("[]"), int(port)
 
@@ -273,16 +279,18 @@ class TcpClient:
         return conn
 
     def _checkin(self, conn: _Conn, healthy: bool) -> None:
+        """Pool ``conn`` again, or close it; one that is not ``healthy`` (a request on it timed out or failed,
+        its state is unknown) is closed with a reset, so its unsent WRITE payload is dropped, not delivered."""
         pool = self._pool(conn.address) if not self._closed else self._pools.get(conn.address)
         if pool is None:
-            conn.ch.close()
+            conn.ch.close() if healthy else conn.ch.abort()
             return
         with pool.lock:
             if healthy and not self._closed:
                 conn.last_used_s = time.monotonic()
                 pool.idle.append(conn)
             else:
-                conn.ch.close()
+                conn.ch.close() if healthy else conn.ch.abort()
                 pool.open -= 1
                 for idle in pool.idle:  # a broken one often means a peer restart: probe the rest before reuse
                     idle.last_used_s = -math.inf
@@ -292,7 +300,20 @@ class TcpClient:
     # ---- requests ---------------------------------------------------------------------------------------------
 
     def list_regions(self, address: str, timeout_s: float) -> tuple[RemoteRegion, ...]:
+        """The peer's regions (LIST). Like a transfer, a LIST sent on a connection that then broke (a pooled
+        one the peer closed: a restart) is tried once more on a fresh connection."""
         deadline = time.monotonic() + timeout_s
+        try:
+            return self._list_once(address, deadline)
+        except socket.timeout:
+            raise
+        except OSError:
+            if deadline <= time.monotonic():
+                raise
+            self.stats.retries += 1
+        return self._list_once(address, deadline)
+
+    def _list_once(self, address: str, deadline: float) -> tuple[RemoteRegion, ...]:
         conn = self._checkout(address, deadline)
         ok = False
         try:
