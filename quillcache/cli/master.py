@@ -55,6 +55,8 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     typed = [f"--{name.replace('_', '-')}" for name in ("candidate", *HA_DEFAULTS) if getattr(args, name) is not None]
     if not args.etcd and typed:
         return f"{', '.join(typed)} need{'s' if len(typed) == 1 else ''} --etcd (HA mode)"
+    if args.candidate is not None and not args.candidate.strip():
+        return "--candidate is empty: give this candidate's id, or leave the flag out for HOSTNAME-PID"
     args.stream_port = None if args.no_stream else args.stream_port or 0
     for name, value in HA_DEFAULTS.items():
         if getattr(args, name) is None:

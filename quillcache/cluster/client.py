@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import threading
 import time
 import weakref
@@ -74,14 +75,24 @@ class Backoff:
             delay = min(self.max_s, delay * self.factor)
 
 
+_HOST_RE = re.compile(r"^(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])$")  # a name, IPv4, or a bracketed IPv6 address
+
+
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``"host:port"`` (an ``http://`` prefix allowed) → ``(host, port)``; ValueError naming a bad one."""
+    """``"host:port"`` (an ``http://`` prefix allowed) → ``(host, port)``; ValueError naming a bad one: another
+    scheme (the client speaks plain HTTP to etcd's JSON gateway), a list (one endpoint), a host that is not a name
+    or an address, a port that is not ASCII digits in [1, 65535]."""
     if not isinstance(endpoint, str):
         raise TypeError(f"etcd endpoint must be a 'host:port' str, got {type(endpoint).__name__} {endpoint!r}")
+    if "," in endpoint:
+        raise ValueError(f"etcd endpoint {endpoint!r} is a list: give one 'host:port'")
     rest = endpoint.removeprefix("http://").rstrip("/")
+    if "://" in rest:
+        raise ValueError(f"etcd endpoint {endpoint!r}: only plain http:// is spoken to etcd")
     host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"etcd endpoint {endpoint!r} is not 'host:port' with a port in [1, 65535]")
+    if not sep or not _HOST_RE.match(host) or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ValueError(f"etcd endpoint {endpoint!r} is not 'host:port' with a host name or address and a port in "
+                         f"[1, 65535]")
     return host.strip("[]"), int(port)
 
 

@@ -20,10 +20,18 @@ The design is Mooncake's master election (REFERENCE §9):
   alive has seen its own lease deadline pass (see ``LeaseKeeper``) and stepped down. So a SIGKILLed
   leader is replaced after its lease runs out (at most one TTL after its last refresh, plus etcd's
   0.5 s expiry check) and the warm-up: at most 2×TTL + 0.5 s, the key itself changes hands within TTL + 0.5 s.
-- **Leadership** lasts while the lease is alive and the key is the one it created: ``is_leader`` checks
+- **Leadership** lasts while the lease is alive and the key is the one it wrote: ``is_leader`` checks
   the lease's local deadline on every call (so a process resumed after a pause past its deadline is not
-  leader even before its keep-alive thread runs); losing the lease or the key calls ``on_lost(reason)``
-  once. ``resign()`` deletes the key (only if it is still ours) and revokes the lease.
+  leader even before its keep-alive thread runs); losing the lease or the key (deleted, re-created, or
+  overwritten: another value, or no longer held by this candidate's lease), or ``step_down(epoch)`` (a
+  write of that epoch was fenced), calls ``on_lost(reason)`` once. ``resign()`` deletes the key (only if
+  it is still ours) and revokes the lease.
+- **Foreign keys**: a candidate writes the key only with its lease, so a key with no lease (a plain put by an
+  operator tool or a buggy client, even over a leader's key) is never a candidate's: a candidate that finds
+  one logs a WARNING naming the key, its value and the endpoint, and deletes it (only while it still has
+  that create revision and no lease), then campaigns. A key that has a lease is never deleted by another
+  candidate: one whose value does not decode is reported in one WARNING (key, endpoint) and goes with its
+  lease (etcd deletes a key with its lease), like any holder's.
 - **Resigning ends every campaign**: ``resign()`` cancels and then waits for every ``campaign()`` running
   when it was called (on any thread, not only ``start()``'s), then stops whatever lease keeper and key
   monitor they left, so no lease of a resigned candidate is kept alive and its key goes at once. A
@@ -49,8 +57,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from quillcache._checks import check_float, check_int
-from quillcache.cluster.client import (Backoff, EtcdClient, EtcdError, EtcdUnavailableError, TxnResult,
-                                       compare_create, compare_value, delete_op, put_op, range_op)
+from quillcache.cluster.client import (Backoff, EtcdClient, EtcdError, EtcdUnavailableError, KeyValue, TxnResult,
+                                       compare_create, compare_lease, compare_value, delete_op, put_op,
+                                       range_op)
 from quillcache.cluster.descriptors import DEFAULT_PREFIX, DescriptorError, LeaderInfo, check_endpoint, election_key
 from quillcache.cluster.lease import LeaseKeeper
 from quillcache.cluster.watch import Watch, WatchEvent
@@ -150,6 +159,7 @@ class LeaderElection:
         self._record = LeaderInfo.encode(candidate_id, self.address)
         self._keeper: LeaseKeeper | None = None
         self._epoch: int | None = None
+        self._epoch_lease = 0               # the lease that holds the key of ``_epoch``
         self._leader = False
         self._wake = threading.Event()      # a change worth re-checking: key deleted, lease lost, resign
         self._cancel = threading.Event()    # resign()/close(): stop campaigning
@@ -158,6 +168,7 @@ class LeaderElection:
         self._monitor: Watch | None = None
         self._thread: threading.Thread | None = None
         self._campaigns: set[threading.Thread] = set()  # threads inside campaign(): resign() waits for them
+        self._warned: tuple[int, int] | None = None  # (create, mod revision) of the undecodable key last reported
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -309,7 +320,10 @@ class LeaderElection:
             holder = res.ranges[0][0] if res.ranges and res.ranges[0] else None
             if holder is not None and holder.lease == lease:  # our own key of an earlier round: never wait on it
                 self._drop_lease(f"the key {self.key} still held by it is from an earlier round")
+            elif holder is not None and holder.lease == 0:  # no candidate's (module docstring): remove it
+                self._delete_foreign(holder)
             elif holder is not None:
+                self._warn_undecodable(holder)
                 self._wait_for_delete(res.revision + 1, holder.create_revision, deadline)
             return None
         epoch = res.revision  # the put ran in this txn: the key's create revision
@@ -326,7 +340,7 @@ class LeaderElection:
         with self._lock:
             if self._cancel.is_set():  # resigned during the warm-up: resign() revokes the lease
                 return None
-            self._epoch, self._leader = epoch, True
+            self._epoch, self._leader, self._epoch_lease = epoch, True, lease
             self._monitor = Watch(self.client, self.key, lambda ev: self._on_key_event(ev, epoch),
                                   start_revision=kv.mod_revision + 1, name=f"election {self.name} leader")
         log.info("election %r: %r leads with epoch %d", self.name, self.candidate_id, epoch)
@@ -338,7 +352,7 @@ class LeaderElection:
         gone = threading.Event()
 
         def on_event(ev: WatchEvent) -> None:
-            if ev.kind == "delete":
+            if ev.kind == "delete" or ev.kv.lease == 0:  # deleted, or overwritten by a plain put: foreign now
                 gone.set()
                 self._wake.set()
 
@@ -357,8 +371,28 @@ class LeaderElection:
                     except EtcdError as e:  # etcd unreachable: the watch (or the next read) tells
                         log.debug("election %r: re-reading %s: %s", self.name, self.key, e)
                         continue
-                    if kv is None or kv.create_revision != holder_epoch:
+                    if kv is None or kv.create_revision != holder_epoch or kv.lease == 0:
                         return
+
+    def _warn_undecodable(self, holder: KeyValue) -> None:
+        """One WARNING per version of a held key whose value is not a leader record (it goes with its lease)."""
+        try:
+            LeaderInfo.decode(holder.value, holder.create_revision)
+        except DescriptorError as e:
+            if self._warned != (holder.create_revision, holder.mod_revision):
+                self._warned = (holder.create_revision, holder.mod_revision)
+                log.warning("election %r: the election key %s at etcd %s holds %r, not a leader record (%s); "
+                            "it is held by lease %x, so %r waits for it to go with that lease (delete the key to "
+                            "end the wait)", self.name, self.key, self.client.endpoint, holder.value[:64], e,
+                            holder.lease, self.candidate_id)
+
+    def _delete_foreign(self, holder: KeyValue) -> None:
+        """Delete a key that has no lease (never a candidate's), only while it still has none."""
+        log.warning("election %r: the election key %s at etcd %s holds %r with no lease (written by something "
+                    "other than a candidate, which always writes it with its lease); %r deletes it and campaigns",
+                    self.name, self.key, self.client.endpoint, holder.value[:64], self.candidate_id)
+        self.client.txn([compare_create(self.key, holder.create_revision), compare_lease(self.key, 0)],
+                        [delete_op(self.key)], what=f"delete foreign {self.key}")
 
     def _on_key_event(self, ev: WatchEvent, epoch: int) -> None:
         if self._epoch != epoch:  # a late event of an earlier leadership's monitor
@@ -367,6 +401,15 @@ class LeaderElection:
             self._step_down(f"leader key {self.key} was deleted at revision {ev.revision}")
         elif ev.kv.create_revision != epoch:
             self._step_down(f"leader key {self.key} was re-created at revision {ev.kv.create_revision}")
+        elif ev.kv.value != self._record or ev.kv.lease != self._epoch_lease:
+            self._step_down(f"leader key {self.key} was overwritten at revision {ev.revision} with {ev.kv.value[:64]!r}"
+                            f" (lease {ev.kv.lease:x}, its own {self._epoch_lease:x})")
+
+    def step_down(self, epoch: int, reason: str) -> None:
+        """Stop leading ``epoch`` (if it still does: a write of that epoch was fenced, so its key is no longer what
+        this candidate wrote, even when the watch on it missed the change); its campaign goes on."""
+        if self._leader and self._epoch == epoch:
+            self._step_down(reason)
 
     def start(self) -> None:
         """Campaign in a background thread (``on_elected(epoch)`` when it wins); ``resign()`` ends it."""

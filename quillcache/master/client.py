@@ -20,8 +20,10 @@ Contract:
   waiting up to ``retry_s`` for one to exist; with several addresses it rotates through them.
 - Retries, until ``retry_s`` has passed, with exponential backoff: NOT_LEADER answers (the call did not
   run) for every method, moving to the leader the record names; TOO_MANY_CONNECTIONS (the call did not run)
-  for every method; timeouts (connection loss: the server died, or is paused) for reads and heartbeats.
-  A state-changing call that timed out is NOT resent (it may have run): ``RpcTimeoutError`` says so, and the
+  for every method; timeouts (connection loss: the server died, or is paused) for reads and heartbeats, and
+  for every method when the request was never sent (no connection could be made, e.g. to a leader that just
+  died: it cannot have run). A state-changing call that timed out once sent is NOT resent (it may have run):
+  ``RpcTimeoutError`` says so, and the
   next call goes to the leader found anew; ``retry_writes=True`` resends those as well (at-least-once: a repeated ``put_end(put_id=...)`` answers
   OBJECT_ALREADY_EXISTS "already complete", a repeated ``put_start`` with a digest ``existing=True``).
 - Errors arrive typed: a master refusal as its :class:`~quillcache.master.MasterError` subclass (batch
@@ -205,7 +207,8 @@ class MasterClient:
                 if on_stream and getattr(e, "sent", True) is False and not fell_back:
                     fell_back = True  # nothing was sent: at once over ZeroMQ, which asks for the new stream port
                     continue
-                if not resend_on_timeout or time.monotonic() >= deadline:
+                never_sent = getattr(e, "sent", True) is False  # (no connection: the call cannot have run)
+                if not (resend_on_timeout or never_sent) or time.monotonic() >= deadline:
                     raise
             time.sleep(next(delays))
 

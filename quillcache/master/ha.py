@@ -274,8 +274,16 @@ class HaMaster:
         failed = self.service.failed
         if failed is not None:
             if isinstance(failed, StaleEpochError):
-                self._fenced_epoch = self.epoch
+                self._fenced(self.epoch, failed)
             self._reopen(f"{type(failed).__name__}: {failed}")
+
+    def _fenced(self, epoch: int, why: Exception) -> None:
+        """(Node lock held) a write of ``epoch`` was fenced: never promote it again, and make the election give it
+        up too (its key is no longer what this master wrote, even if the watch on it missed that), so the campaign
+        goes on instead of holding a seat nobody serves."""
+        self._fenced_epoch = max(self._fenced_epoch, epoch)
+        if self.election is not None:
+            self.election.step_down(epoch, f"a write of epoch {epoch} was fenced: {why}")
 
     # ------------------------------------------------------------------ serving
     def admit(self, method: str) -> None:
@@ -411,8 +419,11 @@ class HaMaster:
             self._promote(epoch)
 
     def _promote(self, epoch: int) -> None:
-        """(Node lock held) catch up to the end of the log, then commit this epoch's first record."""
-        if epoch <= self._fenced_epoch:
+        """(Node lock held) catch up to the end of the log, then commit this epoch's first record. Both
+        ``on_elected`` and the follow loop (which sees the election's epoch first) ask for it: an epoch this master
+        already leads with is not promoted again (one EPOCH record and one soft-state reset per win; a reopen,
+        which drops the leader role, is followed by a promotion again)."""
+        if epoch <= self._fenced_epoch or (self.role == "leader" and self.epoch == epoch):
             return
         el = self.election
         assert el is not None
@@ -428,7 +439,7 @@ class HaMaster:
         except (MasterError, EtcdError, ElectionNotLeaderError) as e:
             log.error("master %r: promotion to epoch %d failed: %s", self.candidate, epoch, e)
             if isinstance(e, StaleEpochError):
-                self._fenced_epoch = epoch
+                self._fenced(epoch, e)
             self._reopen(f"promotion failed: {e}")
             return
         self.role = "leader"
