@@ -1,5 +1,8 @@
 """High availability of the master through etcd: etcd is the replicated operation log, fenced by the epoch.
 
+Longer than 600 lines because the roles below (follower, writer, promotion and demotion) share one state machine
+over one service and one election, whose exactly-one-role invariant every transition must keep.
+
 Roles. ``HaMaster`` is one master process of a group ``name``: a :class:`~quillcache.master.MasterService`
 over its own data dir in replicated mode, a :class:`~quillcache.cluster.election.LeaderElection`
 candidate, a follower of the log in etcd, and (leader only) the writer of that log. Exactly one role:
