@@ -7,6 +7,7 @@ checks (L2, L3)."""
 from __future__ import annotations
 
 import pytest
+from etcd_fixture import etcd, etcd_client, prefix  # noqa: F401
 
 from quillcache.cluster.client import Backoff
 from quillcache.master.client import MasterClient
@@ -79,3 +80,16 @@ def test_the_master_refuses_a_bad_ha_flag_in_one_line_before_starting(tmp_path, 
     rc = main(["master", "--data-dir", str(tmp_path / "d"), *argv])
     err = capsys.readouterr().err
     assert rc == 2 and why in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_client_says_which_key_on_which_etcd_holds_no_leader_record(etcd, etcd_client, prefix):  # noqa: F811
+    """Garbage in the election key gave a client a decode error that named neither the key nor the endpoint
+    (/tmp/s35/ha, with M2): it now waits for a leader as when the key is missing, and says both when none came."""
+    from quillcache.cluster.descriptors import election_key
+    from quillcache.master import NotLeaderError
+
+    key = election_key("master", prefix)
+    etcd_client.put(key, b"\xff\x00garbage")
+    with pytest.raises(NotLeaderError) as info:
+        MasterClient(etcd=etcd.endpoint, prefix=prefix, retry_s=0.5)
+    assert key in str(info.value) and etcd.endpoint in str(info.value) and "no leader record" in str(info.value)

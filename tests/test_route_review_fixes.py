@@ -394,3 +394,26 @@ def test_most_free_still_uses_a_good_source_and_least_loaded_ignores_it():
     ll = CacheAwareRouter(seed=0)
     ll.resident_blocks = lambda: np.array([np.nan])  # never read by the least-loaded fallback
     assert ll.select(_low_match_route()) == 1
+
+
+def test_a_router_refuses_a_negative_seed_as_the_planner_does():
+    """``Random(-1)`` draws what ``Random(1)`` draws, so two "different" seeds gave one stream (re-review of
+    2026-11-29, /tmp/s35/rr_route note)."""
+    with pytest.raises(ValueError, match="seed"):
+        make_router("dynamo", seed=-1)
+    assert make_router("dynamo", seed=0).rng.random() == make_router("dynamo", seed=0).rng.random()
+
+
+@pytest.mark.parametrize("answer", [[3, 1, 2], [3.0, 1.5, 2.0], np.array([3, 1, 2])])
+def test_most_free_takes_the_gateway_s_list_and_an_array_alike(answer):
+    from quillcache.routing.cache_aware import _resident_counts
+
+    assert list(_resident_counts(answer, 3)) == [3, 1, 2] or list(_resident_counts(answer, 3)) == [3.0, 1.5, 2.0]
+
+
+@pytest.mark.parametrize("answer", [[3, 1], [3, -1, 2], [3, float("nan"), 2], [3, None, 2], [3, "1", 2]])
+def test_most_free_refuses_a_bad_list_on_the_fast_path_too(answer):
+    from quillcache.routing.cache_aware import _resident_counts
+
+    with pytest.raises(ValueError, match="resident_blocks"):
+        _resident_counts(answer, 3)

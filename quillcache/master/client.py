@@ -90,6 +90,7 @@ class MasterClient:
         self.backoff = backoff
         self._etcd = None
         self._leader_key = None
+        self._bad_record: str | None = None  # why the election key named no leader the last time it was read
         self._compact = True  # False once a server answered that it does not serve the compact forms
         self._columns = True  # the same for the columnar forms
         if _rpc is not None:
@@ -155,10 +156,16 @@ class MasterClient:
     def _find_leader(self) -> str | None:
         from quillcache.cluster.descriptors import LeaderInfo
 
+        from quillcache.cluster.descriptors import DescriptorError
+
         kv = self._etcd.get(self._leader_key)  # type: ignore[union-attr]
         if kv is None:
             return None
-        return LeaderInfo.decode(kv.value, kv.create_revision).address
+        try:
+            return LeaderInfo.decode(kv.value, kv.create_revision).address
+        except DescriptorError as e:  # not a leader record: no leader to go to (the election clears such a key)
+            self._bad_record = f"{self._leader_key} on etcd {self._etcd.endpoint} holds no leader record ({e})"
+            return None
 
     def _wait_for_leader(self) -> str:
         deadline = time.monotonic() + self.retry_s
@@ -168,7 +175,8 @@ class MasterClient:
             if found is not None:
                 return found
             if time.monotonic() >= deadline:
-                raise NotLeaderError(f"no master leads {self._leader_key} (waited {self.retry_s} s)")
+                raise NotLeaderError(self._bad_record or f"no master leads {self._leader_key} on etcd "
+                                     f"{self._etcd.endpoint} (waited {self.retry_s} s)")
             time.sleep(next(delays))
 
     @property

@@ -345,8 +345,8 @@ class Router(abc.ABC):
     name: str = "abstract"
 
     def __init__(self, *, seed: int | None = None) -> None:
-        if seed is not None:
-            check_int("seed", seed)
+        if seed is not None:  # >= 0, as PlannerConfig's: Random(-1) draws what Random(1) draws
+            seed = check_int("seed", seed, 0)
         self.rng = random.Random(seed)
 
     def select(self, route: RouteRequest) -> int:

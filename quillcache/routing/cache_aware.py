@@ -39,6 +39,7 @@ generator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -126,7 +127,11 @@ class CacheAwareRouter(Router):
 
 def _resident_counts(values: object, n_workers: int) -> list:
     """``resident_blocks()``'s answer as a list: one finite count >= 0 per worker, else ``ValueError``
-    naming the source (a wrong answer is refused, never silently replaced by the least-loaded rule)."""
+    naming the source (a wrong answer is refused, never silently replaced by the least-loaded rule). A list of
+    plain ints and floats (the gateway's answer) is checked without NumPy: this runs once per decision."""
+    if type(values) is list and len(values) == n_workers and all(
+            (type(x) is int and x >= 0) or (type(x) is float and 0.0 <= x < math.inf) for x in values):
+        return values
     try:
         a = np.asarray(values)
     except (TypeError, ValueError):  # a ragged or otherwise unconvertible answer
