@@ -106,6 +106,10 @@ def test_region_ids_start_at_random_only_where_the_engine_serves_at_a_fixed_port
     with TransferEngine("tcp", secret=SECRET, port=0) as eng, TransferEngine("local") as local:
         assert eng.register_region(bytearray(64)).region_id == 1
         assert local.register_region(bytearray(64)).region_id == 1
+    # asked for (a pool node: its port-0 address may go to a later process), on any backend
+    with TransferEngine("local", random_region_ids=True) as a, TransferEngine("local", random_region_ids=True) as b:
+        first = a.register_region(bytearray(64)).region_id, b.register_region(bytearray(64)).region_id
+    assert first[0] != first[1] and 1 not in first, first
 
 
 # ---- 2: a timed-out WRITE's connection is reset, its unsent payload dropped --------------------------------------

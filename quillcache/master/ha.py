@@ -7,7 +7,8 @@ Roles. ``HaMaster`` is one master process of a group ``name``: a :class:`~quillc
 over its own data dir in replicated mode, a :class:`~quillcache.cluster.election.LeaderElection`
 candidate, a follower of the log in etcd, and (leader only) the writer of that log. Exactly one role:
 ``standby`` (follows the log, answers NOT_LEADER to every data call) or ``leader`` (serves).
-Each candidate has a data dir of its own, locked (:mod:`~quillcache.durability.dirlock`) till ``close``, across reopens.
+Each candidate has a data dir of its own, locked (:mod:`~quillcache.durability.dirlock`) until ``close``,
+across reopens.
 
 The log (``{prefix}/master/{name}/log/``). The leader commits every state-changing call as etcd txns
 guarded by ``EpochFence.compares()`` (``create_revision(election key) == epoch`` and its value is this

@@ -207,8 +207,7 @@ class PoolNode:
             self.server.start()
             self.control_address = self.server.address
             opts: dict = {} if backend == "local" else {"secret": secret, "host": host, "port": port}
-            self.engine = TransferEngine(backend, **opts)
-            self.engine.regions.start_ids_at(random.SystemRandom().randint(1, 1 << 31))  # differs per process
+            self.engine = TransferEngine(backend, random_region_ids=True, **opts)  # ids differ per process
             self.transfer_address = self.engine.address
             self.region = self.engine.register_region(self._buf, name=region_name(self.control_address, self.node_id),
                                                       writable=True)

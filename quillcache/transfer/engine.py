@@ -29,7 +29,8 @@ Invariants:
   ``rdma`` backends given a port; peers name its regions by id) numbers its regions from a random
   id drawn per engine (``RegionTable.start_ids_at``), so a region id a peer kept from an EARLIER
   process at that address names no region here: its transfer is refused (``no region N``) instead of
-  landing in memory this process hands out. Otherwise ids count up from 1.
+  landing in memory this process hands out. ``random_region_ids=True`` does the same on any backend (a
+  pool node, whose port the kernel may hand to a later process); otherwise ids count up from 1.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ FIRST_REGION_ID_MAX = 1 << 31  # a random first region id lies in [1, this]: roo
 
 class TransferEngine:
     def __init__(self, backend: str = "tcp", *, io_threads: int = 4, max_inflight_requests: int = 1 << 16,
-                 default_timeout_s: float = DEFAULT_TIMEOUT_S, **backend_options: object) -> None:
+                 default_timeout_s: float = DEFAULT_TIMEOUT_S, random_region_ids: bool | None = None,
+                 **backend_options: object) -> None:
         BACKENDS.check(backend)
         io_threads = check_int("io_threads", io_threads, 1, 256)
         self.max_inflight_requests = check_int("max_inflight_requests", max_inflight_requests, 1)
@@ -87,7 +89,9 @@ class TransferEngine:
             backend_options["secret"] = env
         self.regions = RegionTable()
         self.backend: Backend = BACKENDS.create(backend, **backend_options)  # type: ignore[assignment]
-        if getattr(self.backend, "fixed_address", False):  # a stale peer's region id names none here (module doc)
+        if random_region_ids is None:
+            random_region_ids = getattr(self.backend, "fixed_address", False)
+        if random_region_ids:  # a stale peer's region id names none here (module docstring)
             self.regions.start_ids_at(random.SystemRandom().randint(1, FIRST_REGION_ID_MAX))
         self.backend_name = backend
         self.address = self.backend.start(self.regions)
