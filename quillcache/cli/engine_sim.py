@@ -44,6 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None, help="'bytes' (default, the test fallback) or a tokenizer.json")
     parser.add_argument("--chat-template", default=None,
                         help="'chatml' (default) or a tokenizer_config.json with a chat_template")
+    parser.add_argument("--chat-template-content-format", choices=["auto", "string", "openai"], default="auto",
+                        help="messages' content as the template gets it: one string or a list of parts "
+                             "(default auto: detected from the template, as vLLM does)")
     g = parser.add_argument_group("engine model (the stand-in's timing and capacity)")
     g.add_argument("--engine-model", default="llama-3-8b", help="model profile for timing (default llama-3-8b)")
     g.add_argument("--gpu", default="h100-sxm", help="GPU profile (default h100-sxm)")
@@ -96,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = EngineSimConfig(
             model=args.model, lora_adapters=tuple(args.lora), tokenizer=args.tokenizer, chat_template=args.chat_template,
+            chat_template_content_format=args.chat_template_content_format,
             engine_model=args.engine_model, gpu=args.gpu, block_size=args.block_size, gpu_blocks=args.gpu_blocks,
             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
             prefill_concurrency=args.prefill_concurrency, ttft_scale=args.ttft_scale, fixed_ttft_ms=args.fixed_ttft_ms,
@@ -114,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = load_tokenizer(config.tokenizer)  # loaded once: the engine serves these
         check_output_tokenizer(tokenizer)  # it must encode the engine's output words
-        chat_template = load_chat_template(config.chat_template)
+        chat_template = load_chat_template(config.chat_template, content_format=config.chat_template_content_format)
         em = EngineModel.from_names(config.engine_model, config.gpu, layout=KvLayout(block_size_tokens=config.block_size))
         if config.gpu_blocks is None:
             em.gpu_capacity_blocks  # noqa: B018 - raises ValueError when the weights do not fit

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from quillcache.kvevents.codec import ENCODINGS, HASH_FORMS
+from quillcache.textproc.content_format import CONTENT_FORMATS
 
 __all__ = ["EngineSimConfig", "STAND_IN_NOTE"]
 
@@ -32,6 +33,7 @@ class EngineSimConfig:
     lora_adapters: tuple[str, ...] = ()
     tokenizer: str | None = None  # "bytes" (None) or a tokenizer.json path
     chat_template: str | None = None  # "chatml" (None) or a tokenizer_config.json path
+    chat_template_content_format: str = "auto"  # "auto" (detected from the template, as vLLM), "string", "openai"
     engine_model: str = "llama-3-8b"
     gpu: str = "h100-sxm"
     block_size: int = 16
@@ -62,6 +64,9 @@ class EngineSimConfig:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model), "model must be a non-empty string")
+        _check(self.chat_template_content_format in CONTENT_FORMATS,
+               f"chat_template_content_format must be one of {list(CONTENT_FORMATS)}, "
+               f"got {self.chat_template_content_format!r:.40}")
         for name in self.lora_adapters:
             _check(isinstance(name, str) and bool(name) and name != self.model,
                    f"LoRA adapter name {name!r} must be a non-empty string other than the model's name")

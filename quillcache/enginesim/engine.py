@@ -79,7 +79,8 @@ class SimEngine:
         self.config = config
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
         check_output_tokenizer(self.tokenizer)  # TokenizerError: it cannot encode the output words
-        self.chat_template = chat_template if chat_template is not None else load_chat_template(config.chat_template)
+        self.chat_template = chat_template if chat_template is not None else load_chat_template(config.chat_template,
+                                                                      content_format=config.chat_template_content_format)
         self.engine_model = EngineModel.from_names(config.engine_model, config.gpu,
                                                    layout=KvLayout(block_size_tokens=config.block_size))
         self.capacity_blocks = config.gpu_blocks or self.engine_model.gpu_capacity_blocks

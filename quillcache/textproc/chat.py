@@ -11,15 +11,17 @@ Two templates, registered in :data:`CHAT_TEMPLATES`:
 
 - ``"jinja"`` — :class:`JinjaChatTemplate`, a HuggingFace-style Jinja2 template (``chat_template`` of a model's
   ``tokenizer_config.json``), rendered in Jinja2's immutable sandbox like ``transformers``' ``apply_chat_template``
-  does as vLLM calls it: the variables are ``bos_token`` and ``eos_token``, then the template kwargs (which may
-  override those two), then ``messages``, ``tools``, ``documents`` and ``add_generation_prompt``; plus
-  ``raise_exception``.
+  does as vLLM calls it (``transformers``' ``{% generation %}`` block tag included): the variables are
+  ``bos_token`` and ``eos_token``, then the template kwargs (which may override those two), then ``messages``,
+  ``tools``, ``documents`` and ``add_generation_prompt``; plus ``raise_exception``.
 
 Messages are validated first (:func:`normalize_messages`) and shaped as vLLM's ``parse_chat_messages`` gives them
 to the template: a non-empty list of objects with a ``role`` in :data:`ROLES` and a ``content`` that is a string,
-a list of ``{"type": "text", "text": str}`` parts (joined with ``"\\n"``, as vLLM joins text parts), or null
-(only for ``assistant``, rendered as ""). Each normalized message is ``{"role", "content"}`` plus, when given:
-``tool_calls`` (assistant; each ``{"id", "function": {"arguments", "name"}, "type"}``, other keys dropped, with
+a list of ``{"type": "text", "text": str}`` parts, or null (only for ``assistant``). The template receives that
+content in its content format (``quillcache.textproc.content_format``, detected from a Jinja template's source as
+vLLM's ``auto`` does; ChatML is ``"string"``): one string (parts joined with ``"\\n"``, null as "") or a list of
+text parts (a string as one part, null as no parts). Each normalized message is ``{"role", "content"}`` plus, when
+given: ``tool_calls`` (assistant; each ``{"id", "function": {"arguments", "name"}, "type"}``, other keys dropped, with
 ``arguments`` read as vLLM reads it: a JSON string parsed, ``{}`` when it is not valid JSON, an object or a list
 kept, anything else ``{}``; an empty list is dropped), ``reasoning`` and
 ``reasoning_content`` (assistant; the same string, from either field), ``tool_call_id`` (tool), ``name`` and
@@ -44,6 +46,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from quillcache.registry import Registry
+from quillcache.textproc.content_format import ContentFormat, resolve_content_format
+from quillcache.textproc.jinja_env import jinja_environment_class
 
 __all__ = [
     "CHAT_TEMPLATES",
@@ -66,13 +70,14 @@ class ChatFormatError(ValueError):
     """Malformed ``messages`` or a template that cannot be loaded or rendered (the message says which)."""
 
 
-def _text_content(i: int, role: str, content: object) -> str:
+def _text_parts(i: int, role: str, content: object) -> list[str]:
+    """The texts of a message's content, in order: one for a string, one per part for a list of text parts."""
     if content is None:
         if role != "assistant":
             raise ChatFormatError(f"messages[{i}].content is missing (only an assistant message may omit it)")
-        return ""
+        return []
     if isinstance(content, str):
-        return content
+        return [content]
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
@@ -81,9 +86,16 @@ def _text_content(i: int, role: str, content: object) -> str:
                     f"messages[{i}].content[{j}] must be {{\"type\": \"text\", \"text\": str}} "
                     f"(only text parts are supported)")
             parts.append(part["text"])
-        return "\n".join(parts)
+        return parts
     raise ChatFormatError(f"messages[{i}].content must be a string or a list of text parts, "
                           f"got {type(content).__name__}")
+
+
+def _shaped_content(texts: list[str], content_format: ContentFormat) -> str | list[dict[str, str]]:
+    """The content as the template receives it (``quillcache.textproc.content_format``)."""
+    if content_format == "openai":
+        return [{"type": "text", "text": t} for t in texts]
+    return "\n".join(texts)
 
 
 def _arguments(where: str, value: object) -> Any:
@@ -131,9 +143,12 @@ def _optional_str(i: int, m: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def normalize_messages(messages: object) -> list[dict[str, Any]]:
-    """Validated messages as vLLM hands them to the template: ``{"role", "content": str}`` plus the fields the
-    module docstring lists. New objects throughout: the caller's ``messages`` are not modified."""
+def normalize_messages(messages: object, content_format: ContentFormat = "string") -> list[dict[str, Any]]:
+    """Validated messages as vLLM hands them to a template of that content format: ``{"role", "content"}`` plus
+    the fields the module docstring lists, ``content`` a string or a list of text parts. New objects throughout:
+    the caller's ``messages`` are not modified."""
+    if content_format not in ("string", "openai"):
+        raise ValueError(f"content_format must be 'string' or 'openai', got {content_format!r:.40}")
     if not isinstance(messages, list):
         raise ChatFormatError(f"'messages' must be a list, got {type(messages).__name__}")
     if not messages:
@@ -147,7 +162,8 @@ def normalize_messages(messages: object) -> list[dict[str, Any]]:
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise ChatFormatError(f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r:.40}")
-        msg: dict[str, Any] = {"role": role, "content": _text_content(i, role, m.get("content"))}
+        msg: dict[str, Any] = {"role": role,
+                               "content": _shaped_content(_text_parts(i, role, m.get("content")), content_format)}
         if role == "assistant":
             if m.get("tool_calls") is not None:
                 calls = _tool_calls(i, m["tool_calls"])
@@ -176,8 +192,12 @@ def normalize_messages(messages: object) -> list[dict[str, Any]]:
 
 def _continue_final(text: str, msgs: list[dict[str, Any]]) -> str:
     """``transformers``' cut for ``continue_final_message``: end the text right after the final message's
-    content (its trailing whitespace kept only when the template kept it)."""
+    content (its last text part when it is a list; its trailing whitespace kept only when the template kept it)."""
     final = msgs[-1]["content"]
+    if isinstance(final, list):
+        if not final:
+            raise ChatFormatError("'continue_final_message': the final message has no text to continue")
+        final = final[-1]["text"]
     stripped = final.strip()
     if stripped not in text:
         raise ChatFormatError("'continue_final_message': the final message does not appear in the rendered "
@@ -233,16 +253,20 @@ def _token_text(value: Any) -> str:
 
 
 class JinjaChatTemplate:
-    """A HuggingFace-style Jinja2 chat template, rendered in the immutable sandbox."""
+    """A HuggingFace-style Jinja2 chat template, rendered in the immutable sandbox. ``content_format`` is how
+    messages' content reaches it (``quillcache.textproc.content_format``): ``"auto"`` (the default, as vLLM's)
+    detects it from the template; the resolved value is the ``content_format`` attribute."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", name: str = "jinja") -> None:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", name: str = "jinja",
+                 content_format: str = "auto") -> None:
         if not isinstance(source, str) or not source.strip():
             raise ChatFormatError("chat template source must be a non-empty string")
         try:
             from jinja2 import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            environment = jinja_environment_class()
         except ImportError as e:  # pragma: no cover - a declared dependency
             raise ChatFormatError(f"the 'jinja2' package is needed for a Jinja chat template: {e}") from None
+        self.content_format: ContentFormat = _checked_format(content_format, source)
 
         def raise_exception(message: str) -> None:
             raise ChatFormatError(f"chat template refused the messages: {message}")
@@ -254,10 +278,8 @@ class JinjaChatTemplate:
         def strftime_now(fmt: str) -> str:  # templates that date their system prompt (Llama 3.2/3.3)
             return datetime.datetime.now().strftime(fmt)
 
-        # the environment transformers renders chat templates in (and vLLM through it): loop controls,
-        # raise_exception, strftime_now, and tojson with its keyword arguments
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        # the globals and filters transformers adds: raise_exception, strftime_now, tojson with its keyword arguments
+        env = environment()
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = strftime_now
         env.filters["tojson"] = tojson
@@ -273,7 +295,8 @@ class JinjaChatTemplate:
         self.name = name
 
     @classmethod
-    def from_tokenizer_config(cls, path: str | Path, *, template_name: str = "default") -> JinjaChatTemplate:
+    def from_tokenizer_config(cls, path: str | Path, *, template_name: str = "default",
+                              content_format: str = "auto") -> JinjaChatTemplate:
         """The ``chat_template`` of a ``tokenizer_config.json`` (a string, or a list of ``{name, template}``)."""
         p = Path(path)
         if p.is_dir():
@@ -296,13 +319,13 @@ class JinjaChatTemplate:
         if not isinstance(tpl, str):
             raise ChatFormatError(f"{str(p)!r} has no 'chat_template' string")
         return cls(tpl, bos_token=_token_text(cfg.get("bos_token")), eos_token=_token_text(cfg.get("eos_token")),
-                   name=f"jinja:{p.parent.name}")
+                   name=f"jinja:{p.parent.name}", content_format=content_format)
 
     def render(self, messages: object, *, add_generation_prompt: bool = True, continue_final_message: bool = False,
                tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
                template_kwargs: dict[str, Any] | None = None) -> str:
         _check_flags(add_generation_prompt, continue_final_message)
-        msgs = normalize_messages(messages)
+        msgs = normalize_messages(messages, self.content_format)
         context: dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         for key, value in (template_kwargs or {}).items():
             if key in _RESERVED_KWARGS:
@@ -323,15 +346,26 @@ CHAT_TEMPLATES.register("chatml", ChatMLTemplate)
 CHAT_TEMPLATES.register("jinja", JinjaChatTemplate.from_tokenizer_config)
 
 
-def load_chat_template(spec: str | Path | None = None) -> ChatTemplate:
+def load_chat_template(spec: str | Path | None = None, *, content_format: str = "auto") -> ChatTemplate:
     """``None``/``"chatml"`` -> :class:`ChatMLTemplate`; a ``tokenizer_config.json`` path (or its directory, or
-    ``"jinja:PATH"``) -> :class:`JinjaChatTemplate` from its ``chat_template``."""
+    ``"jinja:PATH"``) -> :class:`JinjaChatTemplate` from its ``chat_template``. ``content_format``: ``"auto"``,
+    ``"string"`` or ``"openai"`` (vLLM's ``--chat-template-content-format``); ChatML renders strings and takes only
+    ``"auto"`` or ``"string"``."""
     if spec is None or spec == "chatml":
+        if _checked_format(content_format, None) != "string":
+            raise ChatFormatError("the built-in ChatML template renders string content; content format 'openai' "
+                                  "needs a Jinja template that loops over content parts")
         return CHAT_TEMPLATES.create("chatml")
     text = str(spec)
     if text.startswith("jinja:"):
         text = text[6:]
     if not text:  # an empty path would name the working directory
         raise ChatFormatError("empty chat template spec; give 'chatml' or a path to a tokenizer_config.json")
-    return CHAT_TEMPLATES["jinja"](text)
+    return CHAT_TEMPLATES["jinja"](text, content_format=content_format)
 
+
+def _checked_format(requested: str, source: str | None) -> ContentFormat:
+    try:
+        return resolve_content_format(requested, source)
+    except ValueError as e:
+        raise ChatFormatError(str(e)) from None
