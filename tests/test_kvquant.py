@@ -336,3 +336,12 @@ def test_bad_options_are_named():
     q = kq.quantize(np.zeros((32, 1, 32), np.float32), "int4")
     with pytest.raises(KVQuantError, match="cannot be dequantized"):
         make_codec("int8").dequantize(q)
+
+
+@pytest.mark.parametrize("q", [None, "int8", b"\x00" * 64, {"codec": "int8"}])
+def test_dequantize_refuses_what_is_not_a_quantized_tensor_naming_it(q):
+    """It raised AttributeError ('... has no attribute codec_object') before."""
+    from quillcache.kvquant import KVQuantError, dequantize
+
+    with pytest.raises(KVQuantError, match=f"q must be a QuantizedKV .*got {type(q).__name__}"):
+        dequantize(q)

@@ -39,5 +39,8 @@ def quantize(x, codec: str = "int8", *, kind: str = "key", backend: str = "numba
 
 
 def dequantize(q: QuantizedKV, *, backend: str = "numba"):
-    """The tensor ``q`` holds, in its original dtype and shape."""
-    return q.codec_object().dequantize(q, backend=backend)
+    """The tensor ``q`` holds, in its original dtype and shape (``q.dequantize(backend)``: its layout is checked
+    before its codec is built from its fields, so an error names the field)."""
+    if not isinstance(q, QuantizedKV):
+        raise KVQuantError(f"q must be a QuantizedKV (from quantize or decode_block), got {type(q).__name__}")
+    return q.dequantize(backend)
