@@ -169,6 +169,28 @@ def test_prompt_tokens_both_endpoints(hf_path):
     assert tok.decode(ch.token_ids) == ch.text
 
 
+def test_add_special_tokens_is_honoured_as_vllm_does(hf_path):
+    """vLLM encodes a completion prompt with special tokens unless the request says ``add_special_tokens: false``,
+    and a rendered chat without them unless it says true; both sides of the gateway must, or they hash different
+    first blocks (the field was ignored before)."""
+    from quillcache.textproc import prompt_token_array
+
+    tok = load_tokenizer(str(hf_path))
+    tpl = ChatMLTemplate()
+    plain = tuple(tok.encode("hello world"))
+    assert completion_prompt_tokens({"prompt": "hello world", "add_special_tokens": False}, tok).token_ids == plain
+    assert completion_prompt_tokens({"prompt": "hello world", "add_special_tokens": True}, tok).token_ids == \
+        (0, *plain)
+    text = tpl.render(MESSAGES)
+    for flag, want in ((None, tok.encode(text)), (False, tok.encode(text)), (True, [0, *tok.encode(text)]),
+                       ("yes", [0, *tok.encode(text)])):
+        body = {"messages": MESSAGES, **({} if flag is None else {"add_special_tokens": flag})}
+        assert chat_prompt_tokens(body, tok, tpl).token_ids == tuple(want)
+        assert prompt_token_array("chat", body, tok, tpl).tolist() == list(want)
+    with pytest.raises(PromptError, match="'add_special_tokens' must be true or false"):
+        completion_prompt_tokens({"prompt": "hello", "add_special_tokens": "maybe"}, tok)
+
+
 @pytest.mark.parametrize("body, match", [
     ({}, "'prompt' is missing"),
     ({"prompt": ""}, "'prompt' is empty"),

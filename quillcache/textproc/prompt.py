@@ -1,10 +1,11 @@
 """The prompt tokens of an OpenAI request body, computed the same way by the stand-in engine and the gateway.
 
-- ``/v1/completions``: ``prompt`` is a string (encoded WITH special tokens, as vLLM does), a list of token ids
+- ``/v1/completions``: ``prompt`` is a string (encoded WITH special tokens unless the request's
+  ``add_special_tokens`` is false, as vLLM does), a list of token ids
   (used as given, each checked against the vocabulary), or a one-element list of either. Batched prompts (several
   strings) are refused: neither side of QuillCache serves them.
 - ``/v1/chat/completions``: ``messages`` rendered by the chat template, encoded WITHOUT special tokens (the template
-  holds them), as vLLM does. The request's fields reach the template as vLLM's chat endpoint passes them
+  holds them) unless the request's ``add_special_tokens`` is true, as vLLM does. The request's fields reach the template as vLLM's chat endpoint passes them
   (:func:`chat_render_args`; a null field counts as absent): ``add_generation_prompt`` (default true),
   ``continue_final_message`` (default false; not together with ``add_generation_prompt``), ``tools`` (each shaped
   as vLLM's request model dumps it, other keys dropped:
@@ -88,11 +89,12 @@ def _completion(body: dict[str, Any], tokenizer: Tokenizer, as_array: bool):
     if not isinstance(body, dict):
         raise PromptError(f"request body must be a JSON object, got {type(body).__name__}")
     prompt = body.get("prompt")
+    special = _flag(body, "add_special_tokens", True)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
         try:
-            ids = _encode(tokenizer, prompt, True, as_array)
+            ids = _encode(tokenizer, prompt, special, as_array)
         except (TokenizerError, TypeError) as e:
             raise PromptError(f"'prompt' cannot be tokenized: {e}") from None
         if not len(ids):
@@ -231,12 +233,13 @@ def _chat(body: dict[str, Any], tokenizer: Tokenizer, template: ChatTemplate, as
     if "messages" not in body:
         raise PromptError("'messages' is missing")
     args = chat_render_args(body)
+    special = _flag(body, "add_special_tokens", False)
     try:
         text = template.render(body["messages"], **args)
     except ChatFormatError as e:
         raise PromptError(str(e)) from None
     try:
-        ids = _encode(tokenizer, text, False, as_array)
+        ids = _encode(tokenizer, text, special, as_array)
     except TokenizerError as e:  # positions are in the rendered text
         raise PromptError(f"'messages' cannot be tokenized (rendered by the chat template): {e}") from None
     if not len(ids):
