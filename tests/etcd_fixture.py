@@ -15,7 +15,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -59,18 +58,6 @@ def etcd_client(etcd):
 @pytest.fixture
 def prefix() -> str:
     return f"/qc-test-{uuid.uuid4().hex[:12]}"
-
-
-def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.02):
-    """Poll ``predicate`` until it returns a truthy value (returned) or ``timeout_s`` passes (AssertionError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(poll_s)  # the poll interval of a deadline-bounded wait
 
 
 # A registry node: registers one segment, answers "ok", then waits (until killed or stdin closes).

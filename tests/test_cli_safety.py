@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from etcd_fixture import wait_until
+from polling import wait_until
 
 from quillcache.cli import main
 

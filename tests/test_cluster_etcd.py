@@ -10,7 +10,8 @@ import threading
 import time
 
 import pytest
-from etcd_fixture import etcd, etcd_client, prefix, require_etcd, wait_until  # noqa: F401
+from etcd_fixture import etcd, etcd_client, prefix, require_etcd  # noqa: F401
+from polling import wait_until
 
 from quillcache.cluster.client import Backoff, EtcdClient, EtcdUnavailableError, parse_endpoint
 from quillcache.cluster.etcd import ETCD_INSTALL_HINT, TEMP_PREFIX, EtcdNotFoundError, EtcdProcess, EtcdStartError, \

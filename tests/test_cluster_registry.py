@@ -8,7 +8,8 @@ import threading
 import time
 
 import pytest
-from etcd_fixture import NODE_SCRIPT, Child, etcd, etcd_client, prefix, wait_until  # noqa: F401
+from etcd_fixture import NODE_SCRIPT, Child, etcd, etcd_client, prefix  # noqa: F401
+from polling import wait_until
 
 from quillcache.cluster.client import EtcdUnavailableError
 from quillcache.cluster.descriptors import DescriptorError, LeaderInfo, RegionInfo, SegmentDescriptor, election_key

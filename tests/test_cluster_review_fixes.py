@@ -8,7 +8,8 @@ import threading
 import time
 
 import pytest
-from etcd_fixture import etcd, etcd_client, prefix, require_etcd, wait_until  # noqa: F401
+from etcd_fixture import etcd, etcd_client, prefix, require_etcd  # noqa: F401
+from polling import wait_until
 
 from quillcache.cluster.client import Backoff, EtcdClient, EtcdError
 from quillcache.cluster import etcd as etcd_module

@@ -10,7 +10,8 @@ import threading
 import msgpack
 import psutil
 import pytest
-from etcd_fixture import etcd, etcd_client, prefix, wait_until  # noqa: F401
+from etcd_fixture import etcd, etcd_client, prefix  # noqa: F401
+from polling import wait_until
 
 from quillcache.cluster import election as election_module
 from quillcache.cluster.client import EtcdClient

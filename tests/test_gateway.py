@@ -16,6 +16,8 @@ import aiohttp
 import openai
 import pytest
 
+from polling import wait_until
+
 from quillcache.enginesim.process import EngineSimProcess, parse_metrics
 from quillcache.gateway.server import GatewayProcess
 
@@ -32,15 +34,7 @@ def _qc_headers(headers) -> dict[str, str]:
 
 
 def _wait_until(fn, what: str, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
-
+    return wait_until(fn, timeout_s, what)
 
 @pytest.fixture(scope="module")
 def stack():

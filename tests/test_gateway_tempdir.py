@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from polling import wait_until as _poll
 
 from quillcache.cluster.etcd import free_port
 from quillcache.cluster.tempdirs import owners_of
@@ -28,14 +29,6 @@ gw = GatewayProcess([sys.argv[1]], keys={"sk-tempdir-test-01": "tenant-t"}, wait
 print(json.dumps({"dir": str(gw.dir), "gateway_pid": gw.proc.pid}), flush=True)
 time.sleep(600)
 """
-
-
-def _poll(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _gone(pid: int) -> bool:

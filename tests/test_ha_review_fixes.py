@@ -11,7 +11,8 @@ import threading
 import time
 
 import pytest
-from etcd_fixture import etcd, etcd_client, prefix, wait_until  # noqa: F401
+from etcd_fixture import etcd, etcd_client, prefix  # noqa: F401
+from polling import wait_until
 
 from quillcache.cluster.descriptors import LeaderInfo, election_key
 from quillcache.cluster.election import LeaderElection

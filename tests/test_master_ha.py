@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from etcd_fixture import etcd, etcd_client, prefix, require_etcd, wait_until  # noqa: F401
+from etcd_fixture import etcd, etcd_client, prefix, require_etcd  # noqa: F401
+from polling import wait_until
 
 from quillcache.cluster.etcd import EtcdProcess, free_port
 from quillcache.master import (MasterConfig, NotLeaderError, ReplicaConfig, SegmentDescriptor, StaleEpochError)

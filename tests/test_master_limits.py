@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from etcd_fixture import wait_until
+from polling import wait_until
 
 import quillcache.master.client as client_module
 import quillcache.master.server as server_module

@@ -22,7 +22,8 @@ import shutil
 import msgpack
 import pytest
 
-from etcd_fixture import etcd, prefix, wait_until  # noqa: F401
+from etcd_fixture import etcd, prefix  # noqa: F401
+from polling import wait_until
 from quillcache.durability import wal
 from quillcache.durability.fs import RealFs
 from quillcache.index import open_index

@@ -15,13 +15,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from polling import wait_until
 
 from quillcache.cli import main
 from quillcache.cluster.tempdirs import owners_of
@@ -32,12 +33,7 @@ SEED = int(os.environ.get("QUILLCACHE_POOL_SEED", "1125"))
 
 
 def _poll(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s (seed {SEED})")
-        time.sleep(0.02)
-
+    wait_until(pred, timeout_s, f"{what} (seed {SEED})")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from polling import wait_until
+
 from quillcache.pool.cluster import LocalCluster
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -43,12 +45,8 @@ MARGIN_S = 1.5  # scheduling on a loaded 2-core machine
 def _poll(pred, timeout_s: float, what: str) -> float:
     """Wait for ``pred()``; returns the seconds it took (AssertionError naming ``what`` and the seed)."""
     t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s (seed {SEED})")
-        time.sleep(0.02)
+    wait_until(pred, timeout_s, f"{what} (seed {SEED})")
     return time.monotonic() - t0
-
 
 def _payload(rng: np.random.Generator, lo: int = 64 * KiB, hi: int = 512 * KiB) -> bytes:
     return rng.integers(0, 256, int(rng.integers(lo, hi + 1)), dtype=np.uint8).tobytes()

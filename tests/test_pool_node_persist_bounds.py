@@ -25,6 +25,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from polling import wait_until as _poll
+
 from quillcache.pool import node as nodemod
 from quillcache.pool import writebehind as wbmod
 from quillcache.pool.embedded import EmbeddedPool
@@ -35,14 +37,6 @@ from quillcache.rpc.errors import RpcErrorCode
 
 MiB = 1 << 20
 DRAM = 16 * MiB
-
-
-def _poll(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 import pytest
-from etcd_fixture import wait_until
+from polling import wait_until
 from test_transfer_preauth import REGION_BYTES, _attack, _read_then_write
 from test_transfer_rdma import SECRET, fake  # noqa: F401  (``fake``: the fixture, used by name)
 

@@ -23,7 +23,6 @@ resumed); every wait is a poll or a blocking call with a deadline.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import struct
@@ -34,6 +33,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from polling import wait_stopped as _poll_stopped
 
 from quillcache.registry import UnknownNameError
 from quillcache.store.dram import LocalKvStore
@@ -264,20 +265,6 @@ def test_malformed_requests_raise_at_submit_and_start_nothing():
 
 
 # ---- the in-flight bound, timeouts and unregister, against a paused real peer -----------------------------------
-
-def _poll_stopped(pid: int, timeout_s: float = 10.0) -> None:
-    """Wait (polling ``/proc``) until every thread of ``pid`` is stopped: SIGSTOP is delivered asynchronously."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):
-                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                    states.append(fh.read().rsplit(")", 1)[1].split()[0])
-        if states and all(s in "tT" for s in states):
-            return
-        assert time.monotonic() < deadline, f"peer {pid} did not stop within {timeout_s} s: {states}"
-        time.sleep(0.002)
 
 
 @pytest.fixture

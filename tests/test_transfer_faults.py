@@ -49,6 +49,9 @@ import crc32c
 import numpy as np
 import pytest
 
+from polling import wait_stopped as _poll_stopped
+from polling import wait_until
+
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferError, TransferRequest
 from quillcache.transfer import protocol as P
 from quillcache.transfer.peer import PeerProcess, fill_pattern
@@ -60,11 +63,7 @@ SERVER_LOG = "quillcache.transfer.server"
 
 
 def _poll(predicate, timeout_s: float, what: str, interval_s: float = 0.002) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(interval_s)
+    wait_until(predicate, timeout_s, what, poll_s=interval_s)
 
 
 def _crc(view) -> int:
@@ -130,18 +129,6 @@ def _server(config: TcpConfig | None = None, secret: str = SECRET, port: int = 0
 
 def _req(op, local, lo, seg, remote_region, ro, n) -> TransferRequest:
     return TransferRequest(op, local.region_id, lo, seg.segment_id, remote_region, ro, n)
-
-
-def _poll_stopped(pid: int, timeout_s: float = 10.0) -> None:
-    """Wait until every thread of ``pid`` is stopped (SIGSTOP is delivered asynchronously)."""
-    def stopped() -> bool:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):
-                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                    states.append(fh.read().rsplit(")", 1)[1].split()[0])
-        return bool(states) and all(s in "tT" for s in states)
-    _poll(stopped, timeout_s, f"peer {pid} stopping")
 
 
 # ---- the serving process dies mid-batch ---------------------------------------------------------------------------

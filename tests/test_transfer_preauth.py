@@ -31,7 +31,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from etcd_fixture import wait_until
+from polling import wait_until
 
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferError, TransferRequest
 from quillcache.transfer.backends import acceptor
@@ -44,7 +44,6 @@ REGION_BYTES = 1 << 16
 
 def _poll(predicate, timeout_s: float, what: str, interval_s: float = 0.002) -> None:
     wait_until(predicate, timeout_s, what, poll_s=interval_s)
-
 
 class _Attacker(threading.Thread):
     """Keeps ``target`` connections to ``address`` open without ever sending a byte (it has no secret), and

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import crc32c
 import numpy as np
 import pytest
-from etcd_fixture import wait_until
+from polling import wait_until
 from test_transfer_rdma import fake  # noqa: F401  (the FakeVerbs fixture, used by name)
 
 from quillcache.transfer import (Op, Outcome, ProtocolError, RegionError, TcpConfig, TransferEngine, TransferError,

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 
 import crc32c
 import numpy as np
 import pytest
+
+from polling import wait_until
 
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferError, TransferRequest
 from quillcache.transfer.backends.sockets import tune_socket
@@ -36,12 +37,8 @@ MiB = 1 << 20
 SERVER_LOG = "quillcache.transfer.server"
 
 
-def _poll(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.005)
+def _poll(predicate, timeout_s: float, what: str, interval_s: float = 0.005) -> None:
+    wait_until(predicate, timeout_s, what, poll_s=interval_s)
 
 
 def _free_port() -> int:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 import tracemalloc
 
 import crc32c
 import numpy as np
 import pytest
+
+from polling import wait_until
 
 from quillcache.transfer import Op, Outcome, TcpConfig, TransferEngine, TransferRequest
 from quillcache.transfer.peer import PeerProcess, fill_pattern
@@ -58,13 +59,8 @@ def _threads() -> set[threading.Thread]:
     return set(threading.enumerate())
 
 
-def _poll(predicate, timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; fail naming ``what`` past ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.005)
+def _poll(predicate, timeout_s: float, what: str, interval_s: float = 0.005) -> None:
+    wait_until(predicate, timeout_s, what, poll_s=interval_s)
 
 
 def _place(rng: np.random.Generator, sizes: list[int], region_bytes: int) -> list[int]:
