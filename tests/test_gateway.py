@@ -36,6 +36,7 @@ def _qc_headers(headers) -> dict[str, str]:
 def _wait_until(fn, what: str, timeout_s: float = 10.0):
     return wait_until(fn, timeout_s, what)
 
+
 @pytest.fixture(scope="module")
 def stack():
     """Two stand-in engines (fast: 20 ms TTFT, 1 ms/token) behind one gateway (approximate prefix state)."""

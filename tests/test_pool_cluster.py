@@ -35,6 +35,7 @@ SEED = int(os.environ.get("QUILLCACHE_POOL_SEED", "1125"))
 def _poll(pred, timeout_s: float, what: str) -> None:
     wait_until(pred, timeout_s, f"{what} (seed {SEED})")
 
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = LocalCluster(3, dram_bytes=160 * MiB, ssd=True, base_dir=tmp_path_factory.mktemp("cluster"),

@@ -48,6 +48,7 @@ def _poll(pred, timeout_s: float, what: str) -> float:
     wait_until(pred, timeout_s, f"{what} (seed {SEED})")
     return time.monotonic() - t0
 
+
 def _payload(rng: np.random.Generator, lo: int = 64 * KiB, hi: int = 512 * KiB) -> bytes:
     return rng.integers(0, 256, int(rng.integers(lo, hi + 1)), dtype=np.uint8).tobytes()
 

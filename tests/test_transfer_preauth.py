@@ -45,6 +45,7 @@ REGION_BYTES = 1 << 16
 def _poll(predicate, timeout_s: float, what: str, interval_s: float = 0.002) -> None:
     wait_until(predicate, timeout_s, what, poll_s=interval_s)
 
+
 class _Attacker(threading.Thread):
     """Keeps ``target`` connections to ``address`` open without ever sending a byte (it has no secret), and
     re-opens each one as soon as the server drops it."""
