@@ -158,3 +158,47 @@ def test_same_text_as_transformers(source, flags):
                                       tokenize=False, add_generation_prompt=flags.get("add_generation_prompt", True),
                                       continue_final_message=flags.get("continue_final_message", False))
     assert tpl.render(messages, **flags) == expected
+
+
+# ---- end to end: the gateway and the stand-in engine render a parts-only template alike --------------------------
+@pytest.mark.timeout(120)
+def test_gateway_and_engine_render_a_parts_template_alike(tmp_path):
+    """Both detect the content format from the same tokenizer_config.json: the gateway's predicted cached tokens
+    equal the engine's, and the prompt carries the text of the string messages (before, both dropped it: the
+    engine counted only the template's markers)."""
+    import openai
+
+    from quillcache.enginesim.process import EngineSimProcess
+    from quillcache.gateway.server import GatewayProcess
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": PARTS_ONLY, "bos_token": "<s>"}))
+    system = "A long system prompt that every conversation shares, about caching KV blocks. " * 8
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "first question"}]
+    expected = JinjaChatTemplate(PARTS_ONLY, bos_token="<s>").render(messages)
+    assert system in expected
+    with EngineSimProcess(["--fixed-ttft-ms", "5", "--decode-ms-per-token", "1", "--model", "m",
+                           "--chat-template", str(tmp_path)]) as engine:
+        with GatewayProcess([engine.url], keys={"sk-tenant-a-0001": "tenant-a"},
+                            config={"chat_template": str(tmp_path / "tokenizer_config.json"), "seed": 1}) as gw:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-tenant-a-0001", max_retries=0, timeout=30)
+            first = client.chat.completions.with_raw_response.create(model="m", messages=messages, max_tokens=2)
+            assert first.parse().usage.prompt_tokens == len(expected.encode())  # byte tokens of the parts render
+            again = client.chat.completions.with_raw_response.create(
+                model="m", messages=[*messages[:1], {"role": "user", "content": "second question"}], max_tokens=2)
+            engine_cached = again.parse().usage.prompt_tokens_details.cached_tokens
+            assert engine_cached >= 16 * (len(system) // 16 - 1)
+            assert int(again.headers["x-quillcache-cached-tokens"]) == engine_cached
+
+
+def test_gateway_refuses_a_bad_content_format_in_its_config(tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"key": "sk-tenant-a-0001", "tenant": "tenant-a"}]}))
+    for value, message in (("parts", "chat_template_content_format must be one of ['auto', 'string', 'openai']"),
+                           ("openai", "chat_template: the built-in ChatML template renders string content")):
+        conf = tmp_path / "gateway.json"
+        conf.write_text(json.dumps({"engines": [{"url": "http://127.0.0.1:1"}],
+                                    "chat_template_content_format": value}))
+        proc = subprocess.run([sys.executable, "-m", "quillcache", "gateway", "--config", str(conf), "--keys",
+                               str(keys), "--port", "0"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr

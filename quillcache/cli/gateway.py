@@ -44,7 +44,7 @@ def _load_text_files(args: argparse.Namespace, config) -> tuple[Tokenizer | None
         where = "--tokenizer" if args.tokenizer is not None else f"config {args.config}: tokenizer"
         return None, None, f"{where}: {exc}"
     try:
-        template = load_chat_template(config.chat_template)
+        template = load_chat_template(config.chat_template, content_format=config.chat_template_content_format)
     except ValueError as exc:  # ChatFormatError
         return None, None, f"config {args.config}: chat_template: {exc}"
     return tokenizer, template, None

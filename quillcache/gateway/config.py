@@ -6,7 +6,7 @@ state, models discovered from the engines' ``/v1/models``) or from a JSON file (
     {"engines": [{"url": "http://127.0.0.1:8001", "name": "e0",
                   "kv_events": "tcp://127.0.0.1:5557", "kv_events_replay": "tcp://127.0.0.1:5558"}],
      "models": {"m": {"base": "m"}, "m-sql": {"base": "m", "adapter": "m-sql"}},
-     "tokenizer": "bytes", "chat_template": null, "block_size_tokens": 16,
+     "tokenizer": "bytes", "chat_template": null, "chat_template_content_format": "auto", "block_size_tokens": 16,
      "limits": {"max_body_bytes": 4194304, "max_json_depth": 32, "tenant_max_concurrency": 256,
                 "max_head_bytes": 65536},
      "timeouts": {"connect_s": 2, "first_byte_s": 30, "idle_s": 60, "client_head_s": 15, "client_body_s": 60},
@@ -32,6 +32,7 @@ from typing import Any
 
 from quillcache._checks import check_float, check_int
 from quillcache.identity.scope import NAME_RE as _IDENTITY_NAME_RE
+from quillcache.textproc.content_format import CONTENT_FORMATS
 
 __all__ = [
     "ConfigError",
@@ -176,6 +177,9 @@ class GatewayConfig:
     models: tuple[ModelConfig, ...] = ()  # empty: discovered from the engines' /v1/models at start
     tokenizer: str = "bytes"  # "bytes" or a tokenizer.json path (must be the engine's)
     chat_template: str | None = None  # a tokenizer_config.json path, or None for the built-in ChatML
+    # messages' content as the template gets it (quillcache.textproc.content_format): "auto" (detected from the
+    # template, vLLM's default), "string" or "openai"; must be what the engines use (vLLM's same-named flag)
+    chat_template_content_format: str = "auto"
     block_size_tokens: int = 16
     index_kind: str = "art"  # residency index backend (quillcache.index.INDEX_BACKENDS) that opens in memory
     # a quillcache.routing.ROUTERS name; cache_aware (SGLang's rule on the exact index) by the gateway study's
@@ -216,6 +220,9 @@ class GatewayConfig:
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
             raise ConfigError("chat_template must be null or a tokenizer_config.json path, "
                               f"got {self.chat_template!r:.80}")
+        if self.chat_template_content_format not in CONTENT_FORMATS:
+            raise ConfigError(f"chat_template_content_format must be one of {list(CONTENT_FORMATS)}, "
+                              f"got {self.chat_template_content_format!r:.80}")
         check_int("block_size_tokens", self.block_size_tokens, 1, 65536, error=ConfigError, type_error=ConfigError)
         if self.seed is not None:
             check_int("seed", self.seed, 0, error=ConfigError, type_error=ConfigError)
