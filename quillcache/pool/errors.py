@@ -6,8 +6,8 @@ half-written object readable: a failed put is revoked at the master before the e
 
 from __future__ import annotations
 
-__all__ = ["CorruptObjectError", "MasterUnavailableError", "NodeIdInUseError", "PersistFailedError", "PoolClosedError",
-           "PoolError", "PutFailedError"]
+__all__ = ["CorruptObjectError", "MasterUnavailableError", "NoSsdTierError", "NodeIdInUseError", "PersistFailedError",
+           "PoolClosedError", "PoolError", "PutFailedError"]
 
 
 class PoolError(Exception):
@@ -44,6 +44,11 @@ class PersistRefusedError(PersistFailedError):
     """A node's ``persist`` call refused whole, nothing of it queued: more than the node's items per call, or
     its persist queue's bounds would be passed (names the node, how many items and which bound). Its blocks are
     not durable on that node; the caller may send them again later (in smaller calls)."""
+
+
+class NoSsdTierError(PersistRefusedError):
+    """A ``persist`` sent to a node started without an SSD tier (``--ssd``): nothing can be made durable there.
+    A store that gets it stops sending that node persists and reports it in ``flush_persist``."""
 
 
 class ControlAuthError(PoolError):

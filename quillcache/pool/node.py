@@ -46,7 +46,9 @@ What the SSD tier guarantees here (write-behind): a persist acknowledged by ``fl
 node process and comes back to the pool when the node restarts with the same SSD directory (if the master does
 not already hold the key). Objects not yet flushed may or may not survive. The DRAM content of a killed node is
 gone; the master drops its replicas when the node's client TTL runs out. A key removed from the pool can come
-back from a node's SSD at its next restart, with the bytes last persisted for it there.
+back from a node's SSD at its next restart, with the bytes last persisted for it there, unless a full tier evicted
+it first: the tier holds at most its capacity, and a persist that finds it full deletes the oldest records, those
+whose keys the master no longer holds first (:mod:`.writebehind`; counted in ``ssd_evicted``).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceErro
 from quillcache.master.types import MAX_DURATION_S, MAX_KEY_CHARS, PutRequest, ReplicaConfig, SegmentDescriptor
 from quillcache.pool.control_auth import check as check_control_auth
 from quillcache.pool.control_auth import control_key
-from quillcache.pool.errors import ControlAuthError, NodeIdInUseError, PersistRefusedError, PoolClosedError
+from quillcache.pool.errors import (ControlAuthError, NodeIdInUseError, NoSsdTierError, PersistRefusedError,
+                                    PoolClosedError)
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, store_key
 from quillcache.pool.writebehind import MAX_PERSIST_ITEMS, PERSIST_QUEUE_ITEMS, WriteBehind, skip_log
@@ -119,9 +122,11 @@ class NodeCounters:
     reannounce_skipped: int = 0  # already in the pool, or the record did not verify
     reannounce_unfit: int = 0
     remounts: int = 0
+    ssd_evicted: int = 0  # SSD records deleted to make room for newer ones (a full tier; writebehind)
 
 
 register_error(PersistRefusedError)  # a client that imports the pool gets these as themselves
+register_error(NoSsdTierError)
 register_error(ControlAuthError)
 
 
@@ -199,7 +204,8 @@ class PoolNode:
                 self._mm[off] = 0
             if self.ssd is not None:
                 self.write_behind = WriteBehind(self.node_id, self._buf, self.ssd, self.counters,
-                                                queue_items=persist_queue_items, queue_bytes=persist_queue_bytes)
+                                                queue_items=persist_queue_items, queue_bytes=persist_queue_bytes,
+                                                held=lambda keys: self.master.exists(list(keys)))
             key_secret = secret if secret is not None else os.environ.get(SECRET_ENV)
             self._control_key = control_key(key_secret) if backend != "local" and key_secret else None
             self.server = RpcServer(_Control(self), CONTROL_METHODS, host, control_port, name=f"node-{self.node_id}",
@@ -461,6 +467,8 @@ class PoolNode:
                 self.counters.reannounce_skipped += 1
                 continue
             records.append((key, framed))
+            if self.write_behind is not None:  # a full tier evicts by age, keys the pool dropped first
+                self.write_behind.learn(sk, key)
         if not records:
             return 0, 0, False
         have = self.master.exists([k for k, _ in records])
@@ -520,11 +528,15 @@ class PoolNode:
             raise ControlAuthError(f"node {self.node_id}: {why}")
 
     def persist(self, items: list) -> int:
-        """Queue ``[(key, offset, size)]`` for write-behind (:mod:`.writebehind`); returns how many were queued
-        (0 without an SSD tier). ``PersistRefusedError`` when the call is over the bounds."""
+        """Queue ``[(key, offset, size)]`` for write-behind (:mod:`.writebehind`); returns how many were queued.
+        ``PersistRefusedError`` when the call is over the bounds; ``NoSsdTierError`` (one) on a node without an SSD
+        tier, where nothing can be made durable (it returned 0 and its flush reported nothing wrong)."""
         if self._closed:
             raise PoolClosedError(f"node {self.node_id} is closed")
-        return 0 if self.write_behind is None else self.write_behind.persist(items)
+        if self.write_behind is None:
+            raise NoSsdTierError(f"node {self.node_id} has no SSD tier (started without --ssd): persist of "
+                                 f"{len(items) if isinstance(items, (list, tuple)) else '?'} items not made durable")
+        return self.write_behind.persist(items)
 
     def flush(self) -> dict:
         """Wait for every queued persist and make them durable; returns :meth:`info` (at once after ``close()``).
@@ -548,7 +560,7 @@ class PoolNode:
                 "pid": os.getpid(), "persisted": c.persisted, "persist_skipped": c.persist_skipped,
                 "persist_failed": c.persist_failed, "persist_refused": c.persist_refused, "reannounced": c.reannounced,
                 "reannounce_skipped": c.reannounce_skipped, "reannounce_unfit": c.reannounce_unfit,
-                "remounts": c.remounts}
+                "remounts": c.remounts, "ssd_evicted": c.ssd_evicted}
 
     def view(self) -> memoryview:
         """The node's DRAM buffer (tests inject corruption through it)."""

@@ -21,7 +21,8 @@ between this process's registered buffer and the nodes' DRAM segments over the t
   content, so use it only for keys naming immutable content. It trades a replica for availability while a
   dead node is still mounted (the master places new replicas on it until then).
   With ``persist=True`` each written replica's node is then told to write the object behind to its SSD tier
-  (batched per node, sent by a background thread: never on the put's critical path).
+  (batched per node, sent by a background thread: never on the put's critical path); a node without an SSD tier
+  refuses once (``NoSsdTierError``) and is sent no more persists (``flush_persist`` names it).
 - ``get(key)``: a hit in the local cache, else ``get_replicas`` (one RPC; the read lease is taken as
   ending ``lease_ttl_s`` after a clock reading made BEFORE the RPC, i.e. never later than the master's),
   ONE READ straight into this process's registered buffer, frame check (crc32c over key + payload). If
@@ -71,8 +72,8 @@ from quillcache.master.types import MAX_KEY_CHARS, MasterConfig, PutRequest, Rep
 from quillcache.pool.cache import Alloc, LocalCache
 from quillcache.pool.control_auth import control_key
 from quillcache.pool.control_auth import sign as sign_control
-from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, PoolClosedError, PoolError,
-                                    PutFailedError)
+from quillcache.pool.errors import (CorruptObjectError, MasterUnavailableError, NoSsdTierError, PoolClosedError,
+                                    PoolError, PutFailedError)
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of, encode_trailer
 from quillcache.pool.node import parse_region_name
 from quillcache.pool.writebehind import MAX_PERSIST_ITEMS
@@ -115,6 +116,7 @@ class PoolStats:
     transfer_s: float = 0.0
     persist_sent: int = 0
     persist_errors: int = 0
+    persist_no_ssd: int = 0  # persists not sent: their node has no SSD tier (it said so once: NoSsdTierError)
 
     def copy(self) -> PoolStats:
         return PoolStats(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -205,6 +207,7 @@ class PooledStore:
         self._seg_lock = threading.Lock()
         self._suspect: dict[str, float] = {}
         self._ctl_failed: set[str] = set()  # control addresses of nodes whose transfers failed
+        self._no_ssd: dict[str, str] = {}  # control address -> why: nodes without an SSD tier (persists not sent)
         self._stats = PoolStats()
         self._stats_lock = threading.Lock()
         self._persist_q: collections.deque = collections.deque()
@@ -529,6 +532,9 @@ class PooledStore:
                         merged.setdefault(ctl, []).extend(items)
             for ctl, items in merged.items():
                 self._persist_targets.add(ctl)
+                if ctl in self._no_ssd:
+                    self._count(persist_no_ssd=len(items))
+                    continue
                 sent = 0
                 try:
                     c = self._persist_clients.get(ctl)
@@ -538,6 +544,9 @@ class PooledStore:
                         c.call("persist", chunk, auth=self._control_proof("persist", chunk))
                         sent += len(chunk)
                         self._count(persist_sent=len(chunk))
+                except NoSsdTierError as e:  # nothing can be durable there: not sent again, flush_persist says so
+                    self._no_ssd[ctl] = str(e)
+                    self._count(persist_no_ssd=len(items) - sent)
                 except Exception as e:
                     lost = len(items) - sent  # the calls the node accepted are its own business now
                     log.info("persist to %s failed: %s", ctl, e)
@@ -557,8 +566,9 @@ class PooledStore:
         """Wait until every queued persist was sent, then ask every node this store sent one to make them
         durable (``flush``); returns each node's info by control address, or ``{"error": why}`` for a node
         that a persist since the last flush_persist could not be sent to (those blocks were dropped), that
-        failed (its transfers failed earlier: it is not asked), did not answer (tests, shutdown), or whose
-        flush failed (``PersistFailedError``: some persist sent to it is not durable)."""
+        failed (its transfers failed earlier: it is not asked), has no SSD tier (it refused a persist with
+        ``NoSsdTierError``; later persists to it are counted in ``persist_no_ssd``, not sent), did not answer
+        (tests, shutdown), or whose flush failed (``PersistFailedError``: some persist sent to it is not durable)."""
         from quillcache.rpc import RpcClient
 
         deadline = time.monotonic() + timeout_s
@@ -573,6 +583,9 @@ class PooledStore:
         for ctl in sorted(set(self._persist_clients) | self._persist_targets):
             if ctl in lost:
                 out[ctl] = {"error": f"{lost[ctl][0]} persist(s) could not be sent to the node: {lost[ctl][1]}"}
+                continue
+            if ctl in self._no_ssd:
+                out[ctl] = {"error": f"no SSD tier: persists are not sent to it ({self._no_ssd[ctl]})"}
                 continue
             if ctl in self._ctl_failed:
                 out[ctl] = {"error": "the node's transfers failed; not asked"}

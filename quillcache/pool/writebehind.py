@@ -22,6 +22,14 @@ Contract:
 - Counted in the node's counters (``persisted`` counts durable blocks only; ``persist_skipped``,
   ``persist_failed``, ``persist_refused``); skipped and refused items are logged at most ``SKIP_LOG_BURST``
   lines per ``SKIP_LOG_WINDOW_S``, then one summary line per window (``skip_log``).
+- A full tier makes room (the tier itself never evicts): when ``put_async`` raises ``StoreFullError`` (not
+  ``DiskFullError``, which evicting does not cure), the worker deletes the tier's OLDEST records (in the order they
+  were persisted; records recovered at open come first, in the tier's order) until the record plus
+  ``EVICT_SLACK_FRACTION`` of the tier fits, makes the deletes durable (one group commit: the tier reuses a
+  block's space only then) and stores the record. Of the ``EVICT_CANDIDATES`` oldest records, those whose keys the
+  master no longer holds go first (``held(keys)``: the node's ``exists``, no lease taken; a record whose key is not
+  known yet counts as not held; when the master cannot be asked, age alone decides). A record larger than the
+  tier is refused as before. Evicted records are counted (``ssd_evicted``) and never re-announced.
 - ``stop()`` ends the worker after what is queued (idempotent); ``flush()`` after it returns at once.
 """
 
@@ -30,6 +38,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 from quillcache._checks import check_int
 from quillcache._ratelog import BurstLog
@@ -39,8 +49,8 @@ from quillcache.pool.frame import MAGIC, TRAILER_BYTES, VERSION, check
 from quillcache.pool.keys import record_header, store_key
 from quillcache.rpc.errors import quote
 
-__all__ = ["MAX_PERSIST_ITEMS", "PERSIST_QUEUE_ITEMS", "SKIP_LOG_BURST", "SKIP_LOG_WINDOW_S", "WriteBehind",
-           "skip_log"]
+__all__ = ["EVICT_CANDIDATES", "EVICT_SLACK_FRACTION", "MAX_PERSIST_ITEMS", "PERSIST_QUEUE_ITEMS", "SKIP_LOG_BURST",
+           "SKIP_LOG_WINDOW_S", "WriteBehind", "skip_log"]
 
 log = logging.getLogger("quillcache.pool.node")  # the node's lines, under the node's logger
 
@@ -48,6 +58,9 @@ MAX_PERSIST_ITEMS = 4096  # items one persist call may carry
 PERSIST_QUEUE_ITEMS = 16 * MAX_PERSIST_ITEMS  # default bound of the items waiting for the persist worker
 SKIP_LOG_BURST = 5  # skipped or refused persists logged one by one per window ...
 SKIP_LOG_WINDOW_S = 10.0  # ... the rest summed up in one line per window of this length
+EVICT_SLACK_FRACTION = 1 / 16  # a round of eviction frees this share of the tier beyond the record: rounds are rare
+EVICT_CANDIDATES = 1024  # the oldest records whose keys one round asks the master about
+_EVICT_ROUNDS = 3  # rounds tried for one record before it is refused (fragmentation can need a second)
 
 
 def skip_log(node_id: str, what: str = "persist items skipped or refused") -> BurstLog:
@@ -66,8 +79,13 @@ class WriteBehind:
     the node's (``persisted``, ``persist_skipped``, ``persist_failed``, ``persist_refused``)."""
 
     def __init__(self, node_id: str, buf: memoryview, ssd, counters, *, queue_items: int = PERSIST_QUEUE_ITEMS,
-                 queue_bytes: int | None = None) -> None:
+                 queue_bytes: int | None = None,
+                 held: Callable[[Sequence[str]], Sequence[object]] | None = None) -> None:
         self.node_id, self.buf, self.ssd, self.counters = node_id, buf, ssd, counters
+        self._held = held  # keys -> answers, True where the master still holds the key (None: age alone)
+        self._order_lock = threading.Lock()
+        # the tier's records oldest first: store key -> pool key (None until known: recovered at open)
+        self._order: OrderedDict = OrderedDict((sk, None) for sk in ssd.keys())
         self.capacity_bytes = len(buf)
         self.queue_items = check_int("persist_queue_items", queue_items, MAX_PERSIST_ITEMS)
         self.queue_bytes = check_int("persist_queue_bytes", self.capacity_bytes if queue_bytes is None
@@ -174,10 +192,18 @@ class WriteBehind:
             return "reserved trailer bytes are not zero"
         return None
 
-    def _on_commit(self, _key, err) -> None:
+    def learn(self, sk, key: str) -> None:
+        """The pool key of a record recovered at open (the node's re-announce reads them)."""
+        with self._order_lock:
+            if sk in self._order and self._order[sk] is None:
+                self._order[sk] = key
+
+    def _on_commit(self, sk, err) -> None:
         if err is None:
             self.counters.persisted += 1
-        else:
+        else:  # the tier dropped the block
+            with self._order_lock:
+                self._order.pop(sk, None)
             self.counters.persist_failed += 1
             self._not_durable(str(err))
 
@@ -247,11 +273,77 @@ class WriteBehind:
         try:
             if sk in self.ssd:  # an earlier version (removed, then re-put) is replaced unless the same
                 if self.ssd.get(sk) == rec:
+                    with self._order_lock:
+                        self._order[sk] = key
+                        self._order.move_to_end(sk)
                     return
                 self.ssd.delete(sk)
-            self.ssd.put_async(sk, rec, self._on_commit)
+                with self._order_lock:
+                    self._order.pop(sk, None)
+            self._put_making_room(sk, key, rec)
         except StoreError as e:
             self.counters.persist_skipped += 1
             self._not_durable(f"{type(e).__name__}: {e}")
             self._skip_log.note("refused by the SSD tier", "persist of %s refused by the SSD tier: %s",
                                 quote(key), e)
+
+    def _put_making_room(self, sk, key: str, rec: bytearray) -> None:
+        """``put_async`` of the record, after rounds of eviction while the tier is full (module docstring)."""
+        from quillcache.store.errors import DiskFullError, StoreFullError
+
+        for attempt in range(_EVICT_ROUNDS + 1):
+            try:
+                self.ssd.put_async(sk, rec, self._on_commit)
+                break
+            except DiskFullError:
+                raise
+            except StoreFullError:
+                if attempt == _EVICT_ROUNDS or not self._evict(self.ssd.footprint_bytes(len(rec))):
+                    raise
+        with self._order_lock:
+            self._order[sk] = key
+            self._order.move_to_end(sk)
+
+    def _evict(self, need_bytes: int) -> bool:
+        """Delete the oldest records (those the master no longer holds first) until ``need_bytes`` plus the slack
+        are free, then commit the deletes; False when there was nothing to delete."""
+        target = need_bytes + int(self.ssd.capacity_bytes * EVICT_SLACK_FRACTION)
+        with self._order_lock:
+            oldest = []
+            for sk, key in self._order.items():
+                if len(oldest) == EVICT_CANDIDATES:
+                    break
+                oldest.append((sk, key))
+        if not oldest:
+            return False
+        held: set = set()
+        asked = [key for _, key in oldest if key is not None]
+        if self._held is not None and asked:
+            try:
+                answers = list(self._held(asked))
+                held = {k for k, a in zip(asked, answers) if a is True}
+            except Exception as e:  # the master cannot be asked: age alone decides
+                self._skip_log.note("eviction by age alone", "SSD tier full: the master could not be asked which "
+                                    "keys it holds (%s); evicting the oldest records", e)
+        victims = [sk for sk, key in oldest if key not in held] + [sk for sk, key in oldest if key in held]
+        freed = self.ssd.free_bytes
+        deleted = 0
+        for sk in victims:
+            if freed >= target:
+                break
+            try:
+                size = self.ssd.size_of(sk)
+                self.ssd.delete(sk)
+            except KeyError:  # gone meanwhile (a failed commit dropped it)
+                pass
+            else:
+                freed += self.ssd.footprint_bytes(size)
+                deleted += 1
+            with self._order_lock:
+                self._order.pop(sk, None)
+        if deleted:
+            self.ssd.flush()  # the deletes durable: only then is their space reused
+            self.counters.ssd_evicted += deleted
+            log.info("node %s: SSD tier full: evicted %d records (%d of the oldest %d no longer in the pool)",
+                     self.node_id, deleted, sum(1 for _, key in oldest if key not in held), len(oldest))
+        return deleted > 0

@@ -1,0 +1,129 @@
+"""A pool node's write-behind keeps working once its SSD tier is full, and a node without one says so (soak review
+of 2026-11-29, /tmp/s36/soak findings 1 and 4).
+
+Before: the tier never evicts and the node deleted a record only when the same key was persisted again, so under
+new keys the tier filled and every later persist was refused for good (``StoreFullError`` at each flush), while
+the tier kept only keys the pool had long dropped. Now a full tier deletes its oldest records, keys the master no
+longer holds first, and stores the new one. And a persist sent to a node started without ``--ssd`` returned 0
+with a clean flush: nothing said the blocks were never durable.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from quillcache.pool import writebehind as wbmod
+from quillcache.pool.embedded import EmbeddedPool
+from quillcache.pool.keys import store_key
+
+MiB = 1 << 20
+DRAM = 8 * MiB  # the node's SSD tier is four times that: 32 MiB
+OBJ = 256 * 1024
+
+
+def _payload(i: int) -> bytes:
+    return bytes([i % 251]) * OBJ
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = EmbeddedPool(1, DRAM, ssd_dirs=[str(tmp_path / "ssd0")], backend="local")
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _fill(pool, n: int, *, keep_hot: str | None = None) -> tuple[list[str], list[dict]]:
+    """Put ``n`` new keys with persist (far more than the SSD tier holds), flushing every 8; a ``keep_hot`` key is
+    read before each put so that the master keeps it while every other key goes."""
+    s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+    keys, flushes = [], []
+    try:
+        for i in range(n):
+            if keep_hot is not None:
+                assert s.get(keep_hot) is not None
+            key = f"k-{i:05d}"
+            s.put(key, _payload(i))
+            keys.append(key)
+            if i % 8 == 7:
+                flushes.extend(s.flush_persist().values())
+        flushes.extend(s.flush_persist().values())
+    finally:
+        s.close()
+    return keys, flushes
+
+
+def test_a_full_tier_evicts_its_oldest_records_and_keeps_persisting(pool):
+    node = pool.nodes[0]
+    capacity = node.ssd.capacity_bytes
+    keys, flushes = _fill(pool, 3 * capacity // OBJ)  # three tiers' worth of new keys
+    assert not [f["error"] for f in flushes if "error" in f]  # before: StoreFullError at every flush once full
+    assert node.counters.ssd_evicted > 0 and node.counters.persist_skipped == 0
+    held = {store_key(k) for k in keys[-10:]}
+    assert held <= set(node.ssd.keys())  # the newest records are there
+    assert store_key(keys[0]) not in node.ssd  # the oldest went
+    assert node.ssd.used_bytes <= capacity
+    assert node.info()["ssd_evicted"] == node.counters.ssd_evicted
+
+
+def test_keys_the_pool_still_holds_are_evicted_last(pool):
+    s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+    try:
+        s.put("hot", b"h" * OBJ)  # persisted first: the oldest record of the tier
+        assert not [f for f in s.flush_persist().values() if "error" in f]
+    finally:
+        s.close()
+    node = pool.nodes[0]
+    _, flushes = _fill(pool, 2 * node.ssd.capacity_bytes // OBJ, keep_hot="hot")
+    assert not [f["error"] for f in flushes if "error" in f]
+    assert pool.master.exists(["hot"]) == [True]
+    assert node.counters.ssd_evicted > 0
+    assert store_key("hot") in node.ssd  # oldest, but the master still holds it: evicted after the dropped keys
+
+
+def test_when_the_master_cannot_be_asked_age_alone_decides(pool, monkeypatch):
+    node = pool.nodes[0]
+
+    def unreachable(keys):
+        raise ConnectionError("master unreachable")
+
+    monkeypatch.setattr(node.write_behind, "_held", unreachable)
+    keys, flushes = _fill(pool, 2 * node.ssd.capacity_bytes // OBJ)
+    assert not [f["error"] for f in flushes if "error" in f]
+    assert node.counters.ssd_evicted > 0 and store_key(keys[-1]) in node.ssd and store_key(keys[0]) not in node.ssd
+
+
+def test_a_record_larger_than_the_tier_is_still_refused(pool, monkeypatch):
+    """Eviction cannot make room for what never fits: the persist is refused and reported, as before."""
+    node = pool.nodes[0]
+    monkeypatch.setattr(wbmod, "EVICT_SLACK_FRACTION", 0.0)
+    s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+    try:
+        s.put("small", b"s" * OBJ)
+        assert not [f for f in s.flush_persist().values() if "error" in f]
+        monkeypatch.setattr(node.ssd, "_capacity", OBJ)  # the tier shrinks below any new record
+        s.put("big", b"b" * (OBJ + 4096))
+        (result,) = s.flush_persist().values()
+        assert "StoreFullError" in result["error"]
+    finally:
+        s.close()
+
+
+def test_a_node_without_an_ssd_tier_refuses_persists_and_the_store_reports_it(tmp_path):
+    pool = EmbeddedPool(2, DRAM, ssd_dirs=[str(tmp_path / "ssd0"), None], backend="local")
+    try:
+        s = pool.store(replicas=2, persist=True, local_cache_bytes=0)
+        try:
+            for i in range(3):
+                s.put(f"k{i}", _payload(i))
+                out = s.flush_persist()
+                with_ssd, without = (out[n.control_address] for n in pool.nodes)
+                assert "error" not in with_ssd
+                assert "no SSD tier" in without["error"]  # before: a clean info(), ssd_blocks 0
+            assert s.stats().persist_no_ssd >= 2 and s.stats().persist_errors == 0
+        finally:
+            s.close()
+        assert pool.nodes[0].counters.persisted == 3
+    finally:
+        pool.close()
