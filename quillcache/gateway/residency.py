@@ -132,13 +132,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from itertools import compress, count, repeat
 
+import numpy as np
+
 from quillcache.index.base import IndexBackend
-from quillcache.index.keys import ReplicaKey, ResidencyEntry
+from quillcache.index.keys import IDENTITY_BYTES, U32_MAX, U64_MAX, ReplicaKey, ResidencyEntry
 from quillcache.types import CacheTier
 
 __all__ = ["Claim", "EntryState", "EventSink", "ResidencyStats", "ResidencyTracker"]
 
 _GPU = CacheTier.GPU
+_COLUMNS_MIN = 8  # entries from which one ``put_columns`` costs less than ``put``'s per-entry objects
 _MAX_ANCESTRY_STEPS = 4096  # rule 2's walk up unattributed ancestors; longer counts as unknown ancestry
 _GPU_MEDIA = (None, "GPU", "gpu")  # vLLM's medium field (absent in older builds)
 _STATE = operator.attrgetter("state")
@@ -558,7 +561,7 @@ class ResidencyTracker:
         Returns the new entries (``retract`` takes them back if the request fails); ``claim`` (the
         request's, from :meth:`claim`) counts the pending ones it waits for. ``root_tokens``: the leading tokens
         of the prompt's first block (all but its last suffice), for a root speculated on an events engine
-        (:meth:`claim_short`)."""
+        (:meth:`claim_short`). The new entries reach the index in one write (:meth:`_write`)."""
         live = self._live[engine]
         approx = self._approx.get(engine)
         if approx is not None:
@@ -568,11 +571,14 @@ class ResidencyTracker:
                     approx.move_to_end(k)
         state = EntryState.APPROX if approx is not None else EntryState.PENDING
         expires = self.clock() + self.ttl_s
-        puts: list[ResidencyEntry] = []
+        put_h: list[int] = []
+        put_d: list[bytes] = []
         recs: list[_Rec] = []
-        for j in range(reused_blocks, len(block_hashes)):
-            h = int(block_hashes[j])
-            d = digests[j]
+        pending = self._pending
+        expiry = self._expiry
+        tail = block_hashes[reused_blocks:]
+        hl = tail.tolist() if isinstance(tail, np.ndarray) and tail.dtype.kind in "ui" else [int(h) for h in tail]
+        for h, d in zip(hl, digests[reused_blocks:]):
             k = (h, d)
             if k in live:
                 if approx is not None:
@@ -581,15 +587,20 @@ class ResidencyTracker:
             rec = _Rec(engine, h, d, state, expires, claim)
             live[k] = rec
             recs.append(rec)
-            puts.append(ResidencyEntry(h, engine, _GPU, d, 0, 0, self.block_bytes))
+            put_h.append(h)
+            put_d.append(d)
             if approx is not None:
                 approx[k] = rec
             else:
-                self._pending.setdefault((engine, h), deque()).append(rec)
-                self._expiry.append(rec)
-        if puts:
-            self.index.put(puts)
-            self.stats.speculated += len(puts)
+                pq = pending.get((engine, h))
+                if pq is None:
+                    pending[(engine, h)] = deque((rec,))
+                else:
+                    pq.append(rec)
+                expiry.append(rec)
+        if put_h:
+            self._write(engine, put_h, put_d)
+            self.stats.speculated += len(put_h)
             if claim is not None and approx is None:
                 claim.unconfirmed += len(recs)
         if approx is not None and len(approx) > self._cap[engine]:
@@ -611,6 +622,21 @@ class ResidencyTracker:
             for c in shorts:
                 if c.digest != rec.digest and first[: len(c.short)] == c.short and self._tail_blocking(c, now):
                     self._claim_root(c, rec.h, now)
+
+    def _write(self, engine: str, hashes: list[int], digests: list[bytes]) -> None:
+        """Write ``engine``'s GPU entries of chain ``hashes`` under their scope ``digests``: the records
+        ``index.put`` writes, through one ``put_columns`` call (no per-entry objects) when there are at least
+        ``_COLUMNS_MIN`` of them and every hash and digest fits the columns; else through ``put``, which names
+        a bad field."""
+        n = len(hashes)
+        bb = self.block_bytes
+        if (n >= _COLUMNS_MIN and min(hashes) >= 0 and max(hashes) <= U64_MAX and 0 <= bb <= U32_MAX
+                and all(type(d) is bytes and len(d) == IDENTITY_BYTES for d in set(digests))):
+            self.index.put_columns(np.array(hashes, dtype=np.uint64), b"".join(digests), [engine] * n,
+                                   np.full(n, int(_GPU), dtype=np.uint8), np.zeros(n, dtype=np.uint32),
+                                   np.zeros(n, dtype=np.uint64), np.full(n, bb, dtype=np.uint32))
+        else:
+            self.index.put([ResidencyEntry(h, engine, _GPU, d, 0, 0, bb) for h, d in zip(hashes, digests)])
 
     def retract(self, recs: Iterable[_Rec]) -> int:
         """Take back entries a failed request speculated (those no event confirmed meanwhile). Its claim
