@@ -202,3 +202,17 @@ def test_gateway_refuses_a_bad_content_format_in_its_config(tmp_path):
                                str(keys), "--port", "0"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_gateway_built_in_code_renders_with_its_configs_content_format(tmp_path):
+    """The programmatic path (no template passed in) loads the template with the config's content format."""
+    from quillcache.gateway.app import Gateway
+    from quillcache.gateway.config import config_from_dict, parse_engine_urls
+    from quillcache.gateway.tenants import TenantKey, TenantTable
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": EITHER}))
+    tenants = TenantTable({"sk-units-0001": TenantKey(tenant="tenant-u")})
+    for fmt, want in (("auto", "openai"), ("string", "string")):
+        cfg = config_from_dict({"chat_template": str(tmp_path), "chat_template_content_format": fmt},
+                               engines=parse_engine_urls("http://127.0.0.1:9"))
+        assert Gateway(cfg, tenants).template.content_format == want

@@ -297,12 +297,14 @@ class Gateway:
         self.upstream = UPSTREAM_CLIENTS[config.upstream_client](config.timeouts, config.limits)
         self._targets = [{p: self.upstream.target(u + p) for p in (_COMPLETIONS, _CHAT)} for u in self.urls]
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
-        self.template = template if template is not None else load_chat_template(config.chat_template)
+        self.template = template if template is not None else load_chat_template(
+            config.chat_template, content_format=config.chat_template_content_format)
         self.layout = KvLayout(block_size_tokens=config.block_size_tokens)
         self.index = open_index(config.index_kind)
         self.tracker = ResidencyTracker(
             self.index, {e.name: e.prefix_state for e in config.engines}, ttl_s=config.speculative_ttl_s,
-            approx_capacity_blocks={e.name: e.approx_capacity_blocks for e in config.engines})
+            approx_capacity_blocks={e.name: e.approx_capacity_blocks for e in config.engines},
+            max_unattributed_blocks=config.max_unattributed_blocks, max_known_blocks=config.max_known_blocks)
         self.decider = Decider(self.index, names, self.tracker, block_size_tokens=config.block_size_tokens,
                                router=config.router, router_options=config.router_options, seed=config.seed,
                                speculative_max_blocks=config.speculative_max_blocks)
@@ -380,7 +382,7 @@ class Gateway:
         sink = EventSink(self.tracker, loop, on_event=lambda w, k: self.metrics.kv_events.labels(w, k).inc(),
                          on_caught_up=self._catching_up.discard)
         sub = KvEventSubscriber(engine.kv_events, replay_endpoint=engine.kv_events_replay, engine_id=engine.name,
-                                sink=sink)
+                                sink=sink, max_mapped_blocks=self.config.max_mapped_blocks)
         sub.start()
         return sub
 

@@ -191,6 +191,13 @@ class GatewayConfig:
     # prompt on its engine whatever the events' latency (a cap left later turns to events that had not arrived yet
     # and sent them elsewhere; measured on workload seeds the gateway study does not use, experiments/gateway_study)
     speculative_max_blocks: int = 0
+    # what the gateway remembers per events engine, each a bounded LRU (the bound of its memory; defaults: a few
+    # times a large engine's GPU blocks): engine block hash -> chain hash (the KV-event subscriber: a block stored
+    # under a parent it no longer maps is not attributed), unattributed blocks (residency rule 3) and the scopes of
+    # removed blocks (rule 4; 0 turns either rule off)
+    max_mapped_blocks: int = 1 << 21
+    max_unattributed_blocks: int = 1 << 18
+    max_known_blocks: int = 1 << 18
     peer_bind: str | None = None  # replicas: PUB endpoint of this replica's speculation (quillcache.gateway.peers)
     peers: tuple[str, ...] = ()  # replicas: the other replicas' peer_bind endpoints
     # quillcache.gateway.clients.UPSTREAM_CLIENTS: "native" (asyncio + httptools; plain http engines) or "aiohttp"
@@ -230,6 +237,9 @@ class GatewayConfig:
         check_float("speculative_ttl_s", self.speculative_ttl_s, 0.0, lo_open=True, error=ConfigError,
                     type_error=ConfigError)
         check_int("speculative_max_blocks", self.speculative_max_blocks, 0, error=ConfigError, type_error=ConfigError)
+        check_int("max_mapped_blocks", self.max_mapped_blocks, 1, error=ConfigError, type_error=ConfigError)
+        check_int("max_unattributed_blocks", self.max_unattributed_blocks, 0, error=ConfigError, type_error=ConfigError)
+        check_int("max_known_blocks", self.max_known_blocks, 0, error=ConfigError, type_error=ConfigError)
         if not isinstance(self.router_options, dict) or not all(isinstance(k, str) for k in self.router_options):
             raise ConfigError(f"router_options must be an object of option: value, got {self.router_options!r:.80}")
         from quillcache.routing import ROUTERS, make_router
