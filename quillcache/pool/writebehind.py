@@ -300,7 +300,9 @@ class WriteBehind:
             except StoreFullError:
                 if attempt == _EVICT_ROUNDS or not self._evict(self.ssd.footprint_bytes(len(rec))):
                     raise
-        with self._order_lock:
+        if sk not in self.ssd:  # a commit that put_async started failed: its callback dropped the block
+            return
+        with self._order_lock:  # (never held while the tier's lock is taken: callbacks take this one under it)
             self._order[sk] = key
             self._order.move_to_end(sk)
 
