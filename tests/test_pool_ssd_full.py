@@ -127,3 +127,59 @@ def test_a_node_without_an_ssd_tier_refuses_persists_and_the_store_reports_it(tm
         assert pool.nodes[0].counters.persisted == 3
     finally:
         pool.close()
+
+
+def _small_ssd_pool(tmp_path, ssd_bytes: int, dram_bytes: int) -> EmbeddedPool:
+    from quillcache.pool.node import PoolNode
+
+    class SmallSsdPool(EmbeddedPool):
+        def _start_node(self, i):
+            return PoolNode(self.master, dram_bytes=self.dram_bytes, ssd_dir=self.ssd_dirs[i], ssd_bytes=ssd_bytes,
+                            node_id=self._node_ids[i], secret=self.secret, backend=self.backend,
+                            heartbeat_s=self.heartbeat_s)
+
+    return SmallSsdPool(1, dram_bytes, ssd_dirs=[str(tmp_path / "ssd0")], backend="local")
+
+
+def test_a_record_larger_than_the_holes_eviction_leaves_is_stored(tmp_path):
+    """Re-review M1: the pool drops every other key, so evicting them first leaves holes smaller than a big
+    record; a round counted the tier's free bytes, saw enough, deleted nothing more and refused the record (and
+    every later one of that size). Only what a round frees counts now."""
+    pool = _small_ssd_pool(tmp_path, 4 * MiB, 32 * MiB)
+    try:
+        node = pool.nodes[0]
+        s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+        n = 0
+        while node.counters.ssd_evicted == 0 and n < 64:  # fill the tier exactly, 128 KiB records
+            s.put(f"k{n:03d}", bytes([n % 251]) * (124 * 1024))
+            n += 1
+            s.flush_persist()
+        for i in range(1, n, 2):
+            s.remove(f"k{i:03d}", force=True)
+        for big in ("big", "big2"):
+            s.put(big, big.encode()[:1] * (600 * 1024))
+            assert not [f["error"] for f in s.flush_persist().values() if "error" in f]
+            assert store_key(big) in node.ssd
+        assert node.counters.persist_skipped == 0
+        s.close()
+    finally:
+        pool.close()
+
+
+def test_a_large_record_among_many_small_ones_is_stored(tmp_path):
+    """Re-review M2: a round looked at the 1,024 oldest records only, for 3 rounds, so a tier of small records
+    refused a record it could hold, after deleting 3,072 records for it."""
+    pool = _small_ssd_pool(tmp_path, 16 * MiB, 64 * MiB)
+    try:
+        node = pool.nodes[0]
+        s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+        items = [(f"s{i:05d}", bytes([i % 251]) * 1000) for i in range(16 * MiB // 4096)]
+        for j in range(0, len(items), 256):
+            s.put_many(items[j:j + 256])
+        assert not [f for f in s.flush_persist().values() if "error" in f]
+        s.put("big", b"B" * (13 * MiB))
+        assert not [f["error"] for f in s.flush_persist().values() if "error" in f]
+        assert store_key("big") in node.ssd
+        s.close()
+    finally:
+        pool.close()

@@ -75,6 +75,7 @@ from quillcache.pool.errors import (ControlAuthError, NodeIdInUseError, NoSsdTie
 from quillcache.pool.frame import TRAILER_BYTES, check, digest_of
 from quillcache.pool.keys import decode_record, store_key
 from quillcache.pool.writebehind import MAX_PERSIST_ITEMS, PERSIST_QUEUE_ITEMS, WriteBehind, skip_log
+from quillcache.store.errors import BlockNotFoundError
 from quillcache.rpc import RpcServer, register_error
 
 __all__ = ["CONTROL_MAX_FRAME_BYTES", "CONTROL_METHODS", "MAX_PERSIST_ITEMS", "PersistRefusedError", "PoolNode",
@@ -462,6 +463,8 @@ class PoolNode:
                 if store_key(key) != sk:
                     raise ValueError("record key does not hash to its block name")
                 check(framed, key)
+            except BlockNotFoundError:  # evicted meanwhile by the write-behind (a full tier): nothing to announce
+                continue
             except Exception as e:  # a block the tier verified but that is not a pool record of ours
                 log.warning("node %s: SSD block %s skipped: %s", self.node_id, sk.hex(), e)
                 self.counters.reannounce_skipped += 1

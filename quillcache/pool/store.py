@@ -567,7 +567,8 @@ class PooledStore:
         durable (``flush``); returns each node's info by control address, or ``{"error": why}`` for a node
         that a persist since the last flush_persist could not be sent to (those blocks were dropped), that
         failed (its transfers failed earlier: it is not asked), has no SSD tier (it refused a persist with
-        ``NoSsdTierError``; later persists to it are counted in ``persist_no_ssd``, not sent), did not answer
+        ``NoSsdTierError``; until this report, later persists to it are counted in ``persist_no_ssd``, not sent;
+        after it, the next one is sent again, so a node restarted with an SSD tier gets them), did not answer
         (tests, shutdown), or whose flush failed (``PersistFailedError``: some persist sent to it is not durable)."""
         from quillcache.rpc import RpcClient
 
@@ -584,8 +585,8 @@ class PooledStore:
             if ctl in lost:
                 out[ctl] = {"error": f"{lost[ctl][0]} persist(s) could not be sent to the node: {lost[ctl][1]}"}
                 continue
-            if ctl in self._no_ssd:
-                out[ctl] = {"error": f"no SSD tier: persists are not sent to it ({self._no_ssd[ctl]})"}
+            if ctl in self._no_ssd:  # reported once, then forgotten: a node restarted with --ssd is sent them again
+                out[ctl] = {"error": f"no SSD tier: persists are not sent to it ({self._no_ssd.pop(ctl)})"}
                 continue
             if ctl in self._ctl_failed:
                 out[ctl] = {"error": "the node's transfers failed; not asked"}

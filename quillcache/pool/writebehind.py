@@ -23,13 +23,17 @@ Contract:
   ``persist_failed``, ``persist_refused``); skipped and refused items are logged at most ``SKIP_LOG_BURST``
   lines per ``SKIP_LOG_WINDOW_S``, then one summary line per window (``skip_log``).
 - A full tier makes room (the tier itself never evicts): when ``put_async`` raises ``StoreFullError`` (not
-  ``DiskFullError``, which evicting does not cure), the worker deletes the tier's OLDEST records (in the order they
-  were persisted; records recovered at open come first, in the tier's order) until the record plus
-  ``EVICT_SLACK_FRACTION`` of the tier fits, makes the deletes durable (one group commit: the tier reuses a
-  block's space only then) and stores the record. Of the ``EVICT_CANDIDATES`` oldest records, those whose keys the
-  master no longer holds go first (``held(keys)``: the node's ``exists``, no lease taken; a record whose key is not
-  known yet counts as not held; when the master cannot be asked, age alone decides). A record larger than the
-  tier is refused as before. Evicted records are counted (``ssd_evicted``) and never re-announced.
+  ``DiskFullError``, which evicting does not cure), the worker runs rounds of eviction, each deleting records
+  until the round has freed the record's footprint plus ``EVICT_SLACK_FRACTION`` of the tier (free bytes the
+  tier already had may lie in holes too small for the record, so only what the round frees counts), making the
+  deletes durable (one group commit: the tier reuses a block's space only then) and trying the record again, up to
+  ``_EVICT_ROUNDS`` rounds. A round deletes the OLDEST records (in the order they were persisted; records recovered
+  at open come first, in the tier's order), those whose keys the master no longer holds first: it asks about the
+  oldest records in chunks of ``EVICT_CANDIDATES`` (``held(keys)``: the node's ``exists``, no lease taken; a
+  record whose key is not known yet counts as not held; when the master cannot be asked, age alone decides), up
+  to ``_EVICT_SCAN_CHUNKS`` chunks, then deletes the held ones among them, then younger records, by age. A record
+  larger than the tier is refused before anything is deleted. Evicted records are counted (``ssd_evicted``) and
+  never re-announced.
 - ``stop()`` ends the worker after what is queued (idempotent); ``flush()`` after it returns at once.
 """
 
@@ -60,7 +64,8 @@ SKIP_LOG_BURST = 5  # skipped or refused persists logged one by one per window .
 SKIP_LOG_WINDOW_S = 10.0  # ... the rest summed up in one line per window of this length
 EVICT_SLACK_FRACTION = 1 / 16  # a round of eviction frees this share of the tier beyond the record: rounds are rare
 EVICT_CANDIDATES = 1024  # the oldest records whose keys one round asks the master about
-_EVICT_ROUNDS = 3  # rounds tried for one record before it is refused (fragmentation can need a second)
+_EVICT_ROUNDS = 8  # rounds tried for one record before it is refused (holes too small for it can need several)
+_EVICT_SCAN_CHUNKS = 16  # chunks of EVICT_CANDIDATES a round asks the master about before it evicts by age
 
 
 def skip_log(node_id: str, what: str = "persist items skipped or refused") -> BurstLog:
@@ -291,14 +296,15 @@ class WriteBehind:
         """``put_async`` of the record, after rounds of eviction while the tier is full (module docstring)."""
         from quillcache.store.errors import DiskFullError, StoreFullError
 
+        need = self.ssd.footprint_bytes(len(rec))
         for attempt in range(_EVICT_ROUNDS + 1):
             try:
                 self.ssd.put_async(sk, rec, self._on_commit)
                 break
             except DiskFullError:
                 raise
-            except StoreFullError:
-                if attempt == _EVICT_ROUNDS or not self._evict(self.ssd.footprint_bytes(len(rec))):
+            except StoreFullError:  # a record the tier could never hold is refused before anything is deleted
+                if need > self.ssd.capacity_bytes or attempt == _EVICT_ROUNDS or not self._evict(need):
                     raise
         if sk not in self.ssd:  # a commit that put_async started failed: its callback dropped the block
             return
@@ -306,33 +312,31 @@ class WriteBehind:
             self._order[sk] = key
             self._order.move_to_end(sk)
 
+    def _held_of(self, chunk: list) -> set:
+        """The keys of ``chunk`` the master still holds (empty when it cannot be asked: age alone decides)."""
+        asked = [key for _, key in chunk if key is not None]
+        if self._held is None or not asked:
+            return set()
+        try:
+            return {k for k, a in zip(asked, list(self._held(asked))) if a is True}
+        except Exception as e:
+            self._skip_log.note("eviction by age alone", "SSD tier full: the master could not be asked which keys "
+                                "it holds (%s); evicting the oldest records", e)
+            return set()
+
     def _evict(self, need_bytes: int) -> bool:
-        """Delete the oldest records (those the master no longer holds first) until ``need_bytes`` plus the slack
-        are free, then commit the deletes; False when there was nothing to delete."""
+        """One round: delete records until this round freed ``need_bytes`` plus the slack (the tier's free bytes
+        may lie in holes too small for the record, so only what the round frees counts), then commit the deletes;
+        False when there was nothing to delete. Order: of the oldest ``_EVICT_SCAN_CHUNKS`` chunks of
+        ``EVICT_CANDIDATES`` records (one ``exists`` each), those the master no longer holds, oldest first; then
+        the held ones of those chunks; then younger records by age."""
         target = need_bytes + int(self.ssd.capacity_bytes * EVICT_SLACK_FRACTION)
         with self._order_lock:
-            oldest = []
-            for sk, key in self._order.items():
-                if len(oldest) == EVICT_CANDIDATES:
-                    break
-                oldest.append((sk, key))
-        if not oldest:
-            return False
-        held: set = set()
-        asked = [key for _, key in oldest if key is not None]
-        if self._held is not None and asked:
-            try:
-                answers = list(self._held(asked))
-                held = {k for k, a in zip(asked, answers) if a is True}
-            except Exception as e:  # the master cannot be asked: age alone decides
-                self._skip_log.note("eviction by age alone", "SSD tier full: the master could not be asked which "
-                                    "keys it holds (%s); evicting the oldest records", e)
-        victims = [sk for sk, key in oldest if key not in held] + [sk for sk, key in oldest if key in held]
-        freed = self.ssd.free_bytes
-        deleted = 0
-        for sk in victims:
-            if freed >= target:
-                break
+            snapshot = list(self._order.items())
+        freed = deleted = dropped = 0
+
+        def delete(sk) -> None:
+            nonlocal freed, deleted
             try:
                 size = self.ssd.size_of(sk)
                 self.ssd.delete(sk)
@@ -343,9 +347,29 @@ class WriteBehind:
                 deleted += 1
             with self._order_lock:
                 self._order.pop(sk, None)
+
+        scanned = min(len(snapshot), _EVICT_SCAN_CHUNKS * EVICT_CANDIDATES)
+        held_later: list = []
+        for c in range(0, scanned, EVICT_CANDIDATES):
+            chunk = snapshot[c:c + EVICT_CANDIDATES]
+            held = self._held_of(chunk)
+            for sk, key in chunk:
+                if freed >= target:
+                    break
+                if key in held:
+                    held_later.append(sk)
+                else:
+                    delete(sk)
+                    dropped += 1
+            if freed >= target:
+                break
+        for sk in held_later + [sk for sk, _ in snapshot[scanned:]]:
+            if freed >= target:
+                break
+            delete(sk)
         if deleted:
-            self.ssd.flush()  # the deletes durable: only then is their space reused
             self.counters.ssd_evicted += deleted
-            log.info("node %s: SSD tier full: evicted %d records (%d of the oldest %d no longer in the pool)",
-                     self.node_id, deleted, sum(1 for _, key in oldest if key not in held), len(oldest))
+            log.info("node %s: SSD tier full: evicted %d records (%d of them no longer in the pool)",
+                     self.node_id, deleted, dropped)
+            self.ssd.flush()  # the deletes durable: only then is their space reused
         return deleted > 0
