@@ -216,3 +216,49 @@ def test_a_gateway_built_in_code_renders_with_its_configs_content_format(tmp_pat
         cfg = config_from_dict({"chat_template": str(tmp_path), "chat_template_content_format": fmt},
                                engines=parse_engine_urls("http://127.0.0.1:9"))
         assert Gateway(cfg, tenants).template.content_format == want
+
+
+# ---- re-review of 2026-11-29 (/tmp/s36/rr L1-L3) ----------------------------------------------------------------
+def test_empty_text_parts_are_dropped_from_a_string_content_as_vllm_drops_them():
+    parts = [{"type": "text", "text": "Summarise:"}, {"type": "text", "text": ""}, {"type": "text", "text": "the text"}]
+    msgs = [{"role": "user", "content": parts}]
+    assert normalize_messages(msgs)[0]["content"] == "Summarise:\nthe text"  # before: "Summarise:\n\nthe text"
+    assert normalize_messages(msgs, "openai")[0]["content"] == parts  # a part is a dict there: vLLM keeps it
+
+
+@pytest.mark.parametrize("source", [PARTS_ONLY, EITHER, GENERATION])
+@pytest.mark.parametrize("final", ["", "  ", "ends with space "])
+def test_continue_final_message_cuts_where_transformers_cuts(source, final):
+    """transformers 5 renders the final content with a tag appended and cuts at the tag; an empty final message
+    kept the whole rendered text (the template's end-of-turn tokens included) with the old rindex cut."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models
+
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")), bos_token="<s>")
+    messages = [{"role": "user", "content": "Write"}, {"role": "assistant", "content": final}]
+    tpl = JinjaChatTemplate(source, bos_token="<s>")
+    expected = hf.apply_chat_template(_vllm_conversation(messages, tpl.content_format), chat_template=source,
+                                      tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    assert tpl.render(messages, add_generation_prompt=False, continue_final_message=True) == expected
+
+
+def test_continue_final_message_needs_a_template_that_renders_content():
+    tpl = JinjaChatTemplate("{% for m in messages %}{{ m.role }}|{% endfor %}")
+    with pytest.raises(ChatFormatError, match="does not render messages' content"):
+        tpl.render([{"role": "user", "content": "x"}], add_generation_prompt=False, continue_final_message=True)
+
+
+@pytest.mark.parametrize("value, want", [(1.0, True), (0.0, False), ("TRUE", True), ("0", False)])
+def test_lax_booleans_read_as_pydantic_reads_them(value, want):
+    from quillcache.textproc.prompt import chat_render_args
+
+    assert chat_render_args({"messages": [], "add_generation_prompt": value})["add_generation_prompt"] is want
+
+
+@pytest.mark.parametrize("value", [" true", "true ", 0.5, 2.0, float("nan")])
+def test_values_pydantic_refuses_are_refused(value):
+    from quillcache.textproc.prompt import PromptError, chat_render_args
+
+    with pytest.raises(PromptError, match="'add_generation_prompt' must be true or false"):
+        chat_render_args({"messages": [], "add_generation_prompt": value})

@@ -29,8 +29,11 @@ kept, anything else ``{}``; an empty list is dropped), ``reasoning`` and
 objects are never modified. Anything malformed raises :class:`ChatFormatError` (a ``ValueError``) naming the
 message index and the field.
 
-``continue_final_message`` cuts the rendered text right after the final message's content, as ``transformers``
-does (so the model continues that message); it cannot be combined with ``add_generation_prompt``. Rendering is
+``continue_final_message`` cuts the rendered text right after the final message's content as ``transformers`` (5)
+does, so the model continues that message: the content (its last text part) is rendered with
+:data:`CONTINUE_TAG` appended and the text is cut where the tag begins (and right-stripped there when the template
+trimmed the space the tag ends with); a template that never mentions ``content`` is refused. It cannot be combined
+with ``add_generation_prompt``. Rendering is
 deterministic: the same arguments give the same text, byte for byte, so both sides of the gateway get the same
 tokens; the one exception is a template that calls ``strftime_now`` (Llama 3.2/3.3 date their system prompt),
 which renders the rendering process's local date as ``transformers`` does, so a gateway and an engine on either
@@ -95,7 +98,7 @@ def _shaped_content(texts: list[str], content_format: ContentFormat) -> str | li
     """The content as the template receives it (``quillcache.textproc.content_format``)."""
     if content_format == "openai":
         return [{"type": "text", "text": t} for t in texts]
-    return "\n".join(texts)
+    return "\n".join(t for t in texts if t)  # vLLM keeps a string part only when it is not empty
 
 
 def _arguments(where: str, value: object) -> Any:
@@ -190,22 +193,35 @@ def normalize_messages(messages: object, content_format: ContentFormat = "string
     return out
 
 
-def _continue_final(text: str, msgs: list[dict[str, Any]]) -> str:
-    """``transformers``' cut for ``continue_final_message``: end the text right after the final message's
-    content (its last text part when it is a list; its trailing whitespace kept only when the template kept it)."""
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
+
+
+def _tag_final(msgs: list[dict[str, Any]]) -> str:
+    """Append :data:`CONTINUE_TAG` to the final message's content (its last text part when it is a list), in the
+    normalized copy, as ``transformers`` does before rendering; returns that content as it was."""
     final = msgs[-1]["content"]
     if isinstance(final, list):
-        if not final:
-            raise ChatFormatError("'continue_final_message': the final message has no text to continue")
-        final = final[-1]["text"]
-    stripped = final.strip()
-    if stripped not in text:
+        for part in reversed(final):
+            if "text" in part:
+                text = part["text"]
+                part["text"] = text + CONTINUE_TAG
+                return text
+        raise ChatFormatError("'continue_final_message': the final message has no text to continue")
+    msgs[-1]["content"] = final + CONTINUE_TAG
+    return final
+
+
+def _cut_at_tag(text: str, final: str) -> str:
+    """``transformers``' cut for ``continue_final_message``: the rendered text up to the tag (and without the
+    whitespace before it when the template trimmed the message's trailing space)."""
+    tag = CONTINUE_TAG.strip()
+    if final.strip() not in text or tag not in text:
         raise ChatFormatError("'continue_final_message': the final message does not appear in the rendered "
                               "prompt (the chat template changes it), so it cannot be continued")
-    at = text.rindex(stripped)
-    if text[at:at + len(final.lstrip())] == final:
-        return text[:at + len(final.lstrip())]
-    return text[:at + len(stripped)]
+    at = text.rindex(tag)
+    if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG:
+        return text[:at]
+    return text[:at].rstrip()
 
 
 def _check_flags(add_generation_prompt: bool, continue_final_message: bool) -> None:
@@ -236,10 +252,11 @@ class ChatMLTemplate:
                template_kwargs: dict[str, Any] | None = None) -> str:
         _check_flags(add_generation_prompt, continue_final_message)
         msgs = normalize_messages(messages)
+        final = _tag_final(msgs) if continue_final_message else None
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
         if add_generation_prompt:
             text += "<|im_start|>assistant\n"
-        return _continue_final(text, msgs) if continue_final_message else text
+        return text if final is None else _cut_at_tag(text, final)
 
 
 def _token_text(value: Any) -> str:
@@ -326,6 +343,12 @@ class JinjaChatTemplate:
                template_kwargs: dict[str, Any] | None = None) -> str:
         _check_flags(add_generation_prompt, continue_final_message)
         msgs = normalize_messages(messages, self.content_format)
+        final = None
+        if continue_final_message:
+            if "content" not in self.source:  # transformers' check: the template never reads a message's content
+                raise ChatFormatError("'continue_final_message': this chat template does not render messages' "
+                                      "content, so the final message cannot be continued")
+            final = _tag_final(msgs)
         context: dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         for key, value in (template_kwargs or {}).items():
             if key in _RESERVED_KWARGS:
@@ -338,7 +361,7 @@ class JinjaChatTemplate:
             raise
         except self._template_error as e:
             raise ChatFormatError(f"chat template failed to render: {e}") from None
-        return _continue_final(text, msgs) if continue_final_message else text
+        return text if final is None else _cut_at_tag(text, final)
 
 
 CHAT_TEMPLATES: Registry = Registry("chat template")

@@ -123,17 +123,18 @@ _FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
 def _flag(body: dict[str, Any], field: str, default: bool) -> bool:
-    """A boolean request field as vLLM reads it: true/false, the integers 1/0, or pydantic's strings
-    ("true", "yes", "on", "1"... in any case); anything else is refused naming the field."""
+    """A boolean request field as vLLM's request model (pydantic, lax mode) reads it: true/false, the numbers 1/0
+    (1.0 and 0.0 too), or pydantic's strings ("true", "yes", "on", "1"... in any case, no surrounding space);
+    anything else is refused naming the field."""
     value = body.get(field)
     if value is None:
         return default
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE_STRINGS | _FALSE_STRINGS:
-        return value.strip().lower() in _TRUE_STRINGS
+    if isinstance(value, str) and value.lower() in _TRUE_STRINGS | _FALSE_STRINGS:
+        return value.lower() in _TRUE_STRINGS
     raise PromptError(f"'{field}' must be true or false, got {value!r:.40}")
 
 
