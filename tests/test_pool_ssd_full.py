@@ -10,6 +10,8 @@ with a clean flush: nothing said the blocks were never durable.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from quillcache.pool import writebehind as wbmod
@@ -25,13 +27,22 @@ def _payload(i: int) -> bytes:
     return bytes([i % 251]) * OBJ
 
 
+def _small_ssd_pool(tmp_path, ssd_bytes: int, dram_bytes: int) -> EmbeddedPool:
+    from quillcache.pool.node import PoolNode
+
+    class SmallSsdPool(EmbeddedPool):
+        def _start_node(self, i):
+            return PoolNode(self.master, dram_bytes=self.dram_bytes, ssd_dir=self.ssd_dirs[i], ssd_bytes=ssd_bytes,
+                            node_id=self._node_ids[i], secret=self.secret, backend=self.backend,
+                            heartbeat_s=self.heartbeat_s)
+
+    return SmallSsdPool(1, dram_bytes, ssd_dirs=[str(tmp_path / "ssd0")], backend="local")
+
+
 @pytest.fixture
 def pool(tmp_path):
-    p = EmbeddedPool(1, DRAM, ssd_dirs=[str(tmp_path / "ssd0")], backend="local")
-    try:
+    with contextlib.closing(_small_ssd_pool(tmp_path, 4 * DRAM, DRAM)) as p:  # the node's default SSD size
         yield p
-    finally:
-        p.close()
 
 
 def _fill(pool, n: int, *, keep_hot: str | None = None) -> tuple[list[str], list[dict]]:
@@ -129,24 +140,11 @@ def test_a_node_without_an_ssd_tier_refuses_persists_and_the_store_reports_it(tm
         pool.close()
 
 
-def _small_ssd_pool(tmp_path, ssd_bytes: int, dram_bytes: int) -> EmbeddedPool:
-    from quillcache.pool.node import PoolNode
-
-    class SmallSsdPool(EmbeddedPool):
-        def _start_node(self, i):
-            return PoolNode(self.master, dram_bytes=self.dram_bytes, ssd_dir=self.ssd_dirs[i], ssd_bytes=ssd_bytes,
-                            node_id=self._node_ids[i], secret=self.secret, backend=self.backend,
-                            heartbeat_s=self.heartbeat_s)
-
-    return SmallSsdPool(1, dram_bytes, ssd_dirs=[str(tmp_path / "ssd0")], backend="local")
-
-
 def test_a_record_larger_than_the_holes_eviction_leaves_is_stored(tmp_path):
     """Re-review M1: the pool drops every other key, so evicting them first leaves holes smaller than a big
     record; a round counted the tier's free bytes, saw enough, deleted nothing more and refused the record (and
     every later one of that size). Only what a round frees counts now."""
-    pool = _small_ssd_pool(tmp_path, 4 * MiB, 32 * MiB)
-    try:
+    with contextlib.closing(_small_ssd_pool(tmp_path, 4 * MiB, 32 * MiB)) as pool:
         node = pool.nodes[0]
         s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
         n = 0
@@ -162,15 +160,12 @@ def test_a_record_larger_than_the_holes_eviction_leaves_is_stored(tmp_path):
             assert store_key(big) in node.ssd
         assert node.counters.persist_skipped == 0
         s.close()
-    finally:
-        pool.close()
 
 
 def test_a_large_record_among_many_small_ones_is_stored(tmp_path):
     """Re-review M2: a round looked at the 1,024 oldest records only, for 3 rounds, so a tier of small records
     refused a record it could hold, after deleting 3,072 records for it."""
-    pool = _small_ssd_pool(tmp_path, 16 * MiB, 64 * MiB)
-    try:
+    with contextlib.closing(_small_ssd_pool(tmp_path, 16 * MiB, 64 * MiB)) as pool:
         node = pool.nodes[0]
         s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
         items = [(f"s{i:05d}", bytes([i % 251]) * 1000) for i in range(16 * MiB // 4096)]
@@ -181,5 +176,3 @@ def test_a_large_record_among_many_small_ones_is_stored(tmp_path):
         assert not [f["error"] for f in s.flush_persist().values() if "error" in f]
         assert store_key("big") in node.ssd
         s.close()
-    finally:
-        pool.close()
