@@ -176,3 +176,77 @@ def test_a_large_record_among_many_small_ones_is_stored(tmp_path):
         assert not [f["error"] for f in s.flush_persist().values() if "error" in f]
         assert store_key("big") in node.ssd
         s.close()
+
+
+# ---- second re-review (/tmp/s36/rr2 M1, M2, L1): the write-behind on a tier built here -----------------------------
+PAGE = 4096
+
+
+def _write_behind(ssd, held):
+    from quillcache.pool.node import NodeCounters
+
+    return wbmod.WriteBehind("n", memoryview(bytearray(1 << 20)), ssd, NodeCounters(), held=held)
+
+
+def _fill_pages(wb, keys) -> None:
+    small = bytearray(PAGE - 64)  # one page with its record header
+    for k in keys:
+        wb._put_making_room(store_key(k), k, small)
+    wb.ssd.flush()
+
+
+def test_held_records_in_every_slab_still_leave_room_for_a_slab_sized_record(tmp_path):
+    """The pool holds one record in every slab: deleting every dropped record never empties a slab, so a record of
+    one slab was refused after 8 rounds had evicted most of the tier. Now a round that freed enough but left only
+    holes is followed by emptying the fullest-free slab."""
+    from quillcache.store.ssd import SsdTier
+
+    slabs, pages = 32, 16
+    with contextlib.closing(SsdTier(str(tmp_path / "t"), capacity_bytes=slabs * pages * PAGE,
+                                    slab_bytes=pages * PAGE)) as ssd:
+        keys = [f"k{i:05d}" for i in range(slabs * pages)]
+        held = set(keys[3::pages])
+        wb = _write_behind(ssd, lambda ks: [k in held for k in ks])
+        _fill_pages(wb, keys)
+        assert ssd.free_bytes == 0
+        wb._put_making_room(store_key("big"), "big", bytearray(pages * PAGE - 64))  # raised StoreFullError before
+        assert store_key("big") in ssd
+        assert wb.counters.ssd_evicted < len(keys) // 2  # not most of the tier
+
+
+def test_held_records_get_a_second_chance_before_younger_dropped_ones():
+    """Held records among the oldest were deleted before any younger record the pool had dropped, once they filled
+    the chunks a round asks about."""
+    from quillcache.store.ssd import SsdTier
+
+    hot_n = wbmod._EVICT_SCAN_CHUNKS * wbmod.EVICT_CANDIDATES
+    n = hot_n + 4000
+    ssd = SsdTier(None, account_only=True, capacity_bytes=n * PAGE)
+    keys = [f"k{i:05d}" for i in range(n)]
+    hot = set(keys[:hot_n])  # persisted first, read ever since
+    wb = _write_behind(ssd, lambda ks: [k in hot for k in ks])
+    _fill_pages(wb, keys)
+    wb._put_making_room(store_key("new"), "new", bytearray(PAGE - 64))
+    assert store_key("new") in ssd and wb.counters.ssd_evicted > 0
+    assert all(store_key(k) in ssd for k in hot)
+
+
+def test_a_master_that_cannot_answer_is_asked_once_per_round():
+    """Each of up to 16 chunks asked it again, each waiting out the master timeout, on the persist worker."""
+    from quillcache.store.ssd import SsdTier
+
+    n = 20_000
+    ssd = SsdTier(None, account_only=True, capacity_bytes=n * PAGE)
+    calls = []
+
+    def unreachable(ks):
+        calls.append(len(ks))
+        raise TimeoutError("master did not answer")
+
+    keys = [f"k{i:05d}" for i in range(n)]
+    wb = _write_behind(ssd, lambda ks: [False] * len(ks))
+    _fill_pages(wb, keys)
+    wb._held = unreachable
+    wb._put_making_room(store_key("new"), "new", bytearray(PAGE - 64))
+    assert store_key("new") in ssd and len(calls) == 1
+    assert store_key(keys[0]) not in ssd and store_key(keys[-1]) in ssd  # age alone

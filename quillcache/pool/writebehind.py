@@ -27,13 +27,16 @@ Contract:
   until the round has freed the record's footprint plus ``EVICT_SLACK_FRACTION`` of the tier (free bytes the
   tier already had may lie in holes too small for the record, so only what the round frees counts), making the
   deletes durable (one group commit: the tier reuses a block's space only then) and trying the record again, up to
-  ``_EVICT_ROUNDS`` rounds. A round deletes the OLDEST records (in the order they were persisted; records recovered
-  at open come first, in the tier's order), those whose keys the master no longer holds first: it asks about the
-  oldest records in chunks of ``EVICT_CANDIDATES`` (``held(keys)``: the node's ``exists``, no lease taken; a
-  record whose key is not known yet counts as not held; when the master cannot be asked, age alone decides), up
-  to ``_EVICT_SCAN_CHUNKS`` chunks, then deletes the held ones among them, then younger records, by age. A record
-  larger than the tier is refused before anything is deleted. Evicted records are counted (``ssd_evicted``) and
-  never re-announced.
+  ``_EVICT_ROUNDS`` rounds. A round takes the OLDEST records (in the order they were persisted; records recovered
+  at open come first, in the tier's order) in chunks of ``EVICT_CANDIDATES``, up to ``_EVICT_SCAN_CHUNKS``
+  chunks, asking the master which keys it still holds (``held(keys)``: the node's ``exists``, no lease taken; a
+  record whose key is not known yet counts as not held): it deletes those the master dropped and gives the held
+  ones a second chance (moved to the end of the order, as if persisted now); once the master fails to answer, the
+  rest of the round goes by age alone. Short of its target after that, it deletes by age. When a round freed as
+  much as the record needs and the record still does not fit (slab layout: held records left in every slab, so
+  no hole is large enough), the next round empties the slab holding the fewest bytes instead. A record larger
+  than the tier is refused before anything is deleted. Evicted records are counted (``ssd_evicted``) and never
+  re-announced.
 - ``stop()`` ends the worker after what is queued (idempotent); ``flush()`` after it returns at once.
 """
 
@@ -297,6 +300,7 @@ class WriteBehind:
         from quillcache.store.errors import DiskFullError, StoreFullError
 
         need = self.ssd.footprint_bytes(len(rec))
+        fragmented = False
         for attempt in range(_EVICT_ROUNDS + 1):
             try:
                 self.ssd.put_async(sk, rec, self._on_commit)
@@ -304,16 +308,21 @@ class WriteBehind:
             except DiskFullError:
                 raise
             except StoreFullError:  # a record the tier could never hold is refused before anything is deleted
-                if need > self.ssd.capacity_bytes or attempt == _EVICT_ROUNDS or not self._evict(need):
+                if need > self.ssd.capacity_bytes or attempt == _EVICT_ROUNDS:
                     raise
+                made = self._clear_slab() if fragmented else self._evict(need)
+                if made is None:
+                    raise
+                # a round freed enough bytes and the record still does not fit: the room is in holes
+                fragmented = made >= need and self.ssd.layout == "slab"
         if sk not in self.ssd:  # a commit that put_async started failed: its callback dropped the block
             return
         with self._order_lock:  # (never held while the tier's lock is taken: callbacks take this one under it)
             self._order[sk] = key
             self._order.move_to_end(sk)
 
-    def _held_of(self, chunk: list) -> set:
-        """The keys of ``chunk`` the master still holds (empty when it cannot be asked: age alone decides)."""
+    def _held_of(self, chunk: list) -> set | None:
+        """The keys of ``chunk`` the master still holds; None when it cannot be asked (age alone decides)."""
         asked = [key for _, key in chunk if key is not None]
         if self._held is None or not asked:
             return set()
@@ -322,54 +331,86 @@ class WriteBehind:
         except Exception as e:
             self._skip_log.note("eviction by age alone", "SSD tier full: the master could not be asked which keys "
                                 "it holds (%s); evicting the oldest records", e)
-            return set()
+            return None
 
-    def _evict(self, need_bytes: int) -> bool:
-        """One round: delete records until this round freed ``need_bytes`` plus the slack (the tier's free bytes
-        may lie in holes too small for the record, so only what the round frees counts), then commit the deletes;
-        False when there was nothing to delete. Order: of the oldest ``_EVICT_SCAN_CHUNKS`` chunks of
-        ``EVICT_CANDIDATES`` records (one ``exists`` each), those the master no longer holds, oldest first; then
-        the held ones of those chunks; then younger records by age."""
-        target = need_bytes + int(self.ssd.capacity_bytes * EVICT_SLACK_FRACTION)
+    def _delete(self, sk) -> int:
+        """Delete one record now (durable at the next commit); the footprint it frees (0 when it was gone)."""
+        try:
+            size = self.ssd.size_of(sk)
+            self.ssd.delete(sk)
+        except KeyError:  # gone meanwhile (a failed commit dropped it)
+            size = None
         with self._order_lock:
-            snapshot = list(self._order.items())
+            self._order.pop(sk, None)
+        return 0 if size is None else self.ssd.footprint_bytes(size)
+
+    def _commit_evictions(self, deleted: int, dropped: int, why: str) -> None:
+        self.counters.ssd_evicted += deleted
+        log.info("node %s: SSD tier full: evicted %d records (%d of them no longer in the pool)%s",
+                 self.node_id, deleted, dropped, why)
+        self.ssd.flush()  # the deletes durable: only then is their space reused
+
+    def _evict(self, need_bytes: int) -> int | None:
+        """One round (module docstring): delete records until this round freed ``need_bytes`` plus the slack, then
+        commit the deletes; returns the bytes freed, None when there was nothing to delete. Only what the round
+        frees counts (the tier's free bytes may lie in holes too small for the record)."""
+        target = need_bytes + int(self.ssd.capacity_bytes * EVICT_SLACK_FRACTION)
         freed = deleted = dropped = 0
-
-        def delete(sk) -> None:
-            nonlocal freed, deleted
-            try:
-                size = self.ssd.size_of(sk)
-                self.ssd.delete(sk)
-            except KeyError:  # gone meanwhile (a failed commit dropped it)
-                pass
-            else:
-                freed += self.ssd.footprint_bytes(size)
-                deleted += 1
+        seen: set = set()  # asked this round: a held record moved to the end is not asked again
+        ask = True  # until the master fails to answer once: then age alone, for the rest of the round
+        for _ in range(_EVICT_SCAN_CHUNKS):
+            if freed >= target:
+                break
             with self._order_lock:
-                self._order.pop(sk, None)
-
-        scanned = min(len(snapshot), _EVICT_SCAN_CHUNKS * EVICT_CANDIDATES)
-        held_later: list = []
-        for c in range(0, scanned, EVICT_CANDIDATES):
-            chunk = snapshot[c:c + EVICT_CANDIDATES]
-            held = self._held_of(chunk)
+                chunk = []
+                for item in self._order.items():
+                    if item[0] in seen:
+                        break  # the records moved to the end this round: every older one was asked
+                    chunk.append(item)
+                    if len(chunk) == EVICT_CANDIDATES:
+                        break
+            if not chunk:
+                break
+            held = self._held_of(chunk) if ask else None
+            if held is None:
+                ask, held = False, set()
             for sk, key in chunk:
                 if freed >= target:
                     break
-                if key in held:
-                    held_later.append(sk)
-                else:
-                    delete(sk)
-                    dropped += 1
-            if freed >= target:
+                seen.add(sk)
+                if key in held:  # a second chance: to the end of the order
+                    with self._order_lock:
+                        if sk in self._order:
+                            self._order.move_to_end(sk)
+                    continue
+                n = self._delete(sk)
+                freed, deleted, dropped = freed + n, deleted + (n > 0), dropped + (n > 0)
+        while freed < target:  # the scanned records were held: by age now (those moved to the end go last)
+            with self._order_lock:
+                sk = next(iter(self._order), None)
+            if sk is None:
                 break
-        for sk in held_later + [sk for sk, _ in snapshot[scanned:]]:
-            if freed >= target:
-                break
-            delete(sk)
-        if deleted:
-            self.counters.ssd_evicted += deleted
-            log.info("node %s: SSD tier full: evicted %d records (%d of them no longer in the pool)",
-                     self.node_id, deleted, dropped)
-            self.ssd.flush()  # the deletes durable: only then is their space reused
-        return deleted > 0
+            n = self._delete(sk)
+            freed, deleted = freed + n, deleted + (n > 0)
+        if not deleted:
+            return None
+        self._commit_evictions(deleted, dropped, "")
+        return freed
+
+    def _clear_slab(self) -> int | None:
+        """Empty the slab holding the fewest bytes (slab layout): the record is no larger than a slab, the tier's
+        free bytes would hold it, but no slab has a hole that large (held records in every slab)."""
+        by_slab: dict[int, list] = {}
+        for sk, (slab, _off, size) in self.ssd.locations().items():
+            by_slab.setdefault(slab, []).append((sk, size))
+        if not by_slab:
+            return None
+        slab = min(by_slab, key=lambda s: sum(self.ssd.footprint_bytes(z) for _, z in by_slab[s]))
+        freed = deleted = 0
+        for sk, _ in by_slab[slab]:
+            n = self._delete(sk)
+            freed, deleted = freed + n, deleted + (n > 0)
+        if not deleted:
+            return None
+        self._commit_evictions(deleted, 0, f" to empty slab {slab}: the free space lay in holes too small")
+        return freed
