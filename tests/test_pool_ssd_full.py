@@ -198,7 +198,7 @@ def _fill_pages(wb, keys) -> None:
 def test_held_records_in_every_slab_still_leave_room_for_a_slab_sized_record(tmp_path):
     """The pool holds one record in every slab: deleting every dropped record never empties a slab, so a record of
     one slab was refused after 8 rounds had evicted most of the tier. Now a round that freed enough but left only
-    holes is followed by emptying the fullest-free slab."""
+    holes is followed by rounds by age alone, held records included."""
     from quillcache.store.ssd import SsdTier
 
     slabs, pages = 32, 16
@@ -250,3 +250,26 @@ def test_a_master_that_cannot_answer_is_asked_once_per_round():
     wb._put_making_room(store_key("new"), "new", bytearray(PAGE - 64))
     assert store_key("new") in ssd and len(calls) == 1
     assert store_key(keys[0]) not in ssd and store_key(keys[-1]) in ssd  # age alone
+
+
+def test_records_persisted_with_the_one_that_needs_room_survive_it(tmp_path):
+    """Third re-review (/tmp/s36/rr3 M1): a fallback that emptied a whole slab deleted the records persisted in the
+    same flush (reported durable) and every held one on a one-slab tier; by age, they go last."""
+    with contextlib.closing(_small_ssd_pool(tmp_path, 4 * MiB, 32 * MiB)) as pool:
+        node = pool.nodes[0]
+        s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+        n = 0
+        while node.ssd.free_bytes >= 128 * 1024:  # one record per flush: the fill itself never evicts
+            s.put(f"k{n:03d}", bytes([n % 251]) * (124 * 1024))
+            n += 1
+            s.flush_persist()
+        for i in range(1, n, 2):
+            s.remove(f"k{i:03d}", force=True)
+        held = [f"k{i:03d}" for i in range(0, n, 2)]
+        s.put("fresh1", b"x" * 4000)
+        s.put("fresh2", b"y" * 4000)
+        s.put("big", b"B" * (600 * 1024))
+        assert not [f["error"] for f in s.flush_persist().values() if "error" in f]
+        assert all(store_key(k) in node.ssd for k in ("big", "fresh1", "fresh2"))
+        assert sum(store_key(k) in node.ssd for k in held) >= len(held) // 2
+        s.close()

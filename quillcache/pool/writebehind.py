@@ -32,11 +32,11 @@ Contract:
   chunks, asking the master which keys it still holds (``held(keys)``: the node's ``exists``, no lease taken; a
   record whose key is not known yet counts as not held): it deletes those the master dropped and gives the held
   ones a second chance (moved to the end of the order, as if persisted now); once the master fails to answer, the
-  rest of the round goes by age alone. Short of its target after that, it deletes by age. When a round freed as
-  much as the record needs and the record still does not fit (slab layout: held records left in every slab, so
-  no hole is large enough), the next round empties the slab holding the fewest bytes instead. A record larger
-  than the tier is refused before anything is deleted. Evicted records are counted (``ssd_evicted``) and never
-  re-announced.
+  rest of the round goes by age alone. Short of its target after that, it deletes by age (the records it did not
+  ask about, then the held ones it moved). When a round freed as much as the record needs and the record still
+  does not fit (slab layout: the room lies in holes between held records), the next rounds go by age alone, held
+  records included: the oldest go first, the records persisted last go last. A record larger than the tier is
+  refused before anything is deleted. Evicted records are counted (``ssd_evicted``) and never re-announced.
 - ``stop()`` ends the worker after what is queued (idempotent); ``flush()`` after it returns at once.
 """
 
@@ -66,7 +66,7 @@ PERSIST_QUEUE_ITEMS = 16 * MAX_PERSIST_ITEMS  # default bound of the items waiti
 SKIP_LOG_BURST = 5  # skipped or refused persists logged one by one per window ...
 SKIP_LOG_WINDOW_S = 10.0  # ... the rest summed up in one line per window of this length
 EVICT_SLACK_FRACTION = 1 / 16  # a round of eviction frees this share of the tier beyond the record: rounds are rare
-EVICT_CANDIDATES = 1024  # the oldest records whose keys one round asks the master about
+EVICT_CANDIDATES = 1024  # records per question to the master (a chunk of the oldest)
 _EVICT_ROUNDS = 8  # rounds tried for one record before it is refused (holes too small for it can need several)
 _EVICT_SCAN_CHUNKS = 16  # chunks of EVICT_CANDIDATES a round asks the master about before it evicts by age
 
@@ -310,11 +310,12 @@ class WriteBehind:
             except StoreFullError:  # a record the tier could never hold is refused before anything is deleted
                 if need > self.ssd.capacity_bytes or attempt == _EVICT_ROUNDS:
                     raise
-                made = self._clear_slab() if fragmented else self._evict(need)
+                made = self._evict(need, second_chance=not fragmented)
                 if made is None:
                     raise
-                # a round freed enough bytes and the record still does not fit: the room is in holes
-                fragmented = made >= need and self.ssd.layout == "slab"
+                # a round freed enough bytes and the record still does not fit: the room is in holes between
+                # held records; the next rounds go by age alone
+                fragmented = made >= need
         if sk not in self.ssd:  # a commit that put_async started failed: its callback dropped the block
             return
         with self._order_lock:  # (never held while the tier's lock is taken: callbacks take this one under it)
@@ -344,21 +345,21 @@ class WriteBehind:
             self._order.pop(sk, None)
         return 0 if size is None else self.ssd.footprint_bytes(size)
 
-    def _commit_evictions(self, deleted: int, dropped: int, why: str) -> None:
+    def _commit_evictions(self, deleted: int, dropped: int) -> None:
         self.counters.ssd_evicted += deleted
-        log.info("node %s: SSD tier full: evicted %d records (%d of them no longer in the pool)%s",
-                 self.node_id, deleted, dropped, why)
+        log.info("node %s: SSD tier full: evicted %d records (%d of them the master said it no longer holds)",
+                 self.node_id, deleted, dropped)
         self.ssd.flush()  # the deletes durable: only then is their space reused
 
-    def _evict(self, need_bytes: int) -> int | None:
+    def _evict(self, need_bytes: int, *, second_chance: bool = True) -> int | None:
         """One round (module docstring): delete records until this round freed ``need_bytes`` plus the slack, then
         commit the deletes; returns the bytes freed, None when there was nothing to delete. Only what the round
-        frees counts (the tier's free bytes may lie in holes too small for the record)."""
+        frees counts (the tier's free bytes may lie in holes too small for the record). Without
+        ``second_chance`` the round goes by age alone."""
         target = need_bytes + int(self.ssd.capacity_bytes * EVICT_SLACK_FRACTION)
         freed = deleted = dropped = 0
         seen: set = set()  # asked this round: a held record moved to the end is not asked again
-        ask = True  # until the master fails to answer once: then age alone, for the rest of the round
-        for _ in range(_EVICT_SCAN_CHUNKS):
+        for _ in range(_EVICT_SCAN_CHUNKS if second_chance else 0):
             if freed >= target:
                 break
             with self._order_lock:
@@ -371,9 +372,9 @@ class WriteBehind:
                         break
             if not chunk:
                 break
-            held = self._held_of(chunk) if ask else None
-            if held is None:
-                ask, held = False, set()
+            held = self._held_of(chunk)
+            if held is None:  # the master did not answer: this chunk and the rest of the round by age
+                break
             for sk, key in chunk:
                 if freed >= target:
                     break
@@ -385,7 +386,7 @@ class WriteBehind:
                     continue
                 n = self._delete(sk)
                 freed, deleted, dropped = freed + n, deleted + (n > 0), dropped + (n > 0)
-        while freed < target:  # the scanned records were held: by age now (those moved to the end go last)
+        while freed < target:  # by age: records not asked about, then the held ones moved to the end
             with self._order_lock:
                 sk = next(iter(self._order), None)
             if sk is None:
@@ -394,23 +395,5 @@ class WriteBehind:
             freed, deleted = freed + n, deleted + (n > 0)
         if not deleted:
             return None
-        self._commit_evictions(deleted, dropped, "")
-        return freed
-
-    def _clear_slab(self) -> int | None:
-        """Empty the slab holding the fewest bytes (slab layout): the record is no larger than a slab, the tier's
-        free bytes would hold it, but no slab has a hole that large (held records in every slab)."""
-        by_slab: dict[int, list] = {}
-        for sk, (slab, _off, size) in self.ssd.locations().items():
-            by_slab.setdefault(slab, []).append((sk, size))
-        if not by_slab:
-            return None
-        slab = min(by_slab, key=lambda s: sum(self.ssd.footprint_bytes(z) for _, z in by_slab[s]))
-        freed = deleted = 0
-        for sk, _ in by_slab[slab]:
-            n = self._delete(sk)
-            freed, deleted = freed + n, deleted + (n > 0)
-        if not deleted:
-            return None
-        self._commit_evictions(deleted, 0, f" to empty slab {slab}: the free space lay in holes too small")
+        self._commit_evictions(deleted, dropped)
         return freed
