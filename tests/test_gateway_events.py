@@ -179,10 +179,15 @@ def test_two_replicas_share_prefix_state_through_events_and_peer_speculation():
                     assert header > 0, f"seed {seed} turn {turn}: the other replica's history was not used"
                 workers.add(r.headers["x-quillcache-worker"])
                 convo += body.choices[0].text
-                for gw in (r1, r2):  # both replicas settle to the same confirmed state
-                    deadline = time.monotonic() + 10
-                    while _residency(gw)["pending"] != 0:
-                        assert time.monotonic() < deadline, f"seed {seed}: speculation never confirmed"
+                for gw in (r1, r2):  # both replicas settle to the engines' state: every prompt AND decode block
+                    deadline = time.monotonic() + 10  # (waiting for no pending speculation alone raced the decode
+                    while True:  # blocks' events: the next turn's header was then a block short of the engine's)
+                        res = _residency(gw)
+                        cached = sum(parse_metrics(_get(e.url + "/metrics"))["quillcache_sim_cached_blocks"]
+                                     for e in (e0, e1))
+                        if res["pending"] == 0 and res["confirmed"] == cached:
+                            break
+                        assert time.monotonic() < deadline, f"seed {seed}: residency {res} never matched {cached}"
                         time.sleep(0.02)
             assert len(workers) == 1, f"seed {seed}: the conversation moved between engines {workers}"
             assert min(_residency(r1)["confirmed"], _residency(r2)["confirmed"]) > 0
