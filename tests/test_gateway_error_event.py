@@ -7,13 +7,13 @@ event was read as the first token: no error counted, a TTFT sample, and the gues
 
 from __future__ import annotations
 
-import http.server
+import contextlib
 import json
-import threading
-import time
 
 import pytest
-from test_gateway_hardening import CLIENTS, KEY, KEYS, _post, _wait_loads_zero
+from polling import wait_until
+from test_gateway_hardening import (CLIENTS, KEYS, FakeEngine, _post, _wait_loads_zero,
+                                    serve_fake_engine)
 
 from quillcache.enginesim.process import parse_metrics
 from quillcache.gateway.proxying import sse_error_event
@@ -44,20 +44,7 @@ def _wire(prompt: str) -> bytes:
     return _token(0) + _token(1) + _token(2) + _event(b"[DONE]")
 
 
-class _Engine(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        body = json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
+class _Engine(FakeEngine):
     def do_POST(self) -> None:
         prompt = json.loads(self.rfile.read(int(self.headers["content-length"])))["prompt"]
         wire = _wire(prompt)
@@ -70,29 +57,20 @@ class _Engine(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def engine():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serve_fake_engine(_Engine) as url:
+        yield url
 
 
-def _residency(m: dict) -> float:
+def _residency(gw) -> float:
+    m = parse_metrics(gw.metrics_text())
     return sum(v for k, v in m.items() if k.startswith("quillcache_gateway_residency_entries{"))
 
 
 def _wait_residency(gw, want: float, timeout_s: float = 10.0) -> float:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = _residency(parse_metrics(gw.metrics_text()))
-        if got == want or time.monotonic() > deadline:
-            return got
-        time.sleep(0.02)
+    """The gateway's residency entries once they equal ``want``, or as they are at the deadline."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: _residency(gw) == want, timeout_s, f"{want} residency entries")
+    return _residency(gw)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -117,7 +95,7 @@ def test_an_error_event_before_any_output_is_an_upstream_error_not_a_first_token
         m = parse_metrics(gw.metrics_text())
         assert sum(v for k, v in m.items() if 'kind="error_event"' in k) == 2
         assert m["quillcache_gateway_time_to_first_token_seconds_count"] == 1
-        assert _residency(m) > 0
+        assert _residency(gw) > 0
 
         # a token whose text holds the word is output, not an error
         st, raw, _ = _post(gw.url + "/v1/completions", json.dumps(

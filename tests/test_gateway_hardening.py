@@ -8,6 +8,7 @@ drawn from a seeded RNG (seed in the assertion messages)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import random
@@ -286,9 +287,8 @@ def _sse_wire(framing: str) -> bytes:
     return wire + (b"\n" if framing == "unterminated" else eol + eol)
 
 
-class _SseUpstream(http.server.BaseHTTPRequestHandler):
-    """A stand-in for an OpenAI-compatible engine whose SSE framing differs from engine-sim's: the completion
-    stream is ``_sse_wire(prompt)``, sent as HTTP chunks cut at points drawn from a seeded RNG."""
+class FakeEngine(http.server.BaseHTTPRequestHandler):
+    """A raw HTTP stand-in engine serving one model, ``fake``, on ``/v1/models``; subclasses answer POSTs."""
 
     protocol_version = "HTTP/1.1"
 
@@ -302,6 +302,26 @@ class _SseUpstream(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def serve_fake_engine(handler: type[FakeEngine]):
+    """``handler`` served on 127.0.0.1 (a free port) until the block ends; yields its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+class _SseUpstream(FakeEngine):
+    """A stand-in for an OpenAI-compatible engine whose SSE framing differs from engine-sim's: the completion
+    stream is ``_sse_wire(prompt)``, sent as HTTP chunks cut at points drawn from a seeded RNG."""
 
     def do_POST(self) -> None:
         prompt = json.loads(self.rfile.read(int(self.headers["content-length"])))["prompt"]
@@ -322,16 +342,8 @@ class _SseUpstream(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def sse_upstream():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SseUpstream)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serve_fake_engine(_SseUpstream) as url:
+        yield url
 
 
 @pytest.mark.parametrize("client", CLIENTS)

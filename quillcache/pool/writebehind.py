@@ -345,12 +345,6 @@ class WriteBehind:
             self._order.pop(sk, None)
         return 0 if size is None else self.ssd.footprint_bytes(size)
 
-    def _commit_evictions(self, deleted: int, dropped: int) -> None:
-        self.counters.ssd_evicted += deleted
-        log.info("node %s: SSD tier full: evicted %d records (%d of them the master said it no longer holds)",
-                 self.node_id, deleted, dropped)
-        self.ssd.flush()  # the deletes durable: only then is their space reused
-
     def _evict(self, need_bytes: int, *, second_chance: bool = True) -> int | None:
         """One round (module docstring): delete records until this round freed ``need_bytes`` plus the slack, then
         commit the deletes; returns the bytes freed, None when there was nothing to delete. Only what the round
@@ -395,5 +389,8 @@ class WriteBehind:
             freed, deleted = freed + n, deleted + (n > 0)
         if not deleted:
             return None
-        self._commit_evictions(deleted, dropped)
+        self.counters.ssd_evicted += deleted
+        log.info("node %s: SSD tier full: evicted %d records (%d of them the master said it no longer holds)",
+                 self.node_id, deleted, dropped)
+        self.ssd.flush()  # the deletes durable: only then is their space reused
         return freed
