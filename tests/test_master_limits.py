@@ -86,6 +86,7 @@ def _oversized_calls(n: int) -> dict[str, tuple[list, dict]]:
         "exists": ([keys], {}), "batch_remove": ([["victim"] + keys[1:]], {"force": True}),
         "batch_put_end": ([keys], {}), "batch_put_revoke": ([keys], {}),
         "batch_put_start": ([[PutRequest(key=k, size_bytes=10) for k in keys]], {}),
+        "batch_put_start_returning": ([[PutRequest(key=k, size_bytes=10) for k in keys]], {}),
         "batch_put_start_compact": ([[[k, 10, 1, None, 0, None] for k in keys]], {}),
         "batch_put_start_columns": ([keys, np.full(n, 10, dtype="<i8").tobytes()], {}),
     }
@@ -140,6 +141,9 @@ def test_master_client_splits_batches_past_the_cap_and_keeps_the_results(monkeyp
                 [None] * len(ok)
             assert c.batch_remove(keys, force=True) == [None] * len(keys)
             assert c.exists(keys) == [False] * len(keys)
+            back = c.batch_put_start_returning([PutRequest(key=k, size_bytes=10) for k in keys + ["new"]])
+            assert [type(r).__name__ for r in back] == ["StaleObjectError"] * len(keys) + ["PutStartResult"]
+            assert c.batch_put_end(["new"], put_ids=[back[-1].put_id]) == [None]
             m.node.service.check_invariants()
         finally:
             c.close()

@@ -21,6 +21,7 @@ from quillcache.master.errors import (
     SegmentExistsError,
     SegmentNotFoundError,
     StaleEpochError,
+    StaleObjectError,
     error_for,
 )
 from quillcache.master.residency import kv_object_key, residency_key
@@ -67,6 +68,7 @@ __all__ = [
     "SegmentNotFoundError",
     "SnapshotError",
     "StaleEpochError",
+    "StaleObjectError",
     "TickReport",
     "error_for",
     "kv_object_key",

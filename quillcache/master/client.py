@@ -298,6 +298,15 @@ class MasterClient:
                 return expand_put_results(out[0], decode_batch(out[1]))
         return self.call("batch_put_start", requests, client_id=client_id)
 
+    def batch_put_start_returning(self, requests: Sequence[PutRequest], *,
+                                  client_id: str | None = None) -> list[PutStartResult | MasterError]:
+        """``MasterService.batch_put_start_returning`` on the master (copies coming back from a node's SSD tier)."""
+        requests = list(requests)
+        if len(requests) > MAX_BATCH_KEYS:
+            return [r for part in _parts(requests)
+                    for r in self.batch_put_start_returning(part, client_id=client_id)]
+        return self.call("batch_put_start_returning", requests, client_id=client_id)
+
     def batch_put_start_columns(self, keys: Sequence[str], sizes: Sequence[int] | np.ndarray, *, replica_num: int = 1,
                                 preferred_segment: int | None = None, pin: PinKind | int = PinKind.NONE,
                                 digests: Sequence[bytes | None] | None = None,

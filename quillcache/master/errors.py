@@ -31,6 +31,7 @@ __all__ = [
     "SegmentExistsError",
     "SegmentNotFoundError",
     "StaleEpochError",
+    "StaleObjectError",
     "error_for",
 ]
 
@@ -50,6 +51,7 @@ class ErrorCode(enum.IntEnum):
     NOT_LEADER = 10
     STALE_EPOCH = 11  # a record or writer of an older epoch than the newest seen
     LOG_FAILED = 12  # the operation log could not be written/synced: the master is read-only
+    STALE_OBJECT = 13  # a copy from outside the pool older than the pool's last word on its key (removed / re-put)
 
 
 class MasterError(Exception):
@@ -131,11 +133,15 @@ class LogFailedError(MasterError):
     code = ErrorCode.LOG_FAILED
 
 
+class StaleObjectError(MasterError):
+    code = ErrorCode.STALE_OBJECT
+
+
 _BY_CODE: dict[ErrorCode, type[MasterError]] = {
     cls.code: cls
     for cls in (ObjectNotFoundError, ObjectExistsError, NoSpaceError, InvalidParamsError, SegmentNotFoundError,
                 SegmentExistsError, NeedRemountError, ObjectNotReadyError, LeaseHeldError, NotLeaderError,
-                StaleEpochError, LogFailedError)
+                StaleEpochError, LogFailedError, StaleObjectError)
 }
 assert set(_BY_CODE) == set(ErrorCode)
 

@@ -83,7 +83,8 @@ EXIT_BAD_FLAG = 2  # a flag value that cannot work: --data-dir unusable as a dir
 EXIT_CANNOT_START = 1  # the data dir is damaged or in use, a port is taken, the timer failed
 MAX_STREAM_SPIN_US = 1_000_000.0  # the longest a plain-TCP connection's thread polls for its next request (1 s)
 
-_KEYS_ARG = {"get_replicas": "keys", "exists": "keys", "batch_put_start": "requests", "batch_put_end": "keys",
+_KEYS_ARG = {"get_replicas": "keys", "exists": "keys", "batch_put_start": "requests",
+             "batch_put_start_returning": "requests", "batch_put_end": "keys",
              "batch_put_revoke": "keys", "batch_remove": "keys", "get_replicas_compact": "keys",
              "batch_put_start_compact": "rows", "batch_put_start_columns": "keys", "get_replicas_columns": "keys"}
 

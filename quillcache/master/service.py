@@ -86,7 +86,7 @@ from quillcache.durability.dirlock import DataDirLock
 from quillcache.master.errors import (
     InvalidParamsError, LeaseHeldError, LogFailedError, MasterError, NeedRemountError, NoSpaceError,
     ObjectExistsError, ObjectNotFoundError, ObjectNotReadyError, RecordEncodeError, SegmentExistsError,
-    SegmentNotFoundError, StaleEpochError,
+    SegmentNotFoundError, StaleEpochError, StaleObjectError,
 )
 from quillcache.master.oplog import MasterRecoveryReport, Op, OpLog, decode_record
 from quillcache.master.replicated import ReplicatedMode
@@ -196,6 +196,7 @@ class MasterService(ReplicatedMode):
         self._state = MasterState(alignment=config.alignment_bytes, max_allocs=config.max_allocs_per_segment,
                                   index=self._projection, lease_ttl_s=config.lease_ttl_s)
         self._state._reclaim_s = float(config.zombie_reclaim_s)
+        self._state.max_forgotten = config.max_forgotten_keys
         self._soft_ttl = float(config.soft_pin_ttl_s)
         self._log: OpLog | None = None
         self._call_recs: list[list] = []  # this call's records, applied, not yet in the log (_commit)
@@ -645,6 +646,29 @@ class MasterService(ReplicatedMode):
             raise InvalidParamsError(f"digests must be None or a sequence of one digest (or None) per key "
                                      f"({len(keys)} keys)")
         return list(keys), list(sizes), digests
+
+    def batch_put_start_returning(self, requests: Sequence[PutRequest], *,
+                                  client_id: str | None = None) -> list[PutStartResult | MasterError]:
+        """``batch_put_start`` of copies coming back from outside the pool (a node's SSD tier re-announcing its
+        records): per request, ``StaleObjectError`` when the pool no longer holds the key and its last word on it
+        says this copy is older (removed since, or its last object had other bytes: ``MasterState.returning_refusal``),
+        else what ``batch_put_start`` answers (a key the pool holds is decided there: existing with the same digest,
+        OBJECT_ALREADY_EXISTS otherwise). Checked and started in one call, under the same lock as every other call,
+        so no remove or put can fall between the check and the start."""
+        self._check_writable()
+        st = self._state
+        refused: dict[int, MasterError] = {}
+        for i, req in enumerate(requests):
+            key = getattr(req, "key", None)
+            if isinstance(req, PutRequest) and isinstance(key, str) and key not in st.objects:
+                why = st.returning_refusal(key, req.digest)
+                if why is not None:
+                    refused[i] = StaleObjectError(f"put of {key!r} from outside the pool refused: {why}")
+        if not refused:
+            return self.batch_put_start(requests, client_id=client_id)
+        rest = [r for i, r in enumerate(requests) if i not in refused]
+        started = iter(self.batch_put_start(rest, client_id=client_id) if rest else ())
+        return [refused[i] if i in refused else next(started) for i in range(len(requests))]
 
     def _put_rows(self, items: Sequence, client_id: str | None, fields: Callable) -> tuple[list, set[int]]:
         """The core of every put_start form: per item (``fields(item)`` = its checked

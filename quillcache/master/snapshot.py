@@ -22,6 +22,7 @@ import fcntl
 import math
 import os
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -69,6 +70,8 @@ def encode_state(state: MasterState) -> bytes:
         "rep_seg": np.ascontiguousarray(rep_seg, dtype="<u4").tobytes(),
         "rep_off": np.ascontiguousarray(rep_off, dtype="<i8").tobytes(),
     }
+    doc["forgotten_keys"] = list(state.forgotten)  # oldest first (MasterState.returning_refusal)
+    doc["forgotten_digests"] = list(state.forgotten.values())
     hashes, idents = residency_keys(keys)  # per object: a restart fills the index without recomputing them
     doc["res_hash"] = np.ascontiguousarray(hashes, dtype="<u8").tobytes()
     doc["res_ident"] = bytes(idents)
@@ -239,6 +242,14 @@ def _fill(state: MasterState, doc: dict) -> LoadedRows:
     state.epoch = doc["epoch"]
     state.lsn = doc["lsn"]
     state.next_put_id = doc["next_put_id"]
+    fk, fd = doc.get("forgotten_keys", []), doc.get("forgotten_digests", [])  # (absent from older snapshots)
+    if not (isinstance(fk, list) and isinstance(fd, list) and len(fk) == len(fd)
+            and all(type(k) is str for k in fk) and all(type(d) is bytes for d in fd)):
+        raise SnapshotError("the forgotten-keys columns are malformed (a list of str keys and one of bytes digests "
+                            "of the same length)")
+    state.forgotten = OrderedDict(zip(fk, fd))
+    while len(state.forgotten) > state.max_forgotten:  # a smaller bound than the snapshot's writer had
+        state.forgotten.popitem(last=False)
     res_hash, res_ident = doc.get("res_hash"), doc.get("res_ident")
     legacy = doc.get("res_version") != RESIDENCY_KEY_VERSION
     if legacy:  # made with another mapping (module docstring of residency.py): never trusted

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
@@ -34,7 +35,7 @@ from quillcache.master.errors import StaleEpochError
 from quillcache.master.oplog import Op
 from quillcache.master.residency import IndexProjection
 from quillcache.master.table import ObjectRecord, ObjectTable
-from quillcache.master.types import ObjectStatus, PinKind, SegmentDescriptor
+from quillcache.master.types import DEFAULT_MAX_FORGOTTEN, ObjectStatus, PinKind, SegmentDescriptor
 from quillcache.types import CacheTier
 
 __all__ = ["MasterState", "ObjectRecord", "SegmentRecord", "pause_gc"]
@@ -144,6 +145,10 @@ class MasterState:
         # the key list of the PUT_START_MANY record being applied, when its writer (the service's batch
         # path) has just checked that every key is new and distinct; set and cleared around that one apply
         self.checked_new_keys: list | None = None
+        # the pool's last word on keys it no longer holds (``returning_refusal``): key -> digest of its last
+        # COMPLETE object, b"" when it was removed (or had no digest); oldest first, at most ``max_forgotten``
+        self.forgotten: OrderedDict[str, bytes] = OrderedDict()
+        self.max_forgotten = DEFAULT_MAX_FORGOTTEN
 
     def use_reference_handlers(self) -> None:
         """Apply PUT_START_MANY / PUT_END_MANY with the plain-Python handlers (the references of the
@@ -326,6 +331,7 @@ class MasterState:
 
     def _remove(self, now: float, key: str) -> None:
         self._drop_object(self.objects.pop(key))
+        self._forget(key, b"")  # removed: no copy of it may come back
 
     def _evict(self, now: float, keys: list) -> None:
         for key in keys:
@@ -384,8 +390,34 @@ class MasterState:
         if obj.status == _COMPLETE:
             segs = self.segments
             self.index.drop(obj.key, [(segs[s].desc.node_id, segs[s].desc.tier) for s, _ in obj.replicas])
+            self._forget(obj.key, obj.digest or b"")
         for seg_id, off in obj.replicas:
             self._release(seg_id, off, obj.alloc_bytes)
+
+    def _forget(self, key: str, digest: bytes) -> None:
+        """Remember that the pool's last COMPLETE object of ``key`` (now dropped) had ``digest`` (b"": removed, or
+        no digest); the oldest such memory goes once there are more than ``max_forgotten``."""
+        f = self.forgotten
+        f.pop(key, None)
+        if self.max_forgotten > 0:
+            f[key] = digest
+            if len(f) > self.max_forgotten:
+                f.popitem(last=False)
+
+    def returning_refusal(self, key: str, digest: bytes | None) -> str | None:
+        """Why a copy of ``key`` with ``digest`` coming back from outside the pool (a node's SSD tier) must not
+        be put back, or None. Refused: a key the pool holds an object of (a put decides that case), a key
+        it removed, and a key whose last object it dropped had another digest (or none): the copy is older
+        than the pool's last word on that key. A key it remembers nothing of (never held, or forgotten
+        past ``max_forgotten``) is let through."""
+        last = self.forgotten.get(key)
+        if last is None:
+            return None
+        if last == b"":
+            return "the pool removed it (or its last object had no digest)"
+        if digest is None or bytes(digest) != last:
+            return "the pool's last object of this key had other bytes"
+        return None
 
     def _release(self, seg_id: int, off: int, alloc: int) -> None:
         seg = self.segments[seg_id]
@@ -410,6 +442,8 @@ class MasterState:
             if not obj.replicas:  # the lost ranges go with their segment (no allocator frees)
                 del self.objects[key]
                 self.pending.discard(key)
+                if obj.status == _COMPLETE:
+                    self._forget(key, obj.digest or b"")
         self.discarded = [d for d in self.discarded if d[1] not in gone]
         for seg_id in gone:
             seg = self.segments.pop(seg_id)

@@ -49,6 +49,7 @@ U32_MAX = (1 << 32) - 1
 # budget; the server's tick, plain-TCP idle timeout, HA lease TTL and warm-up): far above any useful setting,
 # far below where time arithmetic overflows (a wait longer than threading.TIMEOUT_MAX kills the waiting thread).
 MAX_DURATION_S = 86_400.0
+DEFAULT_MAX_FORGOTTEN = 1 << 17  # MasterConfig.max_forgotten_keys
 
 
 class ObjectStatus(enum.IntEnum):
@@ -213,7 +214,10 @@ class MasterConfig:
     True: they wait until the next call that changes state (before its first record), ``publish_index()``
     or ``close``/``snapshot``, whichever comes first; the master server turns it on and calls
     ``publish_index()`` after sending each reply and before serving each call, so the index work overlaps
-    the reply's trip and every RPC sees the index complete."""
+    the reply's trip and every RPC sees the index complete;
+    ``max_forgotten_keys``: how many dropped keys the master remembers the last word on (the digest of the
+    last object, or that it was removed), so that a node's SSD copy older than that word is not put back
+    (``batch_put_start_returning``); about 200 bytes each; 0 remembers none."""
 
     lease_ttl_s: float = 10.0
     client_ttl_s: float = 10.0
@@ -238,6 +242,7 @@ class MasterConfig:
     sync_put_start: bool = False
     defer_index_publish: bool = False
     epoch: int | None = None
+    max_forgotten_keys: int = DEFAULT_MAX_FORGOTTEN
 
     def snapshot_due_changes(self, objects: int) -> int:
         """The log changes after which a snapshot is due, for a table of ``objects`` (class docstring)."""

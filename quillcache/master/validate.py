@@ -54,6 +54,9 @@ def check_config(c: MasterConfig) -> None:
         raise InvalidParamsError(f"MasterConfig.max_object_bytes={c.max_object_bytes!r} must be in [1, 2**32-1]")
     if not _is_int(c.snapshot_every_records) or c.snapshot_every_records < 1:
         raise InvalidParamsError(f"MasterConfig.snapshot_every_records={c.snapshot_every_records!r} must be >= 1")
+    if not _is_int(c.max_forgotten_keys) or not 0 <= c.max_forgotten_keys <= 1 << 30:
+        raise InvalidParamsError(f"MasterConfig.max_forgotten_keys={c.max_forgotten_keys!r} must be an int in "
+                                 f"[0, 2**30]")
     if not _is_int(c.snapshot_inflight_records) or c.snapshot_inflight_records < 0:
         raise InvalidParamsError(f"MasterConfig.snapshot_inflight_records={c.snapshot_inflight_records!r} must be >= 0")
     for name in ("restart_s_per_object", "restart_s_per_change"):

@@ -55,7 +55,7 @@ __all__ = ["BATCH_METHODS", "BatchError", "COLUMNS_METHODS", "COMPACT_BATCH_METH
 WRITE_METHODS = frozenset({
     "mount_segment", "unmount_segment", "put_start", "batch_put_start", "put_end", "batch_put_end", "put_revoke",
     "batch_put_revoke", "remove", "batch_remove", "evict", "tick", "batch_put_start_compact",
-    "batch_put_start_columns",
+    "batch_put_start_columns", "batch_put_start_returning",
 })
 READ_METHODS = frozenset({
     "heartbeat",  # soft state only (no log record): safe to repeat
@@ -64,8 +64,8 @@ READ_METHODS = frozenset({
 })
 SERVICE_METHODS = tuple(sorted(WRITE_METHODS | READ_METHODS))
 NODE_METHODS = ("master_status", "snapshot_bytes")
-BATCH_METHODS = frozenset({"batch_put_start", "batch_put_end", "batch_put_revoke", "batch_remove", "get_replicas",
-                           "exists"})
+BATCH_METHODS = frozenset({"batch_put_start", "batch_put_start_returning", "batch_put_end", "batch_put_revoke",
+                           "batch_remove", "get_replicas", "exists"})
 COMPACT_METHODS = frozenset({"get_replicas_compact", "get_replica_list_compact", "batch_put_start_compact"})
 COMPACT_BATCH_METHODS = frozenset({"get_replicas_compact", "batch_put_start_compact"})  # rows hold per-key errors
 COLUMNS_METHODS = frozenset({"batch_put_start_columns", "get_replicas_columns"})

@@ -35,20 +35,28 @@ What a node does:
 - With an SSD directory, at start, before the DRAM is mapped or a port is bound: the SSD tier is opened (it locks
   its directory, so a second node on it fails here with ``DataDirInUseError`` naming it, then runs its own
   crash recovery). Once mounted, the node re-announces every recovered block: keys the master already has are
-  skipped; the others are ``batch_put_start``-ed with one replica preferring this segment, copied into the DRAM
-  buffer (a local memcpy) and ``batch_put_end``-ed. It stops when the segment has no room for the next block
-  (counted in ``reannounce_unfit``): re-announcing never makes the master evict live objects.
+  skipped; the others are ``batch_put_start_returning``-ed with one replica preferring this segment, copied into
+  the DRAM buffer (a local memcpy) and ``batch_put_end``-ed. The master refuses a block older than its last word
+  on the key (the key was removed since, or its last object had other bytes; ``StaleObjectError``, counted in
+  ``reannounce_stale``), and the node then deletes that record (``ssd_stale_dropped``). It stops when the segment
+  has no room for the next block (counted in ``reannounce_unfit``): re-announcing never makes the master evict
+  live objects.
 - Registers in a ``NodeRegistry`` (etcd, under a lease) when ``etcd`` is given, and publishes its descriptor again
   after every remount, so its ``regions`` name the region served now (retried each heartbeat while refused).
 - ``close()`` unmounts (best effort) and stops everything (idempotent).
 
 What the SSD tier guarantees here (write-behind): a persist acknowledged by ``flush()`` survives a crash of the
 node process and comes back to the pool when the node restarts with the same SSD directory (if the master does
-not already hold the key). Objects not yet flushed may or may not survive. The DRAM content of a killed node is
-gone; the master drops its replicas when the node's client TTL runs out. A key removed from the pool can come
-back from a node's SSD at its next restart, with the bytes last persisted for it there, unless a full tier evicted
-it first: the tier holds at most its capacity, and a persist that finds it full deletes the oldest records, those
-whose keys the master no longer holds first (:mod:`.writebehind`; counted in ``ssd_evicted``).
+not already hold the key, and its last word on the key is not newer). Objects not yet flushed may or may not
+survive. The DRAM content of a killed node is gone; the master drops its replicas when the node's client TTL runs
+out. A block never comes back older than the pool's last word on its key while the master remembers that word
+(``MasterConfig.max_forgotten_keys`` dropped keys, and across its restarts): a key removed since stays removed, a
+key put again with other bytes does not come back with the old ones. A key the master forgot (past that bound)
+comes back with the bytes last persisted for it here, as before. Each persist carries its put's id, and a record
+is never replaced by an earlier put's bytes (a late persist; ``persist_superseded``) while the node knows the
+record's put id (persisted or re-announced since its last mount). The tier holds at most its capacity, and a
+persist that finds it full deletes the oldest records, those whose keys the master no longer holds first
+(:mod:`.writebehind`; counted in ``ssd_evicted``).
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ from dataclasses import dataclass
 from quillcache._checks import check_float
 from quillcache.master.client import MasterClient
 from quillcache.master.errors import (MasterError, NeedRemountError, NoSpaceError, SegmentExistsError,
-                                     SegmentNotFoundError)
+                                     SegmentNotFoundError, StaleObjectError)
 from quillcache.master.types import MAX_DURATION_S, MAX_KEY_CHARS, PutRequest, ReplicaConfig, SegmentDescriptor
 from quillcache.pool.control_auth import check as check_control_auth
 from quillcache.pool.control_auth import control_key
@@ -92,9 +100,9 @@ LIVE_PROBE_TIMEOUT_S = 2.0  # at start: how long the endpoint of a segment under
 MAX_HEARTBEAT_S = MAX_DURATION_S  # a heartbeat must come within the master's client TTL, which is at most this
 REGION_PREFIX = "pool-dram;"
 # A persist request on the wire: a fixed envelope, then per item a 1-byte array head, a str head of up to 5 bytes,
-# the key and two uint64s of 9 bytes each; the largest legitimate call holds MAX_PERSIST_ITEMS items of
-# MAX_KEY_CHARS-byte keys (every ASCII key the master accepts).
-CONTROL_MAX_FRAME_BYTES = 1024 + MAX_PERSIST_ITEMS * (1 + 5 + MAX_KEY_CHARS + 2 * 9)
+# the key and three uint64s of 9 bytes each (offset, size, put id); the largest legitimate call holds
+# MAX_PERSIST_ITEMS items of MAX_KEY_CHARS-byte keys (every ASCII key the master accepts).
+CONTROL_MAX_FRAME_BYTES = 1024 + MAX_PERSIST_ITEMS * (1 + 5 + MAX_KEY_CHARS + 3 * 9)
 _NODE_SEP = ";node="
 
 
@@ -122,8 +130,11 @@ class NodeCounters:
     reannounced: int = 0
     reannounce_skipped: int = 0  # already in the pool, or the record did not verify
     reannounce_unfit: int = 0
+    reannounce_stale: int = 0  # refused by the master: older than its last word on the key (removed or re-put)
     remounts: int = 0
     ssd_evicted: int = 0  # SSD records deleted to make room for newer ones (a full tier; writebehind)
+    ssd_stale_dropped: int = 0  # SSD records deleted because the master refused them as stale
+    persist_superseded: int = 0  # persists of an earlier put than the one the key's SSD record holds (not stored)
 
 
 register_error(PersistRefusedError)  # a client that imports the pool gets these as themselves
@@ -318,6 +329,8 @@ class PoolNode:
                     except MasterError as e:
                         log.info("node %s: stale segment %s: %s", self.node_id, seg.segment_id, e)
             if self._generation:  # a remount: stale descriptors must not reach the buffer through the old region
+                if self.write_behind is not None:  # (a master that lost its state numbers puts from 1 again)
+                    self.write_behind.forget_versions()
                 old = self.region
                 self.region = self.engine.register_region(
                     self._buf, name=region_name(self.control_address, self.node_id, self._generation), writable=True)
@@ -493,11 +506,15 @@ class PoolNode:
         reqs = [PutRequest(key=k, size_bytes=f.nbytes, digest=digest_of(f[f.nbytes - TRAILER_BYTES:]),
                            config=ReplicaConfig(replica_num=1, preferred_segment=seg_id))
                 for k, f in fit]
-        results = self.master.batch_put_start(reqs, client_id=self.node_id)
+        results = self.master.batch_put_start_returning(reqs, client_id=self.node_id)
         ends, ids, revoke, revoke_ids = [], [], [], []
         for (k, f), r in zip(fit, results):
             if isinstance(r, MasterError):
-                if isinstance(r, NoSpaceError):
+                if isinstance(r, StaleObjectError):  # removed or re-put since: never to come back
+                    self.counters.reannounce_stale += 1
+                    if self.write_behind is not None:
+                        self.write_behind.drop_if_stale(store_key(k), f[f.nbytes - TRAILER_BYTES:])
+                elif isinstance(r, NoSpaceError):
                     unfit += 1
                 else:
                     self.counters.reannounce_skipped += 1
@@ -516,7 +533,12 @@ class PoolNode:
             ids.append(r.put_id)
         if revoke:
             self.master.batch_put_revoke(revoke, put_ids=revoke_ids)
-        announced = sum(1 for o in self.master.batch_put_end(ends, put_ids=ids) if o is None) if ends else 0
+        announced = 0
+        for k, pid, o in zip(ends, ids, self.master.batch_put_end(ends, put_ids=ids) if ends else ()):
+            if o is None:
+                announced += 1
+                if self.write_behind is not None:  # the record now holds the pool's object of put ``pid``
+                    self.write_behind.note_version(store_key(k), pid)
         return announced, unfit, full
 
     # ------------------------------------------------------------------ SSD: write-behind
@@ -563,7 +585,8 @@ class PoolNode:
                 "pid": os.getpid(), "persisted": c.persisted, "persist_skipped": c.persist_skipped,
                 "persist_failed": c.persist_failed, "persist_refused": c.persist_refused, "reannounced": c.reannounced,
                 "reannounce_skipped": c.reannounce_skipped, "reannounce_unfit": c.reannounce_unfit,
-                "remounts": c.remounts, "ssd_evicted": c.ssd_evicted}
+                "reannounce_stale": c.reannounce_stale, "remounts": c.remounts, "ssd_evicted": c.ssd_evicted,
+                "ssd_stale_dropped": c.ssd_stale_dropped, "persist_superseded": c.persist_superseded}
 
     def view(self) -> memoryview:
         """The node's DRAM buffer (tests inject corruption through it)."""

@@ -1,11 +1,16 @@
 """``WriteBehind``: a pool node's write-behind of completed objects from its DRAM buffer to its SSD tier.
 
 Contract:
-- ``persist(items)`` with ``items = [(key, offset, size)]`` queues write-behind and returns how many it queued:
-  a worker thread copies each range out of the DRAM buffer ONCE into its SSD record, verifies the frame (trailer
-  + crc32c over key and payload) and ``SsdTier.put_async``s it; a range that does not verify (its object was
-  evicted and the range reused, a bad offset) is skipped and counted, never stored; a key whose SSD record holds
-  other bytes (removed, then re-put with new content) has that record replaced.
+- ``persist(items)`` with ``items = [(key, offset, size, put_id)]`` (``put_id``, the master's id of the put
+  that wrote the object, may be left out) queues write-behind and returns how many it queued: a worker thread
+  copies each range out of the DRAM buffer ONCE into its SSD record, verifies the frame (trailer + crc32c over key
+  and payload) and ``SsdTier.put_async``s it; a range that does not verify (its object was evicted and the range
+  reused, a bad offset) is skipped and counted, never stored; a key whose SSD record holds other bytes (removed,
+  then re-put with new content) has that record replaced, unless the record is known to hold a LATER put's object
+  (the put ids of records persisted or re-announced since the node's last mount are kept): a late persist of an
+  earlier put is skipped (``persist_superseded``; not a failure: that object is no longer the key's).
+- ``drop_if_stale(sk, trailer)``: the worker deletes record ``sk`` if it still ends with ``trailer`` (the
+  master refused it at re-announce as older than its last word on the key), in order with persists.
 - ``flush()`` waits until every queued persist has been handled and makes them durable, or raises
   ``PersistFailedError`` naming how many and why when any persist since the previous flush was not made durable
   (the SSD tier refused it, its group commit failed, or the persist was refused, below).
@@ -76,6 +81,18 @@ def skip_log(node_id: str, what: str = "persist items skipped or refused") -> Bu
     return BurstLog(log, what, window_s=SKIP_LOG_WINDOW_S, burst=SKIP_LOG_BURST, prefix=f"node {node_id}: ")
 
 
+_NO_VERSION = -1  # a persist item without a put id (three fields): replaces any record of its key, as before
+
+
+class _DropIfStale:
+    """A queued ``drop_if_stale``: delete record ``sk`` if it still ends with ``trailer``."""
+
+    __slots__ = ("sk", "trailer")
+
+    def __init__(self, sk, trailer: bytes) -> None:
+        self.sk, self.trailer = sk, trailer
+
+
 class _FlushRequest(threading.Event):
     """A ``flush()`` in the persist queue, set when handled; ``error`` (set before) says what is not durable."""
 
@@ -94,6 +111,9 @@ class WriteBehind:
         self._order_lock = threading.Lock()
         # the tier's records oldest first: store key -> pool key (None until known: recovered at open)
         self._order: OrderedDict = OrderedDict((sk, None) for sk in ssd.keys())
+        # store key -> put id of the object its record holds, where known (persisted or re-announced since the
+        # node's last mount; under _order_lock): a persist of an earlier put never replaces it
+        self._versions: dict = {}
         self.capacity_bytes = len(buf)
         self.queue_items = check_int("persist_queue_items", queue_items, MAX_PERSIST_ITEMS)
         self.queue_bytes = check_int("persist_queue_bytes", self.capacity_bytes if queue_bytes is None
@@ -139,11 +159,11 @@ class WriteBehind:
                                       f"{MAX_PERSIST_ITEMS} items per call; nothing of it was queued")
         good, bad = [], 0
         for it in items:
-            if (isinstance(it, (list, tuple)) and len(it) == 3 and isinstance(it[0], str)
-                    and 0 < len(it[0]) <= MAX_KEY_CHARS and all(isinstance(x, int) and x >= 0 for x in it[1:])
+            if (isinstance(it, (list, tuple)) and len(it) in (3, 4) and isinstance(it[0], str)
+                    and 0 < len(it[0]) <= MAX_KEY_CHARS and all(type(x) is int and x >= 0 for x in it[1:])
                     and TRAILER_BYTES <= it[2] and it[1] + it[2] <= self.capacity_bytes
                     and self._trailer_problem(it[1], it[2]) is None):
-                good.append((it[0], it[1], it[2]))
+                good.append((it[0], it[1], it[2], it[3] if len(it) == 4 else _NO_VERSION))
             else:
                 bad += 1
                 if bad == 1:
@@ -212,6 +232,7 @@ class WriteBehind:
         else:  # the tier dropped the block
             with self._order_lock:
                 self._order.pop(sk, None)
+                self._versions.pop(sk, None)
             self.counters.persist_failed += 1
             self._not_durable(str(err))
 
@@ -234,13 +255,16 @@ class WriteBehind:
                 if isinstance(batch, _FlushRequest):
                     self._flush_now(batch)
                     continue
+                if isinstance(batch, _DropIfStale):
+                    self._drop_if_stale(batch)
+                    continue
                 try:
-                    for key, off, size in batch:
-                        self._persist_one(key, off, size)
+                    for key, off, size, version in batch:
+                        self._persist_one(key, off, size, version)
                 finally:
                     with self._q_lock:
                         self._queued_items -= len(batch)
-                        self._queued_bytes -= sum(size for _, _, size in batch)
+                        self._queued_bytes -= sum(it[2] for it in batch)
             except Exception:
                 log.exception("node %s: persist worker", self.node_id)
             finally:
@@ -259,7 +283,44 @@ class WriteBehind:
                 self._lost_n, self._lost_why = 0, None
             req.set()
 
-    def _persist_one(self, key: str, off: int, size: int) -> None:
+    def note_version(self, sk, put_id: int) -> None:
+        """The record ``sk`` now holds the pool's object of put ``put_id`` (it was re-announced under that put)."""
+        with self._order_lock:
+            if sk in self._order:
+                self._versions[sk] = put_id
+
+    def forget_versions(self) -> None:
+        """Forget every record's put id (the node mounted again: the master's put ids may have started over)."""
+        with self._order_lock:
+            self._versions.clear()
+
+    def drop_if_stale(self, sk, trailer: bytes) -> None:
+        """Queue the deletion of record ``sk`` if it still ends with ``trailer`` (the master refused it as older
+        than the pool's last word on its key): done by the worker, in order with persists, so a newer record of the
+        key persisted meanwhile (another trailer) is kept."""
+        with self._q_lock:
+            if not self._stopped:
+                self._q.put(_DropIfStale(sk, bytes(trailer)))
+
+    def _drop_if_stale(self, item: _DropIfStale) -> None:
+        from quillcache.store.errors import BlockNotFoundError, StoreError
+
+        try:
+            rec = self.ssd.get(item.sk)
+            if bytes(memoryview(rec)[-TRAILER_BYTES:]) != item.trailer:
+                return
+            self.ssd.delete(item.sk)
+        except BlockNotFoundError:
+            return
+        except StoreError as e:
+            log.warning("node %s: stale SSD record %s not deleted: %s", self.node_id, item.sk, e)
+            return
+        with self._order_lock:
+            self._order.pop(item.sk, None)
+            self._versions.pop(item.sk, None)
+        self.counters.ssd_stale_dropped += 1
+
+    def _persist_one(self, key: str, off: int, size: int, version: int = -1) -> None:
         from quillcache.store.errors import StoreError
 
         why = self._trailer_problem(off, size)  # O(trailer): the range is copied only when this reads right
@@ -279,23 +340,33 @@ class WriteBehind:
             return
         sk = store_key(key)
         try:
-            if sk in self.ssd:  # an earlier version (removed, then re-put) is replaced unless the same
+            if sk in self.ssd:  # an earlier version (removed, then re-put) is replaced unless the same ...
+                with self._order_lock:
+                    held = self._versions.get(sk, _NO_VERSION)
+                if version != _NO_VERSION and held > version:  # ... or a later put's (a late persist of an old one)
+                    self.counters.persist_superseded += 1
+                    self._skip_log.note("skipped (superseded)", "persist of %s (put %d) skipped: the SSD record "
+                                        "holds the later put %d", quote(key), version, held)
+                    return
                 if self.ssd.get(sk) == rec:
                     with self._order_lock:
                         self._order[sk] = key
                         self._order.move_to_end(sk)
+                        if version > held:
+                            self._versions[sk] = version
                     return
                 self.ssd.delete(sk)
                 with self._order_lock:
                     self._order.pop(sk, None)
-            self._put_making_room(sk, key, rec)
+                    self._versions.pop(sk, None)
+            self._put_making_room(sk, key, rec, version)
         except StoreError as e:
             self.counters.persist_skipped += 1
             self._not_durable(f"{type(e).__name__}: {e}")
             self._skip_log.note("refused by the SSD tier", "persist of %s refused by the SSD tier: %s",
                                 quote(key), e)
 
-    def _put_making_room(self, sk, key: str, rec: bytearray) -> None:
+    def _put_making_room(self, sk, key: str, rec: bytearray, version: int = _NO_VERSION) -> None:
         """``put_async`` of the record, after rounds of eviction while the tier is full (module docstring)."""
         from quillcache.store.errors import DiskFullError, StoreFullError
 
@@ -321,6 +392,8 @@ class WriteBehind:
         with self._order_lock:  # (never held while the tier's lock is taken: callbacks take this one under it)
             self._order[sk] = key
             self._order.move_to_end(sk)
+            if version != _NO_VERSION:
+                self._versions[sk] = version
 
     def _held_of(self, chunk: list) -> set | None:
         """The keys of ``chunk`` the master still holds; None when it cannot be asked (age alone decides)."""
@@ -343,6 +416,7 @@ class WriteBehind:
             size = None
         with self._order_lock:
             self._order.pop(sk, None)
+            self._versions.pop(sk, None)
         return 0 if size is None else self.ssd.footprint_bytes(size)
 
     def _evict(self, need_bytes: int, *, second_chance: bool = True) -> int | None:
