@@ -22,7 +22,9 @@ between this process's registered buffer and the nodes' DRAM segments over the t
   dead node is still mounted (the master places new replicas on it until then).
   With ``persist=True`` each written replica's node is then told to write the object behind to its SSD tier
   (batched per node, sent by a background thread: never on the put's critical path); a node without an SSD tier
-  refuses once (``NoSsdTierError``) and is sent no more persists (``flush_persist`` names it).
+  refuses once (``NoSsdTierError``) and is sent no more persists (``flush_persist`` names it). ``flush_persist``
+  asks, all at once, only the nodes holding persists that no flush confirmed yet (its docstring says when an
+  address is forgotten); it never reports as durable a persist a node did not confirm.
 - ``get(key)``: a hit in the local cache, else ``get_replicas`` (one RPC; the read lease is taken as
   ending ``lease_ttl_s`` after a clock reading made BEFORE the RPC, i.e. never later than the master's),
   ONE READ straight into this process's registered buffer, frame check (crc32c over key + payload). If
@@ -88,9 +90,11 @@ MiB = 1 << 20
 @dataclass(frozen=True)
 class PutOutcome:
     """One acknowledged put: ``replicas_written`` replicas on ``nodes`` hold its bytes and the object is
-    readable. ``existing``: a put of the same key with the same content is already complete or in flight
-    (nothing was written; an in-flight one becomes readable when its writer ends it, and never if that
-    writer's put fails: then a later put of the key writes it)."""
+    readable. ``existing``: the pool already held this key with the same content, complete (nothing was written).
+    A put that finds one in flight (its put_start logged, not ended: a writer still writing, or one that died or
+    lost the master meanwhile) writes the same bytes into that put's replicas and ends it (whichever writer ends it
+    first, the object is readable when this returns); if that fails it reports failure and does not revoke the
+    other writer's put."""
 
     key: str
     replicas_written: int
@@ -146,8 +150,8 @@ def _check_key(key: object) -> str:
 
 
 def persist_chunks(items: list) -> list[list]:
-    """``items`` (``(key, offset, size)``) cut into the calls a node accepts: at most ``MAX_PERSIST_ITEMS`` items
-    and at most ``MAX_PERSIST_ITEMS * MAX_KEY_CHARS`` key bytes (UTF-8) each, so every call fits the node's
+    """``items`` (``(key, offset, size, put_id)``) cut into the calls a node accepts: at most ``MAX_PERSIST_ITEMS``
+    items and at most ``MAX_PERSIST_ITEMS * MAX_KEY_CHARS`` key bytes (UTF-8) each, so every call fits the node's
     control frame whatever the keys' characters (``quillcache.pool.node.CONTROL_MAX_FRAME_BYTES``)."""
     budget = MAX_PERSIST_ITEMS * MAX_KEY_CHARS
     out: list[list] = []
@@ -213,8 +217,12 @@ class PooledStore:
         self._persist_q: collections.deque = collections.deque()
         self._persist_cv = threading.Condition()
         self._persist_busy = False
+        # control address -> RpcClient, closed once a flush_persist confirms or drops the address (by the persist
+        # thread when it was busy then: _persist_retire)
         self._persist_clients: dict[str, object] = {}
-        self._persist_targets: set[str] = set()
+        self._persist_retire: set[str] = set()
+        # control address -> (persists sent there since its last confirmed flush, its node id, transfer endpoint)
+        self._persist_unconfirmed: dict[str, tuple[int, str | None, str | None]] = {}
         self._persist_lost: dict[str, tuple[int, str]] = {}  # control address -> (persists never sent, first cause)
         self._persist_thread: threading.Thread | None = None
         self._prefetcher: ThreadPoolExecutor | None = None
@@ -410,6 +418,9 @@ class PooledStore:
                            digest=digest_of(t)) for k, v, t in zip(keys, views, trailers)]
         started = self._batch("batch_put_start", reqs)  # short: nothing written; the master
         # reclaims the puts it started at their zombie deadline (their put ids cannot be matched to keys)
+        # "existing" names a COMPLETE object or a PENDING one: the pending ones (whose writer may be gone, e.g. a
+        # master crash between its put_start and put_end) are written here too and ended: same digest, same bytes
+        joined = self._pending_among(keys, started)
         out: list = [None] * len(keys)
         dests: dict[int, _Dest] = {}
         treqs: list = []
@@ -422,7 +433,7 @@ class PooledStore:
                 if isinstance(res, MasterError):
                     out[i] = PutFailedError(f"put({k!r:.120}): the master refused it: {res!r}")
                     continue
-                if res.existing:
+                if res.existing and i not in joined:
                     out[i] = PutOutcome(k, len(res.replicas), True, 0, 0.0, tuple(r.node_id for r in res.replicas))
                     continue
                 size = views[i].nbytes + TRAILER_BYTES
@@ -458,6 +469,9 @@ class PooledStore:
                 revoke.update({i: f"{len(w)} replica(s) written, fewer than min_replicas={need}"
                                for i, w in written.items() if i not in revoke and len(w) < need})
             ends = [i for i in dests if i not in revoke]
+            for i in [i for i in revoke if i in joined]:  # another writer's put: not revoked here
+                out[i] = PutFailedError(f"put({keys[i]!r:.120}): {revoke.pop(i)} (joining put {started[i].put_id} "
+                                        f"of the same bytes, still in flight; not revoked)")
             if revoke:
                 idx = sorted(revoke)
                 rv = self._batch("batch_put_revoke", [keys[i] for i in idx],
@@ -476,9 +490,17 @@ class PooledStore:
                         log.warning("revoking %d put(s) after a bad put_end reply failed: %s", len(ends), e)
                     raise
                 persist: dict[str, list] = {}
+                lost = [i for i, res in zip(ends, done) if isinstance(res, MasterError) and i in joined]
+                won = set()  # joined puts their own writer ended first: complete, with these bytes
+                if lost:
+                    won = {i for i, ok in zip(lost, self._batch("exists", [keys[i] for i in lost])) if ok is True}
                 for i, res in zip(ends, done):
                     reps = written[i]
                     size = views[i].nbytes + TRAILER_BYTES
+                    if i in won:
+                        rs = started[i].replicas
+                        out[i] = PutOutcome(keys[i], len(rs), True, 0, 0.0, tuple(r.node_id for r in rs))
+                        continue
                     if isinstance(res, MasterError):
                         out[i] = PutFailedError(f"put({keys[i]!r:.120}): put_end refused: {res!r}")
                         continue
@@ -487,7 +509,7 @@ class PooledStore:
                         for rep in reps:
                             ctl = self._segments.get(rep.endpoint, (0, None, None, ()))[1]
                             if ctl:
-                                persist.setdefault(ctl, []).append((keys[i], rep.offset_bytes, size))
+                                persist.setdefault(ctl, []).append((keys[i], rep.offset_bytes, size, started[i].put_id))
                     d = dests[i]
                     self.cache.drop(keys[i])  # a new object: any cached copy is of an earlier one (removed, re-put)
                     if d.alloc is not None and self.cache.insert(keys[i], d.alloc, views[i].nbytes):
@@ -504,6 +526,14 @@ class PooledStore:
         return out
 
     # ================================================================ persist (write-behind, off the critical path)
+    def _pending_among(self, keys: list[str], started: list) -> set[int]:
+        """The items whose put_start was answered ``existing`` with an object that is not complete yet (one
+        ``exists`` call for them all; none when no answer was ``existing``)."""
+        ex = [i for i, res in enumerate(started) if not isinstance(res, MasterError) and res.existing]
+        if not ex:
+            return set()
+        return {i for i, ok in zip(ex, self._batch("exists", [keys[i] for i in ex])) if ok is not True}
+
     def _queue_persist(self, by_node: dict[str, list]) -> None:
         with self._persist_cv:
             self._persist_q.append(by_node)
@@ -517,6 +547,11 @@ class PooledStore:
 
         while True:
             with self._persist_cv:
+                for ctl in self._persist_retire:  # dropped by a flush_persist that ran while this thread was busy
+                    c = self._persist_clients.pop(ctl, None)
+                    if c is not None:
+                        c.close()
+                self._persist_retire.clear()
                 while not self._persist_q and not self._closed:
                     self._persist_busy = False
                     self._persist_cv.notify_all()
@@ -531,7 +566,6 @@ class PooledStore:
                     for ctl, items in self._persist_q.popleft().items():
                         merged.setdefault(ctl, []).extend(items)
             for ctl, items in merged.items():
-                self._persist_targets.add(ctl)
                 if ctl in self._no_ssd:
                     self._count(persist_no_ssd=len(items))
                     continue
@@ -557,20 +591,40 @@ class PooledStore:
                     c = self._persist_clients.pop(ctl, None)
                     if c is not None:
                         c.close()
+                if sent:  # accepted by the node: unconfirmed until a flush_persist asks it
+                    with self._seg_lock:
+                        where = next(((got[2], ep) for ep, got in self._segments.items() if got[1] == ctl), None)
+                    with self._persist_cv:
+                        n, node, endpoint = self._persist_unconfirmed.get(ctl, (0, None, None))
+                        self._persist_unconfirmed[ctl] = (n + sent, *(where or (node, endpoint)))
 
     def _control_proof(self, method: str, args: object) -> list | None:
         """A node's proof for a control call (``quillcache.pool.control_auth``); None on the local backend."""
         return None if self._control_key is None else sign_control(self._control_key, method, args)
 
     def flush_persist(self, timeout_s: float = 30.0) -> dict[str, dict]:
-        """Wait until every queued persist was sent, then ask every node this store sent one to make them
-        durable (``flush``); returns each node's info by control address, or ``{"error": why}`` for a node
-        that a persist since the last flush_persist could not be sent to (those blocks were dropped), that
-        failed (its transfers failed earlier: it is not asked), has no SSD tier (it refused a persist with
-        ``NoSsdTierError``; until this report, later persists to it are counted in ``persist_no_ssd``, not sent;
-        after it, the next one is sent again, so a node restarted with an SSD tier gets them), did not answer
-        (tests, shutdown), or whose flush failed (``PersistFailedError``: some persist sent to it is not durable)."""
-        from quillcache.rpc import RpcClient
+        """Wait until every queued persist was sent, then ask each node holding persists of this store that no
+        flush confirmed yet to make them durable (``flush``). The nodes are asked all at once, each until the
+        deadline (``timeout_s`` after the call): one that does not answer costs this flush at most ``timeout_s``
+        and never shortens another's wait. Returns, by control address, a node's info (every persist sent to it
+        before this call is durable) or ``{"error": why}`` (with ``"node_id"`` where known) naming how many persists
+        are not confirmed durable. Reported here:
+
+        - every address sent persists since its last confirmed flush. It stays in every report until a flush
+          confirms it (its info comes back: then it is not asked again until it is sent new persists) or until the
+          master holds no segment of its node at the transfer endpoint the persists went through (the node
+          stopped, was dropped at its client TTL, or restarted on other ports): that flush reports it once more,
+          saying its persists were never confirmed durable, and forgets it. Until then an error keeps it: no
+          answer by the deadline, a failed flush (``PersistFailedError``: some persist sent to it is not durable),
+          or failed transfers (it is not asked until this store reaches the node again);
+        - once, an address that a persist since the previous flush could not be sent to (those blocks were
+          dropped: no flush can make them durable);
+        - once, a node without an SSD tier (it refused a persist with ``NoSsdTierError``; until this report, later
+          persists to it are counted in ``persist_no_ssd``, not sent; after it, the next one is sent again, so a
+          node restarted with an SSD tier gets them).
+
+        An address no longer reported has its persist client closed."""
+        from quillcache.rpc import RpcClient, RpcConnectionError, RpcTimeoutError
 
         deadline = time.monotonic() + timeout_s
         with self._persist_cv:
@@ -580,22 +634,90 @@ class PooledStore:
                     raise TimeoutError(f"persist queue not drained within {timeout_s} s")
                 self._persist_cv.wait(left)
             lost, self._persist_lost = self._persist_lost, {}
-        out: dict[str, dict] = {}
-        for ctl in sorted(set(self._persist_clients) | self._persist_targets):
-            if ctl in lost:
-                out[ctl] = {"error": f"{lost[ctl][0]} persist(s) could not be sent to the node: {lost[ctl][1]}"}
-                continue
-            if ctl in self._no_ssd:  # reported once, then forgotten: a node restarted with --ssd is sent them again
-                out[ctl] = {"error": f"no SSD tier: persists are not sent to it ({self._no_ssd.pop(ctl)})"}
-                continue
-            if ctl in self._ctl_failed:
-                out[ctl] = {"error": "the node's transfers failed; not asked"}
-                continue
+            sent = dict(self._persist_unconfirmed)
+        no_ssd = {ctl: self._no_ssd.pop(ctl) for ctl in list(self._no_ssd)}  # reported once, then sent again
+        with self._seg_lock:  # a node whose transfers failed is asked again once this store reached it since
+            self._ctl_failed -= {got[1] for got in self._segments.values()}
+            skip = self._ctl_failed & set(sent)
+        ask = sorted(set(sent) - skip)
+        answers: dict[str, object] = {}  # control address, or "" for the master's segments -> reply or exception
+        answered = threading.Condition()
+
+        def run(name: str, call: Callable[[], object]) -> None:
             try:
-                with RpcClient(ctl, timeout_s=max(0.1, deadline - time.monotonic())) as c:
-                    out[ctl] = c.call("flush", auth=self._control_proof("flush", []))
+                reply = call()
             except Exception as e:
-                out[ctl] = {"error": f"{type(e).__name__}: {e}"}
+                reply = e
+            with answered:
+                answers[name] = reply
+                answered.notify_all()
+
+        def flush_one(ctl: str) -> object:
+            with RpcClient(ctl, timeout_s=max(0.1, deadline - time.monotonic())) as c:
+                return c.call("flush", auth=self._control_proof("flush", []))
+
+        def gone(ctl: str, segs: object) -> bool:  # the master holds no segment of the node where its persists went
+            _, node, endpoint = sent[ctl]
+            return isinstance(segs, frozenset) and node is not None and (node, endpoint) not in segs
+
+        def silent(ctl: str) -> bool:
+            return (ctl in skip or ctl not in answers
+                    or isinstance(answers[ctl], (RpcTimeoutError, RpcConnectionError)))
+
+        calls = [(ctl, lambda ctl=ctl: flush_one(ctl)) for ctl in ask]
+        if any(node is not None for _, node, _ in sent.values()):
+            calls.append(("", lambda: frozenset((s.node_id, s.endpoint) for s in self.master.segments())))
+        for name, call in calls:
+            threading.Thread(target=run, args=(name, call), name="pool-flush", daemon=True).start()
+        with answered:  # until every node answered or is gone, and the master said which of the silent ones are
+            while deadline > time.monotonic():
+                if not ([c for c in ask if c not in answers and not gone(c, answers.get(""))]
+                        or (len(calls) > len(ask) and "" not in answers and any(map(silent, sent)))):
+                    break
+                answered.wait(deadline - time.monotonic())
+            got = dict(answers)
+        segs = got.get("")
+        out: dict[str, dict] = {}
+        done: dict[str, int] = {}  # control address -> persists confirmed durable or never to be
+        for ctl in sorted(set(sent) | set(lost) | set(no_ssd)):
+            why = []
+            if ctl in lost:
+                why.append(f"{lost[ctl][0]} persist(s) could not be sent to the node: {lost[ctl][1]}")
+            if ctl in no_ssd:
+                why.append(f"no SSD tier: persists are not sent to it ({no_ssd[ctl]})")
+            n, node, endpoint = sent.get(ctl, (0, None, None))
+            reply = got.get(ctl)
+            if n and reply is not None and not isinstance(reply, Exception):
+                done[ctl] = n
+            elif n:
+                if ctl in skip:
+                    why.append("the node's transfers failed; not asked")
+                elif reply is not None:
+                    why.append(f"{type(reply).__name__}: {reply}")
+                elif not gone(ctl, segs):
+                    why.append(f"no answer to flush within {timeout_s} s")
+                if gone(ctl, segs):
+                    done[ctl] = n
+                    why.append(f"node {node!r} is gone from {endpoint} (the master holds no segment of it there): "
+                               f"{n} persist(s) sent to it were never confirmed durable; it is not asked again")
+                else:
+                    why.append(f"{n} persist(s) sent to it are not confirmed durable")
+            out[ctl] = reply if not why else {"error": "; ".join(why), **({"node_id": node} if node else {})}
+        with self._persist_cv:
+            for ctl, n in done.items():
+                cur = self._persist_unconfirmed.pop(ctl, (0, None, None))
+                if cur[0] > n:  # sent while this flush ran: the next one asks
+                    self._persist_unconfirmed[ctl] = (cur[0] - n, *cur[1:])
+            retire = {ctl for ctl in out if ctl not in self._persist_unconfirmed}
+            if self._persist_busy:
+                self._persist_retire |= retire
+            else:
+                for ctl in retire:
+                    c = self._persist_clients.pop(ctl, None)
+                    if c is not None:
+                        c.close()
+        with self._seg_lock:
+            self._ctl_failed -= retire
         return out
 
     # ================================================================ gets
