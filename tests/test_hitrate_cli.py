@@ -406,12 +406,9 @@ def test_anatomy_on_a_trace_without_block_references_says_so(tmp_path: Path) -> 
     trace = write(tmp_path, [line(0, [], isl=0)])
     out = tmp_path / "out"
     p = cli(str(trace), "--anatomy", "quillchain,lru", "--capacities", "1,50%,inf", "--out", str(out))
-    assert p.returncode == 0, p.stderr
-    assert "anatomy: trace.jsonl has no block references: nothing to compare" in p.stdout
-    assert "no finite capacity" not in p.stdout
-    anat = pd.read_csv(out / "anatomy.csv")
-    assert len(anat) == 0 and list(anat.columns) == ["capacity_blocks", "a", "b", "uses", "previous_use",
-                                                     "references", "a_hits", "b_hits", "a_only", "b_only", "net"]
+    assert p.returncode == 2, p.stderr  # refused as replay refuses it (CLI review /tmp/s37/cli L2)
+    assert "no block reference to replay" in p.stderr and "nothing was written" in p.stderr
+    assert not out.exists() or not any(out.iterdir())
     p = cli(str(write(tmp_path, good_lines(), "g.jsonl")), "--anatomy", "quillchain,lru", "--capacities", "inf",
             "--out", str(out))
     assert p.returncode == 0 and "anatomy: no finite capacity among 'inf': nothing to compare" in p.stdout

@@ -287,9 +287,9 @@ def test_cli_refuses_a_trace_that_is_not_prefix_chained_naming_the_block(tmp_pat
     assert main(["hitrate", str(trace), "--policies", "lengthaware", "--capacities", "3", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1  # ONE line, before any replay
-    assert err[0].startswith(f"quillcache hitrate: error: {trace}: hash ids are not prefix-chained: block id 6 "
-                             f"(request 2, position 2) follows id 4, but at its first reference (request 1, "
-                             f"position 2) it follows id 5; Belady is then no upper bound")
+    assert err[0].startswith(f"quillcache hitrate: error: {trace}:3: hash ids are not prefix-chained: block id 6 "
+                             f"at hash_ids[2] follows id 4, but at its first reference (line 2, hash_ids[2]) it "
+                             f"follows id 5; Belady is then no upper bound")  # file and lines (CLI review s37 L1)
     assert "--allow-unchained" in err[0]
     assert not out.exists() or not any(out.iterdir())  # nothing written
 

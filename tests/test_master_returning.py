@@ -172,3 +172,34 @@ def test_returning_agrees_with_a_model_of_the_last_word(ops):
                 m.put_end(key)
                 held[key] = digest
         assert sorted(k for k in "abc" if m.exists([k])[0]) == sorted(held)
+
+
+def test_the_master_command_sets_the_bound():
+    import argparse
+
+    from quillcache.cli import master as cli_master
+    from quillcache.master.server import _config
+
+    parser = argparse.ArgumentParser()
+    cli_master.configure(parser)
+    assert _config(parser.parse_args(["--data-dir", "d", "--max-forgotten-keys", "7"])).max_forgotten_keys == 7
+    assert _config(parser.parse_args(["--data-dir", "d"])).max_forgotten_keys == MasterConfig().max_forgotten_keys
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--data-dir", "d", "--max-forgotten-keys", "-1"])
+
+
+def test_memory_is_bounded_in_bytes_too(monkeypatch):
+    """Long keys: the map (and every snapshot, which an HA standby fetches in one call) stays under
+    FORGOTTEN_MAX_BYTES whatever the count bound (re-review /tmp/s37/rr R5)."""
+    from quillcache.master import state as statemod
+
+    monkeypatch.setattr(statemod, "FORGOTTEN_MAX_BYTES", 3 * 1000)
+    m = make(Clock())
+    keys = [f"{i}" + "x" * 999 for i in range(5)]
+    for k in keys:
+        put(m, k, A)
+        m.remove(k)
+    st = m._state
+    assert list(st.forgotten) == keys[-2:] and st.forgotten_bytes == 2 * 1000  # 1000 chars + an empty digest
+    assert not isinstance(returning(m, keys[0], A), Exception)  # forgotten: let through
+    assert isinstance(returning(m, keys[-1], A), StaleObjectError)

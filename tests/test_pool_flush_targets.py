@@ -116,3 +116,63 @@ def test_a_node_gone_from_the_master_is_reported_once_then_forgotten(pool):
         assert s.flush_persist(timeout_s=10) == {}
     finally:
         s.close()
+
+
+def test_concurrent_flushes_never_drop_persists_sent_between_them(pool):
+    """Re-review /tmp/s37/rr R3: two flushes that snapshotted the same persists each settled their snapshot; a
+    node confirmed by the first and sent new persists before the second ended was then dropped from tracking by
+    the second, and no later flush asked it. Flushes now run one at a time."""
+    x, c = pool.nodes
+    entered, release = threading.Event(), threading.Event()
+    x_flush = x.flush
+
+    def hangs():  # x stalls until released
+        entered.set()
+        release.wait(30)
+        return x_flush()
+
+    x.flush = hangs
+    s = pool.store(replicas=2, persist=True, local_cache_bytes=0)
+    try:
+        s.put("a", b"x" * 4096)
+        wait_until(lambda: s.stats().persist_sent == 2, 10, "batch a's persists sent")
+        results = {}
+        t1 = threading.Thread(target=lambda: results.setdefault("t1", s.flush_persist(timeout_s=1.0)))
+        t1.start()
+        assert entered.wait(10)
+        t2 = threading.Thread(target=lambda: results.setdefault("t2", s.flush_persist(timeout_s=20)))
+        t2.start()
+        t1.join(10)
+        assert "error" not in results["t1"][c.control_address], results
+        s.put("b", b"y" * 4096)  # sent to both while the second flush still waits on x (x, stalled, drops it)
+        wait_until(lambda: s.stats().persist_sent + s.stats().persist_errors == 4, 15, "batch b's persists handled")
+        release.set()
+        t2.join(30)
+        out = s.flush_persist(timeout_s=10)
+        assert c.control_address in out and "error" not in out[c.control_address], out  # before: c not asked
+    finally:
+        release.set()
+        s.close()
+
+
+def test_a_flush_answered_by_a_restarted_process_confirms_nothing(pool):
+    """Re-review /tmp/s37/rr R2: a node killed before its group commit and restarted on the same ports answered the
+    flush for its own empty queue, and the store reported every persist sent to the dead process durable."""
+    s = pool.store(replicas=2, persist=True, local_cache_bytes=0)
+    try:
+        s.put("a", b"x" * 4096)
+        wait_until(lambda: s.stats().persist_sent == 2, 10, "the persists sent")
+        node, other = pool.nodes
+        node.boot_id = "another-process"  # what a process restarted at this address answers with
+        out = s.flush_persist(timeout_s=10)
+        err = out[node.control_address]["error"]  # before: the node's info, i.e. "durable"
+        assert "the node restarted since they were sent: 1 persist(s)" in err and "never confirmed durable" in err
+        assert "error" not in out[other.control_address], out
+        assert s.flush_persist(timeout_s=10) == {}  # reported once, then forgotten
+        s.put("b", b"y" * 4096)  # the next persist there learns the new process
+        wait_until(lambda: s.stats().persist_sent == 4, 10, "the second persists sent")
+        out = s.flush_persist(timeout_s=10)
+        assert sorted(out) == _ctls(pool) and not [i for i in out.values() if "error" in i], out
+        assert out[node.control_address]["boot_id"] == "another-process"
+    finally:
+        s.close()

@@ -125,3 +125,17 @@ def test_persist_items_are_checked_whole():
     # a fifth field, a negative or bool put id: malformed, skipped (counted), nothing queued
     assert w.persist([("k", 0, 64, 1, 2), ("k", 0, 64, -1), ("k", 0, 64, True)]) == 0
     assert c.persist_skipped == 3
+
+
+def test_a_stale_drop_never_deletes_a_record_persisted_since_the_mount(pool):
+    """Re-review /tmp/s37/rr R4: a key put again with the SAME bytes and persisted between the master's refusal of
+    the old record and the queued delete: the delete compared trailers only and took the new record with it."""
+    node = pool.nodes[0]
+    s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
+    s.put("k", b"A" * 4096)
+    assert all("error" not in r for r in s.flush_persist().values())
+    s.close()
+    rec = node.ssd.get(store_key("k"))
+    node.write_behind.drop_if_stale(store_key("k"), bytes(memoryview(rec)[-TRAILER_BYTES:]))  # same trailer
+    node.write_behind.flush()
+    assert store_key("k") in node.ssd and node.counters.ssd_stale_dropped == 0

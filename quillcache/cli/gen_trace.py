@@ -13,7 +13,9 @@ nothing under ``SYSTEM_DIRS`` is ever replaced; a symlink is followed: its targe
 link kept. Bad parameters or an unwritable path: a one-line message on stderr and exit status 2, no
 traceback; a refused value is named by the flag typed (``FLAGS``: every option's config field). Every
 line is checked with the loader's own line check before the file is written, so gen-trace never
-writes a trace (nor an empty one) that ``replay``/``hitrate`` would refuse: such knobs are refused.
+writes a trace (nor an empty one) that the loader ``replay``/``hitrate`` read it with would refuse: such
+knobs are refused. The replay's engine rules are not checked here: a prompt or output larger than an
+engine's GPU KV (``--max-input-tokens``, ``--block-tokens``) is refused or skipped by ``replay`` itself.
 A trace is built in memory whole: ``--sessions``/``--requests`` stop at ``MAX_TRACE_REQUESTS``, ``--tenants``
 at ``MAX_TENANTS``, and the generation stops (exit 2, one line naming the flags) once the trace would take
 more than ``argtypes.MEMORY_SHARE`` of the memory available; a ``MemoryError`` all the same is one line too.

@@ -9,15 +9,17 @@ of any size; the table heads say both, and ``hitrate.csv`` has a ``capacity_shar
 Belady (with bypass) bounds every policy's prefix hits only when the trace's hash ids are
 prefix-chained: every block id follows the same parent (the id before it in its request, or none)
 wherever it is referenced, so no id occurs twice in a request (``TraceArrays.prefix_chained``). A
-trace that is not is refused like bad input, the one line naming the first block reference that
-breaks the chain, unless ``--allow-unchained`` is given: then Belady runs as a heuristic (so
+trace that is not is refused like bad input, the one line (``FILE:LINE: ...``, the words ``replay``
+refuses it with: ``quillcache.hitrate.arrays.unchained_message``) naming the first block reference that
+breaks the chain by its line, unless ``--allow-unchained`` is given: then Belady runs as a heuristic (so
 labelled in the table, the ``label`` column of ``hitrate.csv`` and the notes of ``summary.csv``,
 whose rows all get ``prefix_chained = false``), and ``gap_closed`` is NA (empty in the CSV) in every
 row, bounds' included.
 
-Bad input (a missing or malformed trace, unsorted timestamps, an unknown policy, a capacity that
-is not a positive integer up to ``MAX_CAPACITY_BLOCKS``, a share in (0, 100%] or ``inf``, an empty
-``--out``) prints ONE line ``quillcache hitrate: error: ...`` on stderr and exits with status 2;
+Bad input (a missing or malformed trace, unsorted timestamps, a trace with no block reference (no
+hit rate: 0 / 0; ``replay`` refuses such a trace too), an unknown policy, a capacity that is not a positive
+integer up to ``MAX_CAPACITY_BLOCKS``, a share in (0, 100%] or ``inf``, an empty ``--out``) prints ONE line
+``quillcache hitrate: error: ...`` on stderr and exits with status 2;
 nothing is written. ``--out`` is checked to be writable before any work.
 Results go under ``--out`` (default ``results/hitrate_cli/<trace stem>/``): ``hitrate.csv`` (one
 row per policy and capacity: hit rate, hit blocks, gap closed, replay speed, ``policy_class``:
@@ -437,7 +439,7 @@ def _is_na(x) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
-    from quillcache.cli.replay import _check_out, out_text_problem
+    from quillcache.cli.replay import _check_out, out_text_problem, request_lines
     from quillcache.cli.signals import describe, exit_status
     from quillcache.traces.loader import TraceError, load_trace_report
 
@@ -477,13 +479,20 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{trace}: lines use different block sizes {sorted(sizes)}; one trace needs one block size")
     block_tokens = sizes.pop()
     from quillcache.hitrate import HITRATE_KERNELS
-    from quillcache.hitrate.arrays import arrays_from_requests
+    from quillcache.hitrate.arrays import arrays_from_requests, unchained_message
     from quillcache.hitrate.sweep import sweep
 
     arrs = arrays_from_requests(requests, block_tokens=block_tokens)
+    if not arrs.num_refs:  # a hit rate of 0 / 0: refused, as replay refuses a trace it replays nothing of
+        return _fail(f"{trace}: no block reference to replay (none of its {arrs.num_requests:,} request(s) has hash "
+                     f"ids); nothing was written")
     chained = bool(arrs.prefix_chained)
+    unchained = ""  # FILE:LINE: the first break, named by its lines
+    if not chained:
+        brk = arrs.chain_break
+        unchained = unchained_message(trace, brk, request_lines(trace, report, max(brk.request, brk.first_request)))
     if not chained and not args.allow_unchained:
-        return _fail(f"{trace}: hash ids are not prefix-chained: {arrs.chain_break}; Belady is then no upper bound "
+        return _fail(f"{unchained}; Belady is then no upper bound "
                      f"(it assumes a block's parent is referenced before it in every request, so it can keep a block "
                      f"whose prefix it dropped and other policies can beat it), nor is the gap closed meaningful; "
                      f"--allow-unchained runs it anyway, Belady as a heuristic and no gap closed")
@@ -521,7 +530,7 @@ def run(args: argparse.Namespace) -> int:
         return status
     if not chained:  # stderr, --quiet or not: Belady is no bound in these files
         print(f"quillcache hitrate: --allow-unchained: belady is a heuristic and gap_closed is NA in every row; "
-              f"hash ids are not prefix-chained: {arrs.chain_break}", file=sys.stderr)
+              f"{unchained}", file=sys.stderr)
     if report.skipped:  # stderr, --quiet or not: a result set missing part of its trace says so
         print(f"quillcache hitrate: {report.num_skipped:,} malformed trace line(s) skipped (--on-error skip; "
               f"the lines_skipped row of summary.csv)", file=sys.stderr)
@@ -532,9 +541,6 @@ def run(args: argparse.Namespace) -> int:
                      shares, chained)
         if anat is not None and len(anat):
             _print_anatomy(anat, pair, shares)
-        elif anat is not None and not arrs.num_refs:
-            print(f"anatomy: {trace.name} has no block references: nothing to compare (anatomy.csv holds only "
-                  f"its header row)", flush=True)
         elif anat is not None:
             print(f"anatomy: no finite capacity among {args.capacities!r}: nothing to compare (anatomy.csv holds "
                   f"only its header row)", flush=True)

@@ -1,9 +1,17 @@
 """``quillcache replay TRACE``: the command-line front of :func:`quillcache.harness.replay`.
 
+Longer than 600 lines because one command's whole contract lives here: its flags and their checks, the trace's
+refusals named by file and line, the ``--cluster`` pool's lifetime, signals, and the result set's writing; each
+part is small and they share the parsed arguments.
+
 Bad input (a missing or malformed trace, non-monotonic timestamps, an unknown policy, router,
 model or GPU, a capacity <= 0, a DRAM capacity above ``MAX_DRAM_BLOCKS`` blocks, any other count
 or size above ``MAX_COUNT``, an empty ``--out``) prints ONE line ``quillcache replay: error: ...`` on stderr and
-exits with status 2; nothing is written. ``--out`` is checked to be writable before any work.
+exits with status 2; nothing is written. ``--out`` is checked to be writable before any work, the trace
+before the replay starts (``check_replayable``; a ``--cluster`` pool is not started for it): hash ids that
+are not prefix-chained (the rule and words ``hitrate`` refuses by) and a request no engine could serve (its
+prompt's or its output's KV larger than an engine's GPU, or its decode past ``MAX_SIMULATED_S``) are named
+``FILE:LINE: ...``, the line the request came from.
 Results go under ``--out`` (default ``results/replay/<trace stem>/``): ``requests.csv`` (one row
 per request), ``replay.csv`` (the summary, one wide row), ``summary.csv`` + ``meta.json`` (the
 project's results schema: ``quillcache.results.read_summary`` reads it) and ``.parquet`` twins
@@ -438,6 +446,42 @@ def _clock_problem(requests: list, time_scale: float) -> str | None:
             f"--time-scale")
 
 
+def request_lines(trace: Path, report, upto: int) -> list[int]:
+    """The 1-based file line of each of the first ``upto + 1`` requests ``load_trace_report`` returned
+    with ``report``: the file's lines in order, less the blank ones and those it skipped. Re-reads the
+    file (only to name a line in a message about a request); shorter when the file changed meanwhile."""
+    import contextlib
+
+    from quillcache.traces.loader import trace_lines
+
+    skipped = {s.line for s in report.skipped}
+    found: list[int] = []
+    with contextlib.closing(trace_lines(trace)) as lines:
+        for lineno, raw in lines:
+            if raw.strip() and lineno not in skipped:
+                found.append(lineno)
+                if len(found) > upto:
+                    break
+    return found
+
+
+def trace_problem(trace: Path, report, exc: ValueError) -> str:
+    """``exc`` said about the trace: a request no engine could serve or a break in the prefix chain as
+    ``FILE:LINE: what`` (the line a request came from, not its index), anything else as it is."""
+    from quillcache.harness.replay import UNCHAINED_WHY, RequestTooLargeError, UnchainedTraceError
+    from quillcache.hitrate.arrays import unchained_message
+
+    if isinstance(exc, UnchainedTraceError):
+        brk = exc.chain_break
+        lines = request_lines(trace, report, max(brk.request, brk.first_request))
+        return f"{unchained_message(trace, brk, lines)}; {UNCHAINED_WHY}"
+    if isinstance(exc, RequestTooLargeError) and exc.request is not None:
+        lines = request_lines(trace, report, exc.request)
+        if exc.request < len(lines):
+            return _flagged(f"{trace}:{lines[exc.request]}: {exc.reason}")
+    return _flagged(str(exc))
+
+
 def run(args: argparse.Namespace) -> int:
     from quillcache._checks import check_int
     from quillcache.cli.signals import describe, exit_status
@@ -518,6 +562,14 @@ def run(args: argparse.Namespace) -> int:
     problem = _clock_problem(requests, args.time_scale)
     if problem:
         return _fail(problem)
+    from quillcache.harness.replay import RequestTooLargeError, UnchainedTraceError, check_replayable
+
+    try:  # before any work (a --cluster pool is not started for a trace the replay refuses)
+        check_replayable(requests, cfg)
+    except (RequestTooLargeError, UnchainedTraceError) as exc:
+        return _fail(trace_problem(trace, report, exc))
+    except (ValueError, TypeError) as exc:
+        return _fail(_flagged(str(exc)))
     note = report.summary() if report.skipped else ""
     show = not args.quiet and sys.stdout.isatty()
     if not args.quiet:
@@ -541,7 +593,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"quillcache replay: {describe(exc)}; no results were written under {out}", file=sys.stderr)
         return exit_status(exc)
     except (ValueError, TypeError) as exc:  # e.g. a model whose weights do not fit the GPU, a request too large
-        return _fail(_flagged(str(exc)))
+        return _fail(trace_problem(trace, report, exc))
     except ClusterError as exc:  # a node or the master did not start
         return _fail(f"--cluster {args.cluster}: the pool did not start: {str(exc).splitlines()[0]}")
     skips = _skips(result, report.num_skipped)

@@ -6,9 +6,10 @@ offload) mutate one shared simulation state; splitting them across modules would
 Per request, in simulated time (seconds; a trace's milliseconds divided by ``time_scale``):
 
 1. **arrival**: the request's identity scope (``IdentityRegistry.scope``; a trace line without a
-   tenant or model gets the config's), its full blocks' hashes (the trace's ``hash_ids``, which are
-   prefix-chained ids), ``Planner.plan`` (real index lookups of only its blocks, the real identity
-   guard, the real router over live ``LoadTracker`` counters, fetch-vs-recompute actions);
+   tenant or model gets the config's), its full blocks' hashes (the trace's ``hash_ids``, which must be
+   prefix-chained ids: a trace whose ids are not is refused, ``UnchainedTraceError``), ``Planner.plan``
+   (real index lookups of only its blocks, the real identity guard, the real router over live
+   ``LoadTracker`` counters, fetch-vs-recompute actions);
 2. **fetches** at routing time (the transfers overlap the wait for the engine, as a Mooncake
    conductor schedules them): each reused block is read through the real ``StoreDataPlane`` of
    the node that holds it - a local or peer DRAM read, an SSD read (promoted to DRAM by the data
@@ -63,12 +64,14 @@ from __future__ import annotations
 
 import functools
 import heapq
+import logging
 import math
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -102,11 +105,15 @@ from quillcache.store.tier_codec import FP16, TierCodec
 from quillcache.traces.loader import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from quillcache.types import CacheTier, Identity, KvLayout
 
-__all__ = ["ReplayResult", "replay"]
+if TYPE_CHECKING:
+    from quillcache.hitrate.arrays import ChainBreak
+
+__all__ = ["ReplayResult", "check_replayable", "replay"]
 
 GPU, DRAM, SSD = CacheTier.GPU, CacheTier.DRAM, CacheTier.SSD
 _PREFILL_DONE, _DECODE_DONE = 0, 1
 Progress = Callable[[int, int], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -129,13 +136,8 @@ class ReplayResult:
     _tmp: tempfile.TemporaryDirectory | None = None
 
     def close(self) -> None:
-        for dp in self.planes.values():
-            dp.close()
-        if self.index is not None:
-            self.index.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        tmp, self._tmp = self._tmp, None
+        _close_all(self.planes.values(), self.index, tmp)
 
     def __enter__(self) -> "ReplayResult":
         return self
@@ -175,7 +177,61 @@ MAX_SIMULATED_S = float(2**32)
 
 
 class RequestTooLargeError(ValueError):
-    """A request whose KV cannot fit an engine's GPU: no schedule could serve it."""
+    """A request that no schedule could serve (its KV cannot fit an engine's GPU, or its decode alone
+    outlasts simulated time): ``request`` is its 0-based index in the trace and ``reason`` what is
+    wrong with it (both None / the whole message when no request fits)."""
+
+    def __init__(self, request: int | None, arrival_ms: int | None, reason: str) -> None:
+        self.request, self.reason = request, reason
+        super().__init__(reason if request is None else f"request {request} (arrival {arrival_ms} ms) {reason}")
+
+
+class UnchainedTraceError(ValueError):
+    """The trace's hash ids are not prefix-chained (``quillcache.hitrate.arrays.find_chain_break``):
+    the replay uses each id as one block's identity, so a block cached after one prefix would be
+    reused after another, a hit no engine could have. ``chain_break`` is the first break."""
+
+    def __init__(self, chain_break: ChainBreak) -> None:
+        self.chain_break = chain_break
+        super().__init__(f"hash ids are not prefix-chained: {chain_break}; {UNCHAINED_WHY}")
+
+
+# why replay refuses such a trace (the second half of its one-line refusal, after the break's place)
+UNCHAINED_WHY = ("the replay uses each id as one block's identity, so a block cached after one prefix would be "
+                 "reused after another, a hit no engine could have")
+
+
+def check_replayable(requests: Sequence[TraceRequest], config: ReplayConfig | None = None) -> None:
+    """Refuse, as ``replay`` would and before it builds anything, a trace it cannot replay: unsorted or
+    empty (``TypeError``/``ValueError``), a span past ``MAX_SIMULATED_S`` (``ValueError``), ids that are
+    not prefix-chained (``UnchainedTraceError``), mixed block sizes, and with ``on_oversize="stop"`` a
+    request no engine could serve (``RequestTooLargeError``). Costs O(N) in the block references."""
+    cfg = config if config is not None else ReplayConfig()
+    if not isinstance(cfg, ReplayConfig):
+        raise TypeError(f"config must be a ReplayConfig, got {type(cfg).__name__}")
+    reqs = _checked(requests, cfg)
+    bs = _block_tokens(reqs)
+    em = _engine(cfg, bs)[3]
+    _fitting(reqs, cfg, bs, em, cfg.gpu_capacity_blocks or em.gpu_capacity_blocks)
+
+
+def _checked(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> list[TraceRequest]:
+    """The first ``cfg.limit`` requests, sorted, within simulated time and prefix-chained."""
+    reqs = _check_requests(requests)
+    if cfg.limit is not None:
+        reqs = reqs[: cfg.limit]
+    span_ms = reqs[-1].timestamp_ms - reqs[0].timestamp_ms
+    span_s = span_ms / (1000.0 * cfg.time_scale)
+    if span_s > MAX_SIMULATED_S:
+        raise ValueError(f"time_scale={cfg.time_scale:g} stretches the trace's {span_ms} ms "
+                         f"to {span_s:.3g} s of simulated time, past {MAX_SIMULATED_S:.3g} s where a float no longer "
+                         f"resolves a microsecond (a TTFT would lose its prefill); raise time_scale")
+    from quillcache.hitrate.arrays import find_chain_break  # the rule hitrate refuses by (imported on use)
+
+    brk = find_chain_break([r.hash_ids for r in reqs])
+    if brk is not None:
+        raise UnchainedTraceError(brk)
+    return reqs
 
 
 class ReplayResourceError(ValueError):
@@ -261,6 +317,72 @@ def _dram_store(cap_blocks: int, block_bytes: int, account: bool) -> LocalKvStor
                         pretouch=not account, account_only=account)
 
 
+def _engine(cfg: ReplayConfig, bs: int) -> tuple[CostModel, TierCodec | None, KvLayout, EngineModel]:
+    """The cost model, the host tiers' codec (None for fp16), the KV layout and the engine model of a run
+    with ``bs``-token blocks."""
+    layout = KvLayout(dtype=cfg.kv_dtype, block_size_tokens=bs, tp_size=cfg.tp_size)
+    cm = CostModel(model=MODELS[cfg.model], gpu=GPUS[cfg.gpu], prefill_mfu=cfg.prefill_mfu)
+    mp = MODELS[cfg.model]
+    tc = None if cfg.kv_codec == FP16 else TierCodec(
+        cfg.kv_codec, tokens=bs, layers=mp.num_layers, kv_heads=max(1, -(-mp.num_kv_heads // cfg.tp_size)),
+        head_dim=mp.head_dim)
+    em = EngineModel(cost_model=cm, layout=layout, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                     decode_mbu=cfg.decode_mbu, tier_block_bytes=tc.block_bytes if tc else 0,
+                     dequant_hbm_share=cfg.dequant_hbm_share)
+    return cm, tc, layout, em
+
+
+def _too_large(r: TraceRequest, cfg: ReplayConfig, bs: int, em: EngineModel, cap: int, t0_ms: int) -> str | None:
+    """Why an engine cannot serve ``r`` at all, or None. The bounds are the replay's own limits:
+
+    - the prompt's KV is held on the engine's GPU for its prefill: ``ceil(input / bs) <= cap`` blocks;
+    - the output's KV: the replay's GPU tier holds prompt blocks only (a decode's own KV is not placed
+      in it, and ``EngineModel.decode_s`` charges it as bandwidth), so the capacity bounds the output's
+      KV on its own, ``ceil(output / bs) <= cap``, not prompt and output together (a capacity exactly
+      the prompt's blocks stays a valid setup);
+    - it must finish within microsecond-exact simulated time: its arrival plus its decode alone (with
+      an empty batch, the least ``EngineModel.decode_s`` gives; the prefill and any queueing only add)
+      must not pass ``MAX_SIMULATED_S``."""
+    need = -(-r.input_tokens // bs)
+    if need > cap:
+        return (f"needs {need:,} KV blocks of {bs} tokens for its {r.input_tokens:,}-token prompt, but an engine's "
+                f"GPU holds {cap:,} ({cfg.model} on {cfg.gpu})")
+    out = -(-r.output_tokens // bs)
+    if out > cap:
+        return (f"needs {out:,} KV blocks of {bs} tokens for its {r.output_tokens:,}-token output, but an engine's "
+                f"GPU holds {cap:,} ({cfg.model} on {cfg.gpu})")
+    finish_s = (r.timestamp_ms - t0_ms) / (1000.0 * cfg.time_scale) + em.decode_s(r.output_tokens, r.input_tokens)
+    if finish_s > MAX_SIMULATED_S:
+        return (f"decodes its {r.output_tokens:,}-token output until at least {finish_s:.3g} s of simulated time, "
+                f"past {MAX_SIMULATED_S:.3g} s where times lose microsecond precision")
+    return None
+
+
+def _fitting(requests: list[TraceRequest], cfg: ReplayConfig, bs: int, em: EngineModel,
+             cap: int) -> tuple[list[int], list[TraceRequest], int]:
+    """The requests an engine can serve at all (``_too_large``), with their indices in ``requests`` (a
+    row's ``request_id`` names its trace request even after skips), and how many were skipped
+    (``cfg.on_oversize``: stop naming the first that cannot be served, or skip and count them)."""
+    ids: list[int] = []
+    out: list[TraceRequest] = []
+    skipped = 0
+    t0_ms = requests[0].timestamp_ms
+    for i, r in enumerate(requests):
+        why = _too_large(r, cfg, bs, em, cap, t0_ms)
+        if why is None:
+            ids.append(i)
+            out.append(r)
+            continue
+        if cfg.on_oversize == "stop":
+            raise RequestTooLargeError(i, r.timestamp_ms, f"{why}; skip such requests with on_oversize='skip' "
+                                                         f"(--on-error skip)")
+        skipped += 1
+    if not out:
+        raise RequestTooLargeError(None, None, f"none of the {len(requests)} requests fits an engine's GPU KV "
+                                               f"capacity ({cap:,} blocks of {bs} tokens) and simulated time")
+    return ids, out, skipped
+
+
 class _Replay:
     """One run's state (see the module docstring for the event model)."""
 
@@ -274,19 +396,12 @@ class _Replay:
                 raise ValueError(f"request {wide} of the trace has kv_dtype={d!r} ({DTYPE_BYTES[d]} byte(s) per "
                                  f"element): kv_codec={cfg.kv_codec!r} quantizes 16-bit KV only")
         self.bs = bs = _block_tokens(requests)
-        self.layout = KvLayout(dtype=cfg.kv_dtype, block_size_tokens=bs, tp_size=cfg.tp_size)
-        cm = CostModel(model=MODELS[cfg.model], gpu=GPUS[cfg.gpu], prefill_mfu=cfg.prefill_mfu)
-        mp = MODELS[cfg.model]
-        self.tc = None if cfg.kv_codec == FP16 else TierCodec(
-            cfg.kv_codec, tokens=bs, layers=mp.num_layers, kv_heads=max(1, -(-mp.num_kv_heads // cfg.tp_size)),
-            head_dim=mp.head_dim)
-        self.em = EngineModel(cost_model=cm, layout=self.layout, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                              decode_mbu=cfg.decode_mbu, tier_block_bytes=self.tc.block_bytes if self.tc else 0,
-                              dequant_hbm_share=cfg.dequant_hbm_share)
+        cm, self.tc, self.layout, self.em = _engine(cfg, bs)
         self.gpu_cap = cfg.gpu_capacity_blocks or self.em.gpu_capacity_blocks
         # the trace's clock: time 0 is its first arrival, whether or not that request is skipped
         self.t0_ms = requests[0].timestamp_ms
-        self.rids, requests = self._fitting(requests)  # rids[k]: requests[k]'s index in the trace
+        # rids[k]: requests[k]'s index in the trace
+        self.rids, requests, self.skipped_oversize = _fitting(requests, cfg, bs, self.em, self.gpu_cap)
         self.requests = requests
         bb = self.em.block_bytes
         self.tb = tb = self.tc.block_bytes if self.tc else bb  # bytes of a block in DRAM / SSD
@@ -344,32 +459,6 @@ class _Replay:
         if bind is not None:
             bind(cm, self.tb)
         self._pool_ops: list[tuple[str, PoolBlock]] = []  # this event's seam points, in order
-
-    def _fitting(self, requests: list[TraceRequest]) -> tuple[list[int], list[TraceRequest]]:
-        """The requests an engine can serve at all, with their indices in ``requests`` (a row's
-        ``request_id`` names its trace request even after skips): the prompt's KV within its GPU
-        capacity (``cfg.on_oversize``: stop naming the first that does not fit, or skip and count them)."""
-        bs, cap = self.bs, self.gpu_cap
-        ids: list[int] = []
-        out: list[TraceRequest] = []
-        self.skipped_oversize = 0
-        for i, r in enumerate(requests):
-            need = -(-r.input_tokens // bs)  # the prompt's KV must be resident for its prefill
-            if need <= cap:
-                ids.append(i)
-                out.append(r)
-                continue
-            if self.cfg.on_oversize == "stop":
-                raise RequestTooLargeError(
-                    f"request {i} (arrival {r.timestamp_ms} ms) needs {need:,} KV blocks of {bs} tokens for its "
-                    f"{r.input_tokens:,}-token prompt, but an engine's GPU holds "
-                    f"{cap:,} ({self.cfg.model} on {self.cfg.gpu}); skip such requests with on_oversize='skip' "
-                    f"(--on-error skip)")
-            self.skipped_oversize += 1
-        if not out:
-            raise RequestTooLargeError(f"none of the {len(requests)} requests fits an engine's GPU KV capacity "
-                                       f"({cap:,} blocks of {bs} tokens)")
-        return ids, out
 
     # ---- plumbing ----------------------------------------------------------------------------
     def _clock(self) -> float:
@@ -591,6 +680,9 @@ class _Replay:
             t_arr = (reqs[i].timestamp_ms - t0_ms) / scale if i < n else math.inf
             if heap and heap[0][0] <= t_arr:
                 t, _, kind, fl = heapq.heappop(heap)
+                if t > MAX_SIMULATED_S:  # _too_large bounds each request alone; queueing could still add up
+                    raise ValueError(f"request {fl.row.request_id}'s events reach {t:.3g} s of simulated time, past "
+                                     f"{MAX_SIMULATED_S:.3g} s where times lose microsecond precision")
                 self.now = t
                 if kind == _PREFILL_DONE:
                     dec = self.prefill_done(fl, t)
@@ -617,11 +709,25 @@ class _Replay:
                 "ssd_to_dram": sum(s.bytes_ssd_to_dram for s in st), "evicted": sum(s.bytes_evicted for s in st)}
 
     def close(self) -> None:
-        for dp in self.dps:
-            dp.close()
-        self.index.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        _close_all(self.dps, self.index, self._tmp)
+
+
+def _close_all(planes, index: IndexBackend | None, tmp: tempfile.TemporaryDirectory | None) -> None:
+    """Close every data plane, then the index, then remove the temporary folder, each one tried even
+    when an earlier one raised (a failed index refuses the planes' flush); the first error is raised
+    once all were tried."""
+    first: BaseException | None = None
+    steps = [dp.close for dp in planes] + [index.close if index is not None else None,
+                                           tmp.cleanup if tmp is not None else None]
+    for step in steps:
+        if step is None:
+            continue
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, once everything was closed
+            first = exc if first is None else first
+    if first is not None:
+        raise first
 
 
 def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None, *,
@@ -635,16 +741,9 @@ def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None,
     cfg = config if config is not None else ReplayConfig()
     if not isinstance(cfg, ReplayConfig):
         raise TypeError(f"config must be a ReplayConfig, got {type(cfg).__name__}")
-    reqs = _check_requests(requests)
     if pool is not None and not isinstance(pool, BytePool):
         raise TypeError(f"pool must be a BytePool (offload, drop, fetch, report, close), got {type(pool).__name__}")
-    if cfg.limit is not None:
-        reqs = reqs[: cfg.limit]
-    span_s = (reqs[-1].timestamp_ms - reqs[0].timestamp_ms) / (1000.0 * cfg.time_scale)
-    if span_s > MAX_SIMULATED_S:
-        raise ValueError(f"time_scale={cfg.time_scale:g} stretches the trace's {reqs[-1].timestamp_ms - reqs[0].timestamp_ms} ms "
-                         f"to {span_s:.3g} s of simulated time, past {MAX_SIMULATED_S:.3g} s where a float no longer "
-                         f"resolves a microsecond (a TTFT would lose its prefill); raise time_scale")
+    reqs = _checked(requests, cfg)
     t0 = time.perf_counter()
     sim = _Replay(reqs, cfg, pool)
     try:
@@ -657,8 +756,14 @@ def replay(requests: Sequence[TraceRequest], config: ReplayConfig | None = None,
                  "tier_block_bytes": sim.tb, "dram_capacity_bytes": sim.dram_budget,
                  "ssd_capacity_bytes": sim.ssd_budget}
         summary = summarize(rows, setup=setup, bytes_moved=sim.bytes_moved(), slo_ttft_s=cfg.ttft_slo_s, wall_s=wall)
-    except BaseException:
-        sim.close()
+    except BaseException as exc:
+        try:
+            sim.close()
+        except Exception as close_exc:  # noqa: BLE001 - the first error (Ctrl-C, a stop signal) is what happened
+            # e.g. an interrupt inside the index's batch fails the index, whose flush then refuses the planes'
+            # close: said in one line, never raised in place of what is propagating
+            log.warning("closing the replay after %s also failed: %s", type(exc).__name__,
+                        " ".join(str(close_exc).split()))
         raise
     result = ReplayResult(cfg, summary, rows, sim.em, sim.account, sim.verify_failures, sim.skipped_empty,
                           sim.skipped_oversize, sim.dequantized, sim.pool.report())

@@ -200,7 +200,9 @@ class HitRateResult:
 
     @property
     def hit_rate(self) -> float:
-        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+        """Hit blocks over block references; NaN (not 0.0) for a trace with no block reference, where
+        there is no rate (``quillcache hitrate`` refuses such a trace)."""
+        return self.hit_blocks / self.total_blocks if self.total_blocks else math.nan
 
     @property
     def refs_per_s(self) -> float:

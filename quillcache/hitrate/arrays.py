@@ -48,7 +48,9 @@ __all__ = [
     "arrays_from_requests",
     "clamp_capacity",
     "compute_next_use",
+    "find_chain_break",
     "load_arrays",
+    "unchained_message",
     "validate_arrays",
 ]
 
@@ -68,13 +70,35 @@ class ChainBreak:
     in_one_request: bool  # the id occurs earlier in this same request
 
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, lines: Sequence[int] | None = None) -> str:
+        """The break in words; ``lines``: the 1-based file line of each request (``lines[r]``), to name
+        the lines instead of the 0-based request indices (a request beyond ``lines`` keeps its index)."""
         def after(parent: int | None) -> str:
             return "starts its request" if parent is None else f"follows id {parent}"
 
-        twice = f"; it occurs twice in request {self.request}" if self.in_one_request else ""
-        return (f"block id {self.block_id} (request {self.request}, position {self.position}) {after(self.parent)}, "
-                f"but at its first reference (request {self.first_request}, position {self.first_position}) it "
+        if lines is None:
+            twice = f"; it occurs twice in request {self.request}" if self.in_one_request else ""
+            return (f"block id {self.block_id} (request {self.request}, position {self.position}) "
+                    f"{after(self.parent)}, but at its first reference (request {self.first_request}, position "
+                    f"{self.first_position}) it {after(self.first_parent)}{twice}")
+
+        def line(r: int) -> str:
+            return f"line {lines[r]}" if 0 <= r < len(lines) else f"request {r}"
+
+        twice = f"; it occurs twice on {line(self.request)}" if self.in_one_request else ""
+        return (f"block id {self.block_id} at hash_ids[{self.position}] {after(self.parent)}, but at its first "
+                f"reference ({line(self.first_request)}, hash_ids[{self.first_position}]) it "
                 f"{after(self.first_parent)}{twice}")
+
+
+def unchained_message(trace: object, brk: ChainBreak, lines: Sequence[int] | None = None) -> str:
+    """The one-line refusal of a trace that is not prefix-chained, ``FILE:LINE: ...`` (``lines`` as in
+    ``ChainBreak.describe``; without them ``FILE: ...``): the same words in every command that refuses
+    one (``hitrate``, ``replay``), each adding why it refuses."""
+    where = f"{trace}:{lines[brk.request]}" if lines is not None and 0 <= brk.request < len(lines) else f"{trace}"
+    return f"{where}: hash ids are not prefix-chained: {brk.describe(lines)}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,6 +244,19 @@ def arrays_from_lists(hash_lists: Sequence[Sequence[int]], *, timestamps_ms: Seq
         getattr(arrs, f).setflags(write=False)
     validate_arrays(arrs)
     return arrs
+
+
+def find_chain_break(hash_lists: Sequence[Sequence[int]]) -> ChainBreak | None:
+    """The first reference that breaks the prefix chain of per-request hash-id lists (the rule of
+    ``TraceArrays.prefix_chained``; ids as ``arrays_from_lists`` takes them), or None when they are
+    prefix-chained; O(N) after the ids' densification, without building the arrays."""
+    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    offsets = np.zeros(len(hash_lists) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    raw = _flat_ids(hash_lists, int(offsets[-1]))
+    blocks, _ = _densify(raw)
+    broken = _first_chain_break(offsets, blocks)
+    return None if broken < 0 else _chain_break(offsets, blocks, raw, broken)
 
 
 def arrays_from_requests(requests: Sequence[TraceRequest], block_tokens: int = 512) -> TraceArrays:

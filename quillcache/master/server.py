@@ -208,7 +208,7 @@ class MasterEndpoint:
 
 def _config(args) -> MasterConfig:
     kw = {}
-    for name in ("snapshot_every_records", "lease_ttl_s", "client_ttl_s", "snapshot_writer"):
+    for name in ("snapshot_every_records", "lease_ttl_s", "client_ttl_s", "snapshot_writer", "max_forgotten_keys"):
         if getattr(args, name, None) is not None:  # (0 is a value, refused by MasterService, not the default)
             kw[name] = getattr(args, name)
     if getattr(args, "restart_budget_s", None) is not None:

@@ -38,7 +38,9 @@ from quillcache.master.table import ObjectRecord, ObjectTable
 from quillcache.master.types import DEFAULT_MAX_FORGOTTEN, ObjectStatus, PinKind, SegmentDescriptor
 from quillcache.types import CacheTier
 
-__all__ = ["MasterState", "ObjectRecord", "SegmentRecord", "pause_gc"]
+__all__ = ["FORGOTTEN_MAX_BYTES", "MasterState", "ObjectRecord", "SegmentRecord", "pause_gc"]
+
+FORGOTTEN_MAX_BYTES = 32 << 20  # the forgotten keys' and digests' lengths together (a snapshot carries them)
 
 _PENDING = int(ObjectStatus.PENDING)
 _COMPLETE = int(ObjectStatus.COMPLETE)
@@ -149,6 +151,7 @@ class MasterState:
         # COMPLETE object, b"" when it was removed (or had no digest); oldest first, at most ``max_forgotten``
         self.forgotten: OrderedDict[str, bytes] = OrderedDict()
         self.max_forgotten = DEFAULT_MAX_FORGOTTEN
+        self.forgotten_bytes = 0  # the keys' and digests' lengths, at most FORGOTTEN_MAX_BYTES (snapshots carry them)
 
     def use_reference_handlers(self) -> None:
         """Apply PUT_START_MANY / PUT_END_MANY with the plain-Python handlers (the references of the
@@ -396,13 +399,24 @@ class MasterState:
 
     def _forget(self, key: str, digest: bytes) -> None:
         """Remember that the pool's last COMPLETE object of ``key`` (now dropped) had ``digest`` (b"": removed, or
-        no digest); the oldest such memory goes once there are more than ``max_forgotten``."""
+        no digest); the oldest such memories go once there are more than ``max_forgotten``, or more than
+        ``FORGOTTEN_MAX_BYTES`` of keys and digests (long keys: the snapshot, which an HA standby fetches in one
+        call, stays bounded)."""
         f = self.forgotten
-        f.pop(key, None)
+        old = f.pop(key, None)
+        if old is not None:
+            self.forgotten_bytes -= len(key) + len(old)
         if self.max_forgotten > 0:
             f[key] = digest
-            if len(f) > self.max_forgotten:
-                f.popitem(last=False)
+            self.forgotten_bytes += len(key) + len(digest)
+            self.trim_forgotten()
+
+    def trim_forgotten(self) -> None:
+        """Forget the oldest memories past ``max_forgotten`` entries or ``FORGOTTEN_MAX_BYTES`` of keys and digests."""
+        f = self.forgotten
+        while f and (len(f) > self.max_forgotten or self.forgotten_bytes > FORGOTTEN_MAX_BYTES):
+            k, d = f.popitem(last=False)
+            self.forgotten_bytes -= len(k) + len(d)
 
     def returning_refusal(self, key: str, digest: bytes | None) -> str | None:
         """Why a copy of ``key`` with ``digest`` coming back from outside the pool (a node's SSD tier) must not

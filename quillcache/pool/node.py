@@ -24,8 +24,9 @@ What a node does:
   refused with ValueError before anything starts). On NEED_REMOUNT (the master expired this node, or lost it)
   it mounts again and re-announces its SSD blocks (below); the master then holds nothing in this node's DRAM,
   so the whole segment starts free. While the master is unreachable it retries and keeps serving transfers.
-- Control RPC (``quillcache.rpc``): ``info()`` -> dict (node id, segment id, capacity/used bytes, SSD block
-  count, transfer and control addresses, pid, counters); ``persist(items)`` (``[(key, offset, size)]``) and
+- Control RPC (``quillcache.rpc``): ``info()`` -> dict (node id, ``boot_id``: random per process, segment id,
+  capacity/used bytes, SSD block count, transfer and control addresses, pid, counters); ``persist(items)``
+  (``[(key, offset, size, put_id)]``) and
   ``flush()``: the write-behind of completed objects to the SSD tier, :mod:`.writebehind` (verified copies,
   bounded per call and in its queue, durable at ``flush()`` or reported as not). The RPC layer has no
   handshake, so ``persist`` and ``flush`` carry a proof on the pool secret (:mod:`.control_auth`; refused with
@@ -176,6 +177,7 @@ class PoolNode:
             raise ValueError(f"dram_bytes must be an int >= {PAGE_BYTES}, got {dram_bytes!r}")
         check_float("heartbeat_s", heartbeat_s, 0.0, MAX_HEARTBEAT_S, lo_open=True)  # (a longer wait kills its thread)
         self.node_id = node_id or f"node-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.boot_id = secrets.token_hex(8)  # this process: a store tells a restarted node from the one it persisted to
         self.heartbeat_s = float(heartbeat_s)
         self.capacity_bytes = dram_bytes // ALIGN_BYTES * ALIGN_BYTES
         self.counters = NodeCounters()
@@ -579,7 +581,8 @@ class PoolNode:
         except Exception:
             pass
         c = self.counters
-        return {"node_id": self.node_id, "segment_id": self.segment_id, "capacity_bytes": self.capacity_bytes,
+        return {"node_id": self.node_id, "boot_id": self.boot_id, "segment_id": self.segment_id,
+                "capacity_bytes": self.capacity_bytes,
                 "used_bytes": used, "ssd_blocks": len(self.ssd) if self.ssd is not None else 0,
                 "transfer_address": self.transfer_address, "control_address": self.control_address,
                 "pid": os.getpid(), "persisted": c.persisted, "persist_skipped": c.persist_skipped,

@@ -91,10 +91,10 @@ MiB = 1 << 20
 class PutOutcome:
     """One acknowledged put: ``replicas_written`` replicas on ``nodes`` hold its bytes and the object is
     readable. ``existing``: the pool already held this key with the same content, complete (nothing was written).
-    A put that finds one in flight (its put_start logged, not ended: a writer still writing, or one that died or
-    lost the master meanwhile) writes the same bytes into that put's replicas and ends it (whichever writer ends it
-    first, the object is readable when this returns); if that fails it reports failure and does not revoke the
-    other writer's put."""
+    A put that finds the same content's put in flight (started, not ended: a writer still writing, or one that died
+    or lost the master meanwhile) waits up to the store's ``timeout_s`` for it to end: ended, it is ``existing``;
+    not ended, the put fails (``PutFailedError``, nothing written): acknowledging it would report an object that may
+    never be readable. A later put pre-empts such a put once it is ``zombie_preempt_s`` old (MasterConfig)."""
 
     key: str
     replicas_written: int
@@ -223,6 +223,8 @@ class PooledStore:
         self._persist_retire: set[str] = set()
         # control address -> (persists sent there since its last confirmed flush, its node id, transfer endpoint)
         self._persist_unconfirmed: dict[str, tuple[int, str | None, str | None]] = {}
+        self._flush_lock = threading.Lock()  # one flush_persist at a time (each settles what it snapshotted)
+        self._persist_boot: dict[str, str | None] = {}  # control address -> boot id of the process persisted to
         self._persist_lost: dict[str, tuple[int, str]] = {}  # control address -> (persists never sent, first cause)
         self._persist_thread: threading.Thread | None = None
         self._prefetcher: ThreadPoolExecutor | None = None
@@ -418,9 +420,9 @@ class PooledStore:
                            digest=digest_of(t)) for k, v, t in zip(keys, views, trailers)]
         started = self._batch("batch_put_start", reqs)  # short: nothing written; the master
         # reclaims the puts it started at their zombie deadline (their put ids cannot be matched to keys)
-        # "existing" names a COMPLETE object or a PENDING one: the pending ones (whose writer may be gone, e.g. a
-        # master crash between its put_start and put_end) are written here too and ended: same digest, same bytes
-        joined = self._pending_among(keys, started)
+        # "existing" names a COMPLETE object or a PENDING one, whose writer may be gone (a master crash between its
+        # put_start and put_end): acknowledged only once complete (waited for, up to timeout_s), else failed
+        unended = self._unended_among(keys, started)
         out: list = [None] * len(keys)
         dests: dict[int, _Dest] = {}
         treqs: list = []
@@ -433,7 +435,13 @@ class PooledStore:
                 if isinstance(res, MasterError):
                     out[i] = PutFailedError(f"put({k!r:.120}): the master refused it: {res!r}")
                     continue
-                if res.existing and i not in joined:
+                if res.existing and i in unended:
+                    out[i] = PutFailedError(
+                        f"put({k!r:.120}): a put of the same bytes (put {res.put_id}) is in flight and did not end "
+                        f"within {self.timeout_s} s; nothing was written (its writer may be gone: the master lets a "
+                        f"new put pre-empt it zombie_preempt_s after it started)")
+                    continue
+                if res.existing:
                     out[i] = PutOutcome(k, len(res.replicas), True, 0, 0.0, tuple(r.node_id for r in res.replicas))
                     continue
                 size = views[i].nbytes + TRAILER_BYTES
@@ -469,9 +477,6 @@ class PooledStore:
                 revoke.update({i: f"{len(w)} replica(s) written, fewer than min_replicas={need}"
                                for i, w in written.items() if i not in revoke and len(w) < need})
             ends = [i for i in dests if i not in revoke]
-            for i in [i for i in revoke if i in joined]:  # another writer's put: not revoked here
-                out[i] = PutFailedError(f"put({keys[i]!r:.120}): {revoke.pop(i)} (joining put {started[i].put_id} "
-                                        f"of the same bytes, still in flight; not revoked)")
             if revoke:
                 idx = sorted(revoke)
                 rv = self._batch("batch_put_revoke", [keys[i] for i in idx],
@@ -490,17 +495,9 @@ class PooledStore:
                         log.warning("revoking %d put(s) after a bad put_end reply failed: %s", len(ends), e)
                     raise
                 persist: dict[str, list] = {}
-                lost = [i for i, res in zip(ends, done) if isinstance(res, MasterError) and i in joined]
-                won = set()  # joined puts their own writer ended first: complete, with these bytes
-                if lost:
-                    won = {i for i, ok in zip(lost, self._batch("exists", [keys[i] for i in lost])) if ok is True}
                 for i, res in zip(ends, done):
                     reps = written[i]
                     size = views[i].nbytes + TRAILER_BYTES
-                    if i in won:
-                        rs = started[i].replicas
-                        out[i] = PutOutcome(keys[i], len(rs), True, 0, 0.0, tuple(r.node_id for r in rs))
-                        continue
                     if isinstance(res, MasterError):
                         out[i] = PutFailedError(f"put({keys[i]!r:.120}): put_end refused: {res!r}")
                         continue
@@ -526,13 +523,23 @@ class PooledStore:
         return out
 
     # ================================================================ persist (write-behind, off the critical path)
-    def _pending_among(self, keys: list[str], started: list) -> set[int]:
-        """The items whose put_start was answered ``existing`` with an object that is not complete yet (one
-        ``exists`` call for them all; none when no answer was ``existing``)."""
-        ex = [i for i, res in enumerate(started) if not isinstance(res, MasterError) and res.existing]
-        if not ex:
-            return set()
-        return {i for i, ok in zip(ex, self._batch("exists", [keys[i] for i in ex])) if ok is not True}
+    def _unended_among(self, keys: list[str], started: list) -> set[int]:
+        """The items whose put_start was answered ``existing`` with an object that is still not complete after
+        waiting up to ``timeout_s`` (``exists`` polled with backoff; at once when none was ``existing``). Such a
+        put is never written into by a second writer: a first writer that revokes frees its ranges at once, and
+        a second writer's late WRITE would land on whatever the master placed there next."""
+        wait = [i for i, res in enumerate(started) if not isinstance(res, MasterError) and res.existing]
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.002
+        while wait:
+            done = self._batch("exists", [keys[i] for i in wait])
+            wait = [i for i, ok in zip(wait, done) if ok is not True]
+            left = deadline - time.monotonic()
+            if not wait or left <= 0:
+                break
+            time.sleep(min(delay, left))  # a writer still writing ends within its transfer time
+            delay = min(0.2, delay * 2)
+        return set(wait)
 
     def _queue_persist(self, by_node: dict[str, list]) -> None:
         with self._persist_cv:
@@ -574,6 +581,10 @@ class PooledStore:
                     c = self._persist_clients.get(ctl)
                     if c is None:
                         c = self._persist_clients[ctl] = RpcClient(ctl, timeout_s=2.0)
+                    if ctl not in self._persist_boot:  # which process the persists go to: a flush answered by
+                        boot = c.call("info").get("boot_id")  # another one (restarted there) confirms none of them
+                        with self._persist_cv:
+                            self._persist_boot[ctl] = boot
                     for chunk in persist_chunks(items):  # a node refuses a longer call whole
                         c.call("persist", chunk, auth=self._control_proof("persist", chunk))
                         sent += len(chunk)
@@ -611,7 +622,9 @@ class PooledStore:
         are not confirmed durable. Reported here:
 
         - every address sent persists since its last confirmed flush. It stays in every report until a flush
-          confirms it (its info comes back: then it is not asked again until it is sent new persists) or until the
+          confirms it (its info comes back from the process the persists went to: then it is not asked again until
+          it is sent new persists; an answer from another process, the node restarted on the same ports, reports
+          them never confirmed durable and forgets them, as the node's ``boot_id`` tells) or until the
           master holds no segment of its node at the transfer endpoint the persists went through (the node
           stopped, was dropped at its client TTL, or restarted on other ports): that flush reports it once more,
           saying its persists were never confirmed durable, and forgets it. Until then an error keeps it: no
@@ -623,10 +636,19 @@ class PooledStore:
           persists to it are counted in ``persist_no_ssd``, not sent; after it, the next one is sent again, so a
           node restarted with an SSD tier gets them).
 
-        An address no longer reported has its persist client closed."""
+        An address no longer reported has its persist client closed. Concurrent calls run one after the other
+        (a call waiting longer than its ``timeout_s`` for another raises ``TimeoutError``)."""
+        deadline = time.monotonic() + timeout_s
+        if not self._flush_lock.acquire(timeout=max(0.0, timeout_s)):
+            raise TimeoutError(f"flush_persist: another flush_persist of this store ran past {timeout_s} s")
+        try:
+            return self._flush_persist(deadline, timeout_s)
+        finally:
+            self._flush_lock.release()
+
+    def _flush_persist(self, deadline: float, timeout_s: float) -> dict[str, dict]:
         from quillcache.rpc import RpcClient, RpcConnectionError, RpcTimeoutError
 
-        deadline = time.monotonic() + timeout_s
         with self._persist_cv:
             while self._persist_q or self._persist_busy:
                 left = deadline - time.monotonic()
@@ -635,6 +657,7 @@ class PooledStore:
                 self._persist_cv.wait(left)
             lost, self._persist_lost = self._persist_lost, {}
             sent = dict(self._persist_unconfirmed)
+            booted = dict(self._persist_boot)
         no_ssd = {ctl: self._no_ssd.pop(ctl) for ctl in list(self._no_ssd)}  # reported once, then sent again
         with self._seg_lock:  # a node whose transfers failed is asked again once this store reached it since
             self._ctl_failed -= {got[1] for got in self._segments.values()}
@@ -679,6 +702,7 @@ class PooledStore:
         segs = got.get("")
         out: dict[str, dict] = {}
         done: dict[str, int] = {}  # control address -> persists confirmed durable or never to be
+        restarted: set[str] = set()  # answered by another process than the one persisted to
         for ctl in sorted(set(sent) | set(lost) | set(no_ssd)):
             why = []
             if ctl in lost:
@@ -687,7 +711,13 @@ class PooledStore:
                 why.append(f"no SSD tier: persists are not sent to it ({no_ssd[ctl]})")
             n, node, endpoint = sent.get(ctl, (0, None, None))
             reply = got.get(ctl)
-            if n and reply is not None and not isinstance(reply, Exception):
+            if n and isinstance(reply, dict) and booted.get(ctl) is not None \
+                    and reply.get("boot_id") != booted[ctl]:  # another process answered: the node restarted there
+                done[ctl] = n
+                restarted.add(ctl)
+                why.append(f"the node restarted since they were sent: {n} persist(s) sent to its earlier process "
+                           f"were never confirmed durable")
+            elif n and reply is not None and not isinstance(reply, Exception):
                 done[ctl] = n
             elif n:
                 if ctl in skip:
@@ -704,11 +734,16 @@ class PooledStore:
                     why.append(f"{n} persist(s) sent to it are not confirmed durable")
             out[ctl] = reply if not why else {"error": "; ".join(why), **({"node_id": node} if node else {})}
         with self._persist_cv:
+            for ctl in restarted:  # the next persist there asks which process it reaches
+                if self._persist_boot.get(ctl) == booted[ctl]:
+                    del self._persist_boot[ctl]
             for ctl, n in done.items():
                 cur = self._persist_unconfirmed.pop(ctl, (0, None, None))
                 if cur[0] > n:  # sent while this flush ran: the next one asks
                     self._persist_unconfirmed[ctl] = (cur[0] - n, *cur[1:])
             retire = {ctl for ctl in out if ctl not in self._persist_unconfirmed}
+            for ctl in retire:  # nothing unconfirmed there: the next persist asks again which process it reaches
+                self._persist_boot.pop(ctl, None)
             if self._persist_busy:
                 self._persist_retire |= retire
             else:

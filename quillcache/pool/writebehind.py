@@ -296,8 +296,8 @@ class WriteBehind:
 
     def drop_if_stale(self, sk, trailer: bytes) -> None:
         """Queue the deletion of record ``sk`` if it still ends with ``trailer`` (the master refused it as older
-        than the pool's last word on its key): done by the worker, in order with persists, so a newer record of the
-        key persisted meanwhile (another trailer) is kept."""
+        than the pool's last word on its key): done by the worker, in order with persists, so a record of the key
+        persisted meanwhile is kept (it has a put id; the refused record, recovered at open, has none)."""
         with self._q_lock:
             if not self._stopped:
                 self._q.put(_DropIfStale(sk, bytes(trailer)))
@@ -305,6 +305,9 @@ class WriteBehind:
     def _drop_if_stale(self, item: _DropIfStale) -> None:
         from quillcache.store.errors import BlockNotFoundError, StoreError
 
+        with self._order_lock:  # persisted (or re-announced) since the mount: a put's record, not the refused one
+            if item.sk in self._versions:
+                return
         try:
             rec = self.ssd.get(item.sk)
             if bytes(memoryview(rec)[-TRAILER_BYTES:]) != item.trailer:

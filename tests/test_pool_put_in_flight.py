@@ -1,0 +1,96 @@
+"""A put that finds the same bytes' put in flight is acknowledged only once that put ends (pool review of
+2026-11-29, /tmp/s37/pool finding F2, and its re-review /tmp/s37/rr finding R1).
+
+Before: a master killed between a put's start and its end (the start is logged) left a PENDING object whose
+writer had given up; every later put of the same key and bytes, the writer's own retry included, was answered
+``existing=True`` while ``get`` found nothing. A first fix had the later put write into the pending put's ranges
+and end it; the re-review showed the first writer's revoke frees those ranges at once, so the late WRITE could
+land on an object placed there next. Now the later put waits (up to the store's ``timeout_s``) for the pending
+put to end, and fails, writing nothing, if it does not; a put after ``zombie_preempt_s`` pre-empts the stuck one.
+Here the dead writer is a put_start made straight on the master, never ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from polling import wait_until
+
+from quillcache.master import MasterConfig, PutRequest, ReplicaConfig
+from quillcache.pool.embedded import EmbeddedPool
+from quillcache.pool.errors import PutFailedError
+from quillcache.pool.frame import TRAILER_BYTES, digest_of, encode_trailer
+
+MiB = 1 << 20
+DATA = bytes(range(256)) * 64
+PREEMPT_S = 1.0
+
+
+@pytest.fixture
+def pool():
+    cfg = MasterConfig(zombie_preempt_s=PREEMPT_S)
+    with contextlib.closing(EmbeddedPool(1, 8 * MiB, backend="local", config=cfg)) as p:
+        yield p
+
+
+def _dead_writers_put_start(pool, key: str, data: bytes):
+    """What a writer that died after its put_start leaves: a PENDING put of these bytes' digest."""
+    digest = digest_of(encode_trailer(key, memoryview(data)))
+    [r] = pool.master.batch_put_start([PutRequest(key=key, size_bytes=len(data) + TRAILER_BYTES, digest=digest,
+                                                  config=ReplicaConfig(replica_num=1))])
+    assert not r.existing
+    return r
+
+
+def test_a_put_of_bytes_in_flight_fails_unwritten_until_the_stuck_put_can_be_preempted(pool):
+    r = _dead_writers_put_start(pool, "k", DATA)
+    rep = r.replicas[0]
+    s = pool.store(replicas=1, local_cache_bytes=0, timeout_s=0.3)
+    try:
+        with pytest.raises(PutFailedError, match="in flight and did not end"):  # before: existing=True
+            s.put("k", DATA)
+        assert s.get("k") is None
+        ram = pool.nodes[0].view()  # nothing written into the other writer's ranges (R1)
+        assert not any(ram[rep.offset_bytes:rep.offset_bytes + rep.size_bytes])
+        # once the stuck put is zombie_preempt_s old, a put pre-empts it and writes the key
+        wait_until(lambda: _put_ok(s, "k", DATA), timeout_s=PREEMPT_S + 10, what="a put pre-empting the stuck one")
+        assert s.get("k") == DATA
+    finally:
+        s.close()
+
+
+def _put_ok(s, key: str, data: bytes) -> bool:
+    try:
+        return not s.put(key, data).existing
+    except PutFailedError:
+        return False
+
+
+def test_a_put_waits_for_the_other_writer_to_end_and_reports_existing(pool):
+    r = _dead_writers_put_start(pool, "k", DATA)
+    s = pool.store(replicas=1, local_cache_bytes=0, timeout_s=5.0)
+    real = s._batch
+
+    def batch(method, items, **kw):  # the other writer ends its put while this one waits on it
+        if method == "exists":
+            pool.master.batch_put_end(["k"], put_ids=[r.put_id])
+        return real(method, items, **kw)
+
+    s._batch = batch
+    try:
+        out = s.put("k", DATA)
+        assert out.existing and out.bytes_moved == 0
+    finally:
+        s.close()
+
+
+def test_other_bytes_under_a_key_in_flight_are_still_refused(pool):
+    _dead_writers_put_start(pool, "k", DATA)
+    s = pool.store(replicas=1, local_cache_bytes=0)
+    try:
+        with pytest.raises(PutFailedError, match="being written"):
+            s.put("k", b"other bytes")
+        assert s.get("k") is None
+    finally:
+        s.close()
