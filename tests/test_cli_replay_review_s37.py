@@ -4,7 +4,6 @@ trace-level refusals name FILE:LINE (L1), and a trace with no block reference is
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
@@ -14,22 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from test_cli_replay import line, write
+
 from quillcache.cli import main
 
 pd = pytest.importorskip("pandas")
 
 DEADLINE_S = 60
-
-
-def line(ts: int, ids: list[int], isl: int | None = None, osl: int = 20) -> str:
-    return json.dumps({"timestamp": ts, "input_length": isl if isl is not None else 512 * len(ids),
-                       "output_length": osl, "hash_ids": ids})
-
-
-def write(tmp: Path, lines: list[str], name: str = "trace.jsonl") -> Path:
-    p = tmp / name
-    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return p
 
 
 def _default_stop_signals() -> None:
