@@ -241,3 +241,15 @@ def test_a_hit_rate_of_no_reference_is_nan_not_zero() -> None:
 
     res = simulate(arrays_from_lists([[], []]), "lru", 4)
     assert res.total_blocks == 0 and math.isnan(res.hit_rate)
+
+
+def test_the_automatic_byte_mode_counts_the_one_block_a_trace_without_full_blocks_still_allocates():
+    """L3: with no full block the automatic choice counted 0 bytes and chose real bytes, then allocated one block
+    per engine anyway (with 65,536-token blocks 8 GiB each) and refused to run for lack of RAM."""
+    from quillcache.harness import ReplayConfig, replay
+    from quillcache.traces.loader import TraceRequest
+
+    reqs = [TraceRequest(timestamp_ms=100 * i, input_tokens=100, output_tokens=5, hash_ids=(i,)) for i in range(4)]
+    res = replay(reqs, ReplayConfig(engines=2, real_bytes_budget_bytes=1))  # one block per engine is over it
+    assert res.account_bytes  # before: False (0 bytes counted), real bytes allocated past the budget
+    res.close()

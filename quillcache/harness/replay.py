@@ -415,7 +415,9 @@ class _Replay:
         slots = {d: 1 if self.tc else -(-cm.block_bytes(KvLayout(dtype=d, block_size_tokens=bs, tp_size=cfg.tp_size))
                                          // tb) for d in {k[4] for k, _ in keys}}
         distinct = sum(slots[k[4]] for k, _ in keys)
-        real_bytes = cfg.engines * (min(self.dram_cap_blocks, distinct) + min(self.ssd_cap_blocks, distinct)) * tb
+        # what real bytes would allocate: a DRAM tier of at least one block, even for a trace with no full block
+        real_bytes = cfg.engines * tb * (min(self.dram_cap_blocks, max(1, distinct))
+                                         + min(self.ssd_cap_blocks, distinct))
         self.account = cfg.account_bytes if cfg.account_bytes is not None else real_bytes > cfg.real_bytes_budget_bytes
         # in real-bytes mode a tier never holds more than the distinct blocks: allocate no more
         dram_blocks = self.dram_cap_blocks if self.account else min(self.dram_cap_blocks, max(1, distinct))
