@@ -5,7 +5,6 @@ trace-level refusals name FILE:LINE (L1), and a trace with no block reference is
 from __future__ import annotations
 
 import random
-import signal
 import subprocess
 import sys
 import textwrap
@@ -14,18 +13,13 @@ from pathlib import Path
 import pytest
 
 from test_cli_replay import line, write
+from test_cli_safety import _default_stop_signals  # SIGINT, SIGHUP, SIGTERM at default (nohup)
 
 from quillcache.cli import main
 
 pd = pytest.importorskip("pandas")
 
 DEADLINE_S = 60
-
-
-def _default_stop_signals() -> None:
-    """Ctrl-C's default disposition in the child (a background job of a non-interactive shell inherits it
-    ignored, and Python then installs no KeyboardInterrupt handler)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # ================================================================ M1: an interrupt inside the index's batch
@@ -253,3 +247,25 @@ def test_the_automatic_byte_mode_counts_the_one_block_a_trace_without_full_block
     res = replay(reqs, ReplayConfig(engines=2, real_bytes_budget_bytes=1))  # one block per engine is over it
     assert res.account_bytes  # before: False (0 bytes counted), real bytes allocated past the budget
     res.close()
+
+
+def test_a_run_past_simulated_time_through_queueing_names_its_request(monkeypatch, tmp_path):
+    """Round-2 re-review /tmp/s37/rr2 N4: the check inside the event loop (queueing adds up past what each request
+    alone needs) raised a plain ValueError naming a 0-based index; it is now the same refusal as the up-front
+    one, so the CLI names the trace's FILE:LINE."""
+    import importlib
+
+    from quillcache.cli.replay import trace_problem
+    from quillcache.harness import ReplayConfig, replay
+    from quillcache.traces.loader import TraceRequest, load_trace_report
+
+    hr = importlib.import_module("quillcache.harness.replay")
+    monkeypatch.setattr(hr, "MAX_SIMULATED_S", 2.0)  # each request alone ends within it; queued, the second does not
+    reqs = [TraceRequest(timestamp_ms=0, input_tokens=512 * 60, output_tokens=4,
+                         hash_ids=tuple(range(k * 100, k * 100 + 60))) for k in range(3)]
+    with pytest.raises(hr.RequestTooLargeError) as info:
+        replay(reqs, ReplayConfig(engines=1))
+    assert info.value.request == 1 and "its queueing included" in info.value.reason
+    trace = write(tmp_path, ["", line(0, list(range(60))), line(0, list(range(100, 160)))])
+    _, report = load_trace_report(trace)
+    assert trace_problem(trace, report, info.value).startswith(f"{trace}:3: has events at ")  # line 3 holds request 1

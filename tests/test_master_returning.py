@@ -200,6 +200,20 @@ def test_memory_is_bounded_in_bytes_too(monkeypatch):
         put(m, k, A)
         m.remove(k)
     st = m._state
-    assert list(st.forgotten) == keys[-2:] and st.forgotten_bytes == 2 * 1000  # 1000 chars + an empty digest
+    assert list(st.forgotten) == keys[-3:] and st.forgotten_bytes == 3 * 1000  # 1000 chars + an empty digest
     assert not isinstance(returning(m, keys[0], A), Exception)  # forgotten: let through
     assert isinstance(returning(m, keys[-1], A), StaleObjectError)
+
+
+def test_the_byte_bound_counts_utf8_bytes(monkeypatch):
+    """Round-2 re-review /tmp/s37/rr2 N5: the bound counted characters, so 4-byte characters passed it four times."""
+    from quillcache.master import state as statemod
+
+    monkeypatch.setattr(statemod, "FORGOTTEN_MAX_BYTES", 2 * 4000)
+    m = make(Clock())
+    keys = [f"{i}" + "\U0001F600" * 999 for i in range(3)]  # 1,000 characters, 3,997 UTF-8 bytes each
+    for k in keys:
+        put(m, k, A)
+        m.remove(k)
+    st = m._state
+    assert list(st.forgotten) == keys[-2:] and st.forgotten_bytes == 2 * 3997

@@ -176,3 +176,40 @@ def test_a_flush_answered_by_a_restarted_process_confirms_nothing(pool):
         assert out[node.control_address]["boot_id"] == "another-process"
     finally:
         s.close()
+
+
+def test_persists_sent_while_a_flush_settles_keep_the_process_they_went_to(pool):
+    """Round-2 re-review /tmp/s37/rr2 N1: a flush that ended while a persist to the same node was on its way
+    forgot the node's boot id, and the persist was then tracked with none: after a restart on the same ports the
+    next flush took the new process's answer as confirmation. Each unconfirmed entry now carries the boot id of
+    the process its persists went to."""
+    node = pool.nodes[0]
+    s = pool.store(replicas=2, persist=True, local_cache_bytes=0)
+    entered, release = threading.Event(), threading.Event()
+    node_flush = node.flush
+
+    def slow_flush():  # the node takes a while to answer this flush
+        entered.set()
+        release.wait(30)
+        return node_flush()
+
+    try:
+        s.put("a", b"x" * 4096)
+        wait_until(lambda: s.stats().persist_sent == 2, 10, "batch a's persists sent")
+        node.flush = slow_flush
+        results = {}
+        t = threading.Thread(target=lambda: results.setdefault("out", s.flush_persist(timeout_s=20)))
+        t.start()
+        assert entered.wait(10)
+        s.put("b", b"y" * 4096)  # its persists go out while the flush waits for the node's answer
+        release.set()
+        t.join(30)
+        node.flush = node_flush
+        wait_until(lambda: s.stats().persist_sent == 4, 10, "batch b's persists sent")
+        assert s._persist_unconfirmed[node.control_address][3] is not None  # the process b went to is known
+        node.boot_id = "another-process"  # the node restarted on the same ports before b was made durable
+        out = s.flush_persist(timeout_s=10)
+        assert "never confirmed durable" in out[node.control_address]["error"], out
+    finally:
+        release.set()
+        s.close()

@@ -13,6 +13,7 @@ Here the dead writer is a put_start made straight on the master, never ended.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 from polling import wait_until
@@ -92,5 +93,59 @@ def test_other_bytes_under_a_key_in_flight_are_still_refused(pool):
         with pytest.raises(PutFailedError, match="being written"):
             s.put("k", b"other bytes")
         assert s.get("k") is None
+    finally:
+        s.close()
+
+
+def test_other_bytes_completed_while_waiting_are_never_taken_for_this_put(pool):
+    """Round-2 re-review /tmp/s37/rr2 N2: the wait looked only at ``exists``; a first writer that revoked and a third
+    that put OTHER bytes meanwhile made this put answer existing=True for bytes it never wrote."""
+    r = _dead_writers_put_start(pool, "k", DATA)
+    s = pool.store(replicas=1, local_cache_bytes=0)
+    real = s._batch
+    other = b"other bytes" * 100
+
+    def batch(method, items, **kw):  # while this put looks: the first writer revokes, a third puts other bytes
+        if method == "exists" and not hasattr(batch, "done"):
+            batch.done = True
+            pool.master.batch_put_revoke(["k"], put_ids=[r.put_id])
+            t = pool.store(replicas=1, local_cache_bytes=0)
+            t.put("k", other)
+            t.close()
+        return real(method, items, **kw)
+
+    s._batch = batch
+    try:
+        with pytest.raises(PutFailedError, match="already exists"):  # before: existing=True
+            s.put("k", DATA)
+        assert bytes(s.get("k")) == other
+    finally:
+        s.close()
+
+
+def test_a_revoked_awaited_put_frees_the_key_for_this_one_and_fresh_keys_do_not_wait(pool):
+    """N3: the whole batch waited for the stuck key before writing any of it, and a put whose awaited put was revoked
+    waited out timeout_s although the key was free. Now the stuck item is tried again, alone, after the batch."""
+    r = _dead_writers_put_start(pool, "k", DATA)
+    s = pool.store(replicas=1, local_cache_bytes=0, timeout_s=30)
+    real_round = s._put_round
+    seen = []
+
+    def put_round(keys, views, trailers, rep):
+        if seen:  # a later round: the fresh key of the batch is already written, and the first writer gives up now
+            seen.append(pool.master.exists(["fresh"])[0])
+            pool.master.batch_put_revoke(["k"], put_ids=[r.put_id])
+        else:
+            seen.append(keys)
+        return real_round(keys, views, trailers, rep)
+
+    s._put_round = put_round
+    try:
+        t0 = time.monotonic()
+        out = s.put_many([("fresh", b"f" * 100), ("k", DATA)])
+        assert time.monotonic() - t0 < 10  # before: the whole timeout_s (here 30 s), then a failure
+        assert [o.existing for o in out] == [False, False]
+        assert seen[0] == ["fresh", "k"] and seen[1] is True
+        assert bytes(s.get("k")) == DATA and bytes(s.get("fresh")) == b"f" * 100
     finally:
         s.close()

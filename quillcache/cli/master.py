@@ -108,9 +108,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "forget puts never ended, never a complete object)")
     parser.add_argument("--max-forgotten-keys", type=argtypes.int_in_range(0, 1 << 30), default=None,
                         help=f"dropped keys whose last word (last digest, or removed) the master remembers, so a "
-                             f"node's older SSD copy is not put back; each costs about its key's length plus 130 "
-                             f"bytes, in memory and in every snapshot (default {MasterConfig.max_forgotten_keys:,}, "
-                             f"and 32 MiB of keys at most; 0: none)")
+                             f"node's older SSD copy is not put back; each costs its key's bytes plus about 130 in "
+                             f"memory and about 35 in every snapshot (default {MasterConfig.max_forgotten_keys:,}, "
+                             f"and 32 MiB of UTF-8 keys at most; 0: none)")
     parser.add_argument("--lease-ttl-s", type=_SECONDS, default=None,
                         help=f"read lease TTL in seconds, in (0, {MAX_DURATION_S:.0f}]; 0 is refused (exit 2), it "
                              f"does not mean 'no lease' or 'the default' (default {MasterConfig.lease_ttl_s:g}: "

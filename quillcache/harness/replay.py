@@ -683,8 +683,10 @@ class _Replay:
             if heap and heap[0][0] <= t_arr:
                 t, _, kind, fl = heapq.heappop(heap)
                 if t > MAX_SIMULATED_S:  # _too_large bounds each request alone; queueing could still add up
-                    raise ValueError(f"request {fl.row.request_id}'s events reach {t:.3g} s of simulated time, past "
-                                     f"{MAX_SIMULATED_S:.3g} s where times lose microsecond precision")
+                    arrival_ms = t0_ms + round(fl.row.arrival_s * scale)  # request_id: its index in the trace
+                    raise RequestTooLargeError(fl.row.request_id, arrival_ms, (
+                        f"has events at {t:.3g} s of simulated time (its queueing included), past "
+                        f"{MAX_SIMULATED_S:.3g} s where times lose microsecond precision"))
                 self.now = t
                 if kind == _PREFILL_DONE:
                     dec = self.prefill_done(fl, t)

@@ -248,7 +248,7 @@ def _fill(state: MasterState, doc: dict) -> LoadedRows:
         raise SnapshotError("the forgotten-keys columns are malformed (a list of str keys and one of bytes digests "
                             "of the same length)")
     state.forgotten = OrderedDict(zip(fk, fd))
-    state.forgotten_bytes = sum(map(len, fk)) + sum(map(len, fd))
+    state.forgotten_bytes = sum(len(k.encode("utf-8", "surrogatepass")) for k in fk) + sum(map(len, fd))
     state.trim_forgotten()  # a smaller bound than the snapshot's writer had
     res_hash, res_ident = doc.get("res_hash"), doc.get("res_ident")
     legacy = doc.get("res_version") != RESIDENCY_KEY_VERSION

@@ -40,7 +40,11 @@ from quillcache.types import CacheTier
 
 __all__ = ["FORGOTTEN_MAX_BYTES", "MasterState", "ObjectRecord", "SegmentRecord", "pause_gc"]
 
-FORGOTTEN_MAX_BYTES = 32 << 20  # the forgotten keys' and digests' lengths together (a snapshot carries them)
+FORGOTTEN_MAX_BYTES = 32 << 20  # the forgotten keys' (UTF-8) and digests' bytes together (a snapshot carries them)
+
+
+def _utf8_len(key: str) -> int:
+    return len(key) if key.isascii() else len(key.encode("utf-8", "surrogatepass"))
 
 _PENDING = int(ObjectStatus.PENDING)
 _COMPLETE = int(ObjectStatus.COMPLETE)
@@ -151,7 +155,7 @@ class MasterState:
         # COMPLETE object, b"" when it was removed (or had no digest); oldest first, at most ``max_forgotten``
         self.forgotten: OrderedDict[str, bytes] = OrderedDict()
         self.max_forgotten = DEFAULT_MAX_FORGOTTEN
-        self.forgotten_bytes = 0  # the keys' and digests' lengths, at most FORGOTTEN_MAX_BYTES (snapshots carry them)
+        self.forgotten_bytes = 0  # keys' UTF-8 and digests' bytes, at most FORGOTTEN_MAX_BYTES (snapshots carry them)
 
     def use_reference_handlers(self) -> None:
         """Apply PUT_START_MANY / PUT_END_MANY with the plain-Python handlers (the references of the
@@ -333,8 +337,7 @@ class MasterState:
         self._drop_object(self.objects.pop(key))
 
     def _remove(self, now: float, key: str) -> None:
-        self._drop_object(self.objects.pop(key))
-        self._forget(key, b"")  # removed: no copy of it may come back
+        self._drop_object(self.objects.pop(key), removed=True)  # no copy of it may come back
 
     def _evict(self, now: float, keys: list) -> None:
         for key in keys:
@@ -388,12 +391,12 @@ class MasterState:
         segs = self.segments
         return [(segs[s].desc.node_id, segs[s].desc.tier, s, off, obj.size_bytes) for s, off in obj.replicas]
 
-    def _drop_object(self, obj: ObjectRecord) -> None:
+    def _drop_object(self, obj: ObjectRecord, removed: bool = False) -> None:
         self.pending.discard(obj.key)
         if obj.status == _COMPLETE:
             segs = self.segments
             self.index.drop(obj.key, [(segs[s].desc.node_id, segs[s].desc.tier) for s, _ in obj.replicas])
-            self._forget(obj.key, obj.digest or b"")
+            self._forget(obj.key, b"" if removed else obj.digest or b"")
         for seg_id, off in obj.replicas:
             self._release(seg_id, off, obj.alloc_bytes)
 
@@ -405,10 +408,10 @@ class MasterState:
         f = self.forgotten
         old = f.pop(key, None)
         if old is not None:
-            self.forgotten_bytes -= len(key) + len(old)
+            self.forgotten_bytes -= _utf8_len(key) + len(old)
         if self.max_forgotten > 0:
             f[key] = digest
-            self.forgotten_bytes += len(key) + len(digest)
+            self.forgotten_bytes += _utf8_len(key) + len(digest)
             self.trim_forgotten()
 
     def trim_forgotten(self) -> None:
@@ -416,7 +419,7 @@ class MasterState:
         f = self.forgotten
         while f and (len(f) > self.max_forgotten or self.forgotten_bytes > FORGOTTEN_MAX_BYTES):
             k, d = f.popitem(last=False)
-            self.forgotten_bytes -= len(k) + len(d)
+            self.forgotten_bytes -= _utf8_len(k) + len(d)
 
     def returning_refusal(self, key: str, digest: bytes | None) -> str | None:
         """Why a copy of ``key`` with ``digest`` coming back from outside the pool (a node's SSD tier) must not

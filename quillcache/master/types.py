@@ -217,8 +217,8 @@ class MasterConfig:
     the reply's trip and every RPC sees the index complete;
     ``max_forgotten_keys``: how many dropped keys the master remembers the last word on (the digest of the
     last object, or that it was removed), so that a node's SSD copy older than that word is not put back
-    (``batch_put_start_returning``); each costs about its key's length plus 130 bytes, in memory and in every
-    snapshot (whatever this bound, at most ``quillcache.master.state.FORGOTTEN_MAX_BYTES`` of keys and digests
+    (``batch_put_start_returning``); each costs its key's UTF-8 bytes plus about 130 in memory and about 35 in
+    every snapshot (whatever this bound, at most ``quillcache.master.state.FORGOTTEN_MAX_BYTES`` of keys and digests
     are kept: an HA standby fetches the snapshot in one call); 0 remembers none."""
 
     lease_ttl_s: float = 10.0

@@ -104,6 +104,13 @@ class PutOutcome:
     nodes: tuple[str, ...] = ()  # node ids holding the bytes (written now, or the existing object's)
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    """``_put_round``'s answer for an item whose put_start found the same bytes' put in flight (not complete)."""
+
+    put_id: int
+
+
 @dataclass
 class PoolStats:
     puts: int = 0
@@ -222,7 +229,8 @@ class PooledStore:
         self._persist_clients: dict[str, object] = {}
         self._persist_retire: set[str] = set()
         # control address -> (persists sent there since its last confirmed flush, its node id, transfer endpoint)
-        self._persist_unconfirmed: dict[str, tuple[int, str | None, str | None]] = {}
+        # control address -> (persists sent, node id, transfer endpoint, boot id of the process they went to)
+        self._persist_unconfirmed: dict[str, tuple[int, str | None, str | None, str | None]] = {}
         self._flush_lock = threading.Lock()  # one flush_persist at a time (each settles what it snapshotted)
         self._persist_boot: dict[str, str | None] = {}  # control address -> boot id of the process persisted to
         self._persist_lost: dict[str, tuple[int, str]] = {}  # control address -> (persists never sent, first cause)
@@ -393,8 +401,6 @@ class PooledStore:
     def put_many(self, items: Iterable[tuple[str, object]], *, replicas: int | None = None
                  ) -> list[PutOutcome | PoolError]:
         """Batch put: per item its :class:`PutOutcome` or the :class:`PoolError` a single put would raise."""
-        from quillcache.transfer import Op, TransferError, TransferRequest
-
         self._check_open()
         r = self.replicas if replicas is None else replicas
         if not isinstance(r, int) or r < 1:
@@ -416,13 +422,41 @@ class PooledStore:
             return []
         if len(set(keys)) != len(keys):
             raise ValueError("put_many: a key appears twice in one batch")
+        # "existing" names a COMPLETE object or a PENDING one, whose writer may be gone (a master crash between its
+        # put_start and put_end): such an item is tried again, alone with the others like it, once the rest of the
+        # batch is written, until its put_start answers otherwise (that put ended, or was revoked and this one
+        # starts its own; other bytes completed meanwhile are refused there) or timeout_s passes (then it fails)
+        out = self._put_round(keys, views, trailers, r)
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.002
+        while True:
+            wait = [i for i, o in enumerate(out) if isinstance(o, _InFlight)]
+            left = deadline - time.monotonic()
+            if not wait or left <= 0:
+                break
+            time.sleep(min(delay, left))  # a writer still writing ends within its transfer time
+            delay = min(0.2, delay * 2)
+            again = self._put_round([keys[i] for i in wait], [views[i] for i in wait], [trailers[i] for i in wait], r)
+            for i, o in zip(wait, again):
+                out[i] = o
+        for i, o in enumerate(out):
+            if isinstance(o, _InFlight):
+                out[i] = PutFailedError(
+                    f"put({keys[i]!r:.120}): a put of the same bytes (put {o.put_id}) is in flight and did not end "
+                    f"within {self.timeout_s} s; nothing was written (its writer may be gone: the master lets a new "
+                    f"put pre-empt it zombie_preempt_s after it started)")
+        return out
+
+    def _put_round(self, keys: list[str], views: list[memoryview], trailers: list[bytes], r: int) -> list:
+        """One try of ``put_many``'s items: per item its outcome, its PoolError, or ``_InFlight`` (answered
+        ``existing`` with an object that is not complete: nothing was written for it)."""
+        from quillcache.transfer import Op, TransferError, TransferRequest
+
         reqs = [PutRequest(key=k, size_bytes=v.nbytes + TRAILER_BYTES, config=ReplicaConfig(replica_num=r),
                            digest=digest_of(t)) for k, v, t in zip(keys, views, trailers)]
         started = self._batch("batch_put_start", reqs)  # short: nothing written; the master
         # reclaims the puts it started at their zombie deadline (their put ids cannot be matched to keys)
-        # "existing" names a COMPLETE object or a PENDING one, whose writer may be gone (a master crash between its
-        # put_start and put_end): acknowledged only once complete (waited for, up to timeout_s), else failed
-        unended = self._unended_among(keys, started)
+        settled = self._existing_answers(keys, reqs, started)
         out: list = [None] * len(keys)
         dests: dict[int, _Dest] = {}
         treqs: list = []
@@ -435,14 +469,8 @@ class PooledStore:
                 if isinstance(res, MasterError):
                     out[i] = PutFailedError(f"put({k!r:.120}): the master refused it: {res!r}")
                     continue
-                if res.existing and i in unended:
-                    out[i] = PutFailedError(
-                        f"put({k!r:.120}): a put of the same bytes (put {res.put_id}) is in flight and did not end "
-                        f"within {self.timeout_s} s; nothing was written (its writer may be gone: the master lets a "
-                        f"new put pre-empt it zombie_preempt_s after it started)")
-                    continue
                 if res.existing:
-                    out[i] = PutOutcome(k, len(res.replicas), True, 0, 0.0, tuple(r.node_id for r in res.replicas))
+                    out[i] = settled[i]
                     continue
                 size = views[i].nbytes + TRAILER_BYTES
                 d = dests[i] = self._dest(size)
@@ -523,23 +551,37 @@ class PooledStore:
         return out
 
     # ================================================================ persist (write-behind, off the critical path)
-    def _unended_among(self, keys: list[str], started: list) -> set[int]:
-        """The items whose put_start was answered ``existing`` with an object that is still not complete after
-        waiting up to ``timeout_s`` (``exists`` polled with backoff; at once when none was ``existing``). Such a
-        put is never written into by a second writer: a first writer that revokes frees its ranges at once, and
-        a second writer's late WRITE would land on whatever the master placed there next."""
-        wait = [i for i, res in enumerate(started) if not isinstance(res, MasterError) and res.existing]
-        deadline = time.monotonic() + self.timeout_s
-        delay = 0.002
-        while wait:
-            done = self._batch("exists", [keys[i] for i in wait])
-            wait = [i for i, ok in zip(wait, done) if ok is not True]
-            left = deadline - time.monotonic()
-            if not wait or left <= 0:
-                break
-            time.sleep(min(delay, left))  # a writer still writing ends within its transfer time
-            delay = min(0.2, delay * 2)
-        return set(wait)
+    def _existing_answers(self, keys: list[str], reqs: list[PutRequest], started: list) -> dict[int, object]:
+        """What the items answered ``existing`` by put_start really are: an existing :class:`PutOutcome` when the
+        key's object is complete with these bytes, ``_InFlight`` when it is not complete (or was dropped meanwhile:
+        the next round tries again), a PutFailedError when other bytes completed under the key meanwhile. One
+        ``exists`` call, then, for the keys found complete, put_start once more (no effect on a complete object
+        with the same digest; it refuses other bytes), so an object that changed between the two answers is never
+        taken for this put's. Nothing is ever written into a put in flight by a second writer: a first writer
+        that revokes frees its ranges at once, and a late WRITE would land on whatever was placed there next."""
+        ex = [i for i, res in enumerate(started) if not isinstance(res, MasterError) and res.existing]
+        if not ex:
+            return {}
+        out: dict[int, object] = {}
+        done = [i for i, ok in zip(ex, self._batch("exists", [keys[i] for i in ex])) if ok is True]
+        for i in set(ex) - set(done):
+            out[i] = _InFlight(started[i].put_id)
+        if not done:
+            return out
+        again = self._batch("batch_put_start", [reqs[i] for i in done])
+        drop, drop_ids = [], []
+        for i, res in zip(done, again):
+            if isinstance(res, MasterError):
+                out[i] = PutFailedError(f"put({keys[i]!r:.120}): the master refused it: {res!r}")
+            elif res.existing:
+                out[i] = PutOutcome(keys[i], len(res.replicas), True, 0, 0.0, tuple(r.node_id for r in res.replicas))
+            else:  # dropped between the two answers and started anew here: given back, tried again next round
+                drop.append(keys[i])
+                drop_ids.append(res.put_id)
+                out[i] = _InFlight(res.put_id)
+        if drop:
+            self._batch("batch_put_revoke", drop, put_ids=drop_ids)
+        return out
 
     def _queue_persist(self, by_node: dict[str, list]) -> None:
         with self._persist_cv:
@@ -581,8 +623,9 @@ class PooledStore:
                     c = self._persist_clients.get(ctl)
                     if c is None:
                         c = self._persist_clients[ctl] = RpcClient(ctl, timeout_s=2.0)
-                    if ctl not in self._persist_boot:  # which process the persists go to: a flush answered by
-                        boot = c.call("info").get("boot_id")  # another one (restarted there) confirms none of them
+                    boot = self._persist_boot.get(ctl)  # which process the persists go to: a flush answered by
+                    if boot is None:  # another one (the node restarted there) confirms none of them
+                        boot = c.call("info").get("boot_id")
                         with self._persist_cv:
                             self._persist_boot[ctl] = boot
                     for chunk in persist_chunks(items):  # a node refuses a longer call whole
@@ -605,9 +648,9 @@ class PooledStore:
                 if sent:  # accepted by the node: unconfirmed until a flush_persist asks it
                     with self._seg_lock:
                         where = next(((got[2], ep) for ep, got in self._segments.items() if got[1] == ctl), None)
-                    with self._persist_cv:
-                        n, node, endpoint = self._persist_unconfirmed.get(ctl, (0, None, None))
-                        self._persist_unconfirmed[ctl] = (n + sent, *(where or (node, endpoint)))
+                    with self._persist_cv:  # the entry keeps the process its first unconfirmed persist went to
+                        n, node, endpoint, first = self._persist_unconfirmed.get(ctl, (0, None, None, boot))
+                        self._persist_unconfirmed[ctl] = (n + sent, *(where or (node, endpoint)), first)
 
     def _control_proof(self, method: str, args: object) -> list | None:
         """A node's proof for a control call (``quillcache.pool.control_auth``); None on the local backend."""
@@ -657,7 +700,6 @@ class PooledStore:
                 self._persist_cv.wait(left)
             lost, self._persist_lost = self._persist_lost, {}
             sent = dict(self._persist_unconfirmed)
-            booted = dict(self._persist_boot)
         no_ssd = {ctl: self._no_ssd.pop(ctl) for ctl in list(self._no_ssd)}  # reported once, then sent again
         with self._seg_lock:  # a node whose transfers failed is asked again once this store reached it since
             self._ctl_failed -= {got[1] for got in self._segments.values()}
@@ -680,7 +722,7 @@ class PooledStore:
                 return c.call("flush", auth=self._control_proof("flush", []))
 
         def gone(ctl: str, segs: object) -> bool:  # the master holds no segment of the node where its persists went
-            _, node, endpoint = sent[ctl]
+            _, node, endpoint, _ = sent[ctl]
             return isinstance(segs, frozenset) and node is not None and (node, endpoint) not in segs
 
         def silent(ctl: str) -> bool:
@@ -688,7 +730,7 @@ class PooledStore:
                     or isinstance(answers[ctl], (RpcTimeoutError, RpcConnectionError)))
 
         calls = [(ctl, lambda ctl=ctl: flush_one(ctl)) for ctl in ask]
-        if any(node is not None for _, node, _ in sent.values()):
+        if any(v[1] is not None for v in sent.values()):
             calls.append(("", lambda: frozenset((s.node_id, s.endpoint) for s in self.master.segments())))
         for name, call in calls:
             threading.Thread(target=run, args=(name, call), name="pool-flush", daemon=True).start()
@@ -709,10 +751,10 @@ class PooledStore:
                 why.append(f"{lost[ctl][0]} persist(s) could not be sent to the node: {lost[ctl][1]}")
             if ctl in no_ssd:
                 why.append(f"no SSD tier: persists are not sent to it ({no_ssd[ctl]})")
-            n, node, endpoint = sent.get(ctl, (0, None, None))
+            n, node, endpoint, boot = sent.get(ctl, (0, None, None, None))
             reply = got.get(ctl)
-            if n and isinstance(reply, dict) and booted.get(ctl) is not None \
-                    and reply.get("boot_id") != booted[ctl]:  # another process answered: the node restarted there
+            if n and isinstance(reply, dict) and boot is not None \
+                    and reply.get("boot_id") != boot:  # another process answered: the node restarted there
                 done[ctl] = n
                 restarted.add(ctl)
                 why.append(f"the node restarted since they were sent: {n} persist(s) sent to its earlier process "
@@ -735,10 +777,10 @@ class PooledStore:
             out[ctl] = reply if not why else {"error": "; ".join(why), **({"node_id": node} if node else {})}
         with self._persist_cv:
             for ctl in restarted:  # the next persist there asks which process it reaches
-                if self._persist_boot.get(ctl) == booted[ctl]:
+                if self._persist_boot.get(ctl) == sent[ctl][3]:
                     del self._persist_boot[ctl]
             for ctl, n in done.items():
-                cur = self._persist_unconfirmed.pop(ctl, (0, None, None))
+                cur = self._persist_unconfirmed.pop(ctl, (0, None, None, None))
                 if cur[0] > n:  # sent while this flush ran: the next one asks
                     self._persist_unconfirmed[ctl] = (cur[0] - n, *cur[1:])
             retire = {ctl for ctl in out if ctl not in self._persist_unconfirmed}
