@@ -149,3 +149,110 @@ def test_a_revoked_awaited_put_frees_the_key_for_this_one_and_fresh_keys_do_not_
         assert bytes(s.get("k")) == DATA and bytes(s.get("fresh")) == b"f" * 100
     finally:
         s.close()
+
+
+# ---- round-3 re-review (/tmp/s37/rr3 P1-P4)
+
+def test_an_object_replaced_between_the_two_answers_is_not_taken_for_the_first(pool):
+    """P1: the second put_start answered existing for ANOTHER put of the same bytes (the key dropped after
+    ``exists`` and a new writer started it and died); that put was taken for the complete one first seen."""
+    t = pool.store(replicas=1, local_cache_bytes=0)
+    t.put("k", DATA)
+    t.close()
+    s = pool.store(replicas=1, local_cache_bytes=0, timeout_s=0.3)
+    real = s._batch
+
+    def batch(method, items, **kw):
+        out = real(method, items, **kw)
+        if method == "exists" and not hasattr(batch, "done"):  # after it saw the object complete
+            batch.done = True
+            pool.master.remove("k", force=True)
+            _dead_writers_put_start(pool, "k", DATA)
+        return out
+
+    s._batch = batch
+    try:
+        with pytest.raises(PutFailedError, match="in flight and did not end"):  # before: existing=True
+            s.put("k", DATA)
+        assert s.get("k") is None
+    finally:
+        s.close()
+
+
+def test_a_waiting_put_counts_once_in_the_stats(pool):
+    """P2: every round counted the waiting item as a failure again."""
+    _dead_writers_put_start(pool, "k", DATA)
+    s = pool.store(replicas=1, local_cache_bytes=0, timeout_s=0.3)
+    try:
+        out = s.put_many([("k", DATA), ("fresh", b"f" * 100)])
+        assert isinstance(out[0], PutFailedError) and not isinstance(out[1], Exception)
+        st = s.stats()
+        assert (st.puts, st.put_failures) == (1, 1)  # before: one failure per round
+    finally:
+        s.close()
+
+
+def test_a_later_round_that_fails_keeps_the_batch_outcomes(pool):
+    """P3: a master that stopped answering in a later round made the whole put_many raise, and the items
+    written in the first round lost their outcomes. P4: a store closed while an item waits gives it
+    PoolClosedError (before: a TypeError, and a put started on the master and left in flight)."""
+    from quillcache.pool.errors import MasterUnavailableError, PoolClosedError
+
+    _dead_writers_put_start(pool, "k", DATA)
+    s = pool.store(replicas=1, local_cache_bytes=0, timeout_s=5)
+    real_round = s._put_round
+    rounds = []
+
+    def put_round(*a):
+        rounds.append(1)
+        if len(rounds) == 2:
+            raise MasterUnavailableError("the master did not answer (injected)")
+        return real_round(*a)
+
+    s._put_round = put_round
+    try:
+        out = s.put_many([("fresh", b"f" * 100), ("k", DATA)])
+        assert not isinstance(out[0], Exception) and isinstance(out[1], MasterUnavailableError)
+    finally:
+        s.close()
+    s = pool.store(replicas=1, local_cache_bytes=0, timeout_s=5)
+    real_check = s._check_open
+    checks = []
+
+    def check_open():
+        checks.append(1)
+        if len(checks) == 2:  # closed while the item waits, before its next round
+            s.close()
+        real_check()
+
+    s._check_open = check_open
+    try:
+        [out] = s.put_many([("k", DATA)])
+        assert isinstance(out, PoolClosedError)
+    finally:
+        s.close()
+
+
+def test_puts_this_round_started_are_given_back_when_it_raises(pool):
+    """P4: when something failed after put_start and before the puts were written, they stayed in flight at the
+    master, and a retry was refused (OBJECT_ALREADY_EXISTS) until zombie_preempt_s."""
+    from quillcache.pool.errors import MasterUnavailableError
+
+    t = pool.store(replicas=1, local_cache_bytes=0)
+    t.put("done", DATA)  # answered existing: the round then asks exists, which fails here
+    t.close()
+    s = pool.store(replicas=1, local_cache_bytes=0)
+    real = s._batch
+
+    def batch(method, items, **kw):
+        if method == "exists":
+            raise MasterUnavailableError("the master did not answer (injected)")
+        return real(method, items, **kw)
+
+    s._batch = batch
+    try:
+        with pytest.raises(MasterUnavailableError):
+            s.put_many([("fresh", b"f" * 100), ("done", DATA)])
+        assert "fresh" not in pool.master.keys()  # before: a PENDING put of it, refusing other bytes for 30 s
+    finally:
+        s.close()

@@ -436,7 +436,12 @@ class PooledStore:
                 break
             time.sleep(min(delay, left))  # a writer still writing ends within its transfer time
             delay = min(0.2, delay * 2)
-            again = self._put_round([keys[i] for i in wait], [views[i] for i in wait], [trailers[i] for i in wait], r)
+            try:  # the items written in an earlier round keep their outcomes whatever happens to this one
+                self._check_open()
+                again = self._put_round([keys[i] for i in wait], [views[i] for i in wait],
+                                        [trailers[i] for i in wait], r)
+            except PoolError as e:  # the master stopped answering, the store was closed: what a put would raise
+                again = [e] * len(wait)
             for i, o in zip(wait, again):
                 out[i] = o
         for i, o in enumerate(out):
@@ -445,17 +450,38 @@ class PooledStore:
                     f"put({keys[i]!r:.120}): a put of the same bytes (put {o.put_id}) is in flight and did not end "
                     f"within {self.timeout_s} s; nothing was written (its writer may be gone: the master lets a new "
                     f"put pre-empt it zombie_preempt_s after it started)")
+        ok = [o for o in out if isinstance(o, PutOutcome)]
+        self._count(puts=len(ok), put_failures=len(out) - len(ok), bytes_written=sum(o.bytes_moved for o in ok))
         return out
 
     def _put_round(self, keys: list[str], views: list[memoryview], trailers: list[bytes], r: int) -> list:
         """One try of ``put_many``'s items: per item its outcome, its PoolError, or ``_InFlight`` (answered
-        ``existing`` with an object that is not complete: nothing was written for it)."""
-        from quillcache.transfer import Op, TransferError, TransferRequest
-
+        ``existing`` with an object that is not complete: nothing was written for it). When it raises, the puts it
+        started and did not end or revoke are revoked (best effort)."""
         reqs = [PutRequest(key=k, size_bytes=v.nbytes + TRAILER_BYTES, config=ReplicaConfig(replica_num=r),
                            digest=digest_of(t)) for k, v, t in zip(keys, views, trailers)]
         started = self._batch("batch_put_start", reqs)  # short: nothing written; the master
         # reclaims the puts it started at their zombie deadline (their put ids cannot be matched to keys)
+        mine = {i for i, res in enumerate(started) if not isinstance(res, MasterError) and not res.existing}
+        closed: set[int] = set()  # of ``mine``: ended or revoked (anything else is revoked if this round raises)
+        try:
+            return self._write_round(keys, views, trailers, reqs, started, closed)
+        except BaseException:
+            left = sorted(mine - closed)
+            if left:  # not written or not ended: given back now, so a retry is not refused for zombie_preempt_s
+                try:
+                    self._master(self.master.batch_put_revoke, [keys[i] for i in left],
+                                 put_ids=[started[i].put_id for i in left])
+                except Exception as e:
+                    log.warning("revoking %d put(s) this put_many started failed: %s", len(left), e)
+            raise
+
+    def _write_round(self, keys: list[str], views: list[memoryview], trailers: list[bytes], reqs: list[PutRequest],
+                     started: list, closed: set[int]) -> list:
+        """``_put_round`` after its put_start: write, end (or revoke) the puts started, settle the others;
+        ``closed`` gets each started put once it is ended or revoked."""
+        from quillcache.transfer import Op, TransferError, TransferRequest
+
         settled = self._existing_answers(keys, reqs, started)
         out: list = [None] * len(keys)
         dests: dict[int, _Dest] = {}
@@ -509,6 +535,7 @@ class PooledStore:
                 idx = sorted(revoke)
                 rv = self._batch("batch_put_revoke", [keys[i] for i in idx],
                                  put_ids=[started[i].put_id for i in idx])
+                closed.update(idx)
                 for i, res in zip(idx, rv):
                     extra = f" (revoke: {res!r})" if isinstance(res, MasterError) else " (revoked)"
                     out[i] = PutFailedError(f"put({keys[i]!r:.120}): {revoke[i]}{extra}")
@@ -517,11 +544,13 @@ class PooledStore:
                 try:
                     done = self._batch("batch_put_end", end_keys, put_ids=end_ids)
                 except PoolError:  # which ended is unknown: revoke all (refused for a complete one: it stays)
+                    closed.update(ends)
                     try:
                         self._master(self.master.batch_put_revoke, end_keys, put_ids=end_ids)
                     except Exception as e:
                         log.warning("revoking %d put(s) after a bad put_end reply failed: %s", len(ends), e)
                     raise
+                closed.update(ends)
                 persist: dict[str, list] = {}
                 for i, res in zip(ends, done):
                     reps = written[i]
@@ -545,9 +574,6 @@ class PooledStore:
             for d in dests.values():
                 if d is not None:
                     self._release(d)
-        ok = [o for o in out if isinstance(o, PutOutcome)]
-        self._count(puts=len(ok), put_failures=len(out) - len(ok),
-                    bytes_written=sum(o.bytes_moved for o in ok))
         return out
 
     # ================================================================ persist (write-behind, off the critical path)
@@ -573,8 +599,10 @@ class PooledStore:
         for i, res in zip(done, again):
             if isinstance(res, MasterError):
                 out[i] = PutFailedError(f"put({keys[i]!r:.120}): the master refused it: {res!r}")
-            elif res.existing:
+            elif res.existing and res.put_id == started[i].put_id:  # the object first seen, complete now
                 out[i] = PutOutcome(keys[i], len(res.replicas), True, 0, 0.0, tuple(r.node_id for r in res.replicas))
+            elif res.existing:  # another object than the one first answered (dropped and put again meanwhile)
+                out[i] = _InFlight(res.put_id)
             else:  # dropped between the two answers and started anew here: given back, tried again next round
                 drop.append(keys[i])
                 drop_ids.append(res.put_id)
