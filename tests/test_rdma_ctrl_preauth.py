@@ -86,7 +86,9 @@ def test_a_flood_of_silent_control_connections_does_not_lock_out_peers_with_the_
             client.close()  # its control connection goes: the server's slot frees
             took = time.monotonic() - t0
             assert took < round_deadline_s, f"round {r} took {took:.2f} s ({retries} BUSY retries)"
-            assert attacker.opened > opened_before, f"round {r}: the attack paused"
+            # the flood goes on (the server never stops accepting it); on a loaded 2-core machine a quick round
+            # can pass before the attacker's thread is scheduled again, so it gets a bounded wait, not zero
+            wait_until(lambda: attacker.opened > opened_before, 5, f"round {r}: the attack going on", 0.002)
         assert backend.ctrl_stats.authenticated >= rounds
         assert backend.ctrl_stats.preauth_evicted > 4 * preauth and backend.ctrl_stats.refused_busy == 0, \
             backend.ctrl_stats
