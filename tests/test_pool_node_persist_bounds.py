@@ -259,10 +259,10 @@ def test_quillcache_node_on_an_ssd_dir_in_use_prints_one_line_naming_it(tmp_path
 def test_the_pooled_store_sends_a_large_batch_in_calls_the_node_accepts(pool, monkeypatch):
     # with a cap of 4 items per call, a put_many of 10 keys to one node must arrive as three calls, all
     # accepted (before the store chunked, one call of 10 was refused whole and reported as not durable)
-    from quillcache.pool import store as storemod
+    from quillcache.pool import persist_client as pcmod
 
     monkeypatch.setattr(wbmod, "MAX_PERSIST_ITEMS", 4)
-    monkeypatch.setattr(storemod, "MAX_PERSIST_ITEMS", 4)
+    monkeypatch.setattr(pcmod, "MAX_PERSIST_ITEMS", 4)
     node = pool.nodes[0]
     s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
     try:
@@ -280,12 +280,12 @@ def test_the_pooled_store_sends_a_large_batch_in_calls_the_node_accepts(pool, mo
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=30), st.integers(0, 10**9), st.integers(0, 10**9)),
                 max_size=60), st.integers(1, 8), st.integers(4, 64))
 def test_persist_chunks_keep_every_item_in_order_within_both_bounds(items, max_items, max_key_chars):
-    from quillcache.pool import store as storemod
+    from quillcache.pool import persist_client as pcmod
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(storemod, "MAX_PERSIST_ITEMS", max_items)
-        mp.setattr(storemod, "MAX_KEY_CHARS", max_key_chars)
-        chunks = storemod.persist_chunks(items)
+        mp.setattr(pcmod, "MAX_PERSIST_ITEMS", max_items)
+        mp.setattr(pcmod, "MAX_KEY_CHARS", max_key_chars)
+        chunks = pcmod.persist_chunks(items)
     assert [it for c in chunks for it in c] == items
     for c in chunks:
         assert 1 <= len(c) <= max_items
@@ -311,7 +311,7 @@ def test_the_largest_non_ascii_batch_is_sent_in_calls_that_fit_the_control_frame
 def test_a_failed_call_after_accepted_ones_reports_only_the_rest_as_lost(pool, monkeypatch):
     # the re-review's L2: every item of the node's batch was counted lost, also those its earlier calls delivered
     import quillcache.rpc as rpcmod
-    from quillcache.pool import store as storemod
+    from quillcache.pool import persist_client as pcmod
 
     calls = []
 
@@ -337,7 +337,7 @@ def test_a_failed_call_after_accepted_ones_reports_only_the_rest_as_lost(pool, m
             pass
 
     monkeypatch.setattr(rpcmod, "RpcClient", Flaky)
-    monkeypatch.setattr(storemod, "MAX_PERSIST_ITEMS", 4)
+    monkeypatch.setattr(pcmod, "MAX_PERSIST_ITEMS", 4)
     s = pool.store(replicas=1, persist=True, local_cache_bytes=0)
     try:
         s._queue_persist({"tcp://127.0.0.1:9": [(f"k{i}", 0, 100) for i in range(10)]})

@@ -22,7 +22,6 @@ import fcntl
 import math
 import os
 import struct
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -247,9 +246,7 @@ def _fill(state: MasterState, doc: dict) -> LoadedRows:
             and all(type(k) is str for k in fk) and all(type(d) is bytes for d in fd)):
         raise SnapshotError("the forgotten-keys columns are malformed (a list of str keys and one of bytes digests "
                             "of the same length)")
-    state.forgotten = OrderedDict(zip(fk, fd))
-    state.forgotten_bytes = sum(len(k.encode("utf-8", "surrogatepass")) for k in fk) + sum(map(len, fd))
-    state.trim_forgotten()  # a smaller bound than the snapshot's writer had
+    state.load_forgotten(fk, fd)  # trimmed to this master's bounds (a smaller one than the snapshot's writer had)
     res_hash, res_ident = doc.get("res_hash"), doc.get("res_ident")
     legacy = doc.get("res_version") != RESIDENCY_KEY_VERSION
     if legacy:  # made with another mapping (module docstring of residency.py): never trusted

@@ -414,6 +414,12 @@ class MasterState:
             self.forgotten_bytes += _utf8_len(key) + len(digest)
             self.trim_forgotten()
 
+    def load_forgotten(self, keys: list[str], digests: list[bytes]) -> None:
+        """Replace the memory with ``keys`` and their ``digests``, oldest first (a snapshot's), within the bounds."""
+        self.forgotten = OrderedDict(zip(keys, digests))
+        self.forgotten_bytes = sum(map(_utf8_len, keys)) + sum(map(len, digests))
+        self.trim_forgotten()
+
     def trim_forgotten(self) -> None:
         """Forget the oldest memories past ``max_forgotten`` entries or ``FORGOTTEN_MAX_BYTES`` of keys and digests."""
         f = self.forgotten
